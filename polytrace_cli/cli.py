@@ -1,0 +1,38 @@
+"""The `polytrace` command line: a thin layer of typer commands over the library."""
+
+from __future__ import annotations
+
+import typer
+
+from polytrace_cli import __version__
+from polytrace_cli.commands import ingest as ingest_commands
+from polytrace_cli.commands import store as store_commands
+
+app = typer.Typer(
+    name="polytrace",
+    help="Characterize RLVR training runs: ingest logs and traces, analyze, report, gate CI.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("ingest")(ingest_commands.ingest)
+app.command("formats")(ingest_commands.formats)
+app.command("runs")(store_commands.runs)
+app.command("query")(store_commands.query)
+app.command("errors")(store_commands.errors)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the polytrace version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

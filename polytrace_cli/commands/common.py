@@ -1,0 +1,91 @@
+"""What every command shares: the --db option, error handling and table/JSON/CSV output."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import duckdb
+import polars as pl
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from polytrace_cli.errors import PolytraceError
+
+DbOption = Annotated[
+    Path | None,
+    typer.Option("--db", envvar="POLYTRACE_DB", help="Store file [default: ./polytrace.duckdb]."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV for scripts.")]
+
+# Piped output is read by people in CI logs too: give tables room instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one error line on stderr and return the Exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def user_errors(command):
+    """Turn the errors a user can cause into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PolytraceError as error:
+            raise fail(str(error), error.exit_code) from None
+        except duckdb.Error as error:
+            raise fail(_first_line(error)) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted; the file being read was rolled back", 130) from None
+
+    return wrapper
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if abs(value) >= 1e6 or (0 < abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1e4 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None) -> None:
+    """Print a frame as a rich table, or as JSON records / CSV for scripts."""
+    if as_json:
+        sys.stdout.write(json.dumps(frame.to_dicts(), default=str, indent=2) + "\n")
+        return
+    if as_csv:
+        buffer = io.StringIO()
+        frame.write_csv(buffer)
+        sys.stdout.write(buffer.getvalue())
+        return
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name, dtype in zip(frame.columns, frame.dtypes):
+        table.add_column(name, justify="right" if dtype.is_numeric() else "left", overflow="fold")
+    for row in frame.iter_rows():
+        table.add_row(*(_cell(v) for v in row))
+    console.print(table)

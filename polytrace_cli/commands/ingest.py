@@ -1,0 +1,102 @@
+"""`polytrace ingest` and `polytrace formats`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+from polytrace_cli.commands.common import DbOption, console, emit_frame, err_console, fail, user_errors
+from polytrace_cli.ingest.registry import all_ingesters
+from polytrace_cli.ingest.runner import FileReport, ingest_paths, walk
+from polytrace_cli.store import open_store
+
+
+def _summary_frame(reports: list[FileReport]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "file": [Path(r.path).name for r in reports],
+            "run": [r.run for r in reports],
+            "format": [r.format for r in reports],
+            "status": [r.status for r in reports],
+            "lines": [r.lines for r in reports],
+            "rows": [r.rows for r in reports],
+            "ignored": [r.ignored for r in reports],
+            "rejected": [r.rejected for r in reports],
+            "seconds": [round(r.seconds, 3) for r in reports],
+            "MB/s": [round(r.mb_per_s, 1) for r in reports],
+        },
+        schema_overrides={"run": pl.String, "format": pl.String},
+    )
+
+
+@user_errors
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders to read.")],
+    db: DbOption = None,
+    run: Annotated[str | None, typer.Option(help="Name the run instead of deriving it from the folder.")] = None,
+    task: Annotated[str | None, typer.Option(help="Label the run's task: math, code, search, tool, ...")] = None,
+    format: Annotated[str | None, typer.Option("--format", help="Skip sniffing; read every file as this format.")] = None,
+    strict: Annotated[bool, typer.Option(help="Exit non-zero when any line is rejected.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the per-file results as JSON.")] = False,
+) -> None:
+    """Read logs and traces into the store, one transaction per file."""
+    con = open_store(db)
+    try:
+        show_progress = sys.stderr.isatty() and not as_json
+        total_bytes = sum(p.stat().st_size for p, _, problem in walk(paths) if not problem)
+        if show_progress:
+            with Progress(TextColumn("[bold]ingest"), BarColumn(), TransferSpeedColumn(),
+                          TextColumn("{task.description}"), TimeElapsedColumn(),
+                          console=err_console, transient=True) as progress:
+                bar = progress.add_task("", total=total_bytes)
+
+                def advance(report: FileReport) -> None:
+                    progress.update(bar, advance=report.bytes, description=Path(report.path).name)
+
+                reports = ingest_paths(con, paths, run_name=run, task=task, format_name=format, on_file=advance)
+        else:
+            reports = ingest_paths(con, paths, run_name=run, task=task, format_name=format)
+    finally:
+        con.close()
+    if as_json:
+        sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
+    else:
+        shown = [r for r in reports if r.status != "skipped"]
+        if shown:
+            emit_frame(_summary_frame(shown), title="ingested files")
+        for report in reports:
+            if report.message and report.status != "skipped":
+                err_console.print(f"[yellow]{report.status}:[/] {report.path}: {report.message}", highlight=False)
+            for note in report.notes:
+                err_console.print(f"[cyan]note:[/] {Path(report.path).name}: {note}", highlight=False)
+        skipped = [r for r in reports if r.status == "skipped"]
+        if skipped:
+            names = ", ".join(Path(r.path).name for r in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+            err_console.print(f"skipped {len(skipped)} file(s) of unknown format: {names}", highlight=False)
+        totals = sum(r.rows for r in reports), sum(r.rejected for r in reports), sum(r.seconds for r in reports)
+        console.print(f"{len(shown)} file(s), {totals[0]:,} rows, {totals[1]:,} rejected lines, {totals[2]:.2f} s")
+    failed = [r for r in reports if r.failed]
+    if failed:
+        raise fail(f"{len(failed)} file(s) could not be ingested", 1)
+    if not reports:
+        raise fail("no files found under the given paths", 1)
+    if strict and any(r.rejected for r in reports):
+        raise fail(f"--strict: {sum(r.rejected for r in reports)} line(s) rejected; see `polytrace errors`", 1)
+
+
+def formats() -> None:
+    """List the input formats polytrace recognises, in sniffing order."""
+    frame = pl.DataFrame(
+        {
+            "format": [i.name for i in all_ingesters()],
+            "framework": [i.framework for i in all_ingesters()],
+            "reads": [i.description for i in all_ingesters()],
+        }
+    )
+    emit_frame(frame, title="formats")

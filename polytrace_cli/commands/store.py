@@ -1,0 +1,56 @@
+"""`polytrace runs`, `polytrace query` and `polytrace errors`: looking into the store."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, emit_frame, user_errors
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store import open_store
+from polytrace_cli.store.queries import ingest_errors_frame, runs_frame
+
+
+@user_errors
+def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
+    """List the runs in the store with their sample, step and file counts."""
+    con = open_store(db, read_only=True)
+    try:
+        emit_frame(runs_frame(con), as_json=as_json, as_csv=as_csv, title="runs")
+    finally:
+        con.close()
+
+
+@user_errors
+def query(
+    sql: Annotated[str, typer.Argument(help="A read-only SQL statement over the store's tables.")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+) -> None:
+    """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...)."""
+    con = open_store(db, read_only=True)
+    try:
+        relation = con.sql(sql)
+        if relation is None:
+            raise PolytraceError("the statement returned no rows to show")
+        emit_frame(relation.pl(), as_json=as_json, as_csv=as_csv)
+    finally:
+        con.close()
+
+
+@user_errors
+def errors(
+    run: Annotated[str | None, typer.Argument(help="Only this run.")] = None,
+    db: DbOption = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many.")] = 50,
+    as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+) -> None:
+    """Show quarantined lines: file, line, reason and the raw text."""
+    con = open_store(db, read_only=True)
+    try:
+        emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines")
+    finally:
+        con.close()

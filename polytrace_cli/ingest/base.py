@@ -1,0 +1,116 @@
+"""What every ingester is given and must report.
+
+An ingester reads one file into the store through a `FileContext`. It must account for every line
+it read: each is stored (produced rows), ignored by a named rule, or rejected into
+`ingest_errors` with its line number and reason. The runner checks
+`lines == stored + ignored + rejected` after every file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import duckdb
+
+RAW_EXCERPT_CHARS = 300
+
+# Tables whose rows belong to one file; re-ingesting a changed file replaces exactly these rows.
+FILE_OWNED_TABLES = (
+    "samples",
+    "turns",
+    "tool_calls",
+    "rank_timings",
+    "filter_batches",
+    "step_metrics",
+    "step_flags",
+    "ingest_errors",
+    "ignored_lines",
+)
+
+
+@dataclass
+class FileContext:
+    """One file being ingested inside its own transaction."""
+
+    con: duckdb.DuckDBPyConnection
+    path: Path
+    run_id: int
+    file_id: int
+    run_name: str
+    head: bytes = b""
+    text_lines: int = 0          # newline-separated lines in the file, counted while hashing
+    lines: int = 0
+    stored: int = 0
+    rejected: int = 0
+    rows: int = 0
+    ignored: Counter = field(default_factory=Counter)
+    format_version: str | None = None
+    run_meta: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    _errors: list[tuple] = field(default_factory=list)
+
+    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None) -> None:
+        """Quarantine one line (or the whole file, with line_no None) with a reason."""
+        if isinstance(raw, bytes):
+            raw = raw.decode("utf-8", errors="replace")
+        excerpt = None if raw is None else raw[:RAW_EXCERPT_CHARS]
+        self._errors.append((self.file_id, line_no, reason, excerpt))
+        self.rejected += 1
+
+    def ignore(self, rule: str, count: int = 1) -> None:
+        """Count lines skipped on purpose under a named rule (e.g. 'blank', 'tqdm')."""
+        if count:
+            self.ignored[rule] += count
+
+    def note(self, message: str) -> None:
+        """A remark for the user about this file (e.g. 'zero steps: crashed before step 1')."""
+        self.notes.append(message)
+
+    def insert(self, sql: str, params: list | None = None) -> int:
+        """Run an INSERT ... SELECT and add the rows it wrote to this file's count."""
+        written = self.con.execute(sql, params or []).fetchall()[0][0]
+        self.rows += written
+        return written
+
+    def flush(self) -> None:
+        """Write the buffered rejections and ignore counts."""
+        if self._errors:
+            self.con.executemany(
+                "INSERT INTO ingest_errors (file_id, line_no, reason, raw) VALUES (?, ?, ?, ?)",
+                self._errors,
+            )
+            self._errors.clear()
+        if self.ignored:
+            self.con.executemany(
+                "INSERT INTO ignored_lines (file_id, rule, lines) VALUES (?, ?, ?)",
+                [(self.file_id, rule, n) for rule, n in sorted(self.ignored.items())],
+            )
+
+    @property
+    def ignored_total(self) -> int:
+        return sum(self.ignored.values())
+
+
+class Ingester:
+    """One input format: how to recognise it and how to load it.
+
+    Subclasses set `name` (the --format value), `version` (bumped when parsing changes, stored
+    in `files.parser_version`), `framework` (the run's framework when this file creates it) and
+    implement `sniff` and `load`.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    framework: ClassVar[str | None] = None
+    description: ClassVar[str] = ""
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        """True when the file at `path`, whose first bytes are `head`, is of this format."""
+        raise NotImplementedError
+
+    def load(self, ctx: FileContext) -> None:
+        """Read ctx.path into the store and account for every line on ctx."""
+        raise NotImplementedError

@@ -1,0 +1,3 @@
+"""Built-in input formats, one module each. Import order is sniffing order: specific first."""
+
+from polytrace_cli.ingest.formats import polytrace_packed  # noqa: F401

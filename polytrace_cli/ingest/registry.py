@@ -1,0 +1,67 @@
+"""The registry of input formats: sniffing a file and finding its ingester.
+
+Ingesters are tried in registration order; the first whose `sniff` accepts the file wins, so
+specific formats (a PolyTrace trace recognised by its file name) are registered before general
+ones (any text log).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polytrace_cli.ingest.base import Ingester
+
+SNIFF_BYTES = 64 * 1024
+
+_REGISTRY: list[Ingester] = []
+
+
+def register(ingester_class: type[Ingester]) -> type[Ingester]:
+    """Class decorator adding an ingester to the registry."""
+    instance = ingester_class()
+    if any(existing.name == instance.name for existing in _REGISTRY):
+        raise ValueError(f"duplicate ingester name {instance.name!r}")
+    _REGISTRY.append(instance)
+    return ingester_class
+
+
+def _load_builtin_formats() -> None:
+    # Importing the package registers every built-in ingester, in the order it lists them.
+    import polytrace_cli.ingest.formats  # noqa: F401
+
+
+def all_ingesters() -> list[Ingester]:
+    """Every registered ingester, in sniffing order."""
+    _load_builtin_formats()
+    return list(_REGISTRY)
+
+
+def get_ingester(name: str) -> Ingester | None:
+    """The ingester named `name` (the --format value), or None."""
+    return next((i for i in all_ingesters() if i.name == name), None)
+
+
+def read_head(path: Path) -> bytes:
+    """The first bytes of a file, enough for every sniffer."""
+    with open(path, "rb") as handle:
+        return handle.read(SNIFF_BYTES)
+
+
+def is_binary(head: bytes) -> bool:
+    """A NUL byte, or text that is not UTF-8, in the first bytes marks a binary file."""
+    if b"\x00" in head:
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # A multi-byte character cut by the sniff window is not binary.
+        return error.start < len(head) - 4
+    return False
+
+
+def detect(path: Path, head: bytes) -> Ingester | None:
+    """The first registered ingester that accepts the file, or None."""
+    for ingester in all_ingesters():
+        if ingester.sniff(path, head):
+            return ingester
+    return None

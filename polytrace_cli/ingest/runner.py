@@ -1,0 +1,301 @@
+"""Walking paths, grouping files into runs and loading each file in its own transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from polytrace_cli.errors import IngestError, PolytraceError
+from polytrace_cli.ingest.base import FILE_OWNED_TABLES, FileContext, Ingester
+from polytrace_cli.ingest.registry import detect, get_ingester, is_binary, read_head
+from polytrace_cli.store.connection import fetch_first
+
+# Folder names that say what a folder holds rather than which run it is.
+GENERIC_FOLDERS = {
+    "profile", "packed_length_log", "multiturn_workload_log", "logs", "log", "files", "media",
+    "table", "tables", "output", "outputs", "rollout_data", "validation_data", "rollout_data_dir",
+    "validation_data_dir", "tensorboard", "tensorboard_log", "tb", "events", "runs", "wandb",
+}
+_TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
+
+
+@dataclass
+class FileReport:
+    """What happened to one input file."""
+
+    path: str
+    status: str  # ingested, replaced, unchanged, rejected, skipped, error
+    format: str | None = None
+    run: str | None = None
+    bytes: int = 0
+    lines: int = 0
+    stored: int = 0
+    ignored: int = 0
+    rejected: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    message: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("rejected", "error")
+
+
+def derive_run(file: Path) -> tuple[str, Path]:
+    """A run's name and root folder from a file's location.
+
+    Walks up from the file's folder past generic names (`files`, `profile`, `logs`, ...) and
+    timestamp folders; the first other folder names the run. The deepest timestamp folder passed
+    on the way, if any, is the run's root, so two timestamped runs under one folder stay apart.
+    """
+    folder = file.resolve().parent
+    timestamp_root = None
+    for current in (folder, *folder.parents):
+        name = current.name
+        if not name:
+            break
+        if _TIMESTAMP_LIKE.fullmatch(name):
+            timestamp_root = timestamp_root or current
+            continue
+        if name.lower() in GENERIC_FOLDERS:
+            continue
+        return name, timestamp_root or current
+    return (folder.name or "run"), folder
+
+
+def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int]:
+    """sha256, size in bytes and number of lines (a last line without newline counts)."""
+    digest = hashlib.sha256()
+    size = newlines = 0
+    last = b""
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+            size += len(chunk)
+            newlines += chunk.count(b"\n")
+            last = chunk[-1:]
+    lines = newlines + (1 if size and last != b"\n" else 0)
+    return digest.hexdigest(), size, lines
+
+
+def walk(paths: Iterable[str | Path]) -> Iterable[tuple[Path, bool, str | None]]:
+    """(file, named_explicitly, problem) for every file under the given paths, sorted."""
+    for given in paths:
+        path = Path(given)
+        if not path.exists():
+            yield path, True, "no such file or directory"
+        elif path.is_dir():
+            for child in sorted(path.rglob("*")):
+                relative = child.relative_to(path)
+                if any(part.startswith(".") for part in relative.parts):
+                    continue
+                if child.is_file() and not child.name.endswith((".duckdb", ".duckdb.wal")):
+                    yield child, False, None
+        elif path.is_file():
+            yield path, True, None
+        else:
+            yield path, True, "not a regular file"
+
+
+class RunResolver:
+    """Finds or creates the run a file belongs to."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_name: str | None, task: str | None):
+        self.con = con
+        self.run_name = run_name
+        self.task = task
+        self._cache: dict[Path, tuple[int, str]] = {}
+
+    def resolve(self, file: Path, framework: str | None) -> tuple[int, str]:
+        name, root = derive_run(file)
+        if self.run_name:
+            name, key = self.run_name, None
+        else:
+            key = root
+        cache_key = key or Path("::" + name)
+        if cache_key not in self._cache:
+            self._cache[cache_key] = self._find_or_create(name, str(root), framework, explicit=key is None)
+        return self._cache[cache_key]
+
+    def _find_or_create(self, name: str, source_dir: str, framework: str | None, explicit: bool) -> tuple[int, str]:
+        con = self.con
+        if explicit:
+            row = fetch_first(con, "SELECT run_id, name FROM runs WHERE name = ?", [name])
+        else:
+            row = fetch_first(con, "SELECT run_id, name FROM runs WHERE source_dir = ?", [source_dir])
+        if row:
+            if self.task:
+                con.execute("UPDATE runs SET task = ? WHERE run_id = ?", [self.task, row[0]])
+            return row[0], row[1]
+        unique = name
+        suffix = Path(source_dir).name
+        attempt = 1
+        while con.execute("SELECT count(*) FROM runs WHERE name = ?", [unique]).fetchall()[0][0]:
+            attempt += 1
+            unique = f"{name}-{suffix}" if attempt == 2 and suffix != name else f"{name}-{attempt}"
+        run_id = con.execute("SELECT nextval('run_id_seq')").fetchall()[0][0]
+        con.execute(
+            "INSERT INTO runs (run_id, name, framework, task, source_dir, meta) VALUES (?, ?, ?, ?, ?, ?)",
+            [run_id, unique, framework, self.task, source_dir, "{}"],
+        )
+        return run_id, unique
+
+
+def _merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict) -> None:
+    current_framework, current_meta = fetch_first(con, 
+        "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id]
+    )
+    merged = json.loads(current_meta or "{}")
+    merged.update({k: v for k, v in meta.items() if v is not None})
+    con.execute(
+        "UPDATE runs SET framework = ?, meta = ? WHERE run_id = ?",
+        [current_framework or framework, json.dumps(merged, sort_keys=True), run_id],
+    )
+
+
+def delete_file_rows(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Remove everything one file contributed to the store."""
+    for table in FILE_OWNED_TABLES:
+        con.execute(f"DELETE FROM {table} WHERE file_id = ?", [file_id])
+    con.execute("DELETE FROM files WHERE file_id = ?", [file_id])
+
+
+def _record_whole_file_rejection(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: Path, sha: str, size: int, fmt: str, reason: str
+) -> None:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        old = fetch_first(con, "SELECT file_id FROM files WHERE run_id = ? AND path = ?", [run_id, str(path)])
+        if old:
+            delete_file_rows(con, old[0])
+        file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
+        con.execute(
+            "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, parser_version, lines, stored,"
+            " ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, '-', 0, 0, 0, 0, 0, 0)",
+            [file_id, run_id, str(path), sha, size, fmt],
+        )
+        con.execute("INSERT INTO ingest_errors (file_id, line_no, reason) VALUES (?, NULL, ?)", [file_id, reason])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def ingest_file(
+    con: duckdb.DuckDBPyConnection, path: Path, ingester: Ingester, run_id: int, run_name: str, head: bytes
+) -> FileReport:
+    """Load one file in one transaction; unchanged files (same sha256 and parser) are skipped."""
+    path = path.resolve()
+    started = time.perf_counter()
+    sha, size, text_lines = hash_and_count(path)
+    report = FileReport(path=str(path), status="ingested", format=ingester.name, run=run_name, bytes=size)
+    existing = fetch_first(con, 
+        "SELECT file_id, sha256, parser_version FROM files WHERE run_id = ? AND path = ?", [run_id, str(path)]
+    )
+    if existing and existing[1] == sha and existing[2] == ingester.version:
+        report.status = "unchanged"
+        report.seconds = time.perf_counter() - started
+        return report
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if existing:
+            delete_file_rows(con, existing[0])
+            report.status = "replaced"
+        file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
+        ctx = FileContext(con=con, path=path, run_id=run_id, file_id=file_id, run_name=run_name,
+                          head=head, text_lines=text_lines)
+        ingester.load(ctx)
+        ctx.flush()
+        if ctx.lines != ctx.stored + ctx.ignored_total + ctx.rejected:
+            raise RuntimeError(
+                f"{ingester.name} lost lines in {path}: {ctx.lines} read, {ctx.stored} stored, "
+                f"{ctx.ignored_total} ignored, {ctx.rejected} rejected"
+            )
+        seconds = time.perf_counter() - started
+        con.execute(
+            "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
+            " lines, stored, ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [file_id, run_id, str(path), sha, size, ingester.name, ctx.format_version, ingester.version,
+             ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds],
+        )
+        _merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
+    report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, ctx.notes
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def ingest_paths(
+    con: duckdb.DuckDBPyConnection,
+    paths: Iterable[str | Path],
+    *,
+    run_name: str | None = None,
+    task: str | None = None,
+    format_name: str | None = None,
+    on_file: Callable[[FileReport], None] | None = None,
+) -> list[FileReport]:
+    """Ingest every file under `paths`; return one report per file seen.
+
+    A file named explicitly that cannot be read is an error; a file met while walking a folder
+    whose format is unknown is skipped and reported as such. One bad file never stops the others.
+    """
+    forced = None
+    if format_name:
+        forced = get_ingester(format_name)
+        if forced is None:
+            raise PolytraceError(f"unknown format {format_name!r}; see `polytrace formats`")
+    resolver = RunResolver(con, run_name, task)
+    reports: list[FileReport] = []
+    for path, explicit, problem in walk(paths):
+        report = _ingest_one(con, path, explicit, problem, forced, resolver)
+        reports.append(report)
+        if on_file:
+            on_file(report)
+    return reports
+
+
+def _ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
+                resolver: RunResolver) -> FileReport:
+    if problem:
+        return FileReport(path=str(path), status="error", message=problem)
+    try:
+        head = read_head(path)
+    except OSError as error:
+        return FileReport(path=str(path), status="error", message=f"cannot read: {error.strerror or error}")
+    ingester = forced or detect(path, head)
+    if ingester is None:
+        if not explicit:
+            return FileReport(path=str(path), status="skipped", message="unknown format")
+        reason = "empty file of unknown format" if not head else (
+            "binary file of unknown format" if is_binary(head) else "unknown format (use --format to name it)")
+        run_id, run = resolver.resolve(path, None)
+        sha, size, _ = hash_and_count(path)
+        _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, "unknown", reason)
+        return FileReport(path=str(path), status="rejected", run=run, bytes=size, message=reason)
+    run_id, run = resolver.resolve(path, ingester.framework)
+    try:
+        return ingest_file(con, path, ingester, run_id, run, head)
+    except IngestError as error:
+        sha, size, _ = hash_and_count(path)
+        _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, ingester.name, str(error))
+        return FileReport(path=str(path), status="rejected", format=ingester.name, run=run, bytes=size,
+                          message=str(error))
+    except OSError as error:
+        return FileReport(path=str(path), status="error", format=ingester.name, run=run,
+                          message=f"cannot read: {error.strerror or error}")

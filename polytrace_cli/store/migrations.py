@@ -1,0 +1,96 @@
+"""Numbered schema files applied in order, with a ledger of what was applied.
+
+A store records every applied file in `schema_migrations`. Opening an older store applies the
+missing files, each in its own transaction; a store whose version is newer than this code knows
+is refused, so an old polytrace never writes into a layout it does not understand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import duckdb
+
+from polytrace_cli.errors import StoreError
+
+_FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def available_migrations() -> list[Migration]:
+    """The schema files shipped with the package, ordered by their number."""
+    found = []
+    for entry in resources.files("polytrace_cli.schemas").iterdir():
+        match = _FILE_PATTERN.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"schema files are not numbered 1..N without gaps: {versions}")
+    return found
+
+
+SCHEMA_VERSION = len(available_migrations())
+
+
+def has_ledger(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when the database has a migrations ledger, i.e. is a polytrace store."""
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
+        ).fetchall()[0][0]
+    )
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The highest schema file applied to this store (0 for an empty database)."""
+    if not has_ledger(con):
+        return 0
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
+
+
+def check_not_newer(con: duckdb.DuckDBPyConnection, db_label: str) -> int:
+    """Refuse a store written by a newer polytrace; return its version."""
+    version = schema_version(con)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{db_label} has schema version {version}, newer than this polytrace understands "
+            f"({SCHEMA_VERSION}); upgrade polytrace to use it"
+        )
+    return version
+
+
+def migrate(con: duckdb.DuckDBPyConnection, db_label: str) -> list[int]:
+    """Apply every schema file the store lacks; return the versions applied."""
+    current = check_not_newer(con, db_label)
+    if not has_ledger(con):
+        con.execute(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+            " applied_at TIMESTAMP DEFAULT current_timestamp)"
+        )
+    applied = []
+    for migration in available_migrations():
+        if migration.version <= current:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(migration.sql)
+            con.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
+                [migration.version, migration.name],
+            )
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        applied.append(migration.version)
+    return applied

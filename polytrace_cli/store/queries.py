@@ -1,0 +1,60 @@
+"""Read-side queries over the store shared by several commands."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from polytrace_cli.errors import PolytraceError
+
+
+def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """One row per run: name, framework, task, files, formats, samples, steps, step range, rejected lines."""
+    return con.sql(
+        """
+        WITH f AS (
+            SELECT run_id, count(*) AS files, string_agg(DISTINCT format, ',' ORDER BY format) AS formats,
+                   sum(rejected) AS rejected
+            FROM files GROUP BY run_id
+        ), s AS (
+            SELECT run_id, count(*) AS samples, count(DISTINCT step) AS sample_steps FROM samples GROUP BY run_id
+        ), m AS (
+            SELECT run_id, count(DISTINCT (segment, step)) AS metric_steps, min(step) AS first_step,
+                   max(step) AS last_step, count(DISTINCT segment) AS segments
+            FROM step_metrics GROUP BY run_id
+        )
+        SELECT r.name AS run, r.framework, r.task,
+               coalesce(f.files, 0) AS files, f.formats,
+               coalesce(s.samples, 0) AS samples,
+               greatest(coalesce(s.sample_steps, 0), coalesce(m.metric_steps, 0)) AS steps,
+               m.first_step, m.last_step, m.segments,
+               coalesce(f.rejected, 0)::BIGINT AS rejected
+        FROM runs r LEFT JOIN f USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
+        ORDER BY r.name
+        """
+    ).pl()
+
+
+def run_ids(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int]:
+    """Run ids for the given names (all runs when none are given); unknown names are an error."""
+    if not names:
+        return [row[0] for row in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    found = dict(con.execute("SELECT name, run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall())
+    missing = [n for n in names if n not in found]
+    if missing:
+        known = ", ".join(r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()) or "none"
+        raise PolytraceError(f"no run named {', '.join(missing)} (runs: {known})")
+    return [found[n] for n in names]
+
+
+def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: int) -> pl.DataFrame:
+    """Quarantined lines with their file, line number, reason and raw excerpt."""
+    ids = run_ids(con, [run] if run else None)
+    return con.execute(
+        """
+        SELECT r.name AS run, f.path AS file, e.line_no AS line, e.reason, e.raw
+        FROM ingest_errors e JOIN files f USING (file_id) JOIN runs r USING (run_id)
+        WHERE r.run_id IN (SELECT unnest(?)) ORDER BY f.path, e.line_no NULLS FIRST LIMIT ?
+        """,
+        [ids, limit],
+    ).pl()
