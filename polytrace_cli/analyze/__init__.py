@@ -1,0 +1,1 @@
+"""Characterization analyses (METRICS.md), one module each; importing this registers them all."""
