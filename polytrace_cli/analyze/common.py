@@ -51,4 +51,4 @@ def run_names(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[int, s
 
 def frame(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pl.DataFrame:
     """Run SQL and return a polars DataFrame."""
-    return con.execute(sql, params or []).pl()
+    return con.sql(sql, params=params or None).pl()
