@@ -1,3 +1,6 @@
 """Built-in input formats, one module each. Import order is sniffing order: specific first."""
 
 from polytrace_cli.ingest.formats import polytrace_packed  # noqa: F401
+from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
+from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
+from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401

@@ -1,0 +1,119 @@
+"""PolyTrace `multiturn_workload_step_N.jsonl` (and `..._step_N_rank_R.jsonl`): one line per trajectory.
+
+Each trajectory becomes one `samples` row, one `turns` row per generation turn and one
+`tool_calls` row per tool invocation. The merged files identify a trajectory by
+(prompt_group_id, sample_id); the per-rank files by (batch_data_id, rollout_offset) with the rank
+taken from the file name.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.jsonl import Check, load_records
+from polytrace_cli.ingest.registry import register
+
+FILE_NAME = re.compile(r"^multiturn_workload_step_\d+(?:_rank_(?P<rank>\d+))?\.jsonl$")
+
+TURN_SPEC = {
+    "turn": "INTEGER",
+    "prompt_tokens": "INTEGER",
+    "cached_tokens": "INTEGER",
+    "completion_tokens": "INTEGER",
+    "finish_reason": "VARCHAR",
+    "tool_call_count": "INTEGER",
+    "engine_latency_s": "DOUBLE",
+}
+TOOL_SPEC = {
+    "turn": "INTEGER",
+    "tool_name": "VARCHAR",
+    "query_count": "INTEGER",
+    "latency_s": "DOUBLE",
+    "response_token_len": "INTEGER",
+    "status": "VARCHAR",
+}
+SPEC = {
+    "step": "INTEGER",
+    "prompt_len": "INTEGER",
+    "max_response_len": "INTEGER",
+    "turns": [TURN_SPEC],
+    "tool_calls": [TOOL_SPEC],
+    "finish_reason": "VARCHAR",
+    "final_response_len": "INTEGER",
+    "turn_count": "INTEGER",
+    "tool_call_count": "INTEGER",
+    "validate": "BOOLEAN",
+    "prompt_group_id": "INTEGER",
+    "sample_id": "INTEGER",
+    "batch_data_id": "INTEGER",
+    "rollout_offset": "INTEGER",
+}
+REQUIRED = ("step", "prompt_len", "final_response_len")
+CHECKS = (Check("prompt_len < 0 OR final_response_len < 0", "negative length"),)
+
+
+@register
+class MultiTurnIngester(Ingester):
+    name = "polytrace-multiturn"
+    version = "1"
+    framework = "polytrace"
+    description = "PolyTrace multiturn_workload_step_N[_rank_R].jsonl (trajectories, turns, tool calls)"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return bool(FILE_NAME.match(path.name)) or (
+            head.lstrip().startswith(b"{") and b'"turns": [' in head[:8000] and b'"final_response_len"' in head
+        )
+
+    def load(self, ctx: FileContext) -> None:
+        match = FILE_NAME.match(ctx.path.name)
+        file_rank = int(match.group("rank")) if match and match.group("rank") else None
+        records = load_records(ctx, SPEC, REQUIRED, CHECKS)
+        con = ctx.con
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE trajectories AS
+            SELECT *, coalesce(prompt_group_id, batch_data_id) AS prompt_idx,
+                      coalesce(sample_id, rollout_offset) AS sample_idx
+            FROM records
+            """
+        )
+        ids = [ctx.run_id, ctx.file_id, file_rank]
+        ctx.insert(
+            """
+            INSERT INTO samples (run_id, file_id, step, rank, prompt_idx, sample_idx, prompt_len, response_len,
+                                 truncated, validate, turns, tool_calls, finish_reason)
+            SELECT ?, ?, step, ?::INTEGER, prompt_idx, sample_idx, prompt_len, final_response_len,
+                   finish_reason = 'length' OR final_response_len >= max_response_len,
+                   validate, coalesce(turn_count, len(turns)), coalesce(tool_call_count, len(tool_calls)),
+                   finish_reason
+            FROM trajectories
+            """,
+            ids,
+        )
+        ctx.insert(
+            """
+            INSERT INTO turns (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, prompt_tokens,
+                               cached_tokens, completion_tokens, engine_latency_s, finish_reason, tool_call_count)
+            SELECT ?, ?, step, ?::INTEGER, prompt_idx, sample_idx, t.turn, t.prompt_tokens, t.cached_tokens,
+                   t.completion_tokens, t.engine_latency_s, t.finish_reason, t.tool_call_count
+            FROM (SELECT step, prompt_idx, sample_idx, unnest(turns) AS t FROM trajectories)
+            """,
+            ids,
+        )
+        ctx.insert(
+            """
+            INSERT INTO tool_calls (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, tool_name,
+                                    latency_s, status, query_count, response_tokens)
+            SELECT ?, ?, step, ?::INTEGER, prompt_idx, sample_idx, c.turn, c.tool_name, c.latency_s, c.status,
+                   c.query_count, c.response_token_len
+            FROM (SELECT step, prompt_idx, sample_idx, unnest(tool_calls) AS c FROM trajectories)
+            """,
+            ids,
+        )
+        ctx.stored = records
+        max_len = con.execute("SELECT max(max_response_len) FROM trajectories").fetchall()[0][0]
+        if max_len is not None:
+            ctx.run_meta["max_response_len"] = max_len
+        ctx.run_meta["multiturn"] = True
