@@ -4,3 +4,4 @@ from polytrace_cli.ingest.formats import polytrace_packed  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
+from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401

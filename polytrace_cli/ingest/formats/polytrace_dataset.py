@@ -1,0 +1,150 @@
+"""The PolyTrace dataset JSON: the published workloads, one document keyed by step.
+
+Single-turn tasks: `{"<step>": {"input": [prompt lengths], "output": [response lengths]}}`.
+Multi-turn tasks: `{"<step>": [{"input": [...], "output": [...]}, ...]}`, one object per turn,
+position i of each list belonging to trajectory i.
+
+This format is one JSON document, not lines: its accounting unit is the step entry, so
+`lines` counts step entries and a malformed entry is rejected with its 1-based position.
+
+Pairing: when input and output have equal length, input[i] pairs with output[i]; when len(output) is
+a multiple k of len(input) (n responses per prompt), output[j] pairs with input[j // k]; otherwise
+both lists are kept as they are, rows past the shorter list carrying NULL for its length.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import duckdb
+
+from polytrace_cli.errors import IngestError
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.registry import register
+
+_HEAD = re.compile(rb'^\s*\{\s*"\d+"\s*:\s*[\{\[]')
+
+
+@register
+class DatasetJsonIngester(Ingester):
+    name = "polytrace-dataset"
+    version = "1"
+    framework = "polytrace"
+    description = 'PolyTrace dataset JSON ({"step": {"input": [...], "output": [...]}}, single- or multi-turn)'
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return path.suffix == ".json" and bool(_HEAD.match(head)) and b'"input"' in head
+
+    def load(self, ctx: FileContext) -> None:
+        con = ctx.con
+        try:
+            con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE entries AS
+                WITH doc AS (SELECT content::JSON AS j FROM read_text(?)),
+                     keyed AS (SELECT unnest(json_keys(j)) AS key, j FROM doc)
+                SELECT row_number() OVER () AS position, key, try_cast(key AS INTEGER) AS step,
+                       json_extract(j, '$."' || key || '"') AS entry
+                FROM keyed
+                """,
+                [str(ctx.path)],
+            )
+        except duckdb.Error as error:
+            raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}") from None
+        ctx.lines = con.execute("SELECT count(*) FROM entries").fetchall()[0][0]
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE turn_lists AS
+            SELECT position, step, key, t.turn, t.obj,
+                   try_cast(json_extract(t.obj, '$.input') AS BIGINT[]) AS input,
+                   try_cast(json_extract(t.obj, '$.output') AS BIGINT[]) AS output
+            FROM (
+                SELECT position, step, key,
+                       CASE WHEN json_type(entry) = 'ARRAY'
+                            THEN [{'turn': i - 1, 'obj': json_extract(entry, '$[' || (i - 1) || ']')}
+                                  FOR i IN range(1, json_array_length(entry)::BIGINT + 1)]
+                            ELSE [{'turn': 0, 'obj': entry}] END AS per_turn,
+                       json_type(entry) = 'ARRAY' AS multiturn
+                FROM entries
+            ), unnest(per_turn) AS u(t)
+            """
+        )
+        bad = con.execute(
+            """
+            SELECT position, any_value(key), count(*) FILTER (WHERE input IS NULL OR output IS NULL) AS broken,
+                   bool_or(step IS NULL) AS bad_key
+            FROM turn_lists GROUP BY position HAVING broken > 0 OR bad_key
+            UNION ALL
+            SELECT position, key, 1, step IS NULL FROM entries
+            WHERE position NOT IN (SELECT position FROM turn_lists)
+            ORDER BY 1
+            """
+        ).fetchall()
+        for position, key, _broken, bad_key in bad:
+            reason = (f"step key {key!r} is not an integer" if bad_key
+                      else f"step {key}: input and output must be lists of integers")
+            ctx.reject(position, reason, key)
+        if bad:
+            con.execute("DELETE FROM turn_lists WHERE position IN (SELECT unnest(?))", [[b[0] for b in bad]])
+        multiturn = con.execute("SELECT coalesce(max(turn), 0) > 0 FROM turn_lists").fetchall()[0][0]
+        if multiturn:
+            self._load_multiturn(ctx)
+        else:
+            self._load_single_turn(ctx)
+        ctx.stored = ctx.lines - ctx.rejected
+        unpaired = con.execute(
+            "SELECT count(*) FROM turn_lists WHERE len(input) != len(output) AND"
+            " (len(input) = 0 OR len(output) % len(input) != 0)"
+        ).fetchall()[0][0]
+        if unpaired:
+            ctx.note(f"{unpaired} step(s) have input and output lists that do not pair; both kept as they are")
+        ctx.run_meta["multiturn"] = bool(multiturn)
+
+    @staticmethod
+    def _load_single_turn(ctx: FileContext) -> None:
+        ctx.insert(
+            """
+            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len)
+            SELECT ?, ?, step,
+                   CASE WHEN per_prompt > 0 THEN i // per_prompt ELSE i END,
+                   CASE WHEN per_prompt > 0 THEN i % per_prompt ELSE 0 END,
+                   CASE WHEN per_prompt > 0 THEN input[i // per_prompt + 1] ELSE input[i + 1] END,
+                   output[i + 1]
+            FROM (
+                SELECT step, input, output,
+                       CASE WHEN len(input) > 0 AND len(output) % len(input) = 0
+                            THEN len(output) // len(input) ELSE 0 END AS per_prompt,
+                       unnest(range(greatest(len(input), len(output)))) AS i
+                FROM turn_lists
+            )
+            """,
+            [ctx.run_id, ctx.file_id],
+        )
+
+    @staticmethod
+    def _load_multiturn(ctx: FileContext) -> None:
+        ctx.con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE dataset_turns AS
+            SELECT step, turn, unnest(range(greatest(len(input), len(output)))) AS i, input, output
+            FROM turn_lists
+            """
+        )
+        ctx.insert(
+            """
+            INSERT INTO turns (run_id, file_id, step, prompt_idx, sample_idx, turn, prompt_tokens, completion_tokens)
+            SELECT ?, ?, step, i, 0, turn, input[i + 1], output[i + 1] FROM dataset_turns
+            """,
+            [ctx.run_id, ctx.file_id],
+        )
+        ctx.insert(
+            """
+            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len, turns)
+            SELECT ?, ?, step, i, 0,
+                   any_value(input[i + 1]) FILTER (WHERE turn = 0),
+                   sum(output[i + 1])::INTEGER, count(output[i + 1])::INTEGER
+            FROM dataset_turns GROUP BY step, i
+            """,
+            [ctx.run_id, ctx.file_id],
+        )
