@@ -1,0 +1,1 @@
+"""Benchmark workloads: sampling realistic PolyTrace traces from fitted distributions."""

@@ -1,0 +1,192 @@
+"""Synthesize PolyTrace-format workload traces from a length model.
+
+Writes, per workload step N, `packed_lengths_step_N.jsonl` (one line per prompt per DP rank),
+`reward_timings_step_N.jsonl` (one line per DP rank), and for multi-turn tasks
+`multiturn_workload_step_N.jsonl`; DAPO-style tasks also get `dapo_filter_indices.jsonl`.
+Everything is drawn from one seeded numpy Generator, so a seed fixes the output byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from polytrace_cli.bench.distributions import LengthModel, Marginal
+from polytrace_cli.errors import PolytraceError
+
+# Spread of the responses of one prompt around the prompt's own typical length (log scale).
+WITHIN_PROMPT_SIGMA = 0.35
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The shape of a synthetic workload."""
+
+    task: str
+    steps: int = 4
+    batch: int = 32          # prompts per step
+    n: int = 8               # responses per prompt
+    dp_ranks: int = 2
+    tp_size: int = 1
+    max_response_len: int | None = None
+    drift: float = 0.0       # relative change of response length per step
+    seed: int = 0
+    multiturn: bool = False
+    dapo: bool = False
+    reward_timings: bool = True
+
+
+@dataclass
+class SynthResult:
+    files: list[Path] = field(default_factory=list)
+    samples: int = 0
+    trajectories: int = 0
+
+
+def _draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt lengths (batch,) and response lengths (batch, n) of one step, capped."""
+    prompts, centres = model.sample(rng, spec.batch)
+    spread = rng.lognormal(-WITHIN_PROMPT_SIGMA**2 / 2, WITHIN_PROMPT_SIGMA, size=(spec.batch, spec.n))
+    responses = np.maximum(np.rint(centres[:, None] * spread * (1.0 + spec.drift) ** step), 1).astype(np.int64)
+    if spec.max_response_len:
+        responses = np.minimum(responses, spec.max_response_len)
+    return prompts, responses
+
+
+def _write_packed(path: Path, step: int, spec: WorkloadSpec, prompts: np.ndarray, responses: np.ndarray) -> None:
+    dp_of_prompt = np.arange(spec.batch) % spec.dp_ranks
+    lines = []
+    for dp in range(spec.dp_ranks):
+        for local, index in enumerate(np.flatnonzero(dp_of_prompt == dp)):
+            outputs = ", ".join(map(str, responses[index].tolist()))
+            lines.append(
+                f'{{"step": {step}, "rank": {dp * spec.tp_size}, "dp_rank": {dp}, "tp_rank": 0, '
+                f'"local_index": {local}, "input": {int(prompts[index])}, "output": [{outputs}], '
+                f'"n_sampling": {spec.n}, "validate": false}}'
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _write_rewards(path: Path, step: int, spec: WorkloadSpec, responses: np.ndarray, rng: np.random.Generator) -> None:
+    dp_of_prompt = np.arange(spec.batch) % spec.dp_ranks
+    lines = []
+    for dp in range(spec.dp_ranks):
+        mine = responses[dp_of_prompt == dp].ravel()
+        # Reward time grows with the tokens to verify, with heavy-tailed sandbox noise.
+        seconds = 5.0 + 4e-5 * mine.sum() * rng.lognormal(0.0, 0.4)
+        lines.append(json.dumps({
+            "step": step, "rank": dp * spec.tp_size, "tp_rank": 0, "dp_rank": dp, "batch_size": int(mine.size),
+            "reward_time_s": round(float(seconds), 6), "response_sum": int(mine.sum()),
+            "response_mean": float(mine.mean()), "response_max": int(mine.max()), "validate": False,
+        }))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _write_dapo(path: Path, spec: WorkloadSpec, rng: np.random.Generator) -> None:
+    """DAPO dynamic sampling: generate batches until train_batch_size prompts with mixed rewards are kept."""
+    train_batch = max(spec.batch // 3, 1)
+    lines, trainer_step, kept_so_far, gen_index = [], 1, 0, 1
+    for workload_step in range(spec.steps):
+        kept = np.flatnonzero(rng.random(spec.batch) < 0.35)
+        used = kept[: max(train_batch - kept_so_far, 0)]
+        lines.append(json.dumps({
+            "workload_step": workload_step, "trainer_step": trainer_step, "gen_batch_index": gen_index,
+            "prompt_count": spec.batch, "n_sampling": spec.n, "train_batch_size": train_batch,
+            "num_prompt_in_batch_before": kept_so_far, "kept_prompt_count": int(kept.size),
+            "used_prompt_count": int(used.size), "kept_prompt_indices": kept.tolist(),
+            "used_prompt_indices": used.tolist(),
+        }))
+        kept_so_far += int(used.size)
+        gen_index += 1
+        if kept_so_far >= train_batch:
+            trainer_step, kept_so_far, gen_index = trainer_step + 1, 0, 1
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: dict) -> dict:
+    turn_values = np.array([int(k) for k in multiturn["turns_pmf"]])
+    turn_probs = np.array(list(multiturn["turns_pmf"].values()), float)
+    n_turns = int(rng.choice(turn_values, p=turn_probs / turn_probs.sum()))
+    completion = multiturn["completion_tokens"]
+    latency = multiturn["tool_latency_s"]
+    turns, tools, context, response = [], [], prompt_len, 0
+    finish = "stop"
+    for turn in range(n_turns):
+        tokens = int(max(1, round(float(Marginal(completion["family"], completion["params"]).sample(rng, 1)[0]))))
+        last = turn == n_turns - 1
+        if response + tokens >= cap:
+            tokens, last, finish = cap - response, True, "length"
+        cached = 0 if turn == 0 else context - int(rng.integers(0, 8))
+        turns.append({"turn": turn, "prompt_tokens": context, "cached_tokens": max(cached, 0), "completion_tokens": tokens,
+                      "finish_reason": "length" if finish == "length" else ("stop" if last else "tool_calls"),
+                      "tool_call_count": 0 if last else 1,
+                      "engine_latency_s": round(2.0 + 0.03 * tokens * float(rng.lognormal(0, 0.3)), 6)})
+        context += tokens
+        response += tokens
+        if last:
+            break
+        tool_tokens = int(rng.integers(300, 1100))
+        tools.append({"turn": turn, "tool_name": "search", "query_count": int(rng.integers(1, 4)),
+                      "latency_s": round(float(Marginal(latency["family"], latency["params"]).sample(rng, 1)[0]), 6),
+                      "response_token_len": tool_tokens, "status": "success"})
+        context += tool_tokens
+        response += tool_tokens
+    return {"turns": turns, "tool_calls": tools, "finish_reason": finish, "final_response_len": response}
+
+
+def _write_multiturn(path: Path, step: int, spec: WorkloadSpec, model: LengthModel, prompts: np.ndarray,
+                     rng: np.random.Generator) -> int:
+    cap = spec.max_response_len or 4096
+    lines = []
+    for group, prompt_len in enumerate(prompts.tolist()):
+        for sample in range(spec.n):
+            t = _trajectory(rng, int(prompt_len), cap, model.multiturn)
+            lines.append(json.dumps({
+                "step": step, "prompt_len": int(prompt_len), "max_response_len": cap, "turns": t["turns"],
+                "tool_calls": t["tool_calls"], "finish_reason": t["finish_reason"],
+                "final_response_len": t["final_response_len"], "turn_count": len(t["turns"]),
+                "tool_call_count": len(t["tool_calls"]), "validate": False, "prompt_group_id": group,
+                "sample_id": sample,
+            }))
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def synthesize(model: LengthModel, spec: WorkloadSpec, out_dir: str | Path) -> SynthResult:
+    """Write the workload's trace files into out_dir (created if needed) and return what was written."""
+    if spec.steps < 1 or spec.batch < 1 or spec.n < 1 or spec.dp_ranks < 1:
+        raise PolytraceError("steps, batch, n and dp ranks must all be at least 1")
+    if spec.multiturn and not model.multiturn:
+        raise PolytraceError(f"task {spec.task!r} has no multi-turn model to sample trajectories from")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(spec.seed)
+    result = SynthResult()
+    for step in range(spec.steps):
+        prompts, responses = _draw_step(model, spec, rng, step)
+        if spec.multiturn:
+            path = out / f"multiturn_workload_step_{step}.jsonl"
+            result.trajectories += _write_multiturn(path, step, spec, model, prompts, rng)
+            result.files.append(path)
+            continue
+        path = out / f"packed_lengths_step_{step}.jsonl"
+        _write_packed(path, step, spec, prompts, responses)
+        result.files.append(path)
+        result.samples += responses.size
+        if spec.reward_timings:
+            path = out / f"reward_timings_step_{step}.jsonl"
+            _write_rewards(path, step, spec, responses, rng)
+            result.files.append(path)
+    if spec.dapo:
+        path = out / "dapo_filter_indices.jsonl"
+        _write_dapo(path, spec, rng)
+        result.files.append(path)
+    return result
+
+
+def with_overrides(spec: WorkloadSpec, **overrides) -> WorkloadSpec:
+    """A copy of spec with the given non-None fields replaced."""
+    return replace(spec, **{k: v for k, v in overrides.items() if v is not None})
