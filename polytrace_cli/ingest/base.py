@@ -9,6 +9,7 @@ it read: each is stored (produced rows), ignored by a named rule, or rejected in
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -51,6 +52,21 @@ class FileContext:
     run_meta: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     _errors: list[tuple] = field(default_factory=list)
+    on_begin: Callable[[], None] | None = None
+    in_transaction: bool = False
+
+    def begin_writes(self) -> None:
+        """Open the file's transaction (once) before its first write.
+
+        Parsing into temporary tables happens before this, outside the transaction, so that a
+        failed bulk parse (which DuckDB answers by aborting the transaction) can fall back to the
+        line-by-line path. Everything written to the store happens after it, atomically.
+        """
+        if not self.in_transaction:
+            self.con.execute("BEGIN TRANSACTION")
+            self.in_transaction = True
+            if self.on_begin:
+                self.on_begin()
 
     def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None) -> None:
         """Quarantine one line (or the whole file, with line_no None) with a reason."""
@@ -70,13 +86,15 @@ class FileContext:
         self.notes.append(message)
 
     def insert(self, sql: str, params: list | None = None) -> int:
-        """Run an INSERT ... SELECT and add the rows it wrote to this file's count."""
+        """Run an INSERT ... SELECT inside the file's transaction and count the rows it wrote."""
+        self.begin_writes()
         written = self.con.execute(sql, params or []).fetchall()[0][0]
         self.rows += written
         return written
 
     def flush(self) -> None:
         """Write the buffered rejections and ignore counts."""
+        self.begin_writes()
         if self._errors:
             self.con.executemany(
                 "INSERT INTO ingest_errors (file_id, line_no, reason, raw) VALUES (?, ?, ?, ?)",
@@ -96,6 +114,9 @@ class FileContext:
 
 class Ingester:
     """One input format: how to recognise it and how to load it.
+
+    Parse into temporary tables freely; write to the store only through `FileContext.insert` (or
+    after calling `begin_writes`), so that a file's rows land in one transaction.
 
     Subclasses set `name` (the --format value), `version` (bumped when parsing changes, stored
     in `files.parser_version`), `framework` (the run's framework when this file creates it) and

@@ -208,14 +208,16 @@ def ingest_file(
         report.status = "unchanged"
         report.seconds = time.perf_counter() - started
         return report
-    con.execute("BEGIN TRANSACTION")
-    try:
+    file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
+
+    def replace_previous_version() -> None:
         if existing:
             delete_file_rows(con, existing[0])
             report.status = "replaced"
-        file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
-        ctx = FileContext(con=con, path=path, run_id=run_id, file_id=file_id, run_name=run_name,
-                          head=head, text_lines=text_lines)
+
+    ctx = FileContext(con=con, path=path, run_id=run_id, file_id=file_id, run_name=run_name,
+                      head=head, text_lines=text_lines, on_begin=replace_previous_version)
+    try:
         ingester.load(ctx)
         ctx.flush()
         if ctx.lines != ctx.stored + ctx.ignored_total + ctx.rejected:
@@ -233,7 +235,8 @@ def ingest_file(
         _merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        if ctx.in_transaction:
+            con.execute("ROLLBACK")
         raise
     report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
     report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, ctx.notes

@@ -1,0 +1,170 @@
+"""Bad input: every case gets a clear outcome, loses nothing, and leaves other files intact."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
+from polytrace_cli.ingest.base import Ingester
+from polytrace_cli.ingest.registry import _REGISTRY
+from polytrace_cli.ingest.runner import ingest_paths
+
+GOOD = ('{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": %d, "input": 10, "output": [5, 6], '
+        '"n_sampling": 2, "validate": false}')
+
+
+def _trace(folder: Path, body: str, name: str = "packed_lengths_step_0.jsonl") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(body)
+    return path
+
+
+def _file_row(con, path: Path):
+    return con.execute(
+        "SELECT lines, stored, ignored, rejected, rows FROM files WHERE path = ?", [str(path.resolve())]
+    ).fetchall()[0]
+
+
+def _errors(con):
+    return con.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall()
+
+
+def test_truncated_last_line_is_rejected_and_the_rest_kept(store, tmp_path):
+    path = _trace(tmp_path / "r", "\n".join([GOOD % 0, GOOD % 1, '{"step": 0, "rank": 0, "output": [5']))
+    ingest_paths(store, [path])
+    assert _file_row(store, path) == (3, 2, 0, 1, 4)
+    assert _errors(store) == [(3, "truncated JSON (line cut short)")]
+
+
+def test_line_that_is_not_json_and_blank_lines(store, tmp_path):
+    path = _trace(tmp_path / "r", "\n".join([GOOD % 0, "", "Traceback (most recent call last):", GOOD % 1, ""]) + "\n")
+    ingest_paths(store, [path])
+    lines, stored, ignored, rejected, rows = _file_row(store, path)
+    assert (lines, stored, ignored, rejected, rows) == (5, 2, 2, 1, 4)
+    assert _errors(store)[0][0] == 3 and _errors(store)[0][1].startswith("not JSON")
+    assert store.execute("SELECT rule, lines FROM ignored_lines").fetchall() == [("blank line", 2)]
+
+
+def test_missing_fields_and_wrong_types_are_named(store, tmp_path):
+    body = "\n".join([
+        GOOD % 0,
+        '{"step": 0, "rank": 0, "dp_rank": 0, "local_index": 1, "input": 10}',
+        '{"step": 0, "rank": 0, "dp_rank": 0, "local_index": 2, "input": "ten", "output": [1]}',
+        '{"step": 0, "rank": 0, "dp_rank": 0, "local_index": 3, "input": 10, "output": [1, "x"]}',
+        '{"step": 0, "rank": 0, "dp_rank": 0, "local_index": 4, "input": 10, "output": []}',
+        "[1, 2, 3]",
+    ]) + "\n"
+    path = _trace(tmp_path / "r", body)
+    ingest_paths(store, [path])
+    assert _errors(store) == [
+        (2, "missing field output"),
+        (3, "field input: expected integer, got string"),
+        (4, "field output[1]: expected integer, got string"),
+        (5, "output holds no response lengths"),
+        (6, "not a JSON object (list)"),
+    ]
+    assert _file_row(store, path) == (6, 1, 0, 5, 2)
+
+
+def test_empty_trace_file_is_stored_with_zero_lines(store, tmp_path):
+    path = _trace(tmp_path / "r", "")
+    reports = ingest_paths(store, [path])
+    assert reports[0].status == "ingested"
+    assert _file_row(store, path) == (0, 0, 0, 0, 0)
+
+
+def test_binary_and_unknown_files_named_explicitly_are_rejected_whole(store, tmp_path):
+    binary = tmp_path / "r" / "weights.bin"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x00\x01\x02garbage\xff" * 10)
+    unknown = tmp_path / "r" / "notes.txt"
+    unknown.write_text("just some notes\n")
+    good = _trace(tmp_path / "r", GOOD % 0 + "\n")
+    reports = {Path(r.path).name: r for r in ingest_paths(store, [binary, unknown, good])}
+    assert reports["weights.bin"].status == "rejected"
+    assert reports["weights.bin"].message == "binary file of unknown format"
+    assert reports["notes.txt"].message.startswith("unknown format")
+    assert reports["packed_lengths_step_0.jsonl"].status == "ingested"
+    reasons = {r[0] for r in store.execute("SELECT reason FROM ingest_errors WHERE line_no IS NULL").fetchall()}
+    assert reasons == {"binary file of unknown format", "unknown format (use --format to name it)"}
+
+
+def test_unknown_files_found_in_a_folder_are_skipped_not_failed(store, tmp_path):
+    _trace(tmp_path / "r", GOOD % 0 + "\n")
+    (tmp_path / "r" / "README").write_text("about this run\n")
+    reports = ingest_paths(store, [tmp_path / "r"])
+    assert sorted(r.status for r in reports) == ["ingested", "skipped"]
+
+
+def test_missing_path_is_an_error_that_does_not_stop_the_others(store, tmp_path):
+    good = _trace(tmp_path / "r", GOOD % 0 + "\n")
+    reports = ingest_paths(store, [tmp_path / "nope.jsonl", good])
+    assert [(r.status, r.message) for r in reports] == [("error", "no such file or directory"), ("ingested", None)]
+
+
+class _Interrupting(Ingester):
+    name = "test-interrupting"
+
+    def sniff(self, path, head):
+        return path.name == "interrupt.jsonl"
+
+    def load(self, ctx):
+        ctx.insert("INSERT INTO samples (run_id, file_id, step, response_len) SELECT ?, ?, 0, 1", [ctx.run_id, ctx.file_id])
+        raise KeyboardInterrupt
+
+
+def test_interrupt_inside_a_file_leaves_no_partial_rows(store, tmp_path):
+    path = _trace(tmp_path / "r", "{}\n", name="interrupt.jsonl")
+    _REGISTRY.insert(0, _Interrupting())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ingest_paths(store, [path])
+    finally:
+        _REGISTRY.pop(0)
+    assert store.execute("SELECT count(*) FROM samples").fetchall()[0][0] == 0
+    assert store.execute("SELECT count(*) FROM files").fetchall()[0][0] == 0
+
+
+def test_strict_turns_rejected_lines_into_a_failing_exit(tmp_path):
+    path = _trace(tmp_path / "r", GOOD % 0 + "\nnot json\n")
+    db = tmp_path / "s.duckdb"
+    runner = CliRunner()
+    relaxed = runner.invoke(app, ["ingest", str(path), "--db", str(db)])
+    assert relaxed.exit_code == 0
+    path.write_text(GOOD % 0 + "\nstill not json\n")
+    strict = runner.invoke(app, ["ingest", str(path), "--db", str(db), "--strict"])
+    assert strict.exit_code == 1
+    assert "--strict: 1 line(s) rejected" in strict.output
+
+
+def test_locked_store_gives_one_line_and_non_zero_exit(tmp_path):
+    db = tmp_path / "s.duckdb"
+    path = _trace(tmp_path / "r", GOOD % 0 + "\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(db)!r}); print('ok', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        result = subprocess.run([sys.executable, "-m", "polytrace_cli.cli", "ingest", str(path), "--db", str(db)],
+                                capture_output=True, text=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 2
+    assert "locked by another process" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unwritable_store_folder_gives_one_line(tmp_path):
+    path = _trace(tmp_path / "r", GOOD % 0 + "\n")
+    result = CliRunner().invoke(app, ["ingest", str(path), "--db", "/sys/polytrace-test.duckdb"])
+    assert result.exit_code == 2
+    assert "not writable" in result.output
