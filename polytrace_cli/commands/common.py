@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import functools
 import io
 import json
@@ -73,10 +74,17 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def json_default(value: Any) -> Any:
+    """JSON for values the json module does not know: decimals (DuckDB sums), dates, others as text."""
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return str(value)
+
+
 def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None) -> None:
     """Print a frame as a rich table, or as JSON records / CSV for scripts."""
     if as_json:
-        sys.stdout.write(json.dumps(frame.to_dicts(), default=str, indent=2) + "\n")
+        sys.stdout.write(json.dumps(frame.to_dicts(), default=json_default, indent=2) + "\n")
         return
     if as_csv:
         buffer = io.StringIO()
