@@ -146,3 +146,18 @@ def test_per_rank_multiturn_file_takes_rank_from_name_and_ids_from_batch_fields(
         (0, 0, 1.5), (1, 80, 2.5)]
     assert store.execute("SELECT tool_name, latency_s, query_count, response_tokens FROM tool_calls").fetchall() == [
         ("search", 0.25, 2, 40)]
+
+
+def test_renamed_traces_are_recognised_by_their_content(store, tmp_path):
+    folder = tmp_path / "renamed"
+    folder.mkdir()
+    (folder / "lengths.jsonl").write_text(
+        '{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 5, "output": [1, 2], '
+        '"n_sampling": 2, "validate": false}\n'
+    )
+    (folder / "rewards.jsonl").write_text(
+        '{"step": 0, "rank": 0, "tp_rank": 0, "dp_rank": 0, "batch_size": 2, "reward_time_s": 1.5, '
+        '"response_sum": 3, "response_mean": 1.5, "response_max": 2, "validate": false}\n'
+    )
+    formats = {Path(r.path).name: r.format for r in ingest_paths(store, [folder])}
+    assert formats == {"lengths.jsonl": "polytrace-packed", "rewards.jsonl": "polytrace-reward"}

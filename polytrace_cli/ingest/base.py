@@ -8,6 +8,7 @@ it read: each is stored (produced rows), ignored by a named rule, or rejected in
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,3 +136,18 @@ class Ingester:
     def load(self, ctx: FileContext) -> None:
         """Read ctx.path into the store and account for every line on ctx."""
         raise NotImplementedError
+
+
+class JsonlTraceIngester(Ingester):
+    """A JSON-lines trace recognised by its file name, or by marker keys in its first line(s)."""
+
+    file_name: ClassVar["re.Pattern[str]"]
+    content_markers: ClassVar[tuple[bytes, ...]] = ()
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        if self.file_name.match(path.name):
+            return True
+        window = head[:8000]
+        return bool(self.content_markers) and window.lstrip().startswith(b"{") and all(
+            marker in window for marker in self.content_markers
+        )

@@ -8,9 +8,8 @@ kept; several workload steps (rollout calls) then map to one trainer step. Each 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 from polytrace_cli.ingest.jsonl import Check, load_records
 from polytrace_cli.ingest.registry import register
 
@@ -38,16 +37,13 @@ CHECKS = (
 
 
 @register
-class DapoFilterIngester(Ingester):
+class DapoFilterIngester(JsonlTraceIngester):
     name = "polytrace-dapo-filter"
     version = "1"
     framework = "polytrace"
     description = "PolyTrace dapo_filter_indices.jsonl (DAPO dynamic-sampling generation batches)"
-
-    def sniff(self, path: Path, head: bytes) -> bool:
-        return bool(FILE_NAME.match(path.name)) or (
-            head.lstrip().startswith(b"{") and b'"kept_prompt_count"' in head[:4000]
-        )
+    file_name = FILE_NAME
+    content_markers = (b'"kept_prompt_count"',)
 
     def load(self, ctx: FileContext) -> None:
         records = load_records(ctx, SPEC, REQUIRED, CHECKS)

@@ -9,9 +9,8 @@ taken from the file name.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 from polytrace_cli.ingest.jsonl import Check, load_records
 from polytrace_cli.ingest.registry import register
 
@@ -55,16 +54,13 @@ CHECKS = (Check("prompt_len < 0 OR final_response_len < 0", "negative length"),)
 
 
 @register
-class MultiTurnIngester(Ingester):
+class MultiTurnIngester(JsonlTraceIngester):
     name = "polytrace-multiturn"
     version = "1"
     framework = "polytrace"
     description = "PolyTrace multiturn_workload_step_N[_rank_R].jsonl (trajectories, turns, tool calls)"
-
-    def sniff(self, path: Path, head: bytes) -> bool:
-        return bool(FILE_NAME.match(path.name)) or (
-            head.lstrip().startswith(b"{") and b'"turns": [' in head[:8000] and b'"final_response_len"' in head
-        )
+    file_name = FILE_NAME
+    content_markers = (b'"turns": [', b'"final_response_len"')
 
     def load(self, ctx: FileContext) -> None:
         match = FILE_NAME.match(ctx.path.name)

@@ -7,9 +7,8 @@ n_sampling response lengths), n_sampling, validate. Each response becomes one `s
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 from polytrace_cli.ingest.jsonl import Check, load_records
 from polytrace_cli.ingest.registry import register
 
@@ -34,17 +33,13 @@ CHECKS = (
 
 
 @register
-class PackedLengthsIngester(Ingester):
+class PackedLengthsIngester(JsonlTraceIngester):
     name = "polytrace-packed"
     version = "1"
     framework = "polytrace"
     description = "PolyTrace packed_lengths_step_N.jsonl (prompt and response lengths per DP rank)"
-
-    def sniff(self, path: Path, head: bytes) -> bool:
-        return bool(FILE_NAME.match(path.name)) or (
-            path.suffix == ".jsonl" and head.lstrip().startswith(b"{") and b'"output": [' in head[:2000]
-            and b'"local_index"' in head[:2000]
-        )
+    file_name = FILE_NAME
+    content_markers = (b'"output": [', b'"local_index"')
 
     def load(self, ctx: FileContext) -> None:
         records = load_records(ctx, SPEC, REQUIRED, CHECKS)

@@ -7,9 +7,8 @@ response_max, validate. Each line becomes one `rank_timings` row with stage 'rew
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 from polytrace_cli.ingest.jsonl import Check, load_records
 from polytrace_cli.ingest.registry import register
 
@@ -32,16 +31,13 @@ CHECKS = (Check("reward_time_s < 0", "negative reward time"),)
 
 
 @register
-class RewardTimingsIngester(Ingester):
+class RewardTimingsIngester(JsonlTraceIngester):
     name = "polytrace-reward"
     version = "1"
     framework = "polytrace"
     description = "PolyTrace reward_timings_step_N.jsonl (reward seconds per DP rank)"
-
-    def sniff(self, path: Path, head: bytes) -> bool:
-        return bool(FILE_NAME.match(path.name)) or (
-            head.lstrip().startswith(b"{") and b'"reward_time_s"' in head[:2000]
-        )
+    file_name = FILE_NAME
+    content_markers = (b'"reward_time_s"',)
 
     def load(self, ctx: FileContext) -> None:
         records = load_records(ctx, SPEC, REQUIRED, CHECKS)
