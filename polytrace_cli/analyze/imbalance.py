@@ -1,0 +1,300 @@
+"""Load imbalance across data-parallel ranks, its balanced counterfactual, and reward-time spread.
+
+Per step, over the DP ranks r that logged samples (tensor-parallel rank 0 only, validation samples
+left out; a sample's rank is its dp_rank, else its rank):
+
+    load_r         = Σ over the rank's samples of (prompt_len + response_len)      tokens
+    max_response_r = max over the rank's samples of response_len   (rollout makespan proxy)
+    λ              = max_r load_r / mean_r load_r
+    idle share     = 1 − mean_r load_r / max_r load_r = 1 − 1/λ
+
+Balanced counterfactual: the step's prompt groups (all responses of one prompt stay together;
+a group is keyed by (step, dp_rank, prompt_idx), a sample without prompt_idx is its own group)
+are dealt over the same number of ranks by Karmarkar–Karp and by LPT, giving λ_kk and λ_lpt.
+
+Stage model for the saving: ranks roll out concurrently and the rollout stage ends when the most
+loaded rank finishes, with rollout time proportional to that rank's token load. Since the total
+load is unchanged, balanced time / actual time = max_balanced / max_actual = λ_balanced / λ, so
+the rollout stage would shrink by saving = 1 − λ_balanced / λ (a share of that stage's time).
+
+Console-only verl runs log `global_seqlen/{max,mean,balanced_max}` (per-DP-rank token sums before
+and after verl's own balancing): λ = max / mean and λ_balanced = balanced_max / mean
+(basis 'global_seqlen'). Steps with fewer than two ranks carry no imbalance and are left out.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+from scipy.stats import binomtest
+
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
+from polytrace_cli.analyze.partition import bin_loads, imbalance, karmarkar_karp, lpt
+from polytrace_cli.analyze.registry import register
+
+STRAGGLER_ALPHA = 0.05
+
+_SAMPLES = """
+    SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank, prompt_idx, prompt_len, response_len
+    FROM samples
+    WHERE run_id IN (SELECT unnest(?)) AND {steps}
+      AND coalesce(validate, false) = false
+      AND coalesce(tp_rank, 0) = 0
+      AND coalesce(dp_rank, rank) IS NOT NULL
+"""
+
+_RANK_LOADS = f"""
+    WITH s AS ({_SAMPLES}),
+    r AS (
+        SELECT run_id, step, dp_rank, count(*) AS samples,
+               sum(coalesce(prompt_len, 0) + coalesce(response_len, 0))::DOUBLE AS load_tokens,
+               max(response_len) AS max_response_len
+        FROM s GROUP BY run_id, step, dp_rank
+    )
+    SELECT *, count(*) OVER (PARTITION BY run_id, step) AS ranks,
+              avg(load_tokens) OVER (PARTITION BY run_id, step) AS mean_load
+    FROM r
+"""
+
+PER_STEP_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "ranks": pl.Int64,
+    "mean_load_tokens": pl.Float64, "max_load_tokens": pl.Float64, "max_rank": pl.Int64,
+    "lambda": pl.Float64, "idle_share": pl.Float64, "makespan_lambda": pl.Float64,
+    "lambda_kk": pl.Float64, "lambda_lpt": pl.Float64, "lambda_balanced": pl.Float64,
+    "saving_kk": pl.Float64, "saving_lpt": pl.Float64, "saving": pl.Float64, "basis": pl.String,
+}
+
+
+def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per step × DP rank (F6 heat map): samples, load_tokens = Σ (prompt_len + response_len),
+    max_response_len, load_over_mean = load_r / mean_r' load_r', and is_max (the step's most
+    loaded rank; ties go to the lowest rank). Steps with fewer than two ranks are left out."""
+    return frame(
+        con,
+        f"""
+        WITH r AS ({_RANK_LOADS.format(steps=steps.sql())})
+        SELECT runs.name AS run, r.step::BIGINT AS step, r.dp_rank::BIGINT AS dp_rank,
+               r.samples::BIGINT AS samples, r.load_tokens, r.max_response_len::BIGINT AS max_response_len,
+               r.load_tokens / nullif(r.mean_load, 0) AS load_over_mean,
+               row_number() OVER (PARTITION BY r.run_id, r.step ORDER BY r.load_tokens DESC, r.dp_rank) = 1 AS is_max
+        FROM r JOIN runs USING (run_id)
+        WHERE r.ranks >= 2
+        ORDER BY run, step, dp_rank
+        """,
+        [run_ids],
+    )
+
+
+def _balanced(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
+    """λ_kk and λ_lpt per step from repartitioning the step's prompt groups over its ranks."""
+    groups = con.execute(
+        f"""
+        WITH s AS ({_SAMPLES.format(steps=steps.sql())}),
+        g AS (
+            SELECT run_id, step, dp_rank, sum(coalesce(prompt_len, 0) + coalesce(response_len, 0))::DOUBLE AS w
+            FROM s WHERE prompt_idx IS NOT NULL GROUP BY run_id, step, dp_rank, prompt_idx
+            UNION ALL
+            SELECT run_id, step, dp_rank, (coalesce(prompt_len, 0) + coalesce(response_len, 0))::DOUBLE
+            FROM s WHERE prompt_idx IS NULL
+        )
+        SELECT run_id, step, count(DISTINCT dp_rank) AS ranks, list(w) AS weights
+        FROM g GROUP BY run_id, step HAVING count(DISTINCT dp_rank) >= 2
+        """,
+        [run_ids],
+    ).fetchall()
+    rows = []
+    for run_id, step, ranks, weights in groups:
+        lambda_kk = imbalance(bin_loads(weights, karmarkar_karp(weights, ranks)))
+        lambda_lpt = imbalance(bin_loads(weights, lpt(weights, ranks)))
+        rows.append((run_id, step, lambda_kk, lambda_lpt))
+    return pl.DataFrame(
+        rows, schema={"run_id": pl.Int32, "step": pl.Int64, "lambda_kk": pl.Float64, "lambda_lpt": pl.Float64},
+        orient="row",
+    )
+
+
+def _global_seqlen_steps(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
+    return frame(
+        con,
+        f"""
+        WITH m AS (
+            SELECT run_id, segment, step,
+                   max(value) FILTER (WHERE key = 'global_seqlen/max') AS max_load,
+                   max(value) FILTER (WHERE key = 'global_seqlen/mean') AS mean_load,
+                   max(value) FILTER (WHERE key = 'global_seqlen/balanced_max') AS balanced_max
+            FROM step_metrics
+            WHERE run_id IN (SELECT unnest(?)) AND {steps.sql()}
+              AND key IN ('global_seqlen/max', 'global_seqlen/mean', 'global_seqlen/balanced_max')
+            GROUP BY run_id, segment, step
+        )
+        SELECT runs.name AS run, m.segment::BIGINT AS segment, m.step::BIGINT AS step, NULL::BIGINT AS ranks,
+               m.mean_load AS mean_load_tokens, m.max_load AS max_load_tokens, NULL::BIGINT AS max_rank,
+               m.max_load / m.mean_load AS lambda, 1 - m.mean_load / m.max_load AS idle_share,
+               NULL::DOUBLE AS makespan_lambda, NULL::DOUBLE AS lambda_kk, NULL::DOUBLE AS lambda_lpt,
+               m.balanced_max / m.mean_load AS lambda_balanced,
+               NULL::DOUBLE AS saving_kk, NULL::DOUBLE AS saving_lpt,
+               1 - m.balanced_max / m.max_load AS saving, 'global_seqlen' AS basis
+        FROM m JOIN runs USING (run_id)
+        WHERE m.max_load > 0 AND m.mean_load > 0
+        ORDER BY run, segment, step
+        """,
+        [run_ids],
+    )
+
+
+def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per step: λ = max_r load_r / mean_r load_r, idle_share = 1 − mean/max, max_rank, and
+    makespan_lambda = max_r max_response_r / mean_r max_response_r; the balanced counterfactual
+    λ_kk, λ_lpt (prompt groups repartitioned over the same ranks), lambda_balanced = min of the two,
+    and saving_* = 1 − λ_balanced / λ (share of rollout time saved under the stage model in the
+    module docstring). Runs without per-rank samples fall back to verl's global_seqlen keys
+    (basis 'global_seqlen': λ = max/mean, lambda_balanced = balanced_max/mean,
+    saving = 1 − balanced_max/max)."""
+    sampled = frame(
+        con,
+        f"""
+        WITH r AS ({_RANK_LOADS.format(steps=steps.sql())}),
+        top AS (
+            SELECT run_id, step, arg_max(dp_rank, (load_tokens, -dp_rank)) AS max_rank,
+                   any_value(ranks) AS ranks, any_value(mean_load) AS mean_load, max(load_tokens) AS max_load,
+                   max(max_response_len)::DOUBLE / nullif(avg(max_response_len), 0) AS makespan_lambda
+            FROM r WHERE ranks >= 2 GROUP BY run_id, step
+        )
+        SELECT run_id, runs.name AS run, NULL::BIGINT AS segment, step::BIGINT AS step, ranks::BIGINT AS ranks,
+               mean_load AS mean_load_tokens, max_load AS max_load_tokens, max_rank::BIGINT AS max_rank,
+               max_load / nullif(mean_load, 0) AS lambda, 1 - mean_load / nullif(max_load, 0) AS idle_share,
+               makespan_lambda
+        FROM top JOIN runs USING (run_id)
+        """,
+        [run_ids],
+    )
+    if sampled.height:
+        sampled = (
+            sampled.join(_balanced(con, run_ids, steps), on=["run_id", "step"], how="left")
+            .with_columns(lambda_balanced=pl.min_horizontal("lambda_kk", "lambda_lpt"))
+            .with_columns(
+                saving_kk=1 - pl.col("lambda_kk") / pl.col("lambda"),
+                saving_lpt=1 - pl.col("lambda_lpt") / pl.col("lambda"),
+                saving=1 - pl.col("lambda_balanced") / pl.col("lambda"),
+                basis=pl.lit("samples"),
+            )
+            .drop("run_id")
+        )
+    sampled_runs = set(sampled["run"].to_list()) if sampled.height else set()
+    seqlen = _global_seqlen_steps(con, run_ids, steps).filter(~pl.col("run").is_in(list(sampled_runs)))
+    parts = [part.select(list(PER_STEP_COLUMNS)).cast(PER_STEP_COLUMNS) for part in (sampled, seqlen) if part.height]
+    if not parts:
+        return pl.DataFrame(schema=PER_STEP_COLUMNS)
+    return pl.concat(parts).sort("run", "segment", "step", nulls_last=False)
+
+
+def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run × DP rank: steps, max_steps (steps where the rank carried the largest load),
+    expected = steps / ranks, and the one-sided binomial p-value of max_steps under
+    P(max) = 1/ranks; straggler = p < 0.05 / ranks (Bonferroni over the run's ranks)."""
+    ranks = per_rank(con, run_ids, steps)
+    columns = {"run": pl.String, "dp_rank": pl.Int64, "steps": pl.Int64, "max_steps": pl.Int64,
+               "expected": pl.Float64, "p_value": pl.Float64, "straggler": pl.Boolean}
+    if not ranks.height:
+        return pl.DataFrame(schema=columns)
+    counts = (
+        ranks.group_by("run", "dp_rank")
+        .agg(steps=pl.len(), max_steps=pl.col("is_max").sum())
+        .with_columns(ranks=pl.len().over("run"))
+        .sort("run", "dp_rank")
+    )
+    rows = []
+    for run, dp_rank, n_steps, max_steps, n_ranks in counts.iter_rows():
+        p_value = binomtest(int(max_steps), int(n_steps), 1 / n_ranks, alternative="greater").pvalue
+        rows.append((run, dp_rank, n_steps, max_steps, n_steps / n_ranks, p_value, p_value < STRAGGLER_ALPHA / n_ranks))
+    return pl.DataFrame(rows, schema=columns, orient="row")
+
+
+def reward_per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Reward seconds per step × DP rank (F9), from `rank_timings` stage 'reward' (validation
+    calls left out), with the rank's batch_size and response tokens and seconds / step mean."""
+    return frame(
+        con,
+        f"""
+        SELECT runs.name AS run, t.step::BIGINT AS step, coalesce(t.dp_rank, t.rank)::BIGINT AS dp_rank,
+               t.seconds, t.batch_size::BIGINT AS batch_size, t.tokens::BIGINT AS tokens,
+               t.seconds / nullif(avg(t.seconds) OVER (PARTITION BY t.run_id, t.step), 0) AS seconds_over_mean
+        FROM rank_timings t JOIN runs USING (run_id)
+        WHERE t.run_id IN (SELECT unnest(?)) AND t.stage = 'reward' AND {steps.sql('t.step')}
+          AND coalesce(t.validate, false) = false AND t.seconds IS NOT NULL
+        ORDER BY run, step, dp_rank
+        """,
+        [run_ids],
+    )
+
+
+def reward_per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per step across DP ranks: mean_s, max_s, min_s, max_over_mean = max_s / mean_s and
+    spread_s = max_s − min_s of the reward stage's seconds (`rank_timings`, stage 'reward')."""
+    return frame(
+        con,
+        f"""
+        SELECT runs.name AS run, t.step::BIGINT AS step, count(*)::BIGINT AS ranks,
+               avg(t.seconds) AS mean_s, max(t.seconds) AS max_s, min(t.seconds) AS min_s,
+               max(t.seconds) / nullif(avg(t.seconds), 0) AS max_over_mean,
+               max(t.seconds) - min(t.seconds) AS spread_s
+        FROM rank_timings t JOIN runs USING (run_id)
+        WHERE t.run_id IN (SELECT unnest(?)) AND t.stage = 'reward' AND {steps.sql('t.step')}
+          AND coalesce(t.validate, false) = false AND t.seconds IS NOT NULL
+        GROUP BY runs.name, t.run_id, t.step
+        ORDER BY run, step
+        """,
+        [run_ids],
+    )
+
+
+SUMMARY_COLUMNS = {
+    "run": pl.String, "basis": pl.String, "steps": pl.Int64, "ranks": pl.Int64,
+    "mean_lambda": pl.Float64, "max_lambda": pl.Float64, "mean_idle_share": pl.Float64,
+    "mean_makespan_lambda": pl.Float64, "mean_lambda_kk": pl.Float64, "mean_lambda_lpt": pl.Float64,
+    "mean_lambda_balanced": pl.Float64, "mean_saving": pl.Float64, "straggler_ranks": pl.String,
+    "reward_steps": pl.Int64, "mean_reward_max_over_mean": pl.Float64, "mean_reward_spread_s": pl.Float64,
+    "max_reward_spread_s": pl.Float64,
+}
+
+
+@register("imbalance", "DP-rank load imbalance λ, balanced (KK/LPT) counterfactual, stragglers, reward-time spread")
+def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """One row per run: means over steps of λ, idle share, makespan λ, λ_kk, λ_lpt, λ_balanced and
+    the rollout saving 1 − λ_balanced/λ; max λ; straggler ranks (comma-separated dp ranks with a
+    significant binomial excess of max-load steps); reward-stage max/mean and max − min seconds
+    across ranks, averaged over steps. basis: samples, global_seqlen, or rank_timings (reward only)."""
+    loads = (
+        per_step(con, run_ids, steps)
+        .group_by("run")
+        .agg(
+            basis=pl.col("basis").first(), steps=pl.len(), ranks=pl.col("ranks").max(),
+            mean_lambda=pl.col("lambda").mean(), max_lambda=pl.col("lambda").max(),
+            mean_idle_share=pl.col("idle_share").mean(), mean_makespan_lambda=pl.col("makespan_lambda").mean(),
+            mean_lambda_kk=pl.col("lambda_kk").mean(), mean_lambda_lpt=pl.col("lambda_lpt").mean(),
+            mean_lambda_balanced=pl.col("lambda_balanced").mean(), mean_saving=pl.col("saving").mean(),
+        )
+    )
+    flagged = (
+        stragglers(con, run_ids, steps)
+        .filter(pl.col("straggler"))
+        .group_by("run")
+        .agg(straggler_ranks=pl.col("dp_rank").sort().cast(pl.String).str.join(","))
+    )
+    reward = (
+        reward_per_step(con, run_ids, steps)
+        .group_by("run")
+        .agg(
+            reward_steps=pl.len(), mean_reward_max_over_mean=pl.col("max_over_mean").mean(),
+            mean_reward_spread_s=pl.col("spread_s").mean(), max_reward_spread_s=pl.col("spread_s").max(),
+        )
+    )
+    out = (
+        loads.join(flagged, on="run", how="left")
+        .join(reward, on="run", how="full", coalesce=True)
+        .with_columns(
+            basis=pl.col("basis").fill_null("rank_timings"),
+            straggler_ranks=pl.when(pl.col("basis") == "samples").then(pl.col("straggler_ranks").fill_null("")),
+        )
+    )
+    return out.select(list(SUMMARY_COLUMNS)).cast(SUMMARY_COLUMNS).sort("run")
