@@ -5,3 +5,4 @@ from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
+from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401

@@ -1,0 +1,89 @@
+"""OpenRLHF console logs: Global step dicts, evaluation lines, tqdm fallback, every line accounted."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
+from polytrace_cli.ingest.runner import ingest_paths
+
+FIXTURES = Path(__file__).parent / "fixtures" / "openrlhf"
+
+
+def _metrics(con, step: int, segment: int = 0) -> dict:
+    rows = con.execute(
+        "SELECT key, value, text_value FROM step_metrics WHERE step = ? AND segment = ?", [step, segment]
+    ).fetchall()
+    return {key: (value if text is None else text) for key, value, text in rows}
+
+
+def test_global_step_lines_evaluation_and_accounting(store):
+    path = FIXTURES / "train_global_step.log"
+    [report] = ingest_paths(store, [path])
+    assert report.format == "openrlhf-console"
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (12, 4, 7, 1)
+    assert report.rows == 14 + 6 + 3 + 3 + 1  # metric rows of lines 5, 6, 7, 11 and one restart flag
+    ignored = dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall())
+    assert ignored == {"blank line": 1, "tqdm progress bar": 2, "log or traceback line": 3,
+                       "other console output": 1}
+    [(line_no, reason)] = store.execute("SELECT line_no, reason FROM ingest_errors").fetchall()
+    assert line_no == 9 and reason.startswith("Global step payload is not a Python dict literal")
+
+    step1 = _metrics(store, 1)
+    assert step1["policy_loss"] == 0.0123 and step1["actor_lr"] == 1e-06
+    assert step1["rollout/num_samples"] == 256.0 and step1["timing/make_experience"] == 40.0
+    step2 = _metrics(store, 2)
+    assert math.isnan(step2["policy_loss"]) and step2["reward"] == 0.5 and step2["kl"] == -math.inf
+    assert step2["eval/math500_pass1"] == 0.625 and step2["eval/aime_pass1"] == 0.1
+    assert step2["eval/duration_s"] == 62.0
+    assert _metrics(store, 1, segment=1) == {"policy_loss": 0.03, "reward": 0.2, "timing/step_total": 70.0}
+
+    framework, fmt_version = store.execute(
+        "SELECT r.framework, f.format_version FROM runs r JOIN files f USING (run_id)").fetchall()[0]
+    assert (framework, fmt_version) == ("openrlhf", "0.9")
+
+
+def test_canonical_stages_do_not_count_generation_twice(store):
+    ingest_paths(store, [FIXTURES / "train_global_step.log"])
+    rows = store.execute(
+        "SELECT segment, step, gen_s, update_actor_s, step_s, response_length_mean, clip_ratio, flags"
+        " FROM steps ORDER BY segment, step"
+    ).fetchall()
+    assert rows == [
+        (0, 1, 30.0, 20.0, 63.0, 512.5, 0.125, []),
+        (0, 2, 31.5, None, 65.25, None, None, []),
+        (1, 1, None, None, 70.0, None, None, ["restart"]),
+    ]
+
+
+def test_tqdm_postfix_fallback_maps_short_keys(store):
+    path = FIXTURES / "train_tqdm_only.log"
+    [report] = ingest_paths(store, [path])
+    assert report.format == "openrlhf-console"
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (5, 2, 3, 0)
+    assert _metrics(store, 1) == {"policy_loss": 0.2, "reward": 0.4, "return": 0.5, "response_length": 120.0,
+                                  "total_length": 170.0, "kl": 0.02, "actor_lr": 1e-06}
+    assert _metrics(store, 2)["policy_loss"] == 0.3 and _metrics(store, 2)["total_length"] == 190.0
+    flags = store.execute("SELECT step, flag FROM step_flags ORDER BY step").fetchall()
+    assert flags == [(1, "tqdm_estimate"), (2, "tqdm_estimate")]
+    ignored = dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall())
+    assert ignored == {"tqdm progress bar": 2, "other console output": 1}
+
+
+def test_log_with_no_metrics_is_zero_steps_not_an_error(store, tmp_path):
+    path = tmp_path / "crashed" / "train.log"
+    path.parent.mkdir()
+    path.write_text("openrlhf starting\ntorch.OutOfMemoryError: CUDA out of memory\n")
+    [report] = ingest_paths(store, [path])
+    assert report.status == "ingested" and (report.lines, report.stored, report.ignored) == (2, 0, 2)
+    assert any("zero steps" in note for note in report.notes)
+
+
+def test_cli_ingest_prints_counts(tmp_path):
+    result = CliRunner().invoke(app, ["ingest", str(FIXTURES / "train_global_step.log"),
+                                      "--db", str(tmp_path / "s.duckdb"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"rejected": 1' in result.output and '"format": "openrlhf-console"' in result.output
