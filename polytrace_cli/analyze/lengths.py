@@ -1,0 +1,244 @@
+"""lengths: prompt, response and total (prompt + response) length distributions.
+
+Per run, per step and per kind: count, mean, std (sample), min, p50, p90, p99 (linear interpolation,
+`quantile_cont`), max, CV = std / mean, skewness and excess kurtosis (bias-corrected sample
+estimators, as pandas' `skew`/`kurt` and scipy's `skew(bias=False)`/`kurtosis(bias=False)`), clip
+ratio, and the tail ratios p99/p50 and max/p50. Also the whole-run CDF and the prompt–response
+correlation.
+
+Only training samples are counted: rows with `validate = true` are left out everywhere.
+
+The length cap of a run (`cap_tokens`) is `runs.meta.max_response_len` when the ingester recorded
+it (`cap_source = 'known'`); otherwise it is *evident* when the run's longest response length is
+shared by at least 1% of its responses and by at least 3 of them (`cap_source = 'evident'`): real
+length distributions have a single longest response unless generation was cut at a cap. With no cap
+the clip ratio is null. Clip ratio = (responses with length >= cap) / responses.
+
+Runs with only per-step aggregates (console logs, `steps` view) get what those support: per step
+the logged mean, min, max and clip ratio (`basis = 'step_aggregates'`); per run the mean of the
+step means, the min of the mins, the max of the maxes and the mean clip ratio. No std, percentiles
+or shape statistics are reported for them.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
+from polytrace_cli.analyze.registry import register
+
+KINDS = ("prompt", "response", "total")
+TRAINING_SAMPLES = "coalesce(validate, false) = false"
+# A longest length shared by at least this share (and this many) of a run's responses marks a cap.
+EVIDENT_CAP_SHARE = 0.01
+EVIDENT_CAP_MIN_COUNT = 3
+
+_STAT_COLUMNS = ["count", "mean_tokens", "std_tokens", "min_tokens", "p50_tokens", "p90_tokens", "p99_tokens",
+                 "max_tokens", "cv", "skewness", "kurtosis", "clip_ratio", "p99_p50", "max_p50"]
+
+
+def ids_sql(run_ids: list[int]) -> str:
+    """A SQL list literal of run ids for `run_id IN ...` ('(NULL)' when empty)."""
+    return "(" + ", ".join(str(int(i)) for i in run_ids) + ")" if run_ids else "(NULL)"
+
+
+def training_samples_sql(run_ids: list[int], steps: StepRange = ALL_STEPS) -> str:
+    """SELECT of the training samples (validate not true) of the runs within the step range."""
+    return f"SELECT * FROM samples WHERE run_id IN {ids_sql(run_ids)} AND {TRAINING_SAMPLES} AND {steps.sql('step')}"
+
+
+def _caps_sql(run_ids: list[int]) -> str:
+    ids = ids_sql(run_ids)
+    return f"""
+        WITH s AS (
+            SELECT run_id, response_len FROM samples
+            WHERE run_id IN {ids} AND {TRAINING_SAMPLES} AND response_len IS NOT NULL
+        ), top AS (
+            SELECT run_id, count(*) AS responses, max(response_len) AS max_len FROM s GROUP BY run_id
+        ), at_max AS (
+            SELECT s.run_id, count(*) AS at_max FROM s JOIN top ON s.run_id = top.run_id AND s.response_len = top.max_len
+            GROUP BY s.run_id
+        ), c AS (
+            SELECT r.run_id, r.name AS run,
+                   TRY_CAST(json_extract_string(r.meta, '$.max_response_len') AS BIGINT) AS known,
+                   CASE WHEN at_max.at_max >= {EVIDENT_CAP_MIN_COUNT}
+                         AND at_max.at_max >= {EVIDENT_CAP_SHARE} * top.responses THEN top.max_len END AS evident
+            FROM runs r LEFT JOIN top USING (run_id) LEFT JOIN at_max USING (run_id)
+            WHERE r.run_id IN {ids}
+        )
+        SELECT run_id, run, coalesce(known, evident) AS cap_tokens,
+               CASE WHEN known IS NOT NULL THEN 'known' WHEN evident IS NOT NULL THEN 'evident' END AS cap_source
+        FROM c
+    """
+
+
+def caps(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
+    """Per run: the response length cap and where it comes from.
+
+    cap = runs.meta.max_response_len if recorded ('known'); else the run's maximum response length
+    when >= 1% of its training responses and >= 3 of them equal it ('evident'); else null.
+    """
+    return frame(con, f"SELECT run, cap_tokens, cap_source FROM ({_caps_sql(run_ids)}) ORDER BY run")
+
+
+def _with_ratios(df: pl.DataFrame) -> pl.DataFrame:
+    """Add CV = std/mean and the tail ratios p99/p50 and max/p50 (null where the divisor is 0 or null)."""
+
+    def ratio(num: str, den: str) -> pl.Expr:
+        return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
+
+    return df.with_columns(
+        ratio("std_tokens", "mean_tokens").alias("cv"),
+        ratio("p99_tokens", "p50_tokens").alias("p99_p50"),
+        ratio("max_tokens", "p50_tokens").alias("max_p50"),
+    )
+
+
+def _sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:
+    step_col = "step, " if by_step else ""
+    sql = f"""
+        WITH cap AS ({_caps_sql(run_ids)}),
+        s AS ({training_samples_sql(run_ids, steps)}),
+        long AS (
+            SELECT run_id, step, 'prompt' AS kind, prompt_len AS len, NULL::BOOLEAN AS at_cap FROM s
+            UNION ALL
+            SELECT s.run_id, s.step, 'response', s.response_len, s.response_len >= cap.cap_tokens
+            FROM s JOIN cap ON s.run_id = cap.run_id
+            UNION ALL
+            SELECT run_id, step, 'total', prompt_len + response_len, NULL FROM s
+        ), agg AS (
+            SELECT run_id, {step_col} kind,
+                   count(DISTINCT step) AS steps,
+                   count(len) AS count, avg(len) AS mean_tokens, stddev_samp(len) AS std_tokens,
+                   min(len)::DOUBLE AS min_tokens, quantile_cont(len, [0.5, 0.9, 0.99]) AS q,
+                   max(len)::DOUBLE AS max_tokens, skewness(len) AS skewness, kurtosis(len) AS kurtosis,
+                   avg(at_cap::DOUBLE) FILTER (WHERE len IS NOT NULL) AS clip_ratio
+            FROM long GROUP BY ALL
+        )
+        SELECT r.name AS run, {step_col} kind, 'samples' AS basis, steps, count, mean_tokens, std_tokens, min_tokens,
+               q[1] AS p50_tokens, q[2] AS p90_tokens, q[3] AS p99_tokens, max_tokens, skewness, kurtosis, clip_ratio
+        FROM agg JOIN runs r USING (run_id)
+        WHERE count > 0
+    """
+    return _with_ratios(frame(con, sql))
+
+
+def _aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
+    """Per step of step-aggregate runs (no samples): logged response and prompt mean/min/max/clip ratio."""
+    ids = ids_sql(run_ids)
+    return f"""
+        WITH st AS (
+            SELECT * FROM steps
+            WHERE run_id IN {ids} AND run_id NOT IN (SELECT DISTINCT run_id FROM samples WHERE run_id IN {ids})
+              AND NOT coalesce(is_validation_only, false) AND {steps.sql('step')}
+            QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY segment DESC) = 1
+        )
+        SELECT run_id, step, 'response' AS kind, response_length_mean AS mean_tokens,
+               response_length_min AS min_tokens, response_length_max AS max_tokens, clip_ratio
+        FROM st WHERE response_length_mean IS NOT NULL
+        UNION ALL
+        SELECT run_id, step, 'prompt', prompt_length_mean, prompt_length_min, prompt_length_max, NULL
+        FROM st WHERE prompt_length_mean IS NOT NULL
+    """
+
+
+def _aggregate_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:
+    step_col = "step, " if by_step else ""
+    sql = f"""
+        WITH a AS ({_aggregate_rows_sql(run_ids, steps)})
+        SELECT r.name AS run, {step_col} kind, 'step_aggregates' AS basis, count(DISTINCT step) AS steps,
+               NULL::BIGINT AS count, avg(mean_tokens) AS mean_tokens, NULL::DOUBLE AS std_tokens,
+               min(min_tokens) AS min_tokens, NULL::DOUBLE AS p50_tokens, NULL::DOUBLE AS p90_tokens,
+               NULL::DOUBLE AS p99_tokens, max(max_tokens) AS max_tokens, NULL::DOUBLE AS skewness,
+               NULL::DOUBLE AS kurtosis, avg(clip_ratio) AS clip_ratio
+        FROM a JOIN runs r USING (run_id) GROUP BY ALL
+    """
+    return _with_ratios(frame(con, sql))
+
+
+def _order(df: pl.DataFrame, by_step: bool) -> pl.DataFrame:
+    kind_rank = pl.col("kind").replace_strict({k: i for i, k in enumerate(KINDS)}, default=len(KINDS))
+    keys = ["run", "step"] if by_step else ["run"]
+    return df.sort([*(pl.col(k) for k in keys), kind_rank])
+
+
+def _combine(samples: pl.DataFrame, aggregates: pl.DataFrame, by_step: bool) -> pl.DataFrame:
+    head = ["run", "step", "kind", "basis", "steps"] if by_step else ["run", "kind", "basis", "steps"]
+    columns = head + _STAT_COLUMNS
+    parts = [df.select(columns) for df in (samples, aggregates) if df.height]
+    if not parts:
+        return samples.select(columns)
+    combined = pl.concat(parts, how="vertical_relaxed")
+    return _order(combined, by_step)
+
+
+def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run, step and kind (prompt, response, total): count, mean, std, min, p50, p90, p99, max,
+    CV = std/mean, skewness, excess kurtosis, clip ratio = share of responses >= the run's cap
+    (response rows only), p99/p50 and max/p50. Step-aggregate runs: logged mean/min/max/clip ratio."""
+    result = _combine(_sample_stats(con, run_ids, steps, True), _aggregate_stats(con, run_ids, steps, True), True)
+    return result.drop("steps")
+
+
+def summary_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run and kind over all selected steps: the statistics of `per_step` pooled over samples, plus
+    the run's cap (tokens, source) and the prompt–response Pearson and Spearman correlation."""
+    stats = _combine(_sample_stats(con, run_ids, steps, False), _aggregate_stats(con, run_ids, steps, False), False)
+    cap = caps(con, run_ids)
+    corr = correlation(con, run_ids, steps).select("run", "pearson", "spearman")
+    return stats.join(cap, on="run", how="left").join(corr, on="run", how="left").with_columns(
+        pl.when(pl.col("basis") == "samples").then(pl.col("cap_tokens")).otherwise(None).alias("cap_tokens"),
+        pl.when(pl.col("basis") == "samples").then(pl.col("cap_source")).otherwise(None).alias("cap_source"),
+    )
+
+
+@register("lengths", "prompt/response/total length distribution per run: percentiles, CV, shape, clip ratio, tails")
+def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """One row per run × kind: see `summary_frame`."""
+    return summary_frame(con, run_ids, steps)
+
+
+def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run: n pairs, Pearson r of (prompt_len, response_len) and Spearman ρ = Pearson r of their
+    ranks, ties given the average rank ((first position + last position) / 2)."""
+    sql = f"""
+        WITH s AS (
+            SELECT run_id, prompt_len::DOUBLE AS p, response_len::DOUBLE AS r
+            FROM ({training_samples_sql(run_ids, steps)})
+            WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
+        ), ranked AS (
+            SELECT run_id, p, r,
+                   (rank() OVER (PARTITION BY run_id ORDER BY p)
+                    + cume_dist() OVER (PARTITION BY run_id ORDER BY p) * count(*) OVER (PARTITION BY run_id)) / 2 AS rp,
+                   (rank() OVER (PARTITION BY run_id ORDER BY r)
+                    + cume_dist() OVER (PARTITION BY run_id ORDER BY r) * count(*) OVER (PARTITION BY run_id)) / 2 AS rr
+            FROM s
+        )
+        SELECT r.name AS run, count(*) AS n, corr(p, ranked.r) AS pearson, corr(rp, rr) AS spearman
+        FROM ranked JOIN runs r USING (run_id) GROUP BY r.name ORDER BY r.name
+    """
+    return frame(con, sql).with_columns(pl.col("pearson").fill_nan(None), pl.col("spearman").fill_nan(None))
+
+
+def cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS, points: int = 101) -> pl.DataFrame:
+    """Whole-run CDF points per run and kind: `points` evenly spaced quantiles q in [0, 1] and the
+    length at q (`quantile_cont`, linear interpolation); plotting length against q draws the CDF."""
+    if points < 2:
+        raise ValueError("points must be at least 2")
+    grid = [i / (points - 1) for i in range(points)]
+    sql = f"""
+        WITH s AS ({training_samples_sql(run_ids, steps)}),
+        long AS (
+            SELECT run_id, 'prompt' AS kind, prompt_len AS len FROM s
+            UNION ALL SELECT run_id, 'response', response_len FROM s
+            UNION ALL SELECT run_id, 'total', prompt_len + response_len FROM s
+        ), q AS (
+            SELECT run_id, kind, quantile_cont(len, {grid}) AS values FROM long
+            WHERE len IS NOT NULL GROUP BY ALL
+        )
+        SELECT r.name AS run, kind, unnest({grid}::DOUBLE[]) AS quantile, unnest(values) AS length_tokens
+        FROM q JOIN runs r USING (run_id)
+    """
+    kind_rank = pl.col("kind").replace_strict({k: i for i, k in enumerate(KINDS)}, default=len(KINDS))
+    return frame(con, sql).sort([pl.col("run"), kind_rank, pl.col("quantile")])

@@ -1,0 +1,183 @@
+"""lengths: golden numbers on tiny stores, and the real traces against numpy on their JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from polytrace_cli.analyze import lengths
+from polytrace_cli.analyze.common import StepRange
+from polytrace_cli.ingest.runner import ingest_paths
+from tests.conftest import need_real_data
+
+
+def add_run(con, name: str, meta: dict | None = None, task: str | None = None) -> int:
+    """Insert a run and return its id (shared by the analysis tests)."""
+    run_id = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM runs").fetchall()[0][0]
+    con.execute("INSERT INTO runs (run_id, name, task, meta) VALUES (?, ?, ?, ?)",
+                [run_id, name, task, json.dumps(meta or {})])
+    return run_id
+
+
+def add_samples(con, run_id: int, step: int, prompts: list, responses: list, dp_rank: int | None = 0,
+                validate: bool = False) -> None:
+    """Insert one sample per (prompt, response) pair at a step and DP rank."""
+    rows = [(run_id, 1, step, dp_rank, dp_rank, i, 0, p, r, validate) for i, (p, r) in enumerate(zip(prompts, responses))]
+    con.executemany(
+        "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, prompt_idx, sample_idx, prompt_len, response_len,"
+        " validate) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def add_step_metrics(con, run_id: int, step: int, values: dict, segment: int = 0) -> None:
+    """Insert the logged scalars of one step of a console-log run."""
+    con.executemany("INSERT INTO step_metrics (run_id, segment, step, key, value, file_id) VALUES (?, ?, ?, ?, ?, 1)",
+                    [(run_id, segment, step, key, value) for key, value in values.items()])
+
+
+def ids_of(con, name: str) -> int:
+    return con.execute("SELECT run_id FROM runs WHERE name = ?", [name]).fetchall()[0][0]
+
+
+def row(df, **keys):
+    for name, value in keys.items():
+        df = df.filter(df[name] == value)
+    assert df.height == 1, f"expected one row for {keys}, got {df.height}"
+    return df.row(0, named=True)
+
+
+def test_golden_stats_with_known_cap(store):
+    run = add_run(store, "a", meta={"max_response_len": 10})
+    add_samples(store, run, step=1, prompts=[5, 5, 5, 5, 5], responses=[1, 2, 3, 4, 10])
+    add_samples(store, run, step=1, prompts=[9], responses=[1000], validate=True)  # never counted
+    r = row(lengths.per_step(store, [run]), kind="response", step=1)
+    assert r["count"] == 5
+    assert r["mean_tokens"] == pytest.approx(4.0)
+    # deviations -3,-2,-1,0,6: squares sum to 50, over n-1 = 4
+    assert r["std_tokens"] == pytest.approx((50 / 4) ** 0.5)
+    assert r["min_tokens"] == 1 and r["max_tokens"] == 10
+    assert r["p50_tokens"] == pytest.approx(3.0)
+    assert r["p90_tokens"] == pytest.approx(4 + 0.6 * 6)  # position 3.6 between 4 and 10
+    assert r["p99_tokens"] == pytest.approx(4 + 0.96 * 6)
+    assert r["cv"] == pytest.approx((50 / 4) ** 0.5 / 4)
+    assert r["clip_ratio"] == pytest.approx(1 / 5)
+    assert r["p99_p50"] == pytest.approx(9.76 / 3)
+    assert r["max_p50"] == pytest.approx(10 / 3)
+    values = np.array([1, 2, 3, 4, 10], float)
+    assert r["skewness"] == pytest.approx(stats.skew(values, bias=False))
+    assert r["kurtosis"] == pytest.approx(stats.kurtosis(values, bias=False))
+    total = row(lengths.per_step(store, [run]), kind="total", step=1)
+    assert total["mean_tokens"] == pytest.approx(9.0) and total["max_tokens"] == 15
+    assert total["clip_ratio"] is None
+    prompt = row(lengths.per_step(store, [run]), kind="prompt", step=1)
+    assert prompt["std_tokens"] == pytest.approx(0.0) and prompt["cv"] == pytest.approx(0.0)
+    s = row(lengths.summary(store, [run], StepRange()), kind="response")
+    assert (s["cap_tokens"], s["cap_source"], s["basis"]) == (10, "known", "samples")
+
+
+def test_evident_cap_needs_three_and_one_percent(store):
+    capped = add_run(store, "capped")
+    add_samples(store, capped, step=0, prompts=[1, 1, 1, 1], responses=[5, 7, 7, 7])
+    uncapped = add_run(store, "uncapped")
+    add_samples(store, uncapped, step=0, prompts=[1, 1, 1, 1], responses=[5, 6, 7, 7])
+    rare = add_run(store, "rare")  # 3 at the max but only 3 of 400 (< 1%)
+    add_samples(store, rare, step=0, prompts=[1] * 400, responses=list(range(1, 398)) + [500, 500, 500])
+    caps = {r["run"]: (r["cap_tokens"], r["cap_source"]) for r in lengths.caps(store, [capped, uncapped, rare]).to_dicts()}
+    assert caps == {"capped": (7, "evident"), "uncapped": (None, None), "rare": (None, None)}
+    summary = lengths.summary(store, [capped, uncapped], StepRange())
+    assert row(summary, run="capped", kind="response")["clip_ratio"] == pytest.approx(0.75)
+    assert row(summary, run="uncapped", kind="response")["clip_ratio"] is None
+
+
+def test_correlation_sign_and_spearman_with_ties(store):
+    up = add_run(store, "up")
+    add_samples(store, up, step=0, prompts=[1, 2, 2, 3, 10], responses=[10, 20, 20, 25, 1000])
+    down = add_run(store, "down")
+    add_samples(store, down, step=0, prompts=[1, 2, 3, 4], responses=[40, 30, 30, 1])
+    corr = lengths.correlation(store, [up, down])
+    assert row(corr, run="up")["pearson"] > 0.9 and row(corr, run="up")["spearman"] == pytest.approx(1.0)
+    assert row(corr, run="down")["pearson"] < 0
+    expected = stats.spearmanr([1, 2, 3, 4], [40, 30, 30, 1]).statistic
+    assert row(corr, run="down")["spearman"] == pytest.approx(expected)
+
+
+def test_step_range_and_cdf(store):
+    run = add_run(store, "r")
+    add_samples(store, run, step=1, prompts=[1, 1], responses=[10, 20])
+    add_samples(store, run, step=2, prompts=[1, 1], responses=[30, 40])
+    only2 = row(lengths.summary(store, [run], StepRange(2, 2)), kind="response")
+    assert only2["count"] == 2 and only2["mean_tokens"] == pytest.approx(35)
+    cdf = lengths.cdf(store, [run], points=3).filter(kind="response")
+    assert cdf["quantile"].to_list() == [0.0, 0.5, 1.0]
+    assert cdf["length_tokens"].to_list() == pytest.approx([10.0, 25.0, 40.0])
+
+
+def test_step_aggregate_run(store):
+    run = add_run(store, "console")
+    add_step_metrics(store, run, 1, {"response_length/mean": 100, "response_length/max": 200,
+                                     "response_length/min": 10, "response_length/clip_ratio": 0.1})
+    add_step_metrics(store, run, 2, {"response_length/mean": 300, "response_length/max": 400,
+                                     "response_length/min": 20, "response_length/clip_ratio": 0.3})
+    per_step = lengths.per_step(store, [run])
+    assert set(per_step["basis"]) == {"step_aggregates"}
+    assert row(per_step, step=2)["max_tokens"] == 400 and row(per_step, step=2)["p99_tokens"] is None
+    s = row(lengths.summary(store, [run], StepRange()), kind="response")
+    assert s["mean_tokens"] == pytest.approx(200) and s["min_tokens"] == 10 and s["max_tokens"] == 400
+    assert s["clip_ratio"] == pytest.approx(0.2) and s["p50_tokens"] is None and s["count"] is None
+    assert s["steps"] == 2
+
+
+def test_empty_run_gives_empty_frame_with_columns(store):
+    run = add_run(store, "empty")
+    summary = lengths.summary(store, [run], StepRange())
+    assert summary.height == 0 and "p99_tokens" in summary.columns and "basis" in summary.columns
+
+
+def _packed_responses(folder):
+    """step -> response lengths of training samples, read straight from the packed JSON lines."""
+    per_step: dict[int, list[int]] = {}
+    for path in folder.rglob("packed_lengths_step_*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if not record.get("validate"):
+                per_step.setdefault(record["step"], []).extend(record["output"])
+    return per_step
+
+
+def _multiturn_responses(folder):
+    per_step: dict[int, list[int]] = {}
+    for path in folder.rglob("multiturn_workload_step_*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                if not record.get("validate"):
+                    per_step.setdefault(record["step"], []).append(record["final_response_len"])
+    return per_step
+
+
+@pytest.mark.parametrize("trace", ["rllm", "verl", "search_r1"])
+def test_real_trace_per_step_p99_and_max(store, trace):
+    folder = need_real_data("polytrace", trace)
+    ingest_paths(store, [folder])
+    run = ids_of(store, trace)
+    expected = _multiturn_responses(folder) if trace == "search_r1" else _packed_responses(folder)
+    assert expected
+    per_step = lengths.per_step(store, [run]).filter(kind="response")
+    assert sorted(per_step["step"].to_list()) == sorted(expected)
+    for step, values in expected.items():
+        r = row(per_step, step=step)
+        assert r["p99_tokens"] == pytest.approx(np.percentile(values, 99))
+        assert r["max_tokens"] == max(values)
+        assert r["count"] == len(values)
+
+
+def test_real_rllm_clip_ratio_is_share_of_16000(store):
+    folder = need_real_data("polytrace", "rllm")
+    ingest_paths(store, [folder])
+    values = np.concatenate([np.array(v) for v in _packed_responses(folder).values()])
+    s = row(lengths.summary(store, [ids_of(store, "rllm")], StepRange()), kind="response")
+    assert s["cap_tokens"] == 16000
+    assert s["clip_ratio"] > 0
+    assert s["clip_ratio"] == pytest.approx(np.mean(values == 16000))
