@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -43,7 +44,7 @@ class FileContext:
     file_id: int
     run_name: str
     head: bytes = b""
-    text_lines: int = 0          # newline-separated lines in the file, counted while hashing
+    line_count: int | Future = 0  # newline-separated lines, counted while hashing (maybe still running)
     lines: int = 0
     stored: int = 0
     rejected: int = 0
@@ -55,6 +56,16 @@ class FileContext:
     _errors: list[tuple] = field(default_factory=list)
     on_begin: Callable[[], None] | None = None
     in_transaction: bool = False
+
+    @property
+    def text_lines(self) -> int:
+        """Newline-separated lines in the file (a last line without newline counts).
+
+        Counted by the hashing pass, which may run beside the parse; asking waits for it.
+        """
+        if isinstance(self.line_count, Future):
+            self.line_count = self.line_count.result()[2]
+        return self.line_count
 
     def begin_writes(self) -> None:
         """Open the file's transaction (once) before its first write.

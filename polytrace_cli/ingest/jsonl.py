@@ -191,10 +191,11 @@ def load_records(
     Accounts on `ctx`: lines read, blank lines ignored, bad lines rejected with their reasons; the
     caller marks the returned records as stored once it has written their rows.
     """
-    ctx.lines = ctx.text_lines
     if _fast_path(ctx, spec, required, checks):
+        ctx.lines = ctx.text_lines
         records = ctx.con.execute("SELECT count(*) FROM records").fetchall()[0][0]
         ctx.ignore("blank line", ctx.lines - records)
         return records
+    ctx.lines = ctx.text_lines
     _slow_path(ctx, spec, required, checks)
     return ctx.con.execute("SELECT count(*) FROM records").fetchall()[0][0]

@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,24 +200,35 @@ def ingest_file(
     """Load one file in one transaction; unchanged files (same sha256 and parser) are skipped."""
     path = path.resolve()
     started = time.perf_counter()
-    sha, size, text_lines = hash_and_count(path)
-    report = FileReport(path=str(path), status="ingested", format=ingester.name, run=run_name, bytes=size)
-    existing = fetch_first(con, 
-        "SELECT file_id, sha256, parser_version FROM files WHERE run_id = ? AND path = ?", [run_id, str(path)]
+    existing = fetch_first(
+        con, "SELECT file_id, sha256, parser_version, bytes FROM files WHERE run_id = ? AND path = ?",
+        [run_id, str(path)],
     )
-    if existing and existing[1] == sha and existing[2] == ingester.version:
-        report.status = "unchanged"
-        report.seconds = time.perf_counter() - started
-        return report
+    report = FileReport(path=str(path), status="ingested", format=ingester.name, run=run_name,
+                        bytes=path.stat().st_size)
+    if existing and existing[2] == ingester.version and existing[3] == report.bytes:
+        sha, _, _ = hash_and_count(path)
+        if existing[1] == sha:
+            report.status = "unchanged"
+            report.seconds = time.perf_counter() - started
+            return report
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
+    # A new or changed file: hash it in a thread while DuckDB parses it (hashlib releases the GIL).
+    with ThreadPoolExecutor(max_workers=1) as hasher:
+        hashing = hasher.submit(hash_and_count, path)
+        return _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashing,
+                                    report, started)
 
+
+def _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashing, report,
+                         started) -> FileReport:
     def replace_previous_version() -> None:
         if existing:
             delete_file_rows(con, existing[0])
             report.status = "replaced"
 
     ctx = FileContext(con=con, path=path, run_id=run_id, file_id=file_id, run_name=run_name,
-                      head=head, text_lines=text_lines, on_begin=replace_previous_version)
+                      head=head, line_count=hashing, on_begin=replace_previous_version)
     try:
         ingester.load(ctx)
         ctx.flush()
@@ -225,6 +237,8 @@ def ingest_file(
                 f"{ingester.name} lost lines in {path}: {ctx.lines} read, {ctx.stored} stored, "
                 f"{ctx.ignored_total} ignored, {ctx.rejected} rejected"
             )
+        sha, size, _ = hashing.result()
+        report.bytes = size
         seconds = time.perf_counter() - started
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
