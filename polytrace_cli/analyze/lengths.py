@@ -124,7 +124,7 @@ def _sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
     return _with_ratios(frame(con, sql))
 
 
-def _aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
+def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
     """Per step of step-aggregate runs (no samples): logged response and prompt mean/min/max/clip ratio."""
     ids = ids_sql(run_ids)
     return f"""
@@ -146,7 +146,7 @@ def _aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
 def _aggregate_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:
     step_col = "step, " if by_step else ""
     sql = f"""
-        WITH a AS ({_aggregate_rows_sql(run_ids, steps)})
+        WITH a AS ({step_aggregate_rows_sql(run_ids, steps)})
         SELECT r.name AS run, {step_col} kind, 'step_aggregates' AS basis, count(DISTINCT step) AS steps,
                NULL::BIGINT AS count, avg(mean_tokens) AS mean_tokens, NULL::DOUBLE AS std_tokens,
                min(min_tokens) AS min_tokens, NULL::DOUBLE AS p50_tokens, NULL::DOUBLE AS p90_tokens,

@@ -1,0 +1,83 @@
+"""drift: how response length moves over training.
+
+Per step: mean and p99 response length (training samples; for step-aggregate runs the logged
+`response_length/mean`, and no p99). Per run: the least-squares line mean(step) = a + b·step
+(scipy `linregress`), the slope b in tokens/step with its 95% confidence interval
+b ± t(0.975, n−2)·se(b), r², the relative slope b / (mean of the step means) per step, and the
+Spearman rank correlation of step vs mean with its two-sided p-value (a trend test that assumes no
+linearity). The interval and tests need at least 3 steps; with 2 only the slope is reported.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+from scipy import stats
+
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
+from polytrace_cli.analyze.lengths import step_aggregate_rows_sql, ids_sql, training_samples_sql
+from polytrace_cli.analyze.registry import register
+
+SUMMARY_SCHEMA = {
+    "run": pl.String, "basis": pl.String, "steps": pl.Int64, "first_step": pl.Int64, "last_step": pl.Int64,
+    "mean_tokens": pl.Float64, "slope_tokens_per_step": pl.Float64, "slope_ci_low": pl.Float64,
+    "slope_ci_high": pl.Float64, "intercept_tokens": pl.Float64, "r_squared": pl.Float64,
+    "relative_slope_per_step": pl.Float64, "spearman_rho": pl.Float64, "spearman_p": pl.Float64,
+}
+
+
+def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run and step: samples, mean and p99 (`quantile_cont`) of the response length; for
+    step-aggregate runs the logged mean with a null p99 (`basis` says which)."""
+    sql = f"""
+        WITH s AS ({training_samples_sql(run_ids, steps)}),
+        from_samples AS (
+            SELECT run_id, step, 'samples' AS basis, count(response_len) AS count,
+                   avg(response_len) AS mean_tokens, quantile_cont(response_len, 0.99) AS p99_tokens
+            FROM s WHERE response_len IS NOT NULL GROUP BY run_id, step
+        ), from_aggregates AS (
+            SELECT run_id, step, 'step_aggregates' AS basis, NULL::BIGINT AS count,
+                   mean_tokens, NULL::DOUBLE AS p99_tokens
+            FROM ({step_aggregate_rows_sql(run_ids, steps)}) WHERE kind = 'response'
+        ), both_ AS (SELECT * FROM from_samples UNION ALL SELECT * FROM from_aggregates)
+        SELECT r.name AS run, step::BIGINT AS step, basis, count, mean_tokens, p99_tokens
+        FROM both_ JOIN runs r USING (run_id)
+        WHERE r.run_id IN {ids_sql(run_ids)}
+        ORDER BY run, step
+    """
+    return frame(con, sql)
+
+
+def trend(steps: list[float], means: list[float]) -> dict:
+    """Linear trend and rank-correlation test of a series: slope b (per step) with its 95% CI
+    b ± t(0.975, n−2)·se(b), intercept, r², and Spearman ρ with its p-value (null below 3 points)."""
+    n = len(steps)
+    out = {"slope_tokens_per_step": None, "slope_ci_low": None, "slope_ci_high": None, "intercept_tokens": None,
+           "r_squared": None, "spearman_rho": None, "spearman_p": None}
+    if n < 2 or len(set(steps)) < 2:
+        return out
+    fit = stats.linregress(steps, means)
+    out.update(slope_tokens_per_step=float(fit.slope), intercept_tokens=float(fit.intercept))
+    if n >= 3:
+        half = float(stats.t.ppf(0.975, n - 2) * fit.stderr)
+        rho = stats.spearmanr(steps, means)
+        out.update(slope_ci_low=float(fit.slope) - half, slope_ci_high=float(fit.slope) + half,
+                   r_squared=float(fit.rvalue**2),
+                   spearman_rho=None if rho.statistic != rho.statistic else float(rho.statistic),
+                   spearman_p=None if rho.pvalue != rho.pvalue else float(rho.pvalue))
+    return out
+
+
+@register("drift", "response length over training: linear slope (tokens/step, 95% CI) and Spearman trend test")
+def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """One row per run: the trend of the per-step mean response length (see module docstring)."""
+    rows = []
+    for (run, basis), group in per_step(con, run_ids, steps).group_by(["run", "basis"], maintain_order=True):
+        xs, ys = group["step"].cast(pl.Float64).to_list(), group["mean_tokens"].to_list()
+        mean_of_means = sum(ys) / len(ys)
+        result = trend(xs, ys)
+        slope = result["slope_tokens_per_step"]
+        rows.append({"run": run, "basis": basis, "steps": len(xs), "first_step": int(min(xs)), "last_step": int(max(xs)),
+                     "mean_tokens": mean_of_means, **result,
+                     "relative_slope_per_step": slope / mean_of_means if slope is not None and mean_of_means else None})
+    return pl.DataFrame(rows, schema=SUMMARY_SCHEMA).select(list(SUMMARY_SCHEMA)).sort("run")
