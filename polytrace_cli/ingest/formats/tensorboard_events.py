@@ -1,0 +1,157 @@
+"""TensorBoard event files (`events.out.tfevents.*`): the scalars a trainer logged per step.
+
+Read with the `tensorboard` package's record reader (an optional dependency:
+`pip install polytrace[tensorboard]`); without it the file is rejected with a one-line reason.
+The accounting unit is the event record: `lines` counts records read.
+
+Scalars come in two encodings and both are read: `simple_value` (TF1 and tensorboardX/PyTorch
+writers) and a one-element tensor (TF2 and newer writers). Other summaries (histograms, images,
+text) and header/graph events are ignored under named rules.
+
+Tags map to keys as in the trainers' other logs: verl's tags are its metric keys; OpenRLHF's
+`train/` prefix is removed and its `eval/` prefix kept (so `train/policy_loss` -> `policy_loss`).
+
+A record that cannot be read (truncated write, CRC mismatch) ends the readable part of the file:
+the records before it are kept, and the damage is rejected as one record with its byte offset. A
+step lower than the previous event's starts a new segment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from polytrace_cli.errors import IngestError
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.registry import register
+
+EXTRA_HINT = "reading TensorBoard event files needs the tensorboard package: pip install 'polytrace[tensorboard]'"
+RECORD_OVERHEAD_BYTES = 16  # length (8) + length CRC (4) + data CRC (4) around each record
+
+
+def metric_key(tag: str) -> str:
+    """The store key for a TensorBoard tag or wandb key: OpenRLHF's `train/` prefix is dropped."""
+    return tag[len("train/"):] if tag.startswith("train/") else tag
+
+
+def framework_of_keys(keys) -> str | None:
+    """'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None."""
+    keys = list(keys)
+    if any(k.startswith(("timing_s/", "actor/", "critic/", "val-core/", "perf/")) for k in keys):
+        return "verl"
+    if any(k.startswith("train/") or k in ("policy_loss", "actor_lr") for k in keys):
+        return "openrlhf"
+    return None
+
+
+def claim_framework(ctx: FileContext, framework: str | None) -> None:
+    """Set the run's framework from this file's content when no file has set it yet."""
+    if framework:
+        ctx.begin_writes()
+        ctx.con.execute(
+            "UPDATE runs SET framework = ? WHERE run_id = ? AND (framework IS NULL OR framework IN ('wandb', 'tensorboard'))",
+            [framework, ctx.run_id],
+        )
+
+
+def _scalar_of(value, tensor_util) -> float | None:
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind == "tensor":
+        array = tensor_util.make_ndarray(value.tensor)
+        if array.size == 1 and array.dtype.kind in "fiub":
+            return float(array.reshape(()))
+    return None
+
+
+@register
+class TensorBoardEventsIngester(Ingester):
+    name = "tensorboard-events"
+    version = "1"
+    framework = None
+    description = "TensorBoard event file (events.out.tfevents.*): scalar summaries, simple or tensor"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return "tfevents" in path.name
+
+    def load(self, ctx: FileContext) -> None:
+        try:
+            from google.protobuf.message import DecodeError
+            from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+            from tensorboard.compat.proto import event_pb2
+            from tensorboard.util import tensor_util
+        except ImportError:
+            raise IngestError(EXTRA_HINT) from None
+        size = ctx.path.stat().st_size
+        consumed = 0
+        steps: list[int] = []
+        tags: list[str] = []
+        values: list[float] = []
+        record_nos: list[int] = []
+        record_no = 0
+        for record in RawEventFileLoader(str(ctx.path)).Load():
+            record_no += 1
+            consumed += len(record) + RECORD_OVERHEAD_BYTES
+            try:
+                event = event_pb2.Event.FromString(record)
+            except DecodeError:
+                ctx.reject(record_no, "event record is not a valid Event protobuf", None)
+                continue
+            kind = event.WhichOneof("what")
+            if kind != "summary":
+                ctx.ignore("file header" if kind == "file_version" else f"{kind or 'empty'} event")
+                continue
+            found = False
+            for value in event.summary.value:
+                scalar = _scalar_of(value, tensor_util)
+                if scalar is None:
+                    continue
+                steps.append(event.step)
+                tags.append(value.tag)
+                values.append(scalar)
+                record_nos.append(record_no)
+                found = True
+            if found:
+                ctx.stored += 1
+            else:
+                ctx.ignore("non-scalar summary")
+        ctx.lines = record_no
+        if consumed < size:
+            ctx.lines += 1
+            ctx.reject(
+                record_no + 1,
+                f"event file damaged after {record_no} readable records: byte {consumed} of {size}"
+                " is a truncated or corrupt record; the records before it are kept",
+            )
+            ctx.note(f"damaged at byte {consumed} of {size}; {record_no} records kept")
+        self._store(ctx, steps, tags, values, record_nos)
+
+    @staticmethod
+    def _store(ctx: FileContext, steps, tags, values, record_nos) -> None:
+        frame = pl.DataFrame(
+            {"step": steps, "tag": tags, "value": values, "line_no": record_nos},
+            schema={"step": pl.Int64, "tag": pl.String, "value": pl.Float64, "line_no": pl.Int64},
+        ).with_columns(
+            key=pl.when(pl.col("tag").str.starts_with("train/"))
+            .then(pl.col("tag").str.strip_prefix("train/")).otherwise(pl.col("tag")),
+            segment=(pl.col("step") < pl.col("step").shift(1)).fill_null(False).cum_sum().cast(pl.Int32),
+        )
+        if frame.height == 0:
+            ctx.note("no scalar summaries in this event file")
+            return
+        claim_framework(ctx, framework_of_keys(frame["tag"].unique().to_list()))
+        ctx.con.register("_tensorboard_scalars", frame.to_arrow())
+        try:
+            ctx.insert(
+                "INSERT INTO step_metrics (run_id, segment, step, key, value, file_id, line_no)"
+                " SELECT ?, segment, step, key, value, ?, line_no"
+                " FROM _tensorboard_scalars",
+                [ctx.run_id, ctx.file_id],
+            )
+        finally:
+            ctx.con.unregister("_tensorboard_scalars")
+        if frame["segment"].max():
+            ctx.note(f"step went backwards {frame['segment'].max()} time(s): stored as separate segments")
+

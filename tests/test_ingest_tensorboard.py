@@ -1,0 +1,122 @@
+"""TensorBoard event files, written at test time: both scalar encodings, tag mapping, damage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polytrace_cli.ingest.runner import ingest_paths
+
+pytest.importorskip("tensorboard")
+
+from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
+from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
+from tensorboard.util import tensor_util  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _simple(tag: str, value: float) -> summary_pb2.Summary.Value:
+    return summary_pb2.Summary.Value(tag=tag, simple_value=value)
+
+
+def _tensor(tag: str, value: float) -> summary_pb2.Summary.Value:
+    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    return summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value)),
+                                     metadata=metadata)
+
+
+def _histogram(tag: str) -> summary_pb2.Summary.Value:
+    return summary_pb2.Summary.Value(tag=tag, histo=summary_pb2.HistogramProto(min=0, max=1, num=2))
+
+
+def write_events(folder: Path, events: list[tuple[int, list]]) -> Path:
+    """An event file under `folder` holding the header event and one event per (step, values)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = EventFileWriter(str(folder))
+    for step, values in events:
+        writer.add_event(event_pb2.Event(step=step, wall_time=1.0e9 + step, summary=summary_pb2.Summary(value=values)))
+    writer.close()
+    [path] = folder.glob("events.out.tfevents.*")
+    return path
+
+
+def _metrics(con) -> list[tuple]:
+    return con.execute("SELECT segment, step, key, value, line_no FROM step_metrics ORDER BY line_no, key").fetchall()
+
+
+def test_verl_simple_value_scalars_and_ignored_summaries(store, tmp_path):
+    path = write_events(tmp_path / "verl_run" / "tensorboard_log", [
+        (1, [_simple("timing_s/gen", 10.5), _simple("timing_s/step", 20.0)]),
+        (1, [_histogram("actor/entropy_hist")]),
+        (2, [_simple("timing_s/gen", 11.0), _simple("timing_s/step", 22.5), _histogram("actor/h")]),
+    ])
+    [report] = ingest_paths(store, [tmp_path / "verl_run"])
+    assert report.format == "tensorboard-events" and report.run == "verl_run"
+    assert (report.lines, report.stored, report.ignored, report.rejected, report.rows) == (4, 2, 2, 0, 4)
+    assert _metrics(store) == [
+        (0, 1, "timing_s/gen", 10.5, 2), (0, 1, "timing_s/step", 20.0, 2),
+        (0, 2, "timing_s/gen", 11.0, 4), (0, 2, "timing_s/step", 22.5, 4),
+    ]
+    assert dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall()) == {
+        "file header": 1, "non-scalar summary": 1}
+    assert store.execute("SELECT step, gen_s, step_s FROM steps ORDER BY step").fetchall() == [
+        (1, 10.5, 20.0), (2, 11.0, 22.5)]
+    assert store.execute("SELECT framework FROM runs").fetchall() == [("verl",)]
+
+
+def test_openrlhf_tensor_scalars_train_prefix_dropped_eval_kept(store, tmp_path):
+    path = write_events(tmp_path / "orl", [
+        (5, [_tensor("train/policy_loss", 0.25), _tensor("train/timing/step_total", 60.0)]),
+        (5, [_tensor("eval/pass1", 0.5)]),
+        (3, [_tensor("train/policy_loss", 0.75)]),
+    ])
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.rejected) == (4, 3, 0)
+    assert _metrics(store) == [
+        (0, 5, "policy_loss", 0.25, 2), (0, 5, "timing/step_total", 60.0, 2),
+        (0, 5, "eval/pass1", 0.5, 3), (1, 3, "policy_loss", 0.75, 4),
+    ]
+    assert store.execute("SELECT framework FROM runs").fetchall() == [("openrlhf",)]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_damaged_file_keeps_records_before_the_damage(store, tmp_path, damage):
+    path = write_events(tmp_path / "broken", [(s, [_simple("timing_s/step", float(s))]) for s in range(1, 6)])
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:-7]  # cuts into the last record (step 5)
+    else:
+        # Flip a byte inside the data of the fourth event record (step 3): its CRC no longer matches.
+        offset = 0
+        for _ in range(3):
+            length = int.from_bytes(data[offset:offset + 8], "little")
+            offset += length + 16
+        data[offset + 12 + 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    [report] = ingest_paths(store, [path])
+    kept = [4, 2][damage == "corrupt"]
+    assert [row[1] for row in _metrics(store)] == list(range(1, kept + 1))
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (kept + 2, kept, 1, 1)
+    [(line_no, reason)] = store.execute("SELECT line_no, reason FROM ingest_errors").fetchall()
+    assert line_no == kept + 2 and reason.startswith(f"event file damaged after {kept + 1} readable records")
+
+
+def test_without_tensorboard_the_file_is_rejected_naming_the_extra(tmp_path):
+    path = write_events(tmp_path / "run", [(1, [_simple("timing_s/step", 1.0)])])
+    script = ("import sys; sys.modules['tensorboard'] = None; from polytrace_cli.cli import app; "
+              "sys.argv = ['polytrace'] + sys.argv[1:]; app()")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "ingest", str(path), "--db", str(tmp_path / "s.duckdb"), "--json"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    [report] = json.loads(result.stdout)
+    assert report["status"] == "rejected"
+    assert report["message"] == ("reading TensorBoard event files needs the tensorboard package:"
+                                 " pip install 'polytrace[tensorboard]'")
