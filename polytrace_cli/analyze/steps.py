@@ -1,0 +1,207 @@
+"""Step-time analysis of step-aggregate runs (console, JSONL, wandb, TensorBoard logs).
+
+Everything here reads the `steps` view: one row per (run, segment, step) with the canonical stage
+timers in seconds. Runs without step metrics (PolyTrace workload traces) get empty detail frames
+and a summary row with basis 'no_step_metrics'.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+from scipy.stats import linregress, pearsonr, spearmanr
+
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
+from polytrace_cli.analyze.registry import register
+
+STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic")
+# Timers that sit inside timing_s/step besides the stages; subtracted when explaining step time.
+EXTRA_TIMERS = ("testing", "save_checkpoint")
+OUTLIER_Z = 3.5
+MAD_SCALE = 1.4826
+MIN_POINTS = 3
+
+_STEPS = """
+    SELECT st.*, runs.name AS run,
+           st.segment > 0 AND st.step = min(st.step) OVER (PARTITION BY st.run_id, st.segment) AS first_after_restart
+    FROM steps st JOIN runs USING (run_id)
+    WHERE st.run_id IN (SELECT unnest(?)) AND {steps}
+"""
+
+
+def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per (run, segment, step), F4: each stage's seconds (`<stage>_s`), step_s, testing_s,
+    save_checkpoint_s, stage_sum_s = Σ of the logged stage and extra timers,
+    unexplained_s = step_s − stage_sum_s, the response-length aggregates, and the reason flags
+    (testing, checkpoint, truncated_line, restart, validation_only)."""
+    stage_sum = " + ".join(f"coalesce({name}_s, 0)" for name in (*STAGES, *EXTRA_TIMERS))
+    stage_columns = ", ".join(f"{name}_s" for name in (*STAGES, *EXTRA_TIMERS))
+    return frame(
+        con,
+        f"""
+        WITH s AS ({_STEPS.format(steps=steps.sql('st.step'))})
+        SELECT run, segment::BIGINT AS segment, step::BIGINT AS step, {stage_columns}, step_s,
+               {stage_sum} AS stage_sum_s, step_s - ({stage_sum}) AS unexplained_s,
+               response_length_mean, response_length_max,
+               has_testing AS testing, has_checkpoint AS checkpoint, truncated_line,
+               first_after_restart OR list_has_any(flags, ['restart', 'resumed']) AS restart,
+               is_validation_only AS validation_only
+        FROM s
+        ORDER BY run, segment, step
+        """,
+        [run_ids],
+    )
+
+
+def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run × stage (the eight stages and 'step') over the steps that logged the stage:
+    mean_s, std_s (sample), cv = std/mean, min_s, max_s, max_over_min = max/min,
+    p95_over_p50 = p95/p50 (linear quantiles), and share = Σ stage / Σ step_s over the steps with
+    a step time (a stage missing in such a step counts 0)."""
+    value_columns = ", ".join(f"{name}_s" for name in (*STAGES, "step"))
+    order = ", ".join(f"'{name}'" for name in (*STAGES, "step"))
+    return frame(
+        con,
+        f"""
+        WITH s AS ({_STEPS.format(steps=steps.sql('st.step'))}),
+        long AS (
+            UNPIVOT (SELECT run, segment, step, step_s AS total_s, {value_columns} FROM s WHERE NOT is_validation_only)
+            ON {value_columns} INTO NAME stage VALUE seconds
+        ),
+        totals AS (SELECT run, sum(step_s) AS step_total FROM s WHERE step_s IS NOT NULL GROUP BY run)
+        SELECT long.run, regexp_replace(stage, '_s$', '') AS stage, count(*)::BIGINT AS steps,
+               avg(seconds) AS mean_s, stddev_samp(seconds) AS std_s,
+               stddev_samp(seconds) / nullif(avg(seconds), 0) AS cv,
+               min(seconds) AS min_s, max(seconds) AS max_s, max(seconds) / nullif(min(seconds), 0) AS max_over_min,
+               quantile_cont(seconds, 0.95) / nullif(quantile_cont(seconds, 0.5), 0) AS p95_over_p50,
+               sum(seconds) FILTER (WHERE total_s IS NOT NULL) / nullif(any_value(totals.step_total), 0) AS share
+        FROM long JOIN totals USING (run)
+        GROUP BY long.run, stage
+        ORDER BY long.run, list_position([{order}], regexp_replace(stage, '_s$', ''))
+        """,
+        [run_ids],
+    )
+
+
+def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per step with a step time, F5: step_s, gen_s, robust_z = |step_s − median| / (1.4826 · MAD)
+    (median and MAD = median |step_s − median| over the run's steps; null when MAD = 0),
+    outlier = robust_z > 3.5, and reasons: the step's flags among testing, checkpoint,
+    truncated_line, restart, validation_only, comma-separated ('' when none)."""
+    detail = per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
+    reason_columns = ("testing", "checkpoint", "truncated_line", "restart", "validation_only")
+    median = pl.col("step_s").median().over("run")
+    with_z = detail.with_columns(deviation=(pl.col("step_s") - median).abs()).with_columns(
+        mad=pl.col("deviation").median().over("run")
+    )
+    return with_z.select(
+        "run", "segment", "step", "step_s", "gen_s",
+        robust_z=pl.when(pl.col("mad") > 0).then(pl.col("deviation") / (MAD_SCALE * pl.col("mad"))),
+        reasons=pl.concat_list(
+            [pl.when(pl.col(name)).then(pl.lit(name)) for name in reason_columns]
+        ).list.drop_nulls().list.join(","),
+    ).with_columns(outlier=(pl.col("robust_z") > OUTLIER_Z).fill_null(False))
+
+
+def outliers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """The steps of `series` with robust_z > 3.5, each with its reasons."""
+    return series(con, run_ids, steps).filter(pl.col("outlier"))
+
+
+def correlations(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run × time (step_s, gen_s) × length (response_length_max, response_length_mean):
+    n, Pearson r and p, Spearman ρ and p (scipy) over training steps where both are logged;
+    left out below 3 points or when either side is constant."""
+    detail = per_step(con, run_ids, steps).filter(~pl.col("validation_only"))
+    rows = []
+    for (run,), group in detail.group_by("run", maintain_order=True):
+        for time in ("step_s", "gen_s"):
+            for length in ("response_length_max", "response_length_mean"):
+                pair = group.select(time, length).drop_nulls()
+                x, y = pair[length].to_numpy(), pair[time].to_numpy()
+                if pair.height < MIN_POINTS or x.min() == x.max() or y.min() == y.max():
+                    continue
+                pearson, spearman = pearsonr(x, y), spearmanr(x, y)
+                rows.append((run, time.removesuffix("_s"), length, pair.height, float(pearson.statistic),
+                             float(pearson.pvalue), float(spearman.statistic), float(spearman.pvalue)))
+    return pl.DataFrame(
+        rows,
+        schema={"run": pl.String, "time": pl.String, "length": pl.String, "n": pl.Int64, "pearson_r": pl.Float64,
+                "pearson_p": pl.Float64, "spearman_r": pl.Float64, "spearman_p": pl.Float64},
+        orient="row",
+    )
+
+
+def length_fit(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """F11 points: per training step, response_length_max and step_s, with the run's least-squares
+    line step_s ≈ intercept_s + slope_s_per_token · response_length_max (scipy linregress),
+    fitted_step_s on it and r. Runs with under 3 points or a constant length are left out."""
+    detail = per_step(con, run_ids, steps).filter(~pl.col("validation_only"))
+    parts = []
+    for (run,), group in detail.group_by("run", maintain_order=True):
+        points = group.select("run", "segment", "step", "response_length_max", "step_s").drop_nulls()
+        x = points["response_length_max"].to_numpy()
+        if points.height < MIN_POINTS or x.min() == x.max():
+            continue
+        fit = linregress(x, points["step_s"].to_numpy())
+        parts.append(points.with_columns(
+            slope_s_per_token=pl.lit(float(fit.slope)), intercept_s=pl.lit(float(fit.intercept)),
+            r=pl.lit(float(fit.rvalue)),
+            fitted_step_s=float(fit.intercept) + float(fit.slope) * pl.col("response_length_max"),
+        ))
+    if not parts:
+        return pl.DataFrame(schema={"run": pl.String, "segment": pl.Int64, "step": pl.Int64,
+                                    "response_length_max": pl.Float64, "step_s": pl.Float64,
+                                    "slope_s_per_token": pl.Float64, "intercept_s": pl.Float64,
+                                    "r": pl.Float64, "fitted_step_s": pl.Float64})
+    return pl.concat(parts)
+
+
+SUMMARY_COLUMNS = {
+    "run": pl.String, "basis": pl.String, "stage": pl.String, "steps": pl.Int64, "mean_s": pl.Float64,
+    "std_s": pl.Float64, "cv": pl.Float64, "min_s": pl.Float64, "max_s": pl.Float64,
+    "max_over_min": pl.Float64, "p95_over_p50": pl.Float64, "share": pl.Float64,
+    "mean_unexplained_s": pl.Float64, "outlier_steps": pl.Int64,
+    "step_vs_max_len_pearson": pl.Float64, "step_vs_max_len_spearman": pl.Float64,
+    "gen_vs_max_len_pearson": pl.Float64, "gen_vs_max_len_spearman": pl.Float64,
+    "step_vs_mean_len_pearson": pl.Float64, "gen_vs_mean_len_pearson": pl.Float64,
+}
+
+
+@register("steps", "Stage times (mean, CV, max/min, p95/p50, share), unexplained time, outlier steps, time vs length")
+def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """One row per run × stage with the `stage_stats` columns, plus run-level columns repeated on
+    each row: mean_unexplained_s (mean over steps of step_s − Σ timers), outlier_steps (robust
+    z > 3.5) and the Pearson/Spearman correlations of step and gen time with max and mean response
+    length. basis 'step_aggregates'; a run without step metrics gets one row with basis
+    'no_step_metrics' and no numbers."""
+    stats = stage_stats(con, run_ids, steps)
+    detail = per_step(con, run_ids, steps)
+    unexplained = (
+        detail.filter(pl.col("step_s").is_not_null())
+        .group_by("run").agg(mean_unexplained_s=pl.col("unexplained_s").mean())
+    )
+    outlier_counts = series(con, run_ids, steps).group_by("run").agg(outlier_steps=pl.col("outlier").sum())
+    corr = correlations(con, run_ids, steps)
+    wide = pl.DataFrame({"run": list(run_names(con, run_ids).values())}, schema={"run": pl.String})
+    for time, length, method, name in [
+        ("step", "response_length_max", "pearson_r", "step_vs_max_len_pearson"),
+        ("step", "response_length_max", "spearman_r", "step_vs_max_len_spearman"),
+        ("gen", "response_length_max", "pearson_r", "gen_vs_max_len_pearson"),
+        ("gen", "response_length_max", "spearman_r", "gen_vs_max_len_spearman"),
+        ("step", "response_length_mean", "pearson_r", "step_vs_mean_len_pearson"),
+        ("gen", "response_length_mean", "pearson_r", "gen_vs_mean_len_pearson"),
+    ]:
+        picked = corr.filter((pl.col("time") == time) & (pl.col("length") == length)).select("run", pl.col(method).alias(name))
+        wide = wide.join(picked, on="run", how="left")
+    measured = (
+        stats.with_columns(basis=pl.lit("step_aggregates"))
+        .join(unexplained, on="run", how="left")
+        .join(outlier_counts, on="run", how="left")
+        .join(wide, on="run", how="left")
+    )
+    missing = sorted(set(run_names(con, run_ids).values()) - set(stats["run"].to_list()))
+    empty = pl.DataFrame({"run": missing, "basis": ["no_step_metrics"] * len(missing)},
+                         schema={"run": pl.String, "basis": pl.String})
+    return pl.concat([measured.select(list(SUMMARY_COLUMNS)).cast(SUMMARY_COLUMNS), empty], how="diagonal_relaxed") \
+        .select(list(SUMMARY_COLUMNS)).cast(SUMMARY_COLUMNS)
