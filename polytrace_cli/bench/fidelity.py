@@ -1,0 +1,196 @@
+"""Fidelity of a synthetic workload: does a workload sampled from a run's fit look like the run?
+
+The run's lengths (training samples only: prompts once per prompt group, responses once per
+sample) are compared with a workload of the same shape written by the generator
+(`bench.synth.synthesize`, packed-lengths traces, read back from its files), and also with direct
+draws from the length model (`LengthModel.sample`, capped), which separates the fit's own error
+from what the generator adds (the per-prompt spread of responses around their group's length).
+
+Per kind (prompt, response):
+- KS: the two-sample Kolmogorov–Smirnov distance sup_x |F_run(x) − F_synth(x)| (scipy `ks_2samp`);
+- relative error (synth − run) / run of the mean, p50 and p99 (numpy linear-interpolation
+  quantiles) and, for responses, of the clip ratio = share of responses >= the length cap.
+A kind passes when KS <= 0.05 and |p99 error| <= 10%.
+
+The KS distance of two samples drawn from one distribution is not 0: `ks_noise` is the 95%
+critical value 1.358 · sqrt((n + m) / (n · m)). When it exceeds 0.05 (fewer than about 1,500
+lengths on each side) the run is too small to show the target is met, whatever the fit. The model
+draw takes MODEL_DRAW_FACTOR times as many lengths as the run, so its noise is the run's alone.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from polytrace_cli.bench.distributions import load_own
+from polytrace_cli.bench.synth import WorkloadSpec, synthesize
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store.connection import fetch_first
+
+KS_TARGET = 0.05
+P99_TARGET = 0.10
+# A response length counts as the evident cap when at least this share of responses sits exactly on the maximum.
+EVIDENT_CAP_SHARE = 0.005
+KS_CRITICAL_95 = 1.358
+MODEL_DRAW_FACTOR = 10
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The shape of a recorded run, as defaults for a synthetic workload of the same size."""
+
+    steps: int
+    batch: int
+    n: int
+    dp_ranks: int
+    max_response_len: int | None
+    samples: int
+
+
+def run_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, one per prompt group; response lengths, one per sample) of the run's training samples."""
+    prompts = con.execute(
+        """
+        SELECT any_value(prompt_len) FROM samples
+        WHERE run_id = ? AND validate IS NOT TRUE AND prompt_len IS NOT NULL
+        GROUP BY step, coalesce(dp_rank, rank, 0), prompt_idx
+        """, [run_id]).fetchnumpy()
+    responses = con.execute(
+        "SELECT response_len FROM samples WHERE run_id = ? AND validate IS NOT TRUE AND response_len IS NOT NULL",
+        [run_id]).fetchnumpy()
+    prompt_values = next(iter(prompts.values())).astype(float)
+    response_values = next(iter(responses.values())).astype(float)
+    if response_values.size == 0:
+        raise PolytraceError("the run has no per-sample lengths (only step aggregates?)")
+    return prompt_values, response_values
+
+
+def run_shape(con: duckdb.DuckDBPyConnection, run_id: int, max_response_len: int | None = None) -> RunShape:
+    """Steps, prompts per step, responses per prompt, DP ranks and length cap of a run.
+
+    n is the group size most samples sit in; batch = round(samples / (steps × n)), so that the
+    synthetic workload has about as many samples as the run. The cap is the given one, else the
+    run's recorded `max_response_len`, else the maximum response length when at least 0.5% of
+    responses sit exactly on it.
+    """
+    row = fetch_first(con, """
+        WITH s AS (SELECT * FROM samples WHERE run_id = ? AND validate IS NOT TRUE),
+             g AS (SELECT step, coalesce(dp_rank, rank, 0) AS dp, prompt_idx, count(*) AS k FROM s GROUP BY ALL)
+        SELECT (SELECT count(DISTINCT step) FROM s), (SELECT count(*) FROM s),
+               (SELECT arg_max(k, k * cnt) FROM (SELECT k, count(*) AS cnt FROM g GROUP BY k)),
+               (SELECT count(DISTINCT coalesce(dp_rank, rank)) FROM s),
+               (SELECT max(response_len) FROM s),
+               (SELECT count(*) FILTER (WHERE response_len = (SELECT max(response_len) FROM s)) FROM s),
+               (SELECT try_cast(json_extract(meta, '$.max_response_len') AS INTEGER) FROM runs WHERE run_id = ?)
+        """, [run_id, run_id])
+    steps, samples, n, dp_ranks, longest, at_longest, recorded_cap = row
+    if not samples:
+        raise PolytraceError("the run has no per-sample lengths (only step aggregates?)")
+    cap = max_response_len or recorded_cap
+    if cap is None and at_longest >= 2 and at_longest / samples >= EVIDENT_CAP_SHARE:
+        cap = int(longest)
+    n = int(n or 1)
+    return RunShape(steps=int(steps), batch=max(1, round(samples / (steps * n))), n=n, dp_ranks=max(1, int(dp_ranks)),
+                    max_response_len=cap, samples=int(samples))
+
+
+def _relative(synthetic: float | None, real: float | None) -> float | None:
+    if synthetic is None or real is None or real == 0:
+        return None
+    return (synthetic - real) / real
+
+
+def compare_lengths(real: np.ndarray, synthetic: np.ndarray, cap: int | None = None) -> dict:
+    """KS distance and relative errors of mean, p50, p99 and (with a cap) clip ratio; pass/fail (module docstring)."""
+    real = np.asarray(real, float)
+    synthetic = np.asarray(synthetic, float)
+    out = {"n_run": int(real.size), "n_synth": int(synthetic.size),
+           "ks": float(stats.ks_2samp(real, synthetic).statistic),
+           "ks_noise": KS_CRITICAL_95 * float(np.sqrt((real.size + synthetic.size) / (real.size * synthetic.size)))}
+    for name, value in (("mean", np.mean), ("p50", lambda x: np.quantile(x, 0.5)), ("p99", lambda x: np.quantile(x, 0.99))):
+        run_value, synth_value = float(value(real)), float(value(synthetic))
+        out[f"{name}_run"], out[f"{name}_synth"] = run_value, synth_value
+        out[f"{name}_error"] = _relative(synth_value, run_value)
+    if cap:
+        clip_run, clip_synth = float(np.mean(real >= cap)), float(np.mean(synthetic >= cap))
+    else:
+        clip_run = clip_synth = None
+    out.update(clip_run=clip_run, clip_synth=clip_synth, clip_error=_relative(clip_synth, clip_run))
+    out["pass"] = bool(out["ks"] <= KS_TARGET and out["p99_error"] is not None and abs(out["p99_error"]) <= P99_TARGET)
+    return out
+
+
+def synthetic_workload_lengths(params: dict, shape: RunShape, seed: int, sampler: str) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and response lengths of a packed workload of `shape` written by the generator from `params`."""
+    model = load_own(params, sampler)
+    spec = WorkloadSpec(task=str(params.get("task") or "run"), steps=shape.steps, batch=shape.batch, n=shape.n,
+                        dp_ranks=shape.dp_ranks, max_response_len=shape.max_response_len,
+                        drift=float(params.get("drift_per_step") or 0.0), seed=seed, reward_timings=False)
+    with tempfile.TemporaryDirectory(prefix="polytrace-fidelity-") as folder:
+        synthesize(model, spec, folder)
+        pattern = str(Path(folder) / "packed_lengths_step_*.jsonl")
+        with duckdb.connect() as con:
+            prompts = con.execute("SELECT input FROM read_json(?)", [pattern]).fetchnumpy()["input"]
+            responses = con.execute("SELECT unnest(output) AS r FROM read_json(?)", [pattern]).fetchnumpy()["r"]
+    return prompts.astype(float), responses.astype(float)
+
+
+def model_draw_lengths(params: dict, shape: RunShape, seed: int, sampler: str,
+                       prompt_count: int, response_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Direct draws from the length model: prompt_count prompts and response_count responses, responses capped."""
+    model = load_own(params, sampler)
+    rng = np.random.default_rng(seed)
+    prompts, _ = model.sample(rng, prompt_count)
+    _, responses = model.sample(rng, response_count)
+    if shape.max_response_len:
+        responses = np.minimum(responses, shape.max_response_len)
+    return prompts.astype(float), responses.astype(float)
+
+
+def fidelity(con: duckdb.DuckDBPyConnection, run_id: int, params: dict, *, seed: int = 0,
+             samplers: tuple[str, ...] = ("parametric", "empirical")) -> pl.DataFrame:
+    """One row per (sampler, draw, kind): the comparison of `compare_lengths` for the run against its synthesis.
+
+    draw 'workload' goes through the generator with the run's shape; draw 'model' samples the
+    length model directly. Samplers missing what they need in `params` (e.g. no empirical
+    quantiles) are left out.
+    """
+    real_prompts, real_responses = run_lengths(con, run_id)
+    shape = run_shape(con, run_id, params.get("max_response_len"))
+    rows = []
+    for sampler in samplers:
+        if sampler == "empirical" and not (params.get("empirical") or {}).get("response_quantiles"):
+            continue
+        draws = {
+            "workload": synthetic_workload_lengths(params, shape, seed, sampler),
+            "model": model_draw_lengths(params, shape, seed, sampler, MODEL_DRAW_FACTOR * real_prompts.size,
+                                        MODEL_DRAW_FACTOR * real_responses.size),
+        }
+        for draw, (prompts, responses) in draws.items():
+            for kind, real, synthetic, cap in (("prompt", real_prompts, prompts, None),
+                                               ("response", real_responses, responses, shape.max_response_len)):
+                rows.append({"sampler": sampler, "draw": draw, "kind": kind, **compare_lengths(real, synthetic, cap)})
+    if not rows:
+        raise PolytraceError("the parameters have nothing to sample from")
+    return pl.DataFrame(rows)
+
+
+def read_params(path: str | Path) -> dict:
+    """A polytrace-params/1 document from a file; anything else is a user error."""
+    try:
+        document = json.loads(Path(path).read_text("utf-8"))
+    except FileNotFoundError:
+        raise PolytraceError(f"no parameters file at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PolytraceError(f"{path} is not a JSON parameters file: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != "polytrace-params/1":
+        raise PolytraceError(f"{path} is not a polytrace-params/1 file (written by `polytrace fit`)")
+    return document
