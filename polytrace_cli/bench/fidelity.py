@@ -194,3 +194,15 @@ def read_params(path: str | Path) -> dict:
     if not isinstance(document, dict) or document.get("format") != "polytrace-params/1":
         raise PolytraceError(f"{path} is not a polytrace-params/1 file (written by `polytrace fit`)")
     return document
+
+
+def fitted_params(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
+    """Fit the run with the fitting library (`analyze.fit.write_params`) and return the parameters document."""
+    try:
+        from polytrace_cli.analyze.fit import write_params
+    except ImportError:
+        raise PolytraceError("distribution fitting is not available in this installation; pass --params FILE") from None
+    with tempfile.TemporaryDirectory(prefix="polytrace-fit-") as folder:
+        path = Path(folder) / "params.json"
+        write_params(con, run_id, path)
+        return read_params(path)

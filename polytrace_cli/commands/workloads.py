@@ -1,0 +1,149 @@
+"""`polytrace fit`, `export`, `replay-check` and `fidelity`: benchmark workloads from recorded runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+
+from polytrace_cli.bench.export import FORMATS, export_run, resolve_run
+from polytrace_cli.bench.fidelity import KS_TARGET, P99_TARGET, fidelity as fidelity_frame, fitted_params, read_params
+from polytrace_cli.bench.replay import replay_check as compare_logs
+from polytrace_cli.commands.common import DbOption, JsonOption, console, emit_frame, json_default, user_errors
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store import open_store
+
+SAMPLERS = ("parametric", "empirical")
+
+
+def _candidates_frame(document: dict) -> pl.DataFrame:
+    rows = []
+    for kind in ("prompt", "response"):
+        best = (document.get(kind) or {}).get("family")
+        for candidate in (document.get("candidates") or {}).get(kind) or []:
+            rows.append({
+                "kind": kind, "family": candidate.get("family"),
+                "params": json.dumps({k: round(v, 6) if isinstance(v, float) else v
+                                      for k, v in (candidate.get("params") or {}).items()}),
+                "KS": candidate.get("ks"), "AIC": candidate.get("aic"),
+                "best": "*" if candidate.get("family") == best else "",
+            })
+    return pl.DataFrame(rows, schema={"kind": pl.String, "family": pl.String, "params": pl.String,
+                                      "KS": pl.Float64, "AIC": pl.Float64, "best": pl.String})
+
+
+@user_errors
+def fit(
+    run: Annotated[str, typer.Argument(help="Run to fit (see `polytrace runs`).")],
+    task: Annotated[str | None, typer.Option(help="Task label written into the parameters file.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Parameters file to write [default: ./<run>.params.json].")] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit prompt and response length distributions of a run and write a polytrace-params/1 file."""
+    con = open_store(db, read_only=True)
+    try:
+        document = fitted_params(con, resolve_run(con, run))
+    finally:
+        con.close()
+    if task:
+        document["task"] = task
+    path = out or Path(f"{re.sub(r'[^A-Za-z0-9._-]+', '_', run)}.params.json")
+    if path.parent and not path.parent.exists():
+        raise PolytraceError(f"cannot write {path}: folder {path.parent} does not exist")
+    path.write_text(json.dumps(document, indent=2, default=json_default) + "\n", encoding="utf-8")
+    if as_json:
+        sys.stdout.write(json.dumps(document, indent=2, default=json_default) + "\n")
+        return
+    emit_frame(_candidates_frame(document), title=f"fits for {run} (best by AIC marked *)")
+    console.print(f"wrote {path}")
+
+
+@user_errors
+def export(
+    run: Annotated[str, typer.Argument(help="Run with per-sample data to export.")],
+    out: Annotated[Path, typer.Option(help="Folder to write into (created if needed).")],
+    format: Annotated[list[str], typer.Option("--format", help=f"{' or '.join(FORMATS)}; give twice for both.")] = ["polytrace-json"],  # noqa: B006
+    db: DbOption = None,
+) -> None:
+    """Write a run's samples as PolyTrace traces: dataset JSON and/or packed_lengths_step_N.jsonl."""
+    con = open_store(db, read_only=True)
+    try:
+        result = export_run(con, run, out, format)
+    finally:
+        con.close()
+    shape = "multi-turn" if result.multiturn else "single-turn"
+    console.print(f"wrote {len(result.files)} file(s) to {out}: {result.steps} steps, "
+                  f"{result.samples:,} {'trajectories' if result.multiturn else 'samples'} ({shape})")
+
+
+@user_errors
+def replay_check(
+    benchmark: Annotated[str, typer.Option(help="Log (file or folder) of the benchmark replay, or a run name.")],
+    formal: Annotated[str, typer.Option(help="Log (file or folder) of the formal training run, or a run name.")],
+    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store [default: a temporary one].")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Compare a benchmark replay with the formal run: per-stage error (benchmark − formal)/formal and accuracy."""
+    with tempfile.TemporaryDirectory(prefix="polytrace-replay-") as folder:
+        con = open_store(db or Path(folder) / "replay.duckdb")
+        try:
+            report = compare_logs(con, benchmark, formal)
+        finally:
+            con.close()
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=json_default) + "\n")
+        return
+    shown = report.per_stage.with_columns(
+        (pl.col(c) * 100).round(2) for c in ("mean_error", "mean_abs_error", "max_abs_error")
+    ).rename({"mean_error": "mean_error_%", "mean_abs_error": "mean_abs_error_%", "max_abs_error": "max_abs_error_%"})
+    emit_frame(shown, title=f"replay {report.benchmark_run} vs formal {report.formal_run}")
+    console.print(f"paired steps: {len(report.paired_steps)}; only in benchmark: {_steps(report.only_benchmark)}; "
+                  f"only in formal: {_steps(report.only_formal)}; segments: {report.segments}", highlight=False)
+    if report.accuracy_pct is None:
+        console.print("no stage could be compared: the logs share no timed step")
+    else:
+        console.print(f"[bold]accuracy: {report.accuracy_pct:.1f}%[/] (100% − mean |error|, averaged over stages)")
+
+
+def _steps(steps: list[int], limit: int = 10) -> str:
+    if not steps:
+        return "none"
+    return ", ".join(map(str, steps[:limit])) + (f" ... ({len(steps)} in all)" if len(steps) > limit else "")
+
+
+@user_errors
+def fidelity(
+    run: Annotated[str, typer.Argument(help="Run to compare its synthetic workload with.")],
+    params: Annotated[Path | None, typer.Option(help="polytrace-params/1 file [default: fit the run now].")] = None,
+    sampler: Annotated[str, typer.Option(help="parametric, empirical or both.")] = "both",
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic workload.")] = 0,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Synthesize a workload shaped like the run from its fit and report KS and mean/p50/p99/clip errors."""
+    if sampler not in (*SAMPLERS, "both"):
+        raise PolytraceError(f"--sampler takes parametric, empirical or both, not {sampler!r}")
+    con = open_store(db, read_only=True)
+    try:
+        run_id = resolve_run(con, run)
+        document = read_params(params) if params else fitted_params(con, run_id)
+        frame = fidelity_frame(con, run_id, document, seed=seed, samplers=SAMPLERS if sampler == "both" else (sampler,))
+    finally:
+        con.close()
+    if as_json:
+        emit_frame(frame, as_json=True)
+        return
+    columns = ["sampler", "draw", "kind", "n_run", "n_synth", "ks", "ks_noise", "mean_error", "p50_error",
+               "p99_error", "clip_run", "clip_synth", "pass"]
+    emit_frame(frame.select(columns), title=f"fidelity of {run} (targets: KS <= {KS_TARGET}, |p99 error| <= "
+                                            f"{P99_TARGET:.0%}; errors are (synth − run)/run)")
+    if (frame["ks_noise"] > KS_TARGET).any():
+        console.print("note: where ks_noise > 0.05 the run has too few lengths to show KS <= 0.05 even for a "
+                      "perfect model")
