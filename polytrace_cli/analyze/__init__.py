@@ -5,3 +5,4 @@ from polytrace_cli.analyze import longtail  # noqa: F401
 from polytrace_cli.analyze import imbalance  # noqa: F401
 from polytrace_cli.analyze import steps  # noqa: F401
 from polytrace_cli.analyze import tools  # noqa: F401
+from polytrace_cli.analyze import filtering  # noqa: F401

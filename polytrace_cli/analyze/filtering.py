@@ -1,0 +1,125 @@
+"""DAPO dynamic sampling: how many generated prompts survive the filter, and what the rest cost.
+
+DAPO generates batches of prompts until enough prompts with mixed rewards are kept; each
+generation batch is one `filter_batches` row (one rollout call, `workload_step`), and several
+can feed one trainer step.
+
+Token join: the samples of a generation batch are the `samples` rows with step = workload_step
+(training samples, tensor-parallel rank 0). The batch was split over DP ranks in contiguous
+chunks, so a prompt's position in the batch (the numbering of kept_indices) is its rank in the
+order (dp_rank, prompt_idx), counting from 0. The join is trusted only when the number of
+distinct prompts found equals prompt_count; otherwise the batch falls back to prompt counts
+(basis 'prompts').
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
+from polytrace_cli.analyze.registry import register
+
+
+def per_batch(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per generation batch (F10), steps selected by workload_step: kept_share = kept / prompt_count,
+    used_share = used / prompt_count; with basis 'samples' (token join in the module docstring)
+    discarded_token_share = Σ response tokens of prompts not in kept_indices / Σ response tokens
+    of the batch and unused_token_share likewise for prompts not in used_indices (kept prompts
+    beyond the train batch are generated and thrown away too); with basis 'prompts' (no matching
+    samples) the same shares counted in prompts: 1 − kept/prompt_count and 1 − used/prompt_count."""
+    return frame(
+        con,
+        f"""
+        WITH fb AS (
+            SELECT * FROM filter_batches WHERE run_id IN (SELECT unnest(?)) AND {steps.sql('workload_step')}
+        ),
+        s AS (
+            SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank, prompt_idx, response_len
+            FROM samples
+            WHERE run_id IN (SELECT DISTINCT run_id FROM fb) AND step IN (SELECT workload_step FROM fb)
+              AND coalesce(validate, false) = false AND coalesce(tp_rank, 0) = 0 AND prompt_idx IS NOT NULL
+        ),
+        p AS (
+            SELECT run_id, step, sum(response_len) AS tokens,
+                   dense_rank() OVER (PARTITION BY run_id, step ORDER BY dp_rank NULLS FIRST, prompt_idx) - 1 AS position
+            FROM s GROUP BY run_id, step, dp_rank, prompt_idx
+        ),
+        j AS (
+            SELECT fb.run_id, fb.file_id, fb.workload_step, fb.trainer_step, fb.gen_batch_index,
+                   any_value(fb.prompt_count) AS prompt_count, any_value(fb.kept) AS kept,
+                   any_value(fb.used) AS used,
+                   any_value(fb.kept_indices) IS NOT NULL AND any_value(fb.used_indices) IS NOT NULL AS has_indices,
+                   count(p.position) AS prompts_found, sum(p.tokens) AS tokens,
+                   sum(p.tokens) FILTER (WHERE NOT list_contains(fb.kept_indices, p.position::INTEGER)) AS discarded,
+                   sum(p.tokens) FILTER (WHERE NOT list_contains(fb.used_indices, p.position::INTEGER)) AS unused
+            FROM fb LEFT JOIN p ON p.run_id = fb.run_id AND p.step = fb.workload_step
+            GROUP BY fb.run_id, fb.file_id, fb.workload_step, fb.trainer_step, fb.gen_batch_index
+        )
+        SELECT runs.name AS run, workload_step::BIGINT AS workload_step, trainer_step::BIGINT AS trainer_step,
+               gen_batch_index::BIGINT AS gen_batch_index, prompt_count::BIGINT AS prompt_count,
+               kept::BIGINT AS kept, used::BIGINT AS used,
+               kept / nullif(prompt_count, 0) AS kept_share, used / nullif(prompt_count, 0) AS used_share,
+               CASE WHEN joined THEN tokens END::BIGINT AS response_tokens,
+               CASE WHEN joined THEN coalesce(discarded, 0) / tokens ELSE 1 - kept / nullif(prompt_count, 0) END
+                   AS discarded_token_share,
+               CASE WHEN joined THEN coalesce(unused, 0) / tokens ELSE 1 - used / nullif(prompt_count, 0) END
+                   AS unused_token_share,
+               CASE WHEN joined THEN 'samples' ELSE 'prompts' END AS basis
+        FROM (SELECT *, has_indices AND prompts_found = prompt_count AND tokens > 0 AS joined FROM j)
+        JOIN runs USING (run_id)
+        ORDER BY run, workload_step, gen_batch_index
+        """,
+        [run_ids],
+    )
+
+
+def per_trainer_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per trainer step (F10): batches = generation batches that fed it, prompts = Σ prompt_count,
+    kept = Σ kept, used = Σ used, kept_share = kept / prompts."""
+    return (
+        per_batch(con, run_ids, steps)
+        .group_by("run", "trainer_step")
+        .agg(batches=pl.len(), prompts=pl.col("prompt_count").sum(), kept=pl.col("kept").sum(),
+             used=pl.col("used").sum())
+        .with_columns(kept_share=pl.col("kept") / pl.col("prompts"))
+        .sort("run", "trainer_step")
+    )
+
+
+SUMMARY_COLUMNS = {
+    "run": pl.String, "basis": pl.String, "batches": pl.Int64, "trainer_steps": pl.Int64,
+    "mean_batches_per_trainer_step": pl.Float64, "max_batches_per_trainer_step": pl.Int64,
+    "kept_share": pl.Float64, "mean_batch_kept_share": pl.Float64, "used_share": pl.Float64,
+    "discarded_token_share": pl.Float64, "unused_token_share": pl.Float64,
+}
+
+
+@register("filtering", "DAPO dynamic sampling: kept share per generation batch, batches per trainer step, discarded tokens")
+def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """One row per run with generation batches: kept_share = Σ kept / Σ prompt_count, used_share
+    likewise, mean_batch_kept_share (mean of per-batch kept/prompt_count), batches per trainer
+    step (mean, max), and discarded_token_share = Σ discarded tokens / Σ tokens over all batches
+    (unused_token_share likewise) when every batch joined its samples (basis 'samples'); else the
+    prompt shares 1 − Σ kept / Σ prompt_count and 1 − Σ used / Σ prompt_count (basis 'prompts')."""
+    batches = per_batch(con, run_ids, steps)
+    per_step = per_trainer_step(con, run_ids, steps).group_by("run").agg(
+        trainer_steps=pl.len(), mean_batches_per_trainer_step=pl.col("batches").mean(),
+        max_batches_per_trainer_step=pl.col("batches").max(),
+    )
+    by_tokens = pl.col("basis").eq("samples").all()
+    tokens = pl.col("response_tokens")
+    out = batches.group_by("run").agg(
+        basis=pl.when(by_tokens).then(pl.lit("samples")).otherwise(pl.lit("prompts")),
+        batches=pl.len(),
+        kept_share=pl.col("kept").sum() / pl.col("prompt_count").sum(),
+        mean_batch_kept_share=pl.col("kept_share").mean(),
+        used_share=pl.col("used").sum() / pl.col("prompt_count").sum(),
+        discarded_token_share=pl.when(by_tokens)
+        .then((pl.col("discarded_token_share") * tokens).sum() / tokens.sum())
+        .otherwise(1 - pl.col("kept").sum() / pl.col("prompt_count").sum()),
+        unused_token_share=pl.when(by_tokens)
+        .then((pl.col("unused_token_share") * tokens).sum() / tokens.sum())
+        .otherwise(1 - pl.col("used").sum() / pl.col("prompt_count").sum()),
+    )
+    return out.join(per_step, on="run", how="left").select(list(SUMMARY_COLUMNS)).cast(SUMMARY_COLUMNS).sort("run")
