@@ -76,9 +76,12 @@ def test_tqdm_postfix_fallback_maps_short_keys(store):
 def test_log_with_no_metrics_is_zero_steps_not_an_error(store, tmp_path):
     path = tmp_path / "crashed" / "train.log"
     path.parent.mkdir()
-    path.write_text("openrlhf starting\ntorch.OutOfMemoryError: CUDA out of memory\n")
+    path.write_text("openrlhf starting\n"
+                    "Train epoch [1/1]:  50%|#    | 1/2 [00:05<00:05, act_loss=0.9, reward=0.9]\n"
+                    "torch.OutOfMemoryError: CUDA out of memory\n")
     [report] = ingest_paths(store, [path])
-    assert report.status == "ingested" and (report.lines, report.stored, report.ignored) == (2, 0, 2)
+    assert report.format == "openrlhf-console"
+    assert report.status == "ingested" and (report.lines, report.stored, report.ignored) == (3, 0, 3)
     assert any("zero steps" in note for note in report.notes)
 
 
@@ -87,3 +90,11 @@ def test_cli_ingest_prints_counts(tmp_path):
                                       "--db", str(tmp_path / "s.duckdb"), "--json"])
     assert result.exit_code == 0, result.output
     assert '"rejected": 1' in result.output and '"format": "openrlhf-console"' in result.output
+
+
+def test_requirements_file_naming_openrlhf_is_not_a_console_log(store, tmp_path):
+    path = tmp_path / "files" / "requirements.txt"
+    path.parent.mkdir()
+    path.write_text("openrlhf==0.9.1\ntorch==2.6.0\n")
+    [report] = ingest_paths(store, [tmp_path])
+    assert report.status == "skipped"

@@ -7,4 +7,6 @@ from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
 from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
+from polytrace_cli.ingest.formats import wandb_run  # noqa: F401
+from polytrace_cli.ingest.formats import wandb_table  # noqa: F401
 from polytrace_cli.ingest.formats import verl_console  # noqa: F401

@@ -68,6 +68,7 @@ TQDM_KEYS = {
 TQDM_POSTFIX = re.compile(r"(\d+)/(\d+)\s*\[[^\]]*?,\s*((?:[A-Za-z_]+=[^,\]]*,?\s*)+)\]")
 TQDM_PAIR = re.compile(r"([A-Za-z_]+)=([^,\]\s]+)")
 
+_SNIFF_TQDM = re.compile(rb"\b(?:act_loss|pg)=[-0-9.]+.{0,40}\b(?:reward|rm)=")
 _NAN = "\x00nan"
 _NUMPY_SCALAR = re.compile(r"\bnp\.(?:float|int|uint|bool_?)\d*\(([^()]*)\)")
 _BARE_SPECIAL = re.compile(r"(?<=[:,\[(])(\s*)(-?)\b(nan|inf|NaN|Infinity)\b")
@@ -140,8 +141,10 @@ class OpenRLHFConsoleIngester(Ingester):
     def sniff(self, path: Path, head: bytes) -> bool:
         if path.suffix in (".json", ".jsonl", ".csv", ".yaml", ".yml", ".py"):
             return False
-        return ("✨ Global step".encode() in head or b"Evaluation completed in" in head
-                or b"openrlhf" in head.lower())
+        if "✨ Global step".encode() in head or b"Evaluation completed in" in head:
+            return True
+        # Older logs: only tqdm postfixes with OpenRLHF's short keys.
+        return b"openrlhf" in head.lower() and bool(_SNIFF_TQDM.search(head))
 
     def load(self, ctx: FileContext) -> None:
         frame = read_lines(ctx.path)

@@ -1,0 +1,169 @@
+"""wandb tables (`files/media/table/**/*.table.json`): logged generations as samples.
+
+A table file is `{"columns": [...], "data": [[...], ...]}`. Two layouts hold generations:
+
+- wide, as verl's validation logger writes it: `step, input_1, output_1, score_1, input_2, ...`,
+  one row per validation step, one (input_i, output_i) pair per logged sample;
+- long: one row per sample with `input`/`prompt` and `output`/`response` (and optionally `step`).
+
+Each generation becomes a `samples` row, with its score when the table has one, and lengths
+estimated from the text (tokens ≈ ceil(characters / 4), `length_estimated = true`); `validate` is
+true when the table's key (its path under `media/table`, e.g. `val/generations`) names validation. The step is the row's `step`
+column, else the step in the file name (`{key}_{step}_{hash}.table.json`).
+
+wandb writes a new snapshot file each time a table is logged, and verl's validation table is
+cumulative: each snapshot repeats every earlier row. A snapshot therefore stores only the rows
+past the previous snapshot of the same key (the sibling file with the largest lower step), when
+that snapshot's rows are exactly its leading rows; repeated rows are ignored under a named rule.
+Tables without generation columns are read and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from polytrace_cli.errors import IngestError
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.registry import register
+
+SNAPSHOT_NAME = re.compile(r"^(?P<key>.+)_(?P<step>\d+)_(?P<hash>[0-9a-f]+)\.table\.json$")
+WIDE_INPUT = re.compile(r"^input_(\d+)$")
+CHARS_PER_TOKEN = 4
+
+
+def _read_table(path: Path) -> tuple[list, list]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as error:
+        raise IngestError(f"wandb table is not valid JSON: {error.msg} at line {error.lineno}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("columns"), list) \
+            or not isinstance(document.get("data"), list):
+        raise IngestError('wandb table must be an object with "columns" and "data" lists')
+    return document["columns"], document["data"]
+
+
+def previous_snapshot(path: Path) -> Path | None:
+    """The sibling snapshot of the same table key with the largest step below this file's."""
+    match = SNAPSHOT_NAME.match(path.name)
+    if not match:
+        return None
+    step, best = int(match["step"]), None
+    for sibling in path.parent.glob(f"{glob_escape(match['key'])}_*.table.json"):
+        other = SNAPSHOT_NAME.match(sibling.name)
+        if other and other["key"] == match["key"] and int(other["step"]) < step:
+            if best is None or int(other["step"]) > best[0]:
+                best = (int(other["step"]), sibling)
+    return best[1] if best else None
+
+
+def glob_escape(text: str) -> str:
+    """`text` with glob metacharacters escaped."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def generation_pairs(columns: list) -> list[tuple[int, int, int, int]]:
+    """(prompt_idx, input, output, score column) per logged sample; 0-based columns, score -1 when
+    absent, prompt_idx -1 for the long layout; empty when the table holds no generations."""
+    names = [str(c) for c in columns]
+    pairs = []
+    for position, name in enumerate(names):
+        match = WIDE_INPUT.match(name)
+        if match and f"output_{match[1]}" in names:
+            score = names.index(f"score_{match[1]}") if f"score_{match[1]}" in names else -1
+            pairs.append((int(match[1]) - 1, position, names.index(f"output_{match[1]}"), score))
+    if pairs:
+        return pairs
+    for prompt_name, response_name in (("input", "output"), ("prompt", "response")):
+        if prompt_name in names and response_name in names:
+            score = names.index("score") if "score" in names else -1
+            return [(-1, names.index(prompt_name), names.index(response_name), score)]
+    return []
+
+
+@register
+class WandbTableIngester(Ingester):
+    name = "wandb-table"
+    version = "1"
+    framework = None
+    description = "wandb media table (*.table.json): logged generations as samples with estimated lengths"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return path.name.endswith(".table.json")
+
+    def load(self, ctx: FileContext) -> None:
+        columns, data = _read_table(ctx.path)
+        ctx.lines = len(data)
+        pairs = generation_pairs(columns)
+        if not pairs:
+            ctx.ignore("table without generation columns", len(data))
+            return
+        repeated = self._repeated_rows(ctx.path, columns, data)
+        ctx.ignore("row repeated from an earlier snapshot", repeated)
+        names = [str(c) for c in columns]
+        match = SNAPSHOT_NAME.match(ctx.path.name)
+        file_step = int(match["step"]) if match else None
+        step_sql = (f"TRY_CAST(TRY_CAST(json_extract_string(row, '$[{names.index('step')}]') AS DOUBLE) AS BIGINT)"
+                    if "step" in names else "?::BIGINT")
+        table_key = ctx.path.name.split("_")[0] if not match else match["key"]
+        media_parts = ctx.path.parent.parts
+        if "table" in media_parts:
+            media_parts = media_parts[len(media_parts) - media_parts[::-1].index("table"):]
+        validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
+        con = ctx.con
+        params = [str(ctx.path)] + ([] if "step" in names else [file_step])
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
+            WITH doc AS (SELECT content::JSON AS j FROM read_text(?)),
+                 rows AS (SELECT i + 1 AS row_no, json_extract(j, '$.data[' || i || ']') AS row
+                          FROM doc, range(json_array_length(j, '$.data')::BIGINT) AS t(i))
+            SELECT row_no, row, {step_sql} AS step,
+                   json_array_length(row) = {len(columns)} AS complete
+            FROM rows WHERE row_no > {repeated}
+            """,
+            params,
+        )
+        for row_no, row, complete in con.execute(
+            "SELECT row_no, row::VARCHAR, complete FROM wandb_table_rows WHERE step IS NULL OR NOT complete"
+            " ORDER BY row_no"
+        ).fetchall():
+            ctx.reject(row_no, "row has no step (no step column and none in the file name)" if complete
+                       else f"row does not have the table's {len(columns)} columns", row)
+        pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
+        ctx.insert(
+            f"""
+            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
+                                 validate, length_estimated, score)
+            SELECT ?, ?, step,
+                   CASE WHEN p.prompt_idx >= 0 THEN p.prompt_idx
+                        ELSE row_number() OVER (PARTITION BY step ORDER BY row_no) - 1 END,
+                   0,
+                   ceil(length(json_extract_string(row, '$[' || p.input_col || ']')) / {CHARS_PER_TOKEN}),
+                   ceil(length(json_extract_string(row, '$[' || p.output_col || ']')) / {CHARS_PER_TOKEN}),
+                   ?, true,
+                   CASE WHEN p.score_col >= 0
+                        THEN TRY_CAST(json_extract_string(row, '$[' || p.score_col || ']') AS DOUBLE) END
+            FROM wandb_table_rows, (VALUES {pair_values}) AS p(prompt_idx, input_col, output_col, score_col)
+            WHERE step IS NOT NULL AND complete
+              AND json_extract_string(row, '$[' || p.output_col || ']') IS NOT NULL
+            """,
+            [ctx.run_id, ctx.file_id, validate],
+        )
+        ctx.stored = ctx.lines - repeated - ctx.rejected
+        ctx.format_version = "wide" if pairs[0][0] >= 0 else "long"
+
+    @staticmethod
+    def _repeated_rows(path: Path, columns: list, data: list) -> int:
+        """How many leading rows repeat the previous snapshot of a cumulative table (0 if none)."""
+        previous = previous_snapshot(path)
+        if previous is None:
+            return 0
+        try:
+            previous_columns, previous_data = _read_table(previous)
+        except IngestError:
+            return 0
+        if previous_columns != columns or data[:len(previous_data)] != previous_data:
+            return 0
+        return len(previous_data)
