@@ -121,4 +121,34 @@ def test_cli_ingests_the_whole_folder(tmp_path):
     result = CliRunner().invoke(app, ["ingest", str(FIXTURES), "--db", str(tmp_path / "s.duckdb"), "--json"])
     assert result.exit_code == 0, result.output
     formats = sorted(r["format"] for r in json.loads(result.stdout))
-    assert formats == ["verl-console", "wandb-config", "wandb-summary", "wandb-table", "wandb-table"]
+    assert formats == ["verl-console", "wandb-config", "wandb-csv", "wandb-summary", "wandb-table", "wandb-table"]
+
+
+def test_csv_export_plain_values_missing_cells_and_restart(store):
+    path = FIXTURES / "wandb_export.csv"
+    [report] = ingest_paths(store, [path])
+    assert report.format == "wandb-csv"
+    # header + 5 rows: rows 1, 2 and the last store values, row 3 is empty, row "x" is rejected.
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (6, 3, 2, 1)
+    rows = store.execute(
+        "SELECT segment, step, key, value, line_no FROM step_metrics ORDER BY line_no, key").fetchall()
+    assert [r[:3] for r in rows] == [
+        (0, 1, "kl"), (0, 1, "timing_s/gen"), (0, 1, "timing_s/step"),
+        (0, 2, "timing_s/gen"),
+        (1, 2, "kl"), (1, 2, "timing_s/step"),
+    ]
+    assert [r[3] for r in rows][:5] == [0.01, 30.0, 60.5, 31.25, rows[4][3]] and rows[5][3] == 70.0
+    assert rows[4][3] != rows[4][3]  # NaN
+    assert [r[4] for r in rows] == [2, 2, 2, 3, 6, 6]
+    assert store.execute("SELECT line_no, reason FROM ingest_errors").fetchall() == [
+        (5, "Step is not an integer: 'x'")]
+    meta = json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])
+    assert meta["wandb_run_name"] == "grpo-7b"
+
+
+def test_csv_export_with_several_runs_is_rejected_naming_them(store, tmp_path):
+    path = tmp_path / "panel.csv"
+    path.write_text('"Step","a - reward","a - reward__MIN","b - reward"\n"1","0.5","0.5","0.6"\n')
+    [report] = ingest_paths(store, [path])
+    assert report.status == "rejected"
+    assert report.message == "the export holds 2 runs (a, b); export one run per file"

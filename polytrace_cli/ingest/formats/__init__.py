@@ -9,4 +9,5 @@ from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_run  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_table  # noqa: F401
+from polytrace_cli.ingest.formats import wandb_csv  # noqa: F401
 from polytrace_cli.ingest.formats import verl_console  # noqa: F401

@@ -1,0 +1,133 @@
+"""A CSV exported from the wandb UI: a `Step` column and one column per logged key.
+
+Panel exports name their columns `<run name> - <key>`, with `<run name> - <key>__MIN` and
+`__MAX` companions (the smoothing band); the plain column is the value, the companions are
+dropped. One file is one run: an export holding several run names is rejected as a whole, naming
+them. Empty cells are missing values, not zeros, and produce no row. Keys map as in TensorBoard:
+OpenRLHF's `train/` prefix is dropped.
+
+Read in bulk: DuckDB `read_csv` (every column as text) and UNPIVOT into one (step, key, cell) row
+per present value; numeric cells become `value`, others `text_value`. The accounting unit is the
+CSV line: the header is ignored under its own rule, a row with no values under another, and a
+row whose Step is not an integer is rejected.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import duckdb
+
+from polytrace_cli.errors import IngestError
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, framework_of_keys
+from polytrace_cli.ingest.registry import register
+
+STEP_COLUMNS = ("Step", "_step")
+COMPANION_SUFFIXES = ("__MIN", "__MAX")
+RUN_SEPARATOR = " - "
+
+
+def _header(head: bytes) -> list[str]:
+    first_line = head.split(b"\n", 1)[0].decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r")
+    return next(csv.reader(io.StringIO(first_line)), [])
+
+
+def split_columns(columns: list[str]) -> tuple[str, dict[str, str], list[str]]:
+    """(step column, {column: key} of the value columns, run names found in the prefixes)."""
+    step_column = next(c for c in columns if c in STEP_COLUMNS)
+    values = [c for c in columns if c != step_column and not c.endswith(COMPANION_SUFFIXES)]
+    prefixed = all(RUN_SEPARATOR in c for c in values) and values
+    runs = sorted({c.split(RUN_SEPARATOR, 1)[0] for c in values}) if prefixed else []
+    keys = {c: (c.split(RUN_SEPARATOR, 1)[1] if prefixed else c) for c in values}
+    return step_column, keys, runs
+
+
+@register
+class WandbCsvIngester(Ingester):
+    name = "wandb-csv"
+    version = "1"
+    framework = None
+    description = "CSV exported from the wandb UI (Step column, one column per key, __MIN/__MAX dropped)"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return path.suffix.lower() == ".csv" and any(c in STEP_COLUMNS for c in _header(head))
+
+    def load(self, ctx: FileContext) -> None:
+        con = ctx.con
+        try:
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE wandb_csv AS SELECT row_number() OVER () AS row_no, *"
+                " FROM read_csv(?, header = true, all_varchar = true, delim = ',', quote = '\"')",
+                [str(ctx.path)],
+            )
+        except duckdb.Error as error:
+            raise IngestError(f"not a readable CSV: {str(error).splitlines()[0]}") from None
+        columns = [row[0] for row in con.execute("DESCRIBE wandb_csv").fetchall()][1:]
+        step_column, keys, runs = split_columns(columns)
+        if len(runs) > 1:
+            raise IngestError(f"the export holds {len(runs)} runs ({', '.join(runs)}); export one run per file")
+        rows = con.execute("SELECT count(*) FROM wandb_csv").fetchall()[0][0]
+        ctx.lines = rows + 1
+        ctx.ignore("CSV header")
+        if not keys:
+            ctx.ignore("row with no values", rows)
+            return
+        mapping = ", ".join(f"({_sql(c)}, {_sql(k)})" for c, k in keys.items())
+        value_columns = ", ".join(_ident(c) for c in keys)
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE wandb_csv_cells AS
+            WITH cells AS (
+                UNPIVOT (SELECT row_no, {_ident(step_column)} AS step_text, {value_columns} FROM wandb_csv)
+                ON {value_columns} INTO NAME col VALUE cell
+            )
+            SELECT row_no, TRY_CAST(TRY_CAST(step_text AS DOUBLE) AS BIGINT) AS step, m.key,
+                   TRY_CAST(cell AS DOUBLE) AS value,
+                   CASE WHEN TRY_CAST(cell AS DOUBLE) IS NULL THEN cell END AS text_value
+            FROM cells JOIN (VALUES {mapping}) AS m(col, key) USING (col)
+            WHERE trim(cell) != ''
+            """
+        )
+        for row_no, step_text in con.execute(
+            f"SELECT row_no, {_ident(step_column)} FROM wandb_csv"
+            f" WHERE TRY_CAST(TRY_CAST({_ident(step_column)} AS DOUBLE) AS BIGINT) IS NULL ORDER BY row_no"
+        ).fetchall():
+            ctx.reject(row_no + 1, f"{step_column} is not an integer: {step_text!r}", step_text)
+        with_values = con.execute(
+            "SELECT count(DISTINCT row_no) FROM wandb_csv_cells WHERE step IS NOT NULL").fetchall()[0][0]
+        ctx.stored = with_values
+        ctx.ignore("row with no values", rows - with_values - ctx.rejected)
+        raw_keys = [row[0] for row in con.execute("SELECT DISTINCT key FROM wandb_csv_cells").fetchall()]
+        claim_framework(ctx, framework_of_keys(raw_keys))
+        ctx.insert(
+            f"""
+            INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+            WITH steps AS (
+                SELECT row_no, TRY_CAST(TRY_CAST({_ident(step_column)} AS DOUBLE) AS BIGINT) AS step
+                FROM wandb_csv
+            ), went_back AS (
+                SELECT row_no, coalesce(step < lag(step) OVER (ORDER BY row_no), false)::INTEGER AS back
+                FROM steps WHERE step IS NOT NULL
+            ), segments AS (
+                SELECT row_no, (sum(back) OVER (ORDER BY row_no))::INTEGER AS segment FROM went_back
+            )
+            SELECT ?, segment, step, CASE WHEN starts_with(key, 'train/') THEN key[7:] ELSE key END,
+                   value, text_value, ?, row_no + 1
+            FROM wandb_csv_cells JOIN segments USING (row_no)
+            WHERE step IS NOT NULL
+            """,
+            [ctx.run_id, ctx.file_id],
+        )
+        if runs:
+            ctx.run_meta["wandb_run_name"] = runs[0]
+
+
+def _sql(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _ident(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'
