@@ -197,12 +197,9 @@ def read_params(path: str | Path) -> dict:
 
 
 def fitted_params(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
-    """Fit the run with the fitting library (`analyze.fit.write_params`) and return the parameters document."""
+    """Fit the run with the fitting library (`analyze.fit.params_document`) and return the parameters document."""
     try:
-        from polytrace_cli.analyze.fit import write_params
+        from polytrace_cli.analyze.fit import params_document
     except ImportError:
         raise PolytraceError("distribution fitting is not available in this installation; pass --params FILE") from None
-    with tempfile.TemporaryDirectory(prefix="polytrace-fit-") as folder:
-        path = Path(folder) / "params.json"
-        write_params(con, run_id, path)
-        return read_params(path)
+    return params_document(con, [run_id])

@@ -22,20 +22,34 @@ from polytrace_cli.store import open_store
 SAMPLERS = ("parametric", "empirical")
 
 
+def _rounded(value):
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
 def _candidates_frame(document: dict) -> pl.DataFrame:
+    """Candidates per kind; `best` marks the lowest AIC, `sampled` the scipy family the sampler draws from."""
     rows = []
     for kind in ("prompt", "response"):
-        best = (document.get(kind) or {}).get("family")
-        for candidate in (document.get("candidates") or {}).get(kind) or []:
+        sampled = (document.get(kind) or {}).get("family")
+        fitted = (document.get("candidates") or {}).get(kind) or []
+        scored = [c.get("aic") for c in fitted if c.get("aic") is not None]
+        lowest = min(scored) if scored else None
+        for candidate in fitted:
             rows.append({
                 "kind": kind, "family": candidate.get("family"),
-                "params": json.dumps({k: round(v, 6) if isinstance(v, float) else v
-                                      for k, v in (candidate.get("params") or {}).items()}),
+                "params": json.dumps(_rounded(candidate.get("params") or {})),
                 "KS": candidate.get("ks"), "AIC": candidate.get("aic"),
-                "best": "*" if candidate.get("family") == best else "",
+                "best": "*" if lowest is not None and candidate.get("aic") == lowest else "",
+                "sampled": "*" if candidate.get("family") == sampled else "",
             })
     return pl.DataFrame(rows, schema={"kind": pl.String, "family": pl.String, "params": pl.String,
-                                      "KS": pl.Float64, "AIC": pl.Float64, "best": pl.String})
+                                      "KS": pl.Float64, "AIC": pl.Float64, "best": pl.String, "sampled": pl.String})
 
 
 @user_errors
@@ -61,7 +75,7 @@ def fit(
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2, default=json_default) + "\n")
         return
-    emit_frame(_candidates_frame(document), title=f"fits for {run} (best by AIC marked *)")
+    emit_frame(_candidates_frame(document), title=f"fits for {run} (best: lowest AIC; sampled: the scipy family synth draws from)")
     console.print(f"wrote {path}")
 
 
