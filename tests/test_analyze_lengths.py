@@ -25,10 +25,10 @@ def add_run(con, name: str, meta: dict | None = None, task: str | None = None) -
 def add_samples(con, run_id: int, step: int, prompts: list, responses: list, dp_rank: int | None = 0,
                 validate: bool = False) -> None:
     """Insert one sample per (prompt, response) pair at a step and DP rank."""
-    rows = [(run_id, 1, step, dp_rank, dp_rank, i, 0, p, r, validate) for i, (p, r) in enumerate(zip(prompts, responses))]
-    con.executemany(
+    con.execute(
         "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, prompt_idx, sample_idx, prompt_len, response_len,"
-        " validate) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        " validate) SELECT ?, 1, ?, ?, ?, unnest(range(?)), 0, unnest(?::INTEGER[]), unnest(?::INTEGER[]), ?",
+        [run_id, step, dp_rank, dp_rank, len(prompts), [int(p) for p in prompts], [int(r) for r in responses], validate])
 
 
 def add_step_metrics(con, run_id: int, step: int, values: dict, segment: int = 0) -> None:

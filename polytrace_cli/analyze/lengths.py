@@ -48,7 +48,8 @@ def training_samples_sql(run_ids: list[int], steps: StepRange = ALL_STEPS) -> st
     return f"SELECT * FROM samples WHERE run_id IN {ids_sql(run_ids)} AND {TRAINING_SAMPLES} AND {steps.sql('step')}"
 
 
-def _caps_sql(run_ids: list[int]) -> str:
+def caps_sql(run_ids: list[int]) -> str:
+    """SQL of (run_id, run, cap_tokens, cap_source) for the runs; the rule is in `caps`."""
     ids = ids_sql(run_ids)
     return f"""
         WITH s AS (
@@ -79,7 +80,7 @@ def caps(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
     cap = runs.meta.max_response_len if recorded ('known'); else the run's maximum response length
     when >= 1% of its training responses and >= 3 of them equal it ('evident'); else null.
     """
-    return frame(con, f"SELECT run, cap_tokens, cap_source FROM ({_caps_sql(run_ids)}) ORDER BY run")
+    return frame(con, f"SELECT run, cap_tokens, cap_source FROM ({caps_sql(run_ids)}) ORDER BY run")
 
 
 def _with_ratios(df: pl.DataFrame) -> pl.DataFrame:
@@ -98,7 +99,7 @@ def _with_ratios(df: pl.DataFrame) -> pl.DataFrame:
 def _sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:
     step_col = "step, " if by_step else ""
     sql = f"""
-        WITH cap AS ({_caps_sql(run_ids)}),
+        WITH cap AS ({caps_sql(run_ids)}),
         s AS ({training_samples_sql(run_ids, steps)}),
         long AS (
             SELECT run_id, step, 'prompt' AS kind, prompt_len AS len, NULL::BOOLEAN AS at_cap FROM s
