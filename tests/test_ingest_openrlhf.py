@@ -98,3 +98,12 @@ def test_requirements_file_naming_openrlhf_is_not_a_console_log(store, tmp_path)
     path.write_text("openrlhf==0.9.1\ntorch==2.6.0\n")
     [report] = ingest_paths(store, [tmp_path])
     assert report.status == "skipped"
+
+
+def test_make_experience_is_named_but_not_a_stage_column(store):
+    ingest_paths(store, [FIXTURES / "train_global_step.log"])
+    aliases = dict(store.execute(
+        "SELECT key, canonical FROM metric_aliases WHERE key LIKE 'timing/%' ORDER BY key").fetchall())
+    assert aliases == {"timing/broadcast": "weight_sync_s", "timing/generation": "gen_s",
+                       "timing/make_experience": "make_experience_s", "timing/ppo_train": "update_actor_s",
+                       "timing/step_total": "step_s"}

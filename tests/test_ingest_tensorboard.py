@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,22 @@ def test_without_tensorboard_the_file_is_rejected_naming_the_extra(tmp_path):
     assert report["status"] == "rejected"
     assert report["message"] == ("reading TensorBoard event files needs the tensorboard package:"
                                  " pip install 'polytrace[tensorboard]'")
+
+
+def test_mixed_folder_sniffs_every_format(store, tmp_path):
+    fixtures = Path(__file__).parent / "fixtures"
+    shutil.copytree(fixtures / "wandb", tmp_path / "mixed" / "wandb_export")
+    shutil.copy(fixtures / "openrlhf" / "train_global_step.log", tmp_path / "mixed" / "orl_run.log")
+    (tmp_path / "mixed" / "verl_run").mkdir()
+    (tmp_path / "mixed" / "verl_run" / "train.log").write_text(
+        "(TaskRunner pid=1) step:1 - timing_s/gen:3.000 - timing_s/step:5.000\n")
+    write_events(tmp_path / "mixed" / "tb_run", [(1, [_simple("train/policy_loss", 0.5)])])
+    reports = ingest_paths(store, [tmp_path / "mixed"])
+    formats = {Path(r.path).name.split(".")[0]: r.format for r in reports}
+    assert formats == {
+        "orl_run": "openrlhf-console", "train": "verl-console", "events": "tensorboard-events",
+        "config": "wandb-config", "wandb-summary": "wandb-summary", "output": "verl-console",
+        "generations_1_1a2b3c4d": "wandb-table", "generations_3_9f8e7d6c": "wandb-table",
+        "wandb_export": "wandb-csv",
+    }
+    assert all(r.status == "ingested" for r in reports)
