@@ -140,3 +140,30 @@ def test_fit_writes_params_and_prints_candidates(packed_run, tmp_path):
     document = json.loads(out.read_text())
     assert document["format"] == "polytrace-params/1" and document["task"] == "code"
     assert document["response"]["family"] in result.output and "*" in result.output
+
+
+def test_synth_from_run_takes_the_run_shape_and_overrides(packed_run, tmp_path):
+    pytest.importorskip("polytrace_cli.analyze.fit")
+    out = tmp_path / "synth"
+    result = _invoke("synth", "--from-run", "lab", "--out", out, "--db", packed_run, "--seed", 3)
+    assert result.exit_code == 0, result.output
+    packed = sorted(out.glob("packed_lengths_step_*.jsonl"))
+    assert len(packed) == 3  # the run's steps
+    lines = [json.loads(x) for x in packed[0].read_text().splitlines()]
+    # 16 prompts of 4 responses over 2 DP ranks, as in the run; no response above the run's longest.
+    assert len(lines) == 16 and {x["dp_rank"] for x in lines} == {0, 1}
+    assert all(len(x["output"]) == 4 for x in lines)
+    smaller = _invoke("synth", "--from-run", "lab", "--out", tmp_path / "s2", "--steps", 2, "--n", 2, "--db", packed_run)
+    assert smaller.exit_code == 0, smaller.output
+    assert len(list((tmp_path / "s2").glob("packed_lengths_step_*.jsonl"))) == 2
+    assert all(len(json.loads(x)["output"]) == 2
+               for x in (tmp_path / "s2" / "packed_lengths_step_0.jsonl").read_text().splitlines())
+
+
+def test_synth_option_conflicts_are_one_line(packed_run, tmp_path):
+    result = _invoke("synth", "--from-run", "lab", "--params", tmp_path / "p.json", "--out", tmp_path / "o")
+    assert result.exit_code == 2 and "either --params or --from-run" in result.output
+    result = _invoke("synth", "--out", tmp_path / "o")
+    assert result.exit_code == 2 and "--task is needed" in result.output
+    result = _invoke("synth", "--from-run", "nope", "--out", tmp_path / "o", "--db", packed_run)
+    assert result.exit_code == 2 and "no run named nope" in result.output

@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.bench.distributions import load_own
+from polytrace_cli.bench.distributions import LengthModel, load_own
 from polytrace_cli.bench.synth import WorkloadSpec, synthesize
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import fetch_first
@@ -203,3 +203,22 @@ def fitted_params(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     except ImportError:
         raise PolytraceError("distribution fitting is not available in this installation; pass --params FILE") from None
     return params_document(con, [run_id])
+
+
+def workload_from_run(con: duckdb.DuckDBPyConnection, run: str, sampler: str = "parametric",
+                      task: str | None = None) -> tuple[LengthModel, WorkloadSpec]:
+    """The length model fitted to run `run` and a workload spec of the run's shape (see `run_shape`).
+
+    Multi-turn runs (whose fit carries a multi-turn model) default to multi-turn trajectories, and
+    the drift per step is the fitted one.
+    """
+    from polytrace_cli.bench.export import resolve_run
+
+    run_id = resolve_run(con, run)
+    document = fitted_params(con, run_id)
+    model = load_own(document, sampler)
+    shape = run_shape(con, run_id, document.get("max_response_len"))
+    spec = WorkloadSpec(task=task or document.get("task") or run, steps=shape.steps, batch=shape.batch, n=shape.n,
+                        dp_ranks=shape.dp_ranks, max_response_len=shape.max_response_len,
+                        drift=float(document.get("drift_per_step") or 0.0), multiturn=bool(model.multiturn))
+    return model, spec

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from polytrace_cli.bench.distributions import load_params
+from polytrace_cli.bench.fidelity import workload_from_run
 from polytrace_cli.bench.presets import PRESETS, preset
 from polytrace_cli.bench.synth import WorkloadSpec, synthesize, with_overrides
 from polytrace_cli.commands.common import DbOption, console, emit_frame, fail, user_errors
@@ -20,9 +21,10 @@ DEMO_SEED = 2509
 
 @user_errors
 def synth(
-    task: Annotated[str, typer.Option(help="Task label; without --params, a built-in preset: math, code, search.")],
     out: Annotated[Path, typer.Option(help="Folder to write the traces into.")],
+    task: Annotated[str | None, typer.Option(help="Task label; without --params or --from-run, a built-in preset: math, code, search.")] = None,
     params: Annotated[Path | None, typer.Option(help="Parameters file: polytrace-params/1 or the published PolyTrace file.")] = None,
+    from_run: Annotated[str | None, typer.Option(help="Fit this run of the store and sample from it, in its shape.")] = None,
     sampler: Annotated[str, typer.Option(help="parametric (fits) or empirical (stored quantiles).")] = "parametric",
     steps: Annotated[int | None, typer.Option(help="Workload steps.")] = None,
     batch: Annotated[int | None, typer.Option(help="Prompts per step.")] = None,
@@ -32,9 +34,20 @@ def synth(
     drift: Annotated[float | None, typer.Option(help="Relative change of response length per step, e.g. 0.005.")] = None,
     multiturn: Annotated[bool | None, typer.Option(help="Write multi-turn trajectories instead of packed lengths.")] = None,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed writes the same files.")] = 0,
+    db: DbOption = None,
 ) -> None:
     """Sample a workload from fitted distributions and write it as PolyTrace traces."""
-    if params is not None:
+    if params is not None and from_run is not None:
+        raise fail("give either --params or --from-run, not both")
+    if from_run is not None:
+        con = open_store(db, read_only=True)
+        try:
+            model, base = workload_from_run(con, from_run, sampler=sampler, task=task)
+        finally:
+            con.close()
+    elif task is None:
+        raise fail("--task is needed without --params or --from-run (presets: " + ", ".join(PRESETS) + ")")
+    elif params is not None:
         model = load_params(params, task=task, sampler=sampler)
         base = WorkloadSpec(task=task, n=model.n_sampling or 8, dp_ranks=model.dp_ranks or 2,
                             max_response_len=model.max_response_len, multiturn=bool(model.multiturn))
