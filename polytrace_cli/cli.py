@@ -7,6 +7,7 @@ import typer
 from polytrace_cli import __version__
 from polytrace_cli.commands import bench as bench_commands
 from polytrace_cli.commands import ingest as ingest_commands
+from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workloads as workload_commands
 
@@ -25,6 +26,8 @@ app.command("query")(store_commands.query)
 app.command("errors")(store_commands.errors)
 app.command("synth")(bench_commands.synth)
 app.command("demo")(bench_commands.demo)
+app.command("report")(report_commands.report)
+app.command("check")(report_commands.check)
 app.command("fit")(workload_commands.fit)
 app.command("export")(workload_commands.export)
 app.command("replay-check")(workload_commands.replay_check)

@@ -1,0 +1,97 @@
+"""`polytrace report` and `polytrace check`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from polytrace_cli.analyze.common import StepRange
+from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed
+from polytrace_cli.commands.common import DbOption, JsonOption, console, fail, json_default, user_errors
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store import open_store
+from polytrace_cli.store.queries import run_ids
+
+
+@user_errors
+def report(
+    runs: Annotated[list[str] | None, typer.Argument(help="Runs to report on (all runs when none are given).")] = None,
+    out: Annotated[Path, typer.Option(help="Folder the report folder is written into.")] = Path("reports"),
+    name: Annotated[str | None, typer.Option(help="Report folder name [default: from the run names].")] = None,
+    steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
+    step_range = StepRange.parse(steps)
+    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
+        raise fail(f"--name must be a plain folder name, not {name!r}")
+    con = open_store(db, read_only=True)
+    try:
+        ids = run_ids(con, runs)
+        if not ids:
+            raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
+        from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
+
+        try:
+            index = write_report(con, ids, out, name, step_range)
+        except OSError as error:
+            raise PolytraceError(f"cannot write the report under {out}: {error.strerror or error}") from None
+    finally:
+        con.close()
+    typer.echo(str(index))
+
+
+def _limit_option(help_text: str):
+    return typer.Option(help=help_text, show_default=False)
+
+
+@user_errors
+def check(
+    run: Annotated[str, typer.Argument(help="The run to check.")],
+    max_imbalance: Annotated[float | None, _limit_option("Fail when mean DP load imbalance λ exceeds this.")] = None,
+    max_step_cv: Annotated[float | None, _limit_option("Fail when the step-time CV exceeds this.")] = None,
+    max_clip_ratio: Annotated[float | None, _limit_option("Fail when the response clip ratio exceeds this.")] = None,
+    max_p99_p50: Annotated[float | None, _limit_option("Fail when response p99/p50 exceeds this.")] = None,
+    max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
+    min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
+    require_all: Annotated[bool, typer.Option(help="Also fail when a threshold is not measurable for the run.")] = False,
+    steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded."""
+    limits = {name: value for name, value in {
+        "max_imbalance": max_imbalance, "max_step_cv": max_step_cv, "max_clip_ratio": max_clip_ratio,
+        "max_p99_p50": max_p99_p50, "max_tool_p99_s": max_tool_p99_s, "min_kept_share": min_kept_share,
+    }.items() if value is not None}
+    if not limits:
+        raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
+    step_range = StepRange.parse(steps)
+    con = open_store(db, read_only=True)
+    try:
+        (run_id,) = run_ids(con, [run])
+        verdicts = check_run(con, run_id, run, limits, step_range)
+    finally:
+        con.close()
+    bad = failed(verdicts, require_all)
+    if as_json:
+        sys.stdout.write(json.dumps({"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]},
+                                    default=json_default, indent=2) + "\n")
+    else:
+        table = Table(title=f"check {run}", title_justify="left", header_style="bold")
+        for column in ("threshold", "limit", "measured", "result", "metric"):
+            table.add_column(column, justify="right" if column in ("limit", "measured") else "left")
+        colours = {PASS: "green", FAIL: "bold red", NOT_MEASURABLE: "yellow"}
+        for v in verdicts:
+            measured = "—" if v.measured is None else f"{v.measured:.4g}"
+            table.add_row("--" + v.threshold.replace("_", "-"), f"{v.limit:g}", measured,
+                          f"[{colours[v.status]}]{v.status}[/]", v.metric)
+        console.print(table)
+        console.print("[bold red]check failed[/]" if bad else "[green]check passed[/]")
+    if bad:
+        raise typer.Exit(1)

@@ -1,0 +1,58 @@
+"""F2: response-length distribution across steps, with mean and p99 lines."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from polytrace_cli.report import style
+from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+
+ID = "F2"
+TITLE = "Response length across training steps"
+CAPTION = ("Per step: the band spans p50 to p90 of response length, the solid line is the mean and the dashed "
+           "line p99. Step-aggregate runs show their logged mean with a min–max band.")
+FRAMES = ('per_step',)
+
+
+def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
+    """The lengths analysis' per-step statistics."""
+    return {"per_step": detail("lengths", "per_step")(con, run_ids, steps)}
+
+
+def render(data: dict[str, pl.DataFrame]):
+    """One axes, one colour per run: min–max and p50–p90 bands, mean (solid) and p99 (dashed) lines."""
+    per_step = data["per_step"]
+    if empty(per_step, "mean_tokens"):
+        return Omitted("the runs have no response lengths per step")
+    response = per_step.filter(pl.col("kind") == "response").sort("run", "step")
+    if response.height == 0:
+        return Omitted("the runs have no response lengths per step")
+    figure, (ax,) = style.new_figure(width=10, height=4.4)
+    values = []
+    for index, run in enumerate(runs_of(response)):
+        part = response.filter(pl.col("run") == run)
+        steps, colour = part["step"].to_numpy(), style.colour(index)
+        if part["p50_tokens"].drop_nulls().len() == 0 and part["max_tokens"].drop_nulls().len():
+            # Step-aggregate runs: only the logged min and max bound the distribution.
+            ax.fill_between(steps, part["min_tokens"].to_numpy(), part["max_tokens"].to_numpy(),
+                            color=colour, alpha=0.12, linewidth=0, label=f"{run} min–max")
+        if part["p50_tokens"].drop_nulls().len():
+            ax.fill_between(steps, part["p50_tokens"].to_numpy(), part["p90_tokens"].to_numpy(),
+                            color=colour, alpha=0.25, linewidth=0, label=f"{run} p50–p90")
+        marker = "o" if len(steps) <= 40 else None
+        ax.plot(steps, part["mean_tokens"].to_numpy(), color=colour, linewidth=1.8, marker=marker, markersize=3,
+                label=f"{run} mean")
+        if part["p99_tokens"].drop_nulls().len():
+            ax.plot(steps, part["p99_tokens"].to_numpy(), color=colour, linewidth=1.4, linestyle="--",
+                    label=f"{run} p99")
+        values += [v for c in ("p50_tokens", "p99_tokens", "mean_tokens") for v in part[c].drop_nulls().to_list()]
+    if style.spans_decades(values):
+        ax.set_yscale("log")
+        ax.set_ylabel("response length (tokens, log scale)")
+    else:
+        ax.set_ylabel("response length (tokens)")
+    ax.set_xlabel("training step")
+    style.thin_step_ticks(ax, None)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.set_title("Response length per step")
+    return figure

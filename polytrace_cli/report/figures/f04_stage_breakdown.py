@@ -1,0 +1,67 @@
+"""F4: step-time breakdown, stacked bars of stage seconds per step."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from polytrace_cli.report import style
+from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+
+ID = "F4"
+TITLE = "Step-time breakdown by stage"
+CAPTION = "Seconds per stage for each step, stacked; the remainder up to the step time is unexplained."
+FRAMES = ('stages',)
+
+STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic", "unexplained")
+MAX_PANELS = 4
+
+
+def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
+    """The steps analysis' per-step stage seconds."""
+    return {"stages": detail("steps", "per_step")(con, run_ids, steps)}
+
+
+def _long(stages: pl.DataFrame) -> pl.DataFrame:
+    if "stage" in stages.columns:
+        value = "seconds" if "seconds" in stages.columns else "value"
+        return stages.select("run", "step", pl.col("stage").str.replace(r"_s$", ""), pl.col(value).alias("seconds"))
+    if "segment" in stages.columns:
+        stages = stages.sort("run", "segment", "step", nulls_first=True)
+    wide = [c for c in stages.columns if c.removesuffix("_s") in STAGES and c.endswith("_s")]
+    return (stages.select("run", "step", *wide)
+            .unpivot(index=["run", "step"], variable_name="stage", value_name="seconds")
+            .with_columns(pl.col("stage").str.replace(r"_s$", "")))
+
+
+def render(data: dict[str, pl.DataFrame]):
+    """One panel per run (up to four): stacked bars of the stages' seconds, step on x."""
+    stages = data["stages"]
+    if empty(stages, "step"):
+        return Omitted("the runs have no per-step stage timings (step-aggregate logs such as verl's timing_s/*)")
+    long = _long(stages).filter(pl.col("stage").is_in(STAGES) & pl.col("seconds").is_not_null()
+                                & (pl.col("seconds") > 0))
+    if long.height == 0:
+        return Omitted("the runs log no stage seconds")
+    runs = runs_of(long)[:MAX_PANELS]
+    figure, axes = style.new_figure(1, len(runs), width=10, height=3.4 * len(runs))
+    for ax, run in zip(axes, runs):
+        part = long.filter(pl.col("run") == run)
+        # After a restart a step can appear in two segments; the later segment's timings are the ones kept.
+        table = part.pivot(on="stage", index="step", values="seconds", aggregate_function="last").sort("step").fill_null(0)
+        steps = table["step"].to_numpy()
+        bottom = np.zeros(len(steps))
+        width = 0.85 if len(steps) < 2 else 0.85 * float(np.min(np.diff(steps)))
+        for index, stage in enumerate(s for s in STAGES if s in table.columns):
+            values = table[stage].to_numpy().astype(float)
+            colour = "#BBBBBB" if stage == "unexplained" else style.colour(index)
+            ax.bar(steps, values, bottom=bottom, width=width, color=colour, label=stage, linewidth=0)
+            bottom += values
+        ax.set_xlabel("training step")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{run}: stage seconds per step" if run else "stage seconds per step")
+        style.thin_step_ticks(ax, steps)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    if len(runs_of(long)) > MAX_PANELS:
+        figure.suptitle(f"first {MAX_PANELS} of {len(runs_of(long))} runs", fontsize=9)
+    return figure

@@ -1,0 +1,81 @@
+"""F7: long tail, the share of samples still decoding vs decode position, and slot idle per step."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from polytrace_cli.report import style
+from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+
+ID = "F7"
+TITLE = "Long tail of generation"
+CAPTION = ("Left: share of a step's responses still decoding at each decode position, for the run's least and "
+           "most idle steps. "
+           "Right: slot idle per step, 1 − Σl / (N·max l): the share of decode slots left waiting for the longest response.")
+FRAMES = ('decoding', 'per_step')
+
+
+
+def _roles(per_step: pl.DataFrame, run: str) -> list[tuple[str, int, str]]:
+    """(role, step, line style) of the run's drawn curves: its least and most idle steps."""
+    part = per_step.filter((pl.col("run") == run) & pl.col("slot_idle").is_not_null()).sort("slot_idle", "step")
+    if part.height == 0:
+        return []
+    roles = [("least idle", int(part["step"][0]), "-")]
+    if part.height > 1:
+        roles.append(("most idle", int(part["step"][-1]), "--"))
+    return roles
+
+
+def selected_steps(per_step: pl.DataFrame) -> list[int]:
+    """The steps whose curves are drawn: per run, the steps with the lowest and highest slot idle."""
+    runs = per_step["run"].unique().to_list() if per_step.height else []
+    return sorted({step for run in runs for _, step, _ in _roles(per_step, run)})
+
+
+def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
+    """The longtail analysis' per-step slot idle, and its still-decoding curves for the selected steps."""
+    per_step = detail("longtail", "per_step")(con, run_ids, steps)
+    decoding = detail("longtail", "still_decoding")(con, run_ids, selected_steps(per_step))
+    return {"decoding": decoding, "per_step": per_step}
+
+
+def render(data: dict[str, pl.DataFrame]):
+    """Two panels: still-decoding curves (one per run × selected step) and slot idle per step per run."""
+    decoding, per_step = data["decoding"], data["per_step"]
+    position = first_column(decoding, "position_tokens", "position") if decoding is not None else None
+    share = first_column(decoding, "still_decoding_share", "share") if decoding is not None else None
+    idle = first_column(per_step, "slot_idle", "slot_idle_share") if per_step is not None else None
+    if (position is None or share is None or empty(decoding, position, share)) and (idle is None or empty(per_step, idle)):
+        return Omitted("the runs have no per-sample response lengths")
+    figure, (left, right) = style.new_figure(2, 1, width=11, height=4.2)
+    if position and share and not empty(decoding, position, share):
+        runs = runs_of(decoding)
+        for run_index, run in enumerate(runs):
+            for role, step, linestyle in _roles(per_step, run):
+                part = decoding.filter((pl.col("run") == run) & (pl.col("step") == step)).sort(position)
+                if part.height:
+                    left.plot(part[position], part[share], color=style.colour(run_index), linestyle=linestyle,
+                              linewidth=1.4, label=f"{run} step {step} ({role})" if run else f"step {step} ({role})")
+        left.set_xlabel("decode position (tokens)")
+        left.set_ylabel("share of responses still decoding")
+        left.set_ylim(0, 1.02)
+        left.set_title("Responses still decoding")
+        style.legend(left, loc="upper right")
+    else:
+        left.set_axis_off()
+    if idle and not empty(per_step, idle):
+        series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step")
+        for index, run in enumerate(runs_of(series)):
+            part = series.filter(pl.col("run") == run)
+            right.plot(part["step"], part[idle], color=style.colour(index), marker="o", markersize=3,
+                       linewidth=1.4, label=run)
+        right.set_ylim(0, 1)
+        right.set_xlabel("training step")
+        right.set_ylabel("slot idle share")
+        right.set_title("Slot idle per step")
+        style.thin_step_ticks(right, None)
+        style.legend(right, loc="lower right")
+    else:
+        right.set_axis_off()
+    return figure

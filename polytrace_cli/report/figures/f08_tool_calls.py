@@ -1,0 +1,87 @@
+"""F8: tool calls, latency CDF per tool, turns per trajectory, and prefix-cache hit by turn."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from polytrace_cli.report import style
+from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+
+ID = "F8"
+TITLE = "Tool calls"
+CAPTION = ("Left: tool latency CDF per tool (log x). Middle: share of trajectories by number of turns. "
+           "Right: prefix-cache hit ratio Σ cached / Σ prompt tokens by turn index.")
+FRAMES = ('latency', 'turns', 'cache')
+
+
+def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
+    """The tools analysis' latency CDF, turns distribution and cache hit by turn."""
+    return {"latency": detail("tools", "latency_cdf")(con, run_ids, steps),
+            "turns": detail("tools", "per_trajectory")(con, run_ids, steps),
+            "cache": detail("tools", "cache_by_turn")(con, run_ids, steps)}
+
+
+def render(data: dict[str, pl.DataFrame]):
+    """Three panels; a panel whose frame is empty says so instead of drawing empty axes."""
+    latency, turns, cache = data["latency"], data["turns"], data["cache"]
+    if turns is not None and "measure" in turns.columns:
+        turns = turns.filter(pl.col("measure") == "turns").rename({"value": "turns"})
+    lat_x = first_column(latency, "latency_s", "seconds") if latency is not None else None
+    lat_y = first_column(latency, "quantile", "cdf", "share") if latency is not None else None
+    turn_x = first_column(turns, "turns") if turns is not None else None
+    turn_y = first_column(turns, "share", "trajectories", "count") if turns is not None else None
+    hit = first_column(cache, "hit_ratio", "cache_hit_ratio") if cache is not None else None
+    has = {
+        "latency": lat_x is not None and lat_y is not None and not empty(latency, lat_x, lat_y),
+        "turns": turn_x is not None and turn_y is not None and not empty(turns, turn_x, turn_y),
+        "cache": hit is not None and not empty(cache, hit),
+    }
+    if not any(has.values()):
+        return Omitted("the runs have no multi-turn trajectories or tool calls")
+    figure, (left, middle, right) = style.new_figure(3, 1, width=12, height=4.0)
+    if has["latency"]:
+        series = latency.select("run", "tool").unique(maintain_order=True) if "tool" in latency.columns \
+            else latency.select("run").unique(maintain_order=True).with_columns(tool=pl.lit(None, pl.String))
+        for index, (run, tool) in enumerate(series.iter_rows()):
+            part = latency.filter(pl.col("run") == run)
+            if tool is not None:
+                part = part.filter(pl.col("tool") == tool)
+            part = part.filter(pl.col(lat_x) > 0).sort(lat_x)
+            label = f"{run}: {tool}" if len(runs_of(series)) > 1 else (tool or run)
+            left.step(part[lat_x], part[lat_y], where="post", color=style.colour(index), linewidth=1.4, label=label)
+        left.set_xscale("log")
+        left.set_ylim(0, 1.02)
+        left.set_xlabel("tool latency (s, log scale)")
+        left.set_ylabel("share of calls ≤ latency")
+        left.set_title("Tool latency CDF")
+        style.legend(left, loc="lower right")
+    else:
+        left.set_axis_off()
+    if has["turns"]:
+        runs = runs_of(turns)
+        width = 0.8 / len(runs)
+        for index, run in enumerate(runs):
+            part = turns.filter(pl.col("run") == run).sort(turn_x)
+            middle.bar(part[turn_x].to_numpy() + (index - (len(runs) - 1) / 2) * width, part[turn_y], width=width,
+                       color=style.colour(index), label=run)
+        middle.set_xlabel("turns per trajectory")
+        middle.set_ylabel("share of trajectories" if turn_y == "share" else "trajectories")
+        middle.set_title("Turns per trajectory")
+        middle.xaxis.get_major_locator().set_params(integer=True)
+        style.legend(middle, loc="upper right")
+    else:
+        middle.set_axis_off()
+    if has["cache"]:
+        for index, run in enumerate(runs_of(cache)):
+            part = cache.filter(pl.col("run") == run).sort("turn")
+            right.plot(part["turn"], part[hit], color=style.colour(index), marker="o", markersize=4, linewidth=1.4,
+                       label=run)
+        right.set_ylim(0, 1.02)
+        right.set_xlabel("turn index")
+        right.set_ylabel("prefix-cache hit ratio")
+        right.set_title("Cache hit by turn")
+        right.xaxis.get_major_locator().set_params(integer=True)
+        style.legend(right, loc="lower right")
+    else:
+        right.set_axis_off()
+    return figure

@@ -1,0 +1,57 @@
+"""F10: DAPO filtering, kept share per generation batch and generation batches per trainer step."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from polytrace_cli.report import style
+from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+
+ID = "F10"
+TITLE = "DAPO dynamic-sampling filter"
+CAPTION = ("Left: share of a generation batch's prompts kept by the filter (kept / prompt_count). "
+           "Right: generation batches needed to fill each trainer step.")
+FRAMES = ('batches', 'trainer_steps')
+
+
+def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
+    """The filtering analysis' per generation batch and per trainer step frames."""
+    return {"batches": detail("filtering", "per_batch")(con, run_ids, steps),
+            "trainer_steps": detail("filtering", "per_trainer_step")(con, run_ids, steps)}
+
+
+def render(data: dict[str, pl.DataFrame]):
+    """Two panels, one colour per run."""
+    batches, trainer = data["batches"], data["trainer_steps"]
+    kept = first_column(batches, "kept_share", "share_kept") if batches is not None else None
+    per_step = first_column(trainer, "batches", "gen_batches") if trainer is not None else None
+    if (kept is None or empty(batches, kept)) and (per_step is None or empty(trainer, per_step)):
+        return Omitted("the runs have no DAPO filter batches (dapo_filter_indices traces)")
+    figure, (left, right) = style.new_figure(2, 1, width=11, height=4.0)
+    if kept and not empty(batches, kept):
+        for index, run in enumerate(runs_of(batches)):
+            part = batches.filter(pl.col("run") == run).with_row_index("sequence")
+            left.plot(part["sequence"], part[kept], color=style.colour(index), marker="o", markersize=3, linewidth=1.0, label=run)
+        left.set_ylim(0, 1.02)
+        left.set_xlabel("generation batch (in order)")
+        left.set_ylabel("kept share of prompts")
+        left.set_title("Kept share per generation batch")
+        style.legend(left, loc="lower right")
+    else:
+        left.set_axis_off()
+    if per_step and not empty(trainer, per_step):
+        runs = runs_of(trainer)
+        width = 0.8 / len(runs)
+        step_col = first_column(trainer, "trainer_step", "step")
+        for index, run in enumerate(runs):
+            part = trainer.filter(pl.col("run") == run).sort(step_col)
+            right.bar(part[step_col].to_numpy() + (index - (len(runs) - 1) / 2) * width, part[per_step],
+                      width=width, color=style.colour(index), label=run)
+        right.set_xlabel("trainer step")
+        right.set_ylabel("generation batches")
+        right.set_title("Generation batches per trainer step")
+        right.xaxis.get_major_locator().set_params(integer=True)
+        style.legend(right, loc="best")
+    else:
+        right.set_axis_off()
+    return figure

@@ -1,0 +1,90 @@
+"""index.html: a self-contained page (base64 PNG figures, inline CSS, no network) that opens from disk."""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from polytrace_cli.report.formatting import rows
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
+       padding: 0 1rem; color: #1a1a1a; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; }
+.meta { color: #555; } figure { margin: 1.5rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #444; font-size: .92rem; } .omitted { color: #8a4b00; }
+table { border-collapse: collapse; font-size: .85rem; margin: .5rem 0 1rem; display: block; overflow-x: auto; }
+th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+details { margin: .4rem 0; } summary { cursor: pointer; font-weight: 600; }
+"""
+
+# Marks images the browser could not decode, so a headless browser's DOM dump can be checked.
+IMAGE_CHECK = """
+window.addEventListener('load', function () {
+  var images = document.images, broken = 0;
+  for (var i = 0; i < images.length; i++) {
+    if (!images[i].complete || images[i].naturalWidth === 0) { broken++; images[i].classList.add('broken'); }
+  }
+  document.body.setAttribute('data-images', String(images.length));
+  document.body.setAttribute('data-broken-images', String(broken));
+});
+"""
+
+SUMMARY_ROW_LIMIT = 200
+
+
+def table(frame, limit: int | None = SUMMARY_ROW_LIMIT) -> str:
+    """A polars frame as an HTML table (the first `limit` rows)."""
+    header, body = rows(frame, limit)
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    lines = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    more = (f"<p class='meta'>{frame.height - limit:,} more rows in summary.json</p>"
+            if limit is not None and frame.height > limit else "")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>{more}"
+
+
+def _figure(figure) -> str:
+    anchor = f"id='{escape(figure.id)}'"
+    if figure.failed:
+        return (f"<p {anchor} class='omitted'><strong>{escape(figure.id)} {escape(figure.title)}</strong>: "
+                f"failed: {escape(figure.failed)}</p>")
+    if figure.omitted:
+        return (f"<p {anchor} class='omitted'><strong>{escape(figure.id)} {escape(figure.title)}</strong>: "
+                f"omitted: {escape(figure.omitted)}</p>")
+    data = base64.b64encode(figure.png.read_bytes()).decode("ascii")
+    return (f"<figure {anchor}><img src='data:image/png;base64,{data}' alt='{escape(figure.id)} {escape(figure.title)}' "
+            f"data-figure='{escape(figure.png.name)}'>"
+            f"<figcaption><strong>{escape(figure.id)}</strong> {escape(figure.title)}. {escape(figure.caption)} "
+            f"(<a href='figures/{escape(figure.svg.name)}'>SVG</a>, <a href='figures/{escape(figure.png.name)}'>PNG</a>)"
+            f"</figcaption></figure>")
+
+
+def render(report) -> str:
+    """The HTML text of a Report."""
+    runs = ", ".join(escape(r) for r in report.runs)
+    step_range = ""
+    if report.steps.first is not None or report.steps.last is not None:
+        step_range = f"; steps {report.steps.first if report.steps.first is not None else ''}:" \
+                     f"{report.steps.last if report.steps.last is not None else ''}"
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>polytrace: {escape(report.name)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>polytrace report: {escape(report.name)}</h1><p class='meta'>Runs: {runs}{escape(step_range)}. "
+        "Numbers behind every figure are in <a href='summary.json'>summary.json</a> and "
+        "<a href='summary.md'>summary.md</a>.</p>",
+        "<h2>T1: cross-run summary</h2>",
+        table(report.table, None) if report.table is not None
+        else f"<p class='omitted'>T1 omitted: {escape(report.table_omitted or '')}</p>",
+        "<h2>Figures</h2>",
+        *(_figure(f) for f in report.figures),
+        "<h2>Analysis summaries</h2>",
+    ]
+    for name, frame in report.summaries.items():
+        body = table(frame) if frame.height else "<p class='meta'>no rows: the runs lack the data this analysis needs</p>"
+        parts.append(f"<details><summary>{escape(name)} ({frame.height} rows)</summary>{body}</details>")
+    for name, error in report.analysis_errors.items():
+        parts.append(f"<p class='omitted'><strong>{escape(name)}</strong> failed: {escape(error)}</p>")
+    parts.append(f"<script>{IMAGE_CHECK}</script></body></html>\n")
+    return "\n".join(parts)

@@ -1,0 +1,148 @@
+"""Write a report folder: figures, summary.json, summary.md and a self-contained index.html."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
+from polytrace_cli.analyze.registry import all_analyses
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.report import html, markdown
+from polytrace_cli.report.figures import figure_modules
+from polytrace_cli.report.figures.base import MissingAnalysis, Omitted
+from polytrace_cli.report.figures import t1_summary
+
+
+@dataclass
+class FigureResult:
+    """One figure of a report: its files, or the reason it was left out."""
+
+    id: str
+    title: str
+    caption: str
+    png: Path | None = None
+    svg: Path | None = None
+    omitted: str | None = None
+    failed: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    """Everything a report holds, before it is written as HTML and Markdown."""
+
+    name: str
+    runs: list[str]
+    steps: StepRange
+    figures: list[FigureResult] = field(default_factory=list)
+    table: pl.DataFrame | None = None
+    table_omitted: str | None = None
+    summaries: dict[str, pl.DataFrame] = field(default_factory=dict)
+    analysis_errors: dict[str, str] = field(default_factory=dict)
+
+
+def default_name(names: list[str]) -> str:
+    """A folder name from the run names: joined with '+', unsafe characters replaced, at most 80 chars."""
+    joined = "+".join(names) if names else "empty"
+    safe = re.sub(r"[^A-Za-z0-9._+-]+", "-", joined).strip("-.") or "report"
+    return safe if len(safe) <= 80 else f"{safe[:70]}+{len(names)}runs"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> tuple[dict, dict]:
+    frames, errors = {}, {}
+    for name, analysis in all_analyses().items():
+        try:
+            frames[name] = analysis.summary(con, run_ids, steps)
+        except PolytraceError:
+            raise
+        except Exception as error:  # one broken analysis must not cost the whole report
+            errors[name] = f"{type(error).__name__}: {_first_line(error)}"
+    return frames, errors
+
+
+def _draw(module, con, run_ids, steps, figures_dir: Path) -> FigureResult:
+    result = FigureResult(module.ID, module.TITLE, module.CAPTION)
+    started = time.perf_counter()
+    try:
+        drawn = module.render(module.frames(con, run_ids, steps))
+    except MissingAnalysis as missing:
+        drawn = Omitted(str(missing))
+    except PolytraceError:
+        raise
+    except Exception as error:  # one broken figure must not cost the whole report; the page shows the failure
+        result.failed = f"{type(error).__name__}: {_first_line(error)}"
+        result.seconds = time.perf_counter() - started
+        return result
+    if isinstance(drawn, Omitted):
+        result.omitted = drawn.reason
+    else:
+        stem = f"{module.ID.lower()}_{module.__name__.rsplit('.', 1)[1].split('_', 1)[1]}"
+        result.png = figures_dir / f"{stem}.png"
+        result.svg = figures_dir / f"{stem}.svg"
+        drawn.savefig(result.png)
+        drawn.savefig(result.svg)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path, name: str | None = None,
+                 steps: StepRange = ALL_STEPS) -> Report:
+    """Draw every figure into `<out_dir>/<name>/figures` and collect the summaries; returns the Report."""
+    if not run_ids:
+        raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
+    names_by_id = run_names(con, run_ids)
+    names = [names_by_id[i] for i in run_ids]
+    report = Report(name=name or default_name(names), runs=names, steps=steps)
+    figures_dir = Path(out_dir) / report.name / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*figures_dir.glob("*.png"), *figures_dir.glob("*.svg")]:
+        stale.unlink()
+    report.summaries, report.analysis_errors = _summaries(con, run_ids, steps)
+    for module in figure_modules():
+        report.figures.append(_draw(module, con, run_ids, steps, figures_dir))
+    table = t1_summary.table(con, run_ids, steps, report.summaries)
+    if isinstance(table, Omitted):
+        report.table_omitted = table.reason
+    else:
+        report.table = table
+    return report
+
+
+def summary_json(report: Report) -> dict:
+    """`{analysis: rows}` for every registered analysis, plus the figures drawn and left out."""
+    from polytrace_cli.commands.common import json_default
+
+    return json.loads(json.dumps({
+        "report": report.name,
+        "runs": report.runs,
+        "analyses": {name: frame.to_dicts() for name, frame in report.summaries.items()},
+        "analysis_errors": report.analysis_errors,
+        "table_T1": report.table.to_dicts() if report.table is not None else None,
+        "figures": [{"id": f.id, "title": f.title, "png": f.png.name if f.png else None,
+                     "svg": f.svg.name if f.svg else None, "omitted": f.omitted,
+                     "failed": f.failed} for f in report.figures],
+    }, default=json_default, allow_nan=True))
+
+
+def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path | str = "reports",
+                 name: str | None = None, steps: StepRange = ALL_STEPS) -> Path:
+    """Write `<out_dir>/<name>/index.html`, `summary.md`, `summary.json` and `figures/`; returns index.html."""
+    report = build_report(con, run_ids, Path(out_dir), name, steps)
+    folder = Path(out_dir) / report.name
+    (folder / "summary.json").write_text(json.dumps(summary_json(report), indent=2) + "\n")
+    (folder / "summary.md").write_text(markdown.render(report))
+    index = folder / "index.html"
+    index.write_text(html.render(report))
+    return index

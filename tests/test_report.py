@@ -1,0 +1,211 @@
+"""Reports end to end: every figure rendered for the sample logs and the real traces, files non-trivial,
+the HTML referencing each figure, omissions explained, and T1 against hand-computed numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import matplotlib.image
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from conftest import POLYTRACE_DATA, PROJECT_ROOT, need_real_data
+from polytrace_cli.analyze.common import ALL_STEPS
+from polytrace_cli.analyze.registry import all_analyses
+from polytrace_cli.cli import app
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.report.figures import FIGURE_MODULES, figure_modules
+from polytrace_cli.report.figures.base import Omitted
+from polytrace_cli.report.writer import build_report, default_name
+from polytrace_cli.store import open_store
+
+SAMPLE_LOGS = PROJECT_ROOT / "sample_logs"
+runner = CliRunner()
+
+
+def ingest_tasks(db: Path, root: Path, tasks: list[str]) -> None:
+    con = open_store(db)
+    try:
+        for task in tasks:
+            reports = ingest_paths(con, [root / task], task=task)
+            assert not [r for r in reports if r.failed], f"{task} did not ingest"
+    finally:
+        con.close()
+
+
+def assert_non_blank_png(path: Path) -> None:
+    """A PNG of real size whose pixels vary (a blank or single-colour image has ~zero variance)."""
+    assert path.stat().st_size > 5_000, f"{path.name} is suspiciously small"
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 300
+    assert float(pixels[..., :3].std()) > 0.02, f"{path.name} looks blank"
+
+
+def assert_report_complete(index: Path) -> dict:
+    """Every drawn figure exists as PNG and SVG, is non-blank and referenced by the HTML and summary.md;
+    every omitted one says why in both; nothing failed. Returns summary.json."""
+    folder = index.parent
+    html = index.read_text()
+    markdown = (folder / "summary.md").read_text()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary["analyses"]) == set(all_analyses())
+    assert summary["analysis_errors"] == {}
+    assert len(summary["figures"]) == len(FIGURE_MODULES)
+    drawn_files = sorted(p.name for p in (folder / "figures").glob("*.png"))
+    assert drawn_files == sorted(f["png"] for f in summary["figures"] if f["png"])
+    for figure in summary["figures"]:
+        assert figure["failed"] is None, f"{figure['id']} failed: {figure['failed']}"
+        if figure["png"]:
+            assert_non_blank_png(folder / "figures" / figure["png"])
+            svg = folder / "figures" / figure["svg"]
+            assert svg.stat().st_size > 5_000 and svg.read_text().lstrip().startswith("<?xml")
+            assert f"data-figure='{figure['png']}'" in html
+            assert f"figures/{figure['svg']}" in html and f"figures/{figure['png']}" in markdown
+        else:
+            assert figure["omitted"], f"{figure['id']} neither drawn nor explained"
+            assert f"omitted: {figure['omitted']}" in markdown
+            assert re.search(rf"<strong>{figure['id']} [^<]*</strong>: omitted: ", html)
+    # Self-contained: figures inline, no network fetches.
+    assert html.count("data:image/png;base64,") == len(drawn_files)
+    assert not re.search(r"""(src|href)=['"]https?://""", html)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def sample_report(tmp_path_factory) -> Path:
+    if not (SAMPLE_LOGS / "math").exists():
+        pytest.skip("sample_logs/ not generated (polytrace demo)")
+    folder = tmp_path_factory.mktemp("sample-report")
+    db = folder / "store.duckdb"
+    ingest_tasks(db, SAMPLE_LOGS, ["math", "code", "search"])
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "reports")])
+    assert result.exit_code == 0, result.output
+    index = Path(result.output.strip().splitlines()[-1])
+    assert index == folder / "reports" / "math+code+search" / "index.html"
+    return index
+
+
+def test_sample_logs_report_is_complete(sample_report):
+    summary = assert_report_complete(sample_report)
+    drawn = {f["id"] for f in summary["figures"] if f["png"]}
+    # The sample logs carry per-sample lengths on DP ranks, reward timings, DAPO batches and trajectories.
+    assert {"F1", "F2", "F6", "F7", "F9"} <= drawn
+    assert [row["run"] for row in summary["table_T1"]] == ["code", "math", "search"]
+
+
+def test_sample_logs_report_omits_step_time_figures_with_a_reason(sample_report):
+    """The PolyTrace traces have no step timings: F4, F5 and F11 are left out, not drawn empty."""
+    summary = json.loads((sample_report.parent / "summary.json").read_text())
+    by_id = {f["id"]: f for f in summary["figures"]}
+    for figure_id in ("F4", "F5", "F11"):
+        assert by_id[figure_id]["png"] is None
+        assert "step" in by_id[figure_id]["omitted"]
+
+
+def test_single_run_report_with_name_and_step_range(tmp_path):
+    if not (SAMPLE_LOGS / "code").exists():
+        pytest.skip("sample_logs/ not generated (polytrace demo)")
+    db = tmp_path / "store.duckdb"
+    ingest_tasks(db, SAMPLE_LOGS, ["code"])
+    result = runner.invoke(app, ["report", "code", "--db", str(db), "--out", str(tmp_path / "r"), "--name", "ci",
+                                 "--steps", "1:3"])
+    assert result.exit_code == 0, result.output
+    index = tmp_path / "r" / "ci" / "index.html"
+    assert result.output.strip() == str(index)
+    summary = assert_report_complete(index)
+    steps_row = next(r for r in summary["analyses"]["lengths"] if r["kind"] == "response")
+    assert steps_row["steps"] == 3
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("trace", ["verl", "rllm", "search_r1"])
+def test_real_trace_report(tmp_path, trace):
+    source = need_real_data("polytrace", trace)
+    db = tmp_path / "store.duckdb"
+    con = open_store(db)
+    try:
+        reports = ingest_paths(con, [source], run_name=trace)
+        assert not [r for r in reports if r.failed]
+    finally:
+        con.close()
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    summary = assert_report_complete(tmp_path / "r" / trace / "index.html")
+    drawn = {f["id"] for f in summary["figures"] if f["png"]}
+    assert {"F1", "F2", "F7"} <= drawn
+    expected = {"verl": {"F6", "F10"}, "rllm": {"F6", "F9"}, "search_r1": {"F8"}}[trace]
+    missing = expected - drawn
+    reasons = {f["id"]: f["omitted"] for f in summary["figures"] if f["id"] in missing}
+    assert not missing - _unavailable(summary), f"not drawn: {reasons}"
+
+
+def _unavailable(summary: dict) -> set[str]:
+    """Figures whose analysis is not installed (they say so); everything else must be drawn."""
+    return {f["id"] for f in summary["figures"] if f["omitted"] and "not available" in f["omitted"]}
+
+
+def test_report_of_an_empty_store_is_one_line_error(tmp_path):
+    db = tmp_path / "store.duckdb"
+    open_store(db).close()
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "no runs" in result.output and "Traceback" not in result.output
+
+
+def test_report_unknown_run_is_one_line_error(tmp_path):
+    db = tmp_path / "store.duckdb"
+    open_store(db).close()
+    result = runner.invoke(app, ["report", "nope", "--db", str(db), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "no run named nope" in result.output
+
+
+def test_default_name():
+    assert default_name(["math", "code"]) == "math+code"
+    assert default_name(["a b/c"]) == "a-b-c"
+    assert len(default_name([f"run{i:03d}" for i in range(40)])) <= 80
+
+
+def test_every_figure_omits_on_empty_frames():
+    """A figure given frames with no rows returns Omitted with a reason instead of empty axes."""
+    for module in figure_modules():
+        result = module.render({name: pl.DataFrame() for name in module.FRAMES})
+        assert isinstance(result, Omitted) and result.reason, module.ID
+
+
+def _insert_samples(con, run: str, task: str, rows: list[tuple]) -> int:
+    """rows: (step, dp_rank, prompt_idx, prompt_len, response_len)."""
+    run_id = con.execute("INSERT INTO runs (run_id, name, task, framework) VALUES (nextval('run_id_seq'), ?, ?, 'test') "
+                         "RETURNING run_id", [run, task]).fetchall()[0][0]
+    con.executemany(
+        "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len, response_len) "
+        "VALUES (?, 0, ?, ?, ?, 0, ?, 0, ?, ?)",
+        [(run_id, s, r, r, p, pl_, rl) for s, r, p, pl_, rl in rows],
+    )
+    return run_id
+
+
+def test_t1_numbers_by_hand(tmp_path):
+    """Two runs with hand-made samples: T1's means, p99/p50 and λ match arithmetic on the rows."""
+    con = open_store(tmp_path / "store.duckdb")
+    try:
+        # run a: one step, rank 0 loads 10+90 + 10+110 = 220, rank 1 loads 20+180 + 20+200 = 420.
+        a = _insert_samples(con, "a", "math", [(0, 0, 0, 10, 90), (0, 0, 1, 10, 110), (0, 1, 2, 20, 180), (0, 1, 3, 20, 200)])
+        # run b: one rank only, so no λ; responses 100, 100, 100, 500.
+        b = _insert_samples(con, "b", "code", [(0, 0, 0, 50, 100), (0, 0, 1, 50, 100), (0, 0, 2, 50, 100), (0, 0, 3, 50, 500)])
+        report = build_report(con, [a, b], tmp_path / "out", None, ALL_STEPS)
+    finally:
+        con.close()
+    table = {row["run"]: row for row in report.table.to_dicts()}
+    assert table["a"]["task"] == "math" and table["a"]["samples"] == 4 and table["a"]["steps"] == 1
+    assert table["a"]["mean_prompt_tokens"] == pytest.approx(15.0)
+    assert table["a"]["mean_response_tokens"] == pytest.approx(145.0)
+    # λ = max load / mean load = 420 / 320.
+    assert table["a"]["lambda"] == pytest.approx(420 / 320)
+    assert table["b"]["lambda"] is None
+    # b's responses: p50 = 100; p99 = 100 + 0.97 * 400 (linear interpolation between the 3rd and 4th value).
+    assert table["b"]["response_p99_p50"] == pytest.approx((100 + 0.97 * 400) / 100)
+    assert table["b"]["mean_response_tokens"] == pytest.approx(200.0)
+    assert table["a"]["step_time_cv"] is None
