@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from polytrace_cli import __version__
+from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import bench as bench_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
@@ -24,6 +25,8 @@ app.command("formats")(ingest_commands.formats)
 app.command("runs")(store_commands.runs)
 app.command("query")(store_commands.query)
 app.command("errors")(store_commands.errors)
+app.command("analyze")(analyze_commands.analyze)
+app.command("compare")(analyze_commands.compare)
 app.command("synth")(bench_commands.synth)
 app.command("demo")(bench_commands.demo)
 app.command("report")(report_commands.report)

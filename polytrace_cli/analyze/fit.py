@@ -338,10 +338,3 @@ def write_params(con: duckdb.DuckDBPyConnection, run_id: int | list[int], path: 
     Path(path).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return document
 
-
-def frame_of_candidates(document: dict) -> pl.DataFrame:
-    """The candidates of a params document as a frame (kind, family, ks, aic), for display."""
-    rows = [{"kind": kind, "family": c["family"], "ks": c["ks"], "aic": c["aic"]}
-            for kind, items in (document.get("candidates") or {}).items() for c in items]
-    return pl.DataFrame(rows, schema={"kind": pl.String, "family": pl.String, "ks": pl.Float64, "aic": pl.Float64})
-

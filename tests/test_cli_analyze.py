@@ -1,0 +1,114 @@
+"""`polytrace analyze` and `polytrace compare` end to end on a real DuckDB file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from polytrace_cli.analyze.registry import all_analyses
+from polytrace_cli.cli import app
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.store import open_store
+from tests.conftest import need_real_data
+from tests.test_analyze_lengths import add_run, add_samples
+
+
+@pytest.fixture
+def two_runs(db_path):
+    con = open_store(db_path)
+    a = add_run(con, "a", meta={"max_response_len": 10})
+    add_samples(con, a, step=0, prompts=[1, 2, 3, 4], responses=[2, 4, 6, 10], dp_rank=0)
+    add_samples(con, a, step=1, prompts=[1, 2, 3, 4], responses=[4, 6, 8, 10], dp_rank=0)
+    b = add_run(con, "b", meta={"max_response_len": 10})
+    add_samples(con, b, step=0, prompts=[1, 2, 3, 4], responses=[1, 2, 3, 10], dp_rank=0)
+    add_samples(con, b, step=1, prompts=[1, 2, 3, 4], responses=[2, 2, 2, 2], dp_rank=0)
+    con.close()
+    return db_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_json_has_every_analysis_with_stable_columns(two_runs):
+    result = invoke("analyze", "--db", two_runs, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert list(document) == list(all_analyses())
+    response = next(r for r in document["lengths"] if r["run"] == "a" and r["kind"] == "response")
+    assert response["mean_tokens"] == pytest.approx(50 / 8)
+    assert response["clip_ratio"] == pytest.approx(2 / 8)
+    assert {r["run"] for r in document["longtail"]} == {"a", "b"}
+
+
+def test_only_and_steps(two_runs):
+    result = invoke("analyze", "a", "--db", two_runs, "--only", "lengths,drift", "--steps", "1:1", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert list(document) == ["lengths", "drift"]
+    response = next(r for r in document["lengths"] if r["kind"] == "response")
+    assert response["mean_tokens"] == pytest.approx(7.0) and response["steps"] == 1
+    assert {r["run"] for r in document["lengths"]} == {"a"}
+
+
+def test_csv_has_an_analysis_column(two_runs):
+    result = invoke("analyze", "--db", two_runs, "--csv", "--only", "lengths,longtail")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert {r["analysis"] for r in rows} == {"lengths", "longtail"}
+    idle = next(r for r in rows if r["analysis"] == "longtail" and r["run"] == "b")
+    # b: step 0 idle 1 − 16/40 = 0.6, step 1 idle 0 → mean 0.3
+    assert float(idle["mean_slot_idle"]) == pytest.approx(0.3)
+    assert idle["kind"] == ""
+
+
+def test_tables_for_people_and_empty_analyses_explained(two_runs):
+    result = invoke("analyze", "--db", two_runs, "--only", "lengths,tools")
+    assert result.exit_code == 0, result.output
+    assert "lengths:" in result.stdout and "tools: no rows" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["analyze", "nosuch"], "no run named nosuch"),
+    (["analyze", "--only", "lengths,bogus"], "unknown analysis bogus"),
+    (["analyze", "--steps", "x:y"], "--steps"),
+    (["compare", "a", "nosuch"], "no run named nosuch"),
+    (["compare", "a", "a"], "two different runs"),
+])
+def test_user_errors_are_one_line(two_runs, args, message):
+    result = invoke(*args, "--db", two_runs)
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_compare_deltas(two_runs):
+    result = invoke("compare", "a", "b", "--db", two_runs, "--only", "lengths,longtail", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    mean = next(r for r in rows if r["analysis"] == "lengths" and r["metric"] == "mean_tokens"
+                and r["key"] == "kind=response")
+    assert (mean["a"], mean["b"]) == (pytest.approx(6.25), pytest.approx(3.0))
+    assert mean["delta"] == pytest.approx(-3.25) and mean["relative_delta"] == pytest.approx(-3.25 / 6.25)
+    idle = next(r for r in rows if r["analysis"] == "longtail" and r["metric"] == "mean_slot_idle")
+    # a: step 0 1 − 22/40, step 1 1 − 28/40 → 0.375; b: 0.3
+    assert idle["key"] is None and idle["delta"] == pytest.approx(0.3 - 0.375)
+    table = invoke("compare", "a", "b", "--db", two_runs, "--only", "drift")
+    assert table.exit_code == 0 and "slope_tokens_per_step" in table.stdout
+
+
+def test_analyze_real_traces(db_path):
+    con = open_store(db_path)
+    ingest_paths(con, [need_real_data("polytrace")])
+    con.close()
+    result = invoke("analyze", "--db", db_path, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    rllm = next(r for r in document["lengths"] if r["run"] == "rllm" and r["kind"] == "response")
+    assert rllm["cap_tokens"] == 16000 and rllm["clip_ratio"] > 0
+    assert {r["run"] for r in document["fit"]} == {"rllm", "verl", "search_r1"}
