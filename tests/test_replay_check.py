@@ -123,3 +123,27 @@ def test_console_logs_end_to_end(store, tmp_path):
     # Checking again reuses the same runs instead of adding new ones.
     replay_check(store, bench, formal)
     assert store.execute("SELECT count(*) FROM runs").fetchall()[0][0] == 2
+
+
+def test_console_log_with_restart_validation_and_ray_prefix(store, tmp_path):
+    _needs_verl_console()
+    prefix = "\x1b[36m(TaskRunner pid=14640)\x1b[0m "
+    formal = tmp_path / "formal" / "output.log"
+    bench = tmp_path / "bench" / "output.log"
+    formal.parent.mkdir()
+    bench.parent.mkdir()
+    first_try = {**FORMAL, "gen": 500.0}
+    formal.write_text("\n".join([
+        prefix + "step:0 - val-core/openai/gsm8k/reward/mean@1:0.250",
+        prefix + _console_line(1, FORMAL),
+        prefix + _console_line(2, first_try),          # the step the job crashed in
+        "Traceback (most recent call last):",
+        prefix + _console_line(2, FORMAL),             # restart: step goes backwards, new segment
+        prefix + _console_line(3, FORMAL),
+    ]) + "\n")
+    bench.write_text("\n".join(_console_line(s, _bench()) for s in (1, 2, 3)) + "\n")
+    report = replay_check(store, bench, formal)
+    gen = {r["step"]: r["error"] for r in report.per_step.to_dicts() if r["stage"] == "gen"}
+    assert gen == pytest.approx({1: 0.10, 2: 0.10, 3: 0.10})  # step 2 from the re-run, not the 500 s try
+    assert report.paired_steps == [1, 2, 3] and report.only_formal == []
+    assert max(report.segments.values()) == 2
