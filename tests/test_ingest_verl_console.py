@@ -7,7 +7,7 @@ import math
 import shutil
 from pathlib import Path
 
-import duckdb
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -42,7 +42,7 @@ def _ignored(store) -> dict:
     return dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall())
 
 
-# --- line cleaning and value parsing: the SQL and Python versions agree -----------------------
+# --- line cleaning and value parsing: the polars and Python versions agree -------------------
 
 LINES = [
     "\x1b[36m(TaskRunner pid=14640)\x1b[0m step:101 - a:1 [repeated 3x across cluster]",
@@ -58,10 +58,11 @@ CLEANED = ["step:101 - a:1", "step:1 - a:1.000", "Loading weights",
 
 
 @pytest.mark.parametrize("line, expected", list(zip(LINES, CLEANED)))
-def test_clean_line_python_and_sql_agree(line, expected):
+def test_clean_line_python_and_polars_agree(line, expected):
     assert cl.clean_line(line) == expected
-    con = duckdb.connect()
-    assert con.execute(f"SELECT {cl.clean_line_sql('l')} FROM (SELECT ? AS l)", [line]).fetchall()[0][0] == expected
+    assert cl.clean_lines(pl.Series("raw", [line])).to_list() == [expected]
+    if "\r" not in line.rstrip("\r"):
+        assert pl.select(cl.clean_expr(pl.lit(line))).item() == expected
 
 
 VALUES = [
@@ -73,17 +74,26 @@ VALUES = [
 
 
 @pytest.mark.parametrize("text, value, text_value", VALUES)
-def test_scalar_parsing_python_and_sql_agree(text, value, text_value):
+def test_scalar_parsing_python_and_polars_agree(text, value, text_value):
     assert cl.parse_scalar(text) == (value, text_value)
-    con = duckdb.connect()
-    sql = f"SELECT {cl.scalar_value_sql('v')}, {cl.scalar_text_sql('v')} FROM (SELECT ? AS v)"
-    assert con.execute(sql, [text]).fetchall()[0] == (value, text_value)
+    assert _polars_scalar(text) == (value, text_value)
+
+
+def _polars_scalar(text: str):
+    frame = pl.DataFrame({"v": [text]}).with_columns(u=cl.unwrap_expr(pl.col("v")))
+    return frame.select(cl.value_expr(pl.col("u")).alias("value"), cl.text_expr(pl.col("u"), pl.col("v")).alias("text")).row(0)
 
 
 def test_nan_parses_as_nan_in_both():
     assert math.isnan(cl.parse_scalar("nan")[0])
-    con = duckdb.connect()
-    assert math.isnan(con.execute(f"SELECT {cl.scalar_value_sql('v')} FROM (SELECT 'nan' AS v)").fetchall()[0][0])
+    assert math.isnan(_polars_scalar("nan")[0])
+
+
+@pytest.mark.parametrize("line", ["  File \"x.py\", line 3", "WARNING: foo", "{'val-core/x': 0.5,", "random",
+                                  "Training Progress:  3%|| 1/3 [00:01<00:02, 1.00s/it]", "", "2025-01-05 10:00:00 INFO x",
+                                  "RuntimeError: boom", "})"])
+def test_noise_rules_python_and_polars_agree(line):
+    assert pl.select(cl.noise_rule_expr(pl.lit(line))).item() == cl.classify_noise(line)
 
 
 def test_parse_metric_line_problems_and_cut_fragment():

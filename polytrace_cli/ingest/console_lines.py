@@ -5,8 +5,8 @@ carriage returns from progress bars, a Ray actor prefix such as `(TaskRunner pid
 `(WorkerDict pid=7, ip=10.0.0.1) `, and Ray's ` [repeated 3x across cluster]` suffix. This module
 removes that wrapping and turns printed scalars back into numbers, twice over:
 
-- as DuckDB SQL expressions (`clean_line_sql`, `scalar_value_sql`, `scalar_text_sql`) for the bulk
-  path, which runs over every line of a file at once;
+- as polars expressions (`clean_expr`/`clean_lines`, `unwrap_expr`, `value_expr`, `text_expr`,
+  `noise_rule_expr`) for the bulk path, which runs over every line of a file at once;
 - as Python functions (`clean_line`, `parse_scalar`, `classify_noise`) with the same results, for
   the few lines the bulk path cannot handle and must name one by one.
 
@@ -16,6 +16,8 @@ Both versions must agree; `tests/test_ingest_verl_console.py` checks them agains
 from __future__ import annotations
 
 import re
+
+import polars as pl
 
 # ANSI CSI sequences (colours, cursor moves) and OSC sequences (window titles).
 ANSI_PATTERN = r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07"
@@ -28,15 +30,13 @@ _RAY_PREFIX = re.compile(RAY_PREFIX_PATTERN)
 _RAY_REPEAT = re.compile(RAY_REPEAT_PATTERN)
 
 # numpy 2 reprs `np.float64(0.5)`, `np.int64(3)`, `np.True_`, and torch `tensor(0.5, device='cuda:0')`.
-NUMPY_WRAPPED_PATTERN = r"^(?:np|numpy)\.[a-z_]+\d*\((.*)\)$"
 TENSOR_WRAPPED_PATTERN = r"^tensor\(([^,()]*)(?:,.*)?\)$"
-_NUMPY_WRAPPED = re.compile(NUMPY_WRAPPED_PATTERN)
 _TENSOR_WRAPPED = re.compile(TENSOR_WRAPPED_PATTERN)
 _BOOLEANS = {"true": 1.0, "false": 0.0, "np.true_": 1.0, "np.false_": 0.0}
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
 
 # Noise rules for lines that are not metrics, in the order they are tried. Each is (rule, regex
-# over the cleaned line). The SQL and Python classifiers both use this table.
+# over the cleaned line). The polars and Python classifiers both use this table.
 NOISE_RULES: tuple[tuple[str, str], ...] = (
     ("blank", r"^\s*$"),
     ("tqdm", r"\d+%\|.*\||\d+/\d+ \[[\d:]+<[\d:?]+"),
@@ -80,16 +80,23 @@ def parse_scalar(text: str) -> tuple[float | None, str | None]:
     (float, None); booleans give (1.0 or 0.0, 'True'/'False'); anything else gives (None, text).
     """
     text = text.strip()
-    unwrapped = text
-    match = _NUMPY_WRAPPED.match(text) or _TENSOR_WRAPPED.match(text)
-    if match:
-        unwrapped = match.group(1).strip()
+    unwrapped = unwrap_scalar(text)
     lowered = unwrapped.lower()
     if lowered in _BOOLEANS:
         return _BOOLEANS[lowered], "True" if _BOOLEANS[lowered] else "False"
     if _NUMBER.match(unwrapped):
         return float(unwrapped), None
     return None, text
+
+
+def unwrap_scalar(text: str) -> str:
+    """The trimmed text without a numpy wrapper (`np.float64(0.5)` -> `0.5`: from the first '('
+    to the final ')') or torch wrapper (`tensor(0.5, device='cuda:0')` -> `0.5`)."""
+    text = text.strip()
+    if text.startswith(("np.", "numpy.")) and text.endswith(")") and "(" in text:
+        return text[text.index("(") + 1:-1].strip()
+    match = _TENSOR_WRAPPED.match(text)
+    return match.group(1).strip() if match else text
 
 
 def classify_noise(cleaned: str) -> str:
@@ -100,68 +107,73 @@ def classify_noise(cleaned: str) -> str:
     return "other"
 
 
-def _sql_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+def clean_expr(line: pl.Expr) -> pl.Expr:
+    """Polars expression equal to `clean_line` for lines without an interior carriage return.
 
-
-def _clean_piece_sql(column: str) -> str:
-    no_ansi = f"regexp_replace({column}, {_sql_literal(ANSI_PATTERN)}, '', 'g')"
-    no_prefix = f"regexp_replace({no_ansi}, {_sql_literal(RAY_PREFIX_PATTERN)}, '')"
-    return f"regexp_replace({no_prefix}, {_sql_literal(RAY_REPEAT_PATTERN)}, '')"
-
-
-def clean_line_sql(column: str, anchor: str = "step:") -> str:
-    """DuckDB expression equal to `clean_line(column, anchor)`.
-
-    Lines without an interior carriage return (nearly all) take a plain chain of regexp_replace;
-    the others are split on '\\r' and cleaned piece by piece with list lambdas.
+    (`clean_lines` sends the others through `clean_line` one by one.)
     """
-    line = f"rtrim({column}, chr(13))"
-    pieces = (f"list_filter(list_transform(string_split({line}, chr(13)), lambda piece: {_clean_piece_sql('piece')}),"
-              " lambda piece: trim(piece) <> '')")
-    anchored = f"list_filter({pieces}, lambda piece: starts_with(piece, {_sql_literal(anchor)}))"
-    return (f"CASE WHEN contains({line}, chr(13)) THEN coalesce({anchored}[-1], {pieces}[-1], '') "
-            f"ELSE {_clean_piece_sql(line)} END")
-
-
-def scalar_value_sql(column: str) -> str:
-    """DuckDB expression equal to `parse_scalar(column)[0]` (the numeric value, or NULL)."""
-    unwrapped = _unwrapped_sql(column)
     return (
-        f"CASE WHEN lower({unwrapped}) IN ('true', 'np.true_') THEN 1.0 "
-        f"WHEN lower({unwrapped}) IN ('false', 'np.false_') THEN 0.0 "
-        f"WHEN regexp_matches({unwrapped}, {_sql_literal(_NUMBER.pattern)}, 'i') "
-        f"THEN try_cast({unwrapped} AS DOUBLE) END"
+        line.str.strip_chars_end("\r")
+        .str.replace_all(ANSI_PATTERN, "")
+        .str.replace(RAY_PREFIX_PATTERN, "")
+        .str.replace(RAY_REPEAT_PATTERN, "")
     )
 
 
-def scalar_text_sql(column: str) -> str:
-    """DuckDB expression equal to `parse_scalar(column)[1]` (text of non-numbers, 'True'/'False')."""
-    unwrapped = _unwrapped_sql(column)
+def clean_lines(raw: pl.Series, anchor: str = "step:") -> pl.Series:
+    """`clean_line` over a whole series of lines: in bulk with polars, and in Python (the named
+    fallback) only for the lines holding an interior carriage return."""
+    cleaned = pl.select(clean_expr(pl.lit(raw))).to_series()
+    interior_cr = raw.str.strip_chars_end("\r").str.contains("\r", literal=True).fill_null(False)
+    positions = interior_cr.arg_true()
+    if len(positions):
+        fixed = [clean_line(line, anchor) for line in raw.gather(positions).to_list()]
+        cleaned = cleaned.scatter(positions, fixed)
+    return cleaned.alias(raw.name)
+
+
+def unwrap_expr(text: pl.Expr) -> pl.Expr:
+    """Polars expression equal to `unwrap_scalar`."""
+    trimmed = text.str.strip_chars()
+    numpy_wrapped = (
+        (trimmed.str.starts_with("np.") | trimmed.str.starts_with("numpy."))
+        & trimmed.str.ends_with(")") & trimmed.str.contains("(", literal=True)
+    )
+    numpy_inner = trimmed.str.splitn("(", 2).struct.field("field_1").str.strip_suffix(")").str.strip_chars()
+    tensor_inner = trimmed.str.extract(TENSOR_WRAPPED_PATTERN, 1).str.strip_chars()
     return (
-        f"CASE WHEN lower({unwrapped}) IN ('true', 'np.true_') THEN 'True' "
-        f"WHEN lower({unwrapped}) IN ('false', 'np.false_') THEN 'False' "
-        f"WHEN regexp_matches({unwrapped}, {_sql_literal(_NUMBER.pattern)}, 'i') THEN NULL "
-        f"ELSE trim({column}) END"
+        pl.when(numpy_wrapped).then(numpy_inner)
+        .when(trimmed.str.starts_with("tensor(") & tensor_inner.is_not_null()).then(tensor_inner)
+        .otherwise(trimmed)
     )
 
 
-def _unwrapped_sql(column: str) -> str:
-    trimmed = f"trim({column})"
+def value_expr(unwrapped: pl.Expr) -> pl.Expr:
+    """Polars expression: the numeric value of an unwrapped scalar (`parse_scalar(..)[0]`)."""
+    lowered = unwrapped.str.to_lowercase()
     return (
-        f"(CASE WHEN regexp_matches({trimmed}, {_sql_literal(NUMPY_WRAPPED_PATTERN)}) "
-        f"THEN trim(regexp_extract({trimmed}, {_sql_literal(NUMPY_WRAPPED_PATTERN)}, 1)) "
-        f"WHEN regexp_matches({trimmed}, {_sql_literal(TENSOR_WRAPPED_PATTERN)}) "
-        f"THEN trim(regexp_extract({trimmed}, {_sql_literal(TENSOR_WRAPPED_PATTERN)}, 1)) "
-        f"ELSE {trimmed} END)"
+        pl.when(lowered.is_in(["true", "np.true_"])).then(pl.lit(1.0))
+        .when(lowered.is_in(["false", "np.false_"])).then(pl.lit(0.0))
+        .when(unwrapped.str.contains("(?i)" + _NUMBER.pattern)).then(unwrapped.cast(pl.Float64, strict=False))
+        .otherwise(pl.lit(None, pl.Float64))
     )
 
 
-def classify_noise_sql(column: str) -> str:
-    """DuckDB expression equal to `classify_noise(column)`."""
-    # DuckDB's RE2 reads every pattern of NOISE_RULES the way Python's re does.
-    cases = " ".join(
-        f"WHEN regexp_matches({column}, {_sql_literal(pattern)}) THEN {_sql_literal(rule)}"
-        for rule, pattern in NOISE_RULES
+def text_expr(unwrapped: pl.Expr, original: pl.Expr) -> pl.Expr:
+    """Polars expression: the text value of a scalar (`parse_scalar(..)[1]`): 'True'/'False', the
+    trimmed original text of a non-number, null for a number."""
+    lowered = unwrapped.str.to_lowercase()
+    return (
+        pl.when(lowered.is_in(["true", "np.true_"])).then(pl.lit("True"))
+        .when(lowered.is_in(["false", "np.false_"])).then(pl.lit("False"))
+        .when(unwrapped.str.contains("(?i)" + _NUMBER.pattern)).then(pl.lit(None, pl.String))
+        .otherwise(original.str.strip_chars())
     )
-    return f"CASE {cases} ELSE 'other' END"
+
+
+def noise_rule_expr(cleaned: pl.Expr) -> pl.Expr:
+    """Polars expression equal to `classify_noise` (Rust's regex reads NOISE_RULES as Python does)."""
+    rules = pl.when(pl.lit(False)).then(pl.lit(None, pl.String))
+    for rule, pattern in NOISE_RULES:
+        rules = rules.when(cleaned.str.contains(pattern)).then(pl.lit(rule))
+    return rules.otherwise(pl.lit("other"))

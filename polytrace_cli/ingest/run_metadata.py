@@ -35,10 +35,13 @@ VERL_CONFIG_KEYS: dict[str, str] = {
     "max_prompt_length": "max_prompt_len",
 }
 
-_OVERRIDE_PATTERN = r"(?:^|[\s'\"\[,+])((?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model)\.[\w.]+)=([^\s'\",\]]+)"
-_CONFIG_PATTERN = r"'(n_gpus_per_node|nnodes|max_response_length|max_prompt_length)':\s*(\d+)"
-_THREE_DECIMALS = r"^-?\d+\.\d{3}$"
-_REPR_ONLY = r"^(?:np|numpy)\.|^-?\d+$|^-?\d*\.?\d+[eE][+-]?\d+$|^-?\d+\.(?:\d{1,2}|\d{4,})$"
+# A line that may name a setting (cheap to test on every line of a log).
+VERL_SETTINGS_LINE = (r"(?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model)\.[\w.]+="
+                      r"|'(?:n_gpus_per_node|nnodes|max_response_length|max_prompt_length)':")
+_OVERRIDE = re.compile(r"(?:^|[\s'\"\[,+])((?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model)\.[\w.]+)"
+                       r"=([^\s'\",\]]+)")
+_CONFIG = re.compile(r"'(n_gpus_per_node|nnodes|max_response_length|max_prompt_length)':\s*(\d+)")
+_THREE_DECIMALS = re.compile(r"^-?\d+\.\d{3}$")
 
 
 def _typed(text: str):
@@ -49,39 +52,21 @@ def _typed(text: str):
     return text.strip("'\"")
 
 
-def verl_settings_from_lines(con: duckdb.DuckDBPyConnection, table: str, column: str) -> dict:
-    """verl settings named in a log: Hydra overrides (`data.max_response_length=2048`) and, failing
-    those, the pprinted resolved config. The last occurrence of a setting wins.
+def verl_settings(lines: list[str]) -> dict:
+    """verl settings named in a log's lines: Hydra overrides (`data.max_response_length=2048`)
+    and, for settings no override names, the pprinted resolved config (`'max_response_length':
+    2048`). The last occurrence of a setting wins.
 
     Returns meta keys (`max_response_len`, `n_sampling`, `n_gpus_per_node`, `nnodes`, `model`, ...).
     """
-    found = con.execute(
-        f"""
-        WITH hits AS (
-            SELECT line_no, regexp_extract_all({column}, ?, 1) AS keys, regexp_extract_all({column}, ?, 2) AS vals
-            FROM {table}
-            WHERE contains({column}, '=') AND regexp_matches({column}, ?)
-        )
-        SELECT key, vals[idx] FROM (
-            SELECT line_no, unnest(keys) AS key, unnest(range(1, len(keys) + 1)) AS idx, vals FROM hits)
-        ORDER BY line_no, idx
-        """,
-        [_OVERRIDE_PATTERN, _OVERRIDE_PATTERN, _OVERRIDE_PATTERN],
-    ).fetchall()
     settings: dict = {}
-    for key, value in found:
-        if key in VERL_OVERRIDES:
-            settings[VERL_OVERRIDES[key]] = _typed(value)
-    config = con.execute(
-        f"""
-        SELECT regexp_extract({column}, ?, 1), regexp_extract({column}, ?, 2)
-        FROM {table} WHERE regexp_matches({column}, ?) ORDER BY line_no
-        """,
-        [_CONFIG_PATTERN, _CONFIG_PATTERN, _CONFIG_PATTERN],
-    ).fetchall()
     from_config: dict = {}
-    for key, value in config:
-        from_config[VERL_CONFIG_KEYS[key]] = int(value)
+    for line in lines:
+        for key, value in _OVERRIDE.findall(line):
+            if key in VERL_OVERRIDES:
+                settings[VERL_OVERRIDES[key]] = _typed(value)
+        for key, value in _CONFIG.findall(line):
+            from_config[VERL_CONFIG_KEYS[key]] = int(value)
     for key, value in from_config.items():
         settings.setdefault(key, value)
     return settings
@@ -112,27 +97,19 @@ def n_gpus_from_throughput(con: duckdb.DuckDBPyConnection, file_id: int) -> int 
     return None if estimate is None else max(1, round(estimate))
 
 
-def verl_console_version(con: duckdb.DuckDBPyConnection, table: str, column: str) -> tuple[str | None, float | None]:
-    """(version class, value precision) from the printed value texts in `table.column`.
+def verl_console_version(value_texts: list[str]) -> tuple[str | None, float | None]:
+    """(version class, value precision) from printed texts of finite numeric values.
 
-    verl up to 0.4 prints every value with `:.3f`, so when every finite numeric value has exactly
-    three decimals the class is '<=0.4' and the precision 0.001. A numpy-wrapped value, a bare
-    integer, exponent notation or another number of decimals is verl 0.5+'s repr: '>=0.5', precision
-    None (full). No numeric values: (None, None).
+    verl up to 0.4 prints every value with `:.3f`, so when every text has exactly three decimals
+    the class is '<=0.4' and the precision 0.001. Anything else (a numpy-wrapped value, a bare
+    integer, exponent notation, another number of decimals) is verl 0.5+'s repr: ('>=0.5', None),
+    full precision. No texts: (None, None).
     """
-    three, repr_like = con.execute(
-        f"""
-        SELECT count(*) FILTER (WHERE regexp_matches(trim({column}), ?)),
-               count(*) FILTER (WHERE regexp_matches(trim({column}), ?))
-        FROM {table}
-        """,
-        [_THREE_DECIMALS, _REPR_ONLY],
-    ).fetchall()[0]
-    if repr_like:
-        return ">=0.5", None
-    if three:
+    if not value_texts:
+        return None, None
+    if all(_THREE_DECIMALS.match(text.strip()) for text in value_texts):
         return "<=0.4", 0.001
-    return None, None
+    return ">=0.5", None
 
 
 def gpu_meta(settings: dict, from_throughput: int | None) -> dict:

@@ -27,8 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
-import pyarrow as pa
+import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
@@ -118,132 +117,120 @@ class VerlConsoleIngester(Ingester):
 
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
-        _read_lines(ctx)
-        _classify_lines(con)
-        ctx.lines = con.execute("SELECT count(*) FROM console_lines").fetchall()[0][0]
-        _ignore_noise(ctx)
-        _parse_clean_metric_lines(con)
-        _parse_dirty_lines(ctx)
-        metric_lines = con.execute("SELECT count(DISTINCT line_no) FROM console_metrics").fetchall()[0][0]
-        ctx.stored = metric_lines
-        tqdm_total = con.execute("SELECT count(*) FROM console_lines WHERE kind = 'tqdm'").fetchall()[0][0]
-        if metric_lines:
-            _store_metrics(ctx)
-            ctx.ignore("tqdm", tqdm_total)
-        else:
-            tqdm_lines = _store_tqdm_estimates(ctx)
-            ctx.stored = tqdm_lines
-            ctx.ignore("tqdm", tqdm_total - tqdm_lines)
-            if not tqdm_lines:
-                _note_zero_steps(ctx)
-        _record_meta(ctx, metric_lines)
-        ctx.con.execute("DROP TABLE IF EXISTS console_raw")
-
-
-def _read_lines(ctx: FileContext) -> None:
-    """Temp table console_raw(line_no, raw): the file's lines, numbered from 1."""
-    con = ctx.con
-    try:
-        con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE console_raw AS
-            WITH doc AS (SELECT string_split(content, chr(10)) AS parts FROM read_text(?))
-            SELECT unnest(range(1, len(parts) + 1)) AS line_no, unnest(parts) AS raw FROM doc
-            """,
-            [str(ctx.path)],
-        )
-    except duckdb.Error:
-        # Not valid UTF-8: decode in Python, replacing bad bytes, and number the same lines.
-        text = ctx.path.read_bytes().decode("utf-8", errors="replace")
-        parts = text.split("\n")
-        table = pa.table({"line_no": pa.array(range(1, len(parts) + 1), pa.int64()), "raw": pa.array(parts)})
-        con.register("_console_decoded", table)
+        lines = _classify(_read_lines(ctx.path))
+        ctx.lines = lines.height
+        # tqdm lines are counted below: with no metric line they are the fallback source of steps.
+        noise = lines.filter(~pl.col("kind").is_in(["metric", "dirty", "tqdm"])).group_by("kind").len()
+        for rule, count in noise.iter_rows():
+            ctx.ignore(rule, count)
+        metrics, lines = _parse_metric_lines(lines)
+        metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
+        con.register("console_metrics", metrics.to_arrow())
+        con.register("console_flags", flags.to_arrow())
         try:
-            con.execute("CREATE OR REPLACE TEMP TABLE console_raw AS SELECT * FROM _console_decoded")
+            metric_lines = metrics.get_column("line_no").n_unique()
+            tqdm_lines = lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw")
+            if metric_lines:
+                ctx.stored = metric_lines
+                _store_metrics(ctx)
+                ctx.ignore("tqdm", tqdm_lines.height)
+            else:
+                ctx.stored = _store_tqdm_estimates(ctx, tqdm_lines)
+                ctx.ignore("tqdm", tqdm_lines.height - ctx.stored)
+                if not ctx.stored:
+                    _note_zero_steps(ctx, lines)
+            _record_meta(ctx, lines, metric_lines)
         finally:
-            con.unregister("_console_decoded")
-    # A final newline ends the last line; it does not start another one.
-    con.execute("DELETE FROM console_raw WHERE raw = '' AND line_no = (SELECT max(line_no) FROM console_raw)")
+            con.unregister("console_metrics")
+            con.unregister("console_flags")
 
 
-def _classify_lines(con: duckdb.DuckDBPyConnection) -> None:
-    """Temp table console_lines(line_no, raw_chars, c, kind): kind is 'metric', 'dirty' or a noise rule."""
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE console_lines AS
-        WITH cleaned AS (
-            SELECT line_no, length(rtrim(raw, chr(13))) AS raw_chars, {cl.clean_line_sql('raw')} AS c,
-                   regexp_matches(raw, ?) AS ray
-            FROM console_raw
-        )
-        SELECT line_no, raw_chars, c,
-               CASE WHEN starts_with(c, 'step:') THEN
-                        CASE WHEN raw_chars = {WANDB_LINE_LIMIT} OR NOT regexp_matches(c, ?) THEN 'dirty'
-                             ELSE 'metric' END
-                    ELSE CASE WHEN ray AND {cl.classify_noise_sql('c')} = 'other' THEN 'ray-log'
-                              ELSE {cl.classify_noise_sql('c')} END
-               END AS kind
-        FROM cleaned
-        """,
-        [r"^\s*(?:\x1b\[[0-9;]*m)*\s*\([A-Za-z_][\w.\-]* pid=\d+", r"^step:-?\d+ - \S"],
-    )
+def _read_lines(path: Path) -> pl.DataFrame:
+    """The file's lines, numbered from 1: columns line_no, raw.
 
-
-def _ignore_noise(ctx: FileContext) -> None:
-    # tqdm lines are counted later: with no metric line they are the fallback source of steps.
-    for rule, count in ctx.con.execute(
-        "SELECT kind, count(*) FROM console_lines WHERE kind NOT IN ('metric', 'dirty', 'tqdm') GROUP BY kind"
-    ).fetchall():
-        ctx.ignore(rule, count)
-
-
-def _parse_clean_metric_lines(con: duckdb.DuckDBPyConnection) -> None:
-    """console_metrics(line_no, step, key, value, text_value, raw_value) from well-formed metric lines.
-
-    A line with any malformed pair is moved to kind 'dirty' for the Python path.
+    Text that is not UTF-8 is decoded with replacement characters, so that its lines are still
+    counted and classified (a metric line with a bad byte in a key keeps the replaced key).
     """
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE console_pairs AS
-        SELECT line_no, step, pair_index, pair, position(':' IN pair) AS colon
-        FROM (
-            SELECT line_no, CAST(regexp_extract(c, '^step:(-?\\d+)', 1) AS BIGINT) AS step,
-                   string_split(c[position(' - ' IN c) + 3:], ' - ') AS pieces
-            FROM console_lines WHERE kind = 'metric'
-        ), LATERAL (SELECT unnest(range(1, len(pieces) + 1)) AS pair_index, unnest(pieces) AS pair)
-        """
-    )
-    con.execute(
-        """
-        UPDATE console_lines SET kind = 'dirty' WHERE line_no IN (
-            SELECT DISTINCT line_no FROM console_pairs
-            WHERE colon = 0 OR trim(pair[:colon - 1]) = '' OR trim(pair[colon + 1:]) = '')
-        """
-    )
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE console_metrics AS
-        SELECT p.line_no, p.step, p.pair_index, trim(pair[:colon - 1]) AS key,
-               {cl.scalar_value_sql('pair[colon + 1:]')} AS value,
-               {cl.scalar_text_sql('pair[colon + 1:]')} AS text_value,
-               trim(pair[colon + 1:]) AS raw_value
-        FROM console_pairs p SEMI JOIN console_lines l ON l.line_no = p.line_no AND l.kind = 'metric'
-        """
-    )
-    con.execute("DROP TABLE console_pairs")
-    con.execute("CREATE OR REPLACE TEMP TABLE console_flags (line_no BIGINT, step BIGINT, flag VARCHAR, detail VARCHAR)")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+    parts = text.split("\n")
+    if parts[-1] == "":
+        parts.pop()  # a final newline ends the last line; it does not start another
+    return pl.DataFrame({"raw": parts}, schema={"raw": pl.String}).with_row_index("line_no", offset=1).with_columns(
+        pl.col("line_no").cast(pl.Int64))
 
 
-def _parse_dirty_lines(ctx: FileContext) -> None:
-    """The Python path: parse each dirty line, reject what cannot be parsed, flag cut lines."""
-    con = ctx.con
-    dirty = con.execute(
-        "SELECT l.line_no, l.raw_chars, l.c, r.raw FROM console_lines l JOIN console_raw r USING (line_no)"
-        " WHERE l.kind = 'dirty' ORDER BY l.line_no"
-    ).fetchall()
-    rows: dict[str, list] = {name: [] for name in ("line_no", "step", "pair_index", "key", "value", "text_value", "raw_value")}
-    flags = []
-    for line_no, raw_chars, cleaned, raw in dirty:
+def _classify(lines: pl.DataFrame) -> pl.DataFrame:
+    """Adds raw_chars, c (the cleaned line) and kind: 'metric', 'dirty' or a noise rule."""
+    lines = lines.with_columns(
+        raw_chars=pl.col("raw").str.strip_chars_end("\r").str.len_chars(),
+        c=cl.clean_lines(lines.get_column("raw")),
+    )
+    metric_like = pl.col("c").str.starts_with("step:")
+    well_formed = pl.col("c").str.contains(r"^step:-?\d+ - \S") & (pl.col("raw_chars") != WANDB_LINE_LIMIT)
+    noise = cl.noise_rule_expr(pl.col("c"))
+    ray = pl.col("raw").str.contains(r"^(?:\x1b\[[0-9;]*m)*\([A-Za-z_][\w.\-]* pid=\d+")
+    return lines.with_columns(
+        kind=pl.when(metric_like & well_formed).then(pl.lit("metric"))
+        .when(metric_like).then(pl.lit("dirty"))
+        .when((noise == "other") & ray).then(pl.lit("ray-log"))
+        .otherwise(noise)
+    )
+
+
+METRIC_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
+                 "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
+FLAG_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
+
+
+def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(metrics, lines): one row per pair of every well-formed metric line, and the lines with
+    kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python)."""
+    pairs = (
+        lines.lazy().filter(pl.col("kind") == "metric")
+        .select(
+            "line_no",
+            pl.col("c").str.extract(r"^step:(-?\d+)", 1).cast(pl.Int64).alias("step"),
+            pl.col("c").str.splitn(" - ", 2).struct.field("field_1").str.split(" - ").alias("pair"),
+        )
+        .with_columns(pl.int_ranges(1, pl.col("pair").list.len() + 1).alias("pair_index"))
+        .explode("pair", "pair_index")
+        .with_columns(pl.col("pair").str.splitn(":", 2).alias("kv"))
+        .select(
+            "line_no", "step", "pair_index",
+            pl.col("kv").struct.field("field_0").str.strip_chars().alias("key"),
+            pl.col("kv").struct.field("field_1").str.strip_chars().alias("raw_value"),
+        )
+        .collect()
+    )
+    bad = pairs.filter(pl.col("raw_value").is_null() | (pl.col("key") == "") | (pl.col("raw_value") == ""))
+    bad_lines = bad.get_column("line_no").unique()
+    if len(bad_lines):
+        pairs = pairs.filter(~pl.col("line_no").is_in(bad_lines.implode()))
+        lines = lines.with_columns(
+            kind=pl.when(pl.col("line_no").is_in(bad_lines.implode())).then(pl.lit("dirty")).otherwise(pl.col("kind")))
+    unwrapped = cl.unwrap_expr(pl.col("raw_value"))
+    metrics = pairs.with_columns(unwrapped.alias("u")).select(
+        "line_no", "step", "pair_index", "key",
+        cl.value_expr(pl.col("u")).alias("value"),
+        cl.text_expr(pl.col("u"), pl.col("raw_value")).alias("text_value"),
+        "raw_value",
+    )
+    return metrics.cast(METRIC_SCHEMA), lines
+
+
+def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The Python path: parse each dirty line, reject what cannot be parsed, flag cut lines.
+
+    Returns the metrics with the recovered rows added, and the step flags found.
+    """
+    rows: list[tuple] = []
+    flags: list[tuple] = []
+    for line_no, raw_chars, cleaned, raw in lines.filter(pl.col("kind") == "dirty").select(
+            "line_no", "raw_chars", "c", "raw").iter_rows():
         cut = raw_chars == WANDB_LINE_LIMIT
         parsed = parse_metric_line(cleaned, cut=cut)
         if parsed.problem:
@@ -251,25 +238,14 @@ def _parse_dirty_lines(ctx: FileContext) -> None:
             continue
         for index, (key, text) in enumerate(parsed.pairs, start=1):
             value, text_value = cl.parse_scalar(text)
-            for name, item in zip(rows, (line_no, parsed.step, index, key, value, text_value, text)):
-                rows[name].append(item)
+            rows.append((line_no, parsed.step, index, key, value, text_value, text))
         if cut:
             flags.append((line_no, parsed.step, "truncated_line",
                           f"line cut at {WANDB_LINE_LIMIT} characters; fragment dropped: {parsed.fragment[:80]!r}"))
-    if rows["line_no"]:
-        table = pa.table({
-            "line_no": pa.array(rows["line_no"], pa.int64()), "step": pa.array(rows["step"], pa.int64()),
-            "pair_index": pa.array(rows["pair_index"], pa.int64()), "key": pa.array(rows["key"], pa.string()),
-            "value": pa.array(rows["value"], pa.float64()), "text_value": pa.array(rows["text_value"], pa.string()),
-            "raw_value": pa.array(rows["raw_value"], pa.string()),
-        })
-        con.register("_dirty_rows", table)
-        try:
-            con.execute("INSERT INTO console_metrics SELECT * FROM _dirty_rows")
-        finally:
-            con.unregister("_dirty_rows")
-    if flags:
-        con.executemany("INSERT INTO console_flags VALUES (?, ?, ?, ?)", flags)
+    if rows:
+        recovered = pl.DataFrame(rows, schema=METRIC_SCHEMA, orient="row")
+        metrics = pl.concat([metrics, recovered]).sort("line_no", "pair_index")
+    return metrics, pl.DataFrame(flags, schema=FLAG_SCHEMA, orient="row")
 
 
 def _store_metrics(ctx: FileContext) -> None:
@@ -296,28 +272,27 @@ def _store_metrics(ctx: FileContext) -> None:
         """,
         [ctx.run_id, ctx.file_id],
     )
-    con.execute(
-        """
-        INSERT INTO console_flags
-        SELECT line_no, step, 'restart', 'step went back from ' || previous || ' to ' || step
-        FROM console_segments WHERE step <= previous
-        UNION ALL
-        SELECT line_no, step, 'resumed', 'log starts at step ' || step
-        FROM (SELECT * FROM console_segments ORDER BY line_no LIMIT 1) WHERE step > 1
-        """
-    )
     ctx.insert(
         """
         INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)
+        WITH found AS (
+            SELECT line_no, step, flag, detail FROM console_flags
+            UNION ALL
+            SELECT line_no, step, 'restart', 'step went back from ' || previous || ' to ' || step
+            FROM console_segments WHERE step <= previous
+            UNION ALL
+            SELECT line_no, step, 'resumed', 'log starts at step ' || step
+            FROM (SELECT * FROM console_segments ORDER BY line_no LIMIT 1) WHERE step > 1
+        )
         SELECT ?, s.segment, f.step, f.flag, f.detail, ?, f.line_no
-        FROM console_flags f JOIN console_segments s USING (line_no)
-        ORDER BY f.line_no
+        FROM found f JOIN console_segments s USING (line_no)
+        ORDER BY f.line_no, f.flag
         """,
         [ctx.run_id, ctx.file_id],
     )
 
 
-def _store_tqdm_estimates(ctx: FileContext) -> int:
+def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:
     """Step times from the `Training Progress` bar when the log has no metric line.
 
     Per bar count n (the last update printed for it): `tqdm/elapsed_s` (the bar's elapsed time),
@@ -325,12 +300,13 @@ def _store_tqdm_estimates(ctx: FileContext) -> int:
     m being the previous count seen, when there is one. Returns the lines that produced rows.
     """
     con = ctx.con
+    con.register("console_tqdm", tqdm_lines.to_arrow())
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE tqdm_updates AS
         WITH pieces AS (
             SELECT r.line_no, piece_index, piece
-            FROM console_raw r SEMI JOIN console_lines l ON l.line_no = r.line_no AND l.kind = 'tqdm',
+            FROM console_tqdm r,
                  LATERAL (SELECT unnest(range(1, len(string_split(r.raw, chr(13))) + 1)) AS piece_index,
                                  unnest(string_split(r.raw, chr(13))) AS piece)
             WHERE contains(r.raw, 'Training Progress')
@@ -353,6 +329,7 @@ def _store_tqdm_estimates(ctx: FileContext) -> int:
         """,
         [_TQDM_PIECE, _TQDM_PIECE],
     )
+    con.unregister("console_tqdm")
     con.execute("DELETE FROM tqdm_updates WHERE step = 0")
     steps = con.execute("SELECT count(*) FROM tqdm_updates").fetchall()[0][0]
     if not steps:
@@ -379,24 +356,25 @@ def _store_tqdm_estimates(ctx: FileContext) -> int:
     return con.execute("SELECT count(DISTINCT line_no) FROM tqdm_updates").fetchall()[0][0]
 
 
-def _note_zero_steps(ctx: FileContext) -> None:
-    last_error = ctx.con.execute(
-        "SELECT c FROM console_lines WHERE regexp_matches(c, '(?:Error|Exception)\\b') ORDER BY line_no DESC LIMIT 1"
-    ).fetchall()
-    ending = f"; last error: {last_error[0][0].strip()[:160]}" if last_error else ""
+def _note_zero_steps(ctx: FileContext, lines: pl.DataFrame) -> None:
+    errors = lines.filter(pl.col("c").str.contains(r"(?:Error|Exception)\b")).get_column("c")
+    ending = f"; last error: {errors[-1].strip()[:160]}" if len(errors) else ""
     ctx.note(f"zero steps: the log ends before step 1{ending}")
 
 
-def _record_meta(ctx: FileContext, metric_lines: int) -> None:
-    con = ctx.con
-    settings = run_metadata.verl_settings_from_lines(con, "console_lines", "c")
+def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> None:
+    candidates = lines.filter(pl.col("c").str.contains(run_metadata.VERL_SETTINGS_LINE)).get_column("c")
+    settings = run_metadata.verl_settings(candidates.to_list())
     meta = {"framework": "verl", **settings}
     if metric_lines:
-        version, precision = run_metadata.verl_console_version(con, "console_metrics", "raw_value")
+        sample = ctx.con.execute(
+            "SELECT raw_value FROM console_metrics WHERE value IS NOT NULL AND text_value IS NULL"
+            " AND isfinite(value) LIMIT 5000").fetchall()
+        version, precision = run_metadata.verl_console_version([text for (text,) in sample])
         meta["verl_version"] = version
         meta["value_precision"] = precision
         ctx.format_version = {"<=0.4": "verl<=0.4 (.3f values)", ">=0.5": "verl>=0.5 (repr values)"}.get(version)
-        meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(con, ctx.file_id)))
+        meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
     ctx.run_meta.update(meta)

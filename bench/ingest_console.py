@@ -1,0 +1,156 @@
+"""Ingest speed for verl console logs: polytrace against a plain-Python regex loop, in one run.
+
+Writes a large, realistic verl console log under bench/out/ (Ray prefixes in ANSI colour, numpy
+repr values, ~110 keys per metric line, and per step a tqdm update, warnings, worker log lines
+and a pprinted dict), then measures:
+  polytrace  the whole `polytrace ingest` process into an on-disk store (wall time, peak RSS);
+  baseline   plain Python: per line, strip ANSI and the Ray prefix with `re`, anchor `step:`,
+             split the pairs, unwrap and float() each value, then one bulk insert into DuckDB.
+Prints MB/s, lines/s and the ratio polytrace / baseline.
+Usage: python bench/ingest_console.py [--mb 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "ingest_console"
+PREFIX = "\x1b[36m(TaskRunner pid=14640)\x1b[0m "
+
+KEYS = (
+    [f"timing_s/{stage}" for stage in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step",
+                                        "generate_sequences", "reshard")]
+    + [f"timing_per_token_ms/{stage}" for stage in ("gen", "ref", "adv", "update_actor")]
+    + [f"{group}/{stat}" for group in ("response_length", "prompt_length") for stat in ("mean", "max", "min", "clip_ratio")]
+    + [f"global_seqlen/{stat}" for stat in ("min", "max", "minmax_diff", "balanced_min", "balanced_max", "mean")]
+    + ["perf/total_num_tokens", "perf/time_per_step", "perf/throughput", "perf/mfu/actor", "perf/max_memory_allocated_gb"]
+    + [f"actor/{name}" for name in ("entropy", "pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "lr", "kl_loss")]
+    + [f"critic/{group}/{stat}" for group in ("score", "rewards", "advantages", "returns") for stat in ("mean", "max", "min")]
+    + [f"val-core/task{i:02d}/reward/mean@8" for i in range(40)]
+    + [f"val-aux/task{i:02d}/acc/best@8/std" for i in range(20)]
+    + ["training/global_step", "training/epoch"]
+)
+
+
+def write_log(path: Path, megabytes: float, seed: int = 0) -> tuple[int, int]:
+    """A log of about `megabytes` MB; returns (lines, metric lines)."""
+    rng = np.random.default_rng(seed)
+    target = megabytes * 1e6
+    written = lines = steps = 0
+    with open(path, "w") as handle:
+        while written < target:
+            steps += 1
+            values = rng.lognormal(0.0, 2.0, len(KEYS))
+            pairs = []
+            for key, value in zip(KEYS, values):
+                if key.startswith(("perf/total", "response_length/max", "prompt_length/max", "training/")):
+                    pairs.append(f"{key}:np.int64({int(value * 1000)})")
+                else:
+                    pairs.append(f"{key}:np.float64({float(value)!r})")
+            block = [
+                f"{PREFIX}step:{steps} - " + " - ".join(pairs),
+                f"Training Progress:  {steps % 100}%|███       | {steps}/99999 [1:10:40<6:31:06, 64.47s/it]\r"
+                f"Training Progress:  {steps % 100}%|███       | {steps}/99999 [1:11:40<6:31:06, 64.47s/it]",
+                f"{PREFIX}/opt/verl/verl/utils/torch_functional.py:12: UserWarning: clip_grad_norm_ is deprecated",
+                "(WorkerDict pid=3001, ip=10.0.0.2) INFO 01-05 10:00:00 model_runner.py:1 Graph capturing finished",
+                "(WorkerDict pid=3001, ip=10.0.0.2) kwargs: n=8 temperature=1.0 [repeated 7x across cluster]",
+                f"{PREFIX}{{'val-core/task00/reward/mean@8': {float(values[0])!r},",
+                f"{PREFIX} 'val-aux/task00/acc/best@8/std': {float(values[1])!r}}}",
+                f"{PREFIX}local_global_step_folder: checkpoints/global_step_{steps}",
+            ]
+            text = "\n".join(block) + "\n"
+            handle.write(text)
+            written += len(text.encode())
+            lines += len(block)
+    return lines, steps
+
+
+def run_measured(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one child process."""
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"{argv[:3]} failed: {process.stderr.read().decode()[-500:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+BASELINE = textwrap.dedent(
+    r"""
+    import re, sys, duckdb, pyarrow as pa
+    path, db = sys.argv[1], sys.argv[2]
+    ansi = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+    prefix = re.compile(r"^\s*(?:\([A-Za-z_][\w.\-]* pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)\s*)+")
+    anchor = re.compile(r"^step:(\d+) - (.*)$")
+    wrapped = re.compile(r"^np\.[a-z_]+\d*\((.*)\)$")
+    cols = {"line_no": [], "step": [], "key": [], "value": []}
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            line = prefix.sub("", ansi.sub("", line.rstrip("\n").split("\r")[-1]))
+            m = anchor.match(line)
+            if not m:
+                continue
+            step = int(m.group(1))
+            for pair in m.group(2).split(" - "):
+                key, _, text = pair.partition(":")
+                w = wrapped.match(text)
+                cols["line_no"].append(line_no); cols["step"].append(step); cols["key"].append(key)
+                cols["value"].append(float(w.group(1) if w else text))
+    con = duckdb.connect(db)
+    rows = pa.table(cols)
+    con.execute("CREATE TABLE step_metrics AS SELECT * FROM rows")
+    con.close()
+    """
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log in MB")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    log_dir = OUT / "run"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir()
+    log = log_dir / "train.log"
+    lines, steps = write_log(log, args.mb)
+    size_mb = log.stat().st_size / 1e6
+    print(f"log: {size_mb:.1f} MB, {lines:,} lines, {steps:,} metric lines x {len(KEYS)} keys")
+
+    polytrace = Path(sys.executable).with_name("polytrace")
+    store = OUT / "store.duckdb"
+    store.unlink(missing_ok=True)
+    ours, ours_rss = run_measured([str(polytrace), "ingest", "--db", str(store), "--format", "verl-console", str(log)])
+    baseline_db = OUT / "baseline.duckdb"
+    baseline_db.unlink(missing_ok=True)
+    script = OUT / "baseline.py"
+    script.write_text(BASELINE)
+    theirs, theirs_rss = run_measured([sys.executable, str(script), str(log), str(baseline_db)])
+
+    import duckdb
+
+    con = duckdb.connect(str(store), read_only=True)
+    stored = con.execute("SELECT count(*) FROM step_metrics").fetchall()[0][0]
+    con.close()
+    expected = steps * len(KEYS)
+    print(f"{'':10} {'seconds':>8} {'MB/s':>8} {'lines/s':>11} {'peak MB':>8}")
+    for name, seconds, rss in (("polytrace", ours, ours_rss), ("baseline", theirs, theirs_rss)):
+        print(f"{name:10} {seconds:8.2f} {size_mb / seconds:8.1f} {lines / seconds:11,.0f} {rss:8.0f}")
+    print(f"ratio polytrace / baseline: {theirs / ours:.2f}x   (step_metrics rows {stored:,}, expected {expected:,})")
+    if stored != expected:
+        raise SystemExit("row count mismatch")
+
+
+if __name__ == "__main__":
+    main()
