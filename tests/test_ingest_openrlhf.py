@@ -107,3 +107,19 @@ def test_make_experience_is_named_but_not_a_stage_column(store):
     assert aliases == {"timing/broadcast": "weight_sync_s", "timing/generation": "gen_s",
                        "timing/make_experience": "make_experience_s", "timing/ppo_train": "update_actor_s",
                        "timing/step_total": "step_s"}
+
+
+def test_payloads_that_only_literal_eval_reads(store, tmp_path):
+    path = tmp_path / "orl" / "train.log"
+    path.parent.mkdir()
+    path.write_text(
+        "✨ Global step 4: {'note': \"it's\", 'flag': True, 'missing': None, 'pair': (1, 2), 'lr': np.float32(2e-06)}\n"
+        "✨ Global step 5: {'nested': {'a': 1.5}, 'x': inf, 'y': -inf}\n"
+        "✨ Global step 6: {'a': 1, 'b': [1, 2\n"
+    )
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.rejected) == (3, 2, 1)
+    assert _metrics(store, 4) == {"note": "it's", "flag": 1.0, "missing": None, "pair": "[1, 2]", "lr": 2e-06}
+    assert _metrics(store, 5) == {"nested/a": 1.5, "x": math.inf, "y": -math.inf}
+    assert store.execute("SELECT line_no, reason FROM ingest_errors").fetchall() == [
+        (3, "Global step payload is not a Python dict literal: SyntaxError")]

@@ -75,12 +75,29 @@ _BARE_SPECIAL = re.compile(r"(?<=[:,\[(])(\s*)(-?)\b(nan|inf|NaN|Infinity)\b")
 
 
 def _literal_payload(payload: str) -> object:
-    """The dict a payload repr stands for; bare nan/inf and numpy scalar reprs are rewritten first."""
-    text = _NUMPY_SCALAR.sub(r"\1", payload)
-    text = _BARE_SPECIAL.sub(
-        lambda m: m.group(1) + (repr(_NAN) if m.group(3).lower() == "nan" else m.group(2) + "1e999"), text
-    )
-    return ast.literal_eval(text)
+    """The dict a payload repr stands for; bare nan/inf and numpy scalar reprs are rewritten first.
+
+    A repr whose only strings are single-quoted without escapes or double quotes is also valid
+    JSON once the quotes are swapped, and `json.loads` reads it ten times faster; anything else
+    (True/None, tuples, escaped strings) goes to `ast.literal_eval`.
+    """
+    text = _NUMPY_SCALAR.sub(r"\1", payload) if "np." in payload else payload
+    special = "nan" in text or "inf" in text or "NaN" in text or "Infinity" in text
+    if '"' not in text and "\\" not in text:
+        swapped = text.replace("'", '"')
+        try:
+            return json.loads(_BARE_SPECIAL.sub(_json_special, swapped) if special else swapped)
+        except ValueError:
+            pass
+    return ast.literal_eval(_BARE_SPECIAL.sub(_python_special, text) if special else text)
+
+
+def _json_special(match: re.Match) -> str:
+    return match.group(1) + ("NaN" if match.group(3).lower() == "nan" else match.group(2) + "Infinity")
+
+
+def _python_special(match: re.Match) -> str:
+    return match.group(1) + (repr(_NAN) if match.group(3).lower() == "nan" else match.group(2) + "1e999")
 
 
 def _scalar(value) -> tuple[float | None, str | None]:
@@ -149,14 +166,14 @@ class OpenRLHFConsoleIngester(Ingester):
     def load(self, ctx: FileContext) -> None:
         frame = read_lines(ctx.path)
         ctx.lines = frame.height
-        frame = frame.with_columns(
+        metric_lines = frame.filter(pl.col("clean").str.contains("Global step|Evaluation completed")).with_columns(
             g_step=pl.col("clean").str.extract(GLOBAL_STEP, 1),
             g_payload=pl.col("clean").str.extract(GLOBAL_STEP, 2),
             e_time=pl.col("clean").str.extract(EVALUATION, 1),
             e_step=pl.col("clean").str.extract(EVALUATION, 2),
             e_payload=pl.col("clean").str.extract(EVALUATION, 3),
         )
-        metric_lines = frame.filter(pl.col("g_step").is_not_null() | pl.col("e_step").is_not_null())
+        metric_lines = metric_lines.filter(pl.col("g_step").is_not_null() | pl.col("e_step").is_not_null())
         records: list[tuple[int, int, str, float | None, str | None]] = []
         parsed_lines: list[tuple[int, int]] = []
         for line_no, raw, g_step, g_payload, e_time, e_step, e_payload in metric_lines.select(
@@ -180,7 +197,7 @@ class OpenRLHFConsoleIngester(Ingester):
                 rows.append(("eval/duration_s", _duration_seconds(e_time), None))
             records.extend((line_no, step, key, val, text) for key, val, text in rows)
             parsed_lines.append((line_no, step))
-        self._count_ignored(ctx, frame.filter(pl.col("g_step").is_null() & pl.col("e_step").is_null()))
+        self._count_ignored(ctx, frame.join(metric_lines.select("line_no"), on="line_no", how="anti"))
         if parsed_lines:
             ctx.format_version = "0.9" if any(k.startswith("timing/") for _, _, k, _, _ in records) else "0.8"
             self._store(ctx, records, parsed_lines, flag=None)
