@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polytrace_cli.analyze.partition import bin_loads, imbalance, karmarkar_karp, lpt
+from polytrace_cli.analyze.partition import (
+    _kk_max_load_heap,
+    bin_loads,
+    imbalance,
+    karmarkar_karp,
+    kk_max_loads,
+    lpt,
+    lpt_max_loads,
+)
 
 WEIGHTS = st.lists(st.integers(min_value=0, max_value=1000), min_size=0, max_size=40)
 K = st.integers(min_value=1, max_value=9)
@@ -91,3 +99,33 @@ def test_imbalance():
     assert imbalance([10, 20, 30]) == pytest.approx(1.5)
     assert imbalance([0, 0]) is None
     assert imbalance([]) is None
+
+
+INSTANCES = st.lists(st.lists(st.integers(min_value=0, max_value=500), min_size=0, max_size=30), min_size=1, max_size=8)
+
+
+@given(instances=INSTANCES, k=K)
+@settings(max_examples=150, deadline=None)
+def test_batched_kk_matches_karmarkar_karp(instances, k):
+    expected = [max(bin_loads(w, karmarkar_karp(w, k))) for w in instances]
+    assert kk_max_loads(instances, k).tolist() == pytest.approx(expected)
+    assert [_kk_max_load_heap(w, k) if w else 0.0 for w in instances] == pytest.approx(expected)
+
+
+@given(instances=INSTANCES, k=K)
+@settings(max_examples=150, deadline=None)
+def test_batched_lpt_matches_lpt(instances, k):
+    expected = [max(bin_loads(w, lpt(w, k))) for w in instances]
+    assert lpt_max_loads(instances, k).tolist() == pytest.approx(expected)
+
+
+def test_batched_forms_split_into_chunks(monkeypatch):
+    import polytrace_cli.analyze.partition as partition
+
+    instances = [[5, 4, 3, 3, 1], [9, 1], [2, 2, 2, 2], [7]]
+    expected_kk = [max(bin_loads(w, karmarkar_karp(w, 2))) for w in instances]
+    expected_lpt = [max(bin_loads(w, lpt(w, 2))) for w in instances]
+    monkeypatch.setattr(partition, "BATCH_CELLS", 10)  # one instance per chunk
+    monkeypatch.setattr(partition, "BATCH_MAX_ITEMS", 4)  # the 5-item instance takes the heap path
+    assert kk_max_loads(instances, 2).tolist() == expected_kk == [8, 9, 4, 7]
+    assert lpt_max_loads(instances, 2).tolist() == expected_lpt

@@ -34,27 +34,41 @@ def per_batch(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
         WITH fb AS (
             SELECT * FROM filter_batches WHERE run_id IN (SELECT unnest(?)) AND {steps.sql('workload_step')}
         ),
-        s AS (
-            SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank, prompt_idx, response_len
-            FROM samples
-            WHERE run_id IN (SELECT DISTINCT run_id FROM fb) AND step IN (SELECT workload_step FROM fb)
-              AND coalesce(validate, false) = false AND coalesce(tp_rank, 0) = 0 AND prompt_idx IS NOT NULL
+        wanted AS (SELECT DISTINCT run_id, workload_step AS step FROM fb),
+        p AS MATERIALIZED (
+            SELECT s.run_id, s.step, sum(s.response_len) AS tokens,
+                   dense_rank() OVER (PARTITION BY s.run_id, s.step
+                                      ORDER BY coalesce(s.dp_rank, s.rank) NULLS FIRST, s.prompt_idx) - 1 AS position
+            FROM samples s SEMI JOIN wanted w ON w.run_id = s.run_id AND w.step = s.step
+            WHERE coalesce(s.validate, false) = false AND coalesce(s.tp_rank, 0) = 0 AND s.prompt_idx IS NOT NULL
+            GROUP BY s.run_id, s.step, coalesce(s.dp_rank, s.rank), s.prompt_idx
         ),
-        p AS (
-            SELECT run_id, step, sum(response_len) AS tokens,
-                   dense_rank() OVER (PARTITION BY run_id, step ORDER BY dp_rank NULLS FIRST, prompt_idx) - 1 AS position
-            FROM s GROUP BY run_id, step, dp_rank, prompt_idx
+        steps_found AS (
+            SELECT run_id, step, count(*) AS prompts_found, sum(tokens) AS tokens FROM p GROUP BY run_id, step
+        ),
+        kept AS (SELECT DISTINCT run_id, workload_step, gen_batch_index, unnest(kept_indices) AS position FROM fb),
+        used AS (SELECT DISTINCT run_id, workload_step, gen_batch_index, unnest(used_indices) AS position FROM fb),
+        kept_tokens AS (
+            SELECT k.run_id, k.workload_step, k.gen_batch_index, sum(p.tokens) AS tokens
+            FROM kept k JOIN p ON p.run_id = k.run_id AND p.step = k.workload_step AND p.position = k.position
+            GROUP BY ALL
+        ),
+        used_tokens AS (
+            SELECT u.run_id, u.workload_step, u.gen_batch_index, sum(p.tokens) AS tokens
+            FROM used u JOIN p ON p.run_id = u.run_id AND p.step = u.workload_step AND p.position = u.position
+            GROUP BY ALL
         ),
         j AS (
-            SELECT fb.run_id, fb.file_id, fb.workload_step, fb.trainer_step, fb.gen_batch_index,
-                   any_value(fb.prompt_count) AS prompt_count, any_value(fb.kept) AS kept,
-                   any_value(fb.used) AS used,
-                   any_value(fb.kept_indices) IS NOT NULL AND any_value(fb.used_indices) IS NOT NULL AS has_indices,
-                   count(p.position) AS prompts_found, sum(p.tokens) AS tokens,
-                   sum(p.tokens) FILTER (WHERE NOT list_contains(fb.kept_indices, p.position::INTEGER)) AS discarded,
-                   sum(p.tokens) FILTER (WHERE NOT list_contains(fb.used_indices, p.position::INTEGER)) AS unused
-            FROM fb LEFT JOIN p ON p.run_id = fb.run_id AND p.step = fb.workload_step
-            GROUP BY fb.run_id, fb.file_id, fb.workload_step, fb.trainer_step, fb.gen_batch_index
+            SELECT fb.run_id, fb.workload_step, fb.trainer_step, fb.gen_batch_index, fb.prompt_count, fb.kept, fb.used,
+                   fb.kept_indices IS NOT NULL AND fb.used_indices IS NOT NULL AS has_indices,
+                   coalesce(f.prompts_found, 0) AS prompts_found, f.tokens,
+                   f.tokens - coalesce(kt.tokens, 0) AS discarded, f.tokens - coalesce(ut.tokens, 0) AS unused
+            FROM fb
+            LEFT JOIN steps_found f ON f.run_id = fb.run_id AND f.step = fb.workload_step
+            LEFT JOIN kept_tokens kt ON kt.run_id = fb.run_id AND kt.workload_step = fb.workload_step
+                 AND kt.gen_batch_index IS NOT DISTINCT FROM fb.gen_batch_index
+            LEFT JOIN used_tokens ut ON ut.run_id = fb.run_id AND ut.workload_step = fb.workload_step
+                 AND ut.gen_batch_index IS NOT DISTINCT FROM fb.gen_batch_index
         )
         SELECT runs.name AS run, workload_step::BIGINT AS workload_step, trainer_step::BIGINT AS trainer_step,
                gen_batch_index::BIGINT AS gen_batch_index, prompt_count::BIGINT AS prompt_count,
@@ -77,8 +91,12 @@ def per_batch(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
 def per_trainer_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per trainer step (F10): batches = generation batches that fed it, prompts = Σ prompt_count,
     kept = Σ kept, used = Σ used, kept_share = kept / prompts."""
+    return _trainer_steps(per_batch(con, run_ids, steps))
+
+
+def _trainer_steps(batches: pl.DataFrame) -> pl.DataFrame:
     return (
-        per_batch(con, run_ids, steps)
+        batches
         .group_by("run", "trainer_step")
         .agg(batches=pl.len(), prompts=pl.col("prompt_count").sum(), kept=pl.col("kept").sum(),
              used=pl.col("used").sum())
@@ -103,7 +121,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     (unused_token_share likewise) when every batch joined its samples (basis 'samples'); else the
     prompt shares 1 − Σ kept / Σ prompt_count and 1 − Σ used / Σ prompt_count (basis 'prompts')."""
     batches = per_batch(con, run_ids, steps)
-    per_step = per_trainer_step(con, run_ids, steps).group_by("run").agg(
+    per_step = _trainer_steps(batches).group_by("run").agg(
         trainer_steps=pl.len(), mean_batches_per_trainer_step=pl.col("batches").mean(),
         max_batches_per_trainer_step=pl.col("batches").max(),
     )

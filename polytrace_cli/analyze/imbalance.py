@@ -25,11 +25,12 @@ and after verl's own balancing): λ = max / mean and λ_balanced = balanced_max 
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import polars as pl
 from scipy.stats import binomtest
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
-from polytrace_cli.analyze.partition import bin_loads, imbalance, karmarkar_karp, lpt
+from polytrace_cli.analyze.partition import kk_max_loads, lpt_max_loads
 from polytrace_cli.analyze.registry import register
 
 STRAGGLER_ALPHA = 0.05
@@ -98,15 +99,18 @@ def _balanced(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
             FROM s WHERE prompt_idx IS NULL
         )
         SELECT run_id, step, count(DISTINCT dp_rank) AS ranks, list(w) AS weights
-        FROM g GROUP BY run_id, step HAVING count(DISTINCT dp_rank) >= 2
+        FROM g GROUP BY run_id, step HAVING count(DISTINCT dp_rank) >= 2 AND sum(w) > 0
         """,
         [run_ids],
     ).fetchall()
     rows = []
-    for run_id, step, ranks, weights in groups:
-        lambda_kk = imbalance(bin_loads(weights, karmarkar_karp(weights, ranks)))
-        lambda_lpt = imbalance(bin_loads(weights, lpt(weights, ranks)))
-        rows.append((run_id, step, lambda_kk, lambda_lpt))
+    for k in sorted({ranks for _, _, ranks, _ in groups}):
+        same_k = [group for group in groups if group[2] == k]
+        instances = [weights for _, _, _, weights in same_k]
+        means = np.array([sum(weights) / k for weights in instances])
+        lambda_kk = kk_max_loads(instances, k) / means
+        lambda_lpt = lpt_max_loads(instances, k) / means
+        rows += [(run_id, step, float(kk), float(lp)) for (run_id, step, _, _), kk, lp in zip(same_k, lambda_kk, lambda_lpt)]
     return pl.DataFrame(
         rows, schema={"run_id": pl.Int32, "step": pl.Int64, "lambda_kk": pl.Float64, "lambda_lpt": pl.Float64},
         orient="row",

@@ -9,6 +9,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
+# Cells (instances × items × bins) one batched step may hold; bounds memory of the batched forms.
+BATCH_CELLS = 4_000_000
+# Above this many items the batched differencing (O(n²) per instance) loses to a heap per instance.
+BATCH_MAX_ITEMS = 3000
+
 
 def _check(weights: Sequence[float], k: int) -> None:
     if k < 1:
@@ -69,6 +76,119 @@ def lpt(weights: Sequence[float], k: int) -> list[list[int]]:
         bins[b].append(index)
         heapq.heappush(heap, (load + float(weights[index]), b))
     return bins
+
+
+def _padded(instances: list[Sequence[float]]) -> np.ndarray:
+    width = max((len(w) for w in instances), default=0)
+    out = np.zeros((len(instances), width))
+    for row, weights in enumerate(instances):
+        out[row, : len(weights)] = weights
+    return out
+
+
+def _chunks(instances: list[Sequence[float]], k: int):
+    width = max((len(w) for w in instances), default=1) or 1
+    size = max(1, BATCH_CELLS // (width * k))
+    for start in range(0, len(instances), size):
+        yield instances[start : start + size]
+
+
+def _kk_max_load_heap(weights: Sequence[float], k: int) -> float:
+    """Largest bin of `karmarkar_karp(weights, k)` from the bin sums alone (same merge order)."""
+    heap = [(-float(w), i, [float(w)] + [0.0] * (k - 1)) for i, w in enumerate(weights)]
+    heapq.heapify(heap)
+    tie = len(heap)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = sorted((a[i] + b[k - 1 - i] for i in range(k)), reverse=True)
+        low = merged[-1]
+        merged = [x - low for x in merged]
+        heapq.heappush(heap, (-(merged[0] - merged[-1]), tie, merged))
+        tie += 1
+    sums = heap[0][2]
+    return sums[0] + (float(sum(weights)) - sum(sums)) / k
+
+
+def _kk_max_loads_batched(instances: list[Sequence[float]], k: int) -> np.ndarray:
+    weights = _padded(instances)
+    count, width = weights.shape
+    rows = np.arange(count)
+    tuples = np.zeros((count, width, k))
+    tuples[:, :, 0] = weights
+    alive = np.zeros((count, width), dtype=bool)
+    for row, w in enumerate(instances):
+        alive[row, : len(w)] = True
+    spread = np.where(alive, weights, -np.inf)
+    # Creation order breaks ties between equal spreads, as the heap in karmarkar_karp does.
+    created = np.tile(np.arange(width, dtype=float), (count, 1))
+
+    def pick() -> np.ndarray:
+        best = spread.max(axis=1, keepdims=True)
+        return np.where(spread == best, created, np.inf).argmin(axis=1)
+
+    for step in range(width - 1):
+        first = pick()
+        first_spread = spread[rows, first].copy()
+        spread[rows, first] = -np.inf
+        second = pick()
+        active = np.isfinite(spread[rows, second])
+        if not active.any():
+            spread[rows, first] = first_spread
+            break
+        merged = tuples[rows, first] + tuples[rows, second][:, ::-1]
+        merged = -np.sort(-merged, axis=1)
+        merged -= merged[:, -1:]
+        tuples[rows, first] = np.where(active[:, None], merged, tuples[rows, first])
+        spread[rows, first] = np.where(active, merged[:, 0], first_spread)
+        created[rows, first] = np.where(active, width + step, created[rows, first])
+        spread[rows, second] = np.where(active, -np.inf, spread[rows, second])
+    final = spread.argmax(axis=1)
+    sums = tuples[rows, final]
+    totals = weights.sum(axis=1)
+    return sums[:, 0] + (totals - sums.sum(axis=1)) / k
+
+
+def kk_max_loads(instances: list[Sequence[float]], k: int) -> np.ndarray:
+    """The largest bin load of `karmarkar_karp(weights, k)` for each instance, computed in batches.
+
+    Same differencing and tie-breaking as karmarkar_karp, tracking bin sums only: the final tuple
+    holds loads minus the smallest load m, so max load = s_max + m with
+    m = (Σ w − Σ s) / k. Instances are processed together (numpy over instances), with a per-instance
+    heap for very large instances. An empty instance has max load 0.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, not {k}")
+    out = np.zeros(len(instances))
+    small = [i for i, w in enumerate(instances) if 0 < len(w) <= BATCH_MAX_ITEMS]
+    for i, w in enumerate(instances):
+        if len(w) > BATCH_MAX_ITEMS:
+            out[i] = _kk_max_load_heap(w, k)
+    start = 0
+    for chunk in _chunks([instances[i] for i in small], k):
+        out[small[start : start + len(chunk)]] = _kk_max_loads_batched(chunk, k)
+        start += len(chunk)
+    return out
+
+
+def lpt_max_loads(instances: list[Sequence[float]], k: int) -> np.ndarray:
+    """The largest bin load of `lpt(weights, k)` for each instance, computed in batches: every
+    instance's weights sorted descending, the i-th largest added to the currently smallest bin
+    (lowest bin on ties), all instances at once. Zero padding of shorter instances changes no load."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, not {k}")
+    out = np.zeros(len(instances))
+    start = 0
+    for chunk in _chunks(instances, k):
+        weights = -np.sort(-_padded(chunk), axis=1)
+        loads = np.zeros((len(chunk), k))
+        rows = np.arange(len(chunk))
+        for column in range(weights.shape[1]):
+            target = loads.argmin(axis=1)
+            loads[rows, target] += weights[:, column]
+        out[start : start + len(chunk)] = loads.max(axis=1) if len(chunk) else []
+        start += len(chunk)
+    return out
 
 
 def bin_loads(weights: Sequence[float], bins: list[list[int]]) -> list[float]:

@@ -1,0 +1,148 @@
+"""Analysis speed at scale: every registered analysis over 5 M samples and 1,000 steps.
+
+Builds (once; reused when present) an on-disk store under bench/out/analyze_scale/ with DuckDB SQL
+generating rows straight into the tables:
+  run `scale`    5,000,000 samples over 1,000 steps, 8 DP ranks, 8 responses per prompt; prompt
+                 lengths lognormal per prompt group, response lengths lognormal with a slow upward
+                 drift, capped at 16,000 (cap recorded in runs.meta); reward timings per rank;
+  run `console`  the same 1,000 steps as step aggregates (timing_s/* and response_length/*).
+Lognormal draws use Box–Muller on hash-derived uniforms, exp(mean + sd·sqrt(−2 ln u1)·cos(2π u2)),
+so the store is identical on every build.
+
+Then runs every analysis' summary over both runs in a child process and prints per-analysis and
+total seconds, and that process' peak RSS, against the target (< 10 s total, < 2 GB).
+Usage: python bench/analyze_scale.py [--samples N] [--steps N] [--rebuild]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "analyze_scale"
+TARGET_SECONDS = 10.0
+TARGET_RSS_MB = 2048
+RANKS, N_SAMPLING, CAP = 8, 8, 16_000
+
+
+def uniform(seed_sql: str, salt: int) -> str:
+    """A deterministic uniform in (0, 1) from a hash of `seed_sql` and `salt`."""
+    return f"((hash({seed_sql}, {salt}) % 4294967296)::DOUBLE + 0.5) / 4294967296.0"
+
+
+def lognormal(seed_sql: str, salt: int, mean: str, sd: str) -> str:
+    """exp(mean + sd·z) with z standard normal by Box–Muller."""
+    z = f"sqrt(-2 * ln({uniform(seed_sql, salt)})) * cos(2 * pi() * {uniform(seed_sql, salt + 1)})"
+    return f"exp({mean} + {sd} * {z})"
+
+
+def build_store(path: Path, samples: int, steps: int) -> float:
+    """Create the store; returns seconds spent."""
+    sys.path.insert(0, str(HERE.parent))
+    from polytrace_cli.store import open_store
+
+    started = time.perf_counter()
+    con = open_store(path)
+    per_step = samples // steps
+    per_rank = per_step // RANKS
+    con.execute("INSERT INTO runs (run_id, name, framework, task, meta) VALUES (1, 'scale', 'synthetic', 'code', ?), "
+                "(2, 'console', 'verl', 'code', '{}')", [json.dumps({"max_response_len": CAP, "n_sampling": N_SAMPLING})])
+    prompt = lognormal("i // 8", 1, "5.5", "0.5")
+    response = lognormal("i", 3, f"7.0 + 0.0005 * (i // {per_step})", "1.0")
+    con.execute(f"""
+        INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx,
+                             prompt_len, response_len, validate)
+        SELECT 1, 1, (i // {per_step})::INTEGER, ((i % {per_step}) // {per_rank})::INTEGER,
+               ((i % {per_step}) // {per_rank})::INTEGER, 0, ((i % {per_rank}) // {N_SAMPLING})::INTEGER,
+               (i % {N_SAMPLING})::INTEGER, greatest(1, round({prompt}))::INTEGER,
+               least({CAP}, greatest(1, round({response})))::INTEGER, false
+        FROM range({per_step * steps}) t(i)
+    """)
+    con.execute(f"""
+        INSERT INTO rank_timings (run_id, file_id, step, rank, dp_rank, tp_rank, stage, seconds, batch_size, tokens, response_max)
+        SELECT 1, 1, step, dp_rank, dp_rank, 0, 'reward', sum(response_len) / 20000.0, count(*), sum(response_len), max(response_len)
+        FROM samples WHERE run_id = 1 GROUP BY step, dp_rank
+    """)
+    keys = {"timing_s/gen": "40 + mean_len / 50", "timing_s/reward": "5 + mean_len / 500",
+            "timing_s/old_log_prob": "8", "timing_s/ref": "7", "timing_s/adv": "0.5", "timing_s/update_actor": "30",
+            "timing_s/step": "91 + mean_len / 50 + mean_len / 500",
+            "response_length/mean": "mean_len", "response_length/max": "max_len", "response_length/min": "min_len",
+            "response_length/clip_ratio": "clip"}
+    selects = " UNION ALL ".join(f"SELECT step, '{key}' AS key, ({expr})::DOUBLE AS value FROM agg" for key, expr in keys.items())
+    con.execute(f"""
+        INSERT INTO step_metrics (run_id, segment, step, key, value, file_id, line_no)
+        WITH agg AS (
+            SELECT step, avg(response_len) AS mean_len, max(response_len) AS max_len, min(response_len) AS min_len,
+                   avg((response_len >= {CAP})::DOUBLE) AS clip
+            FROM samples WHERE run_id = 1 GROUP BY step
+        )
+        SELECT 2, 0, step, key, value, 2, step + 1 FROM ({selects})
+    """)
+    con.close()
+    return time.perf_counter() - started
+
+
+def run_analyses(path: Path) -> None:
+    """Child process: time every registered analysis; print one JSON line of results."""
+    sys.path.insert(0, str(HERE.parent))
+    from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.analyze.registry import all_analyses
+    from polytrace_cli.store import open_store
+
+    con = open_store(path, read_only=True)
+    ids = [row[0] for row in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    timings = {}
+    for name, analysis in all_analyses().items():
+        started = time.perf_counter()
+        rows = analysis.summary(con, ids, StepRange()).height
+        timings[name] = {"seconds": time.perf_counter() - started, "rows": rows}
+    con.close()
+    print(json.dumps({"timings": timings, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=5_000_000)
+    parser.add_argument("--steps", type=int, default=1_000)
+    parser.add_argument("--rebuild", action="store_true", help="Rebuild the store even when present.")
+    parser.add_argument("--analyze-only", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.analyze_only:
+        run_analyses(args.analyze_only)
+        return 0
+
+    store = OUT / f"store_{args.samples}_{args.steps}.duckdb"
+    if args.rebuild and OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if not store.exists():
+        seconds = build_store(store, args.samples, args.steps)
+        print(f"built {store.name}: {args.samples:,} samples, {args.steps:,} steps in {seconds:.1f} s")
+    else:
+        print(f"reusing {store.name} (--rebuild to regenerate)")
+
+    child = subprocess.run([sys.executable, __file__, "--analyze-only", str(store)], capture_output=True, text=True)
+    if child.returncode != 0:
+        sys.stderr.write(child.stderr)
+        return 1
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    total = sum(t["seconds"] for t in result["timings"].values())
+    print(f"\n{'analysis':<12} {'seconds':>8} {'rows':>6}")
+    for name, timing in result["timings"].items():
+        print(f"{name:<12} {timing['seconds']:>8.2f} {timing['rows']:>6}")
+    print(f"{'total':<12} {total:>8.2f}")
+    rss = result["peak_rss_mb"]
+    print(f"\ntotal {total:.2f} s (target < {TARGET_SECONDS:.0f} s): {'met' if total < TARGET_SECONDS else 'MISSED'}")
+    print(f"peak RSS {rss:,.0f} MB (target < {TARGET_RSS_MB:,} MB): {'met' if rss < TARGET_RSS_MB else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
