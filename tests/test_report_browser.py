@@ -1,0 +1,89 @@
+"""The report opened in a real headless Chromium from disk: it renders, and no image is broken."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
+
+runner = CliRunner()
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium() -> str:
+    """The chromium executable; skipped when absent, except under CI where it must be installed."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed but CI is set: the browser test must run in CI")
+    pytest.skip("chromium not installed (apt-get install chromium)")
+
+
+def run_chromium(executable: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+@pytest.fixture(scope="module")
+def report_index(tmp_path_factory) -> Path:
+    """A report over two small generated workloads (code with reward timings, search with tool calls)."""
+    folder = tmp_path_factory.mktemp("browser")
+    db = folder / "store.duckdb"
+    for task in ("code", "search"):
+        made = runner.invoke(app, ["synth", "--task", task, "--steps", "3", "--batch", "8", "--out",
+                                   str(folder / "logs" / task), "--seed", "3"])
+        assert made.exit_code == 0, made.output
+        ingested = runner.invoke(app, ["ingest", str(folder / "logs" / task), "--task", task, "--db", str(db)])
+        assert ingested.exit_code == 0, ingested.output
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "reports"), "--name", "browser"])
+    assert result.exit_code == 0, result.output
+    return Path(result.output.strip())
+
+
+def test_every_embedded_image_decodes(report_index):
+    html = report_index.read_text()
+    sources = re.findall(r"src='data:image/png;base64,([^']+)'", html)
+    drawn = [f for f in json.loads((report_index.parent / "summary.json").read_text())["figures"] if f["png"]]
+    assert len(sources) == len(drawn) >= 4
+    for data in sources:
+        pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(data, validate=True)), format="png")
+        assert pixels.shape[0] > 200 and float(pixels[..., :3].std()) > 0.02
+
+
+@pytest.mark.browser
+def test_chromium_renders_the_report_without_broken_images(report_index, tmp_path):
+    executable = chromium()
+    url = report_index.resolve().as_uri()
+    shot = tmp_path / "shot.png"
+    screenshot = run_chromium(executable, tmp_path / "profile-shot", f"--screenshot={shot}",
+                              "--window-size=1280,4000", url)
+    assert shot.exists(), screenshot.stderr[-2000:]
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[:2] == (4000, 1280)
+    assert float(pixels[..., :3].std()) > 0.05, "the screenshot is blank"
+    # The top band holds the title and T1: dark text on white, not an error page.
+    assert float(pixels[:600, :, :3].min()) < 0.3
+
+    dom = run_chromium(executable, tmp_path / "profile-dom", "--virtual-time-budget=10000", "--dump-dom", url)
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    assert body, dom.stderr[-2000:]
+    images = re.search(r'data-images="(\d+)"', body.group(1))
+    broken = re.search(r'data-broken-images="(\d+)"', body.group(1))
+    assert images and broken, f"the page's image check did not run: {body.group(0)}"
+    drawn = [f for f in json.loads((report_index.parent / "summary.json").read_text())["figures"] if f["png"]]
+    assert int(images.group(1)) == len(drawn)
+    assert int(broken.group(1)) == 0
+    assert "polytrace report: browser" in dom.stdout
