@@ -8,6 +8,7 @@ functions and need no registration.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,9 @@ class Analysis:
     summary: SummaryFunction
 
 
+# Imported on first use so that commands which need no analysis start without scipy.
+BUILT_IN = ("lengths", "drift", "longtail", "fit", "imbalance", "steps", "tools", "filtering")
+
 _ANALYSES: dict[str, Analysis] = {}
 
 
@@ -43,6 +47,7 @@ def register(name: str, description: str) -> Callable[[SummaryFunction], Summary
 
 def all_analyses() -> dict[str, Analysis]:
     """Every registered analysis, in the order the analyze package imports them."""
-    import polytrace_cli.analyze  # noqa: F401  (importing the package registers the built-ins)
+    for module in BUILT_IN:
+        importlib.import_module(f"polytrace_cli.analyze.{module}")
 
     return dict(_ANALYSES)

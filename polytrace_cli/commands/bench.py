@@ -7,10 +7,6 @@ from typing import Annotated
 
 import typer
 
-from polytrace_cli.bench.distributions import load_params
-from polytrace_cli.bench.fidelity import workload_from_run
-from polytrace_cli.bench.presets import PRESETS, preset
-from polytrace_cli.bench.synth import WorkloadSpec, synthesize, with_overrides
 from polytrace_cli.commands.common import DbOption, console, emit_frame, fail, user_errors
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
@@ -37,6 +33,11 @@ def synth(
     db: DbOption = None,
 ) -> None:
     """Sample a workload from fitted distributions and write it as PolyTrace traces."""
+    from polytrace_cli.bench.distributions import load_params
+    from polytrace_cli.bench.fidelity import workload_from_run
+    from polytrace_cli.bench.presets import PRESETS, preset
+    from polytrace_cli.bench.synth import WorkloadSpec, synthesize, with_overrides
+
     if params is not None and from_run is not None:
         raise fail("give either --params or --from-run, not both")
     if from_run is not None:
@@ -66,6 +67,9 @@ def demo(
     db: DbOption = None,
 ) -> None:
     """The zero-setup tour: generate sample logs, ingest them, and show what the store holds."""
+    from polytrace_cli.bench.presets import PRESETS, preset
+    from polytrace_cli.bench.synth import synthesize, with_overrides
+
     for task in PRESETS:
         model, spec = preset(task)
         synthesize(model, with_overrides(spec, seed=DEMO_SEED), out / task)

@@ -13,8 +13,6 @@ import polars as pl
 import typer
 
 from polytrace_cli.bench.export import FORMATS, export_run, resolve_run
-from polytrace_cli.bench.fidelity import KS_TARGET, P99_TARGET, fidelity as fidelity_frame, fitted_params, read_params
-from polytrace_cli.bench.replay import replay_check as compare_logs
 from polytrace_cli.commands.common import DbOption, JsonOption, console, emit_frame, json_default, user_errors
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store import open_store
@@ -61,6 +59,8 @@ def fit(
     as_json: JsonOption = False,
 ) -> None:
     """Fit prompt and response length distributions of a run and write a polytrace-params/1 file."""
+    from polytrace_cli.bench.fidelity import fitted_params
+
     con = open_store(db, read_only=True)
     try:
         document = fitted_params(con, resolve_run(con, run))
@@ -105,6 +105,8 @@ def replay_check(
     as_json: JsonOption = False,
 ) -> None:
     """Compare a benchmark replay with the formal run: per-stage error (benchmark − formal)/formal and accuracy."""
+    from polytrace_cli.bench.replay import replay_check as compare_logs
+
     with tempfile.TemporaryDirectory(prefix="polytrace-replay-") as folder:
         con = open_store(db or Path(folder) / "replay.duckdb")
         try:
@@ -142,6 +144,8 @@ def fidelity(
     as_json: JsonOption = False,
 ) -> None:
     """Synthesize a workload shaped like the run from its fit and report KS and mean/p50/p99/clip errors."""
+    from polytrace_cli.bench.fidelity import KS_TARGET, P99_TARGET, fidelity as fidelity_frame, fitted_params, read_params
+
     if sampler not in (*SAMPLERS, "both"):
         raise PolytraceError(f"--sampler takes parametric, empirical or both, not {sampler!r}")
     con = open_store(db, read_only=True)
