@@ -6,7 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
@@ -111,10 +110,20 @@ def test_run_folder_files_land_in_one_run(store, tmp_path):
         (1, 30.0, 60.0), (2, 31.0, 62.0)]
 
 
-@pytest.mark.xfail(strict=True, reason="run naming takes the `val` folder of media/table/val/ as the run name")
 def test_tables_under_a_key_folder_land_in_the_run(store):
     reports = ingest_paths(store, [FIXTURES])
-    assert {r.run for r in reports} == {"run-20250518_123456-abc123xy"}
+    by_format = {}
+    for report in reports:
+        by_format.setdefault(report.format, set()).add(report.run)
+    # media/table/val/*.table.json belong to the run folder, not to a run named `val`.
+    assert by_format["wandb-table"] == {"run-20250518_123456-abc123xy"}
+    assert by_format["verl-console"] == {"run-20250518_123456-abc123xy"}
+    assert by_format["wandb-csv"] == {"fixtures"}  # the CSV export beside the folder is its own source
+    assert store.execute("SELECT name FROM runs ORDER BY name").fetchall() == [
+        ("fixtures",), ("run-20250518_123456-abc123xy",)]
+    assert store.execute(
+        "SELECT count(*) FROM samples JOIN runs USING (run_id) WHERE name = 'run-20250518_123456-abc123xy'"
+    ).fetchall()[0][0] > 0
 
 
 def test_cli_ingests_the_whole_folder(tmp_path):

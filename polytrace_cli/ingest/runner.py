@@ -60,8 +60,13 @@ def derive_run(file: Path) -> tuple[str, Path]:
     Walks up from the file's folder past generic names (`files`, `profile`, `logs`, ...) and
     timestamp folders; the first other folder names the run. The deepest timestamp folder passed
     on the way, if any, is the run's root, so two timestamped runs under one folder stay apart.
+    Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
+    holds `media`: the key folders below it name a logged key, not a run.
     """
     folder = file.resolve().parent
+    media = next((current for current in (folder, *folder.parents) if current.name.lower() == "media"), None)
+    if media is not None:
+        folder = media.parent
     timestamp_root = None
     for current in (folder, *folder.parents):
         name = current.name
