@@ -44,8 +44,14 @@ def ingest(
     format: Annotated[str | None, typer.Option("--format", help="Skip sniffing; read every file as this format.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero when any line is rejected.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-file results as JSON.")] = False,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="A locally available Hugging Face tokenizer (folder or cached name) to count rollout-dump lengths;"
+             " default: characters / 4.")] = None,
 ) -> None:
     """Read logs and traces into the store, one transaction per file."""
+    from polytrace_cli.ingest.formats import verl_rollout
+
+    verl_rollout.set_tokenizer(tokenizer)
     con = open_store(db)
     try:
         show_progress = sys.stderr.isatty() and not as_json
@@ -64,6 +70,7 @@ def ingest(
             reports = ingest_paths(con, paths, run_name=run, task=task, format_name=format)
     finally:
         con.close()
+        verl_rollout.set_tokenizer(None)
     if as_json:
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
     else:

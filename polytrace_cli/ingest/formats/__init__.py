@@ -5,6 +5,8 @@ from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
+from polytrace_cli.ingest.formats import verl_jsonl  # noqa: F401
+from polytrace_cli.ingest.formats import verl_rollout  # noqa: F401
 from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_run  # noqa: F401

@@ -1,0 +1,182 @@
+"""verl file logger: JSON lines, one per step (verl 0.6+, `trainer.logger=['file']`).
+
+    {"step": 12, "data": {"timing_s/gen": 30.5, "actor/pg_loss": NaN, "resize/mode": "schedule"}}
+
+How a file is read (FORMATS.md, section 2):
+
+- The lines are read in bulk with polars; bare `NaN`, `Infinity` and `-Infinity` (older writers;
+  not strict JSON) are rewritten into marker strings, then DuckDB checks each line with
+  `json_valid` and unnests `data` with `json_each` into one `step_metrics` row per key.
+- Values: numbers as `value`; the bare non-finite tokens as NaN / ±inf; `null` (newer writers'
+  spelling of NaN) as NaN; booleans as 1/0 with text 'True'/'False'; strings, lists and objects as
+  `text_value` (value NULL).
+- A line that is not JSON, not an object, lacks an integer `step` or an object `data` is rejected
+  with the reason; blank lines are ignored under `blank`.
+- A step lower than or equal to the previous one starts a new segment (flag `restart`); a file
+  whose first step is above 1 is flagged `resumed`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+
+from polytrace_cli.ingest import run_metadata
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.registry import register
+
+_NONFINITE_MARK = "__polytrace_nonfinite__:"
+# A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
+_BARE_NONFINITE = r"([:\[,]\s*)(-?Infinity|NaN)(\s*[,}\]])"
+_SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
+_SNIFF_ANY_ORDER = re.compile(rb'^\s*\{.*"data"\s*:\s*\{.*"step"\s*:\s*-?\d+')
+
+
+def _first_line(head: bytes) -> bytes:
+    for line in head.split(b"\n"):
+        if line.strip():
+            return line
+    return b""
+
+
+@register
+class VerlJsonlIngester(Ingester):
+    name = "verl-jsonl"
+    version = "1"
+    framework = "verl"
+    description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        first = _first_line(head)
+        return bool(_SNIFF.match(first) or _SNIFF_ANY_ORDER.match(first))
+
+    def load(self, ctx: FileContext) -> None:
+        con = ctx.con
+        lines = _read_lines(ctx.path)
+        ctx.lines = lines.height
+        blank = lines.filter(pl.col("raw").str.strip_chars() == "")
+        ctx.ignore("blank", blank.height)
+        lines = lines.filter(pl.col("raw").str.strip_chars() != "").with_columns(
+            j=pl.col("raw").str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}')
+            .str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}'))
+        con.register("verl_jsonl_lines", lines.to_arrow())
+        try:
+            con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS
+                SELECT line_no, raw, j,
+                    CASE WHEN NOT json_valid(j) THEN 'not JSON'
+                         WHEN json_type(j::JSON) <> 'OBJECT' THEN 'not a JSON object'
+                         WHEN json_type(j::JSON, '$.step') IS NULL OR json_type(j::JSON, '$.step') = 'NULL'
+                              THEN 'missing field step'
+                         WHEN json_type(j::JSON, '$.step') NOT IN ('BIGINT', 'UBIGINT')
+                              THEN 'field step: expected an integer'
+                         WHEN json_type(j::JSON, '$.data') IS NULL OR json_type(j::JSON, '$.data') = 'NULL'
+                              THEN 'missing field data'
+                         WHEN json_type(j::JSON, '$.data') <> 'OBJECT' THEN 'field data: expected an object'
+                    END AS problem
+                FROM verl_jsonl_lines
+                """
+            )
+        finally:
+            con.unregister("verl_jsonl_lines")
+        for line_no, raw, problem in con.execute(
+                "SELECT line_no, raw, problem FROM verl_jsonl_checked WHERE problem IS NOT NULL ORDER BY line_no"
+        ).fetchall():
+            ctx.reject(line_no, _json_reason(raw) if problem == "not JSON" else problem, raw)
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE verl_jsonl_metrics AS
+            SELECT c.line_no, CAST(json_extract(c.j, '$.step') AS BIGINT) AS step, e.key,
+                CASE WHEN e.type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN CAST(e.value AS DOUBLE)
+                     WHEN e.type = 'BOOLEAN' THEN CASE WHEN CAST(e.value AS BOOLEAN) THEN 1.0 ELSE 0.0 END
+                     WHEN e.type = 'NULL' THEN CAST('nan' AS DOUBLE)
+                     WHEN e.type = 'VARCHAR' AND starts_with(e.value ->> '$', '{_NONFINITE_MARK}') THEN
+                          CAST(replace(replace(e.value ->> '$', '{_NONFINITE_MARK}', ''), 'Infinity', 'inf') AS DOUBLE)
+                END AS value,
+                CASE WHEN e.type = 'BOOLEAN' THEN CASE WHEN CAST(e.value AS BOOLEAN) THEN 'True' ELSE 'False' END
+                     WHEN e.type = 'VARCHAR' AND NOT starts_with(e.value ->> '$', '{_NONFINITE_MARK}')
+                          THEN e.value ->> '$'
+                     WHEN e.type IN ('ARRAY', 'OBJECT') THEN CAST(e.value AS VARCHAR)
+                END AS text_value,
+                row_number() OVER (PARTITION BY c.line_no ORDER BY e.id) AS pair_index
+            FROM verl_jsonl_checked c, json_each(c.j, '$.data') AS e
+            WHERE c.problem IS NULL
+            """
+        )
+        ctx.stored = con.execute("SELECT count(*) FROM verl_jsonl_checked WHERE problem IS NULL").fetchall()[0][0]
+        _store(ctx)
+        # The file logger writes full-precision JSON numbers and exists from verl 0.6.
+        meta = {"framework": "verl", "verl_version": ">=0.6", "value_precision": None}
+        meta.update(run_metadata.gpu_meta({}, run_metadata.n_gpus_from_throughput(con, ctx.file_id)))
+        ctx.run_meta.update(meta)
+        ctx.format_version = "verl>=0.6 file logger"
+
+
+def _read_lines(path: Path) -> pl.DataFrame:
+    """The file's lines numbered from 1 (columns line_no, raw); a final newline starts no line."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    parts = text.split("\n")
+    if parts[-1] == "":
+        parts.pop()
+    return pl.DataFrame({"raw": parts}, schema={"raw": pl.String}).with_row_index("line_no", offset=1).with_columns(
+        pl.col("line_no").cast(pl.Int64), pl.col("raw").str.strip_chars_end("\r"))
+
+
+def _json_reason(raw: str) -> str:
+    """Why a line is not JSON, in Python's words (only rejected lines get here)."""
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as error:
+        if error.pos >= len(raw.rstrip()) or error.msg.startswith("Unterminated string"):
+            return "truncated JSON (line cut short)"
+        return f"not JSON: {error.msg}"
+    return "not JSON"
+
+
+def _store(ctx: FileContext) -> None:
+    """Segments from step order, then step_metrics and step_flags rows."""
+    con = ctx.con
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE verl_jsonl_segments AS
+        WITH ordered AS (
+            SELECT line_no, CAST(json_extract(j, '$.step') AS BIGINT) AS step,
+                   lag(CAST(json_extract(j, '$.step') AS BIGINT)) OVER (ORDER BY line_no) AS previous
+            FROM verl_jsonl_checked WHERE problem IS NULL
+        )
+        SELECT line_no, step, previous,
+               sum(CASE WHEN step <= previous THEN 1 ELSE 0 END) OVER (ORDER BY line_no) AS segment
+        FROM ordered
+        """
+    )
+    ctx.insert(
+        """
+        INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+        SELECT ?, s.segment, m.step, m.key, m.value, m.text_value, ?, m.line_no
+        FROM verl_jsonl_metrics m JOIN verl_jsonl_segments s USING (line_no)
+        ORDER BY m.line_no, m.pair_index
+        """,
+        [ctx.run_id, ctx.file_id],
+    )
+    ctx.insert(
+        """
+        INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)
+        WITH found AS (
+            SELECT line_no, step, 'restart' AS flag, 'step went back from ' || previous || ' to ' || step AS detail
+            FROM verl_jsonl_segments WHERE step <= previous
+            UNION ALL
+            SELECT line_no, step, 'resumed', 'log starts at step ' || step
+            FROM (SELECT * FROM verl_jsonl_segments ORDER BY line_no LIMIT 1) WHERE step > 1
+        )
+        SELECT ?, s.segment, f.step, f.flag, f.detail, ?, f.line_no
+        FROM found f JOIN verl_jsonl_segments s USING (line_no)
+        ORDER BY f.line_no, f.flag
+        """,
+        [ctx.run_id, ctx.file_id],
+    )
+    if not ctx.stored:
+        ctx.note("zero steps: no valid step line")

@@ -1,0 +1,118 @@
+"""verl rollout dumps: `{step}.jsonl` under `trainer.rollout_data_dir` or `validation_data_dir`.
+
+One object per generated sample: `input` (prompt text), `output` (response text), `score`, `step`,
+optionally `gts` and extra reward fields (FORMATS.md, section 3). Each line becomes one `samples`
+row. The dump holds no token counts, so lengths are estimates, marked `length_estimated = true`:
+
+    prompt_len   = ceil(characters(input)  / 4)
+    response_len = ceil(characters(output) / 4)
+
+or, when a tokenizer is configured (`set_tokenizer`, the `--tokenizer` option of `polytrace
+ingest`), the number of tokens that tokenizer gives each text, still marked as estimated (the
+run's own tokenizer and chat template may differ).
+
+The step is the line's `step` field, else the file name's number. Samples are grouped into prompts
+by identical `input` text in order of first appearance (`prompt_idx`, from 0) and numbered within
+the prompt (`sample_idx`, from 0). A file under a folder whose name contains `val` holds
+validation samples (`validate = true`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.jsonl import Check, load_records
+from polytrace_cli.ingest.registry import register
+
+CHARS_PER_TOKEN = 4
+_FILE_NAME = re.compile(r"^\d+\.jsonl$")
+_SPEC = {"input": "VARCHAR", "output": "VARCHAR", "score": "DOUBLE", "step": "BIGINT"}
+
+_tokenizer = None
+
+
+def set_tokenizer(name_or_path: str | None) -> None:
+    """Count rollout-dump lengths with a locally available Hugging Face tokenizer (None: characters / 4).
+
+    The tokenizer must already be on this machine (a folder, or a name in the local cache): nothing
+    is downloaded.
+    """
+    global _tokenizer
+    if name_or_path is None:
+        _tokenizer = None
+        return
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as error:
+        raise PolytraceError("--tokenizer needs the `transformers` package (pip install transformers)") from error
+    try:
+        _tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except Exception as error:  # transformers raises OSError/ValueError variants
+        raise PolytraceError(f"cannot load tokenizer {name_or_path!r} from local files: {error}") from error
+
+
+def _token_counts(texts: list[str]) -> list[int]:
+    """Tokens per text under the configured tokenizer (no special tokens added)."""
+    encoded = _tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [len(ids) for ids in encoded]
+
+
+@register
+class VerlRolloutIngester(Ingester):
+    name = "verl-rollout"
+    version = "1"
+    framework = "verl"
+    description = "verl rollout/validation dump `{step}.jsonl` (samples with estimated lengths)"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        if not _FILE_NAME.match(path.name):
+            return False
+        first = next((line for line in head.split(b"\n") if line.strip()), b"")
+        return first.lstrip().startswith(b"{") and b'"input"' in first and b'"output"' in first
+
+    def load(self, ctx: FileContext) -> None:
+        con = ctx.con
+        records = load_records(ctx, _SPEC, required=("input", "output"),
+                               checks=(Check("step < 0", "field step: negative"),))
+        file_step = int(ctx.path.stem)
+        validate = any("val" in part.lower() for part in ctx.path.parent.parts[-1:])
+        if "line_no" not in [c[0] for c in con.execute("DESCRIBE records").fetchall()]:
+            con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT row_number() OVER () AS line_no, * FROM records")
+        if _tokenizer is not None and records:
+            rows = con.execute("SELECT line_no, input, output FROM records ORDER BY line_no").fetchall()
+            prompt_tokens = _token_counts([r[1] for r in rows])
+            response_tokens = _token_counts([r[2] for r in rows])
+            con.execute("CREATE OR REPLACE TEMP TABLE rollout_tokens (line_no BIGINT, p INTEGER, r INTEGER)")
+            con.executemany("INSERT INTO rollout_tokens VALUES (?, ?, ?)",
+                            [(r[0], p, t) for r, p, t in zip(rows, prompt_tokens, response_tokens)])
+            lengths = "t.p, t.r"
+            join = "JOIN rollout_tokens t USING (line_no)"
+            how = "tokens of the given tokenizer"
+        else:
+            lengths = f"CAST(ceil(length(input) / {CHARS_PER_TOKEN}) AS INTEGER), " \
+                      f"CAST(ceil(length(output) / {CHARS_PER_TOKEN}) AS INTEGER)"
+            join = ""
+            how = f"characters / {CHARS_PER_TOKEN}"
+        ctx.insert(
+            f"""
+            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
+                                 validate, length_estimated, score)
+            WITH numbered AS (
+                SELECT *, min(line_no) OVER (PARTITION BY input) AS first_line FROM records
+            )
+            SELECT ?, ?, coalesce(step, ?), dense_rank() OVER (ORDER BY first_line) - 1,
+                   row_number() OVER (PARTITION BY first_line ORDER BY line_no) - 1,
+                   {lengths}, ?, true, score
+            FROM numbered {join}
+            ORDER BY line_no
+            """,
+            [ctx.run_id, ctx.file_id, file_step, validate],
+        )
+        ctx.stored = records
+        if records:
+            ctx.note(f"{records} samples; lengths estimated ({how})")
+        ctx.run_meta.update({"framework": "verl"})
+        ctx.format_version = "validation dump" if validate else "rollout dump"

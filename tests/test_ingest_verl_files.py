@@ -1,0 +1,109 @@
+"""verl file logger JSONL and rollout/validation dumps."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
+from polytrace_cli.ingest.formats import verl_rollout
+from polytrace_cli.ingest.runner import ingest_paths
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verl"
+
+
+def test_file_logger_nonfinite_null_strings_restart_and_rejections(store):
+    [report] = ingest_paths(store, [FIXTURES / "file_logger" / "metrics.jsonl"])
+    assert report.format == "verl-jsonl"
+    # 7 lines: 3 stored (steps 3, 4, 1), 1 blank, 3 rejected.
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (7, 3, 1, 3)
+    rows = store.execute(
+        "SELECT segment, step, key, value, text_value, line_no FROM step_metrics ORDER BY line_no, key").fetchall()
+    step3 = {r[2]: r[3:5] for r in rows if r[1] == 3}
+    assert step3["timing_s/gen"] == (30.5, None)
+    assert math.isnan(step3["actor/pg_loss"][0])  # bare NaN
+    assert step3["critic/score/max"] == (math.inf, None)  # bare Infinity
+    assert step3["critic/score/min"] == (-math.inf, None)
+    assert step3["resize/mode"] == (None, "schedule")  # string values kept as text
+    step4 = {r[2]: r[3:5] for r in rows if r[1] == 4}
+    assert math.isnan(step4["actor/pg_loss"][0])  # null
+    assert step4["training/flag"] == (1.0, "True")
+    assert step4["timing_s/gen"] == (31.0, None)
+    assert store.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall() == [
+        (4, "truncated JSON (line cut short)"), (5, "field step: expected an integer"), (6, "not a JSON object")]
+    assert store.execute(
+        "SELECT segment, step, gen_s, step_s, has_testing, has_checkpoint, flags FROM steps ORDER BY segment, step"
+    ).fetchall() == [
+        (0, 3, 30.5, 60.25, False, False, ["resumed"]),
+        (0, 4, 31.0, 62.0, False, True, []),
+        (1, 1, 29.75, 59.0, True, False, ["restart"]),
+    ]
+    meta = json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])
+    assert meta["framework"] == "verl" and meta["verl_version"] == ">=0.6"
+
+
+def test_file_logger_sniffing_accepts_either_key_order(tmp_path):
+    from polytrace_cli.ingest.registry import detect
+
+    for first in ('{"step": 1, "data": {"a": 1}}', '{"data": {"a": 1}, "step": 1}'):
+        path = tmp_path / "log.jsonl"
+        path.write_text(first + "\n")
+        assert detect(path, path.read_bytes()).name == "verl-jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n')
+    found = detect(path, path.read_bytes())
+    assert found is None or found.name != "verl-jsonl"
+
+
+def test_rollout_dump_samples_with_estimated_lengths(store):
+    reports = ingest_paths(store, [FIXTURES / "rollout"])
+    assert [(Path(r.path).name, r.format, r.stored, r.rejected) for r in reports] == [
+        ("7.jsonl", "verl-rollout", 3, 1), ("0.jsonl", "verl-rollout", 1, 0)]
+    # ceil(chars / 4): "What is 2+2?" 12 -> 3; "The answer is 4." 16 -> 4; "5" -> 1;
+    # "Name a prime number bigger than ten." 36 -> 9; "Eleven is prime; so is 13." 26 -> 7.
+    assert store.execute(
+        "SELECT step, prompt_idx, sample_idx, prompt_len, response_len, validate, length_estimated, score"
+        " FROM samples ORDER BY validate, step, prompt_idx, sample_idx").fetchall() == [
+        (7, 0, 0, 3, 4, False, True, 1.0),
+        (7, 0, 1, 3, 1, False, True, 0.0),
+        (7, 1, 0, 9, 7, False, True, 1.0),
+        (0, 0, 0, 2, 1, True, True, 0.5),  # validation_data/0.jsonl without a step field: the file name's
+    ]
+    assert store.execute("SELECT line_no, reason FROM ingest_errors").fetchall() == [
+        (4, "truncated JSON (line cut short)")]
+
+
+def test_tokenizer_option_must_be_local(tmp_path):
+    result = CliRunner().invoke(app, ["ingest", str(FIXTURES / "rollout"), "--db", str(tmp_path / "s.duckdb"),
+                                      "--tokenizer", str(tmp_path / "no-such-tokenizer")])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    assert "tokenizer" in result.output
+    verl_rollout.set_tokenizer(None)
+
+
+def test_tokenizer_counts_replace_the_character_estimate(store, monkeypatch):
+    class WordTokenizer:  # a stand-in with the Hugging Face call signature: one token per word
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [text.split() for text in texts]}
+
+    monkeypatch.setattr(verl_rollout, "_tokenizer", WordTokenizer())
+    ingest_paths(store, [FIXTURES / "rollout" / "rollout_data" / "7.jsonl"])
+    assert store.execute("SELECT prompt_len, response_len, length_estimated FROM samples ORDER BY prompt_idx,"
+                         " sample_idx").fetchall() == [(3, 4, True), (3, 1, True), (7, 6, True)]
+
+
+@pytest.mark.parametrize("name", ["7.jsonl", "12.jsonl"])
+def test_rollout_sniffing_needs_step_file_name_and_text_fields(tmp_path, name):
+    from polytrace_cli.ingest.registry import detect
+
+    path = tmp_path / name
+    path.write_text('{"input": "p", "output": "r", "score": 1.0, "step": 1}\n')
+    assert detect(path, path.read_bytes()).name == "verl-rollout"
+    other = tmp_path / "samples.jsonl"
+    other.write_text('{"input": "p", "output": "r", "score": 1.0, "step": 1}\n')
+    found = detect(other, other.read_bytes())
+    assert found is None or found.name != "verl-rollout"
