@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
 from polytrace_cli.ingest.runner import ingest_paths
 
 pytest.importorskip("tensorboard")
@@ -123,20 +126,80 @@ def test_without_tensorboard_the_file_is_rejected_naming_the_extra(tmp_path):
                                  " pip install 'polytrace[tensorboard]'")
 
 
-def test_mixed_folder_sniffs_every_format(store, tmp_path):
+def test_mixed_folder_one_run_per_source_through_the_cli(tmp_path):
+    """Every format side by side: each file sniffed right, one run per source, exact steps and flags."""
     fixtures = Path(__file__).parent / "fixtures"
-    shutil.copytree(fixtures / "wandb", tmp_path / "mixed" / "wandb_export")
-    shutil.copy(fixtures / "openrlhf" / "train_global_step.log", tmp_path / "mixed" / "orl_run.log")
-    (tmp_path / "mixed" / "verl_run").mkdir()
-    (tmp_path / "mixed" / "verl_run" / "train.log").write_text(
-        "(TaskRunner pid=1) step:1 - timing_s/gen:3.000 - timing_s/step:5.000\n")
-    write_events(tmp_path / "mixed" / "tb_run", [(1, [_simple("train/policy_loss", 0.5)])])
-    reports = ingest_paths(store, [tmp_path / "mixed"])
-    formats = {Path(r.path).name.split(".")[0]: r.format for r in reports}
-    assert formats == {
-        "orl_run": "openrlhf-console", "train": "verl-console", "events": "tensorboard-events",
-        "config": "wandb-config", "wandb-summary": "wandb-summary", "output": "verl-console",
-        "generations_1_1a2b3c4d": "wandb-table", "generations_3_9f8e7d6c": "wandb-table",
-        "wandb_export": "wandb-csv",
+    mixed = tmp_path / "mixed"
+    shutil.copytree(fixtures / "wandb" / "wandb", mixed / "wandb")
+    (mixed / "csv_run").mkdir(parents=True)
+    shutil.copy(fixtures / "wandb" / "wandb_export.csv", mixed / "csv_run" / "export.csv")
+    (mixed / "orl_run").mkdir()
+    shutil.copy(fixtures / "openrlhf" / "train_global_step.log", mixed / "orl_run" / "train.log")
+    (mixed / "verl_console").mkdir()
+    shutil.copy(fixtures / "verl" / "console_v05" / "train.log", mixed / "verl_console" / "train.log")
+    (mixed / "verl_jsonl").mkdir()
+    shutil.copy(fixtures / "verl" / "file_logger" / "metrics.jsonl", mixed / "verl_jsonl" / "metrics.jsonl")
+    (mixed / "verl_rollout" / "rollout_data").mkdir(parents=True)
+    shutil.copy(fixtures / "verl" / "rollout" / "rollout_data" / "7.jsonl", mixed / "verl_rollout" / "rollout_data")
+    write_events(mixed / "tb_run", [(1, [_simple("timing_s/gen", 3.0), _simple("timing_s/step", 5.0)]),
+                                    (2, [_simple("timing_s/gen", 4.0), _simple("timing_s/step", 6.5)])])
+    db = str(tmp_path / "s.duckdb")
+    runner = CliRunner()
+    result = runner.invoke(app, ["ingest", str(mixed), "--db", db, "--json"])
+    assert result.exit_code == 0, result.output
+    reports = json.loads(result.stdout)
+    found = {Path(r["path"]).relative_to(mixed.resolve()).as_posix(): (r["format"], r["run"]) for r in reports}
+    wandb_run = "run-20250518_123456-abc123xy"
+    files = f"wandb/{wandb_run}/files"
+    tb_file = next(name for name in found if name.startswith("tb_run/"))
+    assert found == {
+        "csv_run/export.csv": ("wandb-csv", "csv_run"),
+        "orl_run/train.log": ("openrlhf-console", "orl_run"),
+        "verl_console/train.log": ("verl-console", "verl_console"),
+        "verl_jsonl/metrics.jsonl": ("verl-jsonl", "verl_jsonl"),
+        "verl_rollout/rollout_data/7.jsonl": ("verl-rollout", "verl_rollout"),
+        tb_file: ("tensorboard-events", "tb_run"),
+        f"{files}/output.log": ("verl-console", wandb_run),
+        f"{files}/config.yaml": ("wandb-config", wandb_run),
+        f"{files}/wandb-summary.json": ("wandb-summary", wandb_run),
+        f"{files}/media/table/val/generations_1_1a2b3c4d.table.json": ("wandb-table", wandb_run),
+        f"{files}/media/table/val/generations_3_9f8e7d6c.table.json": ("wandb-table", wandb_run),
     }
-    assert all(r.status == "ingested" for r in reports)
+    assert all(r["status"] == "ingested" for r in reports)
+
+    result = runner.invoke(app, ["runs", "--db", db, "--json"])
+    assert result.exit_code == 0, result.output
+    runs = {r["run"]: (r["first_step"], r["last_step"], r["segments"], r["samples"]) for r in json.loads(result.stdout)}
+    assert runs == {
+        "csv_run": (1, 2, 2, 0),
+        "orl_run": (1, 2, 2, 0),
+        "verl_console": (101, 102, 2, 0),
+        "verl_jsonl": (1, 4, 2, 0),
+        "verl_rollout": (None, None, None, 3),
+        "tb_run": (1, 2, 1, 0),
+        wandb_run: (1, 2, 1, 3),
+    }
+
+    result = runner.invoke(app, ["query", "--db", db, "--json",
+                                 "SELECT r.name, s.segment, s.step, s.gen_s, s.step_s, s.has_testing, s.has_checkpoint,"
+                                 " s.flags FROM steps s JOIN runs r USING (run_id) ORDER BY r.name, segment, step"])
+    assert result.exit_code == 0, result.output
+    steps = [tuple(row.values()) for row in json.loads(result.stdout)]
+    assert steps == [
+        ("csv_run", 0, 1, 30.0, 60.5, False, False, []),
+        ("csv_run", 0, 2, 31.25, None, False, False, []),
+        ("csv_run", 1, 2, None, 70.0, False, False, []),
+        ("orl_run", 0, 1, 30.0, 63.0, False, False, []),
+        ("orl_run", 0, 2, 31.5, 65.25, False, False, []),
+        ("orl_run", 1, 1, None, 70.0, False, False, ["restart"]),
+        (wandb_run, 0, 1, 30.0, 60.0, False, False, []),
+        (wandb_run, 0, 2, 31.0, 62.0, False, False, []),
+        ("tb_run", 0, 1, 3.0, 5.0, False, False, []),
+        ("tb_run", 0, 2, 4.0, 6.5, False, False, []),
+        ("verl_console", 0, 101, 6.5, 10.0, False, False, ["resumed"]),
+        ("verl_console", 0, 102, 7.0, 11.0, False, False, []),
+        ("verl_console", 1, 101, 5.0, 10.0, False, False, ["restart"]),
+        ("verl_jsonl", 0, 3, 30.5, 60.25, False, False, ["resumed"]),
+        ("verl_jsonl", 0, 4, 31.0, 62.0, False, True, []),
+        ("verl_jsonl", 1, 1, 29.75, 59.0, True, False, ["restart"]),
+    ]
