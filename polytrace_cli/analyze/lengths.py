@@ -203,18 +203,22 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
 def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run: n pairs, Pearson r of (prompt_len, response_len) and Spearman ρ = Pearson r of their
     ranks, ties given the average rank ((first position + last position) / 2)."""
+    # Average ranks from the distinct values: a value seen c times whose last position in sorted
+    # order is `upto` holds positions upto − c + 1 .. upto, average rank upto − (c − 1)/2.
     sql = f"""
         WITH s AS (
             SELECT run_id, prompt_len::DOUBLE AS p, response_len::DOUBLE AS r
             FROM ({training_samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
+        ), pv AS (
+            SELECT run_id, p, sum(count(*)) OVER (PARTITION BY run_id ORDER BY p) - (count(*) - 1) / 2 AS rp
+            FROM s GROUP BY run_id, p
+        ), rv AS (
+            SELECT run_id, r, sum(count(*)) OVER (PARTITION BY run_id ORDER BY r) - (count(*) - 1) / 2 AS rr
+            FROM s GROUP BY run_id, r
         ), ranked AS (
-            SELECT run_id, p, r,
-                   (rank() OVER (PARTITION BY run_id ORDER BY p)
-                    + cume_dist() OVER (PARTITION BY run_id ORDER BY p) * count(*) OVER (PARTITION BY run_id)) / 2 AS rp,
-                   (rank() OVER (PARTITION BY run_id ORDER BY r)
-                    + cume_dist() OVER (PARTITION BY run_id ORDER BY r) * count(*) OVER (PARTITION BY run_id)) / 2 AS rr
-            FROM s
+            SELECT s.run_id, s.p, s.r, pv.rp, rv.rr
+            FROM s JOIN pv ON pv.run_id = s.run_id AND pv.p = s.p JOIN rv ON rv.run_id = s.run_id AND rv.r = s.r
         )
         SELECT r.name AS run, count(*) AS n, corr(p, ranked.r) AS pearson, corr(rp, rr) AS spearman
         FROM ranked JOIN runs r USING (run_id) GROUP BY r.name ORDER BY r.name
@@ -243,3 +247,31 @@ def cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = A
     """
     kind_rank = pl.col("kind").replace_strict({k: i for i, k in enumerate(KINDS)}, default=len(KINDS))
     return frame(con, sql).sort([pl.col("run"), kind_rank, pl.col("quantile")])
+
+
+JOINT_BINS_PER_E = 24
+
+
+def joint_histogram(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS,
+                    bins_per_e: int = JOINT_BINS_PER_E) -> pl.DataFrame:
+    """Per run: counts of (prompt, response) length pairs on a log grid, for a density plot of the joint.
+
+    A length l > 0 falls in bin b = floor(k · ln l) with k = `bins_per_e` bins per factor e; the bin is
+    reported by its geometric centre exp((b + 0.5) / k) as `prompt_tokens` / `response_tokens`, with
+    `count` the training samples in the (prompt bin, response bin) cell. Pairs with a zero or missing
+    length are left out.
+    """
+    if bins_per_e < 1:
+        raise ValueError("bins_per_e must be at least 1")
+    k = float(bins_per_e)
+    sql = f"""
+        WITH s AS (
+            SELECT run_id, floor({k} * ln(prompt_len)) AS pb, floor({k} * ln(response_len)) AS rb
+            FROM ({training_samples_sql(run_ids, steps)})
+            WHERE prompt_len > 0 AND response_len > 0
+        )
+        SELECT r.name AS run, exp((pb + 0.5) / {k}) AS prompt_tokens, exp((rb + 0.5) / {k}) AS response_tokens,
+               count(*) AS count
+        FROM s JOIN runs r USING (run_id) GROUP BY r.name, pb, rb ORDER BY r.name, pb, rb
+    """
+    return frame(con, sql)

@@ -91,3 +91,18 @@ def thin_step_ticks(ax, steps) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+
+
+def plain_log_ticks(ax, *axes: str) -> None:
+    """Log-scaled `axes` ("x", "y") labelled as plain numbers at 1, 2, 5 × 10^k (at 10^k when the axis
+    spans 2.5 decades or more), without minor labels
+    (matplotlib's default labels every minor tick in mathtext when the span is under a decade, and they overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for name in axes or ("x", "y"):
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        low, high = sorted(ax.get_xlim() if name == "x" else ax.get_ylim())
+        narrow = low > 0 and np.log10(high / low) < 2.5  # 1, 2, 5 × 10^k fit; wider spans get decades only
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=12))
+        axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+        axis.set_minor_formatter(NullFormatter())

@@ -132,7 +132,7 @@ def summary_json(report: Report) -> dict:
         "table_T1": report.table.to_dicts() if report.table is not None else None,
         "figures": [{"id": f.id, "title": f.title, "png": f.png.name if f.png else None,
                      "svg": f.svg.name if f.svg else None, "omitted": f.omitted,
-                     "failed": f.failed} for f in report.figures],
+                     "failed": f.failed, "seconds": round(f.seconds, 3)} for f in report.figures],
     }, default=json_default, allow_nan=True))
 
 

@@ -26,12 +26,14 @@ class MissingAnalysis(Exception):
 
 
 def detail(module: str, *names: str) -> Callable:
-    """The first of `names` defined in the analysis module `polytrace_cli.analyze.<module>` that the analyze
-    package imports; MissingAnalysis when the module is not part of it or defines none of them."""
-    package = importlib.import_module("polytrace_cli.analyze")  # imports (and registers) the installed analyses
-    analysis = getattr(package, module, None)
-    if analysis is None:
-        raise MissingAnalysis(f"the {module} analysis is not available")
+    """The first of `names` defined in the analysis module `polytrace_cli.analyze.<module>`;
+    MissingAnalysis when that module is not installed or defines none of them."""
+    try:
+        analysis = importlib.import_module(f"polytrace_cli.analyze.{module}")
+    except ModuleNotFoundError as error:
+        if error.name != f"polytrace_cli.analyze.{module}":
+            raise
+        raise MissingAnalysis(f"the {module} analysis is not available") from None
     for name in names:
         function = getattr(analysis, name, None)
         if callable(function):

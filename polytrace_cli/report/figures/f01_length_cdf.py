@@ -36,9 +36,10 @@ def render(data: dict[str, pl.DataFrame]):
                 ax.step(line[x].to_numpy(), line[y].to_numpy(), where="post", color=style.colour(index),
                         label=run, linewidth=1.6)
         ax.set_xscale("log")
+        style.plain_log_ticks(ax, "x")
         ax.set_ylim(0, 1.01)
         ax.set_xlabel(f"{kind} length (tokens, log scale)")
         ax.set_ylabel("share of samples ≤ length")
         ax.set_title(f"{kind.capitalize()} length CDF")
-        style.legend(ax, loc="lower right")
+        style.legend(ax)
     return figure

@@ -48,6 +48,7 @@ def render(data: dict[str, pl.DataFrame]):
         values += [v for c in ("p50_tokens", "p99_tokens", "mean_tokens") for v in part[c].drop_nulls().to_list()]
     if style.spans_decades(values):
         ax.set_yscale("log")
+        style.plain_log_ticks(ax, "y")
         ax.set_ylabel("response length (tokens, log scale)")
     else:
         ax.set_ylabel("response length (tokens)")

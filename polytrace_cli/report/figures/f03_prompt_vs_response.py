@@ -43,6 +43,7 @@ def render(data: dict[str, pl.DataFrame]):
                         bins="log", cmap=style.SEQUENTIAL_CMAP, mincnt=1, linewidths=0)
         figure.colorbar(art, ax=ax, label="samples")
         ax.grid(False)
+        style.plain_log_ticks(ax, "x", "y")
         ax.set_xlabel("prompt length (tokens, log)")
         ax.set_ylabel("response length (tokens, log)")
         r = correlation.filter(pl.col("run") == run) if not empty(correlation, "run") else None

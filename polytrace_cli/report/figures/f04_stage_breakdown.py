@@ -27,7 +27,7 @@ def _long(stages: pl.DataFrame) -> pl.DataFrame:
         value = "seconds" if "seconds" in stages.columns else "value"
         return stages.select("run", "step", pl.col("stage").str.replace(r"_s$", ""), pl.col(value).alias("seconds"))
     if "segment" in stages.columns:
-        stages = stages.sort("run", "segment", "step", nulls_first=True)
+        stages = stages.sort("run", "segment", "step", nulls_last=False)
     wide = [c for c in stages.columns if c.removesuffix("_s") in STAGES and c.endswith("_s")]
     return (stages.select("run", "step", *wide)
             .unpivot(index=["run", "step"], variable_name="stage", value_name="seconds")

@@ -50,6 +50,7 @@ def render(data: dict[str, pl.DataFrame]):
             label = f"{run}: {tool}" if len(runs_of(series)) > 1 else (tool or run)
             left.step(part[lat_x], part[lat_y], where="post", color=style.colour(index), linewidth=1.4, label=label)
         left.set_xscale("log")
+        style.plain_log_ticks(left, "x")
         left.set_ylim(0, 1.02)
         left.set_xlabel("tool latency (s, log scale)")
         left.set_ylabel("share of calls ≤ latency")
