@@ -129,3 +129,13 @@ def test_batched_forms_split_into_chunks(monkeypatch):
     monkeypatch.setattr(partition, "BATCH_MAX_ITEMS", 4)  # the 5-item instance takes the heap path
     assert kk_max_loads(instances, 2).tolist() == expected_kk == [8, 9, 4, 7]
     assert lpt_max_loads(instances, 2).tolist() == expected_lpt
+
+
+def test_batched_kk_matches_the_heap_on_long_instances_with_many_ties():
+    # Long instances squeeze out dead tuples many times; small integer weights make equal spreads
+    # common, so the tie order (creation order) must survive every squeeze.
+    rng = __import__("random").Random(7)
+    instances = [[rng.randint(0, 20) for _ in range(rng.randint(150, 260))] for _ in range(12)]
+    for k in (2, 3, 8):
+        expected = [max(bin_loads(w, karmarkar_karp(w, k))) for w in instances]
+        assert kk_max_loads(instances, k).tolist() == pytest.approx(expected)

@@ -18,7 +18,8 @@ or above it are excluded from the response fit and their share is reported as `c
 Scale: lengths are read as a histogram (value, count) computed in SQL. ln L and KS are exact over
 the full histogram; parameters are estimated on at most `FIT_SAMPLE_LIMIT` systematically chosen
 order statistics (the values at ranks (i + ½)·n/m), which keeps a fit on millions of samples to
-well under a second and is deterministic.
+well under a second and is deterministic. The Gaussian mixture's EM (iterative, three component
+counts) is run on at most `MIXTURE_SAMPLE_LIMIT` of those order statistics, chosen the same way.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from polytrace_cli.errors import PolytraceError
 
 PARAMS_FORMAT = "polytrace-params/1"
 FIT_SAMPLE_LIMIT = 20_000
+MIXTURE_SAMPLE_LIMIT = 4_000
 SCIPY_FAMILIES = ("lognorm", "gamma", "weibull_min")
 MIXTURE_COMPONENTS = (2, 3, 4)
-JOINT_COMPONENTS = 4
+JOINT_COMPONENTS = tuple(range(2, 9))
 SEED = 0
 
 CANDIDATE_SCHEMA = {
@@ -174,7 +176,8 @@ def fit_histogram(hist: Histogram) -> list[Candidate]:
     if hist.n < 2 or len(hist.values) < 2:
         return []
     sample = hist.systematic_sample()
-    return [*(_fit_scipy(family, hist, sample) for family in SCIPY_FAMILIES), _fit_mixture(hist, sample)]
+    return [*(_fit_scipy(family, hist, sample) for family in SCIPY_FAMILIES),
+            _fit_mixture(hist, hist.systematic_sample(MIXTURE_SAMPLE_LIMIT))]
 
 
 def best_of(candidates: list[Candidate], families: tuple[str, ...] | None = None) -> Candidate | None:
@@ -225,8 +228,11 @@ def runs_for_task(con: duckdb.DuckDBPyConnection, task: str) -> list[int]:
 
 
 def _joint_mixture(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> dict | None:
-    """A 2-D Gaussian mixture over uncensored (prompt, response) pairs, fitted on at most
-    FIT_SAMPLE_LIMIT pairs chosen by a hash of their identity (deterministic)."""
+    """A 2-D Gaussian mixture over (ln prompt, ln response) of the uncensored pairs, fitted on at most
+    FIT_SAMPLE_LIMIT pairs chosen by a hash of their identity (deterministic). The component count
+    is the one of JOINT_COMPONENTS with the lowest AIC = 2k − 2 ln L (k = 6c − 1 free parameters
+    for c full-covariance components), among counts with at least 10 pairs per component.
+    Log space keeps drawn lengths positive and follows the long right tail of response lengths."""
     try:
         from sklearn.mixture import GaussianMixture
     except ImportError:
@@ -238,11 +244,20 @@ def _joint_mixture(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
         ORDER BY hash(s.run_id, s.step, s.dp_rank, s.rank, s.prompt_idx, s.sample_idx, s.prompt_len, s.response_len)
         LIMIT {FIT_SAMPLE_LIMIT}
     """
-    pairs = np.array(con.execute(sql).fetchall(), dtype=float)
-    if len(pairs) < 10 * JOINT_COMPONENTS:
+    pairs = np.log(np.array(con.execute(sql).fetchall(), dtype=float).reshape(-1, 2))
+    best = None
+    for components in JOINT_COMPONENTS:
+        if len(pairs) < 10 * components:
+            break
+        model = GaussianMixture(components, covariance_type="full", random_state=SEED).fit(pairs)
+        aic = float(model.aic(pairs))
+        if best is None or aic < best[0]:
+            best = (aic, model)
+    if best is None:
         return None
-    model = GaussianMixture(JOINT_COMPONENTS, covariance_type="full", random_state=SEED).fit(pairs)
-    return {"family": "gaussian_mixture", "weights": model.weights_.tolist(), "means": model.means_.tolist(),
+    aic, model = best
+    return {"family": "gaussian_mixture", "space": "log", "components": len(model.weights_), "aic": aic,
+            "weights": model.weights_.tolist(), "means": model.means_.tolist(),
             "covariances": model.covariances_.tolist()}
 
 

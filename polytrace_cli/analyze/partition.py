@@ -86,9 +86,9 @@ def _padded(instances: list[Sequence[float]]) -> np.ndarray:
     return out
 
 
-def _chunks(instances: list[Sequence[float]], k: int):
+def _chunks(instances: list[Sequence[float]], k: int, columns_per_item: int = 1):
     width = max((len(w) for w in instances), default=1) or 1
-    size = max(1, BATCH_CELLS // (width * k))
+    size = max(1, BATCH_CELLS // (width * columns_per_item * k))
     for start in range(0, len(instances), size):
         yield instances[start : start + size]
 
@@ -111,38 +111,49 @@ def _kk_max_load_heap(weights: Sequence[float], k: int) -> float:
 
 
 def _kk_max_loads_batched(instances: list[Sequence[float]], k: int) -> np.ndarray:
+    """Largest KK bin of each instance, all instances advanced one merge per iteration (numpy).
+
+    Layout: row = instance, column = tuple, in creation order: items first (by index), then each
+    merged tuple appended at the end. The heap of karmarkar_karp breaks equal spreads by creation
+    order, so the first maximal column (argmax) is the tuple it would pop. Dead columns are
+    squeezed out (order kept) whenever they outnumber the live ones, so each iteration scans
+    about as many columns as there are live tuples.
+    """
     weights = _padded(instances)
     count, width = weights.shape
     rows = np.arange(count)
-    tuples = np.zeros((count, width, k))
-    tuples[:, :, 0] = weights
-    alive = np.zeros((count, width), dtype=bool)
-    for row, w in enumerate(instances):
-        alive[row, : len(w)] = True
-    spread = np.where(alive, weights, -np.inf)
-    # Creation order breaks ties between equal spreads, as the heap in karmarkar_karp does.
-    created = np.tile(np.arange(width, dtype=float), (count, 1))
-
-    def pick() -> np.ndarray:
-        best = spread.max(axis=1, keepdims=True)
-        return np.where(spread == best, created, np.inf).argmin(axis=1)
-
-    for step in range(width - 1):
-        first = pick()
-        first_spread = spread[rows, first].copy()
-        spread[rows, first] = -np.inf
-        second = pick()
-        active = np.isfinite(spread[rows, second])
+    capacity = 2 * width
+    tuples = np.zeros((count, capacity, k))
+    tuples[:, :width, 0] = weights
+    spread = np.full((count, capacity), -np.inf)
+    live = np.array([len(w) for w in instances])
+    spread[:, :width] = np.where(np.arange(width) < live[:, None], weights, -np.inf)
+    end = width
+    for _ in range(width - 1):
+        if end == capacity or 2 * int(live.max()) < end:
+            order = np.argsort(~np.isfinite(spread[:, :end]), axis=1, kind="stable")
+            spread[:, :end] = np.take_along_axis(spread[:, :end], order, axis=1)
+            tuples[:, :end] = np.take_along_axis(tuples[:, :end], order[:, :, None], axis=1)
+            spread[:, int(live.max()) : end] = -np.inf
+            end = int(live.max())
+        window = spread[:, :end]
+        first = window.argmax(axis=1)
+        first_spread = window[rows, first].copy()
+        window[rows, first] = -np.inf
+        second = window.argmax(axis=1)
+        active = np.isfinite(window[rows, second])
         if not active.any():
-            spread[rows, first] = first_spread
+            window[rows, first] = first_spread
             break
         merged = tuples[rows, first] + tuples[rows, second][:, ::-1]
         merged = -np.sort(-merged, axis=1)
         merged -= merged[:, -1:]
-        tuples[rows, first] = np.where(active[:, None], merged, tuples[rows, first])
-        spread[rows, first] = np.where(active, merged[:, 0], first_spread)
-        created[rows, first] = np.where(active, width + step, created[rows, first])
-        spread[rows, second] = np.where(active, -np.inf, spread[rows, second])
+        tuples[:, end] = merged
+        spread[:, end] = np.where(active, merged[:, 0], -np.inf)
+        window[rows, first] = np.where(active, -np.inf, first_spread)
+        window[rows, second] = -np.inf
+        live -= active
+        end += 1
     final = spread.argmax(axis=1)
     sums = tuples[rows, final]
     totals = weights.sum(axis=1)
@@ -165,7 +176,7 @@ def kk_max_loads(instances: list[Sequence[float]], k: int) -> np.ndarray:
         if len(w) > BATCH_MAX_ITEMS:
             out[i] = _kk_max_load_heap(w, k)
     start = 0
-    for chunk in _chunks([instances[i] for i in small], k):
+    for chunk in _chunks([instances[i] for i in small], k, columns_per_item=2):
         out[small[start : start + len(chunk)]] = _kk_max_loads_batched(chunk, k)
         start += len(chunk)
     return out
