@@ -101,7 +101,7 @@ def test_params_file_round_trips_into_the_generator(store, tmp_path):
     assert document["empirical"]["prompt_quantiles"][50] == pytest.approx(np.percentile(prompts, 50))
     assert (document["n_sampling"], document["dp_ranks"], document["max_response_len"]) == (8, 2, None)
     assert document["multiturn"] is None
-    assert len(document["joint"]["weights"]) == fit.JOINT_COMPONENTS
+    assert document["joint"]["space"] == "log" and len(document["joint"]["weights"]) in fit.JOINT_COMPONENTS
     assert isinstance(document["drift_per_step"], float)
     model = load_params(path)
     drawn_prompts, drawn_responses = model.sample(np.random.default_rng(0), 1000)

@@ -7,9 +7,11 @@ import json
 import numpy as np
 from typer.testing import CliRunner
 
-from polytrace_cli.bench.distributions import LengthModel, Marginal, load_params
+from scipy import stats
+
+from polytrace_cli.bench.distributions import GaussianMixture2D, LengthModel, Marginal, load_params
 from polytrace_cli.bench.presets import preset
-from polytrace_cli.bench.synth import WorkloadSpec, synthesize
+from polytrace_cli.bench.synth import WorkloadSpec, drift_factor, synthesize
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.runner import ingest_paths
 from tests.conftest import need_real_data
@@ -34,9 +36,9 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
 
 
 def test_requested_shape_and_cap(tmp_path):
-    # lognormal with median 1000 and a cap at the 90th percentile: clip ratio ~ 10%.
+    # lognormal with median 1000 and a cap at its 90th percentile: clip ratio ~ 10% (the marginal is kept).
     sigma = 0.5
-    cap = int(round(1000 * np.exp(1.2816 * np.sqrt(sigma**2 + 0.35**2))))
+    cap = int(round(1000 * np.exp(1.2816 * sigma)))
     model = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
                         response=Marginal("lognorm", {"s": sigma, "scale": 1000.0}))
     spec = WorkloadSpec(task="t", steps=10, batch=64, n=8, dp_ranks=4, max_response_len=cap, seed=3)
@@ -45,7 +47,7 @@ def test_requested_shape_and_cap(tmp_path):
     assert result.samples == lengths.size == 10 * 64 * 8
     assert lengths.max() == cap
     clip = float((lengths == cap).mean())
-    assert 0.06 < clip < 0.14
+    assert 0.07 < clip < 0.13
     lines = [json.loads(x) for x in (tmp_path / "packed_lengths_step_0.jsonl").read_text().splitlines()]
     assert {x["dp_rank"] for x in lines} == {0, 1, 2, 3}
     assert all(len(x["output"]) == 8 for x in lines)
@@ -60,6 +62,48 @@ def test_drift_raises_mean_length_over_steps(tmp_path):
     means = [np.mean([v for line in (tmp_path / f"packed_lengths_step_{s}.jsonl").read_text().splitlines()
                       for v in json.loads(line)["output"]]) for s in (0, 29)]
     assert 1.5 < means[1] / means[0] < 1.9  # 1.02 ** 29 = 1.78
+    # Centred on the middle step: the pooled mean stays the model's, 1000 · exp(0.3² / 2) = 1046.
+    assert drift_factor(WorkloadSpec(task="t", steps=3, drift=0.1), 1) == 1.0
+    assert abs(_lengths(tmp_path).mean() / (1000 * np.exp(0.045) * np.mean([1.02 ** (s - 14.5) for s in range(30)])) - 1) < 0.02
+
+
+def test_groups_keep_the_response_marginal_and_correlate_within_a_prompt():
+    model = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
+                        response=Marginal("lognorm", {"s": 0.5, "scale": 1000.0}))
+    _, responses = model.sample_groups(np.random.default_rng(5), 4000, 8)
+    # Every response has the lognormal marginal: KS against its CDF within sampling error (n = 32,000).
+    assert stats.kstest(responses.ravel(), stats.lognorm(0.5, scale=1000.0).cdf).statistic < 0.015
+    # Responses of one prompt share the copula factor: correlation of log lengths ~ rho = 0.5.
+    logs = np.log(responses)
+    assert 0.42 < np.corrcoef(logs[:, 0], logs[:, 1])[0, 1] < 0.58
+
+
+def test_censored_model_reproduces_the_clip_share_and_the_body():
+    # Fitted below the cap (exponential with mean 1000) and 20% of responses at the cap 2000.
+    model = LengthModel(prompt=Marginal("lognorm", {"s": 0.1, "scale": 100.0}),
+                        response=Marginal("expon", {"scale": 1000.0}), max_response_len=2000, clip_ratio=0.2)
+    _, responses = model.sample(np.random.default_rng(2), 100_000, cap=2000)
+    assert abs(np.mean(responses == 2000) - 0.2) < 0.005
+    body = responses[responses < 2000]
+    # Below the cap: the exponential truncated at 2000, median = −1000 · ln(1 − (1 − e^−2)/2) = 566.
+    assert abs(np.median(body) / 566.2 - 1) < 0.02
+    # Another cap than the fitted one: plain clipping of the model, share = e^−3 = 5.0%.
+    _, other = model.sample(np.random.default_rng(2), 100_000, cap=3000)
+    assert abs(np.mean(other == 3000) - np.exp(-3)) < 0.004
+
+
+def test_joint_mixture_groups_follow_the_conditional_gaussian():
+    # One component in log space: ln prompt ~ N(5, 0.04), ln response ~ N(7, 0.25), covariance 0.06 (rho 0.6).
+    joint = GaussianMixture2D(np.array([1.0]), np.array([[5.0, 7.0]]), np.array([[[0.04, 0.06], [0.06, 0.25]]]), "log")
+    prompts, responses = joint.sample_groups(np.random.default_rng(1), 20_000, 4)
+    x, y = np.log(prompts), np.log(responses)
+    assert abs(y.mean() - 7.0) < 0.01 and abs(y.std() - 0.5) < 0.01
+    assert abs(np.corrcoef(x, y[:, 0])[0, 1] - 0.6) < 0.02
+    # Within a prompt the residual sd is sqrt(0.25 − 0.06² / 0.04) = 0.4.
+    assert abs((y - y.mean(axis=1, keepdims=True)).std() / np.sqrt(3 / 4) - 0.4) < 0.01
+    # Censored at e^7 with half the responses at the cap: the rest all below it.
+    _, capped = joint.sample_groups(np.random.default_rng(1), 20_000, 4, cap=float(np.exp(7.0)), clip_ratio=0.5)
+    assert abs(np.mean(capped == np.exp(7.0)) - 0.5) < 0.01 and capped.max() == np.exp(7.0)
 
 
 def test_round_trip_through_ingest_gives_exact_counts(store, tmp_path):

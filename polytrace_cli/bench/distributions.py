@@ -20,6 +20,8 @@ from scipy import stats
 from polytrace_cli.errors import PolytraceError
 
 OWN_FORMAT = "polytrace-params/1"
+# Correlation (on the Gaussian copula scale) of the responses of one prompt when sampling from marginals.
+WITHIN_PROMPT_RHO = 0.5
 
 
 @dataclass(frozen=True)
@@ -30,28 +32,73 @@ class Marginal:
     params: dict
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return self._frozen().rvs(size=size, random_state=rng)
+
+    def _frozen(self):
         distribution = getattr(stats, self.family, None)
         if distribution is None:
             raise PolytraceError(f"unknown distribution family {self.family!r}")
-        return distribution(**self.params).rvs(size=size, random_state=rng)
+        return distribution(**self.params)
+
+    def cdf(self, x: np.ndarray | float) -> np.ndarray:
+        """F(x) of the family."""
+        return self._frozen().cdf(x)
+
+    def ppf(self, u: np.ndarray) -> np.ndarray:
+        """The inverse CDF F⁻¹(u)."""
+        return self._frozen().ppf(u)
 
 
 @dataclass(frozen=True)
 class GaussianMixture2D:
-    """A mixture of 2-D Gaussians over (prompt length, response length)."""
+    """A mixture of 2-D Gaussians over (prompt length, response length), or over their logarithms
+    (`space='log'`, lengths = exp of the draw)."""
 
     weights: np.ndarray
     means: np.ndarray
     covariances: np.ndarray
+    space: str = "linear"
+
+    def _to_space(self, lengths: float) -> float:
+        return float(np.log(lengths)) if self.space == "log" else float(lengths)
+
+    def _from_space(self, values: np.ndarray) -> np.ndarray:
+        return np.exp(values) if self.space == "log" else values
 
     def sample(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
-        components = rng.choice(len(self.weights), size=size, p=self.weights / self.weights.sum())
-        out = np.empty((size, 2))
-        for k in range(len(self.weights)):
-            chosen = components == k
-            if chosen.any():
-                out[chosen] = rng.multivariate_normal(self.means[k], self.covariances[k], size=int(chosen.sum()))
-        return out[:, 0], out[:, 1]
+        """`size` independent (prompt, response) pairs."""
+        prompts, responses = self.sample_groups(rng, size, 1)
+        return prompts, responses[:, 0]
+
+    def sample_groups(self, rng: np.random.Generator, groups: int, n: int, cap: float | None = None,
+                      clip_ratio: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompts (groups,) and responses (groups, n): each group draws a component k and a prompt
+        x ~ N(μ_p, Σ_pp); its n responses are drawn from the conditional Gaussian of component k,
+
+            y | x ~ N(μ_r + Σ_rp/Σ_pp · (x − μ_p),  Σ_rr − Σ_rp²/Σ_pp),
+
+        so every (prompt, response) pair is a draw from the joint mixture and the responses of one
+        prompt are correlated through the shared prompt and component. With `clip_ratio` (the share
+        of responses the fitted run had at the cap; the mixture describes the uncensored rest), a
+        response is the cap with probability clip_ratio, else a draw of the conditional truncated
+        below the cap (inverse CDF: y = μ + σ·Φ⁻¹(v·Φ((t − μ)/σ)), v uniform, t the cap in the
+        mixture's space). Without it, responses are returned unclipped.
+        """
+        components = rng.choice(len(self.weights), size=groups, p=self.weights / self.weights.sum())
+        mean, cov = self.means[components], self.covariances[components]
+        prompts = mean[:, 0] + np.sqrt(np.maximum(cov[:, 0, 0], 0)) * rng.standard_normal(groups)
+        slope = cov[:, 1, 0] / np.where(cov[:, 0, 0] > 0, cov[:, 0, 0], np.inf)
+        centre = mean[:, 1] + slope * (prompts - mean[:, 0])
+        sd = np.sqrt(np.maximum(cov[:, 1, 1] - slope * cov[:, 1, 0], 1e-12))
+        uniform = rng.random((groups, n))
+        if cap is not None and clip_ratio is not None:
+            below = stats.norm.cdf((self._to_space(cap) - centre) / sd)[:, None]
+            z = stats.norm.ppf(np.clip(uniform * below, 1e-12, 1 - 1e-12))
+            responses = self._from_space(centre[:, None] + sd[:, None] * z)
+            responses = np.where(rng.random((groups, n)) < clip_ratio, float(cap), np.minimum(responses, cap))
+        else:
+            responses = self._from_space(centre[:, None] + sd[:, None] * stats.norm.ppf(np.clip(uniform, 1e-12, 1 - 1e-12)))
+        return self._from_space(prompts), responses
 
 
 @dataclass(frozen=True)
@@ -61,8 +108,15 @@ class Quantiles:
     values: np.ndarray
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        grid = np.linspace(0.0, 1.0, len(self.values))
-        return np.interp(rng.random(size), grid, self.values)
+        return self.ppf(rng.random(size))
+
+    def ppf(self, u: np.ndarray) -> np.ndarray:
+        """Linear interpolation of the quantile grid at u."""
+        return np.interp(u, np.linspace(0.0, 1.0, len(self.values)), self.values)
+
+    def cdf(self, x: np.ndarray | float) -> np.ndarray:
+        """The piecewise-linear CDF matching `ppf`."""
+        return np.interp(x, self.values, np.linspace(0.0, 1.0, len(self.values)))
 
 
 @dataclass
@@ -77,16 +131,51 @@ class LengthModel:
     dp_ranks: int | None = None
     multiturn: dict | None = None
     task: str | None = None
+    clip_ratio: float | None = None
 
-    def sample(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """`size` (prompt, response) pairs as positive integers (response not yet capped)."""
+    def sample(self, rng: np.random.Generator, size: int, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`size` independent (prompt, response) pairs as positive integers (see `sample_groups`)."""
+        prompts, responses = self.sample_groups(rng, size, 1, cap)
+        return prompts, responses[:, 0]
+
+    def sample_groups(self, rng: np.random.Generator, groups: int, n: int,
+                      cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt lengths (groups,) and the lengths of each prompt's n responses (groups, n), positive integers.
+
+        Every response has the model's response marginal (the groups only correlate them):
+        - joint mixture: `GaussianMixture2D.sample_groups`;
+        - marginals: the prompt from its marginal; responses through a Gaussian copula with
+          within-prompt correlation ρ = WITHIN_PROMPT_RHO: u = Φ(√ρ·z_group + √(1−ρ)·ε), z and ε
+          standard normal, response = F⁻¹(u).
+        With a cap: responses above it are clipped to it. When the cap is the one the model was
+        fitted at and the model records its clip ratio c (the fit then describes the responses
+        below the cap), the cap is drawn with probability c and otherwise F⁻¹ is taken on the part
+        below the cap: response = F⁻¹(u/(1−c) · F(cap)) for u < 1 − c, else the cap.
+        """
+        censored = (cap is not None and self.clip_ratio is not None and self.max_response_len is not None
+                    and int(cap) == int(self.max_response_len))
         if self.joint is not None:
-            prompt, response = self.joint.sample(rng, size)
+            prompts, responses = self.joint.sample_groups(rng, groups, n, cap if censored else None,
+                                                          self.clip_ratio if censored else None)
         else:
             if self.prompt is None or self.response is None:
                 raise PolytraceError("the parameters file has neither a joint model nor both marginals")
-            prompt, response = self.prompt.sample(rng, size), self.response.sample(rng, size)
-        return _positive_int(prompt), _positive_int(response)
+            prompts = self.prompt.sample(rng, groups)
+            shared = rng.standard_normal((groups, 1))
+            own = rng.standard_normal((groups, n))
+            u = stats.norm.cdf(np.sqrt(WITHIN_PROMPT_RHO) * shared + np.sqrt(1 - WITHIN_PROMPT_RHO) * own)
+            u = np.clip(u, 1e-12, 1 - 1e-12)
+            if censored:
+                clip = float(self.clip_ratio)
+                below = float(self.response.cdf(cap))
+                responses = np.where(u >= 1 - clip, float(cap),
+                                     self.response.ppf(np.clip(u / max(1 - clip, 1e-12) * below, 1e-12, 1 - 1e-12)))
+            else:
+                responses = self.response.ppf(u)
+        responses = _positive_int(responses)
+        if cap is not None:
+            responses = np.minimum(responses, int(cap))
+        return _positive_int(prompts), responses
 
 
 def _positive_int(values: np.ndarray) -> np.ndarray:
@@ -128,7 +217,7 @@ def load_own(document: dict, sampler: str = "parametric") -> LengthModel:
     joint = None
     if sampler == "parametric" and joint_node and joint_node.get("weights"):
         joint = GaussianMixture2D(np.asarray(joint_node["weights"], float), np.asarray(joint_node["means"], float),
-                                  np.asarray(joint_node["covariances"], float))
+                                  np.asarray(joint_node["covariances"], float), joint_node.get("space") or "linear")
     if sampler == "empirical":
         empirical = document.get("empirical") or {}
         if not empirical.get("prompt_quantiles") or not empirical.get("response_quantiles"):
@@ -140,7 +229,8 @@ def load_own(document: dict, sampler: str = "parametric") -> LengthModel:
     return LengthModel(prompt=prompt, response=response, joint=joint,
                        max_response_len=document.get("max_response_len"), n_sampling=document.get("n_sampling"),
                        dp_ranks=document.get("dp_ranks"), multiturn=document.get("multiturn"),
-                       task=document.get("task"))
+                       task=document.get("task"),
+                       clip_ratio=document.get("clip_ratio") if sampler == "parametric" else None)
 
 
 def load_params(path: str | Path, task: str = "math", sampler: str = "parametric") -> LengthModel:

@@ -145,13 +145,12 @@ def synthetic_workload_lengths(params: dict, shape: RunShape, seed: int, sampler
 
 def model_draw_lengths(params: dict, shape: RunShape, seed: int, sampler: str,
                        prompt_count: int, response_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Direct draws from the length model: prompt_count prompts and response_count responses, responses capped."""
+    """Direct draws from the length model: prompt_count prompts and response_count independent responses,
+    capped as the generator caps them (`LengthModel.sample`)."""
     model = load_own(params, sampler)
     rng = np.random.default_rng(seed)
     prompts, _ = model.sample(rng, prompt_count)
-    _, responses = model.sample(rng, response_count)
-    if shape.max_response_len:
-        responses = np.minimum(responses, shape.max_response_len)
+    _, responses = model.sample(rng, response_count, shape.max_response_len)
     return prompts.astype(float), responses.astype(float)
 
 

@@ -17,9 +17,6 @@ import numpy as np
 from polytrace_cli.bench.distributions import LengthModel, Marginal
 from polytrace_cli.errors import PolytraceError
 
-# Spread of the responses of one prompt around the prompt's own typical length (log scale).
-WITHIN_PROMPT_SIGMA = 0.35
-
 
 @dataclass(frozen=True)
 class WorkloadSpec:
@@ -32,7 +29,7 @@ class WorkloadSpec:
     dp_ranks: int = 2
     tp_size: int = 1
     max_response_len: int | None = None
-    drift: float = 0.0       # relative change of response length per step
+    drift: float = 0.0       # relative change of response length per step (centred on the middle step)
     seed: int = 0
     multiturn: bool = False
     dapo: bool = False
@@ -46,13 +43,26 @@ class SynthResult:
     trajectories: int = 0
 
 
+def drift_factor(spec: WorkloadSpec, step: int) -> float:
+    """Response-length multiplier of a step: (1 + drift)^(step − (steps − 1)/2).
+
+    Centred on the middle step, so that a model fitted to a whole run (pooled over its steps) keeps
+    its pooled lengths while the steps drift apart by the requested rate.
+    """
+    return (1.0 + spec.drift) ** (step - (spec.steps - 1) / 2)
+
+
 def _draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """Prompt lengths (batch,) and response lengths (batch, n) of one step, capped."""
-    prompts, centres = model.sample(rng, spec.batch)
-    spread = rng.lognormal(-WITHIN_PROMPT_SIGMA**2 / 2, WITHIN_PROMPT_SIGMA, size=(spec.batch, spec.n))
-    responses = np.maximum(np.rint(centres[:, None] * spread * (1.0 + spec.drift) ** step), 1).astype(np.int64)
-    if spec.max_response_len:
-        responses = np.minimum(responses, spec.max_response_len)
+    """Prompt lengths (batch,) and response lengths (batch, n) of one step (`LengthModel.sample_groups`),
+    scaled by the step's drift factor; responses already at the cap stay there, the others are clipped to it."""
+    prompts, responses = model.sample_groups(rng, spec.batch, spec.n, spec.max_response_len)
+    factor = drift_factor(spec, step)
+    if factor != 1.0:
+        scaled = np.maximum(np.rint(responses * factor), 1).astype(np.int64)
+        if spec.max_response_len:
+            scaled = np.where(responses >= spec.max_response_len, spec.max_response_len,
+                              np.minimum(scaled, spec.max_response_len))
+        responses = scaled
     return prompts, responses
 
 
