@@ -149,6 +149,7 @@ def test_v05_repr_values_restart_resume_and_rejections(store):
     assert _metric(store, 101, "val-core/openai/gsm8k/reward/mean@1") == (0.75, None)
     assert _metric(store, 101, "timing_s/agent_loop/slowest/response_length") == (512.0, None)
     assert _metric(store, 101, "resize/mode") == (None, "schedule")
+    assert _metric(store, 101, "custom/loss(ema).v2-x") == (0.125, None)  # a key with ( ) . - kept whole
     # The metric line after a progress-bar update on the same physical line (carriage return).
     assert _metric(store, 102, "timing_s/step") == (11.0, None)
     # The restart goes back to step 101: a second segment, nothing merged.

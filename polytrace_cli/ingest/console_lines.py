@@ -32,6 +32,9 @@ _RAY_REPEAT = re.compile(RAY_REPEAT_PATTERN)
 # numpy 2 reprs `np.float64(0.5)`, `np.int64(3)`, `np.True_`, and torch `tensor(0.5, device='cuda:0')`.
 TENSOR_WRAPPED_PATTERN = r"^tensor\(([^,()]*)(?:,.*)?\)$"
 _TENSOR_WRAPPED = re.compile(TENSOR_WRAPPED_PATTERN)
+# Either wrapper around a trimmed scalar: group 1 the numpy inner text (first '(' to final ')'),
+# group 2 the torch inner text.
+WRAPPED_PATTERN = r"^\s*(?:(?:np|numpy)\.[^(]*\((.*)\)|tensor\(([^,()]*)(?:,.*)?\))\s*$"
 _BOOLEANS = {"true": 1.0, "false": 0.0, "np.true_": 1.0, "np.false_": 0.0}
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
 
@@ -133,19 +136,8 @@ def clean_lines(raw: pl.Series, anchor: str = "step:") -> pl.Series:
 
 
 def unwrap_expr(text: pl.Expr) -> pl.Expr:
-    """Polars expression equal to `unwrap_scalar`."""
-    trimmed = text.str.strip_chars()
-    numpy_wrapped = (
-        (trimmed.str.starts_with("np.") | trimmed.str.starts_with("numpy."))
-        & trimmed.str.ends_with(")") & trimmed.str.contains("(", literal=True)
-    )
-    numpy_inner = trimmed.str.splitn("(", 2).struct.field("field_1").str.strip_suffix(")").str.strip_chars()
-    tensor_inner = trimmed.str.extract(TENSOR_WRAPPED_PATTERN, 1).str.strip_chars()
-    return (
-        pl.when(numpy_wrapped).then(numpy_inner)
-        .when(trimmed.str.starts_with("tensor(") & tensor_inner.is_not_null()).then(tensor_inner)
-        .otherwise(trimmed)
-    )
+    """Polars expression equal to `unwrap_scalar`, as one regex replacement (`WRAPPED_PATTERN`)."""
+    return text.str.replace(WRAPPED_PATTERN, "${1}${2}").str.strip_chars()
 
 
 def value_expr(unwrapped: pl.Expr) -> pl.Expr:

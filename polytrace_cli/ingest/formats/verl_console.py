@@ -171,14 +171,17 @@ def _classify(lines: pl.DataFrame) -> pl.DataFrame:
     )
     metric_like = pl.col("c").str.starts_with("step:")
     well_formed = pl.col("c").str.contains(r"^step:-?\d+ - \S") & (pl.col("raw_chars") != WANDB_LINE_LIMIT)
-    noise = cl.noise_rule_expr(pl.col("c"))
+    # Noise rules only read non-metric lines: metric lines (most of the bytes) are blanked for them
+    # in a column of their own first (inside one expression the blanking is redone per rule).
+    noise_input = lines.select(pl.when(metric_like).then(pl.lit("")).otherwise(pl.col("c")).alias("n"))
+    noise = noise_input.select(cl.noise_rule_expr(pl.col("n")).alias("noise")).get_column("noise")
     ray = pl.col("raw").str.contains(r"^(?:\x1b\[[0-9;]*m)*\([A-Za-z_][\w.\-]* pid=\d+")
-    return lines.with_columns(
+    return lines.with_columns(noise).with_columns(
         kind=pl.when(metric_like & well_formed).then(pl.lit("metric"))
         .when(metric_like).then(pl.lit("dirty"))
-        .when((noise == "other") & ray).then(pl.lit("ray-log"))
-        .otherwise(noise)
-    )
+        .when((pl.col("noise") == "other") & ray).then(pl.lit("ray-log"))
+        .otherwise(pl.col("noise"))
+    ).drop("noise")
 
 
 METRIC_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
