@@ -48,8 +48,12 @@ def render(data: dict[str, pl.DataFrame]):
     idle = first_column(per_step, "slot_idle", "slot_idle_share") if per_step is not None else None
     if (position is None or share is None or empty(decoding, position, share)) and (idle is None or empty(per_step, idle)):
         return Omitted("the runs have no per-sample response lengths")
-    figure, (left, right) = style.new_figure(2, 1, width=11, height=4.2)
-    if position and share and not empty(decoding, position, share):
+    has_curves = bool(position and share and not empty(decoding, position, share))
+    has_idle = bool(idle and not empty(per_step, idle))
+    figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=11 if has_curves and has_idle else 6,
+                                    height=4.2)
+    if has_curves:
+        left = axes[0]
         runs = runs_of(decoding)
         for run_index, run in enumerate(runs):
             for role, step, linestyle in _roles(per_step, run):
@@ -62,9 +66,8 @@ def render(data: dict[str, pl.DataFrame]):
         left.set_ylim(0, 1.02)
         left.set_title("Responses still decoding")
         style.legend(left, loc="upper right")
-    else:
-        left.set_axis_off()
-    if idle and not empty(per_step, idle):
+    if has_idle:
+        right = axes[-1]
         series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step")
         for index, run in enumerate(runs_of(series)):
             part = series.filter(pl.col("run") == run)
@@ -73,9 +76,8 @@ def render(data: dict[str, pl.DataFrame]):
         right.set_ylim(0, 1)
         right.set_xlabel("training step")
         right.set_ylabel("slot idle share")
-        right.set_title("Slot idle per step")
+        right.set_title("Slot idle per step" if has_curves else
+                        "Slot idle per step\n(no per-sample lengths, so no still-decoding curves)")
         style.thin_step_ticks(right, None)
         style.legend(right, loc="lower right")
-    else:
-        right.set_axis_off()
     return figure
