@@ -132,9 +132,39 @@ def test_synth_and_demo_commands(tmp_path):
     result = runner.invoke(app, ["synth", "--task", "code", "--out", str(tmp_path / "w"), "--steps", "2", "--seed", "4"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "w").iterdir())[:2] == ["packed_lengths_step_0.jsonl", "packed_lengths_step_1.jsonl"]
-    demo = runner.invoke(app, ["demo", "--out", str(tmp_path / "logs"), "--db", str(tmp_path / "d.duckdb")])
+    demo = runner.invoke(app, ["demo", "--out", str(tmp_path / "logs"), "--reports", str(tmp_path / "reports"),
+                                 "--db", str(tmp_path / "d.duckdb")])
     assert demo.exit_code == 0, demo.output
     for task in ("math", "code", "search"):
         assert task in demo.output
     bad = runner.invoke(app, ["synth", "--task", "video", "--out", str(tmp_path / "v")])
     assert bad.exit_code == 2 and "no built-in preset" in bad.output
+
+
+def test_synth_ingest_analyze_gives_the_requested_statistics(store, tmp_path):
+    """synth -> ingest -> analyze lengths: the model's statistics within sampling error.
+
+    Responses lognormal(μ = ln 1000, σ = 0.5) capped at its 90th percentile c = 1000·e^(1.2816·0.5) = 1898:
+    median 1000, clip ratio 10%, mean E[min(X, c)] = e^(μ+σ²/2)·Φ((ln c − μ − σ²)/σ) + c·0.1
+    = 1133.1·Φ(0.7816) + 189.8 = 1076.8. Prompts lognormal with median 100.
+    """
+    from polytrace_cli.analyze import lengths
+
+    cap = int(round(1000 * np.exp(1.2816 * 0.5)))
+    model = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
+                        response=Marginal("lognorm", {"s": 0.5, "scale": 1000.0}))
+    spec = WorkloadSpec(task="t", steps=8, batch=64, n=8, dp_ranks=2, max_response_len=cap, seed=7)
+    synthesize(model, spec, tmp_path / "w")
+    reports = ingest_paths(store, [tmp_path / "w"], run_name="synthetic")
+    assert all(r.status == "ingested" and r.rejected == 0 for r in reports)
+    run_id = store.execute("SELECT run_id FROM runs WHERE name = 'synthetic'").fetchall()[0][0]
+    summary = {row["kind"]: row for row in lengths.summary(store, [run_id]).to_dicts()}
+    response, prompt = summary["response"], summary["prompt"]
+    assert response["count"] == 8 * 64 * 8 and response["max_tokens"] == cap
+    assert abs(response["p50_tokens"] / 1000 - 1) < 0.05
+    assert abs(response["mean_tokens"] / 1076.8 - 1) < 0.05
+    assert 0.07 < np.mean(_lengths(tmp_path / "w") == cap) < 0.13
+    assert response["cap_tokens"] == cap and 0.07 < response["clip_ratio"] < 0.13
+    assert abs(prompt["p50_tokens"] / 100 - 1) < 0.05
+    ranks = store.execute("SELECT count(DISTINCT dp_rank) FROM samples WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    assert ranks == 2
