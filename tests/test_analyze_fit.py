@@ -140,7 +140,21 @@ def test_real_search_r1_multiturn_params(store):
     for count in set(turns):
         assert pmf[str(count)] == pytest.approx(turns.count(count) / len(turns))
     assert document["multiturn"]["tool_latency_s"]["family"] == "lognorm"
+    for node in ("tool_latency_s", "completion_tokens"):
+        assert 0 < document["multiturn"][node]["ks"] < 1 and np.isfinite(document["multiturn"][node]["aic"])
     assert document["max_response_len"] == 3000
+
+
+def test_multiturn_lognormal_node_ks_and_aic_by_hand():
+    # ln x = −1, 0, 1: MLE s = sqrt(2/3), scale 1; F(e^x) = Φ(x / s) = 0.1103, 0.5, 0.8897 against the
+    # empirical steps 1/3, 2/3, 1: KS = 1/3 − 0.1103 = 0.2230.
+    node = fit._lognorm_node(np.exp(np.array([-1.0, 0.0, 1.0])))
+    assert node["params"]["s"] == pytest.approx(np.sqrt(2 / 3), rel=1e-4)
+    assert node["params"]["scale"] == pytest.approx(1.0, rel=1e-4)
+    assert node["ks"] == pytest.approx(0.2230, abs=1e-4)
+    # ln L = Σ [−ln x − ln(s·sqrt(2π)) − (ln x)² / (2s²)] = 0 − 3·ln(sqrt(2/3)·sqrt(2π)) − 1.5
+    log_likelihood = -3 * np.log(np.sqrt(2 / 3) * np.sqrt(2 * np.pi)) - 1.5
+    assert node["aic"] == pytest.approx(4 - 2 * log_likelihood, rel=1e-4)
 
 
 def test_runs_for_task(store):

@@ -275,11 +275,15 @@ def _empirical_quantiles(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
 
 
 def _lognorm_node(values: np.ndarray) -> dict | None:
+    """Lognormal MLE (loc 0) of the positive values with its KS = sup |F_n − F| and AIC = 2·2 − 2 ln L."""
     values = values[values > 0]
     if len(values) < 2 or len(np.unique(values)) < 2:
         return None
     s, loc, scale = stats.lognorm.fit(values, floc=0)
-    return {"family": "lognorm", "params": {"s": float(s), "loc": float(loc), "scale": float(scale)}}
+    frozen = stats.lognorm(s, loc, scale)
+    return {"family": "lognorm", "params": {"s": float(s), "loc": float(loc), "scale": float(scale)},
+            "ks": float(stats.kstest(values, frozen.cdf).statistic), "aic": float(4 - 2 * np.sum(frozen.logpdf(values))),
+            "n_fitted": int(len(values))}
 
 
 def _multiturn(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> dict | None:
@@ -304,7 +308,7 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
 
     `prompt`/`response` hold the best scipy family by AIC (so any scipy-based sampler can draw from
     them); `candidates` every fit including the Gaussian mixture; `joint` a 2-D mixture over
-    (prompt, response); `empirical` 101 quantiles; `drift_per_step` the mean over the runs of the
+    (ln prompt, ln response); `empirical` 101 quantiles; `drift_per_step` the mean over the runs of the
     drift analysis' relative slope (slope / mean response length); absent parts are null.
     """
     from polytrace_cli.analyze import drift
