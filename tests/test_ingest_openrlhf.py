@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -123,3 +124,31 @@ def test_payloads_that_only_literal_eval_reads(store, tmp_path):
     assert _metrics(store, 5) == {"nested/a": 1.5, "x": math.inf, "y": -math.inf}
     assert store.execute("SELECT line_no, reason FROM ingest_errors").fetchall() == [
         (3, "Global step payload is not a Python dict literal: SyntaxError")]
+
+
+def test_run_meta_from_the_command_line_and_content(store, tmp_path):
+    path = tmp_path / "orl" / "train.log"
+    path.parent.mkdir()
+    path.write_text(
+        "+ ray job submit -- python3 -m openrlhf.cli.train_ppo_ray --pretrain Qwen/Qwen2.5-7B"
+        " --actor_num_nodes 2 --actor_num_gpus_per_node 4 --vllm_num_engines 2 --n_samples_per_prompt=8"
+        " --generate_max_len 2048 --prompt_max_len 1024 --advantage_estimator group_norm\n"
+        "(PPOTrainer pid=1) INFO 05-18 12:34:56 ppo_trainer.py:532] ✨ Global step 1: {'policy_loss': 0.5}\n"
+    )
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (2, 1, 1, 0)
+    meta = json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])
+    assert {k: meta[k] for k in ("framework", "openrlhf_version", "model", "nnodes", "n_gpus_per_node", "n_gpus",
+                                 "n_sampling", "max_response_len", "max_prompt_len", "adv_estimator",
+                                 "vllm_num_engines")} == {
+        "framework": "openrlhf", "openrlhf_version": "0.8", "model": "Qwen/Qwen2.5-7B", "nnodes": 2,
+        "n_gpus_per_node": 4, "n_gpus": 8, "n_sampling": 8, "max_response_len": 2048, "max_prompt_len": 1024,
+        "adv_estimator": "group_norm", "vllm_num_engines": 2}
+
+
+def test_version_class_from_content(store):
+    # timing/* keys in Global step dicts: 0.9+; only tqdm postfixes: before 0.8.
+    ingest_paths(store, [FIXTURES / "train_global_step.log"], run_name="a")
+    ingest_paths(store, [FIXTURES / "train_tqdm_only.log"], run_name="b")
+    metas = [json.loads(m) for (m,) in store.execute("SELECT meta FROM runs ORDER BY name").fetchall()]
+    assert [m.get("openrlhf_version") for m in metas] == [">=0.9", "<0.8"]

@@ -72,6 +72,40 @@ def verl_settings(lines: list[str]) -> dict:
     return settings
 
 
+# OpenRLHF command-line flags (`--n_samples_per_prompt 8` or `--n_samples_per_prompt=8`) and the meta
+# key each one fills.
+OPENRLHF_FLAGS: dict[str, str] = {
+    "actor_num_nodes": "nnodes",
+    "actor_num_gpus_per_node": "n_gpus_per_node",
+    "n_samples_per_prompt": "n_sampling",
+    "generate_max_len": "max_response_len",
+    "prompt_max_len": "max_prompt_len",
+    "rollout_batch_size": "train_batch_size",
+    "pretrain": "model",
+    "advantage_estimator": "adv_estimator",
+    "vllm_num_engines": "vllm_num_engines",
+    "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
+}
+OPENRLHF_SETTINGS_LINE = r"--(?:" + "|".join(OPENRLHF_FLAGS) + r")[\s=]"
+_OPENRLHF_FLAG = re.compile(r"--(" + "|".join(OPENRLHF_FLAGS) + r")(?:\s+|=)([^\s'\",\]\\]+)")
+
+
+def openrlhf_settings(lines: list[str]) -> dict:
+    """OpenRLHF settings named on a command line in the log (`--actor_num_gpus_per_node 8`, ...),
+    the last occurrence winning, plus `n_gpus` = actor_num_nodes × actor_num_gpus_per_node (the
+    actor's GPUs; nodes default to 1) when the per-node count is named."""
+    settings: dict = {}
+    for line in lines:
+        for flag, value in _OPENRLHF_FLAG.findall(line):
+            settings[OPENRLHF_FLAGS[flag]] = _typed(value)
+    per_node = settings.get("n_gpus_per_node")
+    if isinstance(per_node, int):
+        nodes = settings.get("nnodes") if isinstance(settings.get("nnodes"), int) else 1
+        settings["n_gpus"] = per_node * nodes
+        settings["n_gpus_source"] = "--actor_num_nodes * --actor_num_gpus_per_node"
+    return settings
+
+
 def n_gpus_from_throughput(con: duckdb.DuckDBPyConnection, file_id: int) -> int | None:
     """GPUs of a verl run from its perf metrics, median over steps, rounded:
 

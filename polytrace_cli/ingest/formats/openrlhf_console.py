@@ -37,6 +37,7 @@ from pathlib import Path
 
 import polars as pl
 
+from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
 
@@ -206,6 +207,10 @@ class OpenRLHFConsoleIngester(Ingester):
             self._tqdm_fallback(ctx, frame)
         if not ctx.stored:
             ctx.note("zero steps: no Global step, evaluation or tqdm metric lines")
+        settings_lines = frame.filter(pl.col("clean").str.contains(run_metadata.OPENRLHF_SETTINGS_LINE))
+        version = {"0.9": ">=0.9", "0.8": "0.8"}.get(ctx.format_version or "", "<0.8" if ctx.stored else None)
+        ctx.run_meta.update({"framework": "openrlhf", "openrlhf_version": version, "value_precision": None,
+                             **run_metadata.openrlhf_settings(settings_lines.get_column("clean").to_list())})
 
     @staticmethod
     def _count_ignored(ctx: FileContext, rest: pl.DataFrame) -> None:
