@@ -92,7 +92,7 @@ def test_sample_logs_report_is_complete(sample_report):
     summary = assert_report_complete(sample_report)
     drawn = {f["id"] for f in summary["figures"] if f["png"]}
     # The sample logs carry per-sample lengths on DP ranks, reward timings, DAPO batches and trajectories.
-    assert {"F1", "F2", "F6", "F7", "F9"} <= drawn
+    assert {"F1", "F2", "F3", "F6", "F7", "F8", "F9", "F10"} <= drawn
     assert [row["run"] for row in summary["table_T1"]] == ["code", "math", "search"]
 
 
@@ -135,7 +135,7 @@ def test_real_trace_report(tmp_path, trace):
     assert result.exit_code == 0, result.output
     summary = assert_report_complete(tmp_path / "r" / trace / "index.html")
     drawn = {f["id"] for f in summary["figures"] if f["png"]}
-    assert {"F1", "F2", "F7"} <= drawn
+    assert {"F1", "F2", "F3", "F7"} <= drawn
     expected = {"verl": {"F6", "F10"}, "rllm": {"F6", "F9"}, "search_r1": {"F8"}}[trace]
     missing = expected - drawn
     reasons = {f["id"]: f["omitted"] for f in summary["figures"] if f["id"] in missing}
@@ -209,3 +209,93 @@ def test_t1_numbers_by_hand(tmp_path):
     assert table["b"]["response_p99_p50"] == pytest.approx((100 + 0.97 * 400) / 100)
     assert table["b"]["mean_response_tokens"] == pytest.approx(200.0)
     assert table["a"]["step_time_cv"] is None
+
+
+def test_joint_histogram_by_hand(tmp_path):
+    """k = 1 bin per factor e: l in [e^b, e^(b+1)) is bin b, reported at e^(b + 0.5)."""
+    import math
+
+    from polytrace_cli.analyze.lengths import joint_histogram
+
+    con = open_store(tmp_path / "store.duckdb")
+    try:
+        # ln 10 = 2.30 -> bin 2; ln 15 = 2.71 -> bin 2; ln 100 = 4.61 -> bin 4; ln 3 = 1.10 -> bin 1.
+        run = _insert_samples(con, "a", "math", [(0, 0, 0, 10, 100), (0, 0, 1, 15, 100), (0, 0, 2, 3, 100),
+                                                   (0, 0, 3, 10, 0)])
+        frame = joint_histogram(con, [run], ALL_STEPS, bins_per_e=1)
+    finally:
+        con.close()
+    rows = [(round(r["prompt_tokens"], 6), round(r["response_tokens"], 6), r["count"]) for r in frame.to_dicts()]
+    # The zero-length response is left out.
+    assert rows == [(round(math.exp(1.5), 6), round(math.exp(4.5), 6), 1),
+                    (round(math.exp(2.5), 6), round(math.exp(4.5), 6), 2)]
+
+
+def test_multi_run_figures_overlay_one_line_per_run(tmp_path):
+    """F1 over two runs: each panel has one CDF line per run, labelled with the run name, in distinct colours."""
+    from polytrace_cli.report.figures import f01_length_cdf
+
+    con = open_store(tmp_path / "store.duckdb")
+    try:
+        a = _insert_samples(con, "a", "math", [(0, 0, i, 10 + i, 100 + 10 * i) for i in range(20)])
+        b = _insert_samples(con, "b", "code", [(0, 0, i, 50 + i, 1000 + 100 * i) for i in range(20)])
+        figure = f01_length_cdf.render(f01_length_cdf.frames(con, [a, b], ALL_STEPS))
+    finally:
+        con.close()
+    for ax in figure.axes:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        assert [line.get_label() for line in lines] == ["a", "b"]
+        assert lines[0].get_color() != lines[1].get_color()
+
+
+def _console_log(path: Path, steps: int, gen_base: float, slow_step: int) -> None:
+    """A verl console log: per step stage timers, step time and response length aggregates."""
+    lines = ["(TaskRunner pid=1) {'data': {'max_response_length': 4096}}"]
+    for step in range(1, steps + 1):
+        gen = gen_base + step + (40.0 if step == slow_step else 0.0)
+        max_len = 1000 + 100 * step
+        lines.append(f"(TaskRunner pid=1) step:{step} - timing_s/gen:{gen} - timing_s/reward:2.0 - "
+                     f"timing_s/old_log_prob:3.0 - timing_s/update_actor:5.0 - timing_s/step:{gen + 11.0} - "
+                     f"response_length/mean:{max_len / 2} - response_length/max:{max_len} - "
+                     f"response_length/min:10 - response_length/clip_ratio:0.0")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_console_runs_draw_step_time_figures_and_compare_in_t1(tmp_path):
+    """Two verl console logs: F4, F5 and F11 are drawn (one panel or line per run), and T1 holds each
+    run's step-time CV, which for run a (step times 21..32 plus 40 s at step 6) is checked by hand."""
+    import statistics
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "a" / "train.log", 12, 10.0, 6)
+    _console_log(tmp_path / "logs" / "b" / "train.log", 12, 30.0, 0)
+    for run in ("a", "b"):
+        result = runner.invoke(app, ["ingest", str(tmp_path / "logs" / run), "--run", run, "--task", "math",
+                                     "--db", str(db)])
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r"), "--name", "console"])
+    assert result.exit_code == 0, result.output
+    summary = assert_report_complete(tmp_path / "r" / "console" / "index.html")
+    drawn = {f["id"] for f in summary["figures"] if f["png"]}
+    assert {"F2", "F4", "F5", "F11"} <= drawn
+    # No per-sample data: the sample figures say so instead of drawing.
+    omitted = {f["id"]: f["omitted"] for f in summary["figures"] if f["omitted"]}
+    assert {"F3", "F6"} <= set(omitted)
+    table = {row["run"]: row for row in summary["table_T1"]}
+    step_times = [10.0 + s + (40.0 if s == 6 else 0.0) + 11.0 for s in range(1, 13)]
+    expected_cv = statistics.stdev(step_times) / statistics.mean(step_times)
+    assert table["a"]["step_time_cv"] == pytest.approx(expected_cv)
+    steady = [30.0 + s + 11.0 for s in range(1, 13)]
+    assert table["b"]["step_time_cv"] == pytest.approx(statistics.stdev(steady) / statistics.mean(steady))
+
+
+def test_demo_writes_the_demo_report_and_prints_its_path(tmp_path):
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "logs"), "--reports", str(tmp_path / "reports"),
+                                 "--db", str(tmp_path / "demo.duckdb")])
+    assert result.exit_code == 0, result.output
+    index = tmp_path / "reports" / "demo" / "index.html"
+    assert result.output.strip().splitlines()[-1] == str(index)
+    summary = assert_report_complete(index)
+    assert summary["runs"] == ["math", "code", "search"]
+    assert {"F1", "F3", "F6", "F8", "F10"} <= {f["id"] for f in summary["figures"] if f["png"]}

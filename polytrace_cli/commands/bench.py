@@ -10,7 +10,7 @@ import typer
 from polytrace_cli.commands.common import DbOption, console, emit_frame, fail, user_errors
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
-from polytrace_cli.store.queries import runs_frame
+from polytrace_cli.store.queries import run_ids, runs_frame
 
 DEMO_SEED = 2509
 
@@ -64,9 +64,10 @@ def synth(
 @user_errors
 def demo(
     out: Annotated[Path, typer.Option(help="Where the sample logs are (re)generated.")] = Path("sample_logs"),
+    reports: Annotated[Path, typer.Option(help="Folder the demo report is written into (as OUT/demo/).")] = Path("reports"),
     db: DbOption = None,
 ) -> None:
-    """The zero-setup tour: generate sample logs, ingest them, and show what the store holds."""
+    """The zero-setup tour: generate sample logs, ingest them, show what the store holds, write the demo report."""
     from polytrace_cli.bench.presets import PRESETS, preset
     from polytrace_cli.bench.synth import synthesize, with_overrides
 
@@ -74,13 +75,23 @@ def demo(
         model, spec = preset(task)
         synthesize(model, with_overrides(spec, seed=DEMO_SEED), out / task)
     con = open_store(db)
+    names: list[str] = []
     try:
         for task in PRESETS:
-            reports = ingest_paths(con, [out / task], task=task)
-            failed = [r for r in reports if r.failed]
+            ingested = ingest_paths(con, [out / task], task=task)
+            failed = [r for r in ingested if r.failed]
             if failed:
                 raise fail(f"demo logs for {task} did not ingest: {failed[0].message}", 1)
+            names.extend(run for run in dict.fromkeys(r.run for r in ingested if r.run) if run not in names)
         emit_frame(runs_frame(con), title="runs in the store")
+        from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
+
+        try:
+            index = write_report(con, run_ids(con, names), reports, "demo")
+        except OSError as error:
+            raise fail(f"cannot write the demo report under {reports}: {error.strerror or error}") from None
     finally:
         con.close()
     console.print(f"sample logs in {out}/; try `polytrace query \"select * from samples limit 5\"`")
+    console.print("demo report written; open it in a browser:")
+    typer.echo(str(index))
