@@ -168,3 +168,36 @@ def test_synth_ingest_analyze_gives_the_requested_statistics(store, tmp_path):
     assert abs(prompt["p50_tokens"] / 100 - 1) < 0.05
     ranks = store.execute("SELECT count(DISTINCT dp_rank) FROM samples WHERE run_id = ?", [run_id]).fetchall()[0][0]
     assert ranks == 2
+
+
+def test_published_tool_calling_sequence_models_drive_multiturn_trajectories(tmp_path):
+    # A 2-call model with zero covariance: every session is input 100, 50 and output 10, 20.
+    names = ["input_1", "input_2", "output_1", "output_2"]
+    document = {"math_task": {}, "tool_calling_task": {
+        "call_count_distribution": {"2": 7},
+        "sequence_models": {"2": {"feature_names": names, "mean_vector": [100, 50, 10, 20],
+                                  "covariance_matrix": np.zeros((4, 4)).tolist()}}}}
+    path = tmp_path / "published.json"
+    path.write_text(json.dumps(document))
+    model = load_params(path, task="tool")
+    synthesize(model, WorkloadSpec(task="tool", steps=1, batch=3, n=2, multiturn=True, seed=0), tmp_path / "w")
+    lines = [json.loads(x) for x in (tmp_path / "w" / "multiturn_workload_step_0.jsonl").read_text().splitlines()]
+    assert len(lines) == 6
+    for line in lines:
+        assert line["prompt_len"] == 100 and line["turn_count"] == 2 and line["tool_call_count"] == 1
+        assert [t["completion_tokens"] for t in line["turns"]] == [10, 20]
+        assert [t["prompt_tokens"] for t in line["turns"]] == [100, 100 + 10 + 50]
+        assert line["tool_calls"][0]["response_token_len"] == 50 and line["final_response_len"] == 10 + 50 + 20
+
+
+def test_published_tool_calling_call_counts(store, tmp_path):
+    path = need_real_data("distributions", "enhanced_task_distribution_parameters.json")
+    counts = json.loads(path.read_text())["tool_calling_task"]["call_count_distribution"]
+    model = load_params(path, task="tool")
+    synthesize(model, WorkloadSpec(task="tool", steps=1, batch=1000, n=2, multiturn=True, seed=0), tmp_path / "w")
+    reports = ingest_paths(store, [tmp_path / "w"], run_name="tool")
+    assert all(r.status == "ingested" and r.rejected == 0 for r in reports)
+    turns = dict(store.execute("SELECT turns, count(*) FROM samples GROUP BY turns").fetchall())
+    total = sum(counts.values())
+    for calls, n in counts.items():
+        assert abs(turns.get(int(calls), 0) / 2000 - n / total) < 0.03

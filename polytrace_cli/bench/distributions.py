@@ -193,10 +193,35 @@ def _lognorm_triplet(node: dict) -> Marginal:
     return Marginal("lognorm", {"s": s, "loc": loc, "scale": scale})
 
 
+# Tool latency is not in the published file: the illustrative search-tool latency of the presets.
+PUBLISHED_TOOL_LATENCY = {"family": "lognorm", "params": {"s": 1.0, "loc": 0.0, "scale": 0.08}}
+TOOL_TASKS = ("tool", "tool_calling")
+
+
+def load_published_tool(document: dict) -> LengthModel:
+    """A multi-turn model from the published `tool_calling_task`: the call-count distribution as
+    `turns_pmf` and, per call count k, the Gaussian (mean_vector, covariance_matrix) over the
+    features input_1..k, output_1..k, ... as a sequence model (see `synth.sequence_draw`)."""
+    tool = document.get("tool_calling_task") or {}
+    counts = {str(k): float(v) for k, v in (tool.get("call_count_distribution") or {}).items()}
+    models = {str(k): {"names": m["feature_names"], "mean": m["mean_vector"], "covariance": m["covariance_matrix"]}
+              for k, m in (tool.get("sequence_models") or {}).items() if m.get("mean_vector")}
+    counts = {k: v for k, v in counts.items() if k in models}
+    if not counts:
+        raise PolytraceError("the published parameters file has no tool-calling sequence models")
+    total = sum(counts.values())
+    return LengthModel(multiturn={"turns_pmf": {k: v / total for k, v in counts.items()}, "sequence_models": models,
+                                  "tool_latency_s": PUBLISHED_TOOL_LATENCY}, task="tool")
+
+
 def load_published(document: dict, task: str = "math") -> LengthModel:
-    """A length model from the published PolyTrace parameters document (math task)."""
+    """A length model from the published PolyTrace parameters document: the math task's length
+    models, or (task tool / tool_calling) the tool-calling sequence models (`load_published_tool`)."""
+    if task in TOOL_TASKS:
+        return load_published_tool(document)
     if task != "math" or "math_task" not in document:
-        raise PolytraceError("the published parameters file carries length models for the math task only")
+        raise PolytraceError("the published parameters file carries the math task and the tool-calling task "
+                             f"(--task math, tool), not {task!r}")
     math = document["math_task"]
     gmm = math.get("gmm_parameters")
     joint = None

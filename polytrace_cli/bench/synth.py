@@ -116,16 +116,44 @@ def _write_dapo(path: Path, spec: WorkloadSpec, rng: np.random.Generator) -> Non
     path.write_text("\n".join(lines) + "\n")
 
 
-def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: dict) -> dict:
+def sequence_draw(rng: np.random.Generator, multiturn: dict) -> tuple[list[int], list[int]]:
+    """Token counts of one tool-calling session from the published sequence models: a call count k
+    from `turns_pmf`, then the feature vector ~ N(mean, covariance) of the k-call model; returns
+    [input_1..input_k] and [output_1..output_k], rounded and at least 1."""
     turn_values = np.array([int(k) for k in multiturn["turns_pmf"]])
     turn_probs = np.array(list(multiturn["turns_pmf"].values()), float)
-    n_turns = int(rng.choice(turn_values, p=turn_probs / turn_probs.sum()))
-    completion = multiturn["completion_tokens"]
+    calls = int(rng.choice(turn_values, p=turn_probs / turn_probs.sum()))
+    model = multiturn["sequence_models"][str(calls)]
+    vector = rng.multivariate_normal(np.asarray(model["mean"], float), np.asarray(model["covariance"], float),
+                                     method="eigh")
+    value = dict(zip(model["names"], vector.tolist()))
+    inputs = [max(1, int(round(value[f"input_{i}"]))) for i in range(1, calls + 1)]
+    outputs = [max(1, int(round(value[f"output_{i}"]))) for i in range(1, calls + 1)]
+    return inputs, outputs
+
+
+def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: dict) -> dict:
+    """One multi-turn trajectory. With published sequence models (`sequence_draw`), call i is turn i:
+    output_i its completion tokens and input_(i+1) the tool response fed back before the next turn;
+    otherwise turn counts from `turns_pmf`, completions from `completion_tokens` and tool responses
+    of 300–1,100 tokens. Tool latencies come from `tool_latency_s`."""
     latency = multiturn["tool_latency_s"]
+    if multiturn.get("sequence_models"):
+        inputs, outputs = sequence_draw(rng, multiturn)
+        n_turns = len(outputs)
+    else:
+        turn_values = np.array([int(k) for k in multiturn["turns_pmf"]])
+        turn_probs = np.array(list(multiturn["turns_pmf"].values()), float)
+        n_turns = int(rng.choice(turn_values, p=turn_probs / turn_probs.sum()))
+        completion = multiturn["completion_tokens"]
+        inputs = outputs = None
     turns, tools, context, response = [], [], prompt_len, 0
     finish = "stop"
     for turn in range(n_turns):
-        tokens = int(max(1, round(float(Marginal(completion["family"], completion["params"]).sample(rng, 1)[0]))))
+        if outputs is not None:
+            tokens = outputs[turn]
+        else:
+            tokens = int(max(1, round(float(Marginal(completion["family"], completion["params"]).sample(rng, 1)[0]))))
         last = turn == n_turns - 1
         if response + tokens >= cap:
             tokens, last, finish = cap - response, True, "length"
@@ -138,7 +166,7 @@ def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: 
         response += tokens
         if last:
             break
-        tool_tokens = int(rng.integers(300, 1100))
+        tool_tokens = inputs[turn + 1] if inputs is not None else int(rng.integers(300, 1100))
         tools.append({"turn": turn, "tool_name": "search", "query_count": int(rng.integers(1, 4)),
                       "latency_s": round(float(Marginal(latency["family"], latency["params"]).sample(rng, 1)[0]), 6),
                       "response_token_len": tool_tokens, "status": "success"})
@@ -147,10 +175,12 @@ def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: 
     return {"turns": turns, "tool_calls": tools, "finish_reason": finish, "final_response_len": response}
 
 
-def _write_multiturn(path: Path, step: int, spec: WorkloadSpec, model: LengthModel, prompts: np.ndarray,
+def _write_multiturn(path: Path, step: int, spec: WorkloadSpec, model: LengthModel, prompts: np.ndarray | None,
                      rng: np.random.Generator) -> int:
     cap = spec.max_response_len or 4096
     lines = []
+    if prompts is None:  # published sequence models: a group's prompt is input_1 of a draw
+        prompts = np.array([sequence_draw(rng, model.multiturn)[0][0] for _ in range(spec.batch)])
     for group, prompt_len in enumerate(prompts.tolist()):
         for sample in range(spec.n):
             t = _trajectory(rng, int(prompt_len), cap, model.multiturn)
@@ -176,7 +206,10 @@ def synthesize(model: LengthModel, spec: WorkloadSpec, out_dir: str | Path) -> S
     rng = np.random.default_rng(spec.seed)
     result = SynthResult()
     for step in range(spec.steps):
-        prompts, responses = _draw_step(model, spec, rng, step)
+        if spec.multiturn and (model.multiturn or {}).get("sequence_models"):
+            prompts = None
+        else:
+            prompts, responses = _draw_step(model, spec, rng, step)
         if spec.multiturn:
             path = out / f"multiturn_workload_step_{step}.jsonl"
             result.trajectories += _write_multiturn(path, step, spec, model, prompts, rng)
