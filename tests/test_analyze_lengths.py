@@ -127,6 +127,8 @@ def test_step_aggregate_run(store):
     assert s["mean_tokens"] == pytest.approx(200) and s["min_tokens"] == 10 and s["max_tokens"] == 400
     assert s["clip_ratio"] == pytest.approx(0.2) and s["p50_tokens"] is None and s["count"] is None
     assert s["steps"] == 2
+    # A step's logged numbers are exact; the pooled mean of step means is an estimate.
+    assert s["estimate"] is True and not per_step["estimate"].any()
 
 
 def test_empty_run_gives_empty_frame_with_columns(store):
@@ -178,6 +180,7 @@ def test_real_rllm_clip_ratio_is_share_of_16000(store):
     ingest_paths(store, [folder])
     values = np.concatenate([np.array(v) for v in _packed_responses(folder).values()])
     s = row(lengths.summary(store, [ids_of(store, "rllm")], StepRange()), kind="response")
+    assert s["estimate"] is False and s["cap_source"] in ("known", "evident")
     assert s["cap_tokens"] == 16000
     assert s["clip_ratio"] > 0
     assert s["clip_ratio"] == pytest.approx(np.mean(values == 16000))

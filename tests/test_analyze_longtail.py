@@ -27,7 +27,7 @@ def test_slot_idle_and_straggler_share_by_hand(store):
     step = longtail.per_step(store, [run]).row(0, named=True)
     assert step["slot_idle"] == pytest.approx(0.3) and step["max_slot_idle"] == pytest.approx(0.6)
     s = longtail.summary(store, [run], StepRange()).row(0, named=True)
-    assert (s["batches"], s["steps"], s["basis"]) == (2, 1, "samples")
+    assert (s["batches"], s["steps"], s["basis"], s["estimate"]) == (2, 1, "samples", False)
     assert s["mean_slot_idle"] == pytest.approx(0.3) and s["mean_straggler_share"] == pytest.approx(0.105)
 
 
@@ -48,6 +48,7 @@ def test_step_aggregate_run_estimates_idle_from_mean_and_max(store):
     add_step_metrics(store, run, 1, {"response_length/mean": 250, "response_length/max": 1000})
     s = longtail.summary(store, [run], StepRange()).row(0, named=True)
     assert s["basis"] == "step_aggregates" and s["mean_slot_idle"] == pytest.approx(0.75)
+    assert s["estimate"] is True and longtail.per_rank(store, [run])["estimate"].to_list() == [True]
     assert s["mean_straggler_share"] is None
 
 

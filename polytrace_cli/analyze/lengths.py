@@ -16,7 +16,8 @@ the clip ratio is null. Clip ratio = (responses with length >= cap) / responses.
 
 Runs with only per-step aggregates (console logs, `steps` view) get what those support: per step
 the logged mean, min, max and clip ratio (`basis = 'step_aggregates'`); per run the mean of the
-step means, the min of the mins, the max of the maxes and the mean clip ratio. No std, percentiles
+step means, the min of the mins, the max of the maxes and the mean clip ratio, marked
+`estimate = true` (the pooled mean and clip ratio weight every step equally). No std, percentiles
 or shape statistics are reported for them.
 """
 
@@ -165,13 +166,17 @@ def _order(df: pl.DataFrame, by_step: bool) -> pl.DataFrame:
 
 
 def _combine(samples: pl.DataFrame, aggregates: pl.DataFrame, by_step: bool) -> pl.DataFrame:
+    """Sample and step-aggregate rows in one frame. `estimate` marks rows whose numbers only
+    approximate the run's samples: pooled step aggregates (mean of step means, mean of step clip
+    ratios: exact only when every step had the same number of responses). A step's own logged
+    mean, min, max and clip ratio are exact, so per-step rows are never estimates."""
     head = ["run", "step", "kind", "basis", "steps"] if by_step else ["run", "kind", "basis", "steps"]
     columns = head + _STAT_COLUMNS
     parts = [df.select(columns) for df in (samples, aggregates) if df.height]
-    if not parts:
-        return samples.select(columns)
-    combined = pl.concat(parts, how="vertical_relaxed")
-    return _order(combined, by_step)
+    combined = pl.concat(parts, how="vertical_relaxed") if parts else samples.select(columns)
+    estimate = pl.lit(False) if by_step else pl.col("basis") == "step_aggregates"
+    combined = combined.with_columns(estimate.alias("estimate")).select(*head[:-1], "estimate", *columns[len(head) - 1:])
+    return _order(combined, by_step) if parts else combined
 
 
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

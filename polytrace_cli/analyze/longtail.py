@@ -12,7 +12,8 @@ per step. Batches whose longest response is 0 are skipped.
 
 Step-aggregate runs (console logs) log only the step's mean and max response length: their slot
 idle is 1 − mean / max over the whole step's batch (`basis = 'step_aggregates'`, one batch per
-step, not per rank); straggler share needs p90 and is left null.
+step, not per rank), marked `estimate = true`: it treats all the step's ranks as one batch, so it
+is not the per-rank figure. Straggler share needs p90 and is left null.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from polytrace_cli.analyze.registry import register
 def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run, step and DP rank: N, sum, max and p90 of response lengths, slot idle
     = 1 − sum/(N·max) and straggler share = (max − p90)/max. Step-aggregate runs: one row per step
-    (dp_rank null) with slot idle = 1 − mean/max and null straggler share."""
+    (dp_rank null) with slot idle = 1 − mean/max, null straggler share and estimate = true."""
     sql = f"""
         WITH s AS ({training_samples_sql(run_ids, steps)}),
         batches AS (
@@ -43,7 +44,8 @@ def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
                    NULL::DOUBLE AS sum_tokens, mean_tokens, max_tokens, NULL::DOUBLE AS p90_tokens
             FROM ({step_aggregate_rows_sql(run_ids, steps)}) WHERE kind = 'response'
         ), b AS (SELECT * FROM batches UNION ALL SELECT * FROM from_aggregates)
-        SELECT r.name AS run, step::BIGINT AS step, dp_rank, basis, n, sum_tokens, mean_tokens, max_tokens, p90_tokens,
+        SELECT r.name AS run, step::BIGINT AS step, dp_rank, basis, basis = 'step_aggregates' AS estimate,
+               n, sum_tokens, mean_tokens, max_tokens, p90_tokens,
                1 - mean_tokens / max_tokens AS slot_idle,
                (max_tokens - p90_tokens) / max_tokens AS straggler_share
         FROM b JOIN runs r USING (run_id)
@@ -58,7 +60,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     and the worst rank's slot idle."""
     return (
         per_rank(con, run_ids, steps)
-        .group_by(["run", "step", "basis"], maintain_order=True)
+        .group_by(["run", "step", "basis", "estimate"], maintain_order=True)
         .agg(pl.len().alias("batches"), pl.col("slot_idle").mean(), pl.col("straggler_share").mean(),
              pl.col("slot_idle").max().alias("max_slot_idle"))
         .sort(["run", "step"])
@@ -71,7 +73,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     batches, and the largest slot idle of any batch."""
     return (
         per_rank(con, run_ids, steps)
-        .group_by(["run", "basis"], maintain_order=True)
+        .group_by(["run", "basis", "estimate"], maintain_order=True)
         .agg(pl.col("step").n_unique().alias("steps"), pl.len().alias("batches"),
              pl.col("slot_idle").mean().alias("mean_slot_idle"),
              pl.col("straggler_share").mean().alias("mean_straggler_share"),
