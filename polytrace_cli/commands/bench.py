@@ -18,7 +18,7 @@ DEMO_SEED = 2509
 @user_errors
 def synth(
     out: Annotated[Path, typer.Option(help="Folder to write the traces into.")],
-    task: Annotated[str | None, typer.Option(help="Task label; without --params or --from-run, a built-in preset: math, code, search.")] = None,
+    task: Annotated[str | None, typer.Option(help="Task label; without --params or --from-run, a built-in preset: math, code, search; with the published --params file: math or tool.")] = None,
     params: Annotated[Path | None, typer.Option(help="Parameters file: polytrace-params/1 or the published PolyTrace file.")] = None,
     from_run: Annotated[str | None, typer.Option(help="Fit this run of the store and sample from it, in its shape.")] = None,
     sampler: Annotated[str, typer.Option(help="parametric (fits) or empirical (stored quantiles).")] = "parametric",
