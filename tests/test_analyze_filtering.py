@@ -93,8 +93,18 @@ def test_real_verl_dapo(store):
                for line in path.read_text().splitlines()]
     run_id = store.execute("SELECT run_id FROM runs WHERE name = 'verl'").fetchall()[0][0]
     frame = filtering.per_batch(store, [run_id])
+    assert frame.height == len(batches) == 6  # one row per generation batch
     assert dict(zip(frame["workload_step"], frame["kept_share"])) == pytest.approx(
         {b["workload_step"]: b["kept_prompt_count"] / b["prompt_count"] for b in batches})
+    assert dict(zip(frame["workload_step"], zip(frame["trainer_step"], frame["gen_batch_index"]))) == {
+        b["workload_step"]: (b["trainer_step"], b["gen_batch_index"]) for b in batches}
+    per_trainer = defaultdict(list)
+    for b in batches:
+        per_trainer[b["trainer_step"]].append(b)
+    trainer = filtering.per_trainer_step(store, [run_id])
+    assert dict(zip(trainer["trainer_step"], trainer["batches"])) == {t: len(bs) for t, bs in per_trainer.items()}
+    assert dict(zip(trainer["trainer_step"], trainer["kept_share"])) == pytest.approx(
+        {t: sum(b["kept_prompt_count"] for b in bs) / sum(b["prompt_count"] for b in bs) for t, bs in per_trainer.items()})
     discarded, total = 0, 0
     for batch in batches:
         path = next(root.rglob(f"packed_lengths_step_{batch['workload_step']}.jsonl"))
