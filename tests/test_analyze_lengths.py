@@ -75,6 +75,7 @@ def test_golden_stats_with_known_cap(store):
     assert prompt["std_tokens"] == pytest.approx(0.0) and prompt["cv"] == pytest.approx(0.0)
     s = row(lengths.summary(store, [run], StepRange()), kind="response")
     assert (s["cap_tokens"], s["cap_source"], s["basis"]) == (10, "known", "samples")
+    assert row(lengths.summary(store, [run], StepRange()), kind="prompt")["cap_tokens"] is None  # a response cap
 
 
 def test_evident_cap_needs_three_and_one_percent(store):

@@ -189,13 +189,15 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
 
 def summary_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run and kind over all selected steps: the statistics of `per_step` pooled over samples, plus
-    the run's cap (tokens, source) and the prompt–response Pearson and Spearman correlation."""
+    the run's response cap (tokens, source; on the response row only) and the prompt–response
+    Pearson and Spearman correlation."""
     stats = _combine(_sample_stats(con, run_ids, steps, False), _aggregate_stats(con, run_ids, steps, False), False)
     cap = caps(con, run_ids)
     corr = correlation(con, run_ids, steps).select("run", "pearson", "spearman")
+    capped = (pl.col("basis") == "samples") & (pl.col("kind") == "response")
     return stats.join(cap, on="run", how="left").join(corr, on="run", how="left").with_columns(
-        pl.when(pl.col("basis") == "samples").then(pl.col("cap_tokens")).otherwise(None).alias("cap_tokens"),
-        pl.when(pl.col("basis") == "samples").then(pl.col("cap_source")).otherwise(None).alias("cap_source"),
+        pl.when(capped).then(pl.col("cap_tokens")).otherwise(None).alias("cap_tokens"),
+        pl.when(capped).then(pl.col("cap_source")).otherwise(None).alias("cap_source"),
     )
 
 
