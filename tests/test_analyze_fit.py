@@ -96,9 +96,9 @@ def test_params_file_round_trips_into_the_generator(store, tmp_path):
     assert document["format"] == "polytrace-params/1" and document["source_run"] == "seeded"
     assert document["prompt"]["family"] == "lognorm" and document["response"]["family"] == "gamma"
     assert set(document["prompt"]["params"]) == {"s", "loc", "scale"}
-    assert len(document["empirical"]["prompt_quantiles"]) == 101
+    assert len(document["empirical"]["prompt_quantiles"]) == 1001
     assert document["empirical"]["response_quantiles"][-1] == responses.max()
-    assert document["empirical"]["prompt_quantiles"][50] == pytest.approx(np.percentile(prompts, 50))
+    assert document["empirical"]["prompt_quantiles"][500] == pytest.approx(np.percentile(prompts, 50))
     assert (document["n_sampling"], document["dp_ranks"], document["max_response_len"]) == (8, 2, None)
     assert document["multiturn"] is None
     assert document["joint"]["space"] == "log" and len(document["joint"]["weights"]) in fit.JOINT_COMPONENTS

@@ -262,9 +262,9 @@ def _joint_mixture(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
 
 
 def _empirical_quantiles(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> dict | None:
-    """101 quantiles (q = 0, 0.01, ..., 1) of prompt and of response lengths, capped values included
+    """1,001 quantiles (q = 0, 0.001, ..., 1) of prompt and of response lengths, capped values included
     so that sampling them reproduces the clip share."""
-    grid = [i / 100 for i in range(101)]
+    grid = [i / 1000 for i in range(1001)]
     row = con.execute(
         f"SELECT quantile_cont(prompt_len, {grid}), quantile_cont(response_len, {grid}) "
         f"FROM ({training_samples_sql(run_ids, steps)})"
@@ -308,7 +308,7 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
 
     `prompt`/`response` hold the best scipy family by AIC (so any scipy-based sampler can draw from
     them); `candidates` every fit including the Gaussian mixture; `joint` a 2-D mixture over
-    (ln prompt, ln response); `empirical` 101 quantiles; `drift_per_step` the mean over the runs of the
+    (ln prompt, ln response); `empirical` 1,001 quantiles; `drift_per_step` the mean over the runs of the
     drift analysis' relative slope (slope / mean response length); absent parts are null.
     """
     from polytrace_cli.analyze import drift
