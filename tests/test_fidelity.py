@@ -74,6 +74,11 @@ def test_model_matching_the_run_passes_and_a_wrong_one_fails(store, tmp_path):
     assert set(frame["sampler"]) == {"parametric"}  # no empirical quantiles in the parameters
     assert model_rows["response"]["n_run"] == 4 * 64 * 8 and model_rows["response"]["n_synth"] == 10 * 4 * 64 * 8
     assert model_rows["response"]["ks"] < 0.05 and model_rows["response"]["pass"]
+    # Through the generator (grouped by prompt, 10x the run's steps): the marginal is kept.
+    workload = {r["kind"]: r for r in frame.to_dicts() if r["draw"] == "workload"}
+    assert workload["response"]["n_synth"] == 10 * 4 * 64 * 8 and workload["prompt"]["n_synth"] == 10 * 4 * 64
+    assert workload["response"]["ks"] < 0.05 and abs(workload["response"]["p50_error"]) < 0.05
+    assert workload["response"]["pass"]
     bad = {r["kind"]: r for r in fidelity(store, 1, wrong, seed=1).to_dicts() if r["draw"] == "model"}
     # Scale × 1.5 moves every quantile by +50%.
     assert bad["response"]["p50_error"] == pytest.approx(0.5, abs=0.08)

@@ -1,10 +1,11 @@
 """Fidelity of a synthetic workload: does a workload sampled from a run's fit look like the run?
 
 The run's lengths (training samples only: prompts once per prompt group, responses once per
-sample) are compared with a workload of the same shape written by the generator
+sample) are compared with a workload of the run's shape (prompts per step, responses per prompt,
+DP ranks, cap) over MODEL_DRAW_FACTOR times its steps, written by the generator
 (`bench.synth.synthesize`, packed-lengths traces, read back from its files), and also with direct
-draws from the length model (`LengthModel.sample`, capped), which separates the fit's own error
-from what the generator adds (the per-prompt spread of responses around their group's length).
+independent draws from the length model (`LengthModel.sample`, capped), which separates the fit's
+own error from what the generator adds (the grouping of responses by prompt).
 
 Per kind (prompt, response):
 - KS: the two-sample Kolmogorov–Smirnov distance sup_x |F_run(x) − F_synth(x)| (scipy `ks_2samp`);
@@ -14,8 +15,9 @@ A kind passes when KS <= 0.05 and |p99 error| <= 10%.
 
 The KS distance of two samples drawn from one distribution is not 0: `ks_noise` is the 95%
 critical value 1.358 · sqrt((n + m) / (n · m)). When it exceeds 0.05 (fewer than about 1,500
-lengths on each side) the run is too small to show the target is met, whatever the fit. The model
-draw takes MODEL_DRAW_FACTOR times as many lengths as the run, so its noise is the run's alone.
+lengths on each side) the run is too small to show the target is met, whatever the fit. Both
+draws take MODEL_DRAW_FACTOR times as many lengths as the run, so the noise is mostly the run's.
+Responses of one prompt are correlated, so with few prompt groups the real noise exceeds ks_noise.
 """
 
 from __future__ import annotations
@@ -129,12 +131,14 @@ def compare_lengths(real: np.ndarray, synthetic: np.ndarray, cap: int | None = N
 
 
 def synthetic_workload_lengths(params: dict, shape: RunShape, seed: int, sampler: str) -> tuple[np.ndarray, np.ndarray]:
-    """Prompt and response lengths of a packed workload of `shape` written by the generator from `params`.
+    """Prompt and response lengths of a packed workload of `shape`, MODEL_DRAW_FACTOR times its steps,
+    written by the generator from `params`.
 
     Without drift: the fit is pooled over the run's steps, so its marginal already holds the
     step-to-step change; drifting the steps apart again would widen the pooled lengths twice."""
     model = load_own(params, sampler)
-    spec = WorkloadSpec(task=str(params.get("task") or "run"), steps=shape.steps, batch=shape.batch, n=shape.n,
+    spec = WorkloadSpec(task=str(params.get("task") or "run"), steps=shape.steps * MODEL_DRAW_FACTOR,
+                        batch=shape.batch, n=shape.n,
                         dp_ranks=shape.dp_ranks, max_response_len=shape.max_response_len,
                         drift=0.0, seed=seed, reward_timings=False)
     with tempfile.TemporaryDirectory(prefix="polytrace-fidelity-") as folder:
@@ -161,7 +165,7 @@ def fidelity(con: duckdb.DuckDBPyConnection, run_id: int, params: dict, *, seed:
              samplers: tuple[str, ...] = ("parametric", "empirical")) -> pl.DataFrame:
     """One row per (sampler, draw, kind): the comparison of `compare_lengths` for the run against its synthesis.
 
-    draw 'workload' goes through the generator with the run's shape; draw 'model' samples the
+    draw 'workload' goes through the generator with the run's shape (10× the steps); draw 'model' samples the
     length model directly. Samplers missing what they need in `params` (e.g. no empirical
     quantiles) are left out.
     """
