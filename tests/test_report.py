@@ -50,15 +50,22 @@ def assert_report_complete(index: Path) -> dict:
     folder = index.parent
     html = index.read_text()
     markdown = (folder / "summary.md").read_text()
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text(),
+                         parse_constant=lambda token: pytest.fail(f"summary.json holds {token}, which is not JSON"))
     assert set(summary["analyses"]) == set(all_analyses())
     assert summary["analysis_errors"] == {}
     assert len(summary["figures"]) == len(FIGURE_MODULES)
     drawn_files = sorted(p.name for p in (folder / "figures").glob("*.png"))
     assert drawn_files == sorted(f["png"] for f in summary["figures"] if f["png"])
+    modules = {module.ID: module for module in figure_modules()}
+    assert set(summary["figure_data"]) == {f["id"] for f in summary["figures"] if f["png"]}
     for figure in summary["figures"]:
         assert figure["failed"] is None, f"{figure['id']} failed: {figure['failed']}"
         if figure["png"]:
+            # The numbers behind the figure: the rows of each analysis frame it was drawn from.
+            data = summary["figure_data"][figure["id"]]
+            assert set(data) == set(modules[figure["id"]].FRAMES)
+            assert any(rows for rows in data.values())
             assert_non_blank_png(folder / "figures" / figure["png"])
             svg = folder / "figures" / figure["svg"]
             assert svg.stat().st_size > 5_000 and svg.read_text().lstrip().startswith("<?xml")

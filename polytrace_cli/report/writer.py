@@ -32,6 +32,7 @@ class FigureResult:
     omitted: str | None = None
     failed: str | None = None
     seconds: float = 0.0
+    data: dict[str, pl.DataFrame] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,7 +77,8 @@ def _draw(module, con, run_ids, steps, figures_dir: Path) -> FigureResult:
     result = FigureResult(module.ID, module.TITLE, module.CAPTION)
     started = time.perf_counter()
     try:
-        drawn = module.render(module.frames(con, run_ids, steps))
+        data = module.frames(con, run_ids, steps)
+        drawn = module.render(data)
     except MissingAnalysis as missing:
         drawn = Omitted(str(missing))
     except PolytraceError:
@@ -88,6 +90,7 @@ def _draw(module, con, run_ids, steps, figures_dir: Path) -> FigureResult:
     if isinstance(drawn, Omitted):
         result.omitted = drawn.reason
     else:
+        result.data = data
         stem = f"{module.ID.lower()}_{module.__name__.rsplit('.', 1)[1].split('_', 1)[1]}"
         result.png = figures_dir / f"{stem}.png"
         result.svg = figures_dir / f"{stem}.svg"
@@ -120,20 +123,36 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     return report
 
 
-def summary_json(report: Report) -> dict:
-    """`{analysis: rows}` for every registered analysis, plus the figures drawn and left out."""
-    from polytrace_cli.commands.common import json_default
+def _rows(frame: pl.DataFrame) -> list[dict]:
+    """The frame's rows as dicts, NaN and ±inf floats as null (JSON has no NaN)."""
+    floats = [name for name, dtype in frame.schema.items() if dtype.is_float()]
+    if floats:
+        frame = frame.with_columns(pl.when(pl.col(name).is_finite()).then(pl.col(name)).alias(name) for name in floats)
+    return frame.to_dicts()
 
-    return json.loads(json.dumps({
+
+def summary_document(report: Report) -> dict:
+    """`{analysis: rows}` for every registered analysis, T1, the figures drawn and left out, and per drawn
+    figure the rows of the analysis frames it was drawn from (`figure_data: {figure id: {frame: rows}}`)."""
+    return {
         "report": report.name,
         "runs": report.runs,
-        "analyses": {name: frame.to_dicts() for name, frame in report.summaries.items()},
+        "analyses": {name: _rows(frame) for name, frame in report.summaries.items()},
         "analysis_errors": report.analysis_errors,
-        "table_T1": report.table.to_dicts() if report.table is not None else None,
+        "table_T1": _rows(report.table) if report.table is not None else None,
         "figures": [{"id": f.id, "title": f.title, "png": f.png.name if f.png else None,
                      "svg": f.svg.name if f.svg else None, "omitted": f.omitted,
                      "failed": f.failed, "seconds": round(f.seconds, 3)} for f in report.figures],
-    }, default=json_default, allow_nan=True))
+        "figure_data": {f.id: {name: _rows(frame) for name, frame in f.data.items() if frame is not None}
+                        for f in report.figures if f.png},
+    }
+
+
+def summary_json(report: Report) -> str:
+    """summary.json's text: `summary_document` with decimals and dates made JSON, NaN as null."""
+    from polytrace_cli.commands.common import json_default
+
+    return json.dumps(summary_document(report), default=json_default, indent=1) + "\n"
 
 
 def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path | str = "reports",
@@ -141,7 +160,7 @@ def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     """Write `<out_dir>/<name>/index.html`, `summary.md`, `summary.json` and `figures/`; returns index.html."""
     report = build_report(con, run_ids, Path(out_dir), name, steps)
     folder = Path(out_dir) / report.name
-    (folder / "summary.json").write_text(json.dumps(summary_json(report), indent=2) + "\n")
+    (folder / "summary.json").write_text(summary_json(report))
     (folder / "summary.md").write_text(markdown.render(report))
     index = folder / "index.html"
     index.write_text(html.render(report))

@@ -10,11 +10,13 @@ from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
 
 ID = "F4"
 TITLE = "Step-time breakdown by stage"
-CAPTION = "Seconds per stage for each step, stacked; the remainder up to the step time is unexplained."
+CAPTION = ("Seconds per stage for each step, stacked (bars, or stacked bands beyond 200 steps); "
+           "the remainder up to the step time is unexplained.")
 FRAMES = ('stages',)
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic", "unexplained")
 MAX_PANELS = 4
+MAX_BARS = 200
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
@@ -55,7 +57,10 @@ def render(data: dict[str, pl.DataFrame]):
         for index, stage in enumerate(s for s in STAGES if s in table.columns):
             values = table[stage].to_numpy().astype(float)
             colour = "#BBBBBB" if stage == "unexplained" else style.colour(index)
-            ax.bar(steps, values, bottom=bottom, width=width, color=colour, label=stage, linewidth=0)
+            if len(steps) <= MAX_BARS:
+                ax.bar(steps, values, bottom=bottom, width=width, color=colour, label=stage, linewidth=0)
+            else:  # thousands of bars draw slowly and unreadably: stacked step bands instead, one polygon per stage
+                ax.fill_between(steps, bottom, bottom + values, step="mid", color=colour, label=stage, linewidth=0)
             bottom += values
         ax.set_xlabel("training step")
         ax.set_ylabel("seconds")
