@@ -106,3 +106,8 @@ def plain_log_ticks(ax, *axes: str) -> None:
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=12))
         axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
         axis.set_minor_formatter(NullFormatter())
+
+
+def point_marker(count: int, marker: str = "o", limit: int = 60) -> str | None:
+    """`marker` for a line of `count` points, none beyond `limit` (markers on hundreds of steps are clutter)."""
+    return marker if count <= limit else None

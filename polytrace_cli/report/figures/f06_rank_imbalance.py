@@ -60,10 +60,10 @@ def render(data: dict[str, pl.DataFrame]):
         heat_ax.set_xlabel("training step")
         lines = per_step.filter(pl.col("run") == run).sort("step") if not empty(per_step, "lambda") else None
         if lines is not None and lines.height:
-            line_ax.plot(lines["step"], lines["lambda"], color=style.colour(3), marker="o", markersize=3,
+            line_ax.plot(lines["step"], lines["lambda"], color=style.colour(3), marker=style.point_marker(lines.height), markersize=3,
                          linewidth=1.4, label="λ = max / mean")
             if lines["lambda_balanced"].drop_nulls().len():
-                line_ax.plot(lines["step"], lines["lambda_balanced"], color=style.colour(2), marker="s",
+                line_ax.plot(lines["step"], lines["lambda_balanced"], color=style.colour(2), marker=style.point_marker(lines.height, "s"),
                              markersize=3, linewidth=1.4, label="λ balanced")
             line_ax.axhline(1.0, color="#777777", linewidth=0.8, linestyle=":")
             style.legend(line_ax, loc="upper right")

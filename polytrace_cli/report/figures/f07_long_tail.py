@@ -71,7 +71,7 @@ def render(data: dict[str, pl.DataFrame]):
         series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step")
         for index, run in enumerate(runs_of(series)):
             part = series.filter(pl.col("run") == run)
-            right.plot(part["step"], part[idle], color=style.colour(index), marker="o", markersize=3,
+            right.plot(part["step"], part[idle], color=style.colour(index), marker=style.point_marker(part.height), markersize=3,
                        linewidth=1.4, label=run)
         right.set_ylim(0, 1)
         right.set_xlabel("training step")

@@ -36,8 +36,8 @@ def render(data: dict[str, pl.DataFrame]):
         if len(ranks) <= MAX_LINES:
             for index, rank in enumerate(ranks):
                 line = part.filter(pl.col("dp_rank") == rank)
-                ax.plot(line["step"], line["seconds"], color=style.colour(index), marker="o", markersize=3,
-                        linewidth=1.2, label=f"rank {rank}")
+                ax.plot(line["step"], line["seconds"], color=style.colour(index), linewidth=1.2, label=f"rank {rank}",
+                        marker=style.point_marker(line.height), markersize=3)
             worst = part.group_by("step").agg(pl.col("seconds").max()).sort("step")
             ax.plot(worst["step"], worst["seconds"], color="black", linewidth=0.8, linestyle=":", label="max")
             ax.set_ylabel("reward seconds")

@@ -31,7 +31,7 @@ def render(data: dict[str, pl.DataFrame]):
     if kept and not empty(batches, kept):
         for index, run in enumerate(runs_of(batches)):
             part = batches.filter(pl.col("run") == run).with_row_index("sequence")
-            left.plot(part["sequence"], part[kept], color=style.colour(index), marker="o", markersize=3, linewidth=1.0, label=run)
+            left.plot(part["sequence"], part[kept], color=style.colour(index), marker=style.point_marker(part.height), markersize=3, linewidth=1.0, label=run)
         left.set_ylim(0, 1.02)
         left.set_xlabel("generation batch (in order)")
         left.set_ylabel("kept share of prompts")
