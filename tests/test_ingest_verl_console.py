@@ -9,6 +9,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
@@ -69,7 +71,8 @@ VALUES = [
     ("0.123", 0.123, None), ("101.000", 101.0, None), ("-0.000", -0.0, None), ("np.float64(0.25)", 0.25, None),
     ("np.int64(3)", 3.0, None), ("np.float32(1.5)", 1.5, None), ("1e-06", 1e-06, None), ("inf", math.inf, None),
     ("-inf", -math.inf, None), ("True", 1.0, "True"), ("False", 0.0, "False"), ("schedule", None, "schedule"),
-    ("tensor(0.5, device='cuda:0')", 0.5, None),
+    ("tensor(0.5, device='cuda:0')", 0.5, None), ("np.True_", 1.0, "True"), ("numpy.float64(2.5)", 2.5, None),
+    ("np.é(1)", None, "np.é(1)"), ("np.float64(1.5", None, "np.float64(1.5"),
 ]
 
 
@@ -80,8 +83,21 @@ def test_scalar_parsing_python_and_polars_agree(text, value, text_value):
 
 
 def _polars_scalar(text: str):
-    frame = pl.DataFrame({"v": [text]}).with_columns(u=cl.unwrap_expr(pl.col("v")))
-    return frame.select(cl.value_expr(pl.col("u")).alias("value"), cl.text_expr(pl.col("u"), pl.col("v")).alias("text")).row(0)
+    return cl.scalar_columns(pl.DataFrame({"v": [text]}), "v", text="text").select("value", "text").row(0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.text(max_size=12),
+    st.builds(lambda name, inner: f"np.{name}({inner})", st.sampled_from(["float64", "int64", "é", ""]), st.text(max_size=8)),
+    st.builds(lambda inner: f"tensor({inner}, device='cuda:0')", st.text(max_size=8)),
+).map(str.strip))
+def test_scalar_parsing_agrees_on_any_text(text):
+    python_value, python_text = cl.parse_scalar(text)
+    polars_value, polars_text = _polars_scalar(text)
+    assert polars_text == python_text
+    assert (polars_value is None and python_value is None) or math.isclose(polars_value, python_value) or (
+        math.isnan(polars_value) and math.isnan(python_value)) or polars_value == python_value
 
 
 def test_nan_parses_as_nan_in_both():

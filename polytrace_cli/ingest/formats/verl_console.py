@@ -125,7 +125,10 @@ class VerlConsoleIngester(Ingester):
             ctx.ignore(rule, count)
         metrics, lines = _parse_metric_lines(lines)
         metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
+        segments = _segments(metrics)
+        metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
         con.register("console_metrics", metrics.to_arrow())
+        con.register("console_segments", segments.to_arrow())
         con.register("console_flags", flags.to_arrow())
         try:
             metric_lines = metrics.get_column("line_no").n_unique()
@@ -141,8 +144,8 @@ class VerlConsoleIngester(Ingester):
                     _note_zero_steps(ctx, lines)
             _record_meta(ctx, lines, metric_lines)
         finally:
-            con.unregister("console_metrics")
-            con.unregister("console_flags")
+            for view in ("console_metrics", "console_segments", "console_flags"):
+                con.unregister(view)
 
 
 def _read_lines(path: Path) -> pl.DataFrame:
@@ -215,13 +218,8 @@ def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
         pairs = pairs.filter(~pl.col("line_no").is_in(bad_lines.implode()))
         lines = lines.with_columns(
             kind=pl.when(pl.col("line_no").is_in(bad_lines.implode())).then(pl.lit("dirty")).otherwise(pl.col("kind")))
-    unwrapped = cl.unwrap_expr(pl.col("raw_value"))
-    metrics = pairs.with_columns(unwrapped.alias("u")).select(
-        "line_no", "step", "pair_index", "key",
-        cl.value_expr(pl.col("u")).alias("value"),
-        cl.text_expr(pl.col("u"), pl.col("raw_value")).alias("text_value"),
-        "raw_value",
-    )
+    metrics = cl.scalar_columns(pairs, "raw_value").select(
+        "line_no", "step", "pair_index", "key", "value", "text_value", "raw_value")
     return metrics.cast(METRIC_SCHEMA), lines
 
 
@@ -251,27 +249,20 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFr
     return metrics, pl.DataFrame(flags, schema=FLAG_SCHEMA, orient="row")
 
 
+def _segments(metrics: pl.DataFrame) -> pl.DataFrame:
+    """One row per metric line (line_no, step, previous, segment): a step lower than or equal to
+    the previous line's starts a new segment, numbered from 0. `metrics` is ordered by line."""
+    lines = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
+    return lines.with_columns(previous=pl.col("step").shift(1)).with_columns(
+        segment=(pl.col("step") <= pl.col("previous")).fill_null(False).cast(pl.Int32).cum_sum())
+
+
 def _store_metrics(ctx: FileContext) -> None:
-    """Segments from step order, then step_metrics and step_flags rows."""
-    con = ctx.con
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE console_segments AS
-        WITH ordered AS (
-            SELECT line_no, step, lag(step) OVER (ORDER BY line_no) AS previous
-            FROM (SELECT DISTINCT line_no, step FROM console_metrics)
-        )
-        SELECT line_no, step, previous,
-               sum(CASE WHEN step <= previous THEN 1 ELSE 0 END) OVER (ORDER BY line_no) AS segment
-        FROM ordered
-        """
-    )
+    """step_metrics and step_flags rows; metrics are written in line and pair order as registered."""
     ctx.insert(
         """
         INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
-        SELECT ?, s.segment, m.step, m.key, m.value, m.text_value, ?, m.line_no
-        FROM console_metrics m JOIN console_segments s USING (line_no)
-        ORDER BY m.line_no, m.pair_index
+        SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
         """,
         [ctx.run_id, ctx.file_id],
     )
