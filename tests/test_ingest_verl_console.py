@@ -67,6 +67,14 @@ def test_clean_line_python_and_polars_agree(line, expected):
         assert pl.select(cl.clean_expr(pl.lit(line))).item() == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["step:3 - a:1", "\x1b[36m(TaskRunner pid=1)\x1b[0m step:4 - b:2", " 40%|###", "",
+                                 "  ", "x [repeated 2x across cluster]", "Training Progress: 1/3", "\x1b[0m"]),
+                min_size=1, max_size=5).map("\r".join))
+def test_clean_lines_agree_on_carriage_return_pieces(line):
+    assert cl.clean_lines(pl.Series("raw", [line])).to_list() == [cl.clean_line(line)]
+
+
 VALUES = [
     ("0.123", 0.123, None), ("101.000", 101.0, None), ("-0.000", -0.0, None), ("np.float64(0.25)", 0.25, None),
     ("np.int64(3)", 3.0, None), ("np.float32(1.5)", 1.5, None), ("1e-06", 1e-06, None), ("inf", math.inf, None),

@@ -124,13 +124,25 @@ def clean_expr(line: pl.Expr) -> pl.Expr:
 
 
 def clean_lines(raw: pl.Series, anchor: str = "step:") -> pl.Series:
-    """`clean_line` over a whole series of lines: in bulk with polars, and in Python (the named
-    fallback) only for the lines holding an interior carriage return."""
+    """`clean_line` over a whole series of lines, in bulk with polars.
+
+    Lines holding an interior carriage return (progress-bar redraws) are split into pieces, each
+    piece cleaned, and the last non-blank piece starting with `anchor` kept, else the last
+    non-blank piece.
+    """
     cleaned = pl.select(clean_expr(pl.lit(raw))).to_series()
     interior_cr = raw.str.strip_chars_end("\r").str.contains("\r", literal=True).fill_null(False)
     positions = interior_cr.arg_true()
     if len(positions):
-        fixed = [clean_line(line, anchor) for line in raw.gather(positions).to_list()]
+        pieces = (
+            pl.select(pl.lit(raw.gather(positions)).str.strip_chars_end("\r").str.split("\r").alias("p"))
+            .select(pl.col("p").list.eval(clean_expr(pl.element())))
+            .select(pl.col("p").list.eval(pl.element().filter(pl.element().str.strip_chars() != "")))
+        )
+        fixed = pieces.select(
+            pl.col("p").list.eval(pl.element().filter(pl.element().str.starts_with(anchor))).list.last()
+            .fill_null(pl.col("p").list.last()).fill_null("")
+        ).to_series()
         cleaned = cleaned.scatter(positions, fixed)
     return cleaned.alias(raw.name)
 

@@ -4,8 +4,8 @@
 
 How a file is read (FORMATS.md, section 1):
 
-- Bulk path, in DuckDB: the whole file is split into numbered lines; each line is cleaned (ANSI
-  codes, carriage returns, Ray prefix and repeat suffix; `console_lines.clean_line_sql`); a
+- Bulk path, in polars: the whole file is split into numbered lines; each line is cleaned (ANSI
+  codes, carriage returns, Ray prefix and repeat suffix; `console_lines.clean_lines`); a
   cleaned line starting with `step:` is a metric line, split on " - " and then on the first ":";
   values are unwrapped (`np.float64(..)`) and cast, non-numbers kept as text.
 - Dirty lines go to Python one by one: metric lines with a pair that is not `key:value`, a step
