@@ -5,6 +5,10 @@ generating rows straight into the tables:
   run `scale`    5,000,000 samples over 1,000 steps, 8 DP ranks, 8 responses per prompt; prompt
                  lengths lognormal per prompt group, response lengths lognormal with a slow upward
                  drift, capped at 16,000 (cap recorded in runs.meta); reward timings per rank;
+                 one trajectory per prompt group (its first response) is multi-turn: 1–4 turns with
+                 prompt, cached and completion tokens and engine latency, one search call between
+                 turns (lognormal latency); DAPO dynamic sampling: two generation batches per trainer
+                 step, each keeping the prompts whose hash falls in the kept third;
   run `console`  the same 1,000 steps as step aggregates (timing_s/* and response_length/*).
 Lognormal draws use Box–Muller on hash-derived uniforms, exp(mean + sd·sqrt(−2 ln u1)·cos(2π u2)),
 so the store is identical on every build.
@@ -70,6 +74,46 @@ def build_store(path: Path, samples: int, steps: int) -> float:
         SELECT 1, 1, step, dp_rank, dp_rank, 0, 'reward', sum(response_len) / 20000.0, count(*), sum(response_len), max(response_len)
         FROM samples WHERE run_id = 1 GROUP BY step, dp_rank
     """)
+    con.execute(f"""
+        UPDATE samples SET turns = 1 + hash(step, dp_rank, prompt_idx, 11) % 4,
+                           tool_calls = hash(step, dp_rank, prompt_idx, 11) % 4,
+                           finish_reason = CASE WHEN response_len >= {CAP} THEN 'length' ELSE 'stop' END
+        WHERE run_id = 1 AND sample_idx = 0
+    """)
+    con.execute(f"""
+        INSERT INTO turns (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, prompt_tokens, cached_tokens,
+                           completion_tokens, engine_latency_s, finish_reason, tool_call_count)
+        SELECT 1, 1, step, dp_rank, prompt_idx, 0, t.turn, prompt_len + 300 * t.turn,
+               CASE WHEN t.turn = 0 THEN 0 ELSE prompt_len + 250 * t.turn END,
+               response_len // turns, response_len / turns / 2000.0,
+               CASE WHEN t.turn = turns - 1 THEN finish_reason END, (t.turn < turns - 1)::INTEGER
+        FROM samples, LATERAL (SELECT unnest(range(turns)) AS turn) t
+        WHERE run_id = 1 AND turns IS NOT NULL
+    """)
+    latency = lognormal("step * 100000 + rank * 1000 + prompt_idx * 10 + turn", 21, "-2.0", "1.0")
+    con.execute(f"""
+        INSERT INTO tool_calls (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, tool_name, latency_s,
+                                status, query_count, response_tokens)
+        SELECT 1, 1, step, rank, prompt_idx, 0, turn, 'search', {latency},
+               CASE WHEN hash(step, rank, prompt_idx, turn, 31) % 50 = 0 THEN 'error' ELSE 'success' END, 1, 300
+        FROM turns WHERE run_id = 1 AND tool_call_count = 1
+    """)
+    con.execute("""
+        INSERT INTO filter_batches (run_id, file_id, workload_step, trainer_step, gen_batch_index, prompt_count,
+                                    n_sampling, train_batch_size, num_prompt_in_batch_before, kept, used,
+                                    kept_indices, used_indices)
+        WITH p AS (
+            SELECT step, dense_rank() OVER (PARTITION BY step ORDER BY dp_rank, prompt_idx) - 1 AS position
+            FROM (SELECT DISTINCT step, dp_rank, prompt_idx FROM samples WHERE run_id = 1)
+        ), b AS (
+            SELECT step, count(*) AS prompt_count,
+                   list(position ORDER BY position) FILTER (WHERE hash(step, position, 41) % 3 = 0) AS kept_indices
+            FROM p GROUP BY step
+        )
+        SELECT 1, 1, step, step // 2 + 1, step % 2 + 1, prompt_count, 8, prompt_count // 2, 0,
+               len(kept_indices), len(kept_indices) // 2 + 1, kept_indices, kept_indices[1:len(kept_indices) // 2 + 1]
+        FROM b
+    """)
     keys = {"timing_s/gen": "40 + mean_len / 50", "timing_s/reward": "5 + mean_len / 500",
             "timing_s/old_log_prob": "8", "timing_s/ref": "7", "timing_s/adv": "0.5", "timing_s/update_actor": "30",
             "timing_s/step": "91 + mean_len / 50 + mean_len / 500",
@@ -118,7 +162,7 @@ def main() -> int:
         run_analyses(args.analyze_only)
         return 0
 
-    store = OUT / f"store_{args.samples}_{args.steps}.duckdb"
+    store = OUT / f"store_v2_{args.samples}_{args.steps}.duckdb"
     if args.rebuild and OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -185,3 +185,44 @@ def test_real_rllm_clip_ratio_is_share_of_16000(store):
     assert s["cap_tokens"] == 16000
     assert s["clip_ratio"] > 0
     assert s["clip_ratio"] == pytest.approx(np.mean(values == 16000))
+
+
+def test_pooled_summary_from_the_histogram_equals_numpy_and_scipy(store):
+    # Integer lengths with many ties over three steps, a cap at 60 (recorded) and one validation
+    # sample left out: the histogram path must give numpy's linear percentiles and scipy's
+    # bias-corrected moments over the raw samples.
+    rng = np.random.default_rng(3)
+    run = add_run(store, "pooled", meta={"max_response_len": 60})
+    prompts, responses = [], []
+    for step in range(3):
+        p = rng.integers(5, 40, size=50)
+        r = np.minimum(rng.integers(1, 80, size=50), 60)
+        add_samples(store, run, step=step, prompts=p, responses=r)
+        prompts.append(p)
+        responses.append(r)
+    add_samples(store, run, step=1, prompts=[1000], responses=[1000], validate=True)
+    summary = lengths.summary(store, [run], StepRange())
+    for kind, values in (("prompt", np.concatenate(prompts)), ("response", np.concatenate(responses)),
+                         ("total", np.concatenate(prompts) + np.concatenate(responses))):
+        s = row(summary, kind=kind)
+        assert (s["count"], s["steps"]) == (150, 3)
+        assert s["mean_tokens"] == pytest.approx(values.mean())
+        assert s["std_tokens"] == pytest.approx(values.std(ddof=1))
+        for name, q in (("p50_tokens", 50), ("p90_tokens", 90), ("p99_tokens", 99)):
+            assert s[name] == pytest.approx(np.percentile(values, q))
+        assert (s["min_tokens"], s["max_tokens"]) == (values.min(), values.max())
+        assert s["skewness"] == pytest.approx(stats.skew(values, bias=False))
+        assert s["kurtosis"] == pytest.approx(stats.kurtosis(values, bias=False))
+    assert row(summary, kind="response")["clip_ratio"] == pytest.approx(np.mean(np.concatenate(responses) >= 60))
+    assert row(summary, kind="prompt")["clip_ratio"] is None
+
+
+def test_pooled_summary_small_and_constant_samples(store):
+    run = add_run(store, "tiny")
+    add_samples(store, run, step=0, prompts=[7, 7], responses=[3, 9])
+    s = row(lengths.summary(store, [run], StepRange()), kind="response")
+    assert s["p50_tokens"] == pytest.approx(6.0) and s["p99_tokens"] == pytest.approx(3 + 0.99 * 6)
+    assert s["std_tokens"] == pytest.approx(np.std([3, 9], ddof=1))
+    assert s["skewness"] is None and s["kurtosis"] is None and s["clip_ratio"] is None  # n = 2, no cap
+    p = row(lengths.summary(store, [run], StepRange()), kind="prompt")
+    assert p["std_tokens"] == 0 and p["cv"] == 0 and p["skewness"] is None

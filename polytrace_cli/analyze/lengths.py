@@ -126,6 +126,63 @@ def _sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
     return _with_ratios(frame(con, sql))
 
 
+def _pooled_sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
+    """The statistics of `_sample_stats` pooled over all selected steps, from a histogram.
+
+    Lengths are integers, so each (run, kind) is first reduced to distinct values x with counts c
+    (a hash aggregate instead of sorting every sample). Over the histogram, with n = Σc and
+    μ = Σc·x / n, m_k = Σc·(x − μ)^k / n:
+        std      = sqrt(Σc·(x − μ)² / (n − 1))
+        skewness = m3 / m2^1.5 · sqrt(n(n − 1)) / (n − 2)                    (n > 2)
+        kurtosis = (n − 1)((n + 1)(m4 / m2² − 3) + 6) / ((n − 2)(n − 3))     (n > 3)
+        p_q      = v_lo + (h − ⌊h⌋)(v_hi − v_lo), h = (n − 1)q, v_lo and v_hi the values at
+                   0-based sorted positions ⌊h⌋ and ⌈h⌉ (the first x whose cumulative count
+                   exceeds the position): the same linear interpolation as `quantile_cont`.
+    """
+    quantiles = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    picks = ",\n".join(
+        f"min(x) FILTER (WHERE upto > floor((n - 1) * {q})) AS {name}_lo, "
+        f"min(x) FILTER (WHERE upto > ceil((n - 1) * {q})) AS {name}_hi"
+        for name, q in quantiles.items()
+    )
+    interpolated = ", ".join(
+        f"{name}_lo + ((n - 1) * {q} - floor((n - 1) * {q})) * ({name}_hi - {name}_lo) AS {name}_tokens"
+        for name, q in quantiles.items()
+    )
+    sql = f"""
+        WITH cap AS ({caps_sql(run_ids)}),
+        s AS ({training_samples_sql(run_ids, steps)}),
+        long AS (
+            SELECT run_id, 'prompt' AS kind, prompt_len AS len FROM s
+            UNION ALL SELECT run_id, 'response', response_len FROM s
+            UNION ALL SELECT run_id, 'total', prompt_len + response_len FROM s
+        ), h AS (
+            SELECT run_id, kind, len::DOUBLE AS x, count(*)::DOUBLE AS c FROM long WHERE len IS NOT NULL GROUP BY ALL
+        ), w AS (
+            SELECT *, sum(c) OVER (PARTITION BY run_id, kind ORDER BY x) AS upto,
+                      sum(c) OVER (PARTITION BY run_id, kind) AS n,
+                      sum(c * x) OVER (PARTITION BY run_id, kind) / sum(c) OVER (PARTITION BY run_id, kind) AS mu
+            FROM h
+        ), agg AS (
+            SELECT w.run_id, kind, any_value(n) AS n, any_value(mu) AS mu, min(x) AS min_tokens, max(x) AS max_tokens,
+                   sum(c * (x - mu) ^ 2) AS s2, sum(c * (x - mu) ^ 3) AS s3, sum(c * (x - mu) ^ 4) AS s4,
+                   {picks},
+                   CASE WHEN kind = 'response' AND any_value(cap.cap_tokens) IS NOT NULL
+                        THEN coalesce(sum(c) FILTER (WHERE x >= cap.cap_tokens), 0) / any_value(n) END AS clip_ratio
+            FROM w LEFT JOIN cap ON cap.run_id = w.run_id
+            GROUP BY w.run_id, kind
+        ), st AS (SELECT run_id, count(DISTINCT step) AS steps FROM s GROUP BY run_id)
+        SELECT r.name AS run, kind, 'samples' AS basis, st.steps, n::BIGINT AS count, mu AS mean_tokens,
+               CASE WHEN n > 1 THEN sqrt(s2 / (n - 1)) END AS std_tokens, min_tokens, {interpolated}, max_tokens,
+               CASE WHEN n > 2 AND s2 > 0 THEN (s3 / n) / pow(s2 / n, 1.5) * sqrt(n * (n - 1)) / (n - 2) END AS skewness,
+               CASE WHEN n > 3 AND s2 > 0
+                    THEN (n - 1) * ((n + 1) * ((s4 / n) / pow(s2 / n, 2) - 3) + 6) / ((n - 2) * (n - 3)) END AS kurtosis,
+               clip_ratio
+        FROM agg JOIN runs r USING (run_id) JOIN st USING (run_id)
+    """
+    return _with_ratios(frame(con, sql))
+
+
 def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
     """Per step of step-aggregate runs (no samples): logged response and prompt mean/min/max/clip ratio."""
     ids = ids_sql(run_ids)
@@ -191,7 +248,7 @@ def summary_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
     """Per run and kind over all selected steps: the statistics of `per_step` pooled over samples, plus
     the run's response cap (tokens, source; on the response row only) and the prompt–response
     Pearson and Spearman correlation."""
-    stats = _combine(_sample_stats(con, run_ids, steps, False), _aggregate_stats(con, run_ids, steps, False), False)
+    stats = _combine(_pooled_sample_stats(con, run_ids, steps), _aggregate_stats(con, run_ids, steps, False), False)
     cap = caps(con, run_ids)
     corr = correlation(con, run_ids, steps).select("run", "pearson", "spearman")
     capped = (pl.col("basis") == "samples") & (pl.col("kind") == "response")

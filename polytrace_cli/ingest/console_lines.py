@@ -113,7 +113,7 @@ def classify_noise(cleaned: str) -> str:
 def clean_expr(line: pl.Expr) -> pl.Expr:
     """Polars expression equal to `clean_line` for lines without an interior carriage return.
 
-    (`clean_lines` sends the others through `clean_line` one by one.)
+    (`clean_lines` splits the others into their pieces first.)
     """
     return (
         line.str.strip_chars_end("\r")
