@@ -271,7 +271,7 @@ def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
     # order is `upto` holds positions upto − c + 1 .. upto, average rank upto − (c − 1)/2.
     sql = f"""
         WITH s AS (
-            SELECT run_id, prompt_len::DOUBLE AS p, response_len::DOUBLE AS r
+            SELECT run_id, prompt_len AS p, response_len AS r
             FROM ({training_samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
         ), pv AS (
@@ -280,12 +280,12 @@ def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
         ), rv AS (
             SELECT run_id, r, sum(count(*)) OVER (PARTITION BY run_id ORDER BY r) - (count(*) - 1) / 2 AS rr
             FROM s GROUP BY run_id, r
-        ), ranked AS (
-            SELECT s.run_id, s.p, s.r, pv.rp, rv.rr
+        ), c AS (
+            SELECT s.run_id, count(*) AS n, corr(s.p, s.r) AS pearson, corr(rp, rr) AS spearman
             FROM s JOIN pv ON pv.run_id = s.run_id AND pv.p = s.p JOIN rv ON rv.run_id = s.run_id AND rv.r = s.r
+            GROUP BY s.run_id
         )
-        SELECT r.name AS run, count(*) AS n, corr(p, ranked.r) AS pearson, corr(rp, rr) AS spearman
-        FROM ranked JOIN runs r USING (run_id) GROUP BY r.name ORDER BY r.name
+        SELECT runs.name AS run, c.n, c.pearson, c.spearman FROM c JOIN runs USING (run_id) ORDER BY run
     """
     return frame(con, sql).with_columns(pl.col("pearson").fill_nan(None), pl.col("spearman").fill_nan(None))
 
