@@ -1,8 +1,9 @@
 """Report speed at scale: `polytrace report` over a 1,000-step, 5-million-sample run, as a whole process.
 
-Reuses the store bench/analyze_scale.py builds under bench/out/analyze_scale/ (building it first when
-absent, with that script's own builder): run `scale` (5 M per-sample lengths on 8 DP ranks, reward
-timings per rank) and run `console` (the same steps as step aggregates, so the step-time figures draw).
+Reuses the newest store bench/analyze_scale.py built under bench/out/analyze_scale/ for this size
+(running that script first when there is none): run `scale` (5 M per-sample lengths on 8 DP ranks and
+what else that script adds) and run `console` (the same steps as step aggregates, so the step-time
+figures draw).
 
 Runs `polytrace report --db STORE --out bench/out/report_scale --name scale` in a child process and
 prints its wall seconds and peak RSS (the child's ru_maxrss from wait4) against the target (< 60 s),
@@ -35,6 +36,12 @@ def _analyze_scale():
     return module
 
 
+def scale_store(samples: int, steps: int) -> Path | None:
+    """The newest store analyze_scale.py built for this size (`store*_<samples>_<steps>.duckdb`), if any."""
+    found = sorted(_analyze_scale().OUT.glob(f"store*_{samples}_{steps}.duckdb"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
 def polytrace_executable() -> str:
     """The `polytrace` console script of the running interpreter's environment, else the one on PATH."""
     beside = Path(sys.executable).parent / "polytrace"
@@ -62,14 +69,14 @@ def main() -> int:
     parser.add_argument("--runs", nargs="*", default=[], help="Runs to report on [default: all in the store].")
     args = parser.parse_args()
 
-    scale = _analyze_scale()
-    store = scale.OUT / f"store_{args.samples}_{args.steps}.duckdb"
-    if store.exists():
-        print(f"reusing {store.relative_to(HERE.parent)}")
-    else:
-        scale.OUT.mkdir(parents=True, exist_ok=True)
-        seconds = scale.build_store(store, args.samples, args.steps)
-        print(f"built {store.relative_to(HERE.parent)}: {args.samples:,} samples, {args.steps:,} steps in {seconds:.1f} s")
+    store = scale_store(args.samples, args.steps)
+    if store is None:  # analyze_scale.py builds it under its own name (and times the analyses)
+        subprocess.run([sys.executable, str(HERE / "analyze_scale.py"), "--samples", str(args.samples),
+                        "--steps", str(args.steps)], check=True)
+        store = scale_store(args.samples, args.steps)
+    if store is None:
+        raise SystemExit("bench/analyze_scale.py did not leave a store under bench/out/analyze_scale/")
+    print(f"store {store.relative_to(HERE.parent)}")
 
     OUT.mkdir(parents=True, exist_ok=True)
     command = [polytrace_executable(), "report", *args.runs, "--db", str(store), "--out", str(OUT), "--name", "scale"]
