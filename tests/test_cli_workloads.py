@@ -142,6 +142,24 @@ def test_fit_writes_params_and_prints_candidates(packed_run, tmp_path):
     assert document["response"]["family"] in result.output and "*" in result.output
 
 
+def test_fit_without_scikit_learn_says_so_and_synth_falls_back_to_marginals(packed_run, tmp_path, monkeypatch):
+    pytest.importorskip("polytrace_cli.analyze.fit")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sklearn.mixture", None)
+    out = tmp_path / "lab.params.json"
+    result = _invoke("fit", "lab", "--out", out, "--db", packed_run)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "note: scikit-learn is not installed (pip install 'polytrace[fit]')" in text
+    document = json.loads(out.read_text())
+    assert document["joint"] is None and document["notes"]
+    assert all(c["family"] != "gaussian_mixture" for c in document["candidates"]["response"])
+    synth = _invoke("synth", "--params", out, "--task", "t", "--out", tmp_path / "w", "--steps", 2)
+    assert synth.exit_code == 0, synth.output
+    assert len(list((tmp_path / "w").glob("packed_lengths_step_*.jsonl"))) == 2
+
+
 def test_synth_from_run_takes_the_run_shape_and_overrides(packed_run, tmp_path):
     pytest.importorskip("polytrace_cli.analyze.fit")
     out = tmp_path / "synth"

@@ -309,7 +309,9 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
     `prompt`/`response` hold the best scipy family by AIC (so any scipy-based sampler can draw from
     them); `candidates` every fit including the Gaussian mixture; `joint` a 2-D mixture over
     (ln prompt, ln response); `empirical` 1,001 quantiles; `drift_per_step` the mean over the runs of the
-    drift analysis' relative slope (slope / mean response length); absent parts are null.
+    drift analysis' relative slope (slope / mean response length); `notes` what was skipped (e.g.
+    the mixtures without scikit-learn, when `joint` is null and the marginals are sampled); absent
+    parts are null.
     """
     from polytrace_cli.analyze import drift
 
@@ -332,6 +334,7 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         raise PolytraceError(f"run {document['source_run']} has no per-sample lengths to fit")
     document["candidates"] = {kind: [c.as_json() for c in fitted[kind] if c.aic is not None] for kind in fitted}
     document["joint"] = _joint_mixture(con, run_ids, steps)
+    document["notes"] = sorted({c.note for kind in fitted for c in fitted[kind] if c.note}) or None
     document["empirical"] = _empirical_quantiles(con, run_ids, steps)
     document["max_response_len"] = hists["response"].cap
     document["clip_ratio"] = hists["response"].clip_ratio

@@ -76,6 +76,8 @@ def fit(
         sys.stdout.write(json.dumps(document, indent=2, default=json_default) + "\n")
         return
     emit_frame(_candidates_frame(document), title=f"fits for {run} (best: lowest AIC; sampled: the scipy family synth draws from)")
+    for note in document.get("notes") or []:
+        console.print(f"note: {note}", highlight=False, markup=False)
     console.print(f"wrote {path}")
 
 
