@@ -113,3 +113,20 @@ def test_real_trace_lengths_match_the_json(store):
     assert row["clip_run"] == pytest.approx(np.mean(expected_responses >= 16000))
     # Inverse-CDF draws from the run's own quantiles reproduce it within sampling noise.
     assert row["ks"] < row["ks_noise"]
+
+
+@pytest.mark.parametrize("task", ["verl", "rllm", "search_r1"])
+def test_real_traces_fitted_and_resynthesized_meet_the_targets(store, task):
+    """fit + synth + compare on the PolyTrace traces: response lengths through the generator meet
+    KS <= 0.05 and |p99 error| <= 10% with both samplers, and the clip ratio is kept within 3 points."""
+    from polytrace_cli.bench.fidelity import fitted_params
+
+    ingest_paths(store, [need_real_data("polytrace", task)], run_name=task)
+    run_id = store.execute("SELECT run_id FROM runs WHERE name = ?", [task]).fetchall()[0][0]
+    frame = fidelity(store, run_id, fitted_params(store, run_id), seed=0)
+    for row in frame.filter(kind="response").to_dicts():
+        assert row["pass"], row
+        if row["clip_run"] is not None:
+            assert abs(row["clip_synth"] - row["clip_run"]) < 0.03, row
+    if task == "verl":  # enough prompts (576) to hold prompts to the targets too
+        assert all(frame.filter(kind="prompt")["pass"])
