@@ -306,3 +306,16 @@ def test_demo_writes_the_demo_report_and_prints_its_path(tmp_path):
     summary = assert_report_complete(index)
     assert summary["runs"] == ["math", "code", "search"]
     assert {"F1", "F3", "F6", "F8", "F10"} <= {f["id"] for f in summary["figures"] if f["png"]}
+
+
+def test_multi_panel_figures_draw_only_the_panels_with_data():
+    """F8 with only cache hits and F10 with only batches per trainer step: one panel each, no blank axes."""
+    from polytrace_cli.report.figures import f08_tool_calls, f10_dapo_filtering
+
+    cache = pl.DataFrame({"run": ["a", "a", "a"], "turn": [0, 1, 2], "hit_ratio": [0.0, 0.8, 0.9]})
+    f8 = f08_tool_calls.render({"latency": pl.DataFrame(), "turns": pl.DataFrame(), "cache": cache})
+    assert [ax.get_title() for ax in f8.axes] == ["Cache hit by turn"]
+    trainer = pl.DataFrame({"run": ["a"] * 3, "trainer_step": [0, 1, 2], "batches": [1, 2, 1]})
+    f10 = f10_dapo_filtering.render({"batches": pl.DataFrame(), "trainer_steps": trainer})
+    assert [ax.get_title() for ax in f10.axes] == ["Generation batches per trainer step"]
+    assert len(f10.axes[0].patches) == 3  # three bars: few steps are drawn as bars

@@ -38,7 +38,12 @@ def render(data: dict[str, pl.DataFrame]):
     }
     if not any(has.values()):
         return Omitted("the runs have no multi-turn trajectories or tool calls")
-    figure, (left, middle, right) = style.new_figure(3, 1, width=12, height=4.0)
+    count = sum(has.values())
+    figure, axes = style.new_figure(count, 1, width=max(5.0, 4.0 * count), height=4.0)
+    panels = iter(axes)  # one panel per part with data, left to right; none drawn empty
+    left = next(panels) if has["latency"] else None
+    middle = next(panels) if has["turns"] else None
+    right = next(panels) if has["cache"] else None
     if has["latency"]:
         series = latency.select("run", "tool").unique(maintain_order=True) if "tool" in latency.columns \
             else latency.select("run").unique(maintain_order=True).with_columns(tool=pl.lit(None, pl.String))
@@ -56,8 +61,6 @@ def render(data: dict[str, pl.DataFrame]):
         left.set_ylabel("share of calls ≤ latency")
         left.set_title("Tool latency CDF")
         style.legend(left, loc="lower right")
-    else:
-        left.set_axis_off()
     if has["turns"]:
         runs = runs_of(turns)
         width = 0.8 / len(runs)
@@ -69,9 +72,8 @@ def render(data: dict[str, pl.DataFrame]):
         middle.set_ylabel("share of trajectories" if turn_y == "share" else "trajectories")
         middle.set_title("Turns per trajectory")
         middle.xaxis.get_major_locator().set_params(integer=True)
-        style.legend(middle, loc="upper right")
-    else:
-        middle.set_axis_off()
+        if len(runs) > 1:
+            middle.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if has["cache"]:
         for index, run in enumerate(runs_of(cache)):
             part = cache.filter(pl.col("run") == run).sort("turn")
@@ -83,6 +85,4 @@ def render(data: dict[str, pl.DataFrame]):
         right.set_title("Cache hit by turn")
         right.xaxis.get_major_locator().set_params(integer=True)
         style.legend(right, loc="lower right")
-    else:
-        right.set_axis_off()
     return figure
