@@ -82,7 +82,8 @@ class GaussianMixture2D:
         of responses the fitted run had at the cap; the mixture describes the uncensored rest), a
         response is the cap with probability clip_ratio, else a draw of the conditional truncated
         below the cap (inverse CDF: y = μ + σ·Φ⁻¹(v·Φ((t − μ)/σ)), v uniform, t the cap in the
-        mixture's space). Without it, responses are returned unclipped.
+        mixture's space). Without it, responses are returned unclipped. In linear space the
+        conditional is also truncated below 1 token the same way, instead of clamping negative draws.
         """
         components = rng.choice(len(self.weights), size=groups, p=self.weights / self.weights.sum())
         mean, cov = self.means[components], self.covariances[components]
@@ -91,13 +92,14 @@ class GaussianMixture2D:
         centre = mean[:, 1] + slope * (prompts - mean[:, 0])
         sd = np.sqrt(np.maximum(cov[:, 1, 1] - slope * cov[:, 1, 0], 1e-12))
         uniform = rng.random((groups, n))
-        if cap is not None and clip_ratio is not None:
-            below = stats.norm.cdf((self._to_space(cap) - centre) / sd)[:, None]
-            z = stats.norm.ppf(np.clip(uniform * below, 1e-12, 1 - 1e-12))
-            responses = self._from_space(centre[:, None] + sd[:, None] * z)
+        # Linear space: truncated below 1 token (a length cannot be <= 0), by the same inverse CDF.
+        low = stats.norm.cdf((1.0 - centre) / sd)[:, None] if self.space != "log" else 0.0
+        censored = cap is not None and clip_ratio is not None
+        high = stats.norm.cdf((self._to_space(cap) - centre) / sd)[:, None] if censored else 1.0
+        z = stats.norm.ppf(np.clip(low + uniform * (high - low), 1e-12, 1 - 1e-12))
+        responses = self._from_space(centre[:, None] + sd[:, None] * z)
+        if censored:
             responses = np.where(rng.random((groups, n)) < clip_ratio, float(cap), np.minimum(responses, cap))
-        else:
-            responses = self._from_space(centre[:, None] + sd[:, None] * stats.norm.ppf(np.clip(uniform, 1e-12, 1 - 1e-12)))
         return self._from_space(prompts), responses
 
 
