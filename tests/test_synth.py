@@ -126,7 +126,7 @@ def test_published_parameters_file_drives_the_math_sampler(tmp_path):
     expected_mean = np.dot(published["weights"], np.array(published["means"])[:, 1])
     assert abs(responses.mean() / expected_mean - 1) < 0.02
     # The linear-space mixture is truncated at 1 token, not clamped: no pile of 1-token responses
-    # (clamping put ~0.4% of draws there, from the component with mean 4,959 and sd 2,192).
+    # (clamping put 0.7% of draws there, mostly from the component with mean 4,959 and sd 2,192).
     assert np.mean(responses <= 1) < 1e-4
 
 
