@@ -19,7 +19,8 @@ Scale: lengths are read as a histogram (value, count) computed in SQL. ln L and 
 the full histogram; parameters are estimated on at most `FIT_SAMPLE_LIMIT` systematically chosen
 order statistics (the values at ranks (i + ½)·n/m), which keeps a fit on millions of samples to
 well under a second and is deterministic. The Gaussian mixture's EM (iterative, three component
-counts) is run on at most `MIXTURE_SAMPLE_LIMIT` of those order statistics, chosen the same way.
+counts, k-means++ starts) is run on at most `MIXTURE_SAMPLE_LIMIT` of those order statistics,
+chosen the same way.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def _fit_mixture(hist: Histogram, sample: np.ndarray) -> Candidate:
     for components in MIXTURE_COMPONENTS:
         if len(np.unique(sample)) <= components:
             continue
-        model = GaussianMixture(components, random_state=SEED).fit(column)
+        model = GaussianMixture(components, init_params="k-means++", random_state=SEED).fit(column)
         log_likelihood = float(np.sum(hist.counts * model.score_samples(hist.values.reshape(-1, 1))))
         aic = 2 * (3 * components - 1) - 2 * log_likelihood
         weights, means = model.weights_, model.means_[:, 0]
