@@ -100,6 +100,9 @@ def main() -> int:
     print(f"polytrace report (whole process): {seconds:.1f} s (target < {TARGET_SECONDS:.0f} s): "
           f"{'met' if seconds < TARGET_SECONDS else 'MISSED'}")
     print(f"peak RSS {rss:,.0f} MB")
+    if output.strip() != str(folder / "index.html"):
+        print(f"stdout held more than the report path ({len(output):,} characters): {output[:200]!r}")
+        return 1
     return 0 if seconds < TARGET_SECONDS else 1
 
 

@@ -39,7 +39,7 @@ def render(data: dict[str, pl.DataFrame]):
                 ax.plot(line["step"], line["seconds"], color=style.colour(index), linewidth=1.2, label=f"rank {rank}",
                         marker=style.point_marker(line.height), markersize=3)
             worst = part.group_by("step").agg(pl.col("seconds").max()).sort("step")
-            ax.plot(worst["step"], worst["seconds"], color="black", linewidth=0.8, linestyle=":", label="max")
+            ax.plot(worst["step"], worst["seconds"], color="#777777", linewidth=0.8, linestyle=":", label="max")
             ax.set_ylabel("reward seconds")
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
         else:
