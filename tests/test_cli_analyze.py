@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -112,3 +113,37 @@ def test_analyze_real_traces(db_path):
     rllm = next(r for r in document["lengths"] if r["run"] == "rllm" and r["kind"] == "response")
     assert rllm["cap_tokens"] == 16000 and rllm["clip_ratio"] > 0
     assert {r["run"] for r in document["fit"]} == {"rllm", "verl", "search_r1"}
+
+
+def test_real_traces_and_a_console_log_steps_csv_and_compare(db_path):
+    fixture = Path(__file__).parent / "fixtures" / "verl" / "console_v03"
+    con = open_store(db_path)
+    ingest_paths(con, [need_real_data("polytrace")])
+    ingest_paths(con, [fixture], run_name="console")
+    con.close()
+    document = json.loads(invoke("analyze", "--db", db_path, "--only", "lengths,longtail,imbalance,tools,filtering",
+                                 "--json").stdout)
+    # The console log has step aggregates only: what they allow, pooled numbers marked as estimates.
+    console = next(r for r in document["lengths"] if r["run"] == "console")
+    assert (console["basis"], console["estimate"], console["p99_tokens"]) == ("step_aggregates", True, None)
+    assert next(r for r in document["longtail"] if r["run"] == "console")["estimate"] is True
+    assert not [r for r in document["imbalance"] if r["run"] == "console"]  # no per-rank loads, no global_seqlen
+    # The three named facts of the real traces.
+    rllm = next(r for r in document["lengths"] if r["run"] == "rllm" and r["kind"] == "response")
+    assert rllm["cap_tokens"] == 16000 and rllm["clip_ratio"] > 0
+    search = next(r for r in document["tools"] if r["run"] == "search_r1" and r["tool"] == "all")
+    assert search["cache_hit_ratio"] > 0 and search["p99_s"] > 0
+    assert next(r for r in document["filtering"] if r["run"] == "verl")["batches"] == 6
+
+    rows = list(csv.DictReader(io.StringIO(invoke("analyze", "rllm", "verl", "--db", db_path, "--only", "imbalance",
+                                                  "--steps", "1:3", "--csv").stdout)))
+    assert {r["run"] for r in rows} == {"rllm", "verl"} and {r["steps"] for r in rows} == {"3"}
+
+    compared = json.loads(invoke("compare", "rllm", "verl", "--db", db_path, "--only", "imbalance", "--json").stdout)
+    by_metric = {r["metric"]: r for r in compared}
+    imbalance = {r["run"]: r for r in document["imbalance"]}
+    lam = by_metric["mean_lambda"]
+    assert (lam["rllm"], lam["verl"]) == (pytest.approx(imbalance["rllm"]["mean_lambda"]),
+                                          pytest.approx(imbalance["verl"]["mean_lambda"]))
+    assert lam["delta"] == pytest.approx(lam["verl"] - lam["rllm"])
+    assert lam["relative_delta"] == pytest.approx(lam["delta"] / lam["rllm"])
