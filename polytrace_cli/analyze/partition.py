@@ -113,49 +113,72 @@ def _kk_max_load_heap(weights: Sequence[float], k: int) -> float:
 def _kk_max_loads_batched(instances: list[Sequence[float]], k: int) -> np.ndarray:
     """Largest KK bin of each instance, all instances advanced one merge per iteration (numpy).
 
-    Layout: row = instance, column = tuple, in creation order: items first (by index), then each
-    merged tuple appended at the end. The heap of karmarkar_karp breaks equal spreads by creation
-    order, so the first maximal column (argmax) is the tuple it would pop. Dead columns are
-    squeezed out (order kept) whenever they outnumber the live ones, so each iteration scans
-    about as many columns as there are live tuples.
+    The heap of karmarkar_karp pops the largest spread, equal spreads in creation order (items by
+    index, then merged tuples as made). Here the items of each row are sorted by weight, descending
+    (stable, so equal weights keep index order): the next item is the largest one left. Merged
+    tuples live in a second array in creation order, where the first maximal column (argmax) is
+    the one the heap would pop; an item wins a tie against a merged tuple (made earlier). Dead
+    merged tuples are squeezed out (order kept) when they outnumber the live ones.
     """
     weights = _padded(instances)
     count, width = weights.shape
     rows = np.arange(count)
-    capacity = 2 * width
+    present = np.arange(width) < np.array([len(w) for w in instances])[:, None]
+    order = np.argsort(np.where(present, -weights, np.inf), axis=1, kind="stable")
+    items = np.where(present, np.take_along_axis(weights, order, axis=1), -np.inf)
+    items = np.concatenate([items, np.full((count, 1), -np.inf)], axis=1)  # sentinel after the last item
+    next_item = np.zeros(count, dtype=np.int64)
+    capacity = width + 1
     tuples = np.zeros((count, capacity, k))
-    tuples[:, :width, 0] = weights
     spread = np.full((count, capacity), -np.inf)
-    live = np.array([len(w) for w in instances])
-    spread[:, :width] = np.where(np.arange(width) < live[:, None], weights, -np.inf)
-    end = width
+    live = np.zeros(count, dtype=np.int64)
+    end = 1
+
+    def pop():
+        item = items[rows, next_item]
+        at = spread[:, :end].argmax(axis=1)
+        best = spread[rows, at]
+        from_items = (item >= best) & np.isfinite(item)
+        value = np.where(from_items, item, best)
+        vector = tuples[rows, at].copy()
+        vector[from_items] = 0.0
+        vector[from_items, 0] = item[from_items]
+        next_item[from_items] += 1
+        taken = ~from_items & np.isfinite(best)
+        spread[rows[taken], at[taken]] = -np.inf
+        live[taken] -= 1
+        return value, vector, from_items, at, taken
+
     for _ in range(width - 1):
-        if end == capacity or 2 * int(live.max()) < end:
-            order = np.argsort(~np.isfinite(spread[:, :end]), axis=1, kind="stable")
-            spread[:, :end] = np.take_along_axis(spread[:, :end], order, axis=1)
-            tuples[:, :end] = np.take_along_axis(tuples[:, :end], order[:, :, None], axis=1)
-            spread[:, int(live.max()) : end] = -np.inf
-            end = int(live.max())
-        window = spread[:, :end]
-        first = window.argmax(axis=1)
-        first_spread = window[rows, first].copy()
-        window[rows, first] = -np.inf
-        second = window.argmax(axis=1)
-        active = np.isfinite(window[rows, second])
+        if end == capacity or 2 * int(live.max()) + 1 < end:
+            keep = np.argsort(~np.isfinite(spread[:, :end]), axis=1, kind="stable")
+            spread[:, :end] = np.take_along_axis(spread[:, :end], keep, axis=1)
+            tuples[:, :end] = np.take_along_axis(tuples[:, :end], keep[:, :, None], axis=1)
+            end = max(int(live.max()), 1)
+            spread[:, end:] = -np.inf
+        value_1, tuple_1, item_1, at_1, taken_1 = pop()
+        value_2, tuple_2, _, _, _ = pop()
+        active = np.isfinite(value_2)
+        # A row with one tuple left is done: put back what its first pop took.
+        done = ~active
+        next_item[item_1 & done] -= 1
+        restore = taken_1 & done
+        spread[rows[restore], at_1[restore]] = value_1[restore]
+        live[restore] += 1
         if not active.any():
-            window[rows, first] = first_spread
             break
-        merged = tuples[rows, first] + tuples[rows, second][:, ::-1]
+        merged = tuple_1 + tuple_2[:, ::-1]
         merged = -np.sort(-merged, axis=1)
         merged -= merged[:, -1:]
         tuples[:, end] = merged
         spread[:, end] = np.where(active, merged[:, 0], -np.inf)
-        window[rows, first] = np.where(active, -np.inf, first_spread)
-        window[rows, second] = -np.inf
-        live -= active
+        live += active
         end += 1
-    final = spread.argmax(axis=1)
-    sums = tuples[rows, final]
+    at = spread.argmax(axis=1)
+    merged_left = np.isfinite(spread[rows, at])
+    sums = np.where(merged_left[:, None], tuples[rows, at], 0.0)
+    lone = ~merged_left  # a one-item instance: its item is the only tuple
+    sums[lone, 0] = np.where(np.isfinite(items[lone, 0]), items[lone, 0], 0.0)
     totals = weights.sum(axis=1)
     return sums[:, 0] + (totals - sums.sum(axis=1)) / k
 
