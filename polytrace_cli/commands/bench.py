@@ -86,7 +86,6 @@ def demo(
         emit_frame(runs_frame(con), title="runs in the store")
         from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
 
-        con.execute("SET enable_progress_bar = false")  # DuckDB's bar would land between the tables and the path
         try:
             index = write_report(con, run_ids(con, names), reports, "demo")
         except OSError as error:

@@ -31,7 +31,6 @@ def report(
     if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
         raise fail(f"--name must be a plain folder name, not {name!r}")
     con = open_store(db, read_only=True)
-    con.execute("SET enable_progress_bar = false")  # DuckDB's bar goes to stdout, which holds only the path
     try:
         ids = run_ids(con, runs)
         if not ids:
@@ -74,7 +73,6 @@ def check(
         raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
     step_range = StepRange.parse(steps)
     con = open_store(db, read_only=True)
-    con.execute("SET enable_progress_bar = false")  # the verdicts (or --json) are all stdout holds
     try:
         (run_id,) = run_ids(con, [run])
         verdicts = check_run(con, run_id, run, limits, step_range)

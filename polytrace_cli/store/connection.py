@@ -64,6 +64,8 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
         con = duckdb.connect(str(path), read_only=read_only)
     except (duckdb.Error, OSError) as error:
         raise _explain_open_failure(path, error) from None
+    # DuckDB draws a progress bar on stdout for long queries; stdout belongs to the commands.
+    con.execute("SET enable_progress_bar = false")
     try:
         if read_only:
             version = check_not_newer(con, str(path))
