@@ -44,6 +44,7 @@ def test_runs_lists_counts(tmp_path):
     result = runner.invoke(app, ["runs", "--db", str(db), "--json"])
     [run] = json.loads(result.stdout)
     assert (run["run"], run["task"], run["files"], run["samples"], run["steps"]) == ("myrun", "math", 2, 6, 2)
+    assert (run["first_step"], run["last_step"], run["segments"]) == (0, 1, None)
 
 
 def test_query_outputs_table_json_and_csv(tmp_path):

@@ -9,7 +9,8 @@ from polytrace_cli.errors import PolytraceError
 
 
 def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """One row per run: name, framework, task, files, formats, samples, steps, step range, rejected lines."""
+    """One row per run: name, framework, task, files, formats, samples, steps, step range (over step
+    metrics and samples), segments of its logs, rejected lines."""
     return con.sql(
         """
         WITH f AS (
@@ -17,7 +18,9 @@ def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                    sum(rejected) AS rejected
             FROM files GROUP BY run_id
         ), s AS (
-            SELECT run_id, count(*) AS samples, count(DISTINCT step) AS sample_steps FROM samples GROUP BY run_id
+            SELECT run_id, count(*) AS samples, count(DISTINCT step) AS sample_steps,
+                   min(step) AS first_step, max(step) AS last_step
+            FROM samples GROUP BY run_id
         ), m AS (
             SELECT run_id, count(DISTINCT (segment, step)) AS metric_steps, min(step) AS first_step,
                    max(step) AS last_step, count(DISTINCT segment) AS segments
@@ -27,7 +30,8 @@ def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                coalesce(f.files, 0) AS files, f.formats,
                coalesce(s.samples, 0) AS samples,
                greatest(coalesce(s.sample_steps, 0), coalesce(m.metric_steps, 0)) AS steps,
-               m.first_step, m.last_step, m.segments,
+               least(m.first_step, s.first_step) AS first_step, greatest(m.last_step, s.last_step) AS last_step,
+               m.segments,
                coalesce(f.rejected, 0)::BIGINT AS rejected
         FROM runs r LEFT JOIN f USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
         ORDER BY r.name
