@@ -175,9 +175,9 @@ def test_mixed_folder_one_run_per_source_through_the_cli(tmp_path):
         "orl_run": (1, 2, 2, 0),
         "verl_console": (101, 102, 2, 0),
         "verl_jsonl": (1, 4, 2, 0),
-        "verl_rollout": (None, None, None, 3),
+        "verl_rollout": (7, 7, None, 3),  # the dump's file name, 7.jsonl
         "tb_run": (1, 2, 1, 0),
-        wandb_run: (1, 2, 1, 3),
+        wandb_run: (1, 3, 1, 3),  # metrics at steps 1-2, a generations table at step 3
     }
 
     result = runner.invoke(app, ["query", "--db", db, "--json",
