@@ -13,15 +13,14 @@ Usage: python bench/ingest_console.py [--mb 100]
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
+
+from _measure import run_measured
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "ingest_console"
@@ -73,17 +72,6 @@ def write_log(path: Path, megabytes: float, seed: int = 0) -> tuple[int, int]:
             written += len(text.encode())
             lines += len(block)
     return lines, steps
-
-
-def run_measured(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one child process."""
-    started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - started
-    if status != 0:
-        raise SystemExit(f"{argv[:3]} failed: {process.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss / 1024
 
 
 BASELINE = textwrap.dedent(

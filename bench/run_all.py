@@ -11,7 +11,7 @@ HERE = Path(__file__).resolve().parent
 if __name__ == "__main__":
     failures = 0
     for script in sorted(HERE.glob("*.py")):
-        if script.name == "run_all.py":
+        if script.name == "run_all.py" or script.name.startswith("_"):
             continue
         print(f"\n== {script.name}", flush=True)
         failures += subprocess.run([sys.executable, str(script)]).returncode != 0

@@ -33,6 +33,7 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 
 WANDB_LINE_LIMIT = 4096
 METRIC_LINE = re.compile(r"^step:(-?\d+)(?: - (.*))?$", re.DOTALL)
@@ -125,7 +126,7 @@ class VerlConsoleIngester(Ingester):
             ctx.ignore(rule, count)
         metrics, lines = _parse_metric_lines(lines)
         metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
-        segments = _segments(metrics)
+        segments = line_segments(metrics)
         metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
         con.register("console_metrics", metrics.to_arrow())
         con.register("console_segments", segments.to_arrow())
@@ -249,14 +250,6 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFr
     return metrics, pl.DataFrame(flags, schema=FLAG_SCHEMA, orient="row")
 
 
-def _segments(metrics: pl.DataFrame) -> pl.DataFrame:
-    """One row per metric line (line_no, step, previous, segment): a step lower than or equal to
-    the previous line's starts a new segment, numbered from 0. `metrics` is ordered by line."""
-    lines = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
-    return lines.with_columns(previous=pl.col("step").shift(1)).with_columns(
-        segment=(pl.col("step") <= pl.col("previous")).fill_null(False).cast(pl.Int32).cum_sum())
-
-
 def _store_metrics(ctx: FileContext) -> None:
     """step_metrics and step_flags rows; metrics are written in line and pair order as registered."""
     ctx.insert(
@@ -266,24 +259,7 @@ def _store_metrics(ctx: FileContext) -> None:
         """,
         [ctx.run_id, ctx.file_id],
     )
-    ctx.insert(
-        """
-        INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)
-        WITH found AS (
-            SELECT line_no, step, flag, detail FROM console_flags
-            UNION ALL
-            SELECT line_no, step, 'restart', 'step went back from ' || previous || ' to ' || step
-            FROM console_segments WHERE step <= previous
-            UNION ALL
-            SELECT line_no, step, 'resumed', 'log starts at step ' || step
-            FROM (SELECT * FROM console_segments ORDER BY line_no LIMIT 1) WHERE step > 1
-        )
-        SELECT ?, s.segment, f.step, f.flag, f.detail, ?, f.line_no
-        FROM found f JOIN console_segments s USING (line_no)
-        ORDER BY f.line_no, f.flag
-        """,
-        [ctx.run_id, ctx.file_id],
-    )
+    insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
 
 
 def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:

@@ -27,6 +27,7 @@ import polars as pl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.segments import insert_step_flags
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
@@ -162,21 +163,6 @@ def _store(ctx: FileContext) -> None:
         """,
         [ctx.run_id, ctx.file_id],
     )
-    ctx.insert(
-        """
-        INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)
-        WITH found AS (
-            SELECT line_no, step, 'restart' AS flag, 'step went back from ' || previous || ' to ' || step AS detail
-            FROM verl_jsonl_segments WHERE step <= previous
-            UNION ALL
-            SELECT line_no, step, 'resumed', 'log starts at step ' || step
-            FROM (SELECT * FROM verl_jsonl_segments ORDER BY line_no LIMIT 1) WHERE step > 1
-        )
-        SELECT ?, s.segment, f.step, f.flag, f.detail, ?, f.line_no
-        FROM found f JOIN verl_jsonl_segments s USING (line_no)
-        ORDER BY f.line_no, f.flag
-        """,
-        [ctx.run_id, ctx.file_id],
-    )
+    insert_step_flags(ctx, "verl_jsonl_segments")
     if not ctx.stored:
         ctx.note("zero steps: no valid step line")
