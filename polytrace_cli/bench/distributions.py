@@ -260,14 +260,21 @@ def load_own(document: dict, sampler: str = "parametric") -> LengthModel:
                        clip_ratio=document.get("clip_ratio") if sampler == "parametric" else None)
 
 
-def load_params(path: str | Path, task: str = "math", sampler: str = "parametric") -> LengthModel:
-    """Read either parameters format, recognised by its content."""
+def read_params_json(path: str | Path) -> dict | list:
+    """The JSON document of a parameters file; a missing or non-JSON file is a user error."""
     try:
-        document = json.loads(Path(path).read_text("utf-8"))
+        return json.loads(Path(path).read_text("utf-8"))
     except FileNotFoundError:
         raise PolytraceError(f"no parameters file at {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise PolytraceError(f"{path} is not a JSON parameters file: {error}") from None
+
+
+def load_params(path: str | Path, task: str = "math", sampler: str = "parametric") -> LengthModel:
+    """Read either parameters format, recognised by its content."""
+    document = read_params_json(path)
+    if not isinstance(document, dict):
+        raise PolytraceError(f"{path} is not a parameters file: its JSON is not an object")
     if document.get("format") == OWN_FORMAT:
         return load_own(document, sampler)
     if "math_task" in document:

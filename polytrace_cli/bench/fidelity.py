@@ -22,7 +22,6 @@ Responses of one prompt are correlated, so with few prompt groups the real noise
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.bench.distributions import LengthModel, load_own
+from polytrace_cli.bench.distributions import LengthModel, load_own, read_params_json
 from polytrace_cli.bench.synth import WorkloadSpec, synthesize
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import fetch_first
@@ -191,12 +190,7 @@ def fidelity(con: duckdb.DuckDBPyConnection, run_id: int, params: dict, *, seed:
 
 def read_params(path: str | Path) -> dict:
     """A polytrace-params/1 document from a file; anything else is a user error."""
-    try:
-        document = json.loads(Path(path).read_text("utf-8"))
-    except FileNotFoundError:
-        raise PolytraceError(f"no parameters file at {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise PolytraceError(f"{path} is not a JSON parameters file: {error}") from None
+    document = read_params_json(path)
     if not isinstance(document, dict) or document.get("format") != "polytrace-params/1":
         raise PolytraceError(f"{path} is not a polytrace-params/1 file (written by `polytrace fit`)")
     return document
