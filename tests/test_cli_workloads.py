@@ -185,3 +185,14 @@ def test_synth_option_conflicts_are_one_line(packed_run, tmp_path):
     assert result.exit_code == 2 and "--task is needed" in result.output
     result = _invoke("synth", "--from-run", "nope", "--out", tmp_path / "o", "--db", packed_run)
     assert result.exit_code == 2 and "no run named nope" in result.output
+
+
+@pytest.mark.parametrize("text, message", [("[1, 2]", "its JSON is not an object"), ("{", "is not a JSON parameters file"),
+                                           (None, "no parameters file at")])
+def test_synth_with_a_bad_parameters_file_is_one_line(tmp_path, text, message):
+    params = tmp_path / "params.json"
+    if text is not None:
+        params.write_text(text)
+    result = runner.invoke(app, ["synth", "--params", str(params), "--task", "math", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
