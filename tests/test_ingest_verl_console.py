@@ -75,6 +75,17 @@ def test_clean_lines_agree_on_carriage_return_pieces(line):
     assert cl.clean_lines(pl.Series("raw", [line])).to_list() == [cl.clean_line(line)]
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["\x1b[36m", "\x1b[0m", "\x1b[", "\x1b]0;t\x07", "\x1b]é\x07", "\x07", "\u00a0", "(TaskRunner pid=1)",
+                                 "(WorkerDict pid=7, ip=10.0.0.1)", " ", "\t", "é", "st", "ep:", "step:", "step:5 - a:1",
+                                 " - ", "b:np.float64(2)", "[repeated 2x across cluster]", "\r", "(", "x"]),
+                min_size=1, max_size=8).map("".join))
+def test_clean_lines_shortcut_agrees_with_python(line):
+    """Lines whose wrapping lies before `step:` are cleaned by slicing; the result must not change."""
+    assert cl.clean_lines(pl.Series("raw", [line, "(A pid=1) " + line])).to_list() == [
+        cl.clean_line(line), cl.clean_line("(A pid=1) " + line)]
+
+
 VALUES = [
     ("0.123", 0.123, None), ("101.000", 101.0, None), ("-0.000", -0.0, None), ("np.float64(0.25)", 0.25, None),
     ("np.int64(3)", 3.0, None), ("np.float32(1.5)", 1.5, None), ("1e-06", 1e-06, None), ("inf", math.inf, None),

@@ -5,7 +5,7 @@ carriage returns from progress bars, a Ray actor prefix such as `(TaskRunner pid
 `(WorkerDict pid=7, ip=10.0.0.1) `, and Ray's ` [repeated 3x across cluster]` suffix. This module
 removes that wrapping and turns printed scalars back into numbers, twice over:
 
-- as polars expressions (`clean_expr`/`clean_lines`, `unwrap_expr`, `scalar_columns`,
+- as polars expressions (`clean_expr`/`clean_lines`, `unwrap_columns`, `scalar_columns`,
   `noise_rule_expr`) for the bulk path, which runs over every line of a file at once;
 - as Python functions (`clean_line`, `parse_scalar`, `classify_noise`) with the same results, for
   the few lines the bulk path cannot handle and must name one by one.
@@ -49,6 +49,20 @@ NOISE_RULES: tuple[tuple[str, str], ...] = (
     ("logging", r"^\[?\d{4}-\d{2}-\d{2}[ T]\d|^(?:INFO|DEBUG|ERROR|CRITICAL|WARNING)\b|^\[\d{2}:\d{2}:\d{2}\]|^\(raylet\)"),
 )
 _NOISE = [(rule, re.compile(pattern)) for rule, pattern in NOISE_RULES]
+
+
+class ArrowStream:
+    """A polars frame as an Arrow C stream, for `duckdb.register`.
+
+    DuckDB reads the frame through the Arrow PyCapsule interface, each query afresh, without
+    converting it to a pyarrow table (which would import pyarrow and copy every string).
+    """
+
+    def __init__(self, frame: pl.DataFrame):
+        self.frame = frame
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        return self.frame.__arrow_c_stream__(requested_schema)
 
 
 def _clean_piece(piece: str) -> str:
@@ -129,9 +143,17 @@ def clean_lines(raw: pl.Series, anchor: str = "step:") -> pl.Series:
     Lines holding an interior carriage return (progress-bar redraws) are split into pieces, each
     piece cleaned, and the last non-blank piece starting with `anchor` kept, else the last
     non-blank piece.
+
+    Lines that hold most of a log's bytes take a shortcut (`_anchored_tail`): a line whose wrapping
+    all lies before its first `anchor` is cleaned to the text from that anchor on, without
+    running the cleaning regexes over the rest of the line.
     """
-    cleaned = pl.select(clean_expr(pl.lit(raw))).to_series()
-    interior_cr = raw.str.strip_chars_end("\r").str.contains("\r", literal=True).fill_null(False)
+    frame = pl.DataFrame({"raw": raw})
+    tail = frame.select(_anchored_tail(pl.col("raw"), anchor).alias("t")).to_series()
+    # The full cleaning runs only on the other lines (null elsewhere, which costs nothing).
+    rest = frame.select(pl.when(tail.is_null()).then(pl.col("raw")).alias("raw")).to_series()
+    cleaned = pl.select(clean_expr(pl.lit(rest))).to_series()
+    interior_cr = rest.str.strip_chars_end("\r").str.contains("\r", literal=True).fill_null(False)
     positions = interior_cr.arg_true()
     if len(positions):
         pieces = (
@@ -144,22 +166,54 @@ def clean_lines(raw: pl.Series, anchor: str = "step:") -> pl.Series:
             .fill_null(pl.col("p").list.last()).fill_null("")
         ).to_series()
         cleaned = cleaned.scatter(positions, fixed)
-    return cleaned.alias(raw.name)
+    return pl.select(pl.coalesce(pl.lit(tail), pl.lit(cleaned))).to_series().alias(raw.name)
 
 
-def unwrap_expr(text: pl.Expr) -> pl.Expr:
-    """Polars expression equal to `unwrap_scalar` for trimmed text.
+def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:
+    """The line from its first `anchor` on, where that equals `clean_line`; null elsewhere.
+
+    It does when the line holds no carriage return and no `[repeated`, the text before the anchor
+    (the head, ASCII so that byte and character offsets agree) cleans to nothing and holds every
+    ESC of the line: an ANSI sequence complete in the head ends there, one that is not leaves an
+    ESC in the cleaned head, and the Ray prefix cannot reach past the head since the anchor's first
+    character is neither a space nor '('.
+    """
+    assert anchor[:1] not in ("", "(") and not anchor[:1].isspace() and "\x1b" not in anchor
+    at = line.str.find(anchor, literal=True)
+    head = line.str.head(at)
+    usable = (
+        at.is_not_null()
+        & ~line.str.contains("\r", literal=True)
+        & ~line.str.contains("[repeated", literal=True)
+        & (head.str.len_bytes() == at)
+        & (head.str.count_matches("\x1b", literal=True) == line.str.count_matches("\x1b", literal=True))
+        & (clean_expr(head) == "")
+    )
+    return pl.when(usable).then(line).str.slice(at)
+
+
+def unwrap_columns(frame: pl.DataFrame, raw: str, out: str) -> pl.DataFrame:
+    """`frame` with column `out` equal to `unwrap_scalar` over the trimmed column `raw`.
 
     The numpy case slices between the first '(' and the final ')' instead of a capture-group
-    replacement, which costs five times as much over a million values.
+    replacement, which costs five times as much over a million values. Its test is split into
+    cheap literal tests and a regex that stops at the '(': `^(?:np|numpy)\\.[A-Za-z0-9_]+\\(`
+    plus a final ')' is `NUMPY_WRAPPED_PATTERN`. Each stage is a column of its own, computed once,
+    and each costly step runs only on the rows that need it (the others are null for it).
     """
-    opening = text.str.find("(", literal=True)
-    numpy_inner = text.str.slice(opening + 1, text.str.len_chars() - opening - 2)
-    return (
-        pl.when(text.str.contains(NUMPY_WRAPPED_PATTERN)).then(numpy_inner)
-        .otherwise(pl.coalesce(text.str.extract(TENSOR_WRAPPED_PATTERN, 1), text))
-        .str.strip_chars()
-    )
+    text = pl.col(raw)
+    numpy_like = (text.str.starts_with("np.") | text.str.starts_with("numpy.")) & text.str.ends_with(")")
+    staged = frame.with_columns(_candidate=pl.when(numpy_like).then(text)).with_columns(
+        _numpy=pl.when(pl.col("_candidate").str.contains(r"^(?:np|numpy)\.[A-Za-z0-9_]+\(")).then(pl.col("_candidate")))
+    wrapped = pl.col("_numpy")
+    opening = wrapped.str.find("(", literal=True)
+    staged = staged.with_columns(_inner=pl.coalesce(
+        wrapped.str.slice(opening + 1, wrapped.str.len_chars() - opening - 2),
+        pl.when(text.str.starts_with("tensor(")).then(text).str.extract(TENSOR_WRAPPED_PATTERN, 1),
+    ))
+    return staged.with_columns(
+        pl.coalesce(pl.col("_inner"), pl.when(pl.col("_inner").is_null()).then(text)).str.strip_chars().alias(out)
+    ).drop("_candidate", "_numpy", "_inner")
 
 
 def scalar_columns(frame: pl.DataFrame, raw: str, value: str = "value", text: str = "text_value") -> pl.DataFrame:
@@ -167,24 +221,25 @@ def scalar_columns(frame: pl.DataFrame, raw: str, value: str = "value", text: st
 
     Booleans give 1.0/0.0 and 'True'/'False'; numbers (after unwrapping) their float and a null
     text; anything else a null value and the original text. Intermediate columns are materialized
-    once rather than re-evaluated inside each branch.
+    once rather than re-evaluated inside each branch, and the boolean test (lower-casing) runs only
+    on the short values that are not numbers.
     """
-    staged = frame.with_columns(_unwrapped=unwrap_expr(pl.col(raw))).with_columns(
-        _kind=pl.when(pl.col("_unwrapped").str.contains("(?i)" + _NUMBER.pattern)).then(pl.lit(0))
-        .when(pl.col("_unwrapped").str.len_bytes() > 9).then(pl.lit(3))
-        .when(pl.col("_unwrapped").str.to_lowercase().is_in(["true", "np.true_"])).then(pl.lit(1))
-        .when(pl.col("_unwrapped").str.to_lowercase().is_in(["false", "np.false_"])).then(pl.lit(2))
-        .otherwise(pl.lit(3)).cast(pl.Int8)
-    )
-    kind = pl.col("_kind")
+    unwrapped = pl.col("_unwrapped")
+    staged = unwrap_columns(frame, raw, "_unwrapped").with_columns(
+        _number=unwrapped.str.contains("(?i)" + _NUMBER.pattern))
+    number = pl.col("_number")
+    staged = staged.with_columns(
+        _lower=pl.when(~number & (unwrapped.str.len_bytes() <= 9)).then(unwrapped).str.to_lowercase())
+    lower = pl.col("_lower")
+    true, false = lower.is_in(["true", "np.true_"]), lower.is_in(["false", "np.false_"])
     return staged.with_columns(
-        pl.when(kind == 0).then(pl.col("_unwrapped").cast(pl.Float64, strict=False))
-        .when(kind == 1).then(pl.lit(1.0)).when(kind == 2).then(pl.lit(0.0))
+        pl.when(number).then(unwrapped.cast(pl.Float64, strict=False))
+        .when(true).then(pl.lit(1.0)).when(false).then(pl.lit(0.0))
         .otherwise(pl.lit(None, pl.Float64)).alias(value),
-        pl.when(kind == 0).then(pl.lit(None, pl.String))
-        .when(kind == 1).then(pl.lit("True")).when(kind == 2).then(pl.lit("False"))
-        .otherwise(pl.col(raw).str.strip_chars()).alias(text),
-    ).drop("_unwrapped", "_kind")
+        pl.when(number).then(pl.lit(None, pl.String))
+        .when(true).then(pl.lit("True")).when(false).then(pl.lit("False"))
+        .otherwise(pl.col(raw)).str.strip_chars().alias(text),
+    ).drop("_unwrapped", "_number", "_lower")
 
 
 def noise_rule_expr(cleaned: pl.Expr) -> pl.Expr:

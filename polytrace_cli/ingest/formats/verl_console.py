@@ -128,9 +128,9 @@ class VerlConsoleIngester(Ingester):
         metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
         segments = line_segments(metrics)
         metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
-        con.register("console_metrics", metrics.to_arrow())
-        con.register("console_segments", segments.to_arrow())
-        con.register("console_flags", flags.to_arrow())
+        con.register("console_metrics", cl.ArrowStream(metrics))
+        con.register("console_segments", cl.ArrowStream(segments))
+        con.register("console_flags", cl.ArrowStream(flags))
         try:
             metric_lines = metrics.get_column("line_no").n_unique()
             tqdm_lines = lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw")
@@ -154,23 +154,33 @@ def _read_lines(path: Path) -> pl.DataFrame:
 
     Text that is not UTF-8 is decoded with replacement characters, so that its lines are still
     counted and classified (a metric line with a bad byte in a key keeps the replaced key).
+    Polars' CSV reader splits the lines (in parallel, without a Python string per line) unless
+    the file holds what it would read differently from `str.split("\\n")`: a NUL byte (its field
+    separator here), CRLF or a final CR (it drops the CR), a byte-order mark (it drops it).
     """
     data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-    parts = text.split("\n")
-    if parts[-1] == "":
-        parts.pop()  # a final newline ends the last line; it does not start another
-    return pl.DataFrame({"raw": parts}, schema={"raw": pl.String}).with_row_index("line_no", offset=1).with_columns(
-        pl.col("line_no").cast(pl.Int64))
+    if data and b"\x00" not in data and b"\r\n" not in data and not data.endswith(b"\r") \
+            and not data.startswith(b"\xef\xbb\xbf"):
+        raw = pl.read_csv(data, has_header=False, separator="\x00", quote_char=None, new_columns=["raw"],
+                          infer_schema=False, encoding="utf8-lossy").get_column("raw").fill_null("")
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = data.decode("utf-8", errors="replace")
+        parts = text.split("\n")
+        if parts[-1] == "":
+            parts.pop()  # a final newline ends the last line; it does not start another
+        raw = pl.Series("raw", parts, dtype=pl.String)
+    return pl.DataFrame({"raw": raw}).with_row_index("line_no", offset=1).with_columns(pl.col("line_no").cast(pl.Int64))
 
 
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
     """Adds raw_chars, c (the cleaned line) and kind: 'metric', 'dirty' or a noise rule."""
     lines = lines.with_columns(
-        raw_chars=pl.col("raw").str.strip_chars_end("\r").str.len_chars(),
+        # Only lines ending in CR pay for a stripped copy.
+        raw_chars=pl.coalesce(pl.when(pl.col("raw").str.ends_with("\r")).then(pl.col("raw")).str.strip_chars_end("\r"),
+                              pl.col("raw")).str.len_chars(),
         c=cl.clean_lines(lines.get_column("raw")),
     )
     metric_like = pl.col("c").str.starts_with("step:")
@@ -201,15 +211,26 @@ def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
         .select(
             "line_no",
             pl.col("c").str.extract(r"^step:(-?\d+)", 1).cast(pl.Int64).alias("step"),
-            pl.col("c").str.splitn(" - ", 2).struct.field("field_1").str.split(" - ").alias("pair"),
+            # A well-formed line's first piece is `step:N`: the pairs are the pieces after it.
+            pl.col("c").str.split(" - ").list.slice(1).alias("pair"),
         )
         .with_columns(pl.int_ranges(1, pl.col("pair").list.len() + 1).alias("pair_index"))
         .explode("pair", "pair_index")
-        .with_columns(pl.col("pair").str.splitn(":", 2).alias("kv"))
+        .with_columns(
+            colon=pl.col("pair").str.find(":", literal=True),
+            ascii=pl.col("pair").str.len_bytes() == pl.col("pair").str.len_chars(),
+        )
+        .with_columns(
+            # Split at the first ':' by offset (bytes are characters in ASCII pairs), else by splitn.
+            kv=pl.when(~pl.col("ascii")).then(pl.col("pair")).str.splitn(":", 2),
+            ascii_pair=pl.when(pl.col("ascii")).then(pl.col("pair")),
+        )
         .select(
             "line_no", "step", "pair_index",
-            pl.col("kv").struct.field("field_0").str.strip_chars().alias("key"),
-            pl.col("kv").struct.field("field_1").str.strip_chars().alias("raw_value"),
+            pl.coalesce(pl.col("ascii_pair").str.head(pl.col("colon")), pl.col("kv").struct.field("field_0"))
+            .str.strip_chars().alias("key"),
+            pl.coalesce(pl.col("ascii_pair").str.slice(pl.col("colon") + 1), pl.col("kv").struct.field("field_1"))
+            .str.strip_chars().alias("raw_value"),
         )
         .collect()
     )
@@ -270,7 +291,7 @@ def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:
     m being the previous count seen, when there is one. Returns the lines that produced rows.
     """
     con = ctx.con
-    con.register("console_tqdm", tqdm_lines.to_arrow())
+    con.register("console_tqdm", cl.ArrowStream(tqdm_lines))
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE tqdm_updates AS
