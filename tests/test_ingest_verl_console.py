@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.ingest import console_lines as cl
-from polytrace_cli.ingest.formats.verl_console import WANDB_LINE_LIMIT, parse_metric_line
+from polytrace_cli.ingest.formats.verl_console import WANDB_LINE_LIMIT, _read_lines, parse_metric_line
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, read_head
 from polytrace_cli.ingest.runner import ingest_paths
 
@@ -84,6 +84,21 @@ def test_clean_lines_shortcut_agrees_with_python(line):
     """Lines whose wrapping lies before `step:` are cleaned by slicing; the result must not change."""
     assert cl.clean_lines(pl.Series("raw", [line, "(A pid=1) " + line])).to_list() == [
         cl.clean_line(line), cl.clean_line("(A pid=1) " + line)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b"\r", b"\n", b"\n\n", b" ", b'"', b",", b"#", b"\xff", b"\xe2\x96", "\u00e9".encode(),
+                                 b"\t", b"\x00", b"\xef\xbb\xbf", b"step:1 - a:1"]), max_size=12).map(b"".join))
+def test_read_lines_splits_like_python(tmp_path_factory, data):
+    """The CSV-reader path gives the lines `str.split('\\n')` gives, bad bytes replaced alike."""
+    path = tmp_path_factory.mktemp("read") / "train.log"
+    path.write_bytes(data)
+    expected = data.decode("utf-8", errors="replace").split("\n")
+    if expected[-1] == "":
+        expected.pop()
+    lines = _read_lines(path)
+    assert lines.get_column("raw").to_list() == expected
+    assert lines.get_column("line_no").to_list() == list(range(1, len(expected) + 1))
 
 
 VALUES = [
