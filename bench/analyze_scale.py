@@ -2,18 +2,20 @@
 
 Builds (once; reused when present) an on-disk store under bench/out/analyze_scale/ with DuckDB SQL
 generating rows straight into the tables:
-  run `scale`    5,000,000 samples over 1,000 steps, 8 DP ranks, 8 responses per prompt; prompt
-                 lengths lognormal per prompt group, response lengths lognormal with a slow upward
-                 drift, capped at 16,000 (cap recorded in runs.meta); reward timings per rank;
-                 one trajectory per prompt group (its first response) is multi-turn: 1–4 turns with
-                 prompt, cached and completion tokens and engine latency, one search call between
-                 turns (lognormal latency); DAPO dynamic sampling: two generation batches per trainer
-                 step, each keeping the prompts whose hash falls in the kept third;
+  run `scale`    5,000,000 samples over 1,000 steps, 8 DP ranks, 8 responses per prompt, stored
+                 as prompt groups (`sample_groups`, as packed-lengths traces are); prompt lengths
+                 lognormal per prompt group, response lengths lognormal with a slow upward drift,
+                 capped at 16,000 (cap recorded in runs.meta); reward timings per rank; DAPO dynamic
+                 sampling: two generation batches per trainer step, each keeping the prompts whose
+                 hash falls in the kept third;
+  run `agent`    one multi-turn trajectory per prompt group of `scale` (its first response, 625,000
+                 per-response rows in `sample_rows`): 1–4 turns with prompt, cached and completion
+                 tokens and engine latency, one search call between turns (lognormal latency);
   run `console`  the same 1,000 steps as step aggregates (timing_s/* and response_length/*).
 Lognormal draws use Box–Muller on hash-derived uniforms, exp(mean + sd·sqrt(−2 ln u1)·cos(2π u2)),
 so the store is identical on every build.
 
-Then runs every analysis' summary over both runs in a child process and prints per-analysis and
+Then runs every analysis' summary over the three runs in a child process and prints per-analysis and
 total seconds, and that process' peak RSS, against the target (< 10 s total, < 2 GB).
 Usage: python bench/analyze_scale.py [--samples N] [--steps N] [--rebuild]
 """
@@ -56,18 +58,24 @@ def build_store(path: Path, samples: int, steps: int) -> float:
     con = open_store(path)
     per_step = samples // steps
     per_rank = per_step // RANKS
+    meta = json.dumps({"max_response_len": CAP, "n_sampling": N_SAMPLING})
     con.execute("INSERT INTO runs (run_id, name, framework, task, meta) VALUES (1, 'scale', 'synthetic', 'code', ?), "
-                "(2, 'console', 'verl', 'code', '{}')", [json.dumps({"max_response_len": CAP, "n_sampling": N_SAMPLING})])
+                "(2, 'console', 'verl', 'code', '{}'), (3, 'agent', 'synthetic', 'search', ?)", [meta, meta])
     prompt = lognormal("i // 8", 1, "5.5", "0.5")
     response = lognormal("i", 3, f"7.0 + 0.0005 * (i // {per_step})", "1.0")
     con.execute(f"""
-        INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx,
-                             prompt_len, response_len, validate)
-        SELECT 1, 1, (i // {per_step})::INTEGER, ((i % {per_step}) // {per_rank})::INTEGER,
-               ((i % {per_step}) // {per_rank})::INTEGER, 0, ((i % {per_rank}) // {N_SAMPLING})::INTEGER,
-               (i % {N_SAMPLING})::INTEGER, greatest(1, round({prompt}))::INTEGER,
-               least({CAP}, greatest(1, round({response})))::INTEGER, false
-        FROM range({per_step * steps}) t(i)
+        INSERT INTO sample_groups (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, prompt_len, validate,
+                                   response_lens)
+        SELECT 1, 1, step, dp_rank, dp_rank, 0, prompt_idx, any_value(prompt_len), false,
+               list(response_len ORDER BY i)
+        FROM (
+            SELECT i, (i // {per_step})::INTEGER AS step, ((i % {per_step}) // {per_rank})::INTEGER AS dp_rank,
+                   ((i % {per_rank}) // {N_SAMPLING})::INTEGER AS prompt_idx,
+                   greatest(1, round({prompt}))::INTEGER AS prompt_len,
+                   least({CAP}, greatest(1, round({response})))::INTEGER AS response_len
+            FROM range({per_step * steps}) t(i)
+        )
+        GROUP BY step, dp_rank, prompt_idx
     """)
     con.execute(f"""
         INSERT INTO rank_timings (run_id, file_id, step, rank, dp_rank, tp_rank, stage, seconds, batch_size, tokens, response_max)
@@ -75,28 +83,30 @@ def build_store(path: Path, samples: int, steps: int) -> float:
         FROM samples WHERE run_id = 1 GROUP BY step, dp_rank
     """)
     con.execute(f"""
-        UPDATE samples SET turns = 1 + hash(step, dp_rank, prompt_idx, 11) % 4,
-                           tool_calls = hash(step, dp_rank, prompt_idx, 11) % 4,
-                           finish_reason = CASE WHEN response_len >= {CAP} THEN 'length' ELSE 'stop' END
-        WHERE run_id = 1 AND sample_idx = 0
+        INSERT INTO sample_rows (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len,
+                                 response_len, validate, turns, tool_calls, finish_reason)
+        SELECT 3, 3, step, rank, dp_rank, tp_rank, prompt_idx, 0, prompt_len, response_len, false,
+               1 + hash(step, dp_rank, prompt_idx, 11) % 4, hash(step, dp_rank, prompt_idx, 11) % 4,
+               CASE WHEN response_len >= {CAP} THEN 'length' ELSE 'stop' END
+        FROM samples WHERE run_id = 1 AND sample_idx = 0
     """)
     con.execute(f"""
         INSERT INTO turns (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, prompt_tokens, cached_tokens,
                            completion_tokens, engine_latency_s, finish_reason, tool_call_count)
-        SELECT 1, 1, step, dp_rank, prompt_idx, 0, t.turn, prompt_len + 300 * t.turn,
+        SELECT 3, 3, step, dp_rank, prompt_idx, 0, t.turn, prompt_len + 300 * t.turn,
                CASE WHEN t.turn = 0 THEN 0 ELSE prompt_len + 250 * t.turn END,
                response_len // turns, response_len / turns / 2000.0,
                CASE WHEN t.turn = turns - 1 THEN finish_reason END, (t.turn < turns - 1)::INTEGER
         FROM samples, LATERAL (SELECT unnest(range(turns)) AS turn) t
-        WHERE run_id = 1 AND turns IS NOT NULL
+        WHERE run_id = 3 AND turns IS NOT NULL
     """)
     latency = lognormal("step * 100000 + rank * 1000 + prompt_idx * 10 + turn", 21, "-2.0", "1.0")
     con.execute(f"""
         INSERT INTO tool_calls (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, tool_name, latency_s,
                                 status, query_count, response_tokens)
-        SELECT 1, 1, step, rank, prompt_idx, 0, turn, 'search', {latency},
+        SELECT 3, 3, step, rank, prompt_idx, 0, turn, 'search', {latency},
                CASE WHEN hash(step, rank, prompt_idx, turn, 31) % 50 = 0 THEN 'error' ELSE 'success' END, 1, 300
-        FROM turns WHERE run_id = 1 AND tool_call_count = 1
+        FROM turns WHERE run_id = 3 AND tool_call_count = 1
     """)
     con.execute("""
         INSERT INTO filter_batches (run_id, file_id, workload_step, trainer_step, gen_batch_index, prompt_count,
@@ -162,7 +172,7 @@ def main() -> int:
         run_analyses(args.analyze_only)
         return 0
 
-    store = OUT / f"store_v2_{args.samples}_{args.steps}.duckdb"
+    store = OUT / f"store_v3_{args.samples}_{args.steps}.duckdb"
     if args.rebuild and OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ def _batch(con, workload_step, trainer_step, gen_batch_index, kept, used, prompt
 def _responses(con, step, dp_rank, prompt_idx, lengths, validate=False):
     for sample_idx, length in enumerate(lengths):
         con.execute(
-            "INSERT INTO samples (run_id, file_id, step, dp_rank, prompt_idx, sample_idx, prompt_len, response_len,"
+            "INSERT INTO sample_rows (run_id, file_id, step, dp_rank, prompt_idx, sample_idx, prompt_len, response_len,"
             " validate) VALUES (1, 1, ?, ?, ?, ?, 5, ?, ?)",
             [step, dp_rank, prompt_idx, sample_idx, length, validate],
         )

@@ -16,7 +16,7 @@ from tests.conftest import need_real_data
 
 def _sample(con, run_id, step, dp_rank, prompt_idx, prompt_len, response_len, validate=False, tp_rank=0):
     con.execute(
-        "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len,"
+        "INSERT INTO sample_rows (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len,"
         " response_len, validate) VALUES (?, 1, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
         [run_id, step, dp_rank, dp_rank, tp_rank, prompt_idx, prompt_len, response_len, validate],
     )

@@ -26,7 +26,7 @@ def add_samples(con, run_id: int, step: int, prompts: list, responses: list, dp_
                 validate: bool = False) -> None:
     """Insert one sample per (prompt, response) pair at a step and DP rank."""
     con.execute(
-        "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, prompt_idx, sample_idx, prompt_len, response_len,"
+        "INSERT INTO sample_rows (run_id, file_id, step, rank, dp_rank, prompt_idx, sample_idx, prompt_len, response_len,"
         " validate) SELECT ?, 1, ?, ?, ?, unnest(range(?)), 0, unnest(?::INTEGER[]), unnest(?::INTEGER[]), ?",
         [run_id, step, dp_rank, dp_rank, len(prompts), [int(p) for p in prompts], [int(r) for r in responses], validate])
 

@@ -38,7 +38,7 @@ def loaded(store):
     _metrics(store, 1, 1, 4, {"timing_s/step": 12, "timing_s/gen": 7, "timing_s/reward": 1, "timing_s/update_actor": 2})
     store.execute("INSERT INTO step_flags (run_id, segment, step, flag, file_id) VALUES (1, 0, 3, 'truncated_line', 1)")
     # Run 'trace' has samples only.
-    store.execute("INSERT INTO samples (run_id, file_id, step, prompt_len, response_len) VALUES (2, 1, 0, 10, 20)")
+    store.execute("INSERT INTO sample_rows (run_id, file_id, step, prompt_len, response_len) VALUES (2, 1, 0, 10, 20)")
     return store
 
 

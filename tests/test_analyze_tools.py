@@ -26,7 +26,7 @@ TRAJECTORIES = [
 def loaded(store):
     store.execute("INSERT INTO runs (run_id, name) VALUES (1, 'm'), (2, 'single')")
     for sample_idx, finish, turns, calls in TRAJECTORIES:
-        store.execute("INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,"
+        store.execute("INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,"
                       " turns, tool_calls, finish_reason) VALUES (1, 1, 0, 0, ?, 100, 50, ?, ?, ?)",
                       [sample_idx, len(turns), len(calls), finish])
         for turn, (prompt, cached, seconds) in enumerate(turns):
@@ -37,7 +37,7 @@ def loaded(store):
             store.execute("INSERT INTO tool_calls (run_id, file_id, step, prompt_idx, sample_idx, turn, tool_name,"
                           " latency_s, status) VALUES (1, 1, 0, 0, ?, ?, ?, ?, ?)",
                           [sample_idx, turn, tool, seconds, status])
-    store.execute("INSERT INTO samples (run_id, file_id, step, prompt_len, response_len) VALUES (2, 1, 0, 10, 20)")
+    store.execute("INSERT INTO sample_rows (run_id, file_id, step, prompt_len, response_len) VALUES (2, 1, 0, 10, 20)")
     return store
 
 

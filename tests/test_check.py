@@ -27,7 +27,7 @@ def checked_store(db_path):
     con = open_store(db_path)
     con.execute("INSERT INTO runs (run_id, name, task) VALUES (1, 'r', 'math')")
     con.executemany(
-        "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len, response_len)"
+        "INSERT INTO sample_rows (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len, response_len)"
         " VALUES (1, 0, 0, ?, ?, 0, ?, 0, ?, ?)",
         [(0, 0, 0, 10, 90), (0, 0, 1, 10, 110), (1, 1, 0, 20, 180), (1, 1, 1, 20, 200)],
     )

@@ -115,7 +115,7 @@ class _Interrupting(Ingester):
         return path.name == "interrupt.jsonl"
 
     def load(self, ctx):
-        ctx.insert("INSERT INTO samples (run_id, file_id, step, response_len) SELECT ?, ?, 0, 1", [ctx.run_id, ctx.file_id])
+        ctx.insert("INSERT INTO sample_rows (run_id, file_id, step, response_len) SELECT ?, ?, 0, 1", [ctx.run_id, ctx.file_id])
         raise KeyboardInterrupt
 
 

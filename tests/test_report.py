@@ -187,7 +187,7 @@ def _insert_samples(con, run: str, task: str, rows: list[tuple]) -> int:
     run_id = con.execute("INSERT INTO runs (run_id, name, task, framework) VALUES (nextval('run_id_seq'), ?, ?, 'test') "
                          "RETURNING run_id", [run, task]).fetchall()[0][0]
     con.executemany(
-        "INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len, response_len) "
+        "INSERT INTO sample_rows (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len, response_len) "
         "VALUES (?, 0, ?, ?, ?, 0, ?, 0, ?, ?)",
         [(run_id, s, r, r, p, pl_, rl) for s, r, p, pl_, rl in rows],
     )

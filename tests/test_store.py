@@ -11,6 +11,7 @@ import pytest
 
 from polytrace_cli.errors import StoreError
 from polytrace_cli.store import SCHEMA_VERSION, open_store, schema_version
+from polytrace_cli.store.migrations import migrate
 
 
 def test_new_store_has_every_migration_and_core_tables(store):
@@ -40,21 +41,33 @@ def test_newer_store_is_refused(db_path):
 
 
 def test_older_store_is_upgraded_even_when_opened_for_reading(db_path):
-    open_store(db_path).close()
+    # A version-3 store: `samples` was still a table there, holding one response.
     con = duckdb.connect(str(db_path))
-    con.execute(f"DELETE FROM schema_migrations WHERE version = {SCHEMA_VERSION}")
-    if SCHEMA_VERSION == 1:
-        # Simulate a store made before any schema: drop everything file 001 creates.
-        for (name, kind) in con.execute(
-            "SELECT table_name, table_type FROM information_schema.tables WHERE table_name != 'schema_migrations'"
-        ).fetchall():
-            con.execute(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} {name} CASCADE")
-        con.execute("DROP SEQUENCE run_id_seq")
-        con.execute("DROP SEQUENCE file_id_seq")
+    assert migrate(con, "old store", up_to=3) == [1, 2, 3]
+    con.execute("INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, response_len) VALUES (1, 1, 7, 0, 0, 42)")
     con.close()
     reader = open_store(db_path, read_only=True)
     assert schema_version(reader) == SCHEMA_VERSION
+    assert reader.execute("SELECT step, response_len FROM samples").fetchall() == [(7, 42)]
+    assert reader.execute("SELECT count(*) FROM sample_rows").fetchall()[0][0] == 1
     reader.close()
+
+
+def test_sample_groups_read_as_one_sample_per_response(store):
+    store.execute("INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, response_len, turns)"
+                  " VALUES (1, 1, 0, 5, 0, 11, 2)")
+    store.execute("INSERT INTO sample_groups (run_id, file_id, step, dp_rank, prompt_idx, prompt_len, validate,"
+                  " response_lens) VALUES (2, 2, 3, 1, 4, 100, false, [30, 10, 20]), (2, 2, 3, 1, 5, 50, false, [])")
+    rows = store.execute(
+        "SELECT run_id, step, dp_rank, prompt_idx, sample_idx, prompt_len, response_len, turns, length_estimated"
+        " FROM samples ORDER BY run_id, prompt_idx, sample_idx"
+    ).fetchall()
+    assert rows == [
+        (1, 0, None, 5, 0, None, 11, 2, False),
+        (2, 3, 1, 4, 0, 100, 30, None, False),
+        (2, 3, 1, 4, 1, 100, 10, None, False),
+        (2, 3, 1, 4, 2, 100, 20, None, False),
+    ]
 
 
 def test_missing_store_for_reading_says_what_to_run(db_path):

@@ -22,7 +22,8 @@ RAW_EXCERPT_CHARS = 300
 
 # Tables whose rows belong to one file; re-ingesting a changed file replaces exactly these rows.
 FILE_OWNED_TABLES = (
-    "samples",
+    "sample_rows",
+    "sample_groups",
     "turns",
     "tool_calls",
     "rank_timings",

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import duckdb
-import pyarrow as pa
 
 from polytrace_cli.ingest.base import FileContext
 
@@ -130,6 +129,8 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
 
 
 def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> None:
+    import pyarrow as pa  # only dirty files come this way; clean ones never pay for the import
+
     good_lines: list[int] = []
     good_text: list[str] = []
     for line_no, raw in _iter_lines(ctx.path):

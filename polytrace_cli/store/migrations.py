@@ -69,8 +69,8 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, db_label: str) -> int:
     return version
 
 
-def migrate(con: duckdb.DuckDBPyConnection, db_label: str) -> list[int]:
-    """Apply every schema file the store lacks; return the versions applied."""
+def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = None) -> list[int]:
+    """Apply every schema file the store lacks (up to version `up_to`); return the versions applied."""
     current = check_not_newer(con, db_label)
     if not has_ledger(con):
         con.execute(
@@ -79,7 +79,7 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str) -> list[int]:
         )
     applied = []
     for migration in available_migrations():
-        if migration.version <= current:
+        if migration.version <= current or (up_to is not None and migration.version > up_to):
             continue
         con.execute("BEGIN TRANSACTION")
         try:

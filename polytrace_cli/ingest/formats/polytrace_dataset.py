@@ -105,7 +105,7 @@ class DatasetJsonIngester(Ingester):
     def _load_single_turn(ctx: FileContext) -> None:
         ctx.insert(
             """
-            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len)
+            INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len)
             SELECT ?, ?, step,
                    CASE WHEN per_prompt > 0 THEN i // per_prompt ELSE i END,
                    CASE WHEN per_prompt > 0 THEN i % per_prompt ELSE 0 END,
@@ -140,7 +140,7 @@ class DatasetJsonIngester(Ingester):
         )
         ctx.insert(
             """
-            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len, turns)
+            INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len, turns)
             SELECT ?, ?, step, i, 0,
                    any_value(input[i + 1]) FILTER (WHERE turn = 0),
                    sum(output[i + 1])::INTEGER, count(output[i + 1])::INTEGER

@@ -78,7 +78,7 @@ class MultiTurnIngester(JsonlTraceIngester):
         ids = [ctx.run_id, ctx.file_id, file_rank]
         ctx.insert(
             """
-            INSERT INTO samples (run_id, file_id, step, rank, prompt_idx, sample_idx, prompt_len, response_len,
+            INSERT INTO sample_rows (run_id, file_id, step, rank, prompt_idx, sample_idx, prompt_len, response_len,
                                  truncated, validate, turns, tool_calls, finish_reason)
             SELECT ?, ?, step, ?::INTEGER, prompt_idx, sample_idx, prompt_len, final_response_len,
                    finish_reason = 'length' OR final_response_len >= max_response_len,

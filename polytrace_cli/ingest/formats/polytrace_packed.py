@@ -1,7 +1,8 @@
 """PolyTrace `packed_lengths_step_N.jsonl`: one line per prompt per data-parallel rollout worker.
 
 Fields: step, rank, dp_rank, tp_rank, local_index, input (prompt tokens), output (list of the
-n_sampling response lengths), n_sampling, validate. Each response becomes one `samples` row.
+n_sampling response lengths), n_sampling, validate. Each line becomes one `sample_groups` row, which the `samples` view
+unnests into one row per response.
 """
 
 from __future__ import annotations
@@ -43,19 +44,21 @@ class PackedLengthsIngester(JsonlTraceIngester):
 
     def load(self, ctx: FileContext) -> None:
         records = load_records(ctx, SPEC, REQUIRED, CHECKS)
-        ctx.insert(
+        groups = ctx.insert(
             """
-            INSERT INTO samples (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx,
-                                 prompt_len, response_len, validate)
-            SELECT ?, ?, step, rank, dp_rank, tp_rank, local_index,
-                   unnest(range(len(output)))::INTEGER, input, unnest(output), validate
+            INSERT INTO sample_groups (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, prompt_len,
+                                       validate, response_lens)
+            SELECT ?, ?, step, rank, dp_rank, tp_rank, local_index, input, validate, output
             FROM records
             """,
             [ctx.run_id, ctx.file_id],
         )
+        responses, n_sampling, dp_size = ctx.con.execute(
+            "SELECT sum(len(output)), max(n_sampling), count(DISTINCT dp_rank) FROM records"
+        ).fetchall()[0]
+        # Rows are counted as the `samples` view shows them: one per response.
+        ctx.rows += (responses or 0) - groups
         ctx.stored = records
-        n_sampling = ctx.con.execute("SELECT max(n_sampling) FROM records").fetchall()[0][0]
-        dp_size = ctx.con.execute("SELECT count(DISTINCT dp_rank) FROM records").fetchall()[0][0]
         ctx.run_meta.update({"n_sampling": n_sampling})
         if dp_size:
             ctx.run_meta["dp_ranks_seen"] = dp_size

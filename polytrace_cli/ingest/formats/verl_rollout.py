@@ -98,7 +98,7 @@ class VerlRolloutIngester(Ingester):
             how = f"characters / {CHARS_PER_TOKEN}"
         ctx.insert(
             f"""
-            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
+            INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
                                  validate, length_estimated, score)
             WITH numbered AS (
                 SELECT *, min(line_no) OVER (PARTITION BY input) AS first_line FROM records

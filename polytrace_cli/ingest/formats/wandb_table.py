@@ -134,7 +134,7 @@ class WandbTableIngester(Ingester):
         pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
         ctx.insert(
             f"""
-            INSERT INTO samples (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
+            INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
                                  validate, length_estimated, score)
             SELECT ?, ?, step,
                    CASE WHEN p.prompt_idx >= 0 THEN p.prompt_idx
