@@ -70,34 +70,26 @@ BASELINE = textwrap.dedent(
     """
 )
 
-CEILING = textwrap.dedent(
-    """
-    import sys, duckdb
-    path, db = sys.argv[1], sys.argv[2]
-    con = duckdb.connect(db)
-    con.execute(
-        "CREATE TABLE samples AS SELECT step, rank, dp_rank, tp_rank, local_index, "
-        "unnest(range(len(output))) AS sample_idx, input, unnest(output) AS response_len, validate "
-        "FROM read_json(?, format='newline_delimited', columns={step: 'INTEGER', rank: 'INTEGER', dp_rank: 'INTEGER', "
-        "tp_rank: 'INTEGER', local_index: 'INTEGER', input: 'INTEGER', output: 'INTEGER[]', n_sampling: 'INTEGER', "
-        "validate: 'BOOLEAN'})", [path])
-    con.close()
-    """
+READ_JSON = (
+    "read_json(?, format='newline_delimited', columns={step: 'INTEGER', rank: 'INTEGER', dp_rank: 'INTEGER', "
+    "tp_rank: 'INTEGER', local_index: 'INTEGER', input: 'INTEGER', output: 'INTEGER[]', n_sampling: 'INTEGER', "
+    "validate: 'BOOLEAN'})"
 )
 
-GROUPS_CEILING = textwrap.dedent(
-    """
-    import sys, duckdb
-    path, db = sys.argv[1], sys.argv[2]
-    con = duckdb.connect(db)
-    con.execute(
-        "CREATE TABLE sample_groups AS SELECT step, rank, dp_rank, tp_rank, local_index, input, validate, output "
-        "FROM read_json(?, format='newline_delimited', columns={step: 'INTEGER', rank: 'INTEGER', dp_rank: 'INTEGER', "
-        "tp_rank: 'INTEGER', local_index: 'INTEGER', input: 'INTEGER', output: 'INTEGER[]', n_sampling: 'INTEGER', "
-        "validate: 'BOOLEAN'})", [path])
-    con.close()
-    """
-)
+
+def duckdb_script(select_list: str) -> str:
+    """A child script: `CREATE TABLE t AS SELECT <select_list> FROM read_json(trace)` into an on-disk store."""
+    return (
+        "import sys, duckdb\n"
+        "con = duckdb.connect(sys.argv[2])\n"
+        f"con.execute({f'CREATE TABLE t AS SELECT {select_list} FROM {READ_JSON}'!r}, [sys.argv[1]])\n"
+        "con.close()\n"
+    )
+
+
+CEILING = duckdb_script("step, rank, dp_rank, tp_rank, local_index, unnest(range(len(output))) AS sample_idx, input, "
+                        "unnest(output) AS response_len, validate")
+GROUPS_CEILING = duckdb_script("step, rank, dp_rank, tp_rank, local_index, input, validate, output")
 
 
 def main() -> list[dict]:
