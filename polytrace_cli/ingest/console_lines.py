@@ -16,8 +16,11 @@ Both versions must agree; `tests/test_ingest_verl_console.py` checks them agains
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 import polars as pl
+
+FrameT = TypeVar("FrameT", pl.DataFrame, pl.LazyFrame)
 
 # ANSI CSI sequences (colours, cursor moves) and OSC sequences (window titles).
 ANSI_PATTERN = r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07"
@@ -192,32 +195,40 @@ def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:
     return pl.when(usable).then(line).str.slice(at)
 
 
-def unwrap_columns(frame: pl.DataFrame, raw: str, out: str) -> pl.DataFrame:
-    """`frame` with column `out` equal to `unwrap_scalar` over the trimmed column `raw`.
+def unwrap_columns(frame: FrameT, raw: str, out: str) -> FrameT:
+    """`frame` (eager or lazy) with column `out` equal to `unwrap_scalar` over the trimmed column `raw`.
 
-    The numpy case slices between the first '(' and the final ')' instead of a capture-group
-    replacement, which costs five times as much over a million values. Its test is split into
-    cheap literal tests and a regex that stops at the '(': `^(?:np|numpy)\\.[A-Za-z0-9_]+\\(`
-    plus a final ')' is `NUMPY_WRAPPED_PATTERN`. Each stage is a column of its own, computed once,
-    and each costly step runs only on the rows that need it (the others are null for it).
+    A numpy wrapper is cut by literal steps rather than a capture-group replacement (five times
+    the cost over a million values): `np.float64(`, verl's usual repr, is stripped as a prefix;
+    other candidates (`np.`/`numpy.` and a final ')') are tested with a regex that stops at the
+    '(' (with the final ')' it is `NUMPY_WRAPPED_PATTERN`) and cut after their first '('. The
+    final ')' goes last. Each stage is a column of its own, computed once, and each costly step
+    runs only on the rows that need it (the others are null for it).
     """
     text = pl.col(raw)
+    candidate, f64 = pl.col("_candidate"), pl.col("_f64")
     numpy_like = (text.str.starts_with("np.") | text.str.starts_with("numpy.")) & text.str.ends_with(")")
     staged = frame.with_columns(_candidate=pl.when(numpy_like).then(text)).with_columns(
-        _numpy=pl.when(pl.col("_candidate").str.contains(r"^(?:np|numpy)\.[A-Za-z0-9_]+\(")).then(pl.col("_candidate")))
-    wrapped = pl.col("_numpy")
-    opening = wrapped.str.find("(", literal=True)
+        _f64=candidate.str.strip_prefix("np.float64("))
+    other, stripped = pl.col("_other"), pl.col("_stripped")
+    staged = staged.with_columns(_stripped=f64.str.len_bytes() < candidate.str.len_bytes()).with_columns(
+        _other=pl.when(~stripped).then(candidate))
+    staged = staged.with_columns(
+        _other=pl.when(other.str.contains(r"^(?:np|numpy)\.[A-Za-z0-9_]+\(")).then(other))
+    # The wrapper is ASCII, so the byte offset of its '(' is also a character offset.
     staged = staged.with_columns(_inner=pl.coalesce(
-        wrapped.str.slice(opening + 1, wrapped.str.len_chars() - opening - 2),
-        pl.when(text.str.starts_with("tensor(")).then(text).str.extract(TENSOR_WRAPPED_PATTERN, 1),
-    ))
+        pl.when(stripped).then(f64),
+        other.str.slice(other.str.find("(", literal=True) + 1),
+    ).str.strip_suffix(")"))
+    staged = staged.with_columns(_inner=pl.coalesce(
+        pl.col("_inner"), pl.when(text.str.starts_with("tensor(")).then(text).str.extract(TENSOR_WRAPPED_PATTERN, 1)))
     return staged.with_columns(
         pl.coalesce(pl.col("_inner"), pl.when(pl.col("_inner").is_null()).then(text)).str.strip_chars().alias(out)
-    ).drop("_candidate", "_numpy", "_inner")
+    ).drop("_candidate", "_f64", "_stripped", "_other", "_inner")
 
 
-def scalar_columns(frame: pl.DataFrame, raw: str, value: str = "value", text: str = "text_value") -> pl.DataFrame:
-    """`frame` with columns `value` and `text` equal to `parse_scalar` over the trimmed column `raw`.
+def scalar_columns(frame: FrameT, raw: str, value: str = "value", text: str = "text_value") -> FrameT:
+    """`frame` (eager or lazy) with columns `value` and `text` equal to `parse_scalar` over the trimmed column `raw`.
 
     Booleans give 1.0/0.0 and 'True'/'False'; numbers (after unwrapping) their float and a null
     text; anything else a null value and the original text. Intermediate columns are materialized

@@ -205,10 +205,29 @@ FLAG_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail
 
 def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, lines): one row per pair of every well-formed metric line, and the lines with
-    kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python)."""
+    kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python).
+
+    The metric lines are cut into one slice per polars thread and the slices parsed side by side
+    (one string expression over one column runs on one thread).
+    """
+    metric = lines.filter(pl.col("kind") == "metric").select("line_no", "c")
+    slices = max(1, min(pl.thread_pool_size(), metric.height // 1000))
+    size = -(-metric.height // slices) if metric.height else 1
+    parts = pl.collect_all([_pairs(metric.lazy().slice(start, size)) for start in range(0, max(metric.height, 1), size)])
+    pairs = pl.concat(parts) if len(parts) > 1 else parts[0]
+    bad = pairs.filter(pl.col("raw_value").is_null() | (pl.col("key") == "") | (pl.col("raw_value") == ""))
+    bad_lines = bad.get_column("line_no").unique()
+    if len(bad_lines):
+        pairs = pairs.filter(~pl.col("line_no").is_in(bad_lines.implode()))
+        lines = lines.with_columns(
+            kind=pl.when(pl.col("line_no").is_in(bad_lines.implode())).then(pl.lit("dirty")).otherwise(pl.col("kind")))
+    return pairs.cast(METRIC_SCHEMA), lines
+
+
+def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
+    """Metric lines (line_no, c) to one row per pair, typed: the columns of METRIC_SCHEMA."""
     pairs = (
-        lines.lazy().filter(pl.col("kind") == "metric")
-        .select(
+        metric.select(
             "line_no",
             pl.col("c").str.extract(r"^step:(-?\d+)", 1).cast(pl.Int64).alias("step"),
             # A well-formed line's first piece is `step:N`: the pairs are the pieces after it.
@@ -216,33 +235,14 @@ def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
         )
         .with_columns(pl.int_ranges(1, pl.col("pair").list.len() + 1).alias("pair_index"))
         .explode("pair", "pair_index")
-        .with_columns(
-            colon=pl.col("pair").str.find(":", literal=True),
-            ascii=pl.col("pair").str.len_bytes() == pl.col("pair").str.len_chars(),
-        )
-        .with_columns(
-            # Split at the first ':' by offset (bytes are characters in ASCII pairs), else by splitn.
-            kv=pl.when(~pl.col("ascii")).then(pl.col("pair")).str.splitn(":", 2),
-            ascii_pair=pl.when(pl.col("ascii")).then(pl.col("pair")),
-        )
+        .with_columns(pl.col("pair").str.splitn(":", 2).alias("kv"))
         .select(
             "line_no", "step", "pair_index",
-            pl.coalesce(pl.col("ascii_pair").str.head(pl.col("colon")), pl.col("kv").struct.field("field_0"))
-            .str.strip_chars().alias("key"),
-            pl.coalesce(pl.col("ascii_pair").str.slice(pl.col("colon") + 1), pl.col("kv").struct.field("field_1"))
-            .str.strip_chars().alias("raw_value"),
+            pl.col("kv").struct.field("field_0").str.strip_chars().alias("key"),
+            pl.col("kv").struct.field("field_1").str.strip_chars().alias("raw_value"),
         )
-        .collect()
     )
-    bad = pairs.filter(pl.col("raw_value").is_null() | (pl.col("key") == "") | (pl.col("raw_value") == ""))
-    bad_lines = bad.get_column("line_no").unique()
-    if len(bad_lines):
-        pairs = pairs.filter(~pl.col("line_no").is_in(bad_lines.implode()))
-        lines = lines.with_columns(
-            kind=pl.when(pl.col("line_no").is_in(bad_lines.implode())).then(pl.lit("dirty")).otherwise(pl.col("kind")))
-    metrics = cl.scalar_columns(pairs, "raw_value").select(
-        "line_no", "step", "pair_index", "key", "value", "text_value", "raw_value")
-    return metrics.cast(METRIC_SCHEMA), lines
+    return cl.scalar_columns(pairs, "raw_value").select(*METRIC_SCHEMA)
 
 
 def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
