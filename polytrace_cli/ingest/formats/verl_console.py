@@ -156,14 +156,17 @@ def _read_lines(path: Path) -> pl.DataFrame:
     counted and classified (a metric line with a bad byte in a key keeps the replaced key).
     Polars' CSV reader splits the lines (in parallel, without a Python string per line) unless
     the file holds what it would read differently from `str.split("\\n")`: a NUL byte (its field
-    separator here), CRLF or a final CR (it drops the CR), a byte-order mark (it drops it).
+    separator here), a byte-order mark (it drops it), a CR before a newline or at the end (it
+    drops those: the lines then hold fewer CRs than the file).
     """
     data = path.read_bytes()
-    if data and b"\x00" not in data and b"\r\n" not in data and not data.endswith(b"\r") \
-            and not data.startswith(b"\xef\xbb\xbf"):
+    raw = None
+    if data and b"\x00" not in data and not data.startswith(b"\xef\xbb\xbf"):
         raw = pl.read_csv(data, has_header=False, separator="\x00", quote_char=None, new_columns=["raw"],
                           infer_schema=False, encoding="utf8-lossy").get_column("raw").fill_null("")
-    else:
+        if raw.str.count_matches("\r", literal=True).sum() != data.count(b"\r"):
+            raw = None
+    if raw is None:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
