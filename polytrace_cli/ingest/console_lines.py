@@ -141,35 +141,37 @@ def clean_expr(line: pl.Expr) -> pl.Expr:
 
 
 def clean_lines(raw: pl.Series, anchor: str = "step:") -> pl.Series:
-    """`clean_line` over a whole series of lines, in bulk with polars.
+    """`clean_line` over a whole series of lines, in bulk with polars (see `clean_columns`)."""
+    return clean_columns(pl.DataFrame({"raw": raw}), "raw", "c", anchor).get_column("c").alias(raw.name)
+
+
+def clean_columns(frame: FrameT, raw: str, out: str, anchor: str = "step:") -> FrameT:
+    """`frame` (eager or lazy) with column `out` equal to `clean_line` over the column `raw`.
 
     Lines holding an interior carriage return (progress-bar redraws) are split into pieces, each
     piece cleaned, and the last non-blank piece starting with `anchor` kept, else the last
-    non-blank piece.
-
-    Lines that hold most of a log's bytes take a shortcut (`_anchored_tail`): a line whose wrapping
-    all lies before its first `anchor` is cleaned to the text from that anchor on, without
-    running the cleaning regexes over the rest of the line.
+    non-blank piece. Lines that hold most of a log's bytes take a shortcut (`_anchored_tail`): a
+    line whose wrapping all lies before its first `anchor` is cleaned to the text from that
+    anchor on, without running the cleaning regexes over the rest of the line. Each way runs only
+    on its own lines (the others are null for it, which costs nothing).
     """
-    frame = pl.DataFrame({"raw": raw})
-    tail = frame.select(_anchored_tail(pl.col("raw"), anchor).alias("t")).to_series()
-    # The full cleaning runs only on the other lines (null elsewhere, which costs nothing).
-    rest = frame.select(pl.when(tail.is_null()).then(pl.col("raw")).alias("raw")).to_series()
-    cleaned = pl.select(clean_expr(pl.lit(rest))).to_series()
-    interior_cr = rest.str.strip_chars_end("\r").str.contains("\r", literal=True).fill_null(False)
-    positions = interior_cr.arg_true()
-    if len(positions):
-        pieces = (
-            pl.select(pl.lit(raw.gather(positions)).str.strip_chars_end("\r").str.split("\r").alias("p"))
-            .select(pl.col("p").list.eval(clean_expr(pl.element())))
-            .select(pl.col("p").list.eval(pl.element().filter(pl.element().str.strip_chars() != "")))
-        )
-        fixed = pieces.select(
-            pl.col("p").list.eval(pl.element().filter(pl.element().str.starts_with(anchor))).list.last()
-            .fill_null(pl.col("p").list.last()).fill_null("")
-        ).to_series()
-        cleaned = cleaned.scatter(positions, fixed)
-    return pl.select(pl.coalesce(pl.lit(tail), pl.lit(cleaned))).to_series().alias(raw.name)
+    tail, rest, interior = pl.col("_tail"), pl.col("_rest"), pl.col("_interior")
+    staged = frame.with_columns(_tail=_anchored_tail(pl.col(raw), anchor)).with_columns(
+        _rest=pl.when(tail.is_null()).then(pl.col(raw)))
+    staged = staged.with_columns(_interior=rest.str.strip_chars_end("\r").str.contains("\r", literal=True))
+    pieces = (
+        pl.when(interior).then(rest).str.strip_chars_end("\r").str.split("\r")
+        .list.eval(clean_expr(pl.element()))
+        .list.eval(pl.element().filter(pl.element().str.strip_chars() != ""))
+    )
+    staged = staged.with_columns(_pieces=pieces)
+    last_piece = (
+        pl.col("_pieces").list.eval(pl.element().filter(pl.element().str.starts_with(anchor))).list.last()
+        .fill_null(pl.col("_pieces").list.last()).fill_null("")
+    )
+    return staged.with_columns(
+        pl.coalesce(tail, pl.when(interior).then(last_piece), pl.when(~interior).then(clean_expr(rest))).alias(out)
+    ).drop("_tail", "_rest", "_interior", "_pieces")
 
 
 def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:

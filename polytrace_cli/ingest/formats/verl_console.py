@@ -178,27 +178,42 @@ def _read_lines(path: Path) -> pl.DataFrame:
     return pl.DataFrame({"raw": raw}).with_row_index("line_no", offset=1).with_columns(pl.col("line_no").cast(pl.Int64))
 
 
+def _in_slices(frame: pl.DataFrame, build) -> pl.DataFrame:
+    """`build` (a LazyFrame -> LazyFrame step) over `frame` cut into one slice of rows per polars
+    thread, the slices computed side by side and concatenated in order. One string expression over
+    one column runs on one thread; slices let both cores of a small machine work on it."""
+    slices = max(1, min(pl.thread_pool_size(), frame.height // 1000))
+    size = -(-frame.height // slices) if frame.height else 1
+    parts = pl.collect_all([build(frame.lazy().slice(start, size)) for start in range(0, max(frame.height, 1), size)])
+    return pl.concat(parts) if len(parts) > 1 else parts[0]
+
+
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
     """Adds raw_chars, c (the cleaned line) and kind: 'metric', 'dirty' or a noise rule."""
-    lines = lines.with_columns(
+    return _in_slices(lines, _classify_slice)
+
+
+def _classify_slice(lines: pl.LazyFrame) -> pl.LazyFrame:
+    lines = cl.clean_columns(lines, "raw", "c").with_columns(
         # Only lines ending in CR pay for a stripped copy.
         raw_chars=pl.coalesce(pl.when(pl.col("raw").str.ends_with("\r")).then(pl.col("raw")).str.strip_chars_end("\r"),
                               pl.col("raw")).str.len_chars(),
-        c=cl.clean_lines(lines.get_column("raw")),
-    )
+    ).select("line_no", "raw", "raw_chars", "c")
     metric_like = pl.col("c").str.starts_with("step:")
     well_formed = pl.col("c").str.contains(r"^step:-?\d+ - \S") & (pl.col("raw_chars") != WANDB_LINE_LIMIT)
     # Noise rules only read non-metric lines: metric lines (most of the bytes) are blanked for them
     # in a column of their own first (inside one expression the blanking is redone per rule).
-    noise_input = lines.select(pl.when(metric_like).then(pl.lit("")).otherwise(pl.col("c")).alias("n"))
-    noise = noise_input.select(cl.noise_rule_expr(pl.col("n")).alias("noise")).get_column("noise")
     ray = pl.col("raw").str.contains(r"^(?:\x1b\[[0-9;]*m)*\([A-Za-z_][\w.\-]* pid=\d+")
-    return lines.with_columns(noise).with_columns(
-        kind=pl.when(metric_like & well_formed).then(pl.lit("metric"))
-        .when(metric_like).then(pl.lit("dirty"))
-        .when((pl.col("noise") == "other") & ray).then(pl.lit("ray-log"))
-        .otherwise(pl.col("noise"))
-    ).drop("noise")
+    return (
+        lines.with_columns(_n=pl.when(metric_like).then(pl.lit("")).otherwise(pl.col("c")))
+        .with_columns(_noise=cl.noise_rule_expr(pl.col("_n")))
+        .with_columns(
+            kind=pl.when(metric_like & well_formed).then(pl.lit("metric"))
+            .when(metric_like).then(pl.lit("dirty"))
+            .when((pl.col("_noise") == "other") & ray).then(pl.lit("ray-log"))
+            .otherwise(pl.col("_noise"))
+        ).drop("_n", "_noise")
+    )
 
 
 METRIC_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
@@ -208,16 +223,8 @@ FLAG_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail
 
 def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, lines): one row per pair of every well-formed metric line, and the lines with
-    kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python).
-
-    The metric lines are cut into one slice per polars thread and the slices parsed side by side
-    (one string expression over one column runs on one thread).
-    """
-    metric = lines.filter(pl.col("kind") == "metric").select("line_no", "c")
-    slices = max(1, min(pl.thread_pool_size(), metric.height // 1000))
-    size = -(-metric.height // slices) if metric.height else 1
-    parts = pl.collect_all([_pairs(metric.lazy().slice(start, size)) for start in range(0, max(metric.height, 1), size)])
-    pairs = pl.concat(parts) if len(parts) > 1 else parts[0]
+    kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python)."""
+    pairs = _in_slices(lines.filter(pl.col("kind") == "metric").select("line_no", "c"), _pairs)
     bad = pairs.filter(pl.col("raw_value").is_null() | (pl.col("key") == "") | (pl.col("raw_value") == ""))
     bad_lines = bad.get_column("line_no").unique()
     if len(bad_lines):
