@@ -154,19 +154,10 @@ def _read_lines(path: Path) -> pl.DataFrame:
 
     Text that is not UTF-8 is decoded with replacement characters, so that its lines are still
     counted and classified (a metric line with a bad byte in a key keeps the replaced key).
-    Polars' CSV reader splits the lines (in parallel, without a Python string per line) unless
-    the file holds what it would read differently from `str.split("\\n")`: a NUL byte (its field
-    separator here), a byte-order mark (it drops it), a CR before a newline or at the end (it
-    drops those: the lines then hold fewer CRs than the file).
     """
-    data = path.read_bytes()
-    raw = None
-    if data and b"\x00" not in data and not data.startswith(b"\xef\xbb\xbf"):
-        raw = pl.read_csv(data, has_header=False, separator="\x00", quote_char=None, new_columns=["raw"],
-                          infer_schema=False, encoding="utf8-lossy").get_column("raw").fill_null("")
-        if raw.str.count_matches("\r", literal=True).sum() != data.count(b"\r"):
-            raw = None
+    raw = _read_lines_polars(path)
     if raw is None:
+        data = path.read_bytes()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -176,6 +167,31 @@ def _read_lines(path: Path) -> pl.DataFrame:
             parts.pop()  # a final newline ends the last line; it does not start another
         raw = pl.Series("raw", parts, dtype=pl.String)
     return pl.DataFrame({"raw": raw}).with_row_index("line_no", offset=1).with_columns(pl.col("line_no").cast(pl.Int64))
+
+
+def _read_lines_polars(path: Path) -> pl.Series | None:
+    """The file's lines split by polars' CSV reader (memory-mapped, in parallel, no Python string
+    per line), or None when they might differ from `str.split("\\n")` of the decoded text.
+
+    They are the same when the lines hold every byte of the file: their bytes plus one per newline
+    add up to its size (the reader drops a CR before a newline or at the end, and a byte-order
+    mark) and no replacement character appears (a bad byte was decoded, which changes sizes). A
+    NUL byte (the reader's field separator here) gives an extra field: an error or lost bytes.
+    """
+    size = path.stat().st_size
+    if not size:
+        return None
+    try:
+        raw = pl.read_csv(path, has_header=False, separator="\x00", quote_char=None, new_columns=["raw"],
+                          infer_schema=False, encoding="utf8-lossy").get_column("raw").fill_null("")
+    except pl.exceptions.PolarsError:
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(-1, 2)
+        newlines = raw.len() - (handle.read(1) != b"\n")
+    if raw.str.len_bytes().sum() + newlines != size or raw.str.contains("\ufffd", literal=True).any():
+        return None
+    return raw
 
 
 def _in_slices(frame: pl.DataFrame, build) -> pl.DataFrame:
