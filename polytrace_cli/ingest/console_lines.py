@@ -5,7 +5,7 @@ carriage returns from progress bars, a Ray actor prefix such as `(TaskRunner pid
 `(WorkerDict pid=7, ip=10.0.0.1) `, and Ray's ` [repeated 3x across cluster]` suffix. This module
 removes that wrapping and turns printed scalars back into numbers, twice over:
 
-- as polars expressions (`clean_expr`/`clean_lines`, `unwrap_columns`, `scalar_columns`,
+- as polars expressions (`clean_expr`/`clean_lines`, `unwrap_series`, `scalar_columns`,
   `noise_rule_expr`) for the bulk path, which runs over every line of a file at once;
 - as Python functions (`clean_line`, `parse_scalar`, `classify_noise`) with the same results, for
   the few lines the bulk path cannot handle and must name one by one.
@@ -197,54 +197,61 @@ def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:
     return pl.when(usable).then(line).str.slice(at)
 
 
-def unwrap_columns(frame: FrameT, raw: str, out: str) -> FrameT:
-    """`frame` (eager or lazy) with column `out` equal to `unwrap_scalar` over the trimmed column `raw`.
+def unwrap_series(values: pl.Series) -> pl.Series:
+    """`unwrap_scalar` over a series of trimmed values, in bulk.
 
-    A numpy wrapper is cut by literal steps rather than a capture-group replacement (five times
-    the cost over a million values): `np.float64(`, verl's usual repr, is stripped as a prefix;
-    other candidates (`np.`/`numpy.` and a final ')') are tested with a regex that stops at the
-    '(' (with the final ')' it is `NUMPY_WRAPPED_PATTERN`) and cut after their first '('. The
-    final ')' goes last. Each stage is a column of its own, computed once, and each costly step
-    runs only on the rows that need it (the others are null for it).
+    `np.float64(...)`, verl's usual repr, is cut with two literal strips (a capture-group
+    replacement costs five times as much over a million values). The rows holding another
+    numpy-like wrapper (`np.`/`numpy.` and a final ')') or a torch one (`tensor(`) are gathered
+    and handled apart: `NUMPY_WRAPPED_PATTERN` and `TENSOR_WRAPPED_PATTERN` only run on them.
     """
-    text = pl.col(raw)
-    candidate, f64 = pl.col("_candidate"), pl.col("_f64")
-    numpy_like = (text.str.starts_with("np.") | text.str.starts_with("numpy.")) & text.str.ends_with(")")
-    staged = frame.with_columns(_candidate=pl.when(numpy_like).then(text)).with_columns(
-        _f64=candidate.str.strip_prefix("np.float64("))
-    other, stripped = pl.col("_other"), pl.col("_stripped")
-    staged = staged.with_columns(_stripped=f64.str.len_bytes() < candidate.str.len_bytes()).with_columns(
-        _other=pl.when(~stripped).then(candidate))
-    staged = staged.with_columns(
-        _other=pl.when(other.str.contains(r"^(?:np|numpy)\.[A-Za-z0-9_]+\(")).then(other))
-    # The wrapper is ASCII, so the byte offset of its '(' is also a character offset.
-    staged = staged.with_columns(_inner=pl.coalesce(
-        pl.when(stripped).then(f64),
-        other.str.slice(other.str.find("(", literal=True) + 1),
-    ).str.strip_suffix(")"))
-    staged = staged.with_columns(_inner=pl.coalesce(
-        pl.col("_inner"), pl.when(text.str.starts_with("tensor(")).then(text).str.extract(TENSOR_WRAPPED_PATTERN, 1)))
-    return staged.with_columns(
-        pl.coalesce(pl.col("_inner"), pl.when(pl.col("_inner").is_null()).then(text)).str.strip_chars().alias(out)
-    ).drop("_candidate", "_f64", "_stripped", "_other", "_inner")
+    frame = pl.DataFrame({"t": values})
+    t = pl.col("t")
+    closed = t.str.ends_with(")")
+    flags = frame.select(
+        f64=t.str.starts_with("np.float64(") & closed,
+        other=(t.str.starts_with("np.") | t.str.starts_with("numpy.")) & closed & ~t.str.starts_with("np.float64("),
+        tensor=t.str.starts_with("tensor("),
+    )
+    inner = frame.select(
+        pl.when(flags.get_column("f64")).then(t.str.strip_prefix("np.float64(").str.strip_suffix(")"))
+    ).to_series()
+    for flag, cut in (("other", _numpy_inner), ("tensor", _tensor_inner)):
+        rows = flags.get_column(flag).arg_true()
+        if len(rows):
+            inner = inner.scatter(rows, cut(values.gather(rows)))
+    return pl.select(pl.coalesce(pl.lit(inner), pl.lit(values)).str.strip_chars()).to_series().alias(values.name)
 
 
-def scalar_columns(frame: FrameT, raw: str, value: str = "value", text: str = "text_value") -> FrameT:
-    """`frame` (eager or lazy) with columns `value` and `text` equal to `parse_scalar` over the trimmed column `raw`.
+def _numpy_inner(values: pl.Series) -> pl.Series:
+    """Between the first '(' and the final ')' of values matching NUMPY_WRAPPED_PATTERN, else null.
+    (A numpy wrapper is ASCII, so the byte offset of its '(' is also a character offset.)"""
+    return pl.select(
+        pl.when(pl.lit(values).str.contains(NUMPY_WRAPPED_PATTERN))
+        .then(pl.lit(values).str.slice(pl.lit(values).str.find("(", literal=True) + 1).str.strip_suffix(")"))
+    ).to_series()
+
+
+def _tensor_inner(values: pl.Series) -> pl.Series:
+    return values.str.extract(TENSOR_WRAPPED_PATTERN, 1)
+
+
+def scalar_columns(frame: pl.DataFrame, raw: str, value: str = "value", text: str = "text_value") -> pl.DataFrame:
+    """`frame` with columns `value` and `text` equal to `parse_scalar` over the trimmed column `raw`.
 
     Booleans give 1.0/0.0 and 'True'/'False'; numbers (after unwrapping) their float and a null
     text; anything else a null value and the original text. Intermediate columns are materialized
     once rather than re-evaluated inside each branch, and the boolean test (lower-casing) runs only
-    on the short values that are not numbers.
+    when some short value is not a number.
     """
-    unwrapped = pl.col("_unwrapped")
-    staged = unwrap_columns(frame, raw, "_unwrapped").with_columns(
+    unwrapped, number = pl.col("_unwrapped"), pl.col("_number")
+    staged = frame.with_columns(_unwrapped=unwrap_series(frame.get_column(raw))).with_columns(
         _number=unwrapped.str.contains("(?i)" + _NUMBER.pattern))
-    number = pl.col("_number")
-    staged = staged.with_columns(
-        _lower=pl.when(~number & (unwrapped.str.len_bytes() <= 9)).then(unwrapped).str.to_lowercase())
-    lower = pl.col("_lower")
-    true, false = lower.is_in(["true", "np.true_"]), lower.is_in(["false", "np.false_"])
+    if staged.select((~number & (unwrapped.str.len_bytes() <= 9)).any()).item():
+        lower = unwrapped.str.to_lowercase()
+        true, false = lower.is_in(["true", "np.true_"]), lower.is_in(["false", "np.false_"])
+    else:
+        true = false = pl.lit(False)
     return staged.with_columns(
         pl.when(number).then(unwrapped.cast(pl.Float64, strict=False))
         .when(true).then(pl.lit(1.0)).when(false).then(pl.lit(0.0))
@@ -252,7 +259,7 @@ def scalar_columns(frame: FrameT, raw: str, value: str = "value", text: str = "t
         pl.when(number).then(pl.lit(None, pl.String))
         .when(true).then(pl.lit("True")).when(false).then(pl.lit("False"))
         .otherwise(pl.col(raw)).str.strip_chars().alias(text),
-    ).drop("_unwrapped", "_number", "_lower")
+    ).drop("_unwrapped", "_number")
 
 
 def noise_rule_expr(cleaned: pl.Expr) -> pl.Expr:

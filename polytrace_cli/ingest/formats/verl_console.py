@@ -24,6 +24,7 @@ How a file is read (FORMATS.md, section 1):
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,13 +195,21 @@ def _read_lines_polars(path: Path) -> pl.Series | None:
     return raw
 
 
-def _in_slices(frame: pl.DataFrame, build) -> pl.DataFrame:
+def _in_slices(frame: pl.DataFrame, build, then=None) -> pl.DataFrame:
     """`build` (a LazyFrame -> LazyFrame step) over `frame` cut into one slice of rows per polars
-    thread, the slices computed side by side and concatenated in order. One string expression over
-    one column runs on one thread; slices let both cores of a small machine work on it."""
+    thread, the slices computed side by side, each then passed to `then` (an eager DataFrame ->
+    DataFrame step, run in one Python thread per slice: polars releases the GIL while it works),
+    and concatenated in order. One string expression over one column runs on one thread; slices
+    let both cores of a small machine work on it."""
     slices = max(1, min(pl.thread_pool_size(), frame.height // 1000))
     size = -(-frame.height // slices) if frame.height else 1
     parts = pl.collect_all([build(frame.lazy().slice(start, size)) for start in range(0, max(frame.height, 1), size)])
+    if then is not None:
+        if len(parts) > 1:
+            with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+                parts = list(pool.map(then, parts))
+        else:
+            parts = [then(parts[0])]
     return pl.concat(parts) if len(parts) > 1 else parts[0]
 
 
@@ -240,18 +249,19 @@ FLAG_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail
 def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, lines): one row per pair of every well-formed metric line, and the lines with
     kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python)."""
-    pairs = _in_slices(lines.filter(pl.col("kind") == "metric").select("line_no", "c"), _pairs)
+    pairs = _in_slices(lines.filter(pl.col("kind") == "metric").select("line_no", "c"), _pairs,
+                       lambda part: cl.scalar_columns(part, "raw_value"))
     bad = pairs.filter(pl.col("raw_value").is_null() | (pl.col("key") == "") | (pl.col("raw_value") == ""))
     bad_lines = bad.get_column("line_no").unique()
     if len(bad_lines):
         pairs = pairs.filter(~pl.col("line_no").is_in(bad_lines.implode()))
         lines = lines.with_columns(
             kind=pl.when(pl.col("line_no").is_in(bad_lines.implode())).then(pl.lit("dirty")).otherwise(pl.col("kind")))
-    return pairs.cast(METRIC_SCHEMA), lines
+    return pairs.select(*METRIC_SCHEMA).cast(METRIC_SCHEMA), lines
 
 
 def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
-    """Metric lines (line_no, c) to one row per pair, typed: the columns of METRIC_SCHEMA."""
+    """Metric lines (line_no, c) to one row per pair: line_no, step, pair_index, key, raw_value."""
     pairs = (
         metric.select(
             "line_no",
@@ -268,7 +278,7 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
             pl.col("kv").struct.field("field_1").str.strip_chars().alias("raw_value"),
         )
     )
-    return cl.scalar_columns(pairs, "raw_value").select(*METRIC_SCHEMA)
+    return pairs
 
 
 def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
