@@ -107,7 +107,16 @@ VALUES = [
     ("-inf", -math.inf, None), ("True", 1.0, "True"), ("False", 0.0, "False"), ("schedule", None, "schedule"),
     ("tensor(0.5, device='cuda:0')", 0.5, None), ("np.True_", 1.0, "True"), ("numpy.float64(2.5)", 2.5, None),
     ("np.é(1)", None, "np.é(1)"), ("np.float64(1.5", None, "np.float64(1.5"),
+    # Text a float parser might take for a number; `_NUMBER` decides.
+    ("1_000", None, "1_000"), ("0x10", None, "0x10"), ("1e", None, "1e"), (".", None, "."), ("+", None, "+"),
+    ("1.5.", None, "1.5."), ("1e5.5", None, "1e5.5"), ("1.", 1.0, None), ("+.5e+1", 5.0, None), ("-Infinity", -math.inf, None),
+    # Python's strip also removes \x1c-\x1f inside a wrapper.
+    ("tensor(0\x1f, device='cuda:0')", 0.0, None), ("np.float64(\x1c1.5)", 1.5, None),
 ]
+
+
+def test_python_whitespace_is_what_str_strip_removes():
+    assert set(cl._PYTHON_WHITESPACE) == {chr(c) for c in range(0x110000) if chr(c).isspace()}
 
 
 @pytest.mark.parametrize("text, value, text_value", VALUES)

@@ -41,6 +41,11 @@ _TENSOR_WRAPPED = re.compile(TENSOR_WRAPPED_PATTERN)
 _BOOLEANS = {"true": 1.0, "false": 0.0, "np.true_": 1.0, "np.false_": 0.0}
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
 
+# What Python's str.strip() removes: Unicode White_Space plus the separators \x1c-\x1f, which
+# polars' strip_chars() keeps.
+_PYTHON_WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006" \
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
 # Noise rules for lines that are not metrics, in the order they are tried. Each is (rule, regex
 # over the cleaned line). The polars and Python classifiers both use this table.
 NOISE_RULES: tuple[tuple[str, str], ...] = (
@@ -245,21 +250,32 @@ def scalar_columns(frame: pl.DataFrame, raw: str, value: str = "value", text: st
     when some short value is not a number.
     """
     unwrapped, number = pl.col("_unwrapped"), pl.col("_number")
-    staged = frame.with_columns(_unwrapped=unwrap_series(frame.get_column(raw))).with_columns(
-        _number=unwrapped.str.contains("(?i)" + _NUMBER.pattern))
+    values = unwrap_series(frame.get_column(raw))
+    floats = values.cast(pl.Float64, strict=False)
+    # What polars parses as a float is a subset of what `_NUMBER` accepts (it also accepts
+    # non-ASCII digits), so the regex only decides the values the cast left null. Those are first
+    # stripped of what Python's strip also removes (the separators \x1c-\x1f).
+    numbers = floats.is_not_null()
+    undecided = (~numbers & values.is_not_null()).arg_true()
+    if len(undecided):
+        retry = values.gather(undecided).str.strip_chars(_PYTHON_WHITESPACE)
+        values = values.scatter(undecided, retry)
+        numbers = numbers.scatter(undecided, retry.str.contains("(?i)" + _NUMBER.pattern))
+        floats = floats.scatter(undecided, retry.cast(pl.Float64, strict=False))
+    staged = frame.with_columns(values.alias("_unwrapped"), floats.alias("_cast"), numbers.alias("_number"))
     if staged.select((~number & (unwrapped.str.len_bytes() <= 9)).any()).item():
         lower = unwrapped.str.to_lowercase()
         true, false = lower.is_in(["true", "np.true_"]), lower.is_in(["false", "np.false_"])
     else:
         true = false = pl.lit(False)
     return staged.with_columns(
-        pl.when(number).then(unwrapped.cast(pl.Float64, strict=False))
+        pl.when(number).then(pl.col("_cast"))
         .when(true).then(pl.lit(1.0)).when(false).then(pl.lit(0.0))
         .otherwise(pl.lit(None, pl.Float64)).alias(value),
         pl.when(number).then(pl.lit(None, pl.String))
         .when(true).then(pl.lit("True")).when(false).then(pl.lit("False"))
         .otherwise(pl.col(raw)).str.strip_chars().alias(text),
-    ).drop("_unwrapped", "_number")
+    ).drop("_unwrapped", "_cast", "_number")
 
 
 def noise_rule_expr(cleaned: pl.Expr) -> pl.Expr:
