@@ -197,20 +197,22 @@ def _read_lines_polars(path: Path) -> pl.Series | None:
 
 def _in_slices(frame: pl.DataFrame, build, then=None) -> pl.DataFrame:
     """`build` (a LazyFrame -> LazyFrame step) over `frame` cut into one slice of rows per polars
-    thread, the slices computed side by side, each then passed to `then` (an eager DataFrame ->
-    DataFrame step, run in one Python thread per slice: polars releases the GIL while it works),
-    and concatenated in order. One string expression over one column runs on one thread; slices
-    let both cores of a small machine work on it."""
+    thread, each slice computed and then passed to `then` (an eager DataFrame -> DataFrame step)
+    in a Python thread of its own (polars releases the GIL while it works), the results
+    concatenated in order. One string expression over one column runs on one thread; slices let
+    both cores of a small machine work on it without waiting for each other between steps."""
     slices = max(1, min(pl.thread_pool_size(), frame.height // 1000))
     size = -(-frame.height // slices) if frame.height else 1
-    parts = pl.collect_all([build(frame.lazy().slice(start, size)) for start in range(0, max(frame.height, 1), size)])
-    if then is not None:
-        if len(parts) > 1:
-            with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-                parts = list(pool.map(then, parts))
-        else:
-            parts = [then(parts[0])]
-    return pl.concat(parts) if len(parts) > 1 else parts[0]
+    starts = range(0, max(frame.height, 1), size)
+
+    def one(start: int) -> pl.DataFrame:
+        part = build(frame.lazy().slice(start, size)).collect()
+        return then(part) if then is not None else part
+
+    if len(starts) == 1:
+        return one(0)
+    with ThreadPoolExecutor(max_workers=len(starts)) as pool:
+        return pl.concat(list(pool.map(one, starts)))
 
 
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
