@@ -76,9 +76,10 @@ def test_clean_lines_agree_on_carriage_return_pieces(line):
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from(["\x1b[36m", "\x1b[0m", "\x1b[", "\x1b]0;t\x07", "\x1b]é\x07", "\x07", "\u00a0", "(TaskRunner pid=1)",
-                                 "(WorkerDict pid=7, ip=10.0.0.1)", " ", "\t", "é", "st", "ep:", "step:", "step:5 - a:1",
-                                 " - ", "b:np.float64(2)", "[repeated 2x across cluster]", "\r", "(", "x"]),
+@given(st.lists(st.sampled_from(["\x1b[36m", "\x1b[0m", "\x1b[", "\x1b]0;t\x07", "\x1b]é\x07", "\x07",
+                                 "\u00a0", "(TaskRunner pid=1)", "(WorkerDict pid=7, ip=10.0.0.1)", " ", "\t", "é",
+                                 "st", "ep:", "step:", "step:5 - a:1", " - ", "b:np.float64(2)",
+                                 "[repeated 2x across cluster]", "\r", "(", "x"]),
                 min_size=1, max_size=8).map("".join))
 def test_clean_lines_shortcut_agrees_with_python(line):
     """Lines whose wrapping lies before `step:` are cleaned by slicing; the result must not change."""
@@ -87,8 +88,10 @@ def test_clean_lines_shortcut_agrees_with_python(line):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from([b"a", b"\r", b"\n", b"\n\n", b" ", b'"', b",", b"#", b"\xff", b"\xe2\x96", "\u00e9".encode(),
-                                 b"\t", b"\x00", b"\xef\xbb\xbf", "\ufffd".encode(), b"step:1 - a:1"]), max_size=12).map(b"".join))
+@given(st.lists(st.sampled_from([b"a", b"\r", b"\n", b"\n\n", b" ", b'"', b",", b"#", b"\xff", b"\xe2\x96",
+                                 "\u00e9".encode(), b"\t", b"\x00", b"\xef\xbb\xbf", "\ufffd".encode(),
+                                 b"step:1 - a:1"]),
+                max_size=12).map(b"".join))
 def test_read_lines_splits_like_python(tmp_path_factory, data):
     """The CSV-reader path gives the lines `str.split('\\n')` gives, bad bytes replaced alike."""
     path = tmp_path_factory.mktemp("read") / "train.log"
@@ -109,7 +112,8 @@ VALUES = [
     ("np.é(1)", None, "np.é(1)"), ("np.float64(1.5", None, "np.float64(1.5"),
     # Text a float parser might take for a number; `_NUMBER` decides.
     ("1_000", None, "1_000"), ("0x10", None, "0x10"), ("1e", None, "1e"), (".", None, "."), ("+", None, "+"),
-    ("1.5.", None, "1.5."), ("1e5.5", None, "1e5.5"), ("1.", 1.0, None), ("+.5e+1", 5.0, None), ("-Infinity", -math.inf, None),
+    ("1.5.", None, "1.5."), ("1e5.5", None, "1e5.5"), ("1.", 1.0, None), ("+.5e+1", 5.0, None),
+    ("-Infinity", -math.inf, None),
     # Python's strip also removes \x1c-\x1f inside a wrapper.
     ("tensor(0\x1f, device='cuda:0')", 0.0, None), ("np.float64(\x1c1.5)", 1.5, None),
 ]

@@ -188,7 +188,8 @@ def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:
     ESC in the cleaned head, and the Ray prefix cannot reach past the head since the anchor's first
     character is neither a space nor '('.
     """
-    assert anchor[:1] not in ("", "(") and not anchor[:1].isspace() and "\x1b" not in anchor
+    if anchor[:1] in ("", "(") or anchor[:1].isspace() or "\x1b" in anchor:
+        raise ValueError(f"anchor {anchor!r} must not be empty, hold ESC or start with a space or '('")
     at = line.str.find(anchor, literal=True)
     head = line.str.head(at)
     usable = (

@@ -394,7 +394,8 @@ def _note_zero_steps(ctx: FileContext, lines: pl.DataFrame) -> None:
 def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> None:
     # A settings line holds '=' or "':" (VERL_SETTINGS_LINE); literal tests pick those before the regex.
     candidates = (
-        lines.select("c").filter(pl.col("c").str.contains("=", literal=True) | pl.col("c").str.contains("':", literal=True))
+        lines.select("c")
+        .filter(pl.col("c").str.contains("=", literal=True) | pl.col("c").str.contains("':", literal=True))
         .filter(pl.col("c").str.contains(run_metadata.VERL_SETTINGS_LINE)).get_column("c")
     )
     settings = run_metadata.verl_settings(candidates.to_list())
