@@ -8,9 +8,6 @@ from typing import Annotated
 import typer
 
 from polytrace_cli.commands.common import DbOption, console, emit_frame, fail, user_errors
-from polytrace_cli.ingest.runner import ingest_paths
-from polytrace_cli.store import open_store
-from polytrace_cli.store.queries import run_ids, runs_frame
 
 DEMO_SEED = 2509
 
@@ -37,6 +34,7 @@ def synth(
     from polytrace_cli.bench.fidelity import workload_from_run
     from polytrace_cli.bench.presets import PRESETS, preset
     from polytrace_cli.bench.synth import WorkloadSpec, synthesize, with_overrides
+    from polytrace_cli.store import open_store
 
     if params is not None and from_run is not None:
         raise fail("give either --params or --from-run, not both")
@@ -70,6 +68,9 @@ def demo(
     """The zero-setup tour: generate sample logs, ingest them, show what the store holds, write the demo report."""
     from polytrace_cli.bench.presets import PRESETS, preset
     from polytrace_cli.bench.synth import synthesize, with_overrides
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids, runs_frame
 
     for task in PRESETS:
         model, spec = preset(task)

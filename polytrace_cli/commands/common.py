@@ -1,22 +1,28 @@
-"""What every command shares: the --db option, error handling and table/JSON/CSV output."""
+"""What every command shares: the --db option, error handling and table/JSON/CSV output.
+
+The command modules import only typer, rich and the standard library at module level; DuckDB,
+polars and the library modules are imported inside the commands. `polytrace --help` then starts
+fast, and `polytrace ingest` hashes its files while those libraries load.
+"""
 
 from __future__ import annotations
 
-import decimal
 import functools
 import io
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import duckdb
-import polars as pl
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.jsontext import json_default
+
+if TYPE_CHECKING:
+    import polars as pl
 
 DbOption = Annotated[
     Path | None,
@@ -50,12 +56,20 @@ def user_errors(command):
             return command(*args, **kwargs)
         except PolytraceError as error:
             raise fail(str(error), error.exit_code) from None
-        except duckdb.Error as error:
-            raise fail(_first_line(error)) from None
         except KeyboardInterrupt:
             raise fail("interrupted; the file being read was rolled back", 130) from None
+        except Exception as error:
+            if _is_duckdb_error(error):
+                raise fail(_first_line(error)) from None
+            raise
 
     return wrapper
+
+
+def _is_duckdb_error(error: Exception) -> bool:
+    # DuckDB is imported only by the commands that use it; an error cannot come from it otherwise.
+    duckdb = sys.modules.get("duckdb")
+    return duckdb is not None and isinstance(error, duckdb.Error)
 
 
 def _cell(value: Any) -> str:
@@ -71,13 +85,6 @@ def _cell(value: Any) -> str:
         return f"{value:,}"
     if isinstance(value, (list, dict)):
         return json.dumps(value)
-    return str(value)
-
-
-def json_default(value: Any) -> Any:
-    """JSON for values the json module does not know: decimals (DuckDB sums), dates, others as text."""
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
     return str(value)
 
 

@@ -5,19 +5,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
 from polytrace_cli.commands.common import DbOption, console, emit_frame, err_console, fail, user_errors
-from polytrace_cli.ingest.registry import all_ingesters
-from polytrace_cli.ingest.runner import FileReport, ingest_paths, walk
-from polytrace_cli.store import open_store
+from polytrace_cli.ingest.files import FileHashes, walk
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from polytrace_cli.ingest.runner import FileReport
 
 
 def _summary_frame(reports: list[FileReport]) -> pl.DataFrame:
+    import polars as pl
+
     return pl.DataFrame(
         {
             "file": [Path(r.path).name for r in reports],
@@ -49,28 +52,10 @@ def ingest(
              " default: characters / 4.")] = None,
 ) -> None:
     """Read logs and traces into the store, one transaction per file."""
-    from polytrace_cli.ingest.formats import verl_rollout
-
-    verl_rollout.set_tokenizer(tokenizer)
-    con = open_store(db)
-    try:
-        show_progress = sys.stderr.isatty() and not as_json
-        total_bytes = sum(p.stat().st_size for p, _, problem in walk(paths) if not problem)
-        if show_progress:
-            with Progress(TextColumn("[bold]ingest"), BarColumn(), TransferSpeedColumn(),
-                          TextColumn("{task.description}"), TimeElapsedColumn(),
-                          console=err_console, transient=True) as progress:
-                bar = progress.add_task("", total=total_bytes)
-
-                def advance(report: FileReport) -> None:
-                    progress.update(bar, advance=report.bytes, description=Path(report.path).name)
-
-                reports = ingest_paths(con, paths, run_name=run, task=task, format_name=format, on_file=advance)
-        else:
-            reports = ingest_paths(con, paths, run_name=run, task=task, format_name=format)
-    finally:
-        con.close()
-        verl_rollout.set_tokenizer(None)
+    with FileHashes() as hashes:
+        # Files named on the command line are hashed while the libraries below load.
+        hashes.prefetch(path for path, explicit, problem in walk(paths) if explicit and not problem)
+        reports = _ingest_all(paths, db, run, task, format, as_json, tokenizer, hashes)
     if as_json:
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
     else:
@@ -97,8 +82,41 @@ def ingest(
         raise fail(f"--strict: {sum(r.rejected for r in reports)} line(s) rejected; see `polytrace errors`", 1)
 
 
+def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
+                as_json: bool, tokenizer: str | None, hashes: FileHashes) -> list[FileReport]:
+    from polytrace_cli.ingest.formats import verl_rollout
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+
+    verl_rollout.set_tokenizer(tokenizer)
+    con = open_store(db)
+    try:
+        options = {"run_name": run, "task": task, "format_name": format_name, "hashes": hashes}
+        if not (sys.stderr.isatty() and not as_json):
+            return ingest_paths(con, paths, **options)
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+        total_bytes = sum(p.stat().st_size for p, _, problem in walk(paths) if not problem)
+        with Progress(TextColumn("[bold]ingest"), BarColumn(), TransferSpeedColumn(),
+                      TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=err_console, transient=True) as progress:
+            bar = progress.add_task("", total=total_bytes)
+
+            def advance(report: FileReport) -> None:
+                progress.update(bar, advance=report.bytes, description=Path(report.path).name)
+
+            return ingest_paths(con, paths, on_file=advance, **options)
+    finally:
+        con.close()
+        verl_rollout.set_tokenizer(None)
+
+
 def formats() -> None:
     """List the input formats polytrace recognises, in sniffing order."""
+    import polars as pl
+
+    from polytrace_cli.ingest.registry import all_ingesters
+
     frame = pl.DataFrame(
         {
             "format": [i.name for i in all_ingesters()],

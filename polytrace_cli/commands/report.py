@@ -10,12 +10,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed
 from polytrace_cli.commands.common import DbOption, JsonOption, console, fail, json_default, user_errors
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store import open_store
-from polytrace_cli.store.queries import run_ids
 
 
 @user_errors
@@ -27,6 +23,10 @@ def report(
     db: DbOption = None,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
+    from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids
+
     step_range = StepRange.parse(steps)
     if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
         raise fail(f"--name must be a plain folder name, not {name!r}")
@@ -65,6 +65,11 @@ def check(
     db: DbOption = None,
 ) -> None:
     """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded."""
+    from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids
+
     limits = {name: value for name, value in {
         "max_imbalance": max_imbalance, "max_step_cv": max_step_cv, "max_clip_ratio": max_clip_ratio,
         "max_p99_p50": max_p99_p50, "max_tool_p99_s": max_tool_p99_s, "min_kept_share": min_kept_share,

@@ -8,13 +8,14 @@ import typer
 
 from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, emit_frame, user_errors
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store import open_store
-from polytrace_cli.store.queries import ingest_errors_frame, runs_frame
 
 
 @user_errors
 def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
     """List the runs in the store with their sample, step and file counts."""
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import runs_frame
+
     con = open_store(db, read_only=True)
     try:
         emit_frame(runs_frame(con), as_json=as_json, as_csv=as_csv, title="runs")
@@ -30,6 +31,8 @@ def query(
     as_csv: CsvOption = False,
 ) -> None:
     """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...)."""
+    from polytrace_cli.store import open_store
+
     con = open_store(db, read_only=True)
     try:
         relation = con.sql(sql)
@@ -49,6 +52,9 @@ def errors(
     as_csv: CsvOption = False,
 ) -> None:
     """Show quarantined lines: file, line, reason and the raw text."""
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import ingest_errors_frame
+
     con = open_store(db, read_only=True)
     try:
         emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines")

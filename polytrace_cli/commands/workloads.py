@@ -7,15 +7,15 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 
-from polytrace_cli.bench.export import FORMATS, export_run, resolve_run
 from polytrace_cli.commands.common import DbOption, JsonOption, console, emit_frame, json_default, user_errors
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store import open_store
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SAMPLERS = ("parametric", "empirical")
 
@@ -32,6 +32,8 @@ def _rounded(value):
 
 def _candidates_frame(document: dict) -> pl.DataFrame:
     """Candidates per kind; `best` marks the lowest AIC, `sampled` the scipy family the sampler draws from."""
+    import polars as pl
+
     rows = []
     for kind in ("prompt", "response"):
         sampled = (document.get(kind) or {}).get("family")
@@ -59,7 +61,9 @@ def fit(
     as_json: JsonOption = False,
 ) -> None:
     """Fit prompt and response length distributions of a run and write a polytrace-params/1 file."""
+    from polytrace_cli.bench.export import resolve_run
     from polytrace_cli.bench.fidelity import fitted_params
+    from polytrace_cli.store import open_store
 
     con = open_store(db, read_only=True)
     try:
@@ -85,10 +89,13 @@ def fit(
 def export(
     run: Annotated[str, typer.Argument(help="Run with per-sample data to export.")],
     out: Annotated[Path, typer.Option(help="Folder to write into (created if needed).")],
-    format: Annotated[list[str], typer.Option("--format", help=f"{' or '.join(FORMATS)}; give twice for both.")] = ["polytrace-json"],  # noqa: B006
+    format: Annotated[list[str], typer.Option("--format", help="polytrace-json or packed; give twice for both.")] = ["polytrace-json"],  # noqa: B006
     db: DbOption = None,
 ) -> None:
     """Write a run's samples as PolyTrace traces: dataset JSON and/or packed_lengths_step_N.jsonl."""
+    from polytrace_cli.bench.export import export_run
+    from polytrace_cli.store import open_store
+
     con = open_store(db, read_only=True)
     try:
         result = export_run(con, run, out, format)
@@ -107,7 +114,10 @@ def replay_check(
     as_json: JsonOption = False,
 ) -> None:
     """Compare a benchmark replay with the formal run: per-stage error (benchmark − formal)/formal and accuracy."""
+    import polars as pl
+
     from polytrace_cli.bench.replay import replay_check as compare_logs
+    from polytrace_cli.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="polytrace-replay-") as folder:
         con = open_store(db or Path(folder) / "replay.duckdb")
@@ -146,7 +156,9 @@ def fidelity(
     as_json: JsonOption = False,
 ) -> None:
     """Synthesize a workload shaped like the run from its fit and report KS and mean/p50/p99/clip errors."""
+    from polytrace_cli.bench.export import resolve_run
     from polytrace_cli.bench.fidelity import KS_TARGET, P99_TARGET, fidelity as fidelity_frame, fitted_params, read_params
+    from polytrace_cli.store import open_store
 
     if sampler not in (*SAMPLERS, "both"):
         raise PolytraceError(f"--sampler takes parametric, empirical or both, not {sampler!r}")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FILE_OWNED_TABLES, FileContext, Ingester
+from polytrace_cli.ingest.files import FileHashes, walk
 from polytrace_cli.ingest.registry import detect, get_ingester, is_binary, read_head
 from polytrace_cli.store.connection import fetch_first
 
@@ -79,40 +78,6 @@ def derive_run(file: Path) -> tuple[str, Path]:
             continue
         return name, timestamp_root or current
     return (folder.name or "run"), folder
-
-
-def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int]:
-    """sha256, size in bytes and number of lines (a last line without newline counts)."""
-    digest = hashlib.sha256()
-    size = newlines = 0
-    last = b""
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-            size += len(chunk)
-            newlines += chunk.count(b"\n")
-            last = chunk[-1:]
-    lines = newlines + (1 if size and last != b"\n" else 0)
-    return digest.hexdigest(), size, lines
-
-
-def walk(paths: Iterable[str | Path]) -> Iterable[tuple[Path, bool, str | None]]:
-    """(file, named_explicitly, problem) for every file under the given paths, sorted."""
-    for given in paths:
-        path = Path(given)
-        if not path.exists():
-            yield path, True, "no such file or directory"
-        elif path.is_dir():
-            for child in sorted(path.rglob("*")):
-                relative = child.relative_to(path)
-                if any(part.startswith(".") for part in relative.parts):
-                    continue
-                if child.is_file() and not child.name.endswith((".duckdb", ".duckdb.wal")):
-                    yield child, False, None
-        elif path.is_file():
-            yield path, True, None
-        else:
-            yield path, True, "not a regular file"
 
 
 class RunResolver:
@@ -200,9 +165,13 @@ def _record_whole_file_rejection(
 
 
 def ingest_file(
-    con: duckdb.DuckDBPyConnection, path: Path, ingester: Ingester, run_id: int, run_name: str, head: bytes
+    con: duckdb.DuckDBPyConnection, path: Path, ingester: Ingester, run_id: int, run_name: str, head: bytes,
+    hashes: FileHashes,
 ) -> FileReport:
-    """Load one file in one transaction; unchanged files (same sha256 and parser) are skipped."""
+    """Load one file in one transaction; unchanged files (same sha256 and parser) are skipped.
+
+    A new or changed file is hashed in `hashes`' thread while DuckDB parses it (hashlib releases the GIL).
+    """
     path = path.resolve()
     started = time.perf_counter()
     existing = fetch_first(
@@ -212,17 +181,14 @@ def ingest_file(
     report = FileReport(path=str(path), status="ingested", format=ingester.name, run=run_name,
                         bytes=path.stat().st_size)
     if existing and existing[2] == ingester.version and existing[3] == report.bytes:
-        sha, _, _ = hash_and_count(path)
+        sha, _, _ = hashes.result(path)
         if existing[1] == sha:
             report.status = "unchanged"
             report.seconds = time.perf_counter() - started
             return report
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
-    # A new or changed file: hash it in a thread while DuckDB parses it (hashlib releases the GIL).
-    with ThreadPoolExecutor(max_workers=1) as hasher:
-        hashing = hasher.submit(hash_and_count, path)
-        return _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashing,
-                                    report, started)
+    return _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashes.future(path),
+                                report, started)
 
 
 def _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashing, report,
@@ -271,12 +237,19 @@ def ingest_paths(
     task: str | None = None,
     format_name: str | None = None,
     on_file: Callable[[FileReport], None] | None = None,
+    hashes: FileHashes | None = None,
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
     A file named explicitly that cannot be read is an error; a file met while walking a folder
     whose format is unknown is skipped and reported as such. One bad file never stops the others.
+    `hashes` may already hold (or be computing) files' hashes; by default each file is hashed as
+    it is loaded.
     """
+    if hashes is None:
+        with FileHashes() as own:
+            return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
+                                on_file=on_file, hashes=own)
     forced = None
     if format_name:
         forced = get_ingester(format_name)
@@ -285,7 +258,7 @@ def ingest_paths(
     resolver = RunResolver(con, run_name, task)
     reports: list[FileReport] = []
     for path, explicit, problem in walk(paths):
-        report = _ingest_one(con, path, explicit, problem, forced, resolver)
+        report = _ingest_one(con, path, explicit, problem, forced, resolver, hashes)
         reports.append(report)
         if on_file:
             on_file(report)
@@ -293,7 +266,7 @@ def ingest_paths(
 
 
 def _ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
-                resolver: RunResolver) -> FileReport:
+                resolver: RunResolver, hashes: FileHashes) -> FileReport:
     if problem:
         return FileReport(path=str(path), status="error", message=problem)
     try:
@@ -307,14 +280,14 @@ def _ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: In
         reason = "empty file of unknown format" if not head else (
             "binary file of unknown format" if is_binary(head) else "unknown format (use --format to name it)")
         run_id, run = resolver.resolve(path, None)
-        sha, size, _ = hash_and_count(path)
+        sha, size, _ = hashes.result(path)
         _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, "unknown", reason)
         return FileReport(path=str(path), status="rejected", run=run, bytes=size, message=reason)
     run_id, run = resolver.resolve(path, ingester.framework)
     try:
-        return ingest_file(con, path, ingester, run_id, run, head)
+        return ingest_file(con, path, ingester, run_id, run, head, hashes)
     except IngestError as error:
-        sha, size, _ = hash_and_count(path)
+        sha, size, _ = hashes.result(path)
         _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, ingester.name, str(error))
         return FileReport(path=str(path), status="rejected", format=ingester.name, run=run, bytes=size,
                           message=str(error))

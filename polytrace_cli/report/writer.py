@@ -150,7 +150,7 @@ def summary_document(report: Report) -> dict:
 
 def summary_json(report: Report) -> str:
     """summary.json's text: `summary_document` with decimals and dates made JSON, NaN as null."""
-    from polytrace_cli.commands.common import json_default
+    from polytrace_cli.jsontext import json_default
 
     return json.dumps(summary_document(report), default=json_default, indent=1) + "\n"
 
