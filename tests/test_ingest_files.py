@@ -43,3 +43,19 @@ def test_cli_start_imports_neither_duckdb_nor_polars():
              "print(sorted(m for m in ('duckdb', 'polars', 'pyarrow', 'scipy', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_ingesting_a_packed_trace_never_loads_polars(tmp_path):
+    trace = tmp_path / "run" / "packed_lengths_step_0.jsonl"
+    trace.parent.mkdir()
+    trace.write_text('{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 5, '
+                     '"output": [1, 2], "n_sampling": 2, "validate": false}\n')
+    probe = (
+        "import sys\n"
+        "from polytrace_cli.cli import main\n"
+        f"sys.argv = ['polytrace', 'ingest', {str(trace)!r}, '--db', {str(tmp_path / 's.duckdb')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
+        "print(type(sys.modules['polars']).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "_LazyModule"

@@ -12,6 +12,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -98,9 +99,15 @@ def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = Fal
         frame.write_csv(buffer)
         sys.stdout.write(buffer.getvalue())
         return
+    numeric = {name for name, dtype in frame.schema.items() if dtype.is_numeric()}
+    emit_table(frame.columns, frame.iter_rows(), numeric, title=title)
+
+
+def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None) -> None:
+    """Print rows as a rich table; the `numeric` columns are right-aligned."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    for name, dtype in zip(frame.columns, frame.dtypes):
-        table.add_column(name, justify="right" if dtype.is_numeric() else "left", overflow="fold")
-    for row in frame.iter_rows():
+    for name in columns:
+        table.add_column(name, justify="right" if name in numeric else "left", overflow="fold")
+    for row in rows:
         table.add_row(*(_cell(v) for v in row))
     console.print(table)

@@ -9,33 +9,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from polytrace_cli.commands.common import DbOption, console, emit_frame, err_console, fail, user_errors
+from polytrace_cli.commands.common import DbOption, console, emit_frame, emit_table, err_console, fail, user_errors
 from polytrace_cli.ingest.files import FileHashes, walk
 
 if TYPE_CHECKING:
-    import polars as pl
-
     from polytrace_cli.ingest.runner import FileReport
 
 
-def _summary_frame(reports: list[FileReport]) -> pl.DataFrame:
-    import polars as pl
+SUMMARY_COLUMNS = ["file", "run", "format", "status", "lines", "rows", "ignored", "rejected", "seconds", "MB/s"]
 
-    return pl.DataFrame(
-        {
-            "file": [Path(r.path).name for r in reports],
-            "run": [r.run for r in reports],
-            "format": [r.format for r in reports],
-            "status": [r.status for r in reports],
-            "lines": [r.lines for r in reports],
-            "rows": [r.rows for r in reports],
-            "ignored": [r.ignored for r in reports],
-            "rejected": [r.rejected for r in reports],
-            "seconds": [round(r.seconds, 3) for r in reports],
-            "MB/s": [round(r.mb_per_s, 1) for r in reports],
-        },
-        schema_overrides={"run": pl.String, "format": pl.String},
-    )
+
+def _print_summary(reports: list[FileReport]) -> None:
+    rows = [(Path(r.path).name, r.run, r.format, r.status, r.lines, r.rows, r.ignored, r.rejected,
+             round(r.seconds, 3), round(r.mb_per_s, 1)) for r in reports]
+    emit_table(SUMMARY_COLUMNS, rows, numeric=set(SUMMARY_COLUMNS[4:]), title="ingested files")
 
 
 @user_errors
@@ -61,7 +48,7 @@ def ingest(
     else:
         shown = [r for r in reports if r.status != "skipped"]
         if shown:
-            emit_frame(_summary_frame(shown), title="ingested files")
+            _print_summary(shown)
         for report in reports:
             if report.message and report.status != "skipped":
                 err_console.print(f"[yellow]{report.status}:[/] {report.path}: {report.message}", highlight=False)

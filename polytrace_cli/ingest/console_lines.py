@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
-import polars as pl
+from polytrace_cli.lazy import polars as pl
 
-FrameT = TypeVar("FrameT", pl.DataFrame, pl.LazyFrame)
+FrameT = TypeVar("FrameT", "pl.DataFrame", "pl.LazyFrame")
 
 # ANSI CSI sequences (colours, cursor moves) and OSC sequences (window titles).
 ANSI_PATTERN = r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07"

@@ -6,7 +6,7 @@ increasing steps as its own segment means nothing is merged or dropped. The firs
 
 from __future__ import annotations
 
-import polars as pl
+from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest.base import FileContext
 

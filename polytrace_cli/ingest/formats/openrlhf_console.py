@@ -35,7 +35,7 @@ import math
 import re
 from pathlib import Path
 
-import polars as pl
+from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import polars as pl
+from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester

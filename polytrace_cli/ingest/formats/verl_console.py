@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import polars as pl
+from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
@@ -243,9 +243,15 @@ def _classify_slice(lines: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-METRIC_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
-                 "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
-FLAG_SCHEMA = {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
+def metric_schema() -> dict:
+    """Columns of the metric pairs a console log yields."""
+    return {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
+            "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
+
+
+def flag_schema() -> dict:
+    """Columns of the step flags a console log yields."""
+    return {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
 
 
 def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -259,7 +265,8 @@ def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
         pairs = pairs.filter(~pl.col("line_no").is_in(bad_lines.implode()))
         lines = lines.with_columns(
             kind=pl.when(pl.col("line_no").is_in(bad_lines.implode())).then(pl.lit("dirty")).otherwise(pl.col("kind")))
-    return pairs.select(*METRIC_SCHEMA).cast(METRIC_SCHEMA), lines
+    schema = metric_schema()
+    return pairs.select(*schema).cast(schema), lines
 
 
 def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
@@ -304,9 +311,9 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFr
             flags.append((line_no, parsed.step, "truncated_line",
                           f"line cut at {WANDB_LINE_LIMIT} characters; fragment dropped: {parsed.fragment[:80]!r}"))
     if rows:
-        recovered = pl.DataFrame(rows, schema=METRIC_SCHEMA, orient="row")
+        recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row")
         metrics = pl.concat([metrics, recovered]).sort("line_no", "pair_index")
-    return metrics, pl.DataFrame(flags, schema=FLAG_SCHEMA, orient="row")
+    return metrics, pl.DataFrame(flags, schema=flag_schema(), orient="row")
 
 
 def _store_metrics(ctx: FileContext) -> None:

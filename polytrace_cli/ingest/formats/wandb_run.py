@@ -24,12 +24,13 @@ import json
 import math
 from pathlib import Path
 
-import yaml
-
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, metric_key
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.lazy import lazy_module
+
+yaml = lazy_module("yaml")
 
 # Meta field -> dotted config paths to try, per framework, first present wins.
 VERL_FIELDS = {
