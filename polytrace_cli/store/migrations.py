@@ -1,7 +1,7 @@
 """Numbered schema files applied in order, with a ledger of what was applied.
 
 A store records every applied file in `schema_migrations`. Opening an older store applies the
-missing files, each in its own transaction; a store whose version is newer than this code knows
+missing files, all in one transaction; a store whose version is newer than this code knows
 is refused, so an old polytrace never writes into a layout it does not understand.
 """
 
@@ -77,20 +77,22 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
             "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
             " applied_at TIMESTAMP DEFAULT current_timestamp)"
         )
-    applied = []
-    for migration in available_migrations():
-        if migration.version <= current or (up_to is not None and migration.version > up_to):
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+    pending = [m for m in available_migrations()
+               if m.version > current and (up_to is None or m.version <= up_to)]
+    if not pending:
+        return []
+    # One transaction for every pending file: a store is upgraded completely or not at all, and
+    # a new store costs one commit (one sync to disk) instead of one per file.
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for migration in pending:
             con.execute(migration.sql)
             con.execute(
                 "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
                 [migration.version, migration.name],
             )
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
-        applied.append(migration.version)
-    return applied
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return [m.version for m in pending]
