@@ -77,7 +77,7 @@ def build_store(path: Path, samples: int, steps: int) -> float:
         )
         GROUP BY step, dp_rank, prompt_idx
     """)
-    con.execute(f"""
+    con.execute("""
         INSERT INTO rank_timings (run_id, file_id, step, rank, dp_rank, tp_rank, stage, seconds, batch_size, tokens, response_max)
         SELECT 1, 1, step, dp_rank, dp_rank, 0, 'reward', sum(response_len) / 20000.0, count(*), sum(response_len), max(response_len)
         FROM samples WHERE run_id = 1 GROUP BY step, dp_rank
@@ -90,7 +90,7 @@ def build_store(path: Path, samples: int, steps: int) -> float:
                CASE WHEN response_len >= {CAP} THEN 'length' ELSE 'stop' END
         FROM samples WHERE run_id = 1 AND sample_idx = 0
     """)
-    con.execute(f"""
+    con.execute("""
         INSERT INTO turns (run_id, file_id, step, rank, prompt_idx, sample_idx, turn, prompt_tokens, cached_tokens,
                            completion_tokens, engine_latency_s, finish_reason, tool_call_count)
         SELECT 3, 3, step, dp_rank, prompt_idx, 0, t.turn, prompt_len + 300 * t.turn,

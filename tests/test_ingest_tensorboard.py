@@ -55,7 +55,7 @@ def _metrics(con) -> list[tuple]:
 
 
 def test_verl_simple_value_scalars_and_ignored_summaries(store, tmp_path):
-    path = write_events(tmp_path / "verl_run" / "tensorboard_log", [
+    write_events(tmp_path / "verl_run" / "tensorboard_log", [
         (1, [_simple("timing_s/gen", 10.5), _simple("timing_s/step", 20.0)]),
         (1, [_histogram("actor/entropy_hist")]),
         (2, [_simple("timing_s/gen", 11.0), _simple("timing_s/step", 22.5), _histogram("actor/h")]),

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from conftest import POLYTRACE_DATA, PROJECT_ROOT, need_real_data
+from conftest import PROJECT_ROOT, need_real_data
 from polytrace_cli.analyze.common import ALL_STEPS
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.cli import app

@@ -59,20 +59,6 @@ NOISE_RULES: tuple[tuple[str, str], ...] = (
 _NOISE = [(rule, re.compile(pattern)) for rule, pattern in NOISE_RULES]
 
 
-class ArrowStream:
-    """A polars frame as an Arrow C stream, for `duckdb.register`.
-
-    DuckDB reads the frame through the Arrow PyCapsule interface, each query afresh, without
-    converting it to a pyarrow table (which would import pyarrow and copy every string).
-    """
-
-    def __init__(self, frame: pl.DataFrame):
-        self.frame = frame
-
-    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
-        return self.frame.__arrow_c_stream__(requested_schema)
-
-
 def _clean_piece(piece: str) -> str:
     return _RAY_REPEAT.sub("", _RAY_PREFIX.sub("", _ANSI.sub("", piece)))
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import run_metadata
+from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
 
@@ -276,8 +277,8 @@ class OpenRLHFConsoleIngester(Ingester):
         ).join(lines.select("line_no", "segment"), on="line_no")
         restarts = lines.filter(pl.col("segment") > pl.col("segment").shift(1).fill_null(0))
         con = ctx.con
-        con.register("_openrlhf_metrics", metrics.to_arrow())
-        con.register("_openrlhf_restarts", restarts.to_arrow())
+        con.register("_openrlhf_metrics", ArrowStream(metrics))
+        con.register("_openrlhf_restarts", ArrowStream(restarts))
         try:
             ctx.insert(
                 "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)"

@@ -23,6 +23,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
+from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
 
@@ -142,7 +143,7 @@ class TensorBoardEventsIngester(Ingester):
             ctx.note("no scalar summaries in this event file")
             return
         claim_framework(ctx, framework_of_keys(frame["tag"].unique().to_list()))
-        ctx.con.register("_tensorboard_scalars", frame.to_arrow())
+        ctx.con.register("_tensorboard_scalars", ArrowStream(frame))
         try:
             ctx.insert(
                 "INSERT INTO step_metrics (run_id, segment, step, key, value, file_id, line_no)"

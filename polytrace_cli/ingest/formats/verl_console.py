@@ -31,6 +31,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
+from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
@@ -129,9 +130,9 @@ class VerlConsoleIngester(Ingester):
         metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
         segments = line_segments(metrics)
         metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
-        con.register("console_metrics", cl.ArrowStream(metrics))
-        con.register("console_segments", cl.ArrowStream(segments))
-        con.register("console_flags", cl.ArrowStream(flags))
+        con.register("console_metrics", ArrowStream(metrics))
+        con.register("console_segments", ArrowStream(segments))
+        con.register("console_flags", ArrowStream(flags))
         try:
             metric_lines = metrics.get_column("line_no").n_unique()
             tqdm_lines = lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw")
@@ -336,9 +337,9 @@ def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:
     m being the previous count seen, when there is one. Returns the lines that produced rows.
     """
     con = ctx.con
-    con.register("console_tqdm", cl.ArrowStream(tqdm_lines))
+    con.register("console_tqdm", ArrowStream(tqdm_lines))
     con.execute(
-        f"""
+        """
         CREATE OR REPLACE TEMP TABLE tqdm_updates AS
         WITH pieces AS (
             SELECT r.line_no, piece_index, piece

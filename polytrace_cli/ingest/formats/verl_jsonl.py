@@ -25,6 +25,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import run_metadata
+from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags
@@ -63,7 +64,7 @@ class VerlJsonlIngester(Ingester):
         lines = lines.filter(pl.col("raw").str.strip_chars() != "").with_columns(
             j=pl.col("raw").str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}')
             .str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}'))
-        con.register("verl_jsonl_lines", lines.to_arrow())
+        con.register("verl_jsonl_lines", ArrowStream(lines))
         try:
             con.execute(
                 """
