@@ -45,7 +45,7 @@ def test_cli_start_imports_neither_duckdb_nor_polars():
     assert out.strip() == "[]"
 
 
-def test_ingesting_a_packed_trace_never_loads_polars(tmp_path):
+def test_ingesting_a_packed_trace_loads_neither_polars_nor_pydantic(tmp_path):
     trace = tmp_path / "run" / "packed_lengths_step_0.jsonl"
     trace.parent.mkdir()
     trace.write_text('{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 5, '
@@ -55,7 +55,7 @@ def test_ingesting_a_packed_trace_never_loads_polars(tmp_path):
         "from polytrace_cli.cli import main\n"
         f"sys.argv = ['polytrace', 'ingest', {str(trace)!r}, '--db', {str(tmp_path / 's.duckdb')!r}]\n"
         "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
-        "print(type(sys.modules['polars']).__name__)\n"
+        "print(type(sys.modules['polars']).__name__, 'pydantic' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "_LazyModule"
+    assert out.strip().splitlines()[-1] == "_LazyModule False"

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 DbOption = Annotated[
     Path | None,
-    typer.Option("--db", envvar="POLYTRACE_DB", help="Store file [default: ./polytrace.duckdb]."),
+    typer.Option("--db", envvar="POLYTRACE_DB", help="Store file (default: ./polytrace.duckdb)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV for scripts.")]

@@ -18,7 +18,7 @@ from polytrace_cli.errors import PolytraceError
 def report(
     runs: Annotated[list[str] | None, typer.Argument(help="Runs to report on (all runs when none are given).")] = None,
     out: Annotated[Path, typer.Option(help="Folder the report folder is written into.")] = Path("reports"),
-    name: Annotated[str | None, typer.Option(help="Report folder name [default: from the run names].")] = None,
+    name: Annotated[str | None, typer.Option(help="Report folder name (default: from the run names).")] = None,
     steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
     db: DbOption = None,
 ) -> None:

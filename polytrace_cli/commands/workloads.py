@@ -56,7 +56,7 @@ def _candidates_frame(document: dict) -> pl.DataFrame:
 def fit(
     run: Annotated[str, typer.Argument(help="Run to fit (see `polytrace runs`).")],
     task: Annotated[str | None, typer.Option(help="Task label written into the parameters file.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Parameters file to write [default: ./<run>.params.json].")] = None,
+    out: Annotated[Path | None, typer.Option(help="Parameters file to write (default: ./<run>.params.json).")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -110,7 +110,7 @@ def export(
 def replay_check(
     benchmark: Annotated[str, typer.Option(help="Log (file or folder) of the benchmark replay, or a run name.")],
     formal: Annotated[str, typer.Option(help="Log (file or folder) of the formal training run, or a run name.")],
-    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store [default: a temporary one].")] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store (default: a temporary one).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Compare a benchmark replay with the formal run: per-stage error (benchmark − formal)/formal and accuracy."""
@@ -149,7 +149,7 @@ def _steps(steps: list[int], limit: int = 10) -> str:
 @user_errors
 def fidelity(
     run: Annotated[str, typer.Argument(help="Run to compare its synthetic workload with.")],
-    params: Annotated[Path | None, typer.Option(help="polytrace-params/1 file [default: fit the run now].")] = None,
+    params: Annotated[Path | None, typer.Option(help="polytrace-params/1 file (default: fit the run now).")] = None,
     sampler: Annotated[str, typer.Option(help="parametric, empirical or both.")] = "both",
     seed: Annotated[int, typer.Option(help="Seed of the synthetic workload.")] = 0,
     db: DbOption = None,
