@@ -41,7 +41,7 @@ def ingest(
     """Read logs and traces into the store, one transaction per file."""
     with FileHashes() as hashes:
         # Files named on the command line are hashed while the libraries below load.
-        hashes.prefetch(path for path, explicit, problem in walk(paths) if explicit and not problem)
+        hashes.prefetch(path for path in paths if path.is_file())
         reports = _ingest_all(paths, db, run, task, format, as_json, tokenizer, hashes)
     if as_json:
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
