@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) polytrace.duckdb reports/demo bench/out
+	rm -rf $(VENV) polytrace.duckdb reports/demo benchmarks/out

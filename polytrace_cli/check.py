@@ -38,7 +38,7 @@ THRESHOLDS: dict[str, Threshold] = {
     for t in (
         Threshold("max_imbalance", "imbalance", ("lambda_mean", "mean_lambda", "lambda"), True,
                   "mean DP load imbalance λ = max_r load_r / mean_r load_r"),
-        Threshold("max_step_cv", "steps", ("cv", "step_cv"), True,
+        Threshold("max_step_cv", "stages", ("cv", "step_cv"), True,
                   "coefficient of variation of step time (std/mean)", {"stage": ("step", "step_s")}),
         Threshold("max_clip_ratio", "lengths", ("clip_ratio",), True,
                   "share of responses at the length cap", {"kind": ("response",)}),

@@ -9,11 +9,10 @@ import typer
 
 from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
-from polytrace_cli.commands import bench as bench_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import store as store_commands
-from polytrace_cli.commands import workloads as workload_commands
+from polytrace_cli.commands import workload as workload_commands
 
 HELP = "Characterize RLVR training runs: ingest logs and traces, analyze, report, gate CI."
 
@@ -31,8 +30,8 @@ COMMANDS: dict[str, Callable] = {
     "errors": store_commands.errors,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
-    "synth": bench_commands.synth,
-    "demo": bench_commands.demo,
+    "synth": workload_commands.synth,
+    "demo": workload_commands.demo,
     "fit": workload_commands.fit,
     "export": workload_commands.export,
     "replay-check": workload_commands.replay_check,

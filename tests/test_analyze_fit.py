@@ -11,7 +11,7 @@ from scipy import stats
 
 from polytrace_cli.analyze import fit
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.bench.distributions import load_params
+from polytrace_cli.workload.distributions import load_params
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.runner import ingest_paths
 from tests.conftest import need_real_data

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from polytrace_cli.bench.export import export_run
+from polytrace_cli.workload.export import export_run
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.runner import ingest_paths
 from tests.conftest import need_real_data

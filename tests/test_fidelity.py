@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from polytrace_cli.bench.fidelity import compare_lengths, fidelity, read_params, run_lengths, run_shape
+from polytrace_cli.workload.fidelity import compare_lengths, fidelity, read_params, run_lengths, run_shape
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.runner import ingest_paths
 from tests.conftest import need_real_data
@@ -119,7 +119,7 @@ def test_real_trace_lengths_match_the_json(store):
 def test_real_traces_fitted_and_resynthesized_meet_the_targets(store, task):
     """fit + synth + compare on the PolyTrace traces: response lengths through the generator meet
     KS <= 0.05 and |p99 error| <= 10% with both samplers, and the clip ratio is kept within 3 points."""
-    from polytrace_cli.bench.fidelity import fitted_params
+    from polytrace_cli.workload.fidelity import fitted_params
 
     ingest_paths(store, [need_real_data("polytrace", task)], run_name=task)
     run_id = store.execute("SELECT run_id FROM runs WHERE name = ?", [task]).fetchall()[0][0]

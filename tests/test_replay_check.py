@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polytrace_cli.bench.replay import STAGES, compare_runs, load_log, replay_check
+from polytrace_cli.workload.replay import STAGES, compare_runs, load_log, replay_check
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.registry import get_ingester
 

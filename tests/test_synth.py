@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from scipy import stats
 
-from polytrace_cli.bench.distributions import GaussianMixture2D, LengthModel, Marginal, load_params
-from polytrace_cli.bench.presets import preset
-from polytrace_cli.bench.synth import WorkloadSpec, drift_factor, synthesize
+from polytrace_cli.workload.distributions import GaussianMixture2D, LengthModel, Marginal, load_params
+from polytrace_cli.workload.presets import preset
+from polytrace_cli.workload.synth import WorkloadSpec, drift_factor, synthesize
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.runner import ingest_paths
 from tests.conftest import need_real_data

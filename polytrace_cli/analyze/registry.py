@@ -28,7 +28,7 @@ class Analysis:
 
 
 # Imported on first use so that commands which need no analysis start without scipy.
-BUILT_IN = ("lengths", "drift", "longtail", "fit", "imbalance", "steps", "tools", "filtering")
+BUILT_IN = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools", "filtering")
 
 _ANALYSES: dict[str, Analysis] = {}
 

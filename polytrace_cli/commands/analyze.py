@@ -51,7 +51,7 @@ def analyze(
     as_csv: CsvOption = False,
     db: DbOption = None,
 ) -> None:
-    """Run the characterization analyses (lengths, drift, longtail, steps, imbalance, tools, filtering, fit)."""
+    """Run the characterization analyses (lengths, drift, longtail, stages, imbalance, tools, filtering, fit)."""
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.analyze.results import results_csv, results_json, run_analyses, select_analyses
 

@@ -17,7 +17,7 @@ from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import html, markdown
 from polytrace_cli.report.figures import figure_modules
 from polytrace_cli.report.figures.base import MissingAnalysis, Omitted
-from polytrace_cli.report.figures import t1_summary
+from polytrace_cli.report.tables import t1_summary
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Report figures F1–F11 and table T1, one module each, in report order."""
+"""Report figures F1–F11, one module each, in report order (table T1 is in `report.tables`)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ MAX_BARS = 200
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The steps analysis' per-step stage seconds."""
-    return {"stages": detail("steps", "per_step")(con, run_ids, steps)}
+    return {"stages": detail("stages", "per_step")(con, run_ids, steps)}
 
 
 def _long(stages: pl.DataFrame) -> pl.DataFrame:

@@ -18,7 +18,7 @@ MAX_PANELS = 4
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The steps analysis' step/gen time series with outlier flags."""
-    return {"series": detail("steps", "series")(con, run_ids, steps)}
+    return {"series": detail("stages", "series")(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):

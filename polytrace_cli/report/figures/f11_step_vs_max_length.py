@@ -16,7 +16,7 @@ FRAMES = ('points',)
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The steps analysis' per-step (max response length, step time) points and fitted lines."""
-    return {"points": detail("steps", "length_fit")(con, run_ids, steps)}
+    return {"points": detail("stages", "length_fit")(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):

@@ -1,14 +1,14 @@
 """Report speed at scale: `polytrace report` over a 1,000-step, 5-million-sample run, as a whole process.
 
-Reuses the newest store bench/analyze_scale.py built under bench/out/analyze_scale/ for this size
+Reuses the newest store benchmarks/analyze_scale.py built under benchmarks/out/analyze_scale/ for this size
 (running that script first when there is none): run `scale` (5 M per-sample lengths on 8 DP ranks and
 what else that script adds) and run `console` (the same steps as step aggregates, so the step-time
 figures draw).
 
-Runs `polytrace report --db STORE --out bench/out/report_scale --name scale` in a child process and
+Runs `polytrace report --db STORE --out benchmarks/out/report_scale --name scale` in a child process and
 prints its wall seconds and peak RSS (the child's ru_maxrss from wait4) against the target (< 60 s),
 then the per-figure seconds from the report's own timings and the files it wrote.
-Usage: python bench/report_scale.py [--samples N] [--steps N] [--runs scale console]
+Usage: python benchmarks/report_scale.py [--samples N] [--steps N] [--runs scale console]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ TARGET_SECONDS = 60.0
 
 
 def _analyze_scale():
-    """bench/analyze_scale.py as a module (its store builder and output folder)."""
+    """benchmarks/analyze_scale.py as a module (its store builder and output folder)."""
     spec = importlib.util.spec_from_file_location("analyze_scale", HERE / "analyze_scale.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -75,7 +75,7 @@ def main() -> int:
                         "--steps", str(args.steps)], check=True)
         store = scale_store(args.samples, args.steps)
     if store is None:
-        raise SystemExit("bench/analyze_scale.py did not leave a store under bench/out/analyze_scale/")
+        raise SystemExit("benchmarks/analyze_scale.py did not leave a store under benchmarks/out/analyze_scale/")
     print(f"store {store.relative_to(HERE.parent)}")
 
     OUT.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ def table(con, run_ids: list[int], steps: StepRange, summaries: dict[str, pl.Dat
     base = runs_frame(con).filter(pl.col("run").is_in(list(names))).select("run", "task", "steps", "samples")
     if base.height == 0:
         return Omitted("no runs")
-    lengths, steps_summary = summaries.get("lengths"), summaries.get("steps")
+    lengths, steps_summary = summaries.get("lengths"), summaries.get("stages")
     parts = [
         _pick(lengths, "mean_tokens", "mean_prompt_tokens", kind="prompt"),
         _pick(lengths, "mean_tokens", "mean_response_tokens", kind="response"),

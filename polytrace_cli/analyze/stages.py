@@ -168,7 +168,7 @@ SUMMARY_COLUMNS = {
 }
 
 
-@register("steps", "Stage times (mean, CV, max/min, p95/p50, share), unexplained time, outlier steps, time vs length")
+@register("stages", "Stage times (mean, CV, max/min, p95/p50, share), unexplained time, outlier steps, time vs length")
 def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """One row per run × stage with the `stage_stats` columns, plus run-level columns repeated on
     each row: mean_unexplained_s (mean over steps of step_s − Σ timers), outlier_steps (robust

@@ -1,6 +1,6 @@
 """Ingest speed for verl console logs: polytrace against a plain-Python regex loop, in one run.
 
-Writes a large, realistic verl console log under bench/out/ (Ray prefixes in ANSI colour, numpy
+Writes a large, realistic verl console log under benchmarks/out/ (Ray prefixes in ANSI colour, numpy
 repr values, ~110 keys per metric line, and per step a tqdm update, warnings, worker log lines
 and a pprinted dict), then measures:
   polytrace  the whole `polytrace ingest` process into a new on-disk store, --repeat times (the
@@ -8,7 +8,7 @@ and a pprinted dict), then measures:
   baseline   plain Python: per line, strip ANSI and the Ray prefix with `re`, anchor `step:`,
              split the pairs, unwrap and float() each value, then one bulk insert into DuckDB.
 Prints MB/s, lines/s and the ratio polytrace / baseline.
-Usage: python bench/ingest_console.py [--mb 100] [--repeat 3]
+Usage: python benchmarks/ingest_console.py [--mb 100] [--repeat 3]
 """
 
 from __future__ import annotations

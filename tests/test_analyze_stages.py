@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from polytrace_cli.analyze import steps as step_analysis
+from polytrace_cli.analyze import stages as step_analysis
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.analyze.registry import all_analyses
 
@@ -106,7 +106,7 @@ def test_correlations_and_fit(loaded):
 
 
 def test_summary_and_runs_without_step_metrics(loaded):
-    summary = all_analyses()["steps"].summary(loaded, [1, 2], StepRange())
+    summary = all_analyses()["stages"].summary(loaded, [1, 2], StepRange())
     step_row = summary.filter((summary["run"] == "x") & (summary["stage"] == "step")).row(0, named=True)
     assert step_row["basis"] == "step_aggregates"
     assert step_row["mean_unexplained_s"] == pytest.approx(18 / 6)

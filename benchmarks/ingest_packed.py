@@ -1,14 +1,14 @@
 """Ingest speed for packed-lengths traces: polytrace against a plain-Python loop and DuckDB's ceiling.
 
 Writes a large `packed_lengths_step_N.jsonl` trace (n_sampling 8, like the real traces) under
-bench/out/, then measures, in this one run:
+benchmarks/out/, then measures, in this one run:
   polytrace  the whole `polytrace ingest` process into an on-disk store (wall time, peak RSS);
   baseline   plain Python: json.loads per line, rows collected, one bulk insert into DuckDB
              (run on a prefix of the file to keep its memory bounded; rates are per MB and sample);
   ceiling    DuckDB's own read_json + unnest of the same file into an on-disk table (one row per
              response), and read_json into a table of prompt groups with the lengths as a list,
              the layout polytrace stores (`sample_groups`; the `samples` view unnests it on read).
-Usage: python bench/ingest_packed.py [--lines N]
+Usage: python benchmarks/ingest_packed.py [--lines N]
 """
 
 from __future__ import annotations

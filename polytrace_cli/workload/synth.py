@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polytrace_cli.bench.distributions import LengthModel, Marginal
+from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.errors import PolytraceError
 
 

@@ -1,6 +1,6 @@
 """Analysis speed at scale: every registered analysis over 5 M samples and 1,000 steps.
 
-Builds (once; reused when present) an on-disk store under bench/out/analyze_scale/ with DuckDB SQL
+Builds (once; reused when present) an on-disk store under benchmarks/out/analyze_scale/ with DuckDB SQL
 generating rows straight into the tables:
   run `scale`    5,000,000 samples over 1,000 steps, 8 DP ranks, 8 responses per prompt, stored
                  as prompt groups (`sample_groups`, as packed-lengths traces are); prompt lengths
@@ -17,7 +17,7 @@ so the store is identical on every build.
 
 Then runs every analysis' summary over the three runs in a child process and prints per-analysis and
 total seconds, and that process' peak RSS, against the target (< 10 s total, < 2 GB).
-Usage: python bench/analyze_scale.py [--samples N] [--steps N] [--rebuild]
+Usage: python benchmarks/analyze_scale.py [--samples N] [--steps N] [--rebuild]
 """
 
 from __future__ import annotations

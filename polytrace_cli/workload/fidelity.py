@@ -3,7 +3,7 @@
 The run's lengths (training samples only: prompts once per prompt group, responses once per
 sample) are compared with a workload of the run's shape (prompts per step, responses per prompt,
 DP ranks, cap) over MODEL_DRAW_FACTOR times its steps, written by the generator
-(`bench.synth.synthesize`, packed-lengths traces, read back from its files), and also with direct
+(`workload.synth.synthesize`, packed-lengths traces, read back from its files), and also with direct
 independent draws from the length model (`LengthModel.sample`, capped), which separates the fit's
 own error from what the generator adds (the grouping of responses by prompt).
 
@@ -31,8 +31,8 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.bench.distributions import LengthModel, load_own, read_params_json
-from polytrace_cli.bench.synth import WorkloadSpec, synthesize
+from polytrace_cli.workload.distributions import LengthModel, load_own, read_params_json
+from polytrace_cli.workload.synth import WorkloadSpec, synthesize
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import fetch_first
 
@@ -212,7 +212,7 @@ def workload_from_run(con: duckdb.DuckDBPyConnection, run: str, sampler: str = "
     Multi-turn runs (whose fit carries a multi-turn model) default to multi-turn trajectories, and
     the drift per step is the fitted one.
     """
-    from polytrace_cli.bench.export import resolve_run
+    from polytrace_cli.workload.export import resolve_run
 
     run_id = resolve_run(con, run)
     document = fitted_params(con, run_id)

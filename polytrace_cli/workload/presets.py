@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polytrace_cli.bench.distributions import GaussianMixture2D, LengthModel, Marginal
-from polytrace_cli.bench.synth import WorkloadSpec
+from polytrace_cli.workload.distributions import GaussianMixture2D, LengthModel, Marginal
+from polytrace_cli.workload.synth import WorkloadSpec
 from polytrace_cli.errors import PolytraceError
 
 # Published math fit (enhanced_task_distribution_parameters.json, math_task.gmm_parameters), rounded.

@@ -1,1 +1,0 @@
-"""Benchmark workloads: sampling realistic PolyTrace traces from fitted distributions."""

@@ -1,0 +1,1 @@
+"""Report tables (T1), one module each, drawn from analysis summaries like the figures."""
