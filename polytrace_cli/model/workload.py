@@ -1,0 +1,217 @@
+"""The per-step workload frame of a run: what each step had to do and how long its stages took.
+
+One row per (segment, step). Workload features, from the step-aggregate log when it logs them and
+from per-sample traces otherwise (validation samples left out; a sample's rank is its dp_rank,
+else its rank):
+
+    r_max                longest response (tokens): response_length/max, else max response_len
+    n_responses          responses in the batch: perf/total_num_tokens / (prompt_length/mean +
+                         response_length/mean) rounded to a count, else the count of samples
+    response_tokens      Σ response lengths = response_length/mean · n_responses, else Σ response_len;
+                         response_length/mean alone when n_responses cannot be told (a fixed
+                         batch: the seconds per token then absorb the batch size)
+    total_tokens         Σ (prompt + response) lengths: perf/total_num_tokens, else from samples
+    mean_rank_tokens     per-DP-rank token sums, their mean: global_seqlen/mean, else the samples'
+                         per-rank sums, else total_tokens / ranks (ranks = run meta n_gpus, else 1)
+    busiest_rank_tokens  their max: global_seqlen/max, else the samples', else mean_rank_tokens
+
+Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
+OpenRLHF `timing/broadcast`). wall_s is the step's wall time: step_s (Σ logged timers when step_s
+is missing) plus testing_s and save_checkpoint_s when the step time does not include them (run meta
+`step_time_includes_testing` / `_checkpoint`; when the meta cannot tell, the numbers decide, see
+`overheads_included`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from polytrace_cli.analyze.common import frame
+from polytrace_cli.errors import PolytraceError
+
+# Stages with a workload model, in pipeline order, and the logged overheads besides them.
+MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
+                   "update_weights")
+OVERHEADS = ("testing", "save_checkpoint")
+FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses")
+
+WORKLOAD_COLUMNS = {
+    "segment": pl.Int64, "step": pl.Int64,
+    **{name: pl.Float64 for name in FEATURES},
+    "ranks": pl.Int64, "workload_basis": pl.String,
+    **{f"{stage}_s": pl.Float64 for stage in (*MODELLED_STAGES, *OVERHEADS)},
+    "step_s": pl.Float64, "wall_s": pl.Float64,
+    "validation_only": pl.Boolean, "has_testing": pl.Boolean, "has_checkpoint": pl.Boolean,
+    "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
+}
+
+_WEIGHT_SYNC_KEYS = ("timing_s/update_weights", "timing/broadcast")
+
+_WORKLOAD_SQL = """
+WITH st AS (
+    SELECT * FROM steps WHERE run_id = $run
+), extra AS (
+    SELECT segment, step,
+           max(value) FILTER (WHERE key IN ('timing_s/update_weights', 'timing/broadcast')) AS update_weights_s,
+           max(value) FILTER (WHERE key = 'global_seqlen/max') AS seqlen_max,
+           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean
+    FROM step_metrics
+    WHERE run_id = $run AND key IN ('timing_s/update_weights', 'timing/broadcast', 'global_seqlen/max',
+                                    'global_seqlen/mean')
+    GROUP BY segment, step
+), per_rank AS (
+    SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
+           sum(response_len) AS response_tokens, sum(coalesce(prompt_len, 0) + response_len) AS tokens,
+           count(*) AS n
+    FROM samples
+    WHERE run_id = $run AND NOT coalesce(validate, false) AND response_len IS NOT NULL
+      AND coalesce(tp_rank, 0) = 0
+    GROUP BY ALL
+), sampled AS (
+    SELECT step, max(r_max) AS r_max, sum(response_tokens) AS response_tokens, sum(tokens) AS total_tokens,
+           sum(n) AS n_responses,
+           CASE WHEN count(dp_rank) > 0 THEN max(tokens) END AS busiest_rank_tokens,
+           CASE WHEN count(dp_rank) > 0 THEN avg(tokens) END AS mean_rank_tokens,
+           count(DISTINCT dp_rank) AS sample_ranks
+    FROM per_rank GROUP BY step
+), keys AS (
+    SELECT segment, step FROM st
+    UNION
+    SELECT 0 AS segment, step FROM sampled WHERE step NOT IN (SELECT step FROM st)
+)
+SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
+       st.response_length_max, st.response_length_mean, st.prompt_length_mean, st.total_tokens AS logged_total,
+       extra.seqlen_max, extra.seqlen_mean,
+       sampled.r_max AS sample_r_max, sampled.response_tokens AS sample_response_tokens,
+       sampled.total_tokens AS sample_total_tokens, sampled.n_responses::DOUBLE AS sample_n,
+       sampled.busiest_rank_tokens::DOUBLE AS sample_busiest, sampled.mean_rank_tokens::DOUBLE AS sample_mean,
+       sampled.sample_ranks,
+       st.gen_s, st.reward_s, st.old_log_prob_s, st.ref_s, st.values_s, st.adv_s, st.update_actor_s,
+       st.update_critic_s, extra.update_weights_s, st.testing_s, st.save_checkpoint_s, st.step_s,
+       coalesce(st.is_validation_only, false) AS validation_only,
+       coalesce(st.has_testing, false) AS has_testing, coalesce(st.has_checkpoint, false) AS has_checkpoint,
+       k.step = min(k.step) OVER (PARTITION BY k.segment) AS segment_start,
+       (k.segment > 0 AND k.step = min(k.step) OVER (PARTITION BY k.segment))
+           OR coalesce(list_has_any(st.flags, ['restart', 'resumed']), false) AS restart,
+       coalesce(st.truncated_line, false) AS truncated_line
+FROM keys k
+LEFT JOIN st ON st.segment = k.segment AND st.step = k.step
+LEFT JOIN extra ON extra.segment = k.segment AND extra.step = k.step
+LEFT JOIN sampled ON sampled.step = k.step
+ORDER BY k.segment, k.step
+"""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the workload frame needs from `runs`: id, name, meta."""
+
+    run_id: int
+    name: str
+    meta: dict
+
+
+def run_info(con: duckdb.DuckDBPyConnection, run: str | int) -> RunInfo:
+    """The run by name (or id); an unknown run is a PolytraceError naming the known ones."""
+    from polytrace_cli.store.queries import run_ids
+
+    run_id = run if isinstance(run, int) else run_ids(con, [run])[0]
+    from polytrace_cli.store.connection import fetch_first
+
+    row = fetch_first(con, "SELECT name, meta FROM runs WHERE run_id = ?", [run_id])
+    if row is None:
+        raise PolytraceError(f"no run with id {run_id}")
+    name, meta = row
+    return RunInfo(run_id, name, json.loads(meta) if meta else {})
+
+
+def _ranks_from_meta(meta: dict) -> int | None:
+    for key in ("n_gpus", "dp_size", "world_size"):
+        value = meta.get(key)
+        if isinstance(value, (int, float)) and value >= 1:
+            return int(value)
+    nodes, per_node = meta.get("nnodes"), meta.get("n_gpus_per_node")
+    if isinstance(nodes, (int, float)) and isinstance(per_node, (int, float)) and nodes * per_node >= 1:
+        return int(nodes * per_node)
+    return None
+
+
+def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFrame:
+    """The run's per-step workload frame (columns `WORKLOAD_COLUMNS`, see the module docstring)."""
+    info = run_info(con, run)
+    raw = frame(con, _WORKLOAD_SQL.replace("$run", str(int(info.run_id))))
+    meta_ranks = _ranks_from_meta(info.meta)
+    ranks = meta_ranks or 1
+    c = pl.col
+    per_token = c("prompt_length_mean") + c("response_length_mean")
+    logged_n = pl.when(per_token > 0).then((c("logged_total") / per_token).round(0))
+    df = raw.with_columns(
+        r_max=pl.coalesce(c("response_length_max"), c("sample_r_max")),
+        n_responses=pl.coalesce(logged_n, c("sample_n")),
+        total_tokens=pl.coalesce(c("logged_total"), c("sample_total_tokens")),
+        logged_n=logged_n,
+    ).with_columns(
+        response_tokens=pl.coalesce(c("response_length_mean") * c("logged_n"), c("sample_response_tokens"),
+                                    c("response_length_mean")),
+        mean_rank_tokens=pl.coalesce(c("seqlen_mean"), c("sample_mean"), c("total_tokens") / ranks),
+    ).with_columns(
+        busiest_rank_tokens=pl.coalesce(c("seqlen_max"), c("sample_busiest"), c("mean_rank_tokens")),
+        ranks=pl.coalesce(
+            pl.when(c("seqlen_mean") > 0).then((c("logged_total") / c("seqlen_mean")).round(0).cast(pl.Int64)),
+            pl.when(c("sample_ranks") > 0).then(c("sample_ranks").cast(pl.Int64)),
+            pl.lit(meta_ranks, dtype=pl.Int64),
+        ),
+        workload_basis=pl.when(c("response_length_max").is_not_null() | c("logged_total").is_not_null())
+        .then(pl.lit("step_aggregates"))
+        .when(c("sample_r_max").is_not_null()).then(pl.lit("samples")),
+    )
+    testing_in, checkpoint_in = overheads_included(df, info.meta)
+    logged_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in (*MODELLED_STAGES, *OVERHEADS)])
+    any_timer = pl.any_horizontal([pl.col(f"{s}_s").is_not_null() for s in (*MODELLED_STAGES, *OVERHEADS)])
+    base = pl.when(c("step_s").is_not_null()).then(c("step_s")).when(any_timer).then(logged_sum)
+    wall = (base
+            + pl.when(c("step_s").is_not_null() & pl.lit(not testing_in)).then(c("testing_s").fill_null(0))
+            .otherwise(0)
+            + pl.when(c("step_s").is_not_null() & pl.lit(not checkpoint_in)).then(c("save_checkpoint_s").fill_null(0))
+            .otherwise(0))
+    df = df.with_columns(wall_s=wall)
+    return df.select(list(WORKLOAD_COLUMNS)).cast(WORKLOAD_COLUMNS)
+
+
+def overheads_included(df: pl.DataFrame, meta: dict) -> tuple[bool, bool]:
+    """Whether step_s includes testing_s and save_checkpoint_s. Run meta `step_time_includes_testing`
+    and `step_time_includes_checkpoint` decide when they are true or false; otherwise the numbers:
+    over the steps logging the overhead, with gap = step_s − Σ other timers − overhead, the overhead
+    counts as included when median(gap) > −overhead/2 (a rest around 0, not minus the overhead).
+    With no such step, verl's layout (both inside timing_s/step) is assumed."""
+    stage_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in MODELLED_STAGES])
+    answers = []
+    for overhead, key in (("testing", "step_time_includes_testing"), ("save_checkpoint", "step_time_includes_checkpoint")):
+        told = meta.get(key)
+        if isinstance(told, bool):
+            answers.append(told)
+            continue
+        other = [f"{o}_s" for o in OVERHEADS if o != overhead]
+        rows = df.filter(pl.col(f"{overhead}_s").is_not_null() & pl.col("step_s").is_not_null()).select(
+            gap=pl.col("step_s") - stage_sum - pl.sum_horizontal([pl.col(o).fill_null(0) for o in other])
+            - pl.col(f"{overhead}_s"),
+            seconds=pl.col(f"{overhead}_s"),
+        )
+        if rows.height == 0:
+            answers.append(True)
+            continue
+        answers.append(bool(np.median(rows["gap"].to_numpy()) > -0.5 * np.median(rows["seconds"].to_numpy())))
+    return answers[0], answers[1]
+
+
+def training_mask(df: pl.DataFrame) -> pl.Series:
+    """Steps a model is fitted on: logged a step or stage time, not validation-only, without
+    testing or checkpoint overheads, not the first step of a segment (warm-up) nor a restart."""
+    timed = df["wall_s"].is_not_null()
+    return (timed & ~df["validation_only"] & ~df["has_testing"] & ~df["has_checkpoint"]
+            & ~df["segment_start"] & ~df["restart"]).alias("training")
