@@ -20,19 +20,20 @@ import duckdb
 
 RAW_EXCERPT_CHARS = 300
 
-# Tables whose rows belong to one file; re-ingesting a changed file replaces exactly these rows.
-FILE_OWNED_TABLES = (
-    "sample_rows",
-    "sample_groups",
-    "turns",
-    "tool_calls",
-    "rank_timings",
-    "filter_batches",
-    "step_metrics",
-    "step_flags",
-    "ingest_errors",
-    "ignored_lines",
-)
+def file_owned_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Tables whose rows belong to one file, read from the catalog: every base table of the store
+    with a `file_id` column except `files` itself. Re-ingesting a changed file replaces exactly
+    their rows of that file."""
+    rows = con.execute(
+        """
+        SELECT c.table_name FROM duckdb_columns() c
+        JOIN duckdb_tables() t USING (database_name, schema_name, table_name)
+        WHERE c.column_name = 'file_id' AND c.table_name <> 'files'
+          AND c.database_name = current_database() AND c.schema_name = current_schema()
+        ORDER BY c.table_name
+        """
+    ).fetchall()
+    return [name for (name,) in rows]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
-from polytrace_cli.ingest.base import FILE_OWNED_TABLES, FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import FileHashes, walk
 from polytrace_cli.ingest.registry import detect, get_ingester, is_binary, read_head
 from polytrace_cli.store.connection import fetch_first
@@ -138,7 +138,7 @@ def _merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str 
 
 def delete_file_rows(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     """Remove everything one file contributed to the store."""
-    for table in FILE_OWNED_TABLES:
+    for table in file_owned_tables(con):
         con.execute(f"DELETE FROM {table} WHERE file_id = ?", [file_id])
     con.execute("DELETE FROM files WHERE file_id = ?", [file_id])
 
