@@ -32,3 +32,33 @@ def test_a_step_printed_twice_with_other_keys_is_one_step(store):
                     (1, 3, 12.5, 22.5, False)]
     flags = store.execute("SELECT segment, step, flag, line_no FROM step_flags ORDER BY line_no").fetchall()
     assert flags == [(1, 3, "restart", 6)]
+
+
+STEPS_COLUMNS_BEFORE = [
+    "run_id", "segment", "step", "gen_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s",
+    "update_actor_s", "update_critic_s", "testing_s", "save_checkpoint_s", "step_s", "response_length_mean",
+    "response_length_max", "response_length_min", "prompt_length_mean", "prompt_length_max", "prompt_length_min",
+    "clip_ratio", "total_tokens", "throughput", "is_validation_only", "has_testing", "has_checkpoint",
+    "truncated_line", "flags",
+]
+
+
+def test_steps_view_keeps_every_column_and_maps_aliases(store):
+    columns = [row[0] for row in store.execute("DESCRIBE steps").fetchall()]
+    assert [c for c in columns if c in STEPS_COLUMNS_BEFORE] == STEPS_COLUMNS_BEFORE
+    # Every view column ending in _s is fed by at least one alias.
+    canonical = {row[0] for row in store.execute("SELECT DISTINCT canonical FROM metric_aliases").fetchall()}
+    assert {c for c in columns if c.endswith("_s")} <= canonical
+    store.execute("INSERT INTO runs (run_id, name) VALUES (nextval('run_id_seq'), 'r')")
+    run_id = store.execute("SELECT run_id FROM runs").fetchall()[0][0]
+    store.execute(
+        "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no) VALUES"
+        " (?, 0, 1, 'timing_s/gen', 3.0, NULL, 0, 1), (?, 0, 1, 'timing/generation', 4.0, NULL, 0, 2),"
+        " (?, 0, 1, 'response_length/max', 100, NULL, 0, 1), (?, 0, 2, 'actor/loss', 0.5, NULL, 0, 3)",
+        [run_id] * 4)
+    store.execute("INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)"
+                  " VALUES (?, 0, 1, 'truncated_line', '', 0, 1)", [run_id])
+    rows = store.execute("SELECT step, gen_s, response_length_max, step_s, truncated_line, flags FROM steps"
+                         " ORDER BY step").fetchall()
+    # Two keys feeding one column: the larger value, as before.
+    assert rows == [(1, 4.0, 100.0, None, True, ["truncated_line"]), (2, None, None, None, False, [])]
