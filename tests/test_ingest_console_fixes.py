@@ -62,3 +62,14 @@ def test_steps_view_keeps_every_column_and_maps_aliases(store):
                          " ORDER BY step").fetchall()
     # Two keys feeding one column: the larger value, as before.
     assert rows == [(1, 4.0, 100.0, None, True, ["truncated_line"]), (2, None, None, None, False, [])]
+
+
+def test_test_score_keys_mark_validation(store, tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step:1 - actor/loss:0.1 - timing_s/step:2.0\n"
+                   "step:2 - test_score/openai/gsm8k:0.5 - val-core/acc:0.4\n"
+                   "step:3 - test_score/openai/gsm8k:0.6\n"
+                   "step:4 - actor/loss:0.2 - test_score/openai/gsm8k:0.7\n")
+    _ingest(store, log)
+    rows = store.execute("SELECT step, is_validation_only FROM steps ORDER BY step").fetchall()
+    assert rows == [(1, False), (2, True), (3, True), (4, False)]

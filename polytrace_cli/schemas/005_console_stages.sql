@@ -1,4 +1,4 @@
--- The `steps` view with its canonical columns in one list.
+-- The `steps` view with its canonical columns in one list; `test_score/*` keys mark validation.
 
 -- One row per (run, segment, step) of a step-aggregate log. The canonical columns are the one
 -- list in the PIVOT below (a view cannot read its columns from a table): adding a column is one
@@ -11,7 +11,7 @@ WITH m AS (
     FROM step_metrics sm LEFT JOIN metric_aliases a ON a.key = sm.key
 ), per_step AS (
     SELECT run_id, segment, step,
-           bool_and(key LIKE 'val-%' OR key LIKE 'val/%' OR key LIKE 'eval/%')
+           bool_and(key LIKE 'val-%' OR key LIKE 'val/%' OR key LIKE 'eval/%' OR key LIKE 'test_score/%')
                AS is_validation_only,
            count(*) FILTER (WHERE canonical = 'testing_s') > 0         AS has_testing,
            count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
