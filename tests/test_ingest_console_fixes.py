@@ -73,3 +73,19 @@ def test_test_score_keys_mark_validation(store, tmp_path):
     _ingest(store, log)
     rows = store.execute("SELECT step, is_validation_only FROM steps ORDER BY step").fetchall()
     assert rows == [(1, False), (2, True), (3, True), (4, False)]
+
+
+def test_verl_01_timing_keys_feed_the_stages_without_inventing_a_step_time(store):
+    from polytrace_cli.analyze import stages
+
+    [report] = _ingest(store, FIXTURES.parent / "console_v01" / "train.log")
+    rows = store.execute("SELECT step, gen_s, ref_s, values_s, adv_s, update_critic_s, update_actor_s, step_s"
+                         " FROM steps ORDER BY step").fetchall()
+    assert rows == [(1, 30.0, 2.0, 3.0, 0.5, 6.0, 8.0, None), (2, 34.0, 2.0, 3.0, 0.5, 6.0, 10.0, None),
+                    (3, 38.0, 2.0, 3.0, 0.5, 6.0, 12.0, None)]
+    stats = {row["stage"]: row for row in stages.stage_stats(store, [1]).to_dicts()}
+    assert stats["gen"]["mean_s"] == 34.0 and stats["update_actor"]["mean_s"] == 10.0
+    # No step total in the log: none is made up, and the run says so.
+    assert "step" not in stats
+    assert _meta(store)["step_time_logged"] is False
+    assert any("step time is not logged" in note for note in report.notes), report.notes

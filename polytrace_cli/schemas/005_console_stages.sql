@@ -1,5 +1,20 @@
 -- The `steps` view with its canonical columns in one list; `test_score/*` keys mark validation.
 
+-- verl <= 0.1 logged its timers as `timing/<stage>` (no `timing_s/`); OpenRLHF's `timing/*` keys
+-- have other names (`timing/generation`, `timing/ppo_train`, ...), so the two never collide.
+INSERT OR IGNORE INTO metric_aliases VALUES
+    ('timing/gen', 'gen_s'),
+    ('timing/reward', 'reward_s'),
+    ('timing/old_log_prob', 'old_log_prob_s'),
+    ('timing/ref', 'ref_s'),
+    ('timing/values', 'values_s'),
+    ('timing/adv', 'adv_s'),
+    ('timing/update_actor', 'update_actor_s'),
+    ('timing/update_critic', 'update_critic_s'),
+    ('timing/testing', 'testing_s'),
+    ('timing/save_checkpoint', 'save_checkpoint_s'),
+    ('timing/step', 'step_s');
+
 -- One row per (run, segment, step) of a step-aggregate log. The canonical columns are the one
 -- list in the PIVOT below (a view cannot read its columns from a table): adding a column is one
 -- `metric_aliases` row for each key feeding it plus its name in that list. Analyses read the stage
