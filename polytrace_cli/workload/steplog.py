@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -356,6 +356,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
 
 LOG_FORMATS = ("verl-console", "verl-jsonl")
 STYLES = ("repr", "fixed")   # verl >= 0.5 prints reprs (np.float64(...)); <= 0.4 prints every value with .3f
+# A verl version class: (console style, whether timing_s/step includes testing and save_checkpoint).
+VERL_VERSIONS = {"0.4": ("fixed", True), "0.5": ("repr", True), "0.8": ("repr", False)}
 # A value's type as verl's metrics dict holds it, which decides its repr in a 0.5+ console line.
 PLAIN, NP_FLOAT, NP_INT = "float", "np.float64", "np.int64"
 CONSOLE_NAME = "train.log"
@@ -542,8 +544,7 @@ def jsonl_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel) ->
 
 def truth_document(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel) -> dict:
     """truth.json: the model's coefficients and schedule, the workload shape, and the per-step frame."""
-    shape = {k: v for k, v in asdict(spec).items()}
-    return {"format": "polytrace-steplog-truth/1", "model": model.coefficients(), "workload": shape,
+    return {"format": "polytrace-steplog-truth/1", "model": model.coefficients(), "workload": asdict(spec),
             "steps": frame.to_dicts()}
 
 
