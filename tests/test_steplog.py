@@ -222,3 +222,33 @@ def test_bad_schedules_and_injections_are_clear_errors():
         step_table(LENGTHS, replace(SPEC, dp_ranks=1), StepTimeModel(injections=(Injection(2, "dp_imbalance"),)))
     with pytest.raises(PolytraceError, match="--validate-every"):
         step_table(LENGTHS, SPEC, StepTimeModel(validate_every=0))
+
+
+def test_a_resume_restarts_the_log_and_the_warmup(tmp_path, store):
+    """resume_after 6: a checkpoint at 6, the job's head printed again, validation at the loaded step 6
+    (a new segment, flagged restart), and generation warm-up again on steps 7 and 8."""
+    model = StepTimeModel(noise_sigma=0.0, validate_every=4, resume_after=6)
+    spec = replace(SPEC, steps=10)
+    table = step_table(LENGTHS, spec, model)
+    warm = {row["step"]: row["gen_s"] / (20.0 + 0.012 * row["r_max"] + 2.0e-5 * row["response_tokens"])
+            for row in table.iter_rows(named=True)}
+    assert [round(warm[s], 9) for s in range(1, 11)] == [1.8, 1.4, 1, 1, 1, 1, 1.8, 1.4, 1, 1]
+    assert table.filter("is_checkpoint")["step"].to_list() == [6]
+    assert table.filter("is_warmup")["step"].to_list() == [1, 2, 7, 8]
+    text = console_text(table, spec, model)
+    assert text.count("+ python3 -m verl.trainer.main_ppo") == 2 and "SIGTERM" in text
+    for name, body in (("console", text), ("jsonl", jsonl_text(table, spec, model))):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / ("train.log" if name == "console" else "metrics.jsonl")).write_text(body)
+        ingest_paths(store, [folder], run_name=name, task="math")
+        steps = store.sql("SELECT segment, step, gen_s, is_validation_only, flags FROM steps JOIN runs r USING (run_id) "
+                          "WHERE r.name = $run ORDER BY segment, step", params={"run": name}).pl()
+        restarted = steps.filter(pl.col("flags").list.contains("restart"))
+        assert restarted.select("step", "is_validation_only").rows() == [(6, True)], name
+        training = steps.filter(~pl.col("is_validation_only"))
+        assert training["step"].to_list() == list(range(1, 11))
+        assert training["gen_s"].to_list() == table["gen_s"].to_list()
+    assert store.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == 0
+    with pytest.raises(PolytraceError, match="--resume-after"):
+        step_table(LENGTHS, spec, replace(model, resume_after=10))

@@ -49,6 +49,8 @@ def test_synth_writes_verl_logs_with_schedule_injections_and_truth(tmp_path):
     (["--format", "verl-console", "--inject", "30:long_tail"], "outside the run's steps 1..6"),
     (["--format", "verl-console", "--verl-version", "0.6"], "--verl-version takes 0.4, 0.5, 0.8"),
     (["--validate-every", "3"], "--validate-every applies to verl logs"),
+    (["--resume-after", "3"], "--resume-after applies to verl logs"),
+    (["--format", "verl-jsonl", "--resume-after", "6"], "--resume-after must be a step before the last"),
     (["--format", "verl-console", "--multiturn"], "single-turn"),
 ])
 def test_synth_verl_mistakes_are_one_line_errors(tmp_path, extra, message):

@@ -42,6 +42,7 @@ def synth(
     inject: Annotated[list[str] | None, typer.Option(help="verl logs: STEP:CAUSE[:SIZE], repeatable; causes: long_tail, token_volume, dp_imbalance, validation, checkpoint, weight_sync, warmup, unexplained.")] = None,
     verl_version: Annotated[str, typer.Option(help="verl logs: 0.4 (values printed .3f), 0.5 (reprs) or 0.8 (reprs; timing_s/step without testing and checkpoint).")] = "0.5",
     truth: Annotated[Path | None, typer.Option(help="verl logs: also write the true per-step model here (.json, or .csv for the per-step table).")] = None,
+    resume_after: Annotated[int | None, typer.Option(help="verl logs: the job stops after a checkpoint at this step and resumes from it (warm-up again).")] = None,
     db: DbOption = None,
 ) -> None:
     """Sample a workload from fitted distributions and write it as PolyTrace traces or as verl logs from a known step-time model."""
@@ -78,14 +79,15 @@ def synth(
             raise fail(f"--verl-version takes {', '.join(VERL_VERSIONS)}, not {verl_version!r}")
         style, includes_overheads = VERL_VERSIONS[verl_version]
         step_model = StepTimeModel(validate_every=validate_every, checkpoint_every=checkpoint_every,
-                                   step_includes_overheads=includes_overheads,
+                                   step_includes_overheads=includes_overheads, resume_after=resume_after,
                                    injections=tuple(parse_injection(text) for text in inject or []))
         written = write_step_log(model, spec, step_model, out, (log_format,), style=style, truth=truth)
         console.print(f"wrote {', '.join(str(p) for p in written.files)}: {written.steps} steps of verl "
                       f"{verl_version} logs", highlight=False)
         return
     verl_only = [name for name, value in (("--validate-every", validate_every), ("--checkpoint-every", checkpoint_every),
-                                          ("--inject", inject), ("--truth", truth)) if value]
+                                          ("--inject", inject), ("--truth", truth),
+                                          ("--resume-after", resume_after)) if value]
     if verl_only:
         raise fail(f"{verl_only[0]} applies to verl logs: add --format verl-console or --format verl-jsonl")
     result = synthesize(model, spec, out)

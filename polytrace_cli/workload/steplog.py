@@ -13,7 +13,9 @@ The model (one `StepTimeModel`), per training step s with its drawn workload:
     step_s         = Σ stages + rest_s · ε (+ testing_s + save_checkpoint_s when `step_includes_overheads`)
 
 ε is an independent lognormal(0, noise_sigma) factor per stage and step. Warm-up multiplies
-generation on the first `warmup_steps` steps, by `warmup_slowdown` on step 1 falling linearly to 1.
+generation on the first `warmup_steps` steps, by `warmup_slowdown` on step 1 falling linearly to 1,
+and again from the first step after `resume_after` (the job stops after saving a checkpoint at that
+step and is started again from it).
 
 The workload of a step comes from a length model and `WorkloadSpec` (`synth.draw_step`: prompt
 groups of n responses with drift and a cap). The groups are dealt to DP ranks in contiguous chunks
@@ -111,6 +113,7 @@ class StepTimeModel:
     step_includes_overheads: bool = True  # verl <= 0.7: timing_s/step includes testing and save_checkpoint
     max_prompt_length: int = 2048
     injections: tuple[Injection, ...] = field(default_factory=tuple)
+    resume_after: int | None = None    # the job stops after this step's checkpoint and resumes from it
 
     def coefficients(self) -> dict:
         """The model as a JSON-able dict (what truth.json records)."""
@@ -131,6 +134,9 @@ def _check(model: StepTimeModel, spec: WorkloadSpec) -> None:
     unknown = {name for name, _, _ in model.token_stages} - set(TOKEN_STAGES)
     if unknown:
         raise PolytraceError(f"unknown token stage(s) {sorted(unknown)} (known: {', '.join(TOKEN_STAGES)})")
+    if model.resume_after is not None and not 1 <= model.resume_after < spec.steps:
+        raise PolytraceError(f"--resume-after must be a step before the last (1..{spec.steps - 1}), "
+                             f"not {model.resume_after}")
     for injection in model.injections:
         if injection.cause not in CAUSES:
             raise PolytraceError(f"unknown cause {injection.cause!r} (known: {', '.join(CAUSES)})")
@@ -180,10 +186,12 @@ def _snake_loads(sequence_tokens: np.ndarray, ranks: int) -> np.ndarray:
 
 
 def _warmup_factor(model: StepTimeModel, step: int) -> float:
-    """Generation slowdown of scheduled warm-up: warmup_slowdown on step 1, linearly down to 1 after warmup_steps."""
-    if model.warmup_steps < 1 or step > model.warmup_steps:
+    """Generation slowdown of scheduled warm-up: warmup_slowdown on the first step of the job (step 1,
+    and the step after `resume_after`), linearly down to 1 after warmup_steps."""
+    started = step - model.resume_after if model.resume_after is not None and step > model.resume_after else step
+    if model.warmup_steps < 1 or started > model.warmup_steps:
         return 1.0
-    return 1.0 + (model.warmup_slowdown - 1.0) * (model.warmup_steps - step + 1) / model.warmup_steps
+    return 1.0 + (model.warmup_slowdown - 1.0) * (model.warmup_steps - started + 1) / model.warmup_steps
 
 
 def is_validation_step(model: StepTimeModel, step: int, steps: int) -> bool:
@@ -276,7 +284,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             size = injected.get("validation")
             seconds["testing"] = size if size is not None else model.validate_s * eps["testing"]
             causes["validation"], stage_of["validation"] = seconds["testing"], "testing"
-        checkpoint = is_checkpoint_step(model, step, spec.steps) or "checkpoint" in injected
+        checkpoint = (is_checkpoint_step(model, step, spec.steps) or "checkpoint" in injected
+                      or step == model.resume_after)
         if checkpoint:
             size = injected.get("checkpoint")
             seconds["save_checkpoint"] = size if size is not None else model.checkpoint_s * eps["save_checkpoint"]
@@ -519,26 +528,42 @@ def console_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel, 
         raise PolytraceError(f"unknown console style {style!r} (known: {', '.join(STYLES)})")
     prefix = RAY_PREFIX if style == "repr" else "(main_task pid=27182) "
     lines = _head_lines(spec, model, style)
-    elapsed = 0.0
-    for step, pairs in metric_records(frame, spec, model):
+    elapsed, first = 0.0, 1
+    records = metric_records(frame, spec, model)
+    before_train = records[0] if records and records[0][0] == 0 else None
+    for step, pairs in records:
         body = " - ".join(f"{key}:{_value_text(value, kind, style)}" for key, value, kind in pairs)
         lines.append(f"{prefix}step:{step} - {body}")
         if step == 0:
             continue
         step_s = next(value for key, value, _ in pairs if key == "timing_s/step")
         elapsed += step_s
-        lines.append(_tqdm_line(step, spec.steps, elapsed, elapsed / step))
-        if model.checkpoint_every is not None and any(key == "timing_s/save_checkpoint" for key, _, _ in pairs):
+        lines.append(_tqdm_line(step, spec.steps, elapsed, elapsed / (step - first + 1)))
+        if any(key == "timing_s/save_checkpoint" for key, _, _ in pairs):
             lines.append(f"{prefix}local_global_step_folder: checkpoints/synthetic/{spec.task}/global_step_{step}")
+        if step == model.resume_after:
+            # The job is stopped and started again: it loads the checkpoint, validates before training
+            # at the loaded step (as verl does), and counts on from the next step.
+            lines.append("*** SIGTERM received at time=1767607200 on cpu 0 (pid 27182) ***")
+            lines += _head_lines(spec, model, style)
+            lines.append(f"{prefix}Load from checkpoint folder: checkpoints/synthetic/{spec.task}/global_step_{step}")
+            if before_train is not None:
+                key, value, kind = before_train[1][0]
+                lines.append(f"{prefix}step:{step} - {key}:{_value_text(value, kind, style)}")
+            elapsed, first = 0.0, step + 1
     return "\n".join(lines) + "\n"
 
 
 def jsonl_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel) -> str:
     """verl's file logger: one `{"step": N, "data": {key: value, ...}}` line per logged step."""
     lines = []
-    for step, pairs in metric_records(frame, spec, model):
+    records = metric_records(frame, spec, model)
+    for step, pairs in records:
         data = {key: (int(value) if kind == NP_INT or isinstance(value, int) else float(value)) for key, value, kind in pairs}
         lines.append(json.dumps({"step": step, "data": data}))
+        if step == model.resume_after and records[0][0] == 0:
+            key, value, _ = records[0][1][0]  # the resumed job validates before training at the loaded step
+            lines.append(json.dumps({"step": step, "data": {key: float(value)}}))
     return "\n".join(lines) + "\n"
 
 
