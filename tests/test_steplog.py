@@ -252,3 +252,22 @@ def test_a_resume_restarts_the_log_and_the_warmup(tmp_path, store):
     assert store.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == 0
     with pytest.raises(PolytraceError, match="--resume-after"):
         step_table(LENGTHS, spec, replace(model, resume_after=10))
+
+
+def test_token_volume_and_imbalance_truths_are_the_model_terms_of_what_changed():
+    """σ = 0: token_volume = b_tail·Δr_max + b_vol·Δresponse_tokens + Σ_k b_k·Δbusiest;
+    dp_imbalance = Σ_k b_k·(busiest − busiest of the plain dispatch), with the mean rank load unchanged."""
+    model = StepTimeModel(noise_sigma=0.0, warmup_steps=0)
+    spec = replace(SPEC, steps=5)
+    plain = step_table(LENGTHS, spec, model).row(2, named=True)
+    volume = step_table(LENGTHS, spec, replace(model, injections=(Injection(3, "token_volume", 1.5),))).row(2, named=True)
+    b_tokens = 1.5e-5 + 1.5e-5 + 4.5e-5
+    assert volume["cause_token_volume_s"] == pytest.approx(
+        0.012 * (volume["r_max"] - plain["r_max"]) + 2.0e-5 * (volume["response_tokens"] - plain["response_tokens"])
+        + b_tokens * (volume["busiest_rank_tokens"] - plain["busiest_rank_tokens"]))
+    assert volume["step_s"] - plain["step_s"] == pytest.approx(volume["cause_token_volume_s"])
+    skewed = step_table(LENGTHS, spec, replace(model, injections=(Injection(3, "dp_imbalance", 2.0),))).row(2, named=True)
+    assert skewed["mean_rank_tokens"] == plain["mean_rank_tokens"]
+    assert skewed["cause_dp_imbalance_s"] == pytest.approx(
+        b_tokens * (skewed["busiest_rank_tokens"] - plain["busiest_rank_tokens"]))
+    assert skewed["step_s"] - plain["step_s"] == pytest.approx(skewed["cause_dp_imbalance_s"])

@@ -216,7 +216,6 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
     by_step: dict[int, list[Injection]] = {}
     for injection in model.injections:
         by_step.setdefault(injection.step, []).append(injection)
-    token_stage_names = [name for name, _, _ in model.token_stages]
     rows = []
     for step in range(1, spec.steps + 1):
         prompts, responses = draw_step(length_model, spec, workload_rng, step - 1)
@@ -305,13 +304,12 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             causes["dp_imbalance"] = sum(by_stage.values())
             stage_of["dp_imbalance"] = max(by_stage, key=by_stage.get) if by_stage else None
         if "token_volume" in injected:
-            plain_loads = rank_loads(plain_responses, _rank_chunks(spec.batch, spec.dp_ranks))
-            scaled_loads = rank_loads(responses if "long_tail" not in injected else before_tail,
-                                      _rank_chunks(spec.batch, spec.dp_ranks))
-            volume_responses = responses if "long_tail" not in injected else before_tail
-            by_stage = {"gen": (gen_model(volume_responses) - gen_model(plain_responses)) * warm * slower * eps["gen"]}
-            by_stage.update({name: b * float(scaled_loads.max() - plain_loads.max()) * eps[name]
-                             for name, _, b in model.token_stages})
+            # Measured on the scaled responses before a long tail on the same step, in verl's dispatch.
+            scaled = before_tail if "long_tail" in injected else responses
+            dispatch = _rank_chunks(spec.batch, spec.dp_ranks)
+            extra_busiest = float(rank_loads(scaled, dispatch).max() - rank_loads(plain_responses, dispatch).max())
+            by_stage = {"gen": (gen_model(scaled) - gen_model(plain_responses)) * warm * slower * eps["gen"]}
+            by_stage.update({name: b * extra_busiest * eps[name] for name, _, b in model.token_stages})
             causes["token_volume"] = sum(by_stage.values())
             stage_of["token_volume"] = max(by_stage, key=by_stage.get)
 
