@@ -35,8 +35,11 @@ TRAINING_SAMPLES = "coalesce(validate, false) = false"
 EVIDENT_CAP_SHARE = 0.01
 EVIDENT_CAP_MIN_COUNT = 3
 
+# Summary column names other modules read (`polytrace check`).
+KIND, CLIP_RATIO, P99_P50 = "kind", "clip_ratio", "p99_p50"
+
 _STAT_COLUMNS = ["count", "mean_tokens", "std_tokens", "min_tokens", "p50_tokens", "p90_tokens", "p99_tokens",
-                 "max_tokens", "cv", "skewness", "kurtosis", "clip_ratio", "p99_p50", "max_p50"]
+                 "max_tokens", "cv", "skewness", "kurtosis", CLIP_RATIO, P99_P50, "max_p50"]
 
 
 def ids_sql(run_ids: list[int]) -> str:
