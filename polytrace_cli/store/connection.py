@@ -87,7 +87,24 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
     return con
 
 
-__all__ = ["DEFAULT_DB", "ENV_VAR", "open_store", "resolve_db_path", "schema_version"]
+# Settings that keep a connection inside its store: no files read or written (read_csv, COPY,
+# ATTACH, EXPORT), no extension installed or loaded, and no way to change these back.
+CONFINED_SETTINGS = (
+    "SET enable_external_access = false",
+    "SET autoinstall_known_extensions = false",
+    "SET autoload_known_extensions = false",
+    "SET lock_configuration = true",
+)
+
+
+def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Lock `con` to the store it has open: no file access, no extensions, configuration frozen."""
+    for statement in CONFINED_SETTINGS:
+        con.execute(statement)
+    return con
+
+
+__all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "open_store", "resolve_db_path", "schema_version"]
 
 
 def fetch_first(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple | None:
