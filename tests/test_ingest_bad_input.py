@@ -238,3 +238,16 @@ def test_an_out_of_range_step_does_not_abort_the_command_or_lose_other_files(tmp
             (1, "out-of-range"), (2, "out-of-range")]
     finally:
         con.close()
+
+
+def test_a_file_read_with_the_wrong_format_is_read_again_with_the_right_one(store, tmp_path):
+    path = _trace(tmp_path / "r", GOOD % 0 + "\n" + GOOD % 1 + "\n")
+    [wrong] = ingest_paths(store, [path], format_name="polytrace-reward")
+    assert (wrong.status, wrong.rejected) == ("ingested", 2)
+    [right] = ingest_paths(store, [path])
+    assert (right.status, right.format, right.rejected) == ("replaced", "polytrace-packed", 0)
+    assert store.execute("SELECT count(*) FROM sample_groups").fetchall() == [(2,)]
+    assert store.execute("SELECT count(*) FROM ingest_errors").fetchall() == [(0,)]
+    assert store.execute("SELECT format FROM files").fetchall() == [("polytrace-packed",)]
+    [again] = ingest_paths(store, [path])
+    assert again.status == "unchanged"

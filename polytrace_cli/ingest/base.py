@@ -160,6 +160,14 @@ class Ingester:
         """Read ctx.path into the store and account for every line on ctx."""
         raise NotImplementedError
 
+    def read_options(self) -> str:
+        """The options in force that change the rows this ingester writes, as text ('' when none).
+
+        Part of the key that lets an unchanged file be skipped on re-ingest, with the format name
+        and `version`.
+        """
+        return ""
+
 
 class JsonlTraceIngester(Ingester):
     """A JSON-lines trace recognised by its file name, or by marker keys in its first line(s)."""

@@ -171,19 +171,22 @@ def ingest_file(
     con: duckdb.DuckDBPyConnection, path: Path, ingester: Ingester, run_id: int, run_name: str, head: bytes,
     hashes: FileHashes,
 ) -> FileReport:
-    """Load one file in one transaction; unchanged files (same sha256 and parser) are skipped.
+    """Load one file in one transaction; a file read before the same way (same sha256, format, parser
+    version and row-changing options) is skipped.
 
     A new or changed file is hashed in `hashes`' thread while DuckDB parses it (hashlib releases the GIL).
     """
     path = path.resolve()
     started = time.perf_counter()
     existing = fetch_first(
-        con, "SELECT file_id, sha256, parser_version, bytes FROM files WHERE run_id = ? AND path = ?",
+        con, "SELECT file_id, sha256, format, parser_version, read_options, bytes FROM files"
+        " WHERE run_id = ? AND path = ?",
         [run_id, str(path)],
     )
+    options = ingester.read_options()
     report = FileReport(path=str(path), status="ingested", format=ingester.name, run=run_name,
                         bytes=path.stat().st_size)
-    if existing and existing[2] == ingester.version and existing[3] == report.bytes:
+    if existing and tuple(existing[2:]) == (ingester.name, ingester.version, options, report.bytes):
         sha, _, _ = hashes.result(path)
         if existing[1] == sha:
             report.status = "unchanged"
@@ -191,11 +194,11 @@ def ingest_file(
             return report
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
     return _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashes.future(path),
-                                report, started)
+                                report, started, options)
 
 
 def _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, existing, hashing, report,
-                         started) -> FileReport:
+                         started, options) -> FileReport:
     def replace_previous_version() -> None:
         if existing:
             delete_file_rows(con, existing[0])
@@ -216,9 +219,10 @@ def _load_in_transaction(con, path, ingester, run_id, run_name, head, file_id, e
         seconds = time.perf_counter() - started
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
-            " lines, stored, ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " read_options, lines, stored, ignored, rejected, rows, seconds)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [file_id, run_id, str(path), sha, size, ingester.name, ctx.format_version, ingester.version,
-             ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds],
+             options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds],
         )
         _merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
         con.execute("COMMIT")
