@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime
 import decimal
+import errno
 import functools
 import io
 import json
@@ -70,7 +71,11 @@ def user_errors(command):
             raise fail("interrupted; the file being read was rolled back", 130) from None
         except Exception as error:
             if _is_duckdb_error(error):
-                raise fail(_first_line(error)) from None
+                from polytrace_cli.store.connection import store_problem
+
+                raise fail(store_problem("the store", error) or _first_line(error)) from None
+            if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+                raise fail(f"the disk is full: {error.strerror}; free space and run again") from None
             raise
 
     return wrapper

@@ -375,3 +375,10 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
         resolver.drop_if_empty(run_id)
         return FileReport(path=shown, status="error", format=ingester.name,
                           message=f"cannot read: {error.strerror or error}")
+    except BaseException:
+        # The command stops (interrupt, full disk, a bug): leave no run that only this file created.
+        try:
+            resolver.drop_if_empty(run_id)
+        except Exception:
+            pass
+        raise
