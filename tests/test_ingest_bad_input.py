@@ -251,3 +251,32 @@ def test_a_file_read_with_the_wrong_format_is_read_again_with_the_right_one(stor
     assert store.execute("SELECT format FROM files").fetchall() == [("polytrace-packed",)]
     [again] = ingest_paths(store, [path])
     assert again.status == "unchanged"
+
+
+def test_out_of_range_values_in_whole_document_and_csv_formats_are_rejected_by_line(store, tmp_path):
+    """Dataset JSON lengths, wandb CSV and table steps: a bad value rejects its entry, never the command."""
+    folder = tmp_path / "run"
+    table_folder = folder / "files" / "media" / "table"
+    table_folder.mkdir(parents=True)
+    (folder / "dataset.json").write_text(
+        '{"1": {"input": [3, 1099511627776], "output": [5, 6]}, "2": {"input": [3], "output": [5.5]},'
+        ' "3": {"input": [1], "output": [2]}, "4.0": {"input": [1], "output": [2]}}')
+    (folder / "history.csv").write_text("Step,loss\n1,0.5\n5.7,0.4\n1e20,0.3\n3,0.1\n")
+    (table_folder / "val_3_abc123.table.json").write_text(
+        '{"columns": ["step", "input", "output"], "data": [[2147483648, "a", "b"], [5.7, "c", "d"], [3, "e", "f"]]}')
+    reports = ingest_paths(store, [folder])
+    assert {r.status for r in reports} == {"ingested"}
+    rows = store.execute("SELECT f.format, e.line_no, e.code, e.reason FROM ingest_errors e JOIN files f USING (file_id)"
+                         " ORDER BY f.format, e.line_no").fetchall()
+    assert rows == [
+        ("polytrace-dataset", 1, "out-of-range", "step 1: input[1]: 1099511627776 is out of range for INTEGER"),
+        ("polytrace-dataset", 2, "type-error", "step 2: output[0]: expected integer, got number"),
+        ("polytrace-dataset", 4, "type-error", "step key '4.0' is not an integer"),
+        ("wandb-csv", 3, "type-error", "Step is not an integer: '5.7'"),
+        ("wandb-csv", 4, "out-of-range", "Step is outside the step range: '1e20'"),
+        ("wandb-table", 1, "out-of-range", "step is outside the step range: '2147483648'"),
+        ("wandb-table", 2, "type-error", "step is not an integer: '5.7'"),
+    ]
+    assert store.execute("SELECT DISTINCT step FROM step_metrics ORDER BY step").fetchall() == [(1,), (3,)]
+    assert store.execute("SELECT step, prompt_len, response_len FROM samples WHERE validate IS NULL OR NOT validate"
+                         " ORDER BY step").fetchall() == [(3, 1, 2)]

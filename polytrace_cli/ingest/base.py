@@ -28,6 +28,23 @@ ERROR_CODES = (
 # The code of a rejection whose call site does not give one yet (stored as NULL).
 NOT_YET_TYPED = None
 
+# Steps are stored as INTEGER (samples, turns, rank timings); a step outside this range is rejected.
+STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
+
+
+def step_sql(text: str) -> str:
+    """SQL for the step written in the text expression `text`: an INTEGER when the text is a whole
+    number (`3`, `3.0`, `3e0`) within STEP_MIN..STEP_MAX, else NULL (never rounded or wrapped)."""
+    number = f"TRY_CAST(trim({text}) AS DOUBLE)"
+    return (f"(CASE WHEN {number} = floor({number}) AND {number} BETWEEN {STEP_MIN} AND {STEP_MAX}"
+            f" THEN CAST({number} AS INTEGER) END)")
+
+
+def step_problem_sql(text: str) -> str:
+    """SQL for the ingest error code of a step text that `step_sql` turns into NULL."""
+    number = f"TRY_CAST(trim({text}) AS DOUBLE)"
+    return f"(CASE WHEN {number} = floor({number}) THEN 'out-of-range' ELSE 'type-error' END)"
+
 # Tables whose rows belong to one file; re-ingesting a changed file replaces exactly these rows.
 FILE_OWNED_TABLES = (
     "sample_rows",
