@@ -280,3 +280,48 @@ def test_out_of_range_values_in_whole_document_and_csv_formats_are_rejected_by_l
     assert store.execute("SELECT DISTINCT step FROM step_metrics ORDER BY step").fetchall() == [(1,), (3,)]
     assert store.execute("SELECT step, prompt_len, response_len FROM samples WHERE validate IS NULL OR NOT validate"
                          " ORDER BY step").fetchall() == [(3, 1, 2)]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from polytrace_cli.ingest.jsonl import value_problem  # noqa: E402
+from polytrace_cli.store import open_store  # noqa: E402
+
+_EDGES = [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64]
+_JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.sampled_from(_EDGES), st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([5.7, 3.0, -0.5, 1e20, 2147483648.0]),
+    st.text(max_size=3), st.lists(st.integers(-5, 5), max_size=2),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=_JSON_VALUES, tokens=_JSON_VALUES, validate=_JSON_VALUES)
+def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, step, tokens, validate):
+    """A reward line with arbitrary values is stored or rejected the same way alone (bulk read_json)
+    and beside a bad line (per-line path), and exactly when `value_problem` says so."""
+    import json as json_module
+
+    folder = tmp_path_factory.mktemp("agree")
+    record = {"step": step, "reward_time_s": 1.5, "response_sum": tokens, "validate": validate}
+    line = json_module.dumps(record)
+    alone = _trace(folder / "alone", line + "\n", "reward_timings_step_1.jsonl")
+    beside = _trace(folder / "beside", line + "\n{oops\n", "reward_timings_step_1.jsonl")
+    con = open_store(folder / "s.duckdb")
+    try:
+        ingest_paths(con, [alone, beside])
+        stored = con.execute("SELECT file_id, step, tokens, validate FROM rank_timings ORDER BY file_id").fetchall()
+        codes = con.execute("SELECT file_id, code FROM ingest_errors WHERE line_no = 1 ORDER BY file_id").fetchall()
+    finally:
+        con.close()
+    from polytrace_cli.ingest.formats.polytrace_reward import REQUIRED, SPEC
+
+    expected = "missing-field" if step is None else (value_problem(record, SPEC, "") or (None,))[0]
+    assert all(record.get(name) is not None for name in REQUIRED) or expected == "missing-field"
+    if expected is None:
+        assert [row[1:] for row in stored] == [(int(step), None if tokens is None else int(tokens), validate)] * 2
+        assert codes == []
+    else:
+        assert stored == []
+        assert [code for _, code in codes] == [expected, expected]
