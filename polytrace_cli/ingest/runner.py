@@ -269,8 +269,11 @@ def ingest_paths(
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
-    A file named explicitly that cannot be read is an error; a file met while walking a folder
-    whose format is unknown is skipped and reported as such. One bad file never stops the others.
+    A file that cannot be read is an error, whether named or met while walking a folder; a file
+    met in a folder whose format is unknown is skipped and reported as such. A file rejected as a
+    whole (unknown format when named, binary, damaged archive, a format's whole-file error) is
+    stored with its reason once every file is read, under its run if that run exists: a failure
+    never creates a run. One bad file never stops the others.
     `hashes` may already hold (or be computing) files' hashes; by default each file is hashed as
     it is loaded.
     """
