@@ -54,9 +54,10 @@ THRESHOLDS: dict[str, Threshold] = {
     )
 }
 
-# Where a run's per-step data lives: (relation, step column).
-STEP_SOURCES = (("samples", "step"), ("steps", "step"), ("rank_timings", "step"), ("tool_calls", "step"),
-                ("filter_batches", "workload_step"))
+# Where a run's per-step data lives: (table, step column). Tables, not the views over them, so
+# that finding one row stays cheap.
+STEP_SOURCES = (("sample_rows", "step"), ("sample_groups", "step"), ("step_metrics", "step"),
+                ("rank_timings", "step"), ("tool_calls", "step"), ("filter_batches", "workload_step"))
 
 
 @dataclass(frozen=True)

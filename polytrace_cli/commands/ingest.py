@@ -94,7 +94,7 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
             bar = progress.add_task("", total=total_bytes)
 
             def advance(report: FileReport) -> None:
-                progress.update(bar, advance=report.bytes, description=Path(report.path).name)
+                progress.update(bar, advance=report.bytes, description=escape(Path(report.path).name))
 
             return ingest_paths(con, paths, on_file=advance, **options)
     finally:
