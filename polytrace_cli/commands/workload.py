@@ -92,7 +92,7 @@ def synth(
         raise fail(f"{verl_only[0]} applies to verl logs: add --format verl-console or --format verl-jsonl")
     result = synthesize(model, spec, out)
     console.print(f"wrote {len(result.files)} file(s) to {out}: {result.samples:,} packed samples, "
-                  f"{result.trajectories:,} trajectories")
+                  f"{result.trajectories:,} trajectories", markup=False)
 
 
 @user_errors
@@ -132,7 +132,7 @@ def demo(
             raise fail(f"cannot write the demo report under {reports}: {error.strerror or error}") from None
     finally:
         con.close()
-    console.print(f"sample logs in {out}/; try `polytrace query \"select * from samples limit 5\"`")
+    console.print(f"sample logs in {out}/; try `polytrace query \"select * from samples limit 5\"`", markup=False)
     console.print("demo report written; open it in a browser:")
     typer.echo(str(index))
 
@@ -202,7 +202,7 @@ def fit(
     emit_frame(_candidates_frame(document), title=f"fits for {run} (best: lowest AIC; sampled: the scipy family synth draws from)")
     for note in document.get("notes") or []:
         console.print(f"note: {note}", highlight=False, markup=False)
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", markup=False)
 
 
 @user_errors
@@ -223,7 +223,7 @@ def export(
         con.close()
     shape = "multi-turn" if result.multiturn else "single-turn"
     console.print(f"wrote {len(result.files)} file(s) to {out}: {result.steps} steps, "
-                  f"{result.samples:,} {'trajectories' if result.multiturn else 'samples'} ({shape})")
+                  f"{result.samples:,} {'trajectories' if result.multiturn else 'samples'} ({shape})", markup=False)
 
 
 @user_errors
