@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
+
 from polytrace_cli.ingest.runner import ingest_paths
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "verl" / "console_fixes"
@@ -89,3 +91,55 @@ def test_verl_01_timing_keys_feed_the_stages_without_inventing_a_step_time(store
     assert "step" not in stats
     assert _meta(store)["step_time_logged"] is False
     assert any("step time is not logged" in note for note in report.notes), report.notes
+
+
+def test_step_time_inclusion_is_decided_from_the_numbers(store):
+    """verl 0.8: the step time leaves testing out (290 s) and counts the checkpoint (30 s); every
+    step has 1.5 s beyond its stages, weight sync (12 s) included as a stage of its own."""
+    from polytrace_cli.analyze import stages
+
+    _ingest(store, FIXTURES.parent / "console_v08" / "train.log")
+    meta = _meta(store)
+    assert (meta["step_time_includes_testing"], meta["step_time_includes_checkpoint"]) == (False, True)
+    assert store.execute("SELECT DISTINCT update_weights_s FROM steps").fetchall() == [(12.0,)]
+    detail = stages.per_step(store, [1])
+    assert detail["unexplained_s"].to_list() == [1.5] * 10
+    assert detail.filter(pl.col("step") == 5)["stage_sum_s"].to_list() == [105.0 + 72.5]
+    assert detail.filter(pl.col("step") == 4)["stage_sum_s"].to_list() == [104.0 + 72.5 + 30.0]
+    stats = {row["stage"]: row for row in stages.stage_stats(store, [1]).to_dicts()}
+    assert stats["update_weights"]["mean_s"] == 12.0
+    summary = stages.summary(store, [1]).row(0, named=True)
+    assert summary["mean_unexplained_s"] == 1.5
+    assert (summary["step_includes_testing"], summary["step_includes_checkpoint"]) == (False, True)
+
+
+def test_step_time_inclusion_that_cannot_be_told_gives_no_unexplained_time(store):
+    from polytrace_cli.analyze import stages
+
+    store.execute("INSERT INTO runs (run_id, name) VALUES (1, 'x')")
+    # Steps 1-2 have 2 s beyond their stages. Step 3's testing seems counted, step 4's does not:
+    # the votes split, so the run cannot tell, and steps 3-4 get no unexplained time.
+    for step, (total, testing) in enumerate([(12, None), (12, None), (42, 30), (14, 30)], start=1):
+        values = {"timing_s/step": total, "timing_s/gen": 10}
+        if testing:
+            values["timing_s/testing"] = testing
+        for key, value in values.items():
+            store.execute("INSERT INTO step_metrics (run_id, segment, step, key, value, file_id) VALUES (1, 0, ?, ?, ?, 1)",
+                          [step, key, value])
+    inclusion = stages.step_time_inclusion(store, [1]).row(0)
+    assert inclusion == ("x", None, None)
+    assert stages.per_step(store, [1])["unexplained_s"].to_list() == [2.0, 2.0, None, None]
+
+
+def test_timers_beyond_the_step_give_no_negative_unexplained_time(store):
+    from polytrace_cli.analyze import stages
+
+    store.execute("INSERT INTO runs (run_id, name) VALUES (1, 'x')")
+    for step, (total, gen) in enumerate([(12, 10), (10, 10.005), (10, 15)], start=1):
+        for key, value in {"timing_s/step": total, "timing_s/gen": gen}.items():
+            store.execute("INSERT INTO step_metrics (run_id, segment, step, key, value, file_id) VALUES (1, 0, ?, ?, ?, 1)",
+                          [step, key, value])
+    detail = stages.per_step(store, [1])
+    assert detail["unexplained_s"].to_list() == [2.0, 0.0, None]
+    assert detail["timers_exceed_step"].to_list() == [False, False, True]
+

@@ -431,6 +431,7 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> No
         ctx.format_version = {"<=0.4": "verl<=0.4 (.3f values)", ">=0.5": "verl>=0.5 (repr values)"}.get(version)
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
         meta.update(_step_time_logged(ctx))
+        meta.update(run_metadata.step_time_inclusion(ctx.con, ctx.run_id))
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
     ctx.run_meta.update(meta)
