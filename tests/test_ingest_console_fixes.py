@@ -143,3 +143,24 @@ def test_timers_beyond_the_step_give_no_negative_unexplained_time(store):
     assert detail["unexplained_s"].to_list() == [2.0, 0.0, None]
     assert detail["timers_exceed_step"].to_list() == [False, False, True]
 
+
+def test_run_meta_from_the_printed_config_never_a_shell_variable(store):
+    _ingest(store, FIXTURES.parent / "console_config" / "train.log")
+    meta = _meta(store)
+    assert meta["model"] == "/models/Qwen2.5-7B-Instruct"
+    assert meta["adv_estimator"] == "grpo"
+    assert meta["project_name"] == "verl_grpo_example_gsm8k"
+    assert meta["experiment_name"] == "qwen2_7b_grpo_gsm8k_long"
+    assert meta["max_response_len"] == 2048
+    assert not any("$" in str(value) for value in meta.values()), meta
+
+
+def test_shell_variables_are_never_stored_without_a_config(store, tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$MODEL_PATH"
+                   " algorithm.adv_estimator=${ADV} trainer.n_gpus_per_node=8\n"
+                   "step:1 - actor/loss:0.100\n")
+    _ingest(store, log)
+    meta = _meta(store)
+    assert "model" not in meta and "adv_estimator" not in meta
+    assert meta["n_gpus_per_node"] == 8

@@ -399,6 +399,18 @@ def _note_zero_steps(ctx: FileContext, lines: pl.DataFrame) -> None:
     ctx.note(f"zero steps: the log ends before step 1{ending}")
 
 
+def _printed_config(lines: pl.DataFrame) -> dict:
+    """Settings from the last config dict verl printed at start (`run_metadata.verl_config_from_lines`)."""
+    cleaned = lines.get_column("c")
+    starts = lines.with_row_index("_row").filter(
+        pl.col("c").str.starts_with("{'") & pl.col("c").str.contains(run_metadata.VERL_CONFIG_START)
+    ).get_column("_row")
+    if not len(starts):
+        return {}
+    first = starts[-1]
+    return run_metadata.verl_config_from_lines(cleaned.slice(first, 5000).to_list())
+
+
 def _step_time_logged(ctx: FileContext) -> dict:
     """`step_time_logged`: whether the log holds a step total (`timing_s/step`, or verl <= 0.1's
     `timing/step`). verl <= 0.1 logs `timing/<stage>` often without one; the stages are read and
@@ -420,6 +432,7 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> No
         .filter(pl.col("c").str.contains(run_metadata.VERL_SETTINGS_LINE)).get_column("c")
     )
     settings = run_metadata.verl_settings(candidates.to_list())
+    settings.update(_printed_config(lines))
     meta = {"framework": "verl", **settings}
     if metric_lines:
         sample = ctx.con.execute(
