@@ -164,3 +164,62 @@ def test_shell_variables_are_never_stored_without_a_config(store, tmp_path):
     meta = _meta(store)
     assert "model" not in meta and "adv_estimator" not in meta
     assert meta["n_gpus_per_node"] == 8
+
+
+# --- text hygiene: one bad line is one bad line, never a binary file ------------------------
+
+def _console_report(store, path: Path):
+    [report] = ingest_paths(store, [path])
+    assert (report.status, report.format) == ("ingested", "verl-console"), report.message
+    return report
+
+
+def test_nul_bytes_make_bad_lines_not_a_binary_file(store, tmp_path):
+    from polytrace_cli.ingest.registry import is_binary
+
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    # A NUL in a value of a metric line (the rest parses: stored, that value as text), a line of NULs (a crash that
+    # left zero-filled blocks: rejected), and a final NUL block without newline.
+    log.write_bytes(b"step:1 - a:1.0\nstep:2 - a:2.0\nstep:3 - a:3.0\n\x00\x00\x00\x00\nstep:4 - a:4.0 - note:o\x00k\n"
+                    b"step:5 - a:5.0\nstep:6 - a:6.0\n\x00\x00")
+    assert not is_binary(log.read_bytes())
+    report = _console_report(store, log)
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (8, 6, 0, 2)
+    assert store.execute("SELECT step, value FROM step_metrics WHERE key = 'a' ORDER BY step").fetchall() == [
+        (step, float(step)) for step in range(1, 7)]
+    assert store.execute("SELECT value, text_value FROM step_metrics WHERE key = 'note'").fetchall() == [
+        (None, "o\ufffdk")]
+    assert store.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall() == [
+        (4, "line holds NUL bytes and no text"), (8, "line holds NUL bytes and no text")]
+
+
+def test_bad_utf8_makes_one_bad_line(store, tmp_path):
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    log.write_bytes(b"step:1 - a:1.0\nloading \xff\xfe shard\nstep:2 - a:2.0\n")
+    report = _console_report(store, log)
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (3, 2, 0, 1)
+    assert store.execute("SELECT line_no, reason FROM ingest_errors").fetchall() == [
+        (2, "line holds bytes that are not UTF-8")]
+
+
+def test_bom_and_cr_only_line_endings_lose_nothing(store, tmp_path):
+    bom = tmp_path / "a" / "train.log"
+    bom.parent.mkdir()
+    bom.write_bytes(b"\xef\xbb\xbfstep:1 - a:1.0\nstep:2 - a:2.0\n")
+    report = _console_report(store, bom)
+    assert (report.lines, report.stored) == (2, 2)
+    bom_and_bad = tmp_path / "b" / "train.log"
+    bom_and_bad.parent.mkdir()
+    bom_and_bad.write_bytes(b"\xef\xbb\xbfstep:1 - a:1.0\nx \xff\nstep:2 - a:2.0\n")
+    report = _console_report(store, bom_and_bad)
+    assert (report.lines, report.stored, report.rejected) == (3, 2, 1)
+    cr_only = tmp_path / "c" / "train.log"
+    cr_only.parent.mkdir()
+    cr_only.write_bytes(b"Loading\rstep:1 - a:1.0\rstep:2 - a:2.0\rstep:3 - a:3.0\r")
+    report = _console_report(store, cr_only)
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (4, 3, 1, 0)
+    runs = dict(store.execute("SELECT r.name, count(DISTINCT sm.step) FROM step_metrics sm JOIN runs r USING (run_id)"
+                              " GROUP BY r.name").fetchall())
+    assert runs == {"a": 2, "b": 2, "c": 3}

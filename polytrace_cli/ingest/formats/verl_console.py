@@ -23,6 +23,7 @@ How a file is read (FORMATS.md, section 1):
 
 from __future__ import annotations
 
+import codecs
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
-from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.registry import is_binary, register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 
 WANDB_LINE_LIMIT = 4096
@@ -94,7 +95,7 @@ def looks_like_verl_console(head: bytes) -> str | None:
     markers (a Ray `TaskRunner`/`main_task` actor, `actor_rollout_ref.` overrides, verl imports)
     and none of another framework's.
     """
-    text = head.decode("utf-8", errors="replace")
+    text = head.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
     for line in text.split("\n"):
         if "step:" in line and _SNIFF_METRIC.match(cl.clean_line(line)):
             return "metric line"
@@ -111,7 +112,7 @@ class VerlConsoleIngester(Ingester):
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        if b"\x00" in head[:4096]:
+        if is_binary(head):
             return False
         if b"step:" in head and looks_like_verl_console(head) == "metric line":
             return True
@@ -120,10 +121,11 @@ class VerlConsoleIngester(Ingester):
 
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
-        lines = _classify(_read_lines(ctx.path))
+        lines = _classify(_read_console_lines(ctx.path))
         ctx.lines = lines.height
+        lines = _reject_bad_text(ctx, lines)
         # tqdm lines are counted below: with no metric line they are the fallback source of steps.
-        noise = lines.filter(~pl.col("kind").is_in(["metric", "dirty", "tqdm"])).group_by("kind").len()
+        noise = lines.filter(~pl.col("kind").is_in(["metric", "dirty", "tqdm", "encoding"])).group_by("kind").len()
         for rule, count in noise.iter_rows():
             ctx.ignore(rule, count)
         metrics, lines = _parse_metric_lines(lines)
@@ -152,23 +154,73 @@ class VerlConsoleIngester(Ingester):
 
 
 def _read_lines(path: Path) -> pl.DataFrame:
-    """The file's lines, numbered from 1: columns line_no, raw.
-
-    Text that is not UTF-8 is decoded with replacement characters, so that its lines are still
-    counted and classified (a metric line with a bad byte in a key keeps the replaced key).
-    """
+    """The file's lines exactly as `str.split("\\n")` of its decoded text gives them (bad bytes
+    replaced), numbered from 1: columns line_no, raw."""
     raw = _read_lines_polars(path)
     if raw is None:
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = data.decode("utf-8", errors="replace")
-        parts = text.split("\n")
+        raw = pl.Series("raw", _split_text(path.read_bytes())[0], dtype=pl.String)
+    return _numbered(raw)
+
+
+def _read_console_lines(path: Path) -> pl.DataFrame:
+    """The file's lines as `_read_lines` gives them, repaired: columns line_no, raw, and `encoding`
+    (why a line's text is damaged, else null) when some line is.
+
+    A byte-order mark is dropped; a file with carriage returns and no newline has CR-ended lines.
+    NUL bytes and bytes that are not UTF-8 become replacement characters, so that a damaged line
+    is still counted and classified: a metric line keeps its pairs (a damaged value is kept as
+    text), any other damaged line is rejected (`_reject_bad_text`). The polars reader's lines
+    need none of this (it refuses files with NULs or bad bytes, and drops a byte-order mark).
+    """
+    raw = _read_lines_polars(path)
+    if raw is not None:
+        return _numbered(raw)
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    parts, lossy = _split_text(data)
+    if len(parts) == 1 and b"\n" not in data:
+        parts = parts[0].split("\r")
         if parts[-1] == "":
-            parts.pop()  # a final newline ends the last line; it does not start another
-        raw = pl.Series("raw", parts, dtype=pl.String)
+            parts.pop()
+    lines = _numbered(pl.Series("raw", parts, dtype=pl.String))
+    if not lossy and b"\x00" not in data:
+        return lines
+    line = pl.col("raw")
+    nul = line.str.contains("\x00", literal=True)
+    return lines.with_columns(
+        raw=line.str.replace_all("\x00", "\ufffd", literal=True),
+        encoding=pl.when(nul & (line.str.replace_all("\x00", "", literal=True).str.strip_chars() == ""))
+        .then(pl.lit("line holds NUL bytes and no text"))
+        .when(nul).then(pl.lit("line holds NUL bytes"))
+        .when(pl.lit(lossy) & line.str.contains("\ufffd", literal=True))
+        .then(pl.lit("line holds bytes that are not UTF-8")),
+    )
+
+
+def _split_text(data: bytes) -> tuple[list[str], bool]:
+    """(lines split on newlines, whether bytes that are not UTF-8 were replaced)."""
+    try:
+        text, lossy = data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, lossy = data.decode("utf-8", errors="replace"), True
+    parts = text.split("\n")
+    if parts[-1] == "":
+        parts.pop()  # a final newline ends the last line; it does not start another
+    return parts, lossy
+
+
+def _numbered(raw: pl.Series) -> pl.DataFrame:
     return pl.DataFrame({"raw": raw}).with_row_index("line_no", offset=1).with_columns(pl.col("line_no").cast(pl.Int64))
+
+
+def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:
+    """Reject the damaged lines that are not metric lines (kind becomes 'encoding'); metric lines
+    go on to be parsed."""
+    if "encoding" not in lines.columns:
+        return lines
+    bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in(["metric", "dirty"])
+    for line_no, reason, raw in lines.filter(bad).select("line_no", "encoding", "raw").iter_rows():
+        ctx.reject(line_no, reason, raw)
+    return lines.with_columns(kind=pl.when(bad).then(pl.lit("encoding")).otherwise(pl.col("kind"))).drop("encoding")
 
 
 def _read_lines_polars(path: Path) -> pl.Series | None:
@@ -193,6 +245,8 @@ def _read_lines_polars(path: Path) -> pl.Series | None:
         newlines = raw.len() - (handle.read(1) != b"\n")
     if raw.str.len_bytes().sum() + newlines != size or raw.str.contains("\ufffd", literal=True).any():
         return None
+    if not newlines and raw.str.contains("\r", literal=True).any():
+        return None  # carriage returns and no newline: CR-ended lines, split apart by the caller
     return raw
 
 
@@ -226,7 +280,7 @@ def _classify_slice(lines: pl.LazyFrame) -> pl.LazyFrame:
         # Only lines ending in CR pay for a stripped copy.
         raw_chars=pl.coalesce(pl.when(pl.col("raw").str.ends_with("\r")).then(pl.col("raw")).str.strip_chars_end("\r"),
                               pl.col("raw")).str.len_chars(),
-    ).select("line_no", "raw", "raw_chars", "c")
+    )
     metric_like = pl.col("c").str.starts_with("step:")
     well_formed = pl.col("c").str.contains(r"^step:-?\d+ - \S") & (pl.col("raw_chars") != WANDB_LINE_LIMIT)
     # Noise rules only read non-metric lines: metric lines (most of the bytes) are blanked for them
