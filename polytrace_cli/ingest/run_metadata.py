@@ -255,7 +255,7 @@ def stage_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
 def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """Whether a run's step time includes its testing and checkpoint timers, from its numbers.
 
-    For each extra timer X: residual = step_s − Σ stages on training steps with a step time;
+    For each extra timer X: residual = step_s − Σ stages on the steps with a step time;
     baseline b = median residual over steps without either extra timer (0 when there are none),
     spread = their interquartile range. A step with X > 0 (and not the other extra timer, when such
     steps exist) votes 'included' when residual > b + X/2 (nearer b + X than b), provided X is
@@ -266,13 +266,22 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """
     stages = stage_columns(con)
     stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
+    wanted = [*stages, "step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)]
+    # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
     rows = con.execute(
         f"""
+        WITH timers AS (
+            PIVOT (SELECT sm.segment, sm.step, a.canonical, sm.value
+                   FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+                   WHERE sm.run_id = ? AND a.canonical IN (SELECT unnest(?)))
+            ON canonical IN ({", ".join(f"'{column}'" for column in wanted)})
+            USING max(value) GROUP BY segment, step
+        )
         SELECT step_s - ({stage_sum}) AS residual, coalesce(testing_s, 0) AS testing,
                coalesce(save_checkpoint_s, 0) AS save_checkpoint
-        FROM steps WHERE run_id = ? AND step_s IS NOT NULL AND NOT is_validation_only
+        FROM timers WHERE step_s IS NOT NULL
         """,
-        [run_id],
+        [run_id, wanted],
     ).fetchall()
     baseline = sorted(residual for residual, testing, checkpoint in rows if testing <= 0 and checkpoint <= 0)
     centre = _quantile(baseline, 0.5) if baseline else 0.0
