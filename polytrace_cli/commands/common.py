@@ -7,9 +7,11 @@ fast, and `polytrace ingest` hashes its files while those libraries load.
 
 from __future__ import annotations
 
+import csv
 import functools
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from collections.abc import Iterable, Sequence
@@ -17,8 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from polytrace_cli.commands.tables import print_table
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
 
@@ -31,10 +33,26 @@ DbOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV for scripts.")]
+StepsOption = Annotated[
+    str | None, typer.Option("--steps", metavar="A:B", help="Step range A:B, A:, :B or N (default: every step).")
+]
+WideOption = Annotated[bool, typer.Option("--wide", help="Print every column (lines may be wider than the terminal).")]
+WaitOption = Annotated[
+    float,
+    typer.Option("--wait", metavar="SECONDS", min=0,
+                 help="If another process holds the store, retry for up to this many seconds (default: 0)."),
+]
 
-# Piped output is read by people in CI logs too: give tables room instead of 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def _width(stream) -> int | None:
+    # Piped output is read by people in CI logs too: give tables 200 columns instead of 80, unless
+    # COLUMNS says how wide the reader is.
+    return None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -73,24 +91,11 @@ def _is_duckdb_error(error: Exception) -> bool:
     return duckdb is not None and isinstance(error, duckdb.Error)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        if abs(value) >= 1e6 or (0 < abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1e4 else f"{value:,.1f}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return str(value)
-
-
-def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None) -> None:
-    """Print a frame as a rich table, or as JSON records / CSV for scripts."""
+def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None,
+               identity: Sequence[str] = (), order: Sequence[str] | None = None, wide: bool = False,
+               right: Sequence[str] = ()) -> None:
+    """Print a frame as a table fitted to the terminal (see `tables`), or as JSON records / CSV for scripts.
+    Numeric columns and those named in `right` are right-aligned."""
     if as_json:
         sys.stdout.write(json.dumps(frame.to_dicts(), default=json_default, indent=2) + "\n")
         return
@@ -99,15 +104,30 @@ def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = Fal
         frame.write_csv(buffer)
         sys.stdout.write(buffer.getvalue())
         return
-    numeric = {name for name, dtype in frame.schema.items() if dtype.is_numeric()}
-    emit_table(frame.columns, frame.iter_rows(), numeric, title=title)
+    numeric = {name for name, dtype in frame.schema.items() if dtype.is_numeric()} | set(right)
+    print_table(console, frame.columns, frame.iter_rows(), numeric, title=title, identity=identity, order=order,
+                wide=wide)
+
+
+def emit_rows(columns: list[str], rows: list[Sequence[Any]], *, as_json: bool = False, as_csv: bool = False,
+              title: str | None = None, identity: Sequence[str] = ()) -> None:
+    """`emit_frame` for plain rows (tuples from DuckDB), for commands that need no polars."""
+    if as_json:
+        records = [dict(zip(columns, row)) for row in rows]
+        sys.stdout.write(json.dumps(records, default=json_default, indent=2) + "\n")
+        return
+    if as_csv:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(["" if value is None else value for value in row] for row in rows)
+        sys.stdout.write(buffer.getvalue())
+        return
+    numeric = {name for i, name in enumerate(columns)
+               if any(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows)}
+    print_table(console, columns, rows, numeric, title=title, identity=identity)
 
 
 def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None) -> None:
-    """Print rows as a rich table; the `numeric` columns are right-aligned."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for name in columns:
-        table.add_column(name, justify="right" if name in numeric else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    """Print rows as a table fitted to the terminal; the `numeric` columns are right-aligned."""
+    print_table(console, columns, rows, numeric, title=title, identity=columns[:1])
