@@ -11,6 +11,7 @@ from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
+from polytrace_cli.commands import steps as steps_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workload as workload_commands
 
@@ -28,6 +29,9 @@ COMMANDS: dict[str, Callable] = {
     "runs": store_commands.runs,
     "query": store_commands.query,
     "errors": store_commands.errors,
+    "rm": store_commands.rm,
+    "rename": store_commands.rename,
+    "steps": steps_commands.steps,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
     "synth": workload_commands.synth,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import duckdb
@@ -45,11 +46,33 @@ def _explain_open_failure(path: Path, error: Exception) -> StoreError:
     return StoreError(f"cannot open store {path}: {first_line}")
 
 
-def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def _is_lock_error(error: Exception) -> bool:
+    return "lock" in str(error).lower()
+
+
+def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect, retried while another process holds the lock, for up to `wait` seconds
+    (pauses of 0.05 s doubling up to 1 s)."""
+    deadline = time.monotonic() + wait
+    pause = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except (duckdb.Error, OSError) as error:
+            left = deadline - time.monotonic()
+            if not _is_lock_error(error) or left <= 0:
+                raise _explain_open_failure(path, error) from None
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 1.0)
+
+
+def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
+               wait: float = 0) -> duckdb.DuckDBPyConnection:
     """Open (and for writers create and migrate) the store.
 
     Read-only opens never create a store: a missing one is an error that tells the user what to
-    run. An older store is upgraded first, whichever way it is opened.
+    run. An older store is upgraded first, whichever way it is opened. While another process holds
+    the store's lock, the open is retried for up to `wait` seconds before it fails.
     """
     path = resolve_db_path(db)
     if read_only and not path.exists():
@@ -60,10 +83,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
             raise StoreError(f"cannot create {path}: folder {parent} does not exist")
         if not path.exists() and not _can_create_in(parent):
             raise StoreError(f"cannot create {path}: folder {parent} is not writable; use --db")
-    try:
-        con = duckdb.connect(str(path), read_only=read_only)
-    except (duckdb.Error, OSError) as error:
-        raise _explain_open_failure(path, error) from None
+    con = _connect(path, read_only, wait)
     # DuckDB draws a progress bar on stdout for long queries; stdout belongs to the commands.
     con.execute("SET enable_progress_bar = false")
     try:
@@ -74,8 +94,8 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
             if version < SCHEMA_VERSION:
                 # An older store is upgraded in place before it is read.
                 con.close()
-                open_store(path).close()
-                return open_store(path, read_only=True)
+                open_store(path, wait=wait).close()
+                return open_store(path, read_only=True, wait=wait)
         else:
             migrate(con, str(path))
     except StoreError:
