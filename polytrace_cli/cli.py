@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
+from typing import Annotated
 
 import typer
 
@@ -21,6 +22,19 @@ HELP = "Characterize RLVR training runs: ingest logs and traces, analyze, report
 def version() -> None:
     """Print the polytrace version."""
     typer.echo(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                               help="Print the polytrace version and exit.")] = False,
+) -> None:
+    """Characterize RLVR training runs: ingest logs and traces, analyze, report, gate CI."""
 
 
 COMMANDS: dict[str, Callable] = {
@@ -49,11 +63,10 @@ COMMANDS: dict[str, Callable] = {
 def build_app(names: Iterable[str] | None = None) -> typer.Typer:
     """The command line with the named commands (all of them by default)."""
     cli = typer.Typer(name="polytrace", help=HELP, no_args_is_help=True, add_completion=False,
-                      pretty_exceptions_enable=False)
+                      pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
     chosen = list(COMMANDS) if names is None else list(names)
-    if len(chosen) == 1:
-        # With one command and no callback typer would make the command the whole program.
-        cli.callback()(lambda: None)
+    # The callback also keeps a one-command app a group: without it typer makes the command the program.
+    cli.callback()(_options)
     for name in chosen:
         cli.command(name)(COMMANDS[name])
     return cli

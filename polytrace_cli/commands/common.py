@@ -109,6 +109,14 @@ def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = Fal
                 wide=wide)
 
 
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=json_default)
+    return value
+
+
 def emit_rows(columns: list[str], rows: list[Sequence[Any]], *, as_json: bool = False, as_csv: bool = False,
               title: str | None = None, identity: Sequence[str] = ()) -> None:
     """`emit_frame` for plain rows (tuples from DuckDB), for commands that need no polars."""
@@ -120,7 +128,7 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], *, as_json: bool = 
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows(["" if value is None else value for value in row] for row in rows)
+        writer.writerows([_csv_value(value) for value in row] for row in rows)
         sys.stdout.write(buffer.getvalue())
         return
     numeric = {name for i, name in enumerate(columns)
@@ -128,6 +136,8 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], *, as_json: bool = 
     print_table(console, columns, rows, numeric, title=title, identity=identity)
 
 
-def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None) -> None:
-    """Print rows as a table fitted to the terminal; the `numeric` columns are right-aligned."""
-    print_table(console, columns, rows, numeric, title=title, identity=columns[:1])
+def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None,
+               order: Sequence[str] | None = None) -> None:
+    """Print rows as a table fitted to the terminal (the first column always, the others in `order` while
+    they fit); the `numeric` columns are right-aligned."""
+    print_table(console, columns, rows, numeric, title=title, identity=columns[:1], order=order, more="--json or --csv")

@@ -10,7 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from polytrace_cli.commands.common import DbOption, JsonOption, console, fail, json_default, user_errors
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, StepsOption, WaitOption, console, emit_rows,
+                                          fail, json_default, user_errors)
+from polytrace_cli.commands.tables import cell
 from polytrace_cli.errors import PolytraceError
 
 
@@ -19,8 +21,9 @@ def report(
     runs: Annotated[list[str] | None, typer.Argument(help="Runs to report on (all runs when none are given).")] = None,
     out: Annotated[Path, typer.Option(help="Folder the report folder is written into.")] = Path("reports"),
     name: Annotated[str | None, typer.Option(help="Report folder name (default: from the run names).")] = None,
-    steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
+    steps: StepsOption = None,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
     from polytrace_cli.analyze.common import StepRange
@@ -30,7 +33,7 @@ def report(
     step_range = StepRange.parse(steps)
     if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
         raise fail(f"--name must be a plain folder name, not {name!r}")
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         ids = run_ids(con, runs)
         if not ids:
@@ -60,9 +63,11 @@ def check(
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
     require_all: Annotated[bool, typer.Option(help="Also fail when a threshold is not measurable for the run.")] = False,
-    steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
+    steps: StepsOption = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded."""
     from polytrace_cli.analyze.common import StepRange
@@ -76,8 +81,10 @@ def check(
     }.items() if value is not None}
     if not limits:
         raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
+    if as_json and as_csv:
+        raise PolytraceError("choose one of --json and --csv")
     step_range = StepRange.parse(steps)
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         (run_id,) = run_ids(con, [run])
         verdicts = check_run(con, run_id, run, limits, step_range)
@@ -87,14 +94,17 @@ def check(
     if as_json:
         sys.stdout.write(json.dumps({"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]},
                                     default=json_default, indent=2) + "\n")
+    elif as_csv:
+        records = [v.as_dict() for v in verdicts]
+        columns = list(records[0]) if records else ["threshold"]
+        emit_rows(columns, [tuple(r.get(c) for c in columns) for r in records], as_csv=True)
     else:
         table = Table(title=f"check {run}", title_justify="left", header_style="bold")
         for column in ("threshold", "limit", "measured", "result", "metric"):
             table.add_column(column, justify="right" if column in ("limit", "measured") else "left")
         colours = {PASS: "green", FAIL: "bold red", NOT_MEASURABLE: "yellow"}
         for v in verdicts:
-            measured = "—" if v.measured is None else f"{v.measured:.4g}"
-            table.add_row("--" + v.threshold.replace("_", "-"), f"{v.limit:g}", measured,
+            table.add_row("--" + v.threshold.replace("_", "-"), cell(v.limit), cell(v.measured),
                           f"[{colours[v.status]}]{v.status}[/]", v.metric)
         console.print(table)
         console.print("[bold red]check failed[/]" if bad else "[green]check passed[/]")
