@@ -51,3 +51,15 @@ def all_analyses() -> dict[str, Analysis]:
         importlib.import_module(f"polytrace_cli.analyze.{module}")
 
     return dict(_ANALYSES)
+
+
+def named_analyses(names: list[str]) -> dict[str, Analysis]:
+    """The named analyses in the given order, importing only their modules (a name that is not built
+    in is looked up among all analyses); unknown names are left out."""
+    if not set(names) <= set(BUILT_IN):
+        registered = all_analyses()
+    else:
+        for name in names:
+            importlib.import_module(f"polytrace_cli.analyze.{name}")
+        registered = _ANALYSES
+    return {name: registered[name] for name in names if name in registered}

@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.analyze.registry import Analysis, all_analyses
+from polytrace_cli.analyze.registry import Analysis, all_analyses, named_analyses
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
 
@@ -46,16 +46,18 @@ HEADLINE_COLUMNS = {
 
 def select_analyses(only: str | None) -> dict[str, Analysis]:
     """The registered analyses named in a comma-separated list (all when None); unknown names are an error."""
-    registered = all_analyses()
     if not only:
-        return registered
-    names = [name.strip() for name in only.split(",") if name.strip()]
-    unknown = [name for name in names if name not in registered]
-    if unknown:
-        raise PolytraceError(f"unknown analysis {', '.join(unknown)} (known: {', '.join(registered)})")
-    if not names:
-        raise PolytraceError(f"--only names no analysis (known: {', '.join(registered)})")
-    return {name: registered[name] for name in names}
+        return all_analyses()
+    names = list(dict.fromkeys(name.strip() for name in only.split(",") if name.strip()))
+    # Only the named modules are imported: `--only lengths` does not load scipy for the others.
+    chosen = named_analyses(names)
+    unknown = [name for name in names if name not in chosen]
+    if unknown or not names:
+        known = ", ".join(all_analyses())
+        if unknown:
+            raise PolytraceError(f"unknown analysis {', '.join(unknown)} (known: {known})")
+        raise PolytraceError(f"--only names no analysis (known: {known})")
+    return chosen
 
 
 def run_analyses(con: duckdb.DuckDBPyConnection, run_ids: list[int], analyses: dict[str, Analysis],
