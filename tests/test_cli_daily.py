@@ -274,3 +274,14 @@ def test_compare_is_one_narrow_table_per_analysis(two_runs, monkeypatch):
     text = buffer.getvalue()
     assert text.count("┡") == 2 and max(len(line) for line in text.splitlines()) <= 80
     assert "mean_tokens [kind=response]" in text  # keys stay as written, not read as markup
+
+
+def test_wide_prints_every_column_whole(two_runs, monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, width=80, color_system=None))
+    result = _invoke("analyze", "--db", two_runs, "--only", "lengths", "--wide")
+    assert result.exit_code == 0, result.output
+    text = buffer.getvalue()
+    assert "more column" not in text and "spearman" in text and "kurtosis" in text
+    assert max(len(line) for line in text.splitlines()) > 80
+    assert len(_body_lines(text)) == 6

@@ -118,7 +118,7 @@ def _csv_value(value: Any) -> Any:
 
 
 def emit_rows(columns: list[str], rows: list[Sequence[Any]], *, as_json: bool = False, as_csv: bool = False,
-              title: str | None = None, identity: Sequence[str] = ()) -> None:
+              title: str | None = None, identity: Sequence[str] = (), wide: bool = False) -> None:
     """`emit_frame` for plain rows (tuples from DuckDB), for commands that need no polars."""
     if as_json:
         records = [dict(zip(columns, row)) for row in rows]
@@ -133,7 +133,7 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], *, as_json: bool = 
         return
     numeric = {name for i, name in enumerate(columns)
                if any(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows)}
-    print_table(console, columns, rows, numeric, title=title, identity=identity)
+    print_table(console, columns, rows, numeric, title=title, identity=identity, wide=wide)
 
 
 def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None,

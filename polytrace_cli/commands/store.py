@@ -8,14 +8,15 @@ from typing import Annotated
 
 import typer
 
-from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame,
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
                                           emit_rows, user_errors)
 from polytrace_cli.commands.tables import cell
 from polytrace_cli.errors import PolytraceError
 
 
 @user_errors
-def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False, wait: WaitOption = 0) -> None:
+def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False, wide: WideOption = False,
+         wait: WaitOption = 0) -> None:
     """List the runs in the store with their sample, step and file counts."""
     from polytrace_cli.store import open_store
     from polytrace_cli.store.queries import runs_rows
@@ -25,7 +26,7 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
         columns, rows = runs_rows(con)
     finally:
         con.close()
-    emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"])
+    emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], wide=wide)
 
 
 @user_errors
@@ -34,6 +35,7 @@ def query(
     db: DbOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
+    wide: WideOption = False,
     wait: WaitOption = 0,
 ) -> None:
     """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...)."""
@@ -44,7 +46,7 @@ def query(
         relation = con.sql(sql)
         if relation is None:
             raise PolytraceError("the statement returned no rows to show")
-        emit_frame(relation.pl(), as_json=as_json, as_csv=as_csv)
+        emit_frame(relation.pl(), as_json=as_json, as_csv=as_csv, wide=wide)
     finally:
         con.close()
 
@@ -56,6 +58,7 @@ def errors(
     limit: Annotated[int, typer.Option(help="Show at most this many.")] = 50,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
+    wide: WideOption = False,
     wait: WaitOption = 0,
 ) -> None:
     """Show quarantined lines: file, line, reason and the raw text."""
@@ -64,7 +67,8 @@ def errors(
 
     con = open_store(db, read_only=True, wait=wait)
     try:
-        emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines")
+        emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines",
+                   wide=wide)
     finally:
         con.close()
 

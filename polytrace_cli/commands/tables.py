@@ -130,7 +130,13 @@ def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequenc
         fitted = fit_columns(columns, rows, None, identity, order)
         table = build_table(fitted, numeric, title)
         needed = TABLE_OVERHEAD + sum(fitted.widths[n] + COLUMN_OVERHEAD for n in fitted.columns)
-        console.print(table, width=max(console.width, needed), crop=False)
+        # rich caps print(width=...) at the console's width, so widen the console for this table.
+        width = console.width
+        console.width = max(width, needed)
+        try:
+            console.print(table, crop=False)
+        finally:
+            console.width = width
         return
     fitted = fit_columns(columns, rows, console.width, identity, order)
     console.print(build_table(fitted, numeric, title))
