@@ -44,7 +44,6 @@ WaitOption = Annotated[
 ]
 
 
-
 def _width(stream) -> int | None:
     # Piped output is read by people in CI logs too: give tables 200 columns instead of 80, unless
     # COLUMNS says how wide the reader is.
