@@ -50,8 +50,11 @@ def steps(
     if not frame.height:
         console.print(f"{run}: no steps{' in ' + step_range if step_range else ''}", highlight=False)
         return
-    emit_frame(_for_people(frame), title=f"{run}: {frame.height} step(s), basis {', '.join(frame['basis'].unique(maintain_order=True))}",
-               identity=["step"], order=TABLE_ORDER, wide=wide)
+    shown = _for_people(frame)
+    # After a restart a step number repeats: the segment tells the rows apart.
+    identity = ["segment", "step"] if "segment" in shown.columns else ["step"]
+    emit_frame(shown, title=f"{run}: {frame.height} step(s), basis {', '.join(frame['basis'].unique(maintain_order=True))}",
+               identity=identity, order=TABLE_ORDER, wide=wide)
 
 
 def _for_people(frame):
@@ -64,4 +67,6 @@ def _for_people(frame):
     shown = shown.drop("run", *FLAG_LABELS)
     if shown["basis"].n_unique() == 1:
         shown = shown.drop("basis")
+    if shown["segment"].n_unique() == 1:
+        shown = shown.drop("segment")
     return shown.select([name for name in shown.columns if shown[name].null_count() < shown.height])

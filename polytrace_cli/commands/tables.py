@@ -111,6 +111,7 @@ def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: in
 def build_table(fitted: Fitted, numeric: set[str], title: str | None = None) -> Table:
     """A rich table of fitted cells: numeric columns right-aligned, each column as wide as its widest cell."""
     # Cells and titles are Text, not markup: a run name or key such as "[kind=prompt]" stays as written.
+    # A title wider than the table wraps to the table's width; `print_table` prints it on its own line.
     table = Table(title=Text(title) if title else None, title_justify="left", header_style="bold")
     for name in fitted.columns:
         table.add_column(Text(name.replace("_", " ")), justify="right" if name in numeric else "left",
@@ -126,9 +127,11 @@ def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequenc
     """Print a table fitted to the console's width; with `wide`, every column at full width
     (lines may then run past the terminal, but cells stay whole)."""
     rows = list(rows)
+    if title:
+        console.print(Text(title, style="italic"))
     if wide:
         fitted = fit_columns(columns, rows, None, identity, order)
-        table = build_table(fitted, numeric, title)
+        table = build_table(fitted, numeric)
         needed = TABLE_OVERHEAD + sum(fitted.widths[n] + COLUMN_OVERHEAD for n in fitted.columns)
         # rich caps print(width=...) at the console's width, so widen the console for this table.
         width = console.width
@@ -139,7 +142,7 @@ def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequenc
             console.width = width
         return
     fitted = fit_columns(columns, rows, console.width, identity, order)
-    console.print(build_table(fitted, numeric, title))
+    console.print(build_table(fitted, numeric))
     if fitted.left_out:
         note = f"{len(fitted.left_out)} more column(s) with {more}: {', '.join(fitted.left_out)}"
         if len(note) > console.width:
