@@ -9,7 +9,8 @@ Fitting (`fit_columns`): a table spends 3 characters per column on padding and r
 closing rule. The identity columns (run, kind, ...) always stay; the other columns are kept in the
 order given while the table still fits, and the rest are named in a note under the table. A kept
 column is as wide as its widest cell and the longest word of its header, so no cell ever wraps
-(only headers may break between words). Text cells longer than `MAX_TEXT` are cut with "…".
+(only headers may break between words). In a fitted table, text cells longer than `MAX_TEXT` are
+cut with "…"; `--wide` prints them whole.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def percent(value: float | None) -> str:
     return f"{value * 100:+.1f}%"
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+def _short(text: str, limit: int | None) -> str:
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _header_word(name: str) -> int:
@@ -85,8 +86,10 @@ def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: in
     """Format the rows and keep the columns that fit in `width` characters (all when None).
 
     `identity` columns always stay; the others are tried in `order` (default: as given), and a
-    column in neither is left out of a narrow table."""
-    texts = [[_short(cell(value)) for value in row] for row in rows]
+    column in neither is left out of a narrow table. Text is cut to MAX_TEXT characters only when
+    a width is given."""
+    limit = None if width is None else MAX_TEXT
+    texts = [[_short(cell(value), limit) for value in row] for row in rows]
     position = {name: i for i, name in enumerate(columns)}
     widths = {}
     for name, i in position.items():
