@@ -78,6 +78,7 @@ def rm(
     runs: Annotated[list[str], typer.Argument(help="Runs to remove (see `polytrace runs`).", show_default=False)],
     db: DbOption = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
     wait: WaitOption = 0,
 ) -> None:
     """Remove runs and every row they hold, in one transaction; their files ingest again afterwards."""
@@ -91,6 +92,10 @@ def rm(
         con.close()
     if as_json:
         sys.stdout.write(json.dumps([{"run": r.name, "rows": r.rows} for r in removed], indent=2) + "\n")
+        return
+    if as_csv:
+        emit_rows(["run", "table", "rows"], [(r.name, table, n) for r in removed for table, n in r.rows.items()],
+                  as_csv=True)
         return
     for run in removed:
         console.print(f"removed run {run.name}: {cell(run.total_rows)} rows "
