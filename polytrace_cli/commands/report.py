@@ -26,11 +26,9 @@ def report(
     wait: WaitOption = 0,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
-    from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.store import open_store
     from polytrace_cli.store.queries import run_ids
 
-    step_range = StepRange.parse(steps)
     if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
         raise fail(f"--name must be a plain folder name, not {name!r}")
     con = open_store(db, read_only=True, wait=wait)
@@ -38,6 +36,10 @@ def report(
         ids = run_ids(con, runs)
         if not ids:
             raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
+        # Loaded once the runs are known, so that a mistyped run name fails at once.
+        from polytrace_cli.analyze.common import StepRange
+
+        step_range = StepRange.parse(steps)
         from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
 
         try:
@@ -70,8 +72,6 @@ def check(
     wait: WaitOption = 0,
 ) -> None:
     """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded."""
-    from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed
     from polytrace_cli.store import open_store
     from polytrace_cli.store.queries import run_ids
 
@@ -83,10 +83,13 @@ def check(
         raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    step_range = StepRange.parse(steps)
     con = open_store(db, read_only=True, wait=wait)
     try:
         (run_id,) = run_ids(con, [run])
+        from polytrace_cli.analyze.common import StepRange
+        from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed
+
+        step_range = StepRange.parse(steps)
         verdicts = check_run(con, run_id, run, limits, step_range)
     finally:
         con.close()
