@@ -39,7 +39,7 @@ StepsOption = Annotated[
 WideOption = Annotated[bool, typer.Option("--wide", help="Print every column (lines may be wider than the terminal).")]
 WaitOption = Annotated[
     float,
-    typer.Option("--wait", metavar="SECONDS", min=0,
+    typer.Option("--wait", metavar="SECONDS", min=0, show_default=False,
                  help="If another process holds the store, retry for up to this many seconds (default: 0)."),
 ]
 

@@ -20,7 +20,7 @@ FLAG_LABELS = {"validation": "val", "checkpoint": "ckpt", "restart": "restart", 
 
 @user_errors
 def steps(
-    run: Annotated[str, typer.Argument(help="The run (see `polytrace runs`).", show_default=False)],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run (see `polytrace runs`).", show_default=False)],
     step_range: StepsOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,

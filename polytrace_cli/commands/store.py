@@ -75,7 +75,7 @@ def errors(
 
 @user_errors
 def rm(
-    runs: Annotated[list[str], typer.Argument(help="Runs to remove (see `polytrace runs`).", show_default=False)],
+    runs: Annotated[list[str], typer.Argument(metavar="RUN", help="Runs to remove (see `polytrace runs`).", show_default=False)],
     db: DbOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
@@ -104,8 +104,8 @@ def rm(
 
 @user_errors
 def rename(
-    old: Annotated[str, typer.Argument(help="The run's current name.", show_default=False)],
-    new: Annotated[str, typer.Argument(help="Its new name.", show_default=False)],
+    old: Annotated[str, typer.Argument(metavar="OLD", help="The run's current name.", show_default=False)],
+    new: Annotated[str, typer.Argument(metavar="NEW", help="Its new name.", show_default=False)],
     db: DbOption = None,
     wait: WaitOption = 0,
 ) -> None:
