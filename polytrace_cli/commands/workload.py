@@ -119,16 +119,6 @@ def demo(
 SAMPLERS = ("parametric", "empirical")
 
 
-def _rounded(value):
-    if isinstance(value, float):
-        return float(f"{value:.4g}")
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
-
-
 def _candidates_frame(document: dict) -> pl.DataFrame:
     """Candidates per kind; `best` marks the lowest AIC, `sampled` the scipy family the sampler draws from."""
     import polars as pl
