@@ -50,21 +50,23 @@ def _stage_seconds(workload: dict[str, float]) -> dict[str, float]:
 
 def write_known_log(path: Path, steps: int = 80, seed: int = 0, inject: dict[int, str] | None = None,
                     validation_every: int | None = None, checkpoint_every: int | None = None,
-                    warmup: bool = True, noise: float = 0.01, fixed_batch: bool = False) -> KnownLog:
+                    warmup: bool = True, noise: float = 0.01, fixed_batch: bool = False,
+                    spread: float = 1.0) -> KnownLog:
     """Write a verl console log of `steps` steps from the TRUE model; `inject` maps step -> cause
     (long_tail, token_volume, dp_imbalance, unexplained, weight_sync). Validation (60 s) and
     checkpoints (30 s) land every K steps, inside timing_s/step as verl does; step 1 is a warm-up
-    step (every stage × 1.8) unless warmup=False."""
+    step (every stage × 1.8) unless warmup=False. `spread` scales how much the workload varies
+    from step to step (1: widely, for fitting; 0.2: a steady run)."""
     rng = np.random.default_rng(seed)
     inject = dict(inject or {})
     log = KnownLog(path)
     lines = ["(TaskRunner pid=1) Training from scratch", "some unrelated line"]
     for step in range(1, steps + 1):
-        n = 512.0 if fixed_batch else float(rng.integers(384, 640))
-        mean_len = float(rng.uniform(500, 1500))
+        n = 512.0 if fixed_batch else float(round(512 + spread * rng.uniform(-128, 128)))
+        mean_len = 1000 + spread * float(rng.uniform(-500, 500))
         prompt_mean = float(rng.uniform(200, 400))
-        r_max = float(rng.uniform(3000, 9000))
-        gap = float(rng.uniform(0.02, 0.3))
+        r_max = 6000 + spread * float(rng.uniform(-3000, 3000))
+        gap = 0.16 + spread * float(rng.uniform(-0.14, 0.14))
         cause = inject.get(step)
         if cause == "long_tail":
             r_max = float(CAP)

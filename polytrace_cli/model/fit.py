@@ -95,7 +95,7 @@ class StepTimeModel:
 
     def predict_typical(self) -> dict[str, float]:
         """Each stage's seconds at the typical workload (and 'step' = their sum): expected_s."""
-        one = pl.DataFrame({name: [value] for name, value in self.typical.items()})
+        one = pl.DataFrame({name: [value] for name, value in self.typical.items()} or {"row": [0.0]})
         values = {stage: float(fit.predict(one, self.typical)[0]) for stage, fit in self.stages.items()}
         values["step"] = sum(values.values())
         return values

@@ -1,0 +1,103 @@
+"""Run-level findings: where the run's wall time went beyond its typical step, ranked by seconds.
+
+Per cause:
+- validation, checkpoint: every step that logged the overhead; seconds = Σ testing_s (or
+  save_checkpoint_s);
+- the other causes: the slow steps where the cause adds at least a quarter of the step's excess;
+  seconds = Σ of the cause over those steps.
+share = seconds / Σ wall_s over the run's timed steps. Each finding carries one plain sentence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+# A cause is part of a slow step's story when it adds at least this share of the step's excess.
+MAJOR_SHARE = 0.25
+FINDING_COLUMNS = ("cause", "seconds", "share", "steps", "text")
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit a person reads best: '42 s', '12.5 min', '3.2 h'."""
+    if abs(seconds) < 120:
+        return f"{seconds:,.1f} s" if abs(seconds) < 10 else f"{seconds:,.0f} s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def cadence(steps: list[int]) -> str:
+    """'every 10 steps' when the steps are evenly spaced (3 or more), else 'at 2 steps'."""
+    if len(steps) >= 3:
+        gaps = set(np.diff(sorted(steps)).tolist())
+        if len(gaps) == 1:
+            return f"every {gaps.pop()} steps"
+    return f"at {len(steps)} step{'s' if len(steps) != 1 else ''}"
+
+
+def _count(steps: list[int]) -> str:
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}"
+
+
+def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame, slow: pl.DataFrame,
+                 typical: dict[str, float]) -> list[dict]:
+    """Findings ranked by seconds (see the module docstring). `steps` is the decomposition's step
+    frame, `causes` its per step × cause frame, `slow` the slow steps, `typical` the model's
+    typical workload (for the sentences)."""
+    run_wall = float(steps["seconds"].sum())
+    findings = []
+    for cause, column in (("validation", "testing_s"), ("checkpoint", "save_checkpoint_s")):
+        rows = frame.filter((pl.col(column).fill_null(0) > 0) & pl.col("wall_s").is_not_null())
+        if rows.height == 0:
+            continue
+        seconds = float(rows[column].sum())
+        step_list = rows["step"].to_list()
+        what = "validation" if cause == "validation" else "checkpoints"
+        findings.append(_finding(cause, seconds, run_wall, step_list,
+                                 f"{what} {cadence(step_list)} took {duration(seconds)}"))
+    major = (
+        causes.join(slow.select("segment", "step", "excess_s"), on=["segment", "step"])
+        .filter((pl.col("seconds") > 0) & (pl.col("seconds") >= MAJOR_SHARE * pl.col("excess_s"))
+                & ~pl.col("cause").is_in(["validation", "checkpoint"]))
+    )
+    for (cause,), rows in major.group_by("cause", maintain_order=True):
+        seconds = float(rows["seconds"].sum())
+        step_list = sorted(rows["step"].to_list())
+        at = frame.filter(pl.col("step").is_in(step_list))
+        findings.append(_finding(cause, seconds, run_wall, step_list,
+                                 _sentence(cause, seconds, step_list, at, rows, typical)))
+    findings.sort(key=lambda f: f["seconds"], reverse=True)
+    return findings
+
+
+def _finding(cause: str, seconds: float, run_wall: float, steps: list[int], text: str) -> dict:
+    share = seconds / run_wall if run_wall > 0 else None
+    if share is not None:
+        text += f", {share:.1%} of the run"
+    return {"cause": cause, "seconds": seconds, "share": share, "steps": steps, "text": text}
+
+
+def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, rows: pl.DataFrame,
+              typical: dict[str, float]) -> str:
+    count, lost = _count(steps), duration(seconds)
+    if cause == "long_tail":
+        longest = at["r_max"].max()
+        return (f"long responses (up to {longest:,.0f} tokens, typical longest {typical.get('r_max', float('nan')):,.0f})"
+                f" slowed {count} by {lost}")
+    if cause == "token_volume":
+        ratio = (at["response_tokens"] / typical["response_tokens"]).max() if "response_tokens" in typical else None
+        more = f" (up to {ratio:.1f}× the typical response tokens)" if ratio is not None else ""
+        return f"batches with more tokens than usual{more} slowed {count} by {lost}"
+    if cause == "dp_imbalance":
+        worst = (at["busiest_rank_tokens"] / at["mean_rank_tokens"]).max()
+        usual = typical["busiest_rank_tokens"] / typical["mean_rank_tokens"]
+        return (f"one DP rank held far more tokens than the others (busiest/mean up to {worst:.2f}, typically "
+                f"{usual:.2f}) in {count}: {lost}")
+    if cause == "weight_sync":
+        return f"weight sync ran slower than usual in {count}: {lost} more"
+    if cause == "warmup":
+        return f"warm-up ({count} at the start{' and after restarts' if at['segment'].max() else ''}) took {lost} more"
+    stage = rows.group_by("stage").agg(pl.col("seconds").sum()).sort("seconds", descending=True)["stage"][0]
+    verb = "ran slower than its workload explains" if len(steps) == 1 else "ran slower than their workload explains"
+    return f"{count} {verb} (mostly in {stage}): {lost}"

@@ -1,0 +1,99 @@
+"""Robust thresholds: which steps are slow, which leading steps are warm-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+MAD_SCALE = 1.4826
+ROBUST_Z = 3.5
+# A slow step's excess is also at least this share of its expected seconds.
+MIN_EXCESS_SHARE = 0.05
+# A cause makes a step slow only when its seconds also exceed this share of the expected step.
+MIN_CAUSE_SHARE = 0.02
+# At most this many leading steps of a segment count as warm-up.
+MAX_WARMUP_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """value = median + 3.5 · 1.4826 · MAD of a quantity over the reference steps; a step is above
+    it when quantity > value and quantity > min_share · its reference (expected) size."""
+
+    median: float
+    mad: float
+    value: float
+    min_share: float = MIN_EXCESS_SHARE
+
+    @classmethod
+    def robust(cls, values: np.ndarray, min_share: float = MIN_EXCESS_SHARE) -> "Threshold":
+        """The threshold over the finite values (value = +inf when there are none)."""
+        finite = values[np.isfinite(values)]
+        if finite.size == 0:
+            return cls(float("nan"), float("nan"), float("inf"), min_share)
+        median = float(np.median(finite))
+        mad = float(np.median(np.abs(finite - median)))
+        return cls(median, mad, median + ROBUST_Z * MAD_SCALE * mad, min_share)
+
+    def above(self, values: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """values > value and values > min_share · reference (NaN is never above)."""
+        with np.errstate(invalid="ignore"):
+            return np.nan_to_num(values, nan=-np.inf) > np.maximum(self.value, self.min_share * reference)
+
+    def describe(self, quantity: str) -> str:
+        """The rule in words, e.g. 'excess > median + 3.5·1.4826·MAD = 2.10 s and > 5% of expected'."""
+        return (f"{quantity} > median + {ROBUST_Z}·{MAD_SCALE}·MAD = {self.value:.3g} s "
+                f"and > {self.min_share:.0%} of the expected step")
+
+
+def warmup_steps(frame: pl.DataFrame, residual: np.ndarray, expected: np.ndarray, threshold: Threshold) -> np.ndarray:
+    """Warm-up: in each segment (and after a restart or resume flag), the leading timed steps whose
+    residual (time the workload does not explain) is above the threshold, at most
+    MAX_WARMUP_STEPS of them; the run of leading slow steps ends at the first step that is not."""
+    slow = threshold.above(residual, expected)
+    timed = frame["wall_s"].is_not_null().to_numpy()
+    starts = (frame["segment_start"] | frame["restart"]).to_numpy()
+    validation_only = frame["validation_only"].to_numpy()
+    warm = np.zeros(frame.height, dtype=bool)
+    counting, taken = False, 0
+    for i in range(frame.height):
+        if starts[i]:
+            counting, taken = True, 0
+        if not timed[i] or validation_only[i]:
+            continue
+        if counting and slow[i] and taken < MAX_WARMUP_STEPS:
+            warm[i], taken = True, taken + 1
+        else:
+            counting = False
+    return warm
+
+
+def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame) -> tuple[np.ndarray, str]:
+    """Flags over `steps` (the decomposition's step frame) and the rule in words. A step is slow when
+      - excess_s is above the robust threshold of the training steps' excess and 5% of expected_s, or
+      - excess_s > 2% of expected_s and one cause's seconds are above that cause's robust threshold
+        over the training steps (the cause counted 0 where absent) and above 2% of expected_s.
+    The second test finds a cause hidden in the spread that the workload gives every step's
+    excess (validation and checkpoints, absent from training steps, pass it whenever present)."""
+    keys = ["segment", "step"]
+    in_fit = steps.join(training.select(keys), on=keys)
+    excess_rule = Threshold.robust(in_fit["excess_s"].to_numpy())
+    expected = steps["expected_s"].to_numpy()
+    excess = steps["excess_s"].to_numpy()
+    by_excess = excess_rule.above(excess, expected)
+    by_cause = np.zeros(steps.height, dtype=bool)
+    wide = causes.pivot(on="cause", index=keys, values="seconds", aggregate_function="sum")
+    wide = steps.select(keys).join(wide, on=keys, how="left")
+    wide = wide.with_columns(pl.exclude(keys).fill_null(0.0))
+    wide_fit = wide.join(training.select(keys), on=keys)
+    for cause in [c for c in wide.columns if c not in keys]:
+        rule = Threshold.robust(wide_fit[cause].to_numpy(), min_share=MIN_CAUSE_SHARE)
+        by_cause |= rule.above(wide[cause].to_numpy(), expected)
+    slow = by_excess | (by_cause & (excess > MIN_CAUSE_SHARE * expected))
+    text = (f"excess > median + {ROBUST_Z}·{MAD_SCALE}·MAD of the training steps' excess (= {excess_rule.value:.3g} s)"
+            f" and > {MIN_EXCESS_SHARE:.0%} of the expected step; or excess > {MIN_CAUSE_SHARE:.0%} of it with one"
+            f" cause > median + {ROBUST_Z}·{MAD_SCALE}·MAD of that cause over the training steps and > "
+            f"{MIN_CAUSE_SHARE:.0%} of the expected step")
+    return slow, text
