@@ -37,10 +37,11 @@ def _print(explanation, shown_steps: int | None) -> None:
     out = Console(width=TABLE_WIDTH) if not sys.stdout.isatty() else console
     doc = explanation.to_dict()
     unit = "seconds" if doc["basis"] == "seconds" else "tokens (no step timings)"
-    out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} slow step(s), in {unit}", highlight=False)
+    what = "slow" if doc["basis"] == "seconds" else "unusual"
+    out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} {what} step(s), in {unit}", highlight=False)
     for note in doc["notes"]:
         out.print(f"  {note}", highlight=False)
-    if doc["findings"]:
+    if doc["findings"] and doc["basis"] == "seconds":
         table = Table(title="Where the time went, ranked", title_justify="left", header_style="bold")
         for name, justify in (("cause", "left"), ("seconds", "right"), ("share", "right"), ("steps", "right")):
             table.add_column(name, justify=justify)
@@ -48,10 +49,12 @@ def _print(explanation, shown_steps: int | None) -> None:
             share = "—" if finding["share"] is None else f"{finding['share']:.1%}"
             table.add_row(finding["cause"], _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
         out.print(table)
-        for finding in doc["findings"]:
-            out.print(f"- {finding['text']}", highlight=False)
+    for finding in doc["findings"]:
+        out.print(f"- {finding['text']}", highlight=False)
     steps = doc["steps"] if shown_steps is None else doc["steps"][:shown_steps]
-    if steps:
+    if steps and doc["basis"] == "tokens":
+        _print_token_steps(out, steps)
+    elif steps:
         table = Table(title="Steps" if len(doc["steps"]) == 1 else "Slow steps, slowest first",
                       title_justify="left", header_style="bold")
         for name, justify in (("step", "right"), ("seconds", "right"), ("expected", "right"), ("excess", "right"),
@@ -66,6 +69,18 @@ def _print(explanation, shown_steps: int | None) -> None:
         out.print(f"{hidden} more slow steps: --top K or --json for all", highlight=False)
     if doc["slow_rule"]:
         out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
+
+
+def _print_token_steps(out: Console, steps: list[dict]) -> None:
+    table = Table(title="Steps (tokens)", title_justify="left", header_style="bold")
+    for name in ("step", "longest response", "busiest rank", "mean rank", "busiest/mean", "unusual"):
+        table.add_column(name, justify="right")
+    for step in steps:
+        busiest, mean = step["busiest_rank_tokens"], step["mean_rank_tokens"]
+        ratio = f"{busiest / mean:.2f}" if busiest and mean else "—"
+        table.add_row(f"{step['step']:,}", f"{step['r_max']:,.0f}", f"{busiest:,.0f}" if busiest else "—",
+                      f"{mean:,.0f}" if mean else "—", ratio, "yes" if step["slow"] else "")
+    out.print(table)
 
 
 @user_errors

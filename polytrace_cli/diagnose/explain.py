@@ -181,8 +181,17 @@ def _explain_tokens(con, info, frame: pl.DataFrame, step: int | None, top: int |
     gap_flags = (gap_rule.above(gap, lengths["mean_rank_tokens"].to_numpy()) if gap_rule
                  else np.zeros(r_max.size, dtype=bool))
     flagged = tail_flags | gap_flags
-    chosen = lengths.filter(pl.col("step") == step) if step is not None else lengths.filter(pl.Series(flagged))
-    if step is None:
+    too_few = lengths.height < MIN_TRAINING_STEPS
+    if too_few:
+        flagged[:] = False
+        tail_flags[:], gap_flags[:] = False, False
+        notes.append(f"{lengths.height} steps are too few for a robust threshold (it needs {MIN_TRAINING_STEPS}): "
+                     "every step is listed and none is called unusual")
+    if step is not None:
+        chosen = lengths.filter(pl.col("step") == step)
+    else:
+        chosen = lengths if too_few else lengths.filter(pl.Series(flagged))
+    if step is None and not too_few:
         chosen = chosen.with_columns(size=(pl.col("r_max") - typical_r) / max(typical_r, 1)).sort("size", descending=True)
         if top is not None:
             chosen = chosen.head(top)
@@ -201,8 +210,12 @@ def _explain_tokens(con, info, frame: pl.DataFrame, step: int | None, top: int |
             if has_ranks and more["busiest_rank"]:
                 causes[1]["rank"] = more["busiest_rank"]
         causes.sort(key=lambda c: c["tokens"], reverse=True)
+        slow = bool(flagged[(lengths["step"] == row["step"]).to_numpy()].any())
+        ranked = row["ranks"] is not None and row["ranks"] > 1
         step_rows.append({"step": row["step"], "segment": row["segment"], "seconds": None, "expected_s": None,
-                          "excess_s": None, "causes": causes})
+                          "excess_s": None, "slow": slow, "r_max": row["r_max"],
+                          "busiest_rank_tokens": row["busiest_rank_tokens"] if ranked else None,
+                          "mean_rank_tokens": row["mean_rank_tokens"] if ranked else None, "causes": causes})
     findings = []
     tail_steps = lengths.filter(pl.Series(tail_flags))["step"].to_list()
     if tail_steps:
@@ -222,4 +235,4 @@ def _explain_tokens(con, info, frame: pl.DataFrame, step: int | None, top: int |
     rule = (f"longest response > median + {ROBUST_Z}·{MAD_SCALE}·MAD = {tail_rule.value:,.0f} tokens"
             + (f"; busiest − mean rank tokens > {gap_rule.value:,.0f}" if gap_rule else ""))
     return Explanation(run=info.name, basis="tokens", steps=step_rows, findings=findings[:top] if top else findings,
-                       notes=notes, slow_rule=rule, slow_steps=int(flagged.sum()))
+                       notes=notes, slow_rule=None if too_few else rule, slow_steps=int(flagged.sum()))
