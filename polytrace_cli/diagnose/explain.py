@@ -132,8 +132,12 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
         if top is not None:
             chosen = chosen.head(top)
     detail = sample_detail(con, info.run_id, chosen["step"].to_list())
-    step_rows = [_step_row(row, causes, detail, _is_slow(steps, slow_flags, row)) for row in
-                 chosen.iter_rows(named=True)]
+    wanted = causes.join(chosen.select("segment", "step"), on=["segment", "step"])
+    by_step = {key: part for key, part in wanted.group_by("segment", "step", maintain_order=True)}
+    empty = causes.clear()
+    slow_keys = set(slow.select("segment", "step").iter_rows())
+    step_rows = [_step_row(row, by_step.get((row["segment"], row["step"]), empty), detail,
+                           (row["segment"], row["step"]) in slow_keys) for row in chosen.iter_rows(named=True)]
     notes = [f"expected step {duration(expected)} (the model at the run's median workload, no validation or "
              f"checkpoint), fitted on {int(mask.sum())} training steps"]
     if frame["workload_basis"].is_null().all():
@@ -146,16 +150,10 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     )
 
 
-def _is_slow(steps: pl.DataFrame, flags: np.ndarray, row: dict) -> bool:
-    """Whether the (segment, step) of `row` is among the slow steps."""
-    hit = (steps["segment"] == row["segment"]) & (steps["step"] == row["step"])
-    return bool(flags[hit.to_numpy()].any())
-
-
-def _step_row(row: dict, causes: pl.DataFrame, detail: dict[int, dict], slow: bool) -> dict:
-    mine = causes.filter((pl.col("segment") == row["segment"]) & (pl.col("step") == row["step"]))
+def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool) -> dict:
+    """One step of the JSON: its seconds and its causes (`mine`, already ordered largest first)."""
     listed = []
-    for cause in mine.iter_rows(named=True):
+    for cause in mine.sort("seconds", descending=True).iter_rows(named=True):
         entry = {"cause": cause["cause"], "seconds": cause["seconds"], "stage": cause["stage"]}
         more = detail.get(row["step"])
         if more and cause["cause"] == "long_tail" and cause["seconds"] > 0:

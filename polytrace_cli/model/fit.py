@@ -7,6 +7,8 @@
     adv_s            = a_adv
     update_weights_s = a_w                      (weight sync: a constant per step)
     other_s          = a_rest                   (wall_s − Σ stages − testing_s − save_checkpoint_s)
+                       + b_rest · busiest_rank_tokens when no training stage (old_log_prob, ref,
+                       values, update_actor, update_critic) is logged: their time is then in the rest
 
 A run that logs a step time but no stage timer gets one stage, `step`, with
 a + b_tail · r_max + b_vol · response_tokens + b_busy · busiest_rank_tokens.
@@ -192,6 +194,8 @@ def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     stages: dict[str, StageFit] = {}
     for stage, seconds in stage_seconds(df).items():
         names = STEP_ONLY_FEATURES if stage == "step" else STAGE_FEATURES[stage]
+        if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
+            names = ("busiest_rank_tokens",)
         names = tuple(n for n in names if df[n].is_not_null().any())
         x = (np.column_stack([df[n].cast(pl.Float64).fill_null(np.nan).to_numpy() for n in names])
              if names else np.empty((df.height, 0)))
