@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose import CAUSES, explain_run
+from polytrace_cli.diagnose.findings import cadence
 from polytrace_cli.ingest.runner import ingest_paths
 from test_model import ingest_known, write_known_log
 from conftest import need_real_data
@@ -210,3 +211,37 @@ def test_cli_explain_json_table_and_errors(tmp_path):
         assert bad.exit_code == 2 and message in bad.stderr and "Traceback" not in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
     assert not math.isnan(doc["expected_s"])
+
+
+def test_cadence_words():
+    assert cadence([10, 20, 30, 40]) == "every 10 steps"
+    assert cadence([*range(20, 201, 20), 130]) == "mostly every 20 steps (11 steps)"
+    assert cadence([3, 9]) == "at 2 steps" and cadence([7]) == "at 1 step"
+
+
+def test_warmup_after_a_restart_and_steady_drift(store, tmp_path):
+    # 60 steps, then the job restarts from step 41: the first step after the restart is slow again.
+    # Response lengths grow 40% over each part; nothing else is injected.
+    first = write_known_log(tmp_path / "a.log", steps=60, seed=11, spread=0.2, drift=0.4)
+    second = write_known_log(tmp_path / "b.log", steps=50, seed=12, spread=0.2, drift=0.4, first_step=41,
+                             inject={70: "dp_imbalance"})
+    path = tmp_path / "train.log"
+    path.write_text(first.path.read_text() + second.path.read_text())
+    ingest_paths(store, [path], run_name="restarted")
+    doc = explain_run(store, "restarted").to_dict()
+    slow = {(row["segment"], row["step"]): row["causes"][0]["cause"] for row in doc["steps"]}
+    assert slow == {(0, 1): "warmup", (1, 41): "warmup", (1, 70): "dp_imbalance"}
+    warmup = next(f for f in doc["findings"] if f["cause"] == "warmup")
+    assert warmup["steps"] == [1, 41] and "and after restarts" in warmup["text"]
+
+
+def test_unlogged_training_stages_sit_in_the_rest(store, tmp_path):
+    # Only gen and weight sync are timed: the token-bound training stages are in the rest, which
+    # then follows the busiest rank's tokens with Σ_k b_k = 2e-5 + 1.5e-5 + 8e-5.
+    log = write_known_log(tmp_path / "train.log", steps=100, seed=13, inject={40: "dp_imbalance"},
+                          log_stages=("gen", "update_weights"))
+    run = ingest_known(store, log)
+    doc = explain_run(store, run).to_dict()
+    assert doc["model"]["other"]["busiest_rank_tokens"] == pytest.approx(1.15e-4, rel=0.05)
+    step40 = next(row for row in doc["steps"] if row["step"] == 40)
+    assert step40["causes"][0]["cause"] == "dp_imbalance" and step40["causes"][0]["stage"] == "other"

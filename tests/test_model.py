@@ -51,19 +51,22 @@ def _stage_seconds(workload: dict[str, float]) -> dict[str, float]:
 def write_known_log(path: Path, steps: int = 80, seed: int = 0, inject: dict[int, str] | None = None,
                     validation_every: int | None = None, checkpoint_every: int | None = None,
                     warmup: bool = True, noise: float = 0.01, fixed_batch: bool = False,
-                    spread: float = 1.0) -> KnownLog:
+                    spread: float = 1.0, drift: float = 0.0, first_step: int = 1,
+                    log_stages: tuple[str, ...] | None = None) -> KnownLog:
     """Write a verl console log of `steps` steps from the TRUE model; `inject` maps step -> cause
     (long_tail, token_volume, dp_imbalance, unexplained, weight_sync). Validation (60 s) and
     checkpoints (30 s) land every K steps, inside timing_s/step as verl does; step 1 is a warm-up
     step (every stage × 1.8) unless warmup=False. `spread` scales how much the workload varies
-    from step to step (1: widely, for fitting; 0.2: a steady run)."""
+    from step to step (1: widely, for fitting; 0.2: a steady run); `drift` grows the mean response
+    length linearly by that share over the run. The log starts at `first_step` (its first step is
+    the warm-up step) and prints the timers of `log_stages` only (default: all; step time always)."""
     rng = np.random.default_rng(seed)
     inject = dict(inject or {})
     log = KnownLog(path)
     lines = ["(TaskRunner pid=1) Training from scratch", "some unrelated line"]
-    for step in range(1, steps + 1):
+    for step in range(first_step, first_step + steps):
         n = 512.0 if fixed_batch else float(round(512 + spread * rng.uniform(-128, 128)))
-        mean_len = 1000 + spread * float(rng.uniform(-500, 500))
+        mean_len = (1000 + spread * float(rng.uniform(-500, 500))) * (1 + drift * (step - first_step) / steps)
         prompt_mean = float(rng.uniform(200, 400))
         r_max = 6000 + spread * float(rng.uniform(-3000, 3000))
         gap = 0.16 + spread * float(rng.uniform(-0.14, 0.14))
@@ -83,7 +86,7 @@ def write_known_log(path: Path, steps: int = 80, seed: int = 0, inject: dict[int
             seconds["gen"] *= 2
         if cause == "weight_sync":
             seconds["update_weights"] *= 8
-        if warmup and step == 1:
+        if warmup and step == first_step:
             seconds = {k: v * 1.8 for k, v in seconds.items()}
             log.injected[step] = "warmup"
         step_s = sum(seconds.values()) + REST_S
@@ -99,7 +102,8 @@ def write_known_log(path: Path, steps: int = 80, seed: int = 0, inject: dict[int
             log.injected[step] = cause
         seconds["step"] = step_s
         log.workload[step], log.seconds[step] = workload, seconds
-        pairs = [f"timing_s/{k}:np.float64({v:.6f})" for k, v in seconds.items()]
+        pairs = [f"timing_s/{k}:np.float64({v:.6f})" for k, v in seconds.items()
+                 if log_stages is None or k in (*log_stages, "step", "testing", "save_checkpoint")]
         pairs += [f"response_length/max:{r_max:.1f}", f"response_length/mean:{mean_len:.6f}",
                   f"prompt_length/mean:{prompt_mean:.6f}", f"perf/total_num_tokens:np.int64({round(total)})",
                   f"global_seqlen/max:{workload['busiest_rank_tokens']:.3f}", f"global_seqlen/mean:{rank_mean:.3f}",

@@ -28,12 +28,17 @@ def duration(seconds: float) -> str:
 
 
 def cadence(steps: list[int]) -> str:
-    """'every 10 steps' when the steps are evenly spaced (3 or more), else 'at 2 steps'."""
+    """'every 10 steps' when 3 or more steps are evenly spaced; 'mostly every 10 steps (26 steps)'
+    when one spacing makes up at least 70% of the gaps; else 'at 4 steps'."""
     if len(steps) >= 3:
-        gaps = set(np.diff(sorted(steps)).tolist())
-        if len(gaps) == 1:
-            return f"every {gaps.pop()} steps"
-    return f"at {len(steps)} step{'s' if len(steps) != 1 else ''}"
+        gaps = np.diff(sorted(steps))
+        values, counts = np.unique(gaps, return_counts=True)
+        common = int(values[np.argmax(counts)])
+        if counts.max() == gaps.size:
+            return f"every {common} steps"
+        if counts.max() >= 0.7 * gaps.size:
+            return f"mostly every {common} steps ({len(steps)} steps)"
+    return f"at {_count(steps)}"
 
 
 def _count(steps: list[int]) -> str:

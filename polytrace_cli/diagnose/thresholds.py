@@ -9,10 +9,14 @@ import polars as pl
 
 MAD_SCALE = 1.4826
 ROBUST_Z = 3.5
+# The per-cause test looks at every cause of every step: a stricter z keeps its false alarms rare.
+CAUSE_Z = 4.5
 # A slow step's excess is also at least this share of its expected seconds.
 MIN_EXCESS_SHARE = 0.05
 # A cause makes a step slow only when its seconds also exceed this share of the expected step.
 MIN_CAUSE_SHARE = 0.02
+# A cause's local level is its running median over this many training steps.
+LOCAL_WINDOW = 21
 # At most this many leading steps of a segment count as warm-up.
 MAX_WARMUP_STEPS = 5
 
@@ -28,14 +32,15 @@ class Threshold:
     min_share: float = MIN_EXCESS_SHARE
 
     @classmethod
-    def robust(cls, values: np.ndarray, min_share: float = MIN_EXCESS_SHARE) -> "Threshold":
-        """The threshold over the finite values (value = +inf when there are none)."""
+    def robust(cls, values: np.ndarray, min_share: float = MIN_EXCESS_SHARE, z: float = ROBUST_Z) -> "Threshold":
+        """The threshold over the finite values (value = +inf when there are none), at z robust
+        standard deviations."""
         finite = values[np.isfinite(values)]
         if finite.size == 0:
             return cls(float("nan"), float("nan"), float("inf"), min_share)
         median = float(np.median(finite))
         mad = float(np.median(np.abs(finite - median)))
-        return cls(median, mad, median + ROBUST_Z * MAD_SCALE * mad, min_share)
+        return cls(median, mad, median + z * MAD_SCALE * mad, min_share)
 
     def above(self, values: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """values > value and values > min_share · reference (NaN is never above)."""
@@ -70,30 +75,45 @@ def warmup_steps(frame: pl.DataFrame, residual: np.ndarray, expected: np.ndarray
     return warm
 
 
+def local_baseline(values: np.ndarray, training: np.ndarray) -> np.ndarray:
+    """Per step, the running median of the training steps' values over LOCAL_WINDOW training steps
+    (centred), interpolated at the other steps: the cause's level around the step, which follows a
+    drift of the workload and ignores a single spike."""
+    positions = np.flatnonzero(training)
+    if positions.size == 0:
+        return np.zeros(values.size)
+    running = pl.Series(values[positions]).rolling_median(window_size=LOCAL_WINDOW, center=True, min_samples=1)
+    return np.interp(np.arange(values.size), positions, running.to_numpy())
+
+
 def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame) -> tuple[np.ndarray, str]:
-    """Flags over `steps` (the decomposition's step frame) and the rule in words. A step is slow when
+    """Flags over `steps` (the decomposition's step frame, in step order) and the rule in words. A
+    step is slow when
       - excess_s is above the robust threshold of the training steps' excess and 5% of expected_s, or
-      - excess_s > 2% of expected_s and one cause's seconds are above that cause's robust threshold
-        over the training steps (the cause counted 0 where absent) and above 2% of expected_s.
-    The second test finds a cause hidden in the spread that the workload gives every step's
-    excess (validation and checkpoints, absent from training steps, pass it whenever present)."""
+      - excess_s > 2% of expected_s and one cause stands out: its seconds are above 2% of
+        expected_s, and their deviation from the cause's local level (`local_baseline`, the cause
+        counted 0 where absent) is above median + 4.5·1.4826·MAD of the training steps' deviations.
+    The second test finds a cause hidden in the spread that the workload and its drift give every
+    step's excess (validation and checkpoints, absent from training steps, pass it whenever there)."""
     keys = ["segment", "step"]
-    in_fit = steps.join(training.select(keys), on=keys)
-    excess_rule = Threshold.robust(in_fit["excess_s"].to_numpy())
+    in_training = steps.select(keys).join(training.select(keys).with_columns(hit=pl.lit(True)), on=keys,
+                                          how="left", maintain_order="left")["hit"].fill_null(False).to_numpy()
+    excess_rule = Threshold.robust(steps["excess_s"].to_numpy()[in_training])
     expected = steps["expected_s"].to_numpy()
     excess = steps["excess_s"].to_numpy()
     by_excess = excess_rule.above(excess, expected)
     by_cause = np.zeros(steps.height, dtype=bool)
     wide = causes.pivot(on="cause", index=keys, values="seconds", aggregate_function="sum")
-    wide = steps.select(keys).join(wide, on=keys, how="left")
+    wide = steps.select(keys).join(wide, on=keys, how="left", maintain_order="left")
     wide = wide.with_columns(pl.exclude(keys).fill_null(0.0))
-    wide_fit = wide.join(training.select(keys), on=keys)
     for cause in [c for c in wide.columns if c not in keys]:
-        rule = Threshold.robust(wide_fit[cause].to_numpy(), min_share=MIN_CAUSE_SHARE)
-        by_cause |= rule.above(wide[cause].to_numpy(), expected)
+        values = wide[cause].to_numpy()
+        deviation = values - local_baseline(values, in_training)
+        rule = Threshold.robust(deviation[in_training], z=CAUSE_Z)
+        by_cause |= (deviation > rule.value) & (values > MIN_CAUSE_SHARE * expected)
     slow = by_excess | (by_cause & (excess > MIN_CAUSE_SHARE * expected))
     text = (f"excess > median + {ROBUST_Z}·{MAD_SCALE}·MAD of the training steps' excess (= {excess_rule.value:.3g} s)"
             f" and > {MIN_EXCESS_SHARE:.0%} of the expected step; or excess > {MIN_CAUSE_SHARE:.0%} of it with one"
-            f" cause > median + {ROBUST_Z}·{MAD_SCALE}·MAD of that cause over the training steps and > "
-            f"{MIN_CAUSE_SHARE:.0%} of the expected step")
+            f" cause > {MIN_CAUSE_SHARE:.0%} of it standing out from its level over the nearest {LOCAL_WINDOW}"
+            f" training steps by more than median + {CAUSE_Z}·{MAD_SCALE}·MAD of such deviations")
     return slow, text
