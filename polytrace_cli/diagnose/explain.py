@@ -99,11 +99,13 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     mask = training_mask(frame)
     if int(mask.sum()) >= MIN_TRAINING_STEPS:
         return _explain_seconds(con, info, frame, mask, step, top)
+    trained = int(mask.sum())
+    few = (f"{trained} timed training step{'' if trained == 1 else 's'} (a step-time model needs "
+           f"{MIN_TRAINING_STEPS})")
     notes = [NEEDS_TIMINGS] if int(frame["wall_s"].is_not_null().sum()) == 0 else [
-        f"only {int(mask.sum())} timed training steps; a step-time model needs at least {MIN_TRAINING_STEPS}, "
-        "so seconds are not estimated"]
+        f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
-        raise PolytraceError(f"run {info.name} has neither enough step timings nor response lengths to explain")
+        raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
     return _explain_tokens(con, info, frame, step, top, notes)
 
 
@@ -183,8 +185,8 @@ def _explain_tokens(con, info, frame: pl.DataFrame, step: int | None, top: int |
     if too_few:
         flagged[:] = False
         tail_flags[:], gap_flags[:] = False, False
-        notes.append(f"{lengths.height} steps are too few for a robust threshold (it needs {MIN_TRAINING_STEPS}): "
-                     "every step is listed and none is called unusual")
+        notes.append(f"{lengths.height} step{' is' if lengths.height == 1 else 's are'} too few for a robust "
+                     f"threshold (it needs {MIN_TRAINING_STEPS}): every step is listed and none is called unusual")
     if step is not None:
         chosen = lengths.filter(pl.col("step") == step)
     else:

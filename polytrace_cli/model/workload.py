@@ -31,7 +31,6 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.common import frame
 from polytrace_cli.errors import PolytraceError
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
@@ -49,8 +48,6 @@ WORKLOAD_COLUMNS = {
     "validation_only": pl.Boolean, "has_testing": pl.Boolean, "has_checkpoint": pl.Boolean,
     "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
 }
-
-_WEIGHT_SYNC_KEYS = ("timing_s/update_weights", "timing/broadcast")
 
 _WORKLOAD_SQL = """
 WITH st AS (
@@ -144,7 +141,7 @@ def _ranks_from_meta(meta: dict) -> int | None:
 def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFrame:
     """The run's per-step workload frame (columns `WORKLOAD_COLUMNS`, see the module docstring)."""
     info = run_info(con, run)
-    raw = frame(con, _WORKLOAD_SQL.replace("$run", str(int(info.run_id))))
+    raw = con.sql(_WORKLOAD_SQL, params={"run": info.run_id}).pl()
     meta_ranks = _ranks_from_meta(info.meta)
     ranks = meta_ranks or 1
     c = pl.col
