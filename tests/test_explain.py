@@ -245,3 +245,15 @@ def test_unlogged_training_stages_sit_in_the_rest(store, tmp_path):
     assert doc["model"]["other"]["busiest_rank_tokens"] == pytest.approx(1.15e-4, rel=0.05)
     step40 = next(row for row in doc["steps"] if row["step"] == 40)
     assert step40["causes"][0]["cause"] == "dp_imbalance" and step40["causes"][0]["stage"] == "other"
+
+
+def test_imbalance_before_verl_balancing_is_not_blamed(store, tmp_path):
+    # Stages follow the balanced busiest rank: a step whose unbalanced max is 3x the mean is not
+    # slow, and no usual-level imbalance cost is claimed beyond the balanced one.
+    log = write_known_log(tmp_path / "train.log", steps=80, seed=22, spread=0.3, balanced=True,
+                          inject={30: "dp_imbalance"})
+    doc = explain_run(store, ingest_known(store, log)).to_dict()
+    assert 30 not in {row["step"] for row in doc["steps"]}
+    assert any("global_seqlen/balanced_max" in note for note in doc["notes"])
+    usual = [f for f in doc["findings"] if f.get("typical")]
+    assert all("after balancing" in f["text"] and f["share"] < 0.01 for f in usual)

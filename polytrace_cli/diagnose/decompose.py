@@ -9,6 +9,7 @@ step's wall time:
         token_volume = b_vol · (response_tokens − median) + b_r · (n_responses − median)
                        + Σ_k b_k · (mean_rank_tokens − median)
         dp_imbalance = Σ_k b_k · ((busiest − mean_rank_tokens) − median of that gap)
+                       (busiest: the column the model's training stages follow, `busiest_feature`)
         validation   = testing_s                                                    stage testing
         checkpoint   = save_checkpoint_s                                            stage save_checkpoint
         weight_sync  = update_weights_s − a_w                                       stage update_weights
@@ -25,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.model import StepTimeModel, stage_seconds
+from polytrace_cli.model.fit import GAP_OF
 
 CAUSES = ("long_tail", "token_volume", "dp_imbalance", "unexplained", "validation", "checkpoint", "weight_sync",
           "warmup")
@@ -74,11 +76,12 @@ def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray) -> 
                 parts.append(("long_tail", stage, b * (filled(name) - typical[name])))
             elif name in VOLUME_FEATURES:
                 parts.append(("token_volume", stage, b * (filled(name) - typical[name])))
-            elif name == "busiest_rank_tokens":
+            elif name in GAP_OF:
+                gap = typical[GAP_OF[name]]
                 mean = filled("mean_rank_tokens")
-                busiest = np.where(np.isfinite(column(name)), column(name), mean + typical["imbalance_gap"])
+                busiest = np.where(np.isfinite(column(name)), column(name), mean + gap)
                 parts.append(("token_volume", stage, b * (mean - typical["mean_rank_tokens"])))
-                parts.append(("dp_imbalance", stage, b * ((busiest - mean) - typical["imbalance_gap"])))
+                parts.append(("dp_imbalance", stage, b * ((busiest - mean) - gap)))
         residual = np.nan_to_num(actual.get(stage, np.zeros(frame.height))) - predicted[f"{stage}_s"].to_numpy()
         if stage == "update_weights":
             parts.append(("weight_sync", stage, np.where(warmup, 0.0, residual)))

@@ -124,7 +124,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     causes = step_causes(parts)
     slow_flags, slow_rule = slow_steps(steps, causes, frame.filter(mask))
     slow = steps.filter(pl.Series(slow_flags))
-    findings = run_findings(steps, causes, frame, slow, model.typical)
+    findings = run_findings(steps, causes, frame, slow, model)
     if step is not None:
         chosen = steps.filter(pl.col("step") == step)
         if chosen.height == 0:
@@ -142,6 +142,9 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
                            (row["segment"], row["step"]) in slow_keys) for row in chosen.iter_rows(named=True)]
     notes = [f"expected step {duration(expected)} (the model at the run's median workload, no validation or "
              f"checkpoint), fitted on {int(mask.sum())} training steps"]
+    if model.busiest_feature == "balanced_busiest_tokens":
+        notes.append("the training stages follow global_seqlen/balanced_max (the batch as verl balanced it across "
+                     "ranks) better than global_seqlen/max: the imbalance before balancing does not set their time")
     if frame["workload_basis"].is_null().all():
         notes.append("the log has no response lengths or token counts: every stage is fitted as a constant, so "
                      "long_tail, token_volume and dp_imbalance cannot be told apart from unexplained time")

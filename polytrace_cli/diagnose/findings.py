@@ -5,6 +5,8 @@ Per cause:
   save_checkpoint_s);
 - the other causes: the slow steps where the cause adds at least a quarter of the step's excess;
   seconds = Σ of the cause over those steps.
+- dp_imbalance at its usual level (`typical: true`): Σ_k b_k · median(busiest − mean rank
+  tokens) per step over every timed step, the imbalance the per-step causes count as typical;
 share = seconds / Σ wall_s over the run's timed steps. Each finding carries one plain sentence.
 """
 
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+
+from polytrace_cli.model import StepTimeModel
+from polytrace_cli.model.fit import GAP_OF
 
 # A cause is part of a slow step's story when it adds at least this share of the step's excess.
 MAJOR_SHARE = 0.25
@@ -45,13 +50,39 @@ def _count(steps: list[int]) -> str:
     return f"{len(steps)} step{'s' if len(steps) != 1 else ''}"
 
 
+def typical_imbalance(steps: pl.DataFrame, model: StepTimeModel, run_wall: float) -> dict | None:
+    """The DP imbalance every step carries at its usual level, which the per-step causes leave out:
+    per step Σ_k b_k · median(busiest − mean_rank_tokens) over the token-bound stages k, times the
+    timed steps. None when the run's ranks are not known to differ (no gap) or no stage depends on
+    the busiest rank."""
+    feature = model.busiest_feature
+    gap = model.typical.get(GAP_OF[feature], 0.0)
+    slopes = {stage: fit.coefficients.get(feature, 0.0) for stage, fit in model.stages.items()}
+    per_step = sum(b * gap for b in slopes.values())
+    if gap <= 0 or per_step <= 0:
+        return None
+    stage = max(slopes, key=slopes.get)
+    ratio = model.typical[feature] / model.typical["mean_rank_tokens"]
+    step_list = steps["step"].to_list()
+    balanced = " after balancing" if feature == "balanced_busiest_tokens" else ""
+    finding = _finding("dp_imbalance", per_step * len(step_list), run_wall, step_list,
+                       f"DP imbalance at its usual level (busiest rank{balanced} {ratio:.2f}× the mean) costs "
+                       f"{duration(per_step)} of every step, mostly in {stage}: {duration(per_step * len(step_list))}")
+    finding["typical"] = True
+    return finding
+
+
 def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame, slow: pl.DataFrame,
-                 typical: dict[str, float]) -> list[dict]:
+                 model: StepTimeModel) -> list[dict]:
     """Findings ranked by seconds (see the module docstring). `steps` is the decomposition's step
-    frame, `causes` its per step × cause frame, `slow` the slow steps, `typical` the model's
-    typical workload (for the sentences)."""
+    frame, `causes` its per step × cause frame, `slow` the slow steps, `model` the fitted model
+    (typical workload and slopes)."""
+    typical = model.typical
     run_wall = float(steps["seconds"].sum())
     findings = []
+    usual_imbalance = typical_imbalance(steps, model, run_wall)
+    if usual_imbalance:
+        findings.append(usual_imbalance)
     for cause, column in (("validation", "testing_s"), ("checkpoint", "save_checkpoint_s")):
         rows = frame.filter((pl.col(column).fill_null(0) > 0) & pl.col("wall_s").is_not_null())
         if rows.height == 0:
@@ -71,7 +102,7 @@ def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame,
         step_list = sorted(rows["step"].to_list())
         at = frame.filter(pl.col("step").is_in(step_list))
         findings.append(_finding(cause, seconds, run_wall, step_list,
-                                 _sentence(cause, seconds, step_list, at, rows, typical)))
+                                 _sentence(cause, seconds, step_list, at, rows, typical, model.busiest_feature)))
     findings.sort(key=lambda f: f["seconds"], reverse=True)
     return findings
 
@@ -84,7 +115,7 @@ def _finding(cause: str, seconds: float, run_wall: float, steps: list[int], text
 
 
 def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, rows: pl.DataFrame,
-              typical: dict[str, float]) -> str:
+              typical: dict[str, float], busiest: str) -> str:
     count, lost = _count(steps), duration(seconds)
     if cause == "long_tail":
         longest = at["r_max"].max()
@@ -95,8 +126,8 @@ def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, ro
         more = f" (up to {ratio:.1f}× the typical response tokens)" if ratio is not None else ""
         return f"batches with more tokens than usual{more} slowed {count} by {lost}"
     if cause == "dp_imbalance":
-        worst = (at["busiest_rank_tokens"] / at["mean_rank_tokens"]).max()
-        usual = typical["busiest_rank_tokens"] / typical["mean_rank_tokens"]
+        worst = (at[busiest] / at["mean_rank_tokens"]).max()
+        usual = typical[busiest] / typical["mean_rank_tokens"]
         return (f"one DP rank held far more tokens than the others (busiest/mean up to {worst:.2f}, typically "
                 f"{usual:.2f}) in {count}: {lost}")
     if cause == "weight_sync":

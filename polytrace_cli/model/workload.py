@@ -14,6 +14,8 @@ else its rank):
     mean_rank_tokens     per-DP-rank token sums, their mean: global_seqlen/mean, else the samples'
                          per-rank sums, else total_tokens / ranks (ranks = run meta n_gpus, else 1)
     busiest_rank_tokens  their max: global_seqlen/max, else the samples', else mean_rank_tokens
+    balanced_busiest_tokens  the busiest rank after verl's balancing of the batch across ranks:
+                         global_seqlen/balanced_max (null when not logged)
 
 Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
 OpenRLHF `timing/broadcast`). wall_s is the step's wall time: step_s (Σ logged timers when step_s
@@ -37,7 +39,8 @@ from polytrace_cli.errors import PolytraceError
 MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
                    "update_weights")
 OVERHEADS = ("testing", "save_checkpoint")
-FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses")
+FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses",
+            "balanced_busiest_tokens")
 
 WORKLOAD_COLUMNS = {
     "segment": pl.Int64, "step": pl.Int64,
@@ -56,10 +59,11 @@ WITH st AS (
     SELECT segment, step,
            max(value) FILTER (WHERE key IN ('timing_s/update_weights', 'timing/broadcast')) AS update_weights_s,
            max(value) FILTER (WHERE key = 'global_seqlen/max') AS seqlen_max,
-           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean
+           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean,
+           max(value) FILTER (WHERE key = 'global_seqlen/balanced_max') AS seqlen_balanced_max
     FROM step_metrics
     WHERE run_id = $run AND key IN ('timing_s/update_weights', 'timing/broadcast', 'global_seqlen/max',
-                                    'global_seqlen/mean')
+                                    'global_seqlen/mean', 'global_seqlen/balanced_max')
     GROUP BY segment, step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
@@ -83,7 +87,7 @@ WITH st AS (
 )
 SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
        st.response_length_max, st.response_length_mean, st.prompt_length_mean, st.total_tokens AS logged_total,
-       extra.seqlen_max, extra.seqlen_mean,
+       extra.seqlen_max, extra.seqlen_mean, extra.seqlen_balanced_max AS balanced_busiest_tokens,
        sampled.r_max AS sample_r_max, sampled.response_tokens AS sample_response_tokens,
        sampled.total_tokens AS sample_total_tokens, sampled.n_responses::DOUBLE AS sample_n,
        sampled.busiest_rank_tokens::DOUBLE AS sample_busiest, sampled.mean_rank_tokens::DOUBLE AS sample_mean,
