@@ -194,3 +194,13 @@ def test_training_stages_follow_the_busiest_rank_that_sets_their_time(store, tmp
     feature = "balanced_busiest_tokens" if balanced else "busiest_rank_tokens"
     assert model.busiest_feature == feature
     assert model.stages["update_actor"].coefficients[feature] == pytest.approx(8e-5, rel=0.05)
+
+
+def test_validation_before_training_does_not_hide_the_first_step(store, tmp_path):
+    log = write_known_log(tmp_path / "train.log", steps=12)
+    text = "step:0 - val-core/math/reward/mean@1:0.2\n" + log.path.read_text()
+    log.path.write_text(text)
+    frame = read_workload(store, ingest_known(store, log))
+    starts = frame.filter(pl.col("segment_start"))["step"].to_list()
+    assert starts == [1]
+    assert frame.filter(~training_mask(frame))["step"].to_list() == [0, 1]

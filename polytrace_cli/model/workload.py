@@ -21,7 +21,9 @@ Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing
 OpenRLHF `timing/broadcast`). wall_s is the step's wall time: step_s (Σ logged timers when step_s
 is missing) plus testing_s and save_checkpoint_s when the step time does not include them (run meta
 `step_time_includes_testing` / `_checkpoint`; when the meta cannot tell, the numbers decide, see
-`overheads_included`).
+`overheads_included`). segment_start marks each segment's first timed, not validation-only step
+(its first step when none is timed); restart marks the first step of a later segment and steps
+flagged restart or resumed.
 """
 
 from __future__ import annotations
@@ -181,6 +183,11 @@ def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFram
             + pl.when(c("step_s").is_not_null() & pl.lit(not checkpoint_in)).then(c("save_checkpoint_s").fill_null(0))
             .otherwise(0))
     df = df.with_columns(wall_s=wall)
+    # A segment's first step is its first timed training step (a validation-only step 0 is not it).
+    trained = c("wall_s").is_not_null() & ~c("validation_only")
+    first = c("step").filter(trained).min().over("segment")
+    df = df.with_columns(segment_start=pl.when(first.is_not_null()).then(c("step") == first)
+                         .otherwise(c("segment_start")))
     return df.select(list(WORKLOAD_COLUMNS)).cast(WORKLOAD_COLUMNS)
 
 
