@@ -6,8 +6,8 @@ With step timings (console, JSONL, wandb or TensorBoard logs):
    workload) is above median + 3.5·1.4826·MAD of the training residuals (and > 5% of the expected
    step); when warm-up steps were in the fit, refit without them;
 3. decompose every step's excess over the expected step into causes (`decompose`);
-4. slow steps (`thresholds.slow_steps`): excess > 5% of the expected step and above the robust
-   threshold of the training steps' excess, or one cause above its own robust threshold;
+4. slow steps (`thresholds.slow_steps`): excess > 5% of the expected step, and above the robust
+   threshold of the training steps' excess or with one cause standing out from its local level;
 5. findings ranked by seconds (`findings`).
 Per-sample traces add, to a slow step's long_tail and dp_imbalance causes, the busiest DP rank and
 the longest samples.

@@ -88,11 +88,11 @@ def local_baseline(values: np.ndarray, training: np.ndarray) -> np.ndarray:
 
 def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame) -> tuple[np.ndarray, str]:
     """Flags over `steps` (the decomposition's step frame, in step order) and the rule in words. A
-    step is slow when
-      - excess_s is above the robust threshold of the training steps' excess and 5% of expected_s, or
-      - excess_s > 2% of expected_s and one cause stands out: its seconds are above 2% of
-        expected_s, and their deviation from the cause's local level (`local_baseline`, the cause
-        counted 0 where absent) is above median + 4.5·1.4826·MAD of the training steps' deviations.
+    step is slow when excess_s > 5% of expected_s and either
+      - excess_s is above the robust threshold of the training steps' excess, or
+      - one cause stands out: its seconds are above 2% of expected_s, and their deviation from the
+        cause's local level (`local_baseline`, the cause counted 0 where absent) is above
+        median + 4.5·1.4826·MAD of the training steps' deviations.
     The second test finds a cause hidden in the spread that the workload and its drift give every
     step's excess (validation and checkpoints, absent from training steps, pass it whenever there)."""
     keys = ["segment", "step"]
@@ -111,9 +111,9 @@ def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame
         deviation = values - local_baseline(values, in_training)
         rule = Threshold.robust(deviation[in_training], z=CAUSE_Z)
         by_cause |= (deviation > rule.value) & (values > MIN_CAUSE_SHARE * expected)
-    slow = by_excess | (by_cause & (excess > MIN_CAUSE_SHARE * expected))
-    text = (f"excess > median + {ROBUST_Z}·{MAD_SCALE}·MAD of the training steps' excess (= {excess_rule.value:.3g} s)"
-            f" and > {MIN_EXCESS_SHARE:.0%} of the expected step; or excess > {MIN_CAUSE_SHARE:.0%} of it with one"
+    slow = (by_excess | by_cause) & (excess > MIN_EXCESS_SHARE * expected)
+    text = (f"excess > {MIN_EXCESS_SHARE:.0%} of the expected step, and either > median + {ROBUST_Z}·{MAD_SCALE}·MAD"
+            f" of the training steps' excess (= {excess_rule.value:.3g} s) or with one"
             f" cause > {MIN_CAUSE_SHARE:.0%} of it standing out from its level over the nearest {LOCAL_WINDOW}"
             f" training steps by more than median + {CAUSE_Z}·{MAD_SCALE}·MAD of such deviations")
     return slow, text
