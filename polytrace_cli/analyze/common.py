@@ -36,6 +36,17 @@ class StepRange:
         except ValueError:
             raise PolytraceError(f"--steps takes A:B, A:, :B or N, not {text!r}") from None
 
+    @classmethod
+    def of(cls, value: "StepRange | str | int | None") -> "StepRange":
+        """A StepRange as given, a single step, or parsed from 'A:B' text (None: every step)."""
+        if isinstance(value, StepRange):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value, value)
+        if value is None or isinstance(value, str):
+            return cls.parse(value)
+        raise PolytraceError(f"steps takes 'A:B', a step number or a StepRange, not {value!r}")
+
     def sql(self, column: str = "step") -> str:
         """A SQL condition restricting `column` to the range ('true' when unbounded)."""
         parts = []

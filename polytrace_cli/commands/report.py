@@ -11,7 +11,6 @@ import typer
 from rich.table import Table
 
 from polytrace_cli.commands.common import DbOption, JsonOption, console, fail, json_default, user_errors
-from polytrace_cli.errors import PolytraceError
 
 
 @user_errors
@@ -23,24 +22,13 @@ def report(
     db: DbOption = None,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
-    from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids
 
-    step_range = StepRange.parse(steps)
-    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
-        raise fail(f"--name must be a plain folder name, not {name!r}")
     con = open_store(db, read_only=True)
     try:
-        ids = run_ids(con, runs)
-        if not ids:
-            raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
-        from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
+        from polytrace_cli.report import write_runs_report  # matplotlib loads only when a report is drawn
 
-        try:
-            index = write_report(con, ids, out, name, step_range)
-        except OSError as error:
-            raise PolytraceError(f"cannot write the report under {out}: {error.strerror or error}") from None
+        index = write_runs_report(con, runs, out, name, steps)
     finally:
         con.close()
     typer.echo(str(index))

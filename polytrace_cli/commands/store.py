@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, emit_frame, user_errors
-from polytrace_cli.errors import PolytraceError
 
 
 @user_errors
@@ -32,13 +31,11 @@ def query(
 ) -> None:
     """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...)."""
     from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import query_frame
 
     con = open_store(db, read_only=True)
     try:
-        relation = con.sql(sql)
-        if relation is None:
-            raise PolytraceError("the statement returned no rows to show")
-        emit_frame(relation.pl(), as_json=as_json, as_csv=as_csv)
+        emit_frame(query_frame(con, sql), as_json=as_json, as_csv=as_csv)
     finally:
         con.close()
 

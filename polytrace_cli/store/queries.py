@@ -62,3 +62,19 @@ def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: 
         """,
         params=[ids, limit],
     ).pl()
+
+
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN", "PRAGMA")
+
+
+def query_frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
+    """The rows of read-only SQL (SELECT, EXPLAIN, PRAGMA) as a frame; any other statement is
+    refused before it runs, even on a connection that could write."""
+    statements = con.extract_statements(sql)
+    writes = [s.type.name for s in statements if s.type.name not in READ_ONLY_STATEMENTS]
+    if writes:
+        raise PolytraceError(f"queries are read-only: {writes[0]} statements are not run")
+    relation = con.sql(sql)
+    if relation is None:
+        raise PolytraceError("the statement returned no rows to show")
+    return relation.pl()
