@@ -124,7 +124,7 @@ def test_testing_outside_the_step_time_still_counts(store, tmp_path):
     doc = explain_run(store, "outside").to_dict()
     (row,) = doc["steps"]
     assert row["step"] == 12 and row["seconds"] == pytest.approx(36.0)
-    assert row["causes"][0] == {"cause": "validation", "seconds": 30.0, "stage": "testing"}
+    assert row["causes"][0] == {"cause": "validation", "seconds": 30.0, "stage": "testing", "stands_out": True}
     assert doc["notes"][-1].startswith("the log has no response lengths")
 
 

@@ -21,9 +21,11 @@ def _seconds(value: float | None) -> str:
 
 
 def _causes_cell(step: dict, limit: int = 3) -> str:
-    """The causes that add at least 5% of the step's excess (in tokens: every cause above 0)."""
+    """The causes that stand out or add at least 5% of the step's excess (in tokens: every cause
+    above 0), in the JSON's order."""
     causes, excess = step["causes"], step["excess_s"]
-    major = [c for c in causes if (c["seconds"] > 0.05 * excess if excess else c.get("tokens", 0) > 0)]
+    major = [c for c in causes if c.get("stands_out")
+             or (c["seconds"] > 0.05 * excess if excess else c.get("tokens", 0) > 0)]
     shown = []
     for cause in (major or causes)[:limit]:
         if cause.get("seconds") is not None:
@@ -58,7 +60,7 @@ def _print(explanation, shown_steps: int | None) -> None:
         table = Table(title="Steps" if len(doc["steps"]) == 1 else "Slow steps, slowest first",
                       title_justify="left", header_style="bold")
         for name, justify in (("step", "right"), ("seconds", "right"), ("expected", "right"), ("excess", "right"),
-                              ("causes, largest first", "left")):
+                              ("causes: standing out, then largest", "left")):
             table.add_column(name, justify=justify, overflow="fold")
         for step in steps:
             table.add_row(f"{step['step']:,}", _seconds(step["seconds"]), _seconds(step["expected_s"]),

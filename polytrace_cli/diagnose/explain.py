@@ -122,7 +122,9 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
         expected = model.predict_typical()["step"]
     steps, parts = decompose(frame, model, warm)
     causes = step_causes(parts)
-    slow_flags, slow_rule = slow_steps(steps, causes, frame.filter(mask))
+    slow_flags, standout, slow_rule = slow_steps(steps, causes, frame.filter(mask))
+    causes = causes.join(standout, on=["segment", "step", "cause"], how="left") \
+        .with_columns(pl.col("stands_out").fill_null(False))
     slow = steps.filter(pl.Series(slow_flags))
     findings = run_findings(steps, causes, frame, slow, model)
     if step is not None:
@@ -156,10 +158,12 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
 
 
 def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool) -> dict:
-    """One step of the JSON: its seconds and its causes (`mine`, already ordered largest first)."""
+    """One step of the JSON: its seconds and its causes, those standing out from their usual level
+    first, each group largest first."""
     listed = []
-    for cause in mine.sort("seconds", descending=True).iter_rows(named=True):
-        entry = {"cause": cause["cause"], "seconds": cause["seconds"], "stage": cause["stage"]}
+    for cause in mine.sort(["stands_out", "seconds"], descending=True).iter_rows(named=True):
+        entry = {"cause": cause["cause"], "seconds": cause["seconds"], "stage": cause["stage"],
+                 "stands_out": cause["stands_out"]}
         more = detail.get(row["step"])
         if more and cause["cause"] == "long_tail" and cause["seconds"] > 0:
             entry["samples"] = more["tail_samples"]

@@ -86,15 +86,36 @@ def local_baseline(values: np.ndarray, training: np.ndarray) -> np.ndarray:
     return np.interp(np.arange(values.size), positions, running.to_numpy())
 
 
-def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame) -> tuple[np.ndarray, str]:
-    """Flags over `steps` (the decomposition's step frame, in step order) and the rule in words. A
-    step is slow when excess_s > 5% of expected_s and either
-      - excess_s is above the robust threshold of the training steps' excess, or
-      - one cause stands out: its seconds are above 2% of expected_s, and their deviation from the
-        cause's local level (`local_baseline`, the cause counted 0 where absent) is above
-        median + 4.5·1.4826·MAD of the training steps' deviations.
-    The second test finds a cause hidden in the spread that the workload and its drift give every
-    step's excess (validation and checkpoints, absent from training steps, pass it whenever there)."""
+def standing_out(steps: pl.DataFrame, causes: pl.DataFrame, in_training: np.ndarray) -> pl.DataFrame:
+    """Per step × cause (`causes`' rows): stands_out = the cause's seconds are above 2% of the
+    step's expected_s and their deviation from the cause's local level (`local_baseline`, the
+    cause counted 0 where absent) is above median + 4.5·1.4826·MAD of the training steps'
+    deviations. `in_training` flags the training rows of `steps` (in step order)."""
+    keys = ["segment", "step"]
+    expected = steps["expected_s"].to_numpy()
+    wide = causes.pivot(on="cause", index=keys, values="seconds", aggregate_function="sum")
+    wide = steps.select(keys).join(wide, on=keys, how="left", maintain_order="left")
+    wide = wide.with_columns(pl.exclude(keys).fill_null(0.0))
+    flags = []
+    for cause in [c for c in wide.columns if c not in keys]:
+        values = wide[cause].to_numpy()
+        deviation = values - local_baseline(values, in_training)
+        rule = Threshold.robust(deviation[in_training], z=CAUSE_Z)
+        flags.append(wide.select(keys).with_columns(
+            cause=pl.lit(cause), stands_out=pl.Series((deviation > rule.value) & (values > MIN_CAUSE_SHARE * expected))))
+    if not flags:
+        return causes.select(*keys, "cause").with_columns(stands_out=pl.lit(False))
+    return causes.select(*keys, "cause").join(pl.concat(flags), on=[*keys, "cause"], how="left") \
+        .with_columns(pl.col("stands_out").fill_null(False))
+
+
+def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame, str]:
+    """(flags over `steps` — the decomposition's step frame, in step order —, `standing_out` of
+    each step × cause, the rule in words). A step is slow when excess_s > 5% of expected_s and
+    either excess_s is above the robust threshold of the training steps' excess, or one of its
+    causes stands out. The second test finds a cause hidden in the spread that the workload and
+    its drift give every step's excess (validation and checkpoints, absent from training steps,
+    stand out whenever they are there)."""
     keys = ["segment", "step"]
     in_training = steps.select(keys).join(training.select(keys).with_columns(hit=pl.lit(True)), on=keys,
                                           how="left", maintain_order="left")["hit"].fill_null(False).to_numpy()
@@ -102,18 +123,13 @@ def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame
     expected = steps["expected_s"].to_numpy()
     excess = steps["excess_s"].to_numpy()
     by_excess = excess_rule.above(excess, expected)
-    by_cause = np.zeros(steps.height, dtype=bool)
-    wide = causes.pivot(on="cause", index=keys, values="seconds", aggregate_function="sum")
-    wide = steps.select(keys).join(wide, on=keys, how="left", maintain_order="left")
-    wide = wide.with_columns(pl.exclude(keys).fill_null(0.0))
-    for cause in [c for c in wide.columns if c not in keys]:
-        values = wide[cause].to_numpy()
-        deviation = values - local_baseline(values, in_training)
-        rule = Threshold.robust(deviation[in_training], z=CAUSE_Z)
-        by_cause |= (deviation > rule.value) & (values > MIN_CAUSE_SHARE * expected)
-    slow = (by_excess | by_cause) & (excess > MIN_EXCESS_SHARE * expected)
+    standout = standing_out(steps, causes, in_training)
+    any_cause = steps.select(keys).join(
+        standout.group_by(keys).agg(pl.col("stands_out").any()), on=keys, how="left", maintain_order="left"
+    )["stands_out"].fill_null(False).to_numpy()
+    slow = (by_excess | any_cause) & (excess > MIN_EXCESS_SHARE * expected)
     text = (f"excess > {MIN_EXCESS_SHARE:.0%} of the expected step, and either > median + {ROBUST_Z}·{MAD_SCALE}·MAD"
             f" of the training steps' excess (= {excess_rule.value:.3g} s) or with one"
             f" cause > {MIN_CAUSE_SHARE:.0%} of it standing out from its level over the nearest {LOCAL_WINDOW}"
             f" training steps by more than median + {CAUSE_Z}·{MAD_SCALE}·MAD of such deviations")
-    return slow, text
+    return slow, standout, text
