@@ -257,3 +257,26 @@ def test_imbalance_before_verl_balancing_is_not_blamed(store, tmp_path):
     assert any("global_seqlen/balanced_max" in note for note in doc["notes"])
     usual = [f for f in doc["findings"] if f.get("typical")]
     assert all("after balancing" in f["text"] and f["share"] < 0.01 for f in usual)
+
+
+def test_progress_bar_step_times_get_one_whole_step_line(store, tmp_path):
+    # No metric lines: 20 step times from the tqdm bar, 60–63 s, step 12 takes 40 s more.
+    lines = ["(TaskRunner pid=5) Using dataset class: RLHFDataset",
+             "Training Progress:   0%|          | 0/40 [00:00<?, ?it/s]"]
+    elapsed = 0
+    for step in range(1, 21):
+        seconds = 60 + step % 4 + (40 if step == 12 else 0)
+        elapsed += seconds
+        lines.append(f"Training Progress:   {step * 2}%|          | {step}/40 "
+                     f"[{elapsed // 60:02d}:{elapsed % 60:02d}<10:00, {seconds}.00s/it]")
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    ingest_paths(store, [path], run_name="bar")
+    doc = explain_run(store, "bar").to_dict()
+    assert [row["step"] for row in doc["steps"]] == [12]
+    cause = doc["steps"][0]["causes"][0]
+    assert (cause["cause"], cause["stage"]) == ("unexplained", "whole_step")
+    # the constant is the median of steps 2–20 (four 60s, four 61s, five 62s, five 63s and 100): 62 s
+    assert doc["expected_s"] == pytest.approx(62.0, abs=0.01)
+    assert cause["seconds"] == pytest.approx(38.0, abs=0.01)
+    assert any("progress bar" in note for note in doc["notes"])

@@ -35,7 +35,7 @@ def _causes_cell(step: dict, limit: int = 3) -> str:
     return ", ".join(shown)
 
 
-def _print(explanation, shown_steps: int | None) -> None:
+def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
     out = Console(width=TABLE_WIDTH) if not sys.stdout.isatty() else console
     doc = explanation.to_dict()
     unit = "seconds" if doc["basis"] == "seconds" else "tokens (no step timings)"
@@ -57,7 +57,7 @@ def _print(explanation, shown_steps: int | None) -> None:
     if steps and doc["basis"] == "tokens":
         _print_token_steps(out, steps)
     elif steps:
-        table = Table(title="Steps" if len(doc["steps"]) == 1 else "Slow steps, slowest first",
+        table = Table(title="Step" if one_step else "Slow steps, slowest first",
                       title_justify="left", header_style="bold")
         for name, justify in (("step", "right"), ("seconds", "right"), ("expected", "right"), ("excess", "right"),
                               ("causes: standing out, then largest", "left")):
@@ -106,4 +106,4 @@ def explain(
     if as_json:
         sys.stdout.write(explanation.to_json() + "\n")
     else:
-        _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS)
+        _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS, one_step=step is not None)

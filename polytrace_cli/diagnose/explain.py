@@ -144,6 +144,11 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
                            (row["segment"], row["step"]) in slow_keys) for row in chosen.iter_rows(named=True)]
     notes = [f"expected step {duration(expected)} (the model at the run's median workload, no validation or "
              f"checkpoint), fitted on {int(mask.sum())} training steps"]
+    estimated = con.execute("SELECT count(DISTINCT step) FROM step_flags WHERE run_id = ? AND flag = 'tqdm_estimate'",
+                            [info.run_id]).fetchall()[0][0]
+    if estimated:
+        notes.append(f"{estimated} step time{'s are' if estimated != 1 else ' is'} estimated from the training "
+                     "progress bar (the log has no metric lines for them)")
     if model.busiest_feature == "balanced_busiest_tokens":
         notes.append("the training stages follow global_seqlen/balanced_max (the batch as verl balanced it across "
                      "ranks) better than global_seqlen/max: the imbalance before balancing does not set their time")

@@ -15,7 +15,7 @@ logs global_seqlen/balanced_max besides global_seqlen/max. The busiest rank that
 stages' time is then the balanced one: when both are logged, the training stages are fitted with each
 and the one with the smaller summed residual spread (1.4826 · MAD) is kept (`busiest_feature`).
 
-A run that logs a step time but no stage timer gets one stage, `step`, with
+A run that logs a step time but no stage timer gets one stage, `whole_step`, with
 a + b_tail · r_max + b_vol · response_tokens + b_busy · busiest_rank_tokens.
 
 Each stage is fitted on the training steps that log it (overhead, validation and warm-up steps left
@@ -184,13 +184,14 @@ def typical_workload(df: pl.DataFrame, mask: pl.Series) -> dict[str, float]:
 
 def stage_seconds(df: pl.DataFrame) -> dict[str, np.ndarray]:
     """Actual seconds per modelled stage, and other = wall_s − Σ stages − overheads (NaN when the
-    step has no wall time or no stage timer). A run without stage timers gets `step` instead."""
+    step has no wall time or no stage timer). A run without stage timers gets `whole_step` instead:
+    wall_s − overheads."""
     stage_columns = [s for s in MODELLED_STAGES if df[f"{s}_s"].is_not_null().any()]
     if not stage_columns:
         if "wall_s" not in df.columns:
             return {}
         overhead = sum(df[f"{o}_s"].fill_null(0).to_numpy() for o in OVERHEADS)
-        return {"step": df["wall_s"].fill_null(np.nan).to_numpy() - overhead}
+        return {"whole_step": df["wall_s"].fill_null(np.nan).to_numpy() - overhead}
     actual = {s: df[f"{s}_s"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in stage_columns}
     logged = sum(np.nan_to_num(v) for v in actual.values())
     overhead = sum(df[f"{o}_s"].fill_null(0).to_numpy() for o in OVERHEADS)
@@ -227,7 +228,7 @@ def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     busiest = choose_busiest(df, train, actual)
     stages: dict[str, StageFit] = {}
     for stage, seconds in actual.items():
-        names = STEP_ONLY_FEATURES if stage == "step" else STAGE_FEATURES[stage]
+        names = STEP_ONLY_FEATURES if stage == "whole_step" else STAGE_FEATURES[stage]
         if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
             names = ("busiest_rank_tokens",)
         names = tuple(busiest if n == "busiest_rank_tokens" else n for n in names)
