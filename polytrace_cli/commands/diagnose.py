@@ -49,7 +49,8 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
             table.add_column(name, justify=justify)
         for finding in doc["findings"]:
             share = "—" if finding["share"] is None else f"{finding['share']:.1%}"
-            table.add_row(finding["cause"], _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
+            name = f"{finding['cause']} (usual)" if finding.get("typical") else finding["cause"]
+            table.add_row(name, _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
         out.print(table)
     for finding in doc["findings"]:
         out.print(f"- {finding['text']}", highlight=False)

@@ -3,8 +3,9 @@
 Per cause:
 - validation, checkpoint: every step that logged the overhead; seconds = Σ testing_s (or
   save_checkpoint_s);
-- the other causes: the slow steps where the cause adds at least a quarter of the step's excess;
-  seconds = Σ of the cause over those steps.
+- the other causes: the steps where the cause stands out from its usual level (slow or not: a
+  weight sync 25 s slower than usual costs 25 s even on a light step), and the slow steps where it
+  adds at least a quarter of the excess; seconds = Σ of the cause over those steps;
 - dp_imbalance at its usual level (`typical: true`): Σ_k b_k · median(busiest − mean rank
   tokens) per step over every timed step, the imbalance the per-step causes count as typical;
 share = seconds / Σ wall_s over the run's timed steps. Each finding carries one plain sentence.
@@ -75,8 +76,8 @@ def typical_imbalance(steps: pl.DataFrame, model: StepTimeModel, run_wall: float
 def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame, slow: pl.DataFrame,
                  model: StepTimeModel) -> list[dict]:
     """Findings ranked by seconds (see the module docstring). `steps` is the decomposition's step
-    frame, `causes` its per step × cause frame, `slow` the slow steps, `model` the fitted model
-    (typical workload and slopes)."""
+    frame, `causes` its per step × cause frame with `stands_out`, `slow` the slow steps, `model` the
+    fitted model (typical workload and slopes)."""
     typical = model.typical
     run_wall = float(steps["seconds"].sum())
     findings = []
@@ -92,10 +93,10 @@ def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame,
         what = "validation" if cause == "validation" else "checkpoints"
         findings.append(_finding(cause, seconds, run_wall, step_list,
                                  f"{what} {cadence(step_list)} took {duration(seconds)}"))
-    major = (
-        causes.join(slow.select("segment", "step", "excess_s"), on=["segment", "step"])
-        .filter((pl.col("seconds") > 0) & (pl.col("seconds") >= MAJOR_SHARE * pl.col("excess_s"))
-                & ~pl.col("cause").is_in(["validation", "checkpoint"]))
+    in_slow = causes.join(slow.select("segment", "step", "excess_s"), on=["segment", "step"], how="left")
+    major = in_slow.filter(
+        (pl.col("seconds") > 0) & ~pl.col("cause").is_in(["validation", "checkpoint"])
+        & (pl.col("stands_out") | (pl.col("seconds") >= MAJOR_SHARE * pl.col("excess_s")).fill_null(False))
     )
     for (cause,), rows in major.group_by("cause", maintain_order=True):
         seconds = float(rows["seconds"].sum())
