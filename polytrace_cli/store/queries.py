@@ -64,17 +64,24 @@ def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: 
     ).pl()
 
 
-READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN", "PRAGMA")
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
-def query_frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
-    """The rows of read-only SQL (SELECT, EXPLAIN, PRAGMA) as a frame; any other statement is
-    refused before it runs, even on a connection that could write."""
+def read_only_relation(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelation:
+    """The relation of one read-only statement (SELECT or EXPLAIN); anything else is refused before
+    it runs, even on a connection that could write."""
     statements = con.extract_statements(sql)
-    writes = [s.type.name for s in statements if s.type.name not in READ_ONLY_STATEMENTS]
-    if writes:
-        raise PolytraceError(f"queries are read-only: {writes[0]} statements are not run")
+    if len(statements) != 1:
+        raise PolytraceError(f"give exactly one SQL statement, not {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in READ_ONLY_STATEMENTS:
+        raise PolytraceError(f"queries are read-only: SELECT statements only, not {kind}")
     relation = con.sql(sql)
     if relation is None:
         raise PolytraceError("the statement returned no rows to show")
-    return relation.pl()
+    return relation
+
+
+def query_frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
+    """The rows of one read-only statement (`read_only_relation`) as a frame."""
+    return read_only_relation(con, sql).pl()
