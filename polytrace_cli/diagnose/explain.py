@@ -33,7 +33,7 @@ from polytrace_cli.diagnose.findings import duration, run_findings
 from polytrace_cli.diagnose.thresholds import MAD_SCALE, ROBUST_Z, Threshold, slow_steps, warmup_steps
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
-from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
+from polytrace_cli.model import StepTimeModel, fit_model, overheads_included, read_workload, run_info, training_mask
 
 # Fewer timed training steps than this cannot support a model of several terms per stage.
 MIN_TRAINING_STEPS = 8
@@ -149,6 +149,11 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     if estimated:
         notes.append(f"{estimated} step time{'s are' if estimated != 1 else ' is'} estimated from the training "
                      "progress bar (the log has no metric lines for them)")
+    for told, timer, present in zip(overheads_included(con, info.run_id), ("testing", "save_checkpoint"),
+                                    (frame["has_testing"].any(), frame["has_checkpoint"].any())):
+        if told is None and present:
+            notes.append(f"whether timing_s/step includes timing_s/{timer} cannot be told from this log; "
+                         "taken as included (verl up to 0.7)")
     if model.busiest_feature == "balanced_busiest_tokens":
         notes.append("the training stages follow global_seqlen/balanced_max (the batch as verl balanced it across "
                      "ranks) better than global_seqlen/max: the imbalance before balancing does not set their time")

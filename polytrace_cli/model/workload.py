@@ -19,9 +19,9 @@ else its rank):
 
 Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
 OpenRLHF `timing/broadcast`). wall_s is the step's wall time: step_s (Σ logged timers when step_s
-is missing) plus testing_s and save_checkpoint_s when the step time does not include them (run meta
-`step_time_includes_testing` / `_checkpoint`; when the meta cannot tell, the numbers decide, see
-`overheads_included`). segment_start marks each segment's first timed, not validation-only step
+is missing) plus testing_s and save_checkpoint_s when the step time does not include them (`overheads_included`:
+run meta `step_time_includes_testing` / `_checkpoint`, else the run's numbers; when they cannot
+tell, included, as verl up to 0.7 logs it). segment_start marks each segment's first timed, not validation-only step
 (its first step when none is timed); restart marks the first step of a later segment and steps
 flagged restart or resumed.
 """
@@ -32,7 +32,6 @@ import json
 from dataclasses import dataclass
 
 import duckdb
-import numpy as np
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
@@ -173,7 +172,7 @@ def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFram
         .then(pl.lit("step_aggregates"))
         .when(c("sample_r_max").is_not_null()).then(pl.lit("samples")),
     )
-    testing_in, checkpoint_in = overheads_included(df, info.meta)
+    testing_in, checkpoint_in = (told is not False for told in overheads_included(con, info.run_id))
     logged_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in (*MODELLED_STAGES, *OVERHEADS)])
     any_timer = pl.any_horizontal([pl.col(f"{s}_s").is_not_null() for s in (*MODELLED_STAGES, *OVERHEADS)])
     base = pl.when(c("step_s").is_not_null()).then(c("step_s")).when(any_timer).then(logged_sum)
@@ -191,30 +190,14 @@ def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFram
     return df.select(list(WORKLOAD_COLUMNS)).cast(WORKLOAD_COLUMNS)
 
 
-def overheads_included(df: pl.DataFrame, meta: dict) -> tuple[bool, bool]:
-    """Whether step_s includes testing_s and save_checkpoint_s. Run meta `step_time_includes_testing`
-    and `step_time_includes_checkpoint` decide when they are true or false; otherwise the numbers:
-    over the steps logging the overhead, with gap = step_s − Σ other timers − overhead, the overhead
-    counts as included when median(gap) > −overhead/2 (a rest around 0, not minus the overhead).
-    With no such step, verl's layout (both inside timing_s/step) is assumed."""
-    stage_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in MODELLED_STAGES])
-    answers = []
-    for overhead, key in (("testing", "step_time_includes_testing"), ("save_checkpoint", "step_time_includes_checkpoint")):
-        told = meta.get(key)
-        if isinstance(told, bool):
-            answers.append(told)
-            continue
-        other = [f"{o}_s" for o in OVERHEADS if o != overhead]
-        rows = df.filter(pl.col(f"{overhead}_s").is_not_null() & pl.col("step_s").is_not_null()).select(
-            gap=pl.col("step_s") - stage_sum - pl.sum_horizontal([pl.col(o).fill_null(0) for o in other])
-            - pl.col(f"{overhead}_s"),
-            seconds=pl.col(f"{overhead}_s"),
-        )
-        if rows.height == 0:
-            answers.append(True)
-            continue
-        answers.append(bool(np.median(rows["gap"].to_numpy()) > -0.5 * np.median(rows["seconds"].to_numpy())))
-    return answers[0], answers[1]
+def overheads_included(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool | None, bool | None]:
+    """Whether the run's step_s includes testing_s and save_checkpoint_s: true / false / None = cannot
+    tell, from run meta or the run's numbers (`analyze.stages.step_time_inclusion`). The workload
+    frame takes None as true, verl's layout up to 0.7 (`explain` says so in a note)."""
+    from polytrace_cli.analyze.stages import step_time_inclusion
+
+    row = step_time_inclusion(con, [run_id]).row(0, named=True)
+    return row["includes_testing"], row["includes_checkpoint"]
 
 
 def training_mask(df: pl.DataFrame) -> pl.Series:
