@@ -209,7 +209,7 @@ def _explain_tokens(con, info, frame: pl.DataFrame, step: int | None, top: int |
     else:
         chosen = lengths if too_few else lengths.filter(pl.Series(flagged))
     if step is None and not too_few:
-        chosen = chosen.with_columns(size=(pl.col("r_max") - typical_r) / max(typical_r, 1)).sort("size", descending=True)
+        chosen = chosen.sort("r_max", descending=True)
         if top is not None:
             chosen = chosen.head(top)
     detail = sample_detail(con, info.run_id, chosen["step"].to_list())

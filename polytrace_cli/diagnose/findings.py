@@ -120,7 +120,8 @@ def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, ro
     count, lost = _count(steps), duration(seconds)
     if cause == "long_tail":
         longest = at["r_max"].max()
-        return (f"long responses (up to {longest:,.0f} tokens, typical longest {typical.get('r_max', float('nan')):,.0f})"
+        usual = typical.get("r_max", float("nan"))
+        return (f"long responses (up to {longest:,.0f} tokens, typical longest {usual:,.0f})"
                 f" slowed {count} by {lost}")
     if cause == "token_volume":
         ratio = (at["response_tokens"] / typical["response_tokens"]).max() if "response_tokens" in typical else None

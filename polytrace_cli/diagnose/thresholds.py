@@ -102,14 +102,16 @@ def standing_out(steps: pl.DataFrame, causes: pl.DataFrame, in_training: np.ndar
         deviation = values - local_baseline(values, in_training)
         rule = Threshold.robust(deviation[in_training], z=CAUSE_Z)
         flags.append(wide.select(keys).with_columns(
-            cause=pl.lit(cause), stands_out=pl.Series((deviation > rule.value) & (values > MIN_CAUSE_SHARE * expected))))
+            cause=pl.lit(cause),
+            stands_out=pl.Series((deviation > rule.value) & (values > MIN_CAUSE_SHARE * expected))))
     if not flags:
         return causes.select(*keys, "cause").with_columns(stands_out=pl.lit(False))
     return causes.select(*keys, "cause").join(pl.concat(flags), on=[*keys, "cause"], how="left") \
         .with_columns(pl.col("stands_out").fill_null(False))
 
 
-def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame, str]:
+def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame,
+               training: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame, str]:
     """(flags over `steps` — the decomposition's step frame, in step order —, `standing_out` of
     each step × cause, the rule in words). A step is slow when excess_s > 5% of expected_s and
     either excess_s is above the robust threshold of the training steps' excess, or one of its

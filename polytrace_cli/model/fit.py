@@ -22,9 +22,8 @@ Each stage is fitted on the training steps that log it (overhead, validation and
 out by the mask) with scipy.optimize.least_squares: soft-L1 loss (robust to a few slow steps),
 every coefficient bounded to ≥ 0, the features scaled by their largest value. A term is dropped
 when its feature does not vary over those steps (or is missing), and a stage with fewer steps than
-terms + 2, or
-no varying feature, is the median of its seconds (a constant, not bounded to ≥ 0). Testing and checkpoint seconds are overheads: the
-model does not predict them.
+terms + 2, or no varying feature, is the median of its seconds (a constant, not bounded to ≥ 0).
+Testing and checkpoint seconds are overheads: the model does not predict them.
 """
 
 from __future__ import annotations
