@@ -30,7 +30,7 @@ OVERHEAD_CAUSES = {"validation", "checkpoint", "warmup"}
 def _synth(tmp_path, *extra: str) -> pl.DataFrame:
     injections = [arg for step, cause in INJECTED.items() for arg in ("--inject", f"{step}:{cause}:{SIZES[step]}")]
     result = CliRunner().invoke(app, [
-        "synth", "--task", "math", "--out", str(tmp_path / "run"), "--format", "verl-console", "--steps", "400",
+        "synth", "--task", "math", "--out", str(tmp_path / "run"), "--format", "verl-console", "--num-steps", "400",
         "--batch", "128", "--n", "8", "--dp-ranks", "8", "--max-response-len", "8192", "--drift", "0.002",
         "--seed", "7", "--validate-every", "20", "--checkpoint-every", "50", *injections,
         "--truth", str(tmp_path / "truth.csv"), *extra])

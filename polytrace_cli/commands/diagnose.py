@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from polytrace_cli.commands.common import DbOption, JsonOption, console, user_errors
+from polytrace_cli.commands.common import DbOption, JsonOption, WaitOption, console, user_errors
 
 # People get tables that fit 100 columns; the JSON has every number.
 TABLE_WIDTH = 100
@@ -93,13 +93,14 @@ def explain(
     top: Annotated[int | None, typer.Option("--top", help="Keep the K largest findings and K slowest steps.")] = None,
     as_json: JsonOption = False,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Why steps were slow: each step's excess over the run's model split into causes, and the run's
     findings ranked by seconds."""
     from polytrace_cli.diagnose import explain_run
     from polytrace_cli.store import open_store
 
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         explanation = explain_run(con, run, step=step, top=top)
     finally:
