@@ -9,6 +9,7 @@ import typer
 
 from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
+from polytrace_cli.commands import diagnose as diagnose_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import steps as steps_commands
@@ -47,6 +48,7 @@ COMMANDS: dict[str, Callable] = {
     "steps": steps_commands.steps,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
+    "explain": diagnose_commands.explain,
     "synth": workload_commands.synth,
     "demo": workload_commands.demo,
     "fit": workload_commands.fit,
