@@ -11,6 +11,7 @@ from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
+from polytrace_cli.commands import simulate as simulate_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workload as workload_commands
 
@@ -38,6 +39,7 @@ COMMANDS: dict[str, Callable] = {
     "fidelity": workload_commands.fidelity,
     "report": report_commands.report,
     "check": report_commands.check,
+    "whatif": simulate_commands.whatif,
     "version": version,
 }
 
