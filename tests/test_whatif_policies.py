@@ -154,3 +154,95 @@ def test_cli_policy_json(store, known, db_path):
         assert sum(scenario["stages"].values()) == pytest.approx(scenario["predicted_s"])
     table = runner.invoke(app, ["whatif", "known", "--policy", "balance", "--db", str(db_path)])
     assert table.exit_code == 0 and "balance" in table.stdout
+
+
+def test_partial_rollout_by_hand():
+    import polars as pl
+
+    from polytrace_cli.simulate.policies import partial_rollout_workload
+
+    # two steps of four responses, prompts of 10 tokens, busiest rank twice the mean
+    frame = pl.DataFrame({"r_max": [8.0, 7.0], "response_tokens": [20.0, 16.0], "n_responses": [4.0, 4.0],
+                          "total_tokens": [60.0, 56.0], "mean_rank_tokens": [30.0, 28.0],
+                          "busiest_rank_tokens": [60.0, 56.0]})
+    lengths = [np.array([2.0, 4.0, 6.0, 8.0]), np.array([1.0, 3.0, 5.0, 7.0])]
+    changed, unfinished = partial_rollout_workload(frame, lengths, 0.5)
+    # step 1: h = median(2, 4, 6, 8) = 5; decodes 2 + 4 + 5 + 5 = 16, finishes 2 and 4 (6 + 2 prompts),
+    # carries 6 and 8 with 1 and 3 tokens left.
+    # step 2: h = 4; decodes 1 + 3 (carried) + 1 + 3 + 4 + 4 = 16, finishes four (6 + 8 + 1 + 3 = 18 tokens
+    # + 4 prompts), carries 5 and 7 with 1 and 3 left.
+    assert changed["r_max"].to_list() == [5.0, 4.0]
+    assert changed["response_tokens"].to_list() == [16.0, 16.0]
+    assert changed["n_responses"].to_list() == [2.0, 4.0]
+    assert changed["total_tokens"].to_list() == [26.0, 58.0]
+    assert changed["mean_rank_tokens"].to_list() == pytest.approx([13.0, 29.0])
+    assert changed["busiest_rank_tokens"].to_list() == pytest.approx([26.0, 58.0])
+    assert unfinished == 2
+
+
+def test_response_cap_on_per_sample_traces(store, tmp_path):
+    from polytrace_cli.model import read_workload
+    from polytrace_cli.simulate.policies import capped_workload
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    timings = []
+    for step in range(1, 7):
+        sample = {"step": step, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 10,
+                  "output": [2 * step, 4, 6, 8], "n_sampling": 4, "validate": False}
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(json.dumps(sample) + "\n")
+        timings.append(f"step:{step} - timing_s/gen:{10 + step} - timing_s/step:{20 + step}")
+    (folder / "train.log").write_text("\n".join(timings) + "\n")
+    ingest_paths(store, [folder], run_name="mixed")
+    result = whatif_run(store, "mixed", ["max-response-len=5"])
+    assert "per-sample traces" in _scenario(result, "max-response-len=5").note
+    frame = read_workload(store, "mixed")
+    capped = capped_workload(frame, [np.array([2.0 * s, 4, 6, 8]) for s in range(1, 7)], 5.0)
+    # step 1: lengths 2, 4, 6, 8 cut at 5 lose 1 + 3 tokens
+    row = capped.row(0, named=True)
+    assert (row["r_max"], row["response_tokens"], row["total_tokens"]) == (5.0, 16.0, 56.0)
+
+
+def write_length_log(path: Path, steps: int, seed: int, cap: int = 8192, per_step: int = 256) -> dict:
+    """A verl console log whose every response length is drawn (lognormal, clipped at `cap`), with
+    stage seconds from TRUE; returns the lengths and rank sums per step."""
+    rng = np.random.default_rng(seed)
+    truth = {"lengths": {}, "busiest": {}, "total": {}}
+    lines = ["(TaskRunner pid=1) Training from scratch", f"data.max_response_length={cap}"]
+    for step in range(1, steps + 1):
+        lengths = np.minimum(np.rint(rng.lognormal(np.log(rng.uniform(500, 1400)), 0.8, per_step)), cap)
+        prompt = 300.0
+        total = float(lengths.sum() + prompt * per_step)
+        mean_rank = total / 8
+        busiest = mean_rank * (1 + rng.uniform(0.02, 0.3))
+        workload = {"r_max": lengths.max(), "response_tokens": lengths.sum(), "n_responses": per_step,
+                    "busiest_rank_tokens": busiest}
+        seconds = {stage: terms["intercept"] + sum(b * workload[k] for k, b in terms.items() if k != "intercept")
+                   for stage, terms in TRUE.items()}
+        seconds = {k: v * float(rng.lognormal(0, 0.01)) for k, v in seconds.items()}
+        seconds["step"] = sum(seconds.values()) + 0.4
+        truth["lengths"][step], truth["busiest"][step], truth["total"][step] = lengths, busiest, total
+        pairs = [f"timing_s/{k}:{v:.6f}" for k, v in seconds.items()]
+        pairs += [f"response_length/max:{lengths.max():.1f}", f"response_length/mean:{lengths.mean():.6f}",
+                  f"response_length/clip_ratio:{np.mean(lengths >= cap):.6f}", f"prompt_length/mean:{prompt}",
+                  f"perf/total_num_tokens:{round(total)}", f"global_seqlen/max:{busiest:.3f}",
+                  f"global_seqlen/mean:{mean_rank:.3f}"]
+        lines.append(f"step:{step} - " + " - ".join(pairs))
+    path.write_text("\n".join(lines) + "\n")
+    return truth
+
+
+@pytest.mark.parametrize("cap", [2048, 4096])
+def test_response_cap_saving_from_fitted_lengths_is_near_the_truth(store, tmp_path, cap):
+    truth = write_length_log(tmp_path / "train.log", steps=60, seed=5)
+    ingest_paths(store, [tmp_path / "train.log"], run_name="lengths")
+    result = whatif_run(store, "lengths", [f"max-response-len={cap}"])
+    b_rank = sum(terms.get("busiest_rank_tokens", 0.0) for terms in TRUE.values())
+    expected = 0.0
+    for step, lengths in truth["lengths"].items():
+        cut = float(np.maximum(lengths - cap, 0).sum())
+        expected += TRUE["gen"]["r_max"] * max(lengths.max() - cap, 0) + TRUE["gen"]["response_tokens"] * cut
+        expected += b_rank * truth["busiest"][step] * cut / truth["total"][step]
+    scenario = _scenario(result, f"max-response-len={cap}")
+    assert "fitted per step" in scenario.note
+    assert scenario.saving_s == pytest.approx(expected, rel=0.05)

@@ -267,45 +267,38 @@ def _need_lengths(ctx: RunContext) -> StepLengths:
     return lengths
 
 
+def capped_workload(frame: pl.DataFrame, lengths: list[np.ndarray], cap: float) -> pl.DataFrame:
+    """The workload frame with every response cut at `cap` tokens: r_max → min(r_max, cap);
+    response_tokens and total_tokens − Σ max(len − cap, 0); rank sums scaled with the total."""
+    cut = np.array([np.maximum(x - cap, 0.0).sum() for x in lengths])
+    total = frame["total_tokens"].fill_null(np.nan).to_numpy() - cut
+    return frame.with_columns(
+        r_max=pl.min_horizontal(pl.col("r_max"), pl.lit(cap)),
+        response_tokens=pl.col("response_tokens") - pl.Series(cut),
+        total_tokens=pl.Series(total),
+        **{name: pl.Series(values) for name, values in _rank_tokens(frame, total).items()},
+    )
+
+
 def _policy_max_response_len(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
     """Responses cut at N tokens: r_max → min(r_max, N), response_tokens and total_tokens lose
     Σ max(len − N, 0) over the step's lengths, and the rank sums shrink with the total (the cut
     tokens assumed spread over the ranks in proportion to their load). The responses are otherwise
     the same (a shorter cap may change what the policy learns to write: not modelled)."""
     lengths = _need_lengths(ctx)
-    cap = float(policy.value)
-    cut = np.array([np.maximum(x - cap, 0.0).sum() for x in lengths.lengths])
-    frame = ctx.frame
-    total = frame["total_tokens"].fill_null(np.nan).to_numpy() - cut
-    changed = frame.with_columns(
-        r_max=pl.min_horizontal(pl.col("r_max"), pl.lit(cap)),
-        response_tokens=pl.col("response_tokens") - pl.Series(cut),
-        total_tokens=pl.Series(total),
-        **{name: pl.Series(values) for name, values in _rank_tokens(frame, total).items()},
-    )
+    changed = capped_workload(ctx.frame, lengths.lengths, float(policy.value))
     return ctx.plan.with_stages(ctx.predict(changed)), f"lengths from {lengths.basis}"
 
 
-def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
-    """Partial rollout: step t's generation stops once its new responses reach h_t = the F
-    quantile of their lengths. Every response still unfinished (new or carried from earlier steps)
-    has decoded min(remaining, h_t) tokens this step and is carried on with the rest. Per step:
-    r_max = the longest decoding this step, response_tokens = tokens decoded this step; the
-    training stages see the responses that finished (full length, with the step's mean prompt),
-    so n_responses and total_tokens are theirs and the rank sums scale with the total. Responses
-    unfinished at the last step are dropped. Carried responses are one or more steps off-policy
-    (their effect on learning is not modelled); lengths are as logged."""
-    lengths = _need_lengths(ctx)
-    frame = ctx.frame
-    if "gen" not in ctx.model.stages:
-        raise NotSupported("the run logs no generation time: the rollout cannot be modelled")
-    share = float(policy.value)
+def partial_rollout_workload(frame: pl.DataFrame, lengths: list[np.ndarray], share: float) -> tuple[pl.DataFrame, int]:
+    """The workload frame under partial rollout (see `_policy_partial_rollout`), and how many
+    responses are still unfinished after the last step."""
     n = frame["n_responses"].to_numpy()
     prompt_per_response = (frame["total_tokens"].to_numpy() - frame["response_tokens"].to_numpy()) / n
     carried_left, carried_full = np.empty(0), np.empty(0)
     columns = {name: np.zeros(frame.height) for name in ("r_max", "response_tokens", "total_tokens",
                                                           "n_responses")}
-    for row, new in enumerate(lengths.lengths):
+    for row, new in enumerate(lengths):
         horizon = float(np.quantile(new, share))
         left = np.concatenate([carried_left, new])
         full = np.concatenate([carried_full, new])
@@ -320,9 +313,25 @@ def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, s
         **{name: pl.Series(values) for name, values in columns.items()},
         **{name: pl.Series(values) for name, values in _rank_tokens(frame, columns["total_tokens"]).items()},
     )
+    return changed, int(carried_left.size)
+
+
+def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """Partial rollout: step t's generation stops once its new responses reach h_t = the F
+    quantile of their lengths. Every response still unfinished (new or carried from earlier steps)
+    has decoded min(remaining, h_t) tokens this step and is carried on with the rest. Per step:
+    r_max = the longest decoding this step, response_tokens = tokens decoded this step; the
+    training stages see the responses that finished (full length, with the step's mean prompt),
+    so n_responses and total_tokens are theirs and the rank sums scale with the total. Responses
+    unfinished at the last step are dropped. Carried responses are one or more steps off-policy
+    (their effect on learning is not modelled); lengths are as logged."""
+    if "gen" not in ctx.model.stages:
+        raise NotSupported("the run logs no generation time: the rollout cannot be modelled")
+    lengths = _need_lengths(ctx)
+    changed, unfinished = partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value))
     note = f"lengths from {lengths.basis}"
-    if carried_left.size:
-        note += f"; {carried_left.size} responses unfinished at the end are dropped"
+    if unfinished:
+        note += f"; {unfinished} responses unfinished at the end are dropped"
     return ctx.plan.with_stages(ctx.predict(changed)), note
 
 
