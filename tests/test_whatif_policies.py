@@ -98,25 +98,55 @@ def test_fitted_lengths_reproduce_the_logged_aggregates():
     assert clipped.max() == 4096.0 and np.mean(clipped >= 4096.0 - 1e-6) == pytest.approx(0.05, abs=0.01)
 
 
-def _constant_log(path: Path, steps: int) -> Path:
+def _pipeline_log(path: Path) -> Path:
+    """Eight noise-free steps: 100 responses of mean length m = 500, 600, ..., 1200 and 100-token
+    prompts; gen = 10 + 1e-4 · response_tokens, update_actor = 6, rest 0.5."""
     lines = ["(TaskRunner pid=1) Training from scratch"]
-    lines += [f"step:{s} - timing_s/gen:10.0 - timing_s/update_actor:6.0 - timing_s/step:16.5"
-              for s in range(1, steps + 1)]
+    for step, mean in enumerate(range(500, 1300, 100), start=1):
+        gen = 10 + 1e-4 * 100 * mean
+        lines.append(f"step:{step} - timing_s/gen:{gen} - timing_s/update_actor:6.0 - timing_s/step:{gen + 6.5} - "
+                     f"response_length/mean:{mean} - prompt_length/mean:100 - perf/total_num_tokens:{100 * (mean + 100)}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def test_one_step_off_pipeline_by_hand(store, tmp_path):
-    ingest_paths(store, [_constant_log(tmp_path / "train.log", 6)], run_name="flat")
-    result = whatif_run(store, "flat", ["one-step-off", "balance"])
-    # replay: 6 × (10 + 6 + 0.5) = 99; pipelined: gen_1 + 5 · max(10, 6) + train_6 + 6 · 0.5 = 69
-    assert result.baseline_s == pytest.approx(99.0)
-    pipelined = _scenario(result, "one-step-off")
-    assert pipelined.predicted_s == pytest.approx(69.0) and pipelined.saving_s == pytest.approx(30.0)
-    assert pipelined.stages["overlap"] == pytest.approx(-30.0)
+    ingest_paths(store, [_pipeline_log(tmp_path / "train.log")], run_name="pipe")
+    result = whatif_run(store, "pipe", ["one-step-off", "one-step-off=0.8", "balance"])
+    # replay: Σ gen = 8 · 10 + 0.01 · Σ m (= 6800) = 148, plus 8 · 6.5 = 200
+    assert result.baseline_s == pytest.approx(200.0, rel=1e-6)
+    # half the GPUs generate: gen = 10 + 0.02 · m (20 .. 34) always exceeds training (6), so
+    # wall = Σ gen + the last training step + 8 · 0.5 = 80 + 136 + 6 + 4 = 226: slower by 26 s
+    half = _scenario(result, "one-step-off")
+    assert half.predicted_s == pytest.approx(226.0, rel=1e-4) and half.saving_s == pytest.approx(-26.0, rel=1e-3)
+    # 0.8 generate: gen = 10 + 0.0125 · m, Σ = 165; wall = 165 + 6 + 4 = 175
+    most = _scenario(result, "one-step-off=0.8")
+    assert most.predicted_s == pytest.approx(175.0, rel=1e-4)
+    assert most.stages["overlap"] == pytest.approx(175.0 - sum(v for k, v in most.stages.items() if k != "overlap"))
     # no per-rank token sums are logged: balance says so instead of printing a number
     balance = _scenario(result, "balance")
     assert balance.predicted_s is None and balance.saving_s is None and "imbalance is unknown" in balance.note
+
+
+def test_a_term_the_fit_could_not_see_gives_no_number(store, tmp_path):
+    # every step has one response at the cap: r_max never varies, so gen has no b_tail
+    write_length_log(tmp_path / "train.log", steps=40, seed=8, always_capped=True)
+    ingest_paths(store, [tmp_path / "train.log"], run_name="capped")
+    result = whatif_run(store, "capped", ["max-response-len=4096", "partial-rollout=0.9", "balance"])
+    for policy in ("max-response-len=4096", "partial-rollout=0.9"):
+        scenario = _scenario(result, policy)
+        assert scenario.predicted_s is None and scenario.saving_s is None, policy
+        assert "r_max did not vary" in scenario.note and "account for" in scenario.note
+    assert _scenario(result, "balance").saving_s > 0
+
+
+def test_one_step_off_needs_a_volume_term(store, tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(f"step:{s} - timing_s/gen:10.0 - timing_s/update_actor:6.0 - timing_s/step:16.5"
+                              for s in range(1, 7)) + "\n")
+    ingest_paths(store, [path], run_name="flat")
+    scenario = _scenario(whatif_run(store, "flat", ["one-step-off"]), "one-step-off")
+    assert scenario.predicted_s is None and "no response_tokens term" in scenario.note
 
 
 def test_one_step_off_split_scales_throughput_not_latency(store, known):
@@ -203,7 +233,8 @@ def test_response_cap_on_per_sample_traces(store, tmp_path):
     assert (row["r_max"], row["response_tokens"], row["total_tokens"]) == (5.0, 16.0, 56.0)
 
 
-def write_length_log(path: Path, steps: int, seed: int, cap: int = 8192, per_step: int = 256) -> dict:
+def write_length_log(path: Path, steps: int, seed: int, cap: int = 8192, per_step: int = 256,
+                     always_capped: bool = False) -> dict:
     """A verl console log whose every response length is drawn (lognormal, clipped at `cap`), with
     stage seconds from TRUE; returns the lengths and rank sums per step."""
     rng = np.random.default_rng(seed)
@@ -211,6 +242,8 @@ def write_length_log(path: Path, steps: int, seed: int, cap: int = 8192, per_ste
     lines = ["(TaskRunner pid=1) Training from scratch", f"data.max_response_length={cap}"]
     for step in range(1, steps + 1):
         lengths = np.minimum(np.rint(rng.lognormal(np.log(rng.uniform(500, 1400)), 0.8, per_step)), cap)
+        if always_capped:
+            lengths[0] = cap
         prompt = 300.0
         total = float(lengths.sum() + prompt * per_step)
         mean_rank = total / 8

@@ -165,7 +165,12 @@ class RunPlan:
 
 
 class NotSupported(Exception):
-    """The run's data cannot support this policy's number; the message says why."""
+    """The run's data cannot support this policy's number; the message says why. `partial` is the
+    plan with only the terms the model has, when there is one."""
+
+    def __init__(self, message: str, partial: RunPlan | None = None):
+        super().__init__(message)
+        self.partial = partial
 
 
 @dataclass
@@ -182,15 +187,32 @@ class RunContext:
     _lengths: StepLengths | None = None
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
-        """Per-stage seconds of the model at a modified workload frame."""
+        """Per-stage seconds of the model at a modified workload frame. A feature the policy changes
+        that a stage's fit dropped (it did not vary over the fitted steps: the stage's intercept
+        holds its effect) makes the number unsupported: NotSupported, with the partial plan."""
         predicted = self.model.predict(frame)
-        return {stage: predicted[f"{stage}_s"].to_numpy() for stage in self.model.stages}
+        stages = {stage: predicted[f"{stage}_s"].to_numpy() for stage in self.model.stages}
+        for stage, fit in self.model.stages.items():
+            for name in fit.dropped:
+                if name in frame.columns and _changed(self.frame[name], frame[name]):
+                    seen = self.frame.filter(self.model.training)[name].drop_nulls()
+                    value = f" (always {seen[0]:,.0f})" if seen.len() else ""
+                    raise NotSupported(f"{name} did not vary over the fitted steps{value}, so the model of {stage} "
+                                       f"cannot tell what changing it saves", self.plan.with_stages(stages))
+        return stages
 
     def lengths(self) -> StepLengths:
         """Each training step's response lengths (see `simulate.lengths`)."""
         if self._lengths is None:
             self._lengths = step_lengths(self.con, self.run_id, self.frame, self.meta)
         return self._lengths
+
+
+def _changed(before: pl.Series, after: pl.Series) -> bool:
+    old = before.cast(pl.Float64).fill_null(np.nan).to_numpy()
+    new = after.cast(pl.Float64).fill_null(np.nan).to_numpy()
+    both = np.isfinite(old) & np.isfinite(new)
+    return bool(np.any(np.abs(new[both] - old[both]) > 1e-9 * np.maximum(np.abs(old[both]), 1.0)))
 
 
 def _overhead_cost(values: np.ndarray, what: str) -> float:
@@ -352,6 +374,13 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     share = DEFAULT_ROLLOUT_SHARE if policy.value is None else float(policy.value)
     frame = ctx.frame
     gen_fit = model.stages["gen"]
+    flat = [(stage, name) for stage, name in (("gen", "response_tokens"),
+                                              *((s, "busiest_rank_tokens") for s in TRAINING_STAGES))
+            if stage in model.stages and name not in model.stages[stage].coefficients]
+    if flat:
+        stage, name = flat[0]
+        raise NotSupported(f"the model of {stage} has no {name} term (not logged, or it did not vary over the "
+                           "fitted steps), so its throughput-bound part cannot be told from its constant part")
     stages = {name: values.copy() for name, values in ctx.plan.stages.items()}
     volume = gen_fit.coefficients.get("response_tokens", 0.0) * frame["response_tokens"].fill_null(
         model.typical.get("response_tokens", 0.0)).to_numpy()
@@ -417,7 +446,10 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
         try:
             plan, note = POLICIES[policy.name](ctx, policy)
         except NotSupported as reason:
-            scenarios.append(Scenario(policy.text, None, None, None, {}, str(reason)))
+            note = str(reason)
+            if reason.partial is not None:
+                note += f"; the terms the model has account for {baseline - reason.partial.total:,.1f} s of saving"
+            scenarios.append(Scenario(policy.text, None, None, None, {}, note))
             continue
         predicted = plan.total
         saving = baseline - predicted
