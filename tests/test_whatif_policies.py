@@ -279,3 +279,25 @@ def test_response_cap_saving_from_fitted_lengths_is_near_the_truth(store, tmp_pa
     scenario = _scenario(result, f"max-response-len={cap}")
     assert "fitted per step" in scenario.note
     assert scenario.saving_s == pytest.approx(expected, rel=0.05)
+
+
+def test_saving_standard_error_is_the_slope_error(store, known):
+    from polytrace_cli.model import fit_model, read_workload, training_mask
+
+    result = whatif_run(store, "known", ["balance", "no-validation", "validate-every=20"])
+    balance = _scenario(result, "balance")
+    # One busiest-rank slope per token stage: SE(b_k) = σ_k / √Σ(x − x̄)² over the fitted steps, and
+    # the saving Σ_k b_k · D (D = Σ busiest − mean) has SE = D · √Σ_k SE(b_k)².
+    frame = read_workload(store, "known")
+    model = fit_model(frame, training_mask(frame))
+    x = frame.filter(training_mask(frame))["busiest_rank_tokens"].to_numpy()
+    spread = np.sqrt(np.sum((x - x.mean()) ** 2))
+    shift = float((frame["busiest_rank_tokens"] - frame["mean_rank_tokens"]).sum())
+    by_hand = shift * np.sqrt(sum((model.stages[s].scale_s / spread) ** 2
+                                  for s in ("old_log_prob", "ref", "update_actor")))
+    assert balance.saving_se_s == pytest.approx(by_hand, rel=0.02)
+    slope = sum(terms.get("busiest_rank_tokens", 0.0) for terms in TRUE.values())
+    truth = slope * sum(w["busiest_rank_tokens"] - w["mean_rank_tokens"] for w in known.workload.values())
+    assert abs(balance.saving_s - truth) < 3 * balance.saving_se_s
+    assert _scenario(result, "no-validation").saving_se_s == 0.0
+    assert _scenario(result, "validate-every=20").saving_se_s is None

@@ -4,7 +4,10 @@ The run as it was is the model's own replay: for every timed training step, each
 at the step's logged workload (`StepTimeModel.predict`, the rest included), plus the step's logged
 testing and checkpoint seconds; a validation-only step adds its logged wall time. `baseline_s` is
 the sum over steps. A policy changes the workload, the schedule or the pipeline, the same model
-predicts the run again, and saving_s = baseline_s − predicted_s. A saving therefore only comes from
+predicts the run again, and saving_s = baseline_s − predicted_s. `saving_se_s` is the
+standard error of a workload policy's saving from the noise of the fitted coefficients
+(`simulate.uncertainty`; 0 for the exact no-validation, none for schedules and pipelines). A
+saving therefore only comes from
 a quantity in the model of a stage that sets the step's time: generation waits for the longest
 response (b_tail · r_max) and for the token volume (b_vol · response_tokens); the forward and
 update stages wait for the busiest DP rank (b_k · busiest_rank_tokens).
@@ -37,10 +40,11 @@ from polytrace_cli.errors import PolytraceError
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
 from polytrace_cli.model.fit import TRAINING_STAGES
 from polytrace_cli.simulate.lengths import StepLengths, step_lengths
+from polytrace_cli.simulate.uncertainty import saving_standard_error
 
 POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, max-response-len=N, "
                "partial-rollout=F, one-step-off[=G]")
-SCENARIO_COLUMNS = ("policy", "predicted_s", "saving_s", "saving_share", "note")
+SCENARIO_COLUMNS = ("policy", "predicted_s", "saving_s", "saving_se_s", "saving_share", "note")
 DEFAULT_ROLLOUT_SHARE = 0.5
 
 
@@ -102,11 +106,13 @@ class Scenario:
     saving_share: float | None
     stages: dict[str, float] = field(default_factory=dict)
     note: str | None = None
+    saving_se_s: float | None = None
 
     def to_json(self) -> dict:
-        """{"policy", "predicted_s", "saving_s", "saving_share", "stages", "note"}."""
+        """{"policy", "predicted_s", "saving_s", "saving_share", "saving_se_s", "stages", "note"}."""
         return {"policy": self.policy, "predicted_s": self.predicted_s, "saving_s": self.saving_s,
-                "saving_share": self.saving_share, "stages": self.stages, "note": self.note}
+                "saving_share": self.saving_share, "saving_se_s": self.saving_se_s, "stages": self.stages,
+                "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -123,9 +129,9 @@ class WhatIfResult:
 
     def table(self) -> pl.DataFrame:
         """One row per scenario (columns `SCENARIO_COLUMNS`), the replay first."""
-        rows = [("as logged (replay)", self.baseline_s, 0.0, 0.0, f"logged wall time {self.actual_s:,.1f} s")]
-        rows += [(s.policy, s.predicted_s, s.saving_s, s.saving_share, s.note) for s in self.scenarios]
-        schema = {"policy": pl.String, "predicted_s": pl.Float64, "saving_s": pl.Float64,
+        rows = [("as logged (replay)", self.baseline_s, 0.0, 0.0, 0.0, f"logged wall time {self.actual_s:,.1f} s")]
+        rows += [(s.policy, s.predicted_s, s.saving_s, s.saving_se_s, s.saving_share, s.note) for s in self.scenarios]
+        schema = {"policy": pl.String, "predicted_s": pl.Float64, "saving_s": pl.Float64, "saving_se_s": pl.Float64,
                   "saving_share": pl.Float64, "note": pl.String}
         return pl.DataFrame(rows, schema=schema, orient="row")
 
@@ -185,12 +191,14 @@ class RunContext:
     model: StepTimeModel
     plan: RunPlan
     _lengths: StepLengths | None = None
+    predicted_workload: pl.DataFrame | None = None
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
         """Per-stage seconds of the model at a modified workload frame. A feature the policy changes
         that a stage's fit dropped (it did not vary over the fitted steps: the stage's intercept
         holds its effect) makes the number unsupported: NotSupported, with the partial plan."""
         predicted = self.model.predict(frame)
+        self.predicted_workload = frame
         stages = {stage: predicted[f"{stage}_s"].to_numpy() for stage in self.model.stages}
         for stage, fit in self.model.stages.items():
             for name in fit.dropped:
@@ -443,6 +451,7 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
     baseline = ctx.plan.total
     scenarios = []
     for policy in parsed:
+        ctx.predicted_workload = None
         try:
             plan, note = POLICIES[policy.name](ctx, policy)
         except NotSupported as reason:
@@ -453,6 +462,11 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
             continue
         predicted = plan.total
         saving = baseline - predicted
+        error = None
+        if policy.name == "no-validation":
+            error = 0.0
+        elif policy.name != "one-step-off" and ctx.predicted_workload is not None:
+            error = saving_standard_error(ctx.model, ctx.frame, ctx.predicted_workload)
         scenarios.append(Scenario(policy.text, predicted, saving, saving / baseline if baseline else None,
-                                  plan.by_stage(), note))
+                                  plan.by_stage(), note, error))
     return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios)
