@@ -129,3 +129,33 @@ def test_cli_errors_are_one_line(store, tmp_path, db_path):
         assert result.exit_code == 2, args
         assert message in result.stderr and "Traceback" not in result.output, args
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_stage_worse_than_its_median_is_named(store, tmp_path):
+    # gen follows response_tokens in the training half, then stops following it: the fitted line
+    # extrapolates and loses to the median, which the notes must say
+    rows = []
+    for step in range(1, 21):
+        mean = 500 + 50 * (step % 7)
+        gen = 10 + 0.02 * mean if step <= 10 else 20.0
+        rows.append(f"step:{step} - timing_s/gen:{gen} - timing_s/step:{gen + 5} - response_length/mean:{mean} - "
+                    f"prompt_length/mean:100 - perf/total_num_tokens:{100 * (mean + 100)}")
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(rows) + "\n")
+    result = backtest_run(store, _ingest(store, path))
+    gen = result.stages["gen"]
+    assert gen.accuracy < gen.median_baseline
+    assert any("less accurate than the median baseline on: gen" in note for note in result.notes)
+
+
+@pytest.mark.realdata
+def test_real_traces_without_step_times_get_a_clear_error(tmp_path):
+    from conftest import need_real_data
+
+    traces = need_real_data("polytrace", "rllm")
+    db = tmp_path / "real.duckdb"
+    assert runner.invoke(app, ["ingest", str(traces), "--db", str(db)]).exit_code == 0
+    for args in (["--backtest"], ["--policy", "balance"]):
+        result = runner.invoke(app, ["whatif", "rllm", *args, "--db", str(db)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert "step time" in result.stderr and len(result.stderr.strip().splitlines()) == 1

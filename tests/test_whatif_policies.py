@@ -301,3 +301,20 @@ def test_saving_standard_error_is_the_slope_error(store, known):
     assert abs(balance.saving_s - truth) < 3 * balance.saving_se_s
     assert _scenario(result, "no-validation").saving_se_s == 0.0
     assert _scenario(result, "validate-every=20").saving_se_s is None
+
+
+@pytest.mark.realdata
+def test_real_traces_give_per_sample_lengths(store):
+    from conftest import need_real_data
+
+    from polytrace_cli.model import read_workload, run_info
+    from polytrace_cli.simulate.lengths import SAMPLES_BASIS, step_lengths
+
+    ingest_paths(store, [need_real_data("polytrace", "verl")], run_name="real")
+    frame = read_workload(store, "real")
+    info = run_info(store, "real")
+    lengths = step_lengths(store, info.run_id, frame, info.meta)
+    assert lengths.basis == SAMPLES_BASIS and lengths.known == frame.height > 0
+    for row, values in zip(frame.iter_rows(named=True), lengths.lengths):
+        assert values.size == row["n_responses"] and values.max() == row["r_max"]
+        assert values.sum() == pytest.approx(row["response_tokens"])

@@ -190,6 +190,10 @@ def backtest_frame(frame: pl.DataFrame, run: str = "") -> BacktestResult:
     step_accuracy, count = accuracy(step_prediction[held], wall[held])
     median_baseline, previous_baseline = _baselines(wall[fit_rows], wall[held], _previous(wall)[held])
     step = StageAccuracy(count, step_accuracy, median_baseline, previous_baseline)
+    worse = [name for name, s in {**stages, "step": step}.items()
+             if s.accuracy is not None and s.median_baseline is not None and s.accuracy < s.median_baseline]
+    if worse:
+        notes.append(f"the model is less accurate than the median baseline on: {', '.join(worse)}")
     first_test = int(eligible["step"][n_train])
     warm = int((eligible["restart"] | eligible["segment_start"]).filter(pl.Series(test_rows)).sum())
     if warm:
