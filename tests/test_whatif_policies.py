@@ -4,6 +4,7 @@ generator), savings against the truth the generator knows, and pipelines compute
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -136,8 +137,27 @@ def test_a_term_the_fit_could_not_see_gives_no_number(store, tmp_path):
     for policy in ("max-response-len=4096", "partial-rollout=0.9"):
         scenario = _scenario(result, policy)
         assert scenario.predicted_s is None and scenario.saving_s is None, policy
-        assert "r_max did not vary" in scenario.note and "account for" in scenario.note
-    assert _scenario(result, "balance").saving_s > 0
+        assert "r_max did not vary" in scenario.note and "the saving lies between" in scenario.note
+    # the range: the model's terms alone, up to all of gen's constant bound to r_max (b_tail ≤ a/8192)
+    cut = _scenario(result, "max-response-len=4096").note
+    low, high = (float(x.replace(",", "")) for x in re.findall(r"between ([\d,.]+) s and ([\d,.]+) s", cut)[0])
+    true_tail = TRUE["gen"]["r_max"] * (8192 - 4096) * 40
+    assert low < high and low > 0
+    assert _scenario(result, "balance").saving_s > 0 and true_tail < high - low
+
+
+def test_a_negligible_unseen_term_leaves_the_number_with_its_range(store, tmp_path):
+    # a fixed batch of 256: n_responses never varies, but partial rollout changes its total over the
+    # run only by the responses left unfinished, so reward's unknown slope cannot move the saving much
+    write_length_log(tmp_path / "train.log", steps=40, seed=9)
+    ingest_paths(store, [tmp_path / "train.log"], run_name="fixed")
+    scenario = _scenario(whatif_run(store, "fixed", ["partial-rollout=0.9"]), "partial-rollout=0.9")
+    assert scenario.saving_s > 0
+    assert "n_responses did not vary" in scenario.note and "the saving lies between" in scenario.note
+    low, high = (float(x.replace(",", "")) for x in re.findall(r"between ([\d,.]+) s and ([\d,.]+) s",
+                                                              scenario.note)[0])
+    assert low - 0.05 <= scenario.saving_s <= high + 0.05 and high - low <= 0.05 * scenario.saving_s
+
 
 
 def test_one_step_off_needs_a_volume_term(store, tmp_path):

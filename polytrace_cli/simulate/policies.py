@@ -46,6 +46,9 @@ POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, ma
                "partial-rollout=F, one-step-off[=G]")
 SCENARIO_COLUMNS = ("policy", "predicted_s", "saving_s", "saving_se_s", "saving_share", "note")
 DEFAULT_ROLLOUT_SHARE = 0.5
+# Largest share of a saving that a term the fit could not see may leave unknown (see RunContext.predict).
+UNSEEN_TERM_TOLERANCE = 0.05
+UNSEEN_RUN_TOLERANCE = 0.001
 
 
 @dataclass(frozen=True)
@@ -171,12 +174,7 @@ class RunPlan:
 
 
 class NotSupported(Exception):
-    """The run's data cannot support this policy's number; the message says why. `partial` is the
-    plan with only the terms the model has, when there is one."""
-
-    def __init__(self, message: str, partial: RunPlan | None = None):
-        super().__init__(message)
-        self.partial = partial
+    """The run's data cannot support this policy's number; the message says why."""
 
 
 @dataclass
@@ -192,21 +190,40 @@ class RunContext:
     plan: RunPlan
     _lengths: StepLengths | None = None
     predicted_workload: pl.DataFrame | None = None
+    caveats: list[str] = field(default_factory=list)
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
-        """Per-stage seconds of the model at a modified workload frame. A feature the policy changes
-        that a stage's fit dropped (it did not vary over the fitted steps: the stage's intercept
-        holds its effect) makes the number unsupported: NotSupported, with the partial plan."""
+        """Per-stage seconds of the model at a modified workload frame.
+
+        A fit drops a feature that did not vary over the fitted steps (always c): the stage's
+        intercept a then holds its effect, a = a₀ + b·c with a₀, b ≥ 0, so b ∈ [0, a/c], and a
+        policy that changes the feature by D = Σ (before − after) saves b·D more than the model
+        says: between 0 and a·D/c. When these ranges together are wider than both
+        UNSEEN_TERM_TOLERANCE of the saving the model's terms give and UNSEEN_RUN_TOLERANCE of
+        the run, the number is unsupported (NotSupported, naming the range); otherwise it stands
+        and `caveats` names the range."""
         predicted = self.model.predict(frame)
         self.predicted_workload = frame
         stages = {stage: predicted[f"{stage}_s"].to_numpy() for stage in self.model.stages}
+        low = high = 0.0
+        unseen = []
         for stage, fit in self.model.stages.items():
             for name in fit.dropped:
-                if name in frame.columns and _changed(self.frame[name], frame[name]):
-                    seen = self.frame.filter(self.model.training)[name].drop_nulls()
-                    value = f" (always {seen[0]:,.0f})" if seen.len() else ""
-                    raise NotSupported(f"{name} did not vary over the fitted steps{value}, so the model of {stage} "
-                                       f"cannot tell what changing it saves", self.plan.with_stages(stages))
+                if name not in frame.columns or not _changed(self.frame[name], frame[name]):
+                    continue
+                constant = self.model.typical.get(name, float("nan"))
+                shift = float((self.frame[name].fill_null(constant) - frame[name].fill_null(constant)).sum())
+                bound = fit.intercept * shift / constant if constant > 0 else float("inf") * np.sign(shift)
+                low, high = low + min(0.0, bound), high + max(0.0, bound)
+                unseen.append(f"{name} did not vary over the fitted steps (always {constant:,.0f}), so the model "
+                              f"of {stage} cannot tell what changing it saves")
+        if unseen:
+            partial = self.plan.total - self.plan.with_stages(stages).total
+            span = f"between {partial + low:,.1f} s and {partial + high:,.1f} s"
+            negligible = max(UNSEEN_TERM_TOLERANCE * abs(partial), UNSEEN_RUN_TOLERANCE * self.plan.total)
+            if not high - low <= negligible:
+                raise NotSupported(f"{'; '.join(unseen)}: the saving lies {span}")
+            self.caveats.append(f"{'; '.join(unseen)}: the saving lies {span}")
         return stages
 
     def lengths(self) -> StepLengths:
@@ -451,15 +468,13 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
     baseline = ctx.plan.total
     scenarios = []
     for policy in parsed:
-        ctx.predicted_workload = None
+        ctx.predicted_workload, ctx.caveats = None, []
         try:
             plan, note = POLICIES[policy.name](ctx, policy)
         except NotSupported as reason:
-            note = str(reason)
-            if reason.partial is not None:
-                note += f"; the terms the model has account for {baseline - reason.partial.total:,.1f} s of saving"
-            scenarios.append(Scenario(policy.text, None, None, None, {}, note))
+            scenarios.append(Scenario(policy.text, None, None, None, {}, str(reason)))
             continue
+        note = "; ".join([*([note] if note else []), *ctx.caveats]) or None
         predicted = plan.total
         saving = baseline - predicted
         error = None
