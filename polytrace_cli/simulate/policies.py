@@ -4,13 +4,13 @@ The run as it was is the model's own replay: for every timed training step, each
 at the step's logged workload (`StepTimeModel.predict`, the rest included), plus the step's logged
 testing and checkpoint seconds; a validation-only step adds its logged wall time. `baseline_s` is
 the sum over steps. A policy changes the workload, the schedule or the pipeline, the same model
-predicts the run again, and saving_s = baseline_s − predicted_s. `saving_se_s` is the
+predicts the run again, and saving_s = baseline_s − predicted_s. A saving therefore only comes
+from a quantity in the model of a stage that sets the step's time: generation waits for the
+longest response (b_tail · r_max) and for the token volume (b_vol · response_tokens); the forward
+and update stages wait for the busiest DP rank (b_k · busiest_rank_tokens). `saving_se_s` is the
 standard error of a workload policy's saving from the noise of the fitted coefficients
-(`simulate.uncertainty`; 0 for the exact no-validation, none for schedules and pipelines). A
-saving therefore only comes from
-a quantity in the model of a stage that sets the step's time: generation waits for the longest
-response (b_tail · r_max) and for the token volume (b_vol · response_tokens); the forward and
-update stages wait for the busiest DP rank (b_k · busiest_rank_tokens).
+(`simulate.uncertainty`; 0 for the exact no-validation, none for schedules and pipelines); a term
+the fit could not see bounds the saving instead (`RunContext.predict`).
 
 The policies (their assumptions are the docstrings of the functions named `_policy_<name>`):
 
@@ -146,9 +146,9 @@ class WhatIfResult:
 
 @dataclass
 class RunPlan:
-    """Per training step, the seconds of each stage (`stages`, the model's `<stage>` names, `rest`
-    included as `other`) and of each logged overhead; `validation_only_s` is the wall time of the
-    validation-only steps. `wall_s` adds them up; a pipeline policy may add a negative `overlap`."""
+    """Per training step, the seconds of each stage (`stages`, the model's stage names, the rest
+    as `other`) and of each logged overhead; `validation_only_s` is the wall time of the
+    validation-only steps. `total` adds them up; a pipeline policy may add a negative `overlap`."""
 
     steps: np.ndarray
     stages: dict[str, np.ndarray]
