@@ -12,4 +12,11 @@ class StoreError(PolytraceError):
 
 
 class IngestError(PolytraceError):
-    """A file cannot be ingested as a whole (binary, unknown format, unreadable)."""
+    """A file cannot be ingested as a whole (binary, unknown format, unreadable).
+
+    `code` is the file's `ingest_errors.code` (see polytrace_cli.ingest.base.ERROR_CODES).
+    """
+
+    def __init__(self, message: str, code: str = "corrupt-file"):
+        super().__init__(message)
+        self.code = code

@@ -75,6 +75,9 @@ def test_errors_shows_quarantined_lines(tmp_path):
     [row] = json.loads(runner.invoke(app, ["errors", "--db", str(db), "--json"]).stdout)
     assert (row["line"], row["raw"]) == (2, "oops\n")
     assert row["reason"].startswith("not JSON")
+    assert row["code"] == "invalid-json"
+    table = runner.invoke(app, ["errors", "--db", str(db)]).stdout
+    assert "invalid-json" in table
 
 
 def test_unknown_run_and_missing_store_are_one_line_errors(tmp_path):

@@ -168,3 +168,73 @@ def test_unwritable_store_folder_gives_one_line(tmp_path):
     result = CliRunner().invoke(app, ["ingest", str(path), "--db", "/sys/polytrace-test.duckdb"])
     assert result.exit_code == 2
     assert "not writable" in result.output
+
+
+REWARD = '{"step": %s, "rank": 0, "reward_time_s": %s, "validate": %s}'
+
+
+@pytest.mark.parametrize(("step", "seconds", "validate", "code"), [
+    ("3", "1.5", "true", None),
+    ("3.0", "1", "false", None),               # a whole number is an integer, in both paths
+    ("5.7", "1.5", "true", "type-error"),      # DuckDB alone would round it to 6
+    ('"3"', "1.5", "true", "type-error"),      # DuckDB alone would cast the string
+    ("3", '"1.5"', "true", "type-error"),
+    ("3", "1.5", '"yes"', "type-error"),       # DuckDB alone would read it as true
+    ("3", "1.5", "1", "type-error"),
+    ("2147483647", "1.5", "true", None),
+    ("-2147483648", "1.5", "true", None),
+    ("2147483648", "1.5", "true", "out-of-range"),
+    ("-2147483649", "1.5", "true", "out-of-range"),
+    ("1e20", "1.5", "true", "out-of-range"),
+    ("-9223372036854775809", "1.5", "true", "out-of-range"),
+    ("18446744073709551616", "1.5", "true", "out-of-range"),
+])
+def test_type_rules_are_the_same_alone_and_beside_a_bad_line(store, tmp_path, step, seconds, validate, code):
+    line = REWARD % (step, seconds, validate)
+    alone = _trace(tmp_path / "alone", line + "\n", "reward_timings_step_1.jsonl")
+    beside = _trace(tmp_path / "beside", line + "\nnot json\n", "reward_timings_step_1.jsonl")
+    ingest_paths(store, [alone, beside])
+    codes = dict(store.execute(
+        "SELECT f.path, list(e.code ORDER BY e.line_no) FROM files f LEFT JOIN ingest_errors e USING (file_id)"
+        " GROUP BY f.path").fetchall())
+    assert codes[str(alone.resolve())] == [code]
+    assert codes[str(beside.resolve())] == [c for c in (code, "invalid-json") if c]
+    stored = store.execute("SELECT file_id, step, seconds, validate FROM rank_timings ORDER BY file_id").fetchall()
+    if code is None:
+        assert [row[1:] for row in stored] == [(int(float(step)), float(seconds), validate == "true")] * 2
+    else:
+        assert stored == []
+
+
+def test_out_of_range_list_item_is_rejected_not_stored_as_null(store, tmp_path):
+    too_long = '{"step": 0, "input": 10, "output": [5, 1099511627776]}'
+    too_short = '{"step": 0, "input": -9223372036854775808, "output": [5]}'
+    path = _trace(tmp_path / "r", "\n".join([GOOD % 0, too_long, too_short]) + "\n")
+    ingest_paths(store, [path])
+    assert store.execute("SELECT line_no, code, reason FROM ingest_errors ORDER BY line_no").fetchall() == [
+        (2, "out-of-range", "field output[1]: 1099511627776 is out of range for INTEGER"),
+        (3, "out-of-range", "field input: -9223372036854775808 is out of range for INTEGER"),
+    ]
+    assert store.execute("SELECT response_lens FROM sample_groups").fetchall() == [([5, 6],)]
+
+
+def test_an_out_of_range_step_does_not_abort_the_command_or_lose_other_files(tmp_path):
+    folder = tmp_path / "run"
+    _trace(folder, REWARD % ("1", "1.5", "true") + "\n" + REWARD % ("2147483648", "1.5", "true") + "\n",
+           "reward_timings_step_1.jsonl")
+    _trace(folder, REWARD % ("2", "2.5", "true") + "\n", "reward_timings_step_2.jsonl")
+    _trace(folder, '{"step": 4294967296, "data": {"timing_s/step": 1}}\n{"step": 3, "data": {"timing_s/step": 1}}\n',
+           "metrics.jsonl")
+    db = tmp_path / "s.duckdb"
+    result = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    from polytrace_cli.store import open_store
+
+    con = open_store(db, read_only=True)
+    try:
+        assert con.execute("SELECT step FROM rank_timings ORDER BY step").fetchall() == [(1,), (2,)]
+        assert con.execute("SELECT DISTINCT step FROM step_metrics").fetchall() == [(3,)]
+        assert con.execute("SELECT line_no, code FROM ingest_errors ORDER BY code").fetchall() == [
+            (1, "out-of-range"), (2, "out-of-range")]
+    finally:
+        con.close()

@@ -14,8 +14,7 @@ import duckdb
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
-from polytrace_cli.analyze.lengths import step_aggregate_rows_sql, ids_sql, training_samples_sql
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql
 from polytrace_cli.analyze.registry import register
 
 SUMMARY_SCHEMA = {

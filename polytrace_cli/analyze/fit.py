@@ -36,8 +36,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
-from polytrace_cli.analyze.lengths import caps_sql, ids_sql, training_samples_sql
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, caps_sql, ids_sql, run_names, training_samples_sql
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.errors import PolytraceError
 

@@ -26,53 +26,15 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
+from polytrace_cli.analyze.common import (
+    ALL_STEPS, StepRange, caps_sql, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql,
+)
 from polytrace_cli.analyze.registry import register
 
 KINDS = ("prompt", "response", "total")
-TRAINING_SAMPLES = "coalesce(validate, false) = false"
-# A longest length shared by at least this share (and this many) of a run's responses marks a cap.
-EVIDENT_CAP_SHARE = 0.01
-EVIDENT_CAP_MIN_COUNT = 3
 
 _STAT_COLUMNS = ["count", "mean_tokens", "std_tokens", "min_tokens", "p50_tokens", "p90_tokens", "p99_tokens",
                  "max_tokens", "cv", "skewness", "kurtosis", "clip_ratio", "p99_p50", "max_p50"]
-
-
-def ids_sql(run_ids: list[int]) -> str:
-    """A SQL list literal of run ids for `run_id IN ...` ('(NULL)' when empty)."""
-    return "(" + ", ".join(str(int(i)) for i in run_ids) + ")" if run_ids else "(NULL)"
-
-
-def training_samples_sql(run_ids: list[int], steps: StepRange = ALL_STEPS) -> str:
-    """SELECT of the training samples (validate not true) of the runs within the step range."""
-    return f"SELECT * FROM samples WHERE run_id IN {ids_sql(run_ids)} AND {TRAINING_SAMPLES} AND {steps.sql('step')}"
-
-
-def caps_sql(run_ids: list[int]) -> str:
-    """SQL of (run_id, run, cap_tokens, cap_source) for the runs; the rule is in `caps`."""
-    ids = ids_sql(run_ids)
-    return f"""
-        WITH s AS (
-            SELECT run_id, response_len FROM samples
-            WHERE run_id IN {ids} AND {TRAINING_SAMPLES} AND response_len IS NOT NULL
-        ), top AS (
-            SELECT run_id, count(*) AS responses, max(response_len) AS max_len FROM s GROUP BY run_id
-        ), at_max AS (
-            SELECT s.run_id, count(*) AS at_max FROM s JOIN top ON s.run_id = top.run_id AND s.response_len = top.max_len
-            GROUP BY s.run_id
-        ), c AS (
-            SELECT r.run_id, r.name AS run,
-                   TRY_CAST(json_extract_string(r.meta, '$.max_response_len') AS BIGINT) AS known,
-                   CASE WHEN at_max.at_max >= {EVIDENT_CAP_MIN_COUNT}
-                         AND at_max.at_max >= {EVIDENT_CAP_SHARE} * top.responses THEN top.max_len END AS evident
-            FROM runs r LEFT JOIN top USING (run_id) LEFT JOIN at_max USING (run_id)
-            WHERE r.run_id IN {ids}
-        )
-        SELECT run_id, run, coalesce(known, evident) AS cap_tokens,
-               CASE WHEN known IS NOT NULL THEN 'known' WHEN evident IS NOT NULL THEN 'evident' END AS cap_source
-        FROM c
-    """
 
 
 def caps(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
@@ -181,25 +143,6 @@ def _pooled_sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
         FROM agg JOIN runs r USING (run_id) JOIN st USING (run_id)
     """
     return _with_ratios(frame(con, sql))
-
-
-def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
-    """Per step of step-aggregate runs (no samples): logged response and prompt mean/min/max/clip ratio."""
-    ids = ids_sql(run_ids)
-    return f"""
-        WITH st AS (
-            SELECT * FROM steps
-            WHERE run_id IN {ids} AND run_id NOT IN (SELECT DISTINCT run_id FROM samples WHERE run_id IN {ids})
-              AND NOT coalesce(is_validation_only, false) AND {steps.sql('step')}
-            QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY segment DESC) = 1
-        )
-        SELECT run_id, step, 'response' AS kind, response_length_mean AS mean_tokens,
-               response_length_min AS min_tokens, response_length_max AS max_tokens, clip_ratio
-        FROM st WHERE response_length_mean IS NOT NULL
-        UNION ALL
-        SELECT run_id, step, 'prompt', prompt_length_mean, prompt_length_min, prompt_length_max, NULL
-        FROM st WHERE prompt_length_mean IS NOT NULL
-    """
 
 
 def _aggregate_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:

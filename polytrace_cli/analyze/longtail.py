@@ -22,8 +22,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
-from polytrace_cli.analyze.lengths import ids_sql, step_aggregate_rows_sql, training_samples_sql
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql
 from polytrace_cli.analyze.registry import register
 
 

@@ -24,41 +24,45 @@ def _check(weights: Sequence[float], k: int) -> None:
         raise ValueError("weights must not be negative")
 
 
-def karmarkar_karp(weights: Sequence[float], k: int) -> list[list[int]]:
-    """Split item indices 0..n-1 into k bins with the Karmarkar–Karp largest differencing method.
+def _differencing(weights: Sequence[float], k: int, keep_members: bool) -> tuple[list[float], list[list[int]]]:
+    """The last tuple of the Karmarkar–Karp differencing: its bin sums (descending, minimum 0) and,
+    when `keep_members`, the item indices of each bin (empty lists otherwise).
 
     Every item starts as a k-tuple of bin sums (w, 0, ..., 0). While more than one tuple is left,
-    the two tuples with the largest spread (max sum − min sum) are merged: sort one ascending and
-    the other descending by bin sum and add bin by bin, so the largest bin of one meets the smallest
-    of the other; then subtract the minimum from every bin (only differences matter). The last
-    tuple's bins are the answer. O(n log n + n·k log k). Returns k lists of indices (some may be
-    empty when n < k); each index appears exactly once.
+    the two tuples with the largest spread (max sum − min sum) are merged, equal spreads in creation
+    order (items by index, then merged tuples as made): a's i-th largest bin is added to b's i-th
+    smallest, the bins re-sorted descending and the smallest subtracted from all (only differences
+    matter).
     """
-    _check(weights, k)
-    # A tuple is (bin sums sorted descending, the items of each bin), normalized so min sum is 0.
     heap: list[tuple[float, int, list[float], list[list[int]]]] = []
     for index, weight in enumerate(weights):
-        sums = [float(weight)] + [0.0] * (k - 1)
-        members = [[index]] + [[] for _ in range(k - 1)]
-        heap.append((-float(weight), index, sums, members))
+        members = [[index]] + [[] for _ in range(k - 1)] if keep_members else []
+        heap.append((-float(weight), index, [float(weight)] + [0.0] * (k - 1), members))
     if not heap:
-        return [[] for _ in range(k)]
+        return [0.0] * k, [[] for _ in range(k)]
     heapq.heapify(heap)
     tie = len(heap)
     while len(heap) > 1:
         _, _, sums_a, members_a = heapq.heappop(heap)
         _, _, sums_b, members_b = heapq.heappop(heap)
-        # Both are sorted descending: pair a's i-th largest with b's i-th smallest.
-        merged = sorted(
-            ((sums_a[i] + sums_b[k - 1 - i], members_a[i] + members_b[k - 1 - i]) for i in range(k)),
-            key=lambda pair: pair[0],
-            reverse=True,
-        )
-        low = merged[-1][0]
-        sums = [s - low for s, _ in merged]
-        heapq.heappush(heap, (-(sums[0] - sums[-1]), tie, sums, [m for _, m in merged]))
+        paired = [sums_a[i] + sums_b[k - 1 - i] for i in range(k)]
+        order = sorted(range(k), key=paired.__getitem__, reverse=True)
+        low = paired[order[-1]]
+        sums = [paired[i] - low for i in order]
+        members = [members_a[i] + members_b[k - 1 - i] for i in order] if keep_members else []
+        heapq.heappush(heap, (-(sums[0] - sums[-1]), tie, sums, members))
         tie += 1
-    return heap[0][3]
+    _, _, sums, members = heap[0]
+    return sums, members if keep_members else [[] for _ in range(k)]
+
+
+def karmarkar_karp(weights: Sequence[float], k: int) -> list[list[int]]:
+    """Split item indices 0..n-1 into k bins with the Karmarkar–Karp largest differencing method
+    (`_differencing`): the last tuple's bins are the answer. O(n log n + n·k log k). Returns k lists
+    of indices (some may be empty when n < k); each index appears exactly once.
+    """
+    _check(weights, k)
+    return _differencing(weights, k, keep_members=True)[1]
 
 
 def lpt(weights: Sequence[float], k: int) -> list[list[int]]:
@@ -94,19 +98,9 @@ def _chunks(instances: list[Sequence[float]], k: int, columns_per_item: int = 1)
 
 
 def _kk_max_load_heap(weights: Sequence[float], k: int) -> float:
-    """Largest bin of `karmarkar_karp(weights, k)` from the bin sums alone (same merge order)."""
-    heap = [(-float(w), i, [float(w)] + [0.0] * (k - 1)) for i, w in enumerate(weights)]
-    heapq.heapify(heap)
-    tie = len(heap)
-    while len(heap) > 1:
-        _, _, a = heapq.heappop(heap)
-        _, _, b = heapq.heappop(heap)
-        merged = sorted((a[i] + b[k - 1 - i] for i in range(k)), reverse=True)
-        low = merged[-1]
-        merged = [x - low for x in merged]
-        heapq.heappush(heap, (-(merged[0] - merged[-1]), tie, merged))
-        tie += 1
-    sums = heap[0][2]
+    """Largest bin of `karmarkar_karp(weights, k)` from the bin sums alone: the last tuple holds the
+    loads minus the smallest load m, so max load = s_max + m with m = (Σ w − Σ s) / k."""
+    sums, _ = _differencing(weights, k, keep_members=False)
     return sums[0] + (float(sum(weights)) - sum(sums)) / k
 
 

@@ -1,6 +1,7 @@
 """The registry of analyses `polytrace analyze`, `compare`, `report` and `check` iterate over.
 
-Each analysis module registers one summary function: (store connection, run ids, step range) ->
+`ANALYSES` lists the analysis modules in the order every command shows them. Each of them registers
+one summary function: (store connection, run ids, step range) ->
 polars DataFrame with a `run` column and stable column names. Modules also expose detail
 functions (per step, per rank, CDF points, ...) that figures draw from; those are plain public
 functions and need no registration.
@@ -27,8 +28,9 @@ class Analysis:
     summary: SummaryFunction
 
 
-# Imported on first use so that commands which need no analysis start without scipy.
-BUILT_IN = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools", "filtering")
+# Module names under polytrace_cli.analyze, in output order. They are imported on first use so that
+# commands which need no analysis start without scipy.
+ANALYSES = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools", "filtering")
 
 _ANALYSES: dict[str, Analysis] = {}
 
@@ -46,8 +48,10 @@ def register(name: str, description: str) -> Callable[[SummaryFunction], Summary
 
 
 def all_analyses() -> dict[str, Analysis]:
-    """Every registered analysis, in the order the analyze package imports them."""
-    for module in BUILT_IN:
+    """Every analysis in `ANALYSES` order, whichever modules were imported before."""
+    for module in ANALYSES:
         importlib.import_module(f"polytrace_cli.analyze.{module}")
-
-    return dict(_ANALYSES)
+    unlisted = set(_ANALYSES) - set(ANALYSES)
+    if unlisted:
+        raise ValueError(f"analyses registered but not listed in ANALYSES: {', '.join(sorted(unlisted))}")
+    return {name: _ANALYSES[name] for name in ANALYSES}

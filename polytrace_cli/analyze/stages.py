@@ -57,7 +57,7 @@ def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
     """Per run × stage (the eight stages and 'step') over the steps that logged the stage:
     mean_s, std_s (sample), cv = std/mean, min_s, max_s, max_over_min = max/min,
     p95_over_p50 = p95/p50 (linear quantiles), and share = Σ stage / Σ step_s over the steps with
-    a step time (a stage missing in such a step counts 0)."""
+    a step time (a stage missing in such a step counts 0; null when no step logs a step time)."""
     value_columns = ", ".join(f"{name}_s" for name in (*STAGES, "step"))
     order = ", ".join(f"'{name}'" for name in (*STAGES, "step"))
     return frame(
@@ -75,7 +75,7 @@ def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
                min(seconds) AS min_s, max(seconds) AS max_s, max(seconds) / nullif(min(seconds), 0) AS max_over_min,
                quantile_cont(seconds, 0.95) / nullif(quantile_cont(seconds, 0.5), 0) AS p95_over_p50,
                sum(seconds) FILTER (WHERE total_s IS NOT NULL) / nullif(any_value(totals.step_total), 0) AS share
-        FROM long JOIN totals USING (run)
+        FROM long LEFT JOIN totals USING (run)
         GROUP BY long.run, stage
         ORDER BY long.run, list_position([{order}], regexp_replace(stage, '_s$', ''))
         """,

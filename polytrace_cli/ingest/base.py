@@ -20,19 +20,29 @@ import duckdb
 
 RAW_EXCERPT_CHARS = 300
 
-# Tables whose rows belong to one file; re-ingesting a changed file replaces exactly these rows.
-FILE_OWNED_TABLES = (
-    "sample_rows",
-    "sample_groups",
-    "turns",
-    "tool_calls",
-    "rank_timings",
-    "filter_batches",
-    "step_metrics",
-    "step_flags",
-    "ingest_errors",
-    "ignored_lines",
+# The `ingest_errors.code` vocabulary: what kind of problem a quarantined line (or file) has.
+ERROR_CODES = (
+    "invalid-json", "not-an-object", "missing-field", "type-error", "out-of-range", "constraint-error",
+    "encoding-error", "unparsable-line", "unreadable-file", "unknown-format", "binary-file", "corrupt-file",
 )
+# The code of a rejection whose call site does not give one yet (stored as NULL).
+NOT_YET_TYPED = None
+
+
+def file_owned_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Tables whose rows belong to one file, read from the catalog: every base table of the store
+    with a `file_id` column except `files` itself. Re-ingesting a changed file replaces exactly
+    their rows of that file."""
+    rows = con.execute(
+        """
+        SELECT c.table_name FROM duckdb_columns() c
+        JOIN duckdb_tables() t USING (database_name, schema_name, table_name)
+        WHERE c.column_name = 'file_id' AND c.table_name <> 'files'
+          AND c.database_name = current_database() AND c.schema_name = current_schema()
+        ORDER BY c.table_name
+        """
+    ).fetchall()
+    return [name for (name,) in rows]
 
 
 @dataclass
@@ -81,12 +91,15 @@ class FileContext:
             if self.on_begin:
                 self.on_begin()
 
-    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None) -> None:
-        """Quarantine one line (or the whole file, with line_no None) with a reason."""
+    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None,
+               code: str | None = NOT_YET_TYPED) -> None:
+        """Quarantine one line (or the whole file, with line_no None) with a reason and an error code."""
+        if code is not None and code not in ERROR_CODES:
+            raise ValueError(f"unknown ingest error code {code!r}")
         if isinstance(raw, bytes):
             raw = raw.decode("utf-8", errors="replace")
         excerpt = None if raw is None else raw[:RAW_EXCERPT_CHARS]
-        self._errors.append((self.file_id, line_no, reason, excerpt))
+        self._errors.append((self.file_id, line_no, reason, excerpt, code))
         self.rejected += 1
 
     def ignore(self, rule: str, count: int = 1) -> None:
@@ -110,7 +123,7 @@ class FileContext:
         self.begin_writes()
         if self._errors:
             self.con.executemany(
-                "INSERT INTO ingest_errors (file_id, line_no, reason, raw) VALUES (?, ?, ?, ?)",
+                "INSERT INTO ingest_errors (file_id, line_no, reason, raw, code) VALUES (?, ?, ?, ?, ?)",
                 self._errors,
             )
             self._errors.clear()

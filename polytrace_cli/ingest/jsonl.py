@@ -10,6 +10,7 @@ handed to DuckDB. Either way the ingester then works on the table `records` with
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -75,33 +76,102 @@ def _json_kind(value) -> str:
     return "null"
 
 
-def type_problem(value, spec, where: str) -> str | None:
-    """Why `value` does not fit `spec` (None when it fits). Nulls fit anything."""
+# The integer types a spec may name, with the values each can hold.
+INTEGER_RANGES = {
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INTEGER": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+}
+
+
+def value_problem(value, spec, where: str) -> tuple[str, str] | None:
+    """(error code, reason) why `value` does not fit `spec`, or None when it fits. Nulls fit anything.
+
+    An integer field takes a JSON integer, or a number with no fractional part, between the
+    type's bounds (lo <= v < hi + 1, compared exactly); anything else is a type error, a value
+    beyond the bounds is out of range. The bulk path's SQL rule (`fits_sql`) is the same rule.
+    """
     if value is None:
         return None
     kind = _json_kind(value)
     if isinstance(spec, str):
         expected = _PY_TYPES[spec]
+        if spec in INTEGER_RANGES:
+            if kind not in ("integer", "number") or (
+                kind == "number" and not (math.isfinite(value) and value.is_integer())
+            ):
+                return "type-error", f"field {where}: expected integer, got {kind}"
+            low, high = INTEGER_RANGES[spec]
+            if not low <= value < high + 1:
+                return "out-of-range", f"field {where}: {value!r} is out of range for {spec}"
+            return None
         if expected == "any" or kind == expected or (expected == "number" and kind == "integer"):
             return None
-        if expected == "integer" and kind == "number" and float(value).is_integer():
-            return None
-        return f"field {where}: expected {expected}, got {kind}"
+        return "type-error", f"field {where}: expected {expected}, got {kind}"
     if isinstance(spec, list):
         if kind != "list":
-            return f"field {where}: expected a list, got {kind}"
+            return "type-error", f"field {where}: expected a list, got {kind}"
         for index, item in enumerate(value):
-            problem = type_problem(item, spec[0], f"{where}[{index}]")
+            problem = value_problem(item, spec[0], f"{where}[{index}]")
             if problem:
                 return problem
         return None
     if kind != "object":
-        return f"field {where}: expected an object, got {kind}"
+        return "type-error", f"field {where}: expected an object, got {kind}"
     for name, sub in spec.items():
-        problem = type_problem(value.get(name), sub, f"{where}.{name}")
+        problem = value_problem(value.get(name), sub, f"{where}.{name}")
         if problem:
             return problem
     return None
+
+
+def type_problem(value, spec, where: str) -> str | None:
+    """The reason of `value_problem`, or None when the value fits."""
+    problem = value_problem(value, spec, where)
+    return problem[1] if problem else None
+
+
+_JSON_KIND_SQL = {"number": "('BIGINT', 'UBIGINT', 'DOUBLE')", "boolean": "('BOOLEAN')", "string": "('VARCHAR')"}
+
+
+def fits_sql(expr: str, spec, depth: int = 0) -> str:
+    """A SQL condition, true when the JSON value `expr` is missing, null or fits `spec`.
+
+    The same rule as `value_problem`, evaluated by DuckDB over a whole file: an integer written
+    as an integer literal is compared as a HUGEINT, any other number as a DOUBLE that must be
+    finite and whole, both against lo <= v < hi + 1.
+    """
+    kind = f"json_type({expr})"
+    if isinstance(spec, str):
+        if spec == "JSON":
+            return "true"
+        if spec in INTEGER_RANGES:
+            low, high = INTEGER_RANGES[spec]
+            text = f"CAST({expr} AS VARCHAR)"
+            as_double = f"TRY_CAST({text} AS DOUBLE)"
+            fits = (
+                f"(regexp_full_match({text}, '-?[0-9]+')"
+                f" AND coalesce(TRY_CAST({text} AS HUGEINT) BETWEEN {low} AND {high}, false))"
+                f" OR (NOT regexp_full_match({text}, '-?[0-9]+') AND {kind} = 'DOUBLE'"
+                f" AND isfinite({as_double}) AND {as_double} = floor({as_double})"
+                f" AND {as_double} >= {low}::DOUBLE AND {as_double} < {high + 1}::DOUBLE)"
+            )
+        else:
+            fits = f"{kind} IN {_JSON_KIND_SQL[_PY_TYPES[spec]]}"
+    elif isinstance(spec, list):
+        item = f"item_{depth}"
+        fits = (f"{kind} = 'ARRAY' AND coalesce(list_bool_and("
+                f"[{fits_sql(item, spec[0], depth + 1)} FOR {item} IN json_extract({expr}, '$[*]')]), true)")
+    else:
+        fields = " AND ".join(
+            f"({fits_sql(_json_field(expr, name), sub, depth + 1)})" for name, sub in spec.items()
+        )
+        fits = f"{kind} = 'OBJECT'" + (f" AND {fields}" if fields else "")
+    return f"({expr} IS NULL OR {kind} = 'NULL' OR ({fits}))"
+
+
+def _json_field(expr: str, name: str) -> str:
+    return f"json_extract({expr}, {_sql_string('$.' + json.dumps(name))})"
 
 
 def _iter_lines(path) -> Iterator[tuple[int, bytes]]:
@@ -111,21 +181,43 @@ def _iter_lines(path) -> Iterator[tuple[int, bytes]]:
 
 
 def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
+    """Read the whole file with DuckDB; False (leaving the slow path to name the bad lines) unless every
+    line parses, every field fits its type (`fits_sql`), every required field is present and every check passes.
+
+    Fields are read as JSON first: DuckDB's own conversion would round 5.7 into an integer, read "yes"
+    as true and turn an out-of-range list item into NULL without a word.
+    """
     con = ctx.con
+    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
     try:
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE records AS SELECT * FROM read_json(?, format='newline_delimited',"
-            f" columns={_columns_literal(spec)})",
+            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
+            f" columns={raw_columns})",
             [str(ctx.path)],
         )
     except duckdb.Error:
         return False
-    conditions = [f'"{name}" IS NULL' for name in required] + [f"({c.bad_when})" for c in checks]
-    if conditions:
-        bad = con.execute(f"SELECT count(*) FROM records WHERE {' OR '.join(conditions)}").fetchall()[0][0]
+    conditions = [f'"{name}" IS NULL' for name in required]
+    conditions += [f"NOT {fits_sql(_quoted(name), sub)}" for name, sub in spec.items()]
+    if con.execute(f"SELECT count(*) FROM raw_records WHERE {' OR '.join(conditions)}").fetchall()[0][0]:
+        return False
+    typed = ", ".join(
+        f"json_transform({_quoted(name)}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}"
+        for name, sub in spec.items()
+    )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT {typed} FROM raw_records")
+    con.execute("DROP TABLE raw_records")
+    if checks:
+        bad = con.execute(
+            f"SELECT count(*) FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+        ).fetchall()[0][0]
         if bad:
             return False
     return True
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> None:
@@ -137,7 +229,7 @@ def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            ctx.reject(line_no, "not UTF-8 text", raw)
+            ctx.reject(line_no, "not UTF-8 text", raw, code="encoding-error")
             continue
         if not text.strip():
             ctx.ignore("blank line")
@@ -146,18 +238,19 @@ def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
             record = json.loads(text)
         except json.JSONDecodeError as error:
             reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
-            ctx.reject(line_no, reason, text)
+            ctx.reject(line_no, reason, text, code="invalid-json")
             continue
         if not isinstance(record, dict):
-            ctx.reject(line_no, f"not a JSON object ({_json_kind(record)})", text)
+            ctx.reject(line_no, f"not a JSON object ({_json_kind(record)})", text, code="not-an-object")
             continue
         missing = [name for name in required if record.get(name) is None]
         if missing:
-            ctx.reject(line_no, f"missing field {', '.join(missing)}", text)
+            ctx.reject(line_no, f"missing field {', '.join(missing)}", text, code="missing-field")
             continue
-        problem = type_problem(record, spec, "")
+        problem = value_problem(record, spec, "")
         if problem:
-            ctx.reject(line_no, problem.replace("field .", "field "), text)
+            code, reason = problem
+            ctx.reject(line_no, reason.replace("field .", "field "), text, code=code)
             continue
         good_lines.append(line_no)
         good_text.append(text)
@@ -177,7 +270,7 @@ def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
         failing = con.execute(f"SELECT line_no FROM records WHERE {check.bad_when} ORDER BY line_no").fetchall()
         if failing:
             for (line_no,) in failing:
-                ctx.reject(line_no, check.reason, text_by_line[line_no])
+                ctx.reject(line_no, check.reason, text_by_line[line_no], code="constraint-error")
             con.execute(f"DELETE FROM records WHERE {check.bad_when}")
 
 

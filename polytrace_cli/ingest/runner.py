@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
-from polytrace_cli.ingest.base import FILE_OWNED_TABLES, FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import FileHashes, walk
 from polytrace_cli.ingest.registry import detect, get_ingester, is_binary, read_head
 from polytrace_cli.store.connection import fetch_first
@@ -138,14 +138,16 @@ def _merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str 
 
 def delete_file_rows(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     """Remove everything one file contributed to the store."""
-    for table in FILE_OWNED_TABLES:
+    for table in file_owned_tables(con):
         con.execute(f"DELETE FROM {table} WHERE file_id = ?", [file_id])
     con.execute("DELETE FROM files WHERE file_id = ?", [file_id])
 
 
 def _record_whole_file_rejection(
-    con: duckdb.DuckDBPyConnection, run_id: int, path: Path, sha: str, size: int, fmt: str, reason: str
+    con: duckdb.DuckDBPyConnection, run_id: int, path: Path, sha: str, size: int, lines: int, fmt: str, reason: str,
+    code: str,
 ) -> None:
+    """Store a file that failed as a whole: all its lines count as rejected, under one error with line NULL."""
     con.execute("BEGIN TRANSACTION")
     try:
         old = fetch_first(con, "SELECT file_id FROM files WHERE run_id = ? AND path = ?", [run_id, str(path)])
@@ -154,10 +156,11 @@ def _record_whole_file_rejection(
         file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, parser_version, lines, stored,"
-            " ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, '-', 0, 0, 0, 0, 0, 0)",
-            [file_id, run_id, str(path), sha, size, fmt],
+            " ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, '-', ?, 0, 0, ?, 0, 0)",
+            [file_id, run_id, str(path), sha, size, fmt, lines, lines],
         )
-        con.execute("INSERT INTO ingest_errors (file_id, line_no, reason) VALUES (?, NULL, ?)", [file_id, reason])
+        con.execute("INSERT INTO ingest_errors (file_id, line_no, reason, code) VALUES (?, NULL, ?, ?)",
+                    [file_id, reason, code])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -277,20 +280,24 @@ def _ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: In
     if ingester is None:
         if not explicit:
             return FileReport(path=str(path), status="skipped", message="unknown format")
+        binary = bool(head) and is_binary(head)
         reason = "empty file of unknown format" if not head else (
-            "binary file of unknown format" if is_binary(head) else "unknown format (use --format to name it)")
+            "binary file of unknown format" if binary else "unknown format (use --format to name it)")
         run_id, run = resolver.resolve(path, None)
-        sha, size, _ = hashes.result(path)
-        _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, "unknown", reason)
-        return FileReport(path=str(path), status="rejected", run=run, bytes=size, message=reason)
+        sha, size, lines = hashes.result(path)
+        _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, lines, "unknown", reason,
+                                     "binary-file" if binary else "unknown-format")
+        return FileReport(path=str(path), status="rejected", run=run, bytes=size, lines=lines, rejected=lines,
+                          message=reason)
     run_id, run = resolver.resolve(path, ingester.framework)
     try:
         return ingest_file(con, path, ingester, run_id, run, head, hashes)
     except IngestError as error:
-        sha, size, _ = hashes.result(path)
-        _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, ingester.name, str(error))
+        sha, size, lines = hashes.result(path)
+        _record_whole_file_rejection(con, run_id, path.resolve(), sha, size, lines, ingester.name, str(error),
+                                     error.code)
         return FileReport(path=str(path), status="rejected", format=ingester.name, run=run, bytes=size,
-                          message=str(error))
+                          lines=lines, rejected=lines, message=str(error))
     except OSError as error:
         return FileReport(path=str(path), status="error", format=ingester.name, run=run,
                           message=f"cannot read: {error.strerror or error}")

@@ -1,7 +1,11 @@
-"""Segments of a step log: a step lower than or equal to the one before starts a new segment.
+"""Segments of a step log: a step lower than the one before starts a new segment.
 
 A restarted job that appends to the same log file writes its steps again; keeping each run of
 increasing steps as its own segment means nothing is merged or dropped. The first segment is 0.
+
+A step printed twice in a row is one step when the two lines name different keys (verl prints a
+validation line `step:0 - test_score/...` and then the training line of the same step); when
+they share a key, the step was logged again by a restarted job, and a new segment begins.
 """
 
 from __future__ import annotations
@@ -12,13 +16,27 @@ from polytrace_cli.ingest.base import FileContext
 
 
 def line_segments(metrics: pl.DataFrame) -> pl.DataFrame:
-    """One row per metric line of `metrics` (ordered by line_no): line_no, step, previous, segment.
+    """One row per metric line of `metrics` (line_no, step, key; ordered by line_no): line_no,
+    step, previous, segment.
 
-    segment(line) = number of earlier lines i with step(i) <= step(i - 1), counting this one.
+    A line restarts when step(i) < step(i - 1), or step(i) = step(i - 1) and the two lines share a
+    key; segment(line) = number of restarting lines up to and including it.
     """
     lines = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
-    return lines.with_columns(previous=pl.col("step").shift(1)).with_columns(
-        segment=(pl.col("step") <= pl.col("previous")).fill_null(False).cast(pl.Int32).cum_sum())
+    lines = lines.with_columns(previous=pl.col("step").shift(1), previous_line=pl.col("line_no").shift(1))
+    repeated = lines.filter(pl.col("step") == pl.col("previous"))
+    shared = _lines_sharing_a_key(metrics, repeated) if repeated.height else []
+    restart = (pl.col("step") < pl.col("previous")) | pl.col("line_no").is_in(shared)
+    return lines.with_columns(segment=restart.fill_null(False).cast(pl.Int32).cum_sum()).drop("previous_line")
+
+
+def _lines_sharing_a_key(metrics: pl.DataFrame, repeated: pl.DataFrame) -> list[int]:
+    """The lines of `repeated` (line_no, previous_line) holding a key that the line before also holds."""
+    involved = pl.concat([repeated.get_column("line_no"), repeated.get_column("previous_line")])
+    keys = metrics.filter(pl.col("line_no").is_in(involved.implode())).select("line_no", "key").unique()
+    pairs = repeated.select("line_no", "previous_line").join(keys, on="line_no").join(
+        keys.rename({"line_no": "previous_line"}), on=["previous_line", "key"])
+    return pairs.get_column("line_no").unique().to_list()
 
 
 def insert_step_flags(ctx: FileContext, segments: str, extra_flags: str | None = None) -> None:
@@ -36,7 +54,8 @@ def insert_step_flags(ctx: FileContext, segments: str, extra_flags: str | None =
         WITH found AS (
             {extra}
             SELECT line_no, step, 'restart' AS flag, 'step went back from ' || previous || ' to ' || step AS detail
-            FROM {segments} WHERE step <= previous
+            FROM (SELECT *, lag(segment) OVER (ORDER BY line_no) AS previous_segment FROM {segments})
+            WHERE segment > previous_segment
             UNION ALL
             SELECT line_no, step, 'resumed', 'log starts at step ' || step
             FROM (SELECT * FROM {segments} ORDER BY line_no LIMIT 1) WHERE step > 1

@@ -52,11 +52,11 @@ def run_ids(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int
 
 
 def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: int) -> pl.DataFrame:
-    """Quarantined lines with their file, line number, reason and raw excerpt."""
+    """Quarantined lines with their file, line number, error code, reason and raw excerpt."""
     ids = run_ids(con, [run] if run else None)
     return con.sql(
         """
-        SELECT r.name AS run, f.path AS file, e.line_no AS line, e.reason, e.raw
+        SELECT r.name AS run, f.path AS file, e.line_no AS line, e.code, e.reason, e.raw
         FROM ingest_errors e JOIN files f USING (file_id) JOIN runs r USING (run_id)
         WHERE r.run_id IN (SELECT unnest(?)) ORDER BY f.path, e.line_no NULLS FIRST LIMIT ?
         """,

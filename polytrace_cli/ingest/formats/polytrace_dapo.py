@@ -39,7 +39,7 @@ CHECKS = (
 @register
 class DapoFilterIngester(JsonlTraceIngester):
     name = "polytrace-dapo-filter"
-    version = "1"
+    version = "2"
     framework = "polytrace"
     description = "PolyTrace dapo_filter_indices.jsonl (DAPO dynamic-sampling generation batches)"
     file_name = FILE_NAME

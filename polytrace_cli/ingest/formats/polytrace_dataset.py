@@ -51,7 +51,7 @@ class DatasetJsonIngester(Ingester):
                 [str(ctx.path)],
             )
         except duckdb.Error as error:
-            raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}") from None
+            raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}", "invalid-json") from None
         ctx.lines = con.execute("SELECT count(*) FROM entries").fetchall()[0][0]
         con.execute(
             """
@@ -84,7 +84,7 @@ class DatasetJsonIngester(Ingester):
         for position, key, _broken, bad_key in bad:
             reason = (f"step key {key!r} is not an integer" if bad_key
                       else f"step {key}: input and output must be lists of integers")
-            ctx.reject(position, reason, key)
+            ctx.reject(position, reason, key, code="type-error")
         if bad:
             con.execute("DELETE FROM turn_lists WHERE position IN (SELECT unnest(?))", [[b[0] for b in bad]])
         multiturn = con.execute("SELECT coalesce(max(turn), 0) > 0 FROM turn_lists").fetchall()[0][0]

@@ -56,7 +56,7 @@ CHECKS = (Check("prompt_len < 0 OR final_response_len < 0", "negative length"),)
 @register
 class MultiTurnIngester(JsonlTraceIngester):
     name = "polytrace-multiturn"
-    version = "1"
+    version = "2"
     framework = "polytrace"
     description = "PolyTrace multiturn_workload_step_N[_rank_R].jsonl (trajectories, turns, tool calls)"
     file_name = FILE_NAME

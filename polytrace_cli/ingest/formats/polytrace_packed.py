@@ -36,7 +36,7 @@ CHECKS = (
 @register
 class PackedLengthsIngester(JsonlTraceIngester):
     name = "polytrace-packed"
-    version = "1"
+    version = "2"
     framework = "polytrace"
     description = "PolyTrace packed_lengths_step_N.jsonl (prompt and response lengths per DP rank)"
     file_name = FILE_NAME

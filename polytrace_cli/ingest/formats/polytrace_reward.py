@@ -33,7 +33,7 @@ CHECKS = (Check("reward_time_s < 0", "negative reward time"),)
 @register
 class RewardTimingsIngester(JsonlTraceIngester):
     name = "polytrace-reward"
-    version = "1"
+    version = "2"
     framework = "polytrace"
     description = "PolyTrace reward_timings_step_N.jsonl (reward seconds per DP rank)"
     file_name = FILE_NAME

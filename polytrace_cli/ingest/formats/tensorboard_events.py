@@ -84,7 +84,7 @@ class TensorBoardEventsIngester(Ingester):
             from tensorboard.compat.proto import event_pb2
             from tensorboard.util import tensor_util
         except ImportError:
-            raise IngestError(EXTRA_HINT) from None
+            raise IngestError(EXTRA_HINT, "unreadable-file") from None
         size = ctx.path.stat().st_size
         consumed = 0
         steps: list[int] = []
@@ -98,7 +98,7 @@ class TensorBoardEventsIngester(Ingester):
             try:
                 event = event_pb2.Event.FromString(record)
             except DecodeError:
-                ctx.reject(record_no, "event record is not a valid Event protobuf", None)
+                ctx.reject(record_no, "event record is not a valid Event protobuf", None, code="unparsable-line")
                 continue
             kind = event.WhichOneof("what")
             if kind != "summary":
@@ -125,6 +125,7 @@ class TensorBoardEventsIngester(Ingester):
                 record_no + 1,
                 f"event file damaged after {record_no} readable records: byte {consumed} of {size}"
                 " is a truncated or corrupt record; the records before it are kept",
+                code="corrupt-file",
             )
             ctx.note(f"damaged at byte {consumed} of {size}; {record_no} records kept")
         self._store(ctx, steps, tags, values, record_nos)

@@ -399,6 +399,19 @@ def _note_zero_steps(ctx: FileContext, lines: pl.DataFrame) -> None:
     ctx.note(f"zero steps: the log ends before step 1{ending}")
 
 
+def _step_time_logged(ctx: FileContext) -> dict:
+    """`step_time_logged`: whether the log holds a step total (`timing_s/step`, or verl <= 0.1's
+    `timing/step`). verl <= 0.1 logs `timing/<stage>` often without one; the stages are read and
+    no step time is derived from them, since the stages do not cover the whole step."""
+    keys = {key for (key,) in ctx.con.execute(
+        "SELECT DISTINCT key FROM console_metrics WHERE key LIKE 'timing%'").fetchall()}
+    logged = bool(keys & {"timing_s/step", "timing/step"})
+    if not logged and any(key.startswith("timing/") for key in keys):
+        ctx.note("verl <= 0.1 timers (timing/*) without a step total: stage seconds are read, "
+                 "the step time is not logged and none is derived")
+    return {"step_time_logged": logged}
+
+
 def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> None:
     # A settings line holds '=' or "':" (VERL_SETTINGS_LINE); literal tests pick those before the regex.
     candidates = (
@@ -417,6 +430,7 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> No
         meta["value_precision"] = precision
         ctx.format_version = {"<=0.4": "verl<=0.4 (.3f values)", ">=0.5": "verl>=0.5 (repr values)"}.get(version)
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
+        meta.update(_step_time_logged(ctx))
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
     ctx.run_meta.update(meta)

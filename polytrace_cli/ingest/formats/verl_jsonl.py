@@ -31,6 +31,8 @@ from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
+# Steps are stored as INTEGER where samples join them; a step beyond that range is rejected.
+STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
 _BARE_NONFINITE = r"([:\[,]\s*)(-?Infinity|NaN)(\s*[,}\]])"
 _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
@@ -47,7 +49,7 @@ def _first_line(head: bytes) -> bytes:
 @register
 class VerlJsonlIngester(Ingester):
     name = "verl-jsonl"
-    version = "1"
+    version = "2"
     framework = "verl"
     description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
 
@@ -67,7 +69,7 @@ class VerlJsonlIngester(Ingester):
         con.register("verl_jsonl_lines", ArrowStream(lines))
         try:
             con.execute(
-                """
+                f"""
                 CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS
                 SELECT line_no, raw, j,
                     CASE WHEN NOT json_valid(j) THEN 'not JSON'
@@ -76,6 +78,8 @@ class VerlJsonlIngester(Ingester):
                               THEN 'missing field step'
                          WHEN json_type(j::JSON, '$.step') NOT IN ('BIGINT', 'UBIGINT')
                               THEN 'field step: expected an integer'
+                         WHEN TRY_CAST(json_extract_string(j, '$.step') AS HUGEINT) NOT BETWEEN {STEP_MIN} AND {STEP_MAX}
+                              THEN 'field step: ' || json_extract_string(j, '$.step') || ' is out of range for INTEGER'
                          WHEN json_type(j::JSON, '$.data') IS NULL OR json_type(j::JSON, '$.data') = 'NULL'
                               THEN 'missing field data'
                          WHEN json_type(j::JSON, '$.data') <> 'OBJECT' THEN 'field data: expected an object'
@@ -88,7 +92,8 @@ class VerlJsonlIngester(Ingester):
         for line_no, raw, problem in con.execute(
                 "SELECT line_no, raw, problem FROM verl_jsonl_checked WHERE problem IS NOT NULL ORDER BY line_no"
         ).fetchall():
-            ctx.reject(line_no, _json_reason(raw) if problem == "not JSON" else problem, raw)
+            ctx.reject(line_no, _json_reason(raw) if problem == "not JSON" else problem, raw,
+                       code=_problem_code(problem))
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE verl_jsonl_metrics AS
@@ -126,6 +131,17 @@ def _read_lines(path: Path) -> pl.DataFrame:
         parts.pop()
     return pl.DataFrame({"raw": parts}, schema={"raw": pl.String}).with_row_index("line_no", offset=1).with_columns(
         pl.col("line_no").cast(pl.Int64), pl.col("raw").str.strip_chars_end("\r"))
+
+
+def _problem_code(problem: str) -> str:
+    """The ingest error code of a problem named by the line check."""
+    if problem == "not JSON":
+        return "invalid-json"
+    if problem == "not a JSON object":
+        return "not-an-object"
+    if problem.startswith("missing field"):
+        return "missing-field"
+    return "out-of-range" if problem.endswith("out of range for INTEGER") else "type-error"
 
 
 def _json_reason(raw: str) -> str:

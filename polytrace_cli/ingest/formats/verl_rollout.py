@@ -29,7 +29,7 @@ from polytrace_cli.ingest.registry import register
 
 CHARS_PER_TOKEN = 4
 _FILE_NAME = re.compile(r"^\d+\.jsonl$")
-_SPEC = {"input": "VARCHAR", "output": "VARCHAR", "score": "DOUBLE", "step": "BIGINT"}
+_SPEC = {"input": "VARCHAR", "output": "VARCHAR", "score": "DOUBLE", "step": "INTEGER"}
 
 _tokenizer = None
 
@@ -63,7 +63,7 @@ def _token_counts(texts: list[str]) -> list[int]:
 @register
 class VerlRolloutIngester(Ingester):
     name = "verl-rollout"
-    version = "1"
+    version = "2"
     framework = "verl"
     description = "verl rollout/validation dump `{step}.jsonl` (samples with estimated lengths)"
 

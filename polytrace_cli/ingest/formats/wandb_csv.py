@@ -64,11 +64,12 @@ class WandbCsvIngester(Ingester):
                 [str(ctx.path)],
             )
         except duckdb.Error as error:
-            raise IngestError(f"not a readable CSV: {str(error).splitlines()[0]}") from None
+            raise IngestError(f"not a readable CSV: {str(error).splitlines()[0]}", "corrupt-file") from None
         columns = [row[0] for row in con.execute("DESCRIBE wandb_csv").fetchall()][1:]
         step_column, keys, runs = split_columns(columns)
         if len(runs) > 1:
-            raise IngestError(f"the export holds {len(runs)} runs ({', '.join(runs)}); export one run per file")
+            raise IngestError(f"the export holds {len(runs)} runs ({', '.join(runs)}); export one run per file",
+                              "constraint-error")
         rows = con.execute("SELECT count(*) FROM wandb_csv").fetchall()[0][0]
         ctx.lines = rows + 1
         ctx.ignore("CSV header")
@@ -95,7 +96,7 @@ class WandbCsvIngester(Ingester):
             f"SELECT row_no, {_ident(step_column)} FROM wandb_csv"
             f" WHERE TRY_CAST(TRY_CAST({_ident(step_column)} AS DOUBLE) AS BIGINT) IS NULL ORDER BY row_no"
         ).fetchall():
-            ctx.reject(row_no + 1, f"{step_column} is not an integer: {step_text!r}", step_text)
+            ctx.reject(row_no + 1, f"{step_column} is not an integer: {step_text!r}", step_text, code="type-error")
         with_values = con.execute(
             "SELECT count(DISTINCT row_no) FROM wandb_csv_cells WHERE step IS NOT NULL").fetchall()[0][0]
         ctx.stored = with_values

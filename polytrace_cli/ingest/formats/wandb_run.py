@@ -130,9 +130,10 @@ class WandbConfigIngester(Ingester):
         try:
             document = yaml.safe_load(ctx.path.read_text(encoding="utf-8", errors="replace"))
         except yaml.YAMLError as error:
-            raise IngestError(f"config.yaml is not valid YAML: {str(error).splitlines()[0]}") from None
+            raise IngestError(f"config.yaml is not valid YAML: {str(error).splitlines()[0]}",
+                                  "unparsable-line") from None
         if not isinstance(document, dict):
-            raise IngestError("config.yaml does not hold a mapping of config entries")
+            raise IngestError("config.yaml does not hold a mapping of config entries", "not-an-object")
         ctx.lines = len(document)
         ctx.ignore("wandb bookkeeping", sum(1 for key in document if key in WANDB_BOOKKEEPING))
         config = unwrap_config(document)
@@ -177,9 +178,10 @@ class WandbSummaryIngester(Ingester):
         try:
             document = json.loads(text) if text.strip() else {}
         except json.JSONDecodeError as error:
-            raise IngestError(f"wandb-summary.json is not valid JSON: {error.msg} at line {error.lineno}") from None
+            raise IngestError(f"wandb-summary.json is not valid JSON: {error.msg} at line {error.lineno}",
+                                  "invalid-json") from None
         if not isinstance(document, dict):
-            raise IngestError("wandb-summary.json does not hold an object")
+            raise IngestError("wandb-summary.json does not hold an object", "not-an-object")
         ctx.lines = len(document)
         summary = {}
         for key, value in document.items():

@@ -37,10 +37,11 @@ def _read_table(path: Path) -> tuple[list, list]:
     try:
         document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except json.JSONDecodeError as error:
-        raise IngestError(f"wandb table is not valid JSON: {error.msg} at line {error.lineno}") from None
+        raise IngestError(f"wandb table is not valid JSON: {error.msg} at line {error.lineno}",
+                          "invalid-json") from None
     if not isinstance(document, dict) or not isinstance(document.get("columns"), list) \
             or not isinstance(document.get("data"), list):
-        raise IngestError('wandb table must be an object with "columns" and "data" lists')
+        raise IngestError('wandb table must be an object with "columns" and "data" lists', "missing-field")
     return document["columns"], document["data"]
 
 
@@ -129,8 +130,12 @@ class WandbTableIngester(Ingester):
             "SELECT row_no, row::VARCHAR, complete FROM wandb_table_rows WHERE step IS NULL OR NOT complete"
             " ORDER BY row_no"
         ).fetchall():
-            ctx.reject(row_no, "row has no step (no step column and none in the file name)" if complete
-                       else f"row does not have the table's {len(columns)} columns", row)
+            if complete:
+                ctx.reject(row_no, "row has no step (no step column and none in the file name)", row,
+                           code="missing-field")
+            else:
+                ctx.reject(row_no, f"row does not have the table's {len(columns)} columns", row,
+                           code="constraint-error")
         pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
         ctx.insert(
             f"""

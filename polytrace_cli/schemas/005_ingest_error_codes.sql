@@ -1,0 +1,5 @@
+-- A machine-readable kind for every quarantined line or file, beside the human reason:
+-- invalid-json, not-an-object, missing-field, type-error, out-of-range, constraint-error,
+-- encoding-error, unparsable-line, unreadable-file, unknown-format, binary-file, corrupt-file.
+-- NULL for rows written before this column existed.
+ALTER TABLE ingest_errors ADD COLUMN code VARCHAR;
