@@ -1,9 +1,10 @@
 """CI thresholds: compare a run's registered analysis summaries against limits.
 
-Each threshold names the registered analysis whose summary holds its metric, the column (first of
-several accepted spellings), and a row filter (e.g. the response-length row of `lengths`). A run whose
-summary lacks the row or the value cannot support the threshold: the verdict is "not measurable",
-which fails only when the caller requires every threshold to be measurable.
+Each threshold names the registered analysis whose summary holds its metric, the one column that
+holds it (a name imported from the analysis module that declares it, so a renamed column breaks the
+gate loudly instead of letting it pass), and a row filter (e.g. the response-length row of
+`lengths`). A run whose summary lacks the row or the value cannot support the threshold: the verdict
+is "not measurable", with the reason, and it fails the gate unless the caller allows it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
+from polytrace_cli.analyze import filtering, imbalance, lengths, stages, tools
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange
 from polytrace_cli.analyze.registry import all_analyses
+from polytrace_cli.store.connection import fetch_first
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "FAIL", "not measurable"
 
@@ -26,7 +29,7 @@ class Threshold:
 
     option: str
     analysis: str
-    columns: tuple[str, ...]
+    column: str
     upper: bool
     description: str
     where: dict[str, tuple] = field(default_factory=dict)
@@ -36,53 +39,74 @@ class Threshold:
 THRESHOLDS: dict[str, Threshold] = {
     t.option: t
     for t in (
-        Threshold("max_imbalance", "imbalance", ("lambda_mean", "mean_lambda", "lambda"), True,
+        Threshold("max_imbalance", "imbalance", imbalance.MEAN_LAMBDA, True,
                   "mean DP load imbalance λ = max_r load_r / mean_r load_r"),
-        Threshold("max_step_cv", "stages", ("cv", "step_cv"), True,
-                  "coefficient of variation of step time (std/mean)", {"stage": ("step", "step_s")}),
-        Threshold("max_clip_ratio", "lengths", ("clip_ratio",), True,
-                  "share of responses at the length cap", {"kind": ("response",)}),
-        Threshold("max_p99_p50", "lengths", ("p99_p50", "p99_over_p50", "tail_p99_p50"), True,
-                  "response length tail ratio p99/p50", {"kind": ("response",)}),
-        Threshold("max_tool_p99_s", "tools", ("p99_s", "latency_p99_s"), True,
+        Threshold("max_step_cv", "stages", stages.CV, True,
+                  "coefficient of variation of step time (std/mean)", {stages.STAGE: (stages.STEP_STAGE,)}),
+        Threshold("max_clip_ratio", "lengths", lengths.CLIP_RATIO, True,
+                  "share of responses at the length cap", {lengths.KIND: ("response",)}),
+        Threshold("max_p99_p50", "lengths", lengths.P99_P50, True,
+                  "response length tail ratio p99/p50", {lengths.KIND: ("response",)}),
+        Threshold("max_tool_p99_s", "tools", tools.P99_S, True,
                   "tool-call latency p99 in seconds (the slowest tool)"),
-        Threshold("min_kept_share", "filtering", ("kept_share", "mean_kept_share", "kept_share_mean"), False,
+        Threshold("min_kept_share", "filtering", filtering.KEPT_SHARE, False,
                   "DAPO kept share per generation batch (mean)"),
     )
 }
 
+# Where a run's per-step data lives: (table, step column). Tables, not the views over them, so
+# that finding one row stays cheap.
+STEP_SOURCES = (("sample_rows", "step"), ("sample_groups", "step"), ("step_metrics", "step"),
+                ("rank_timings", "step"), ("tool_calls", "step"), ("filter_batches", "workload_step"))
+
 
 @dataclass(frozen=True)
 class Verdict:
-    """A threshold's limit against the measured value, and the outcome."""
+    """A threshold's limit against the measured value, and the outcome (with why, when not measurable)."""
 
     threshold: str
     limit: float
     measured: float | None
     status: str
     metric: str
+    reason: str | None = None
 
     def as_dict(self) -> dict:
         """A JSON-ready dict."""
         return {"threshold": self.threshold, "limit": self.limit, "measured": self.measured,
-                "status": self.status, "metric": self.metric}
+                "status": self.status, "metric": self.metric, "reason": self.reason}
+
+
+def measure(summary: pl.DataFrame | None, threshold: Threshold, run: str) -> tuple[float | None, str | None]:
+    """(value, None), or (None, why it cannot be measured): the worst matching row's value (max for
+    upper limits, else min), ignoring null and NaN.
+
+    A summary that lacks the threshold's column is a programming error (a renamed column), not an
+    unmeasurable run: it raises.
+    """
+    if summary is not None and threshold.column not in summary.columns:
+        raise RuntimeError(f"the {threshold.analysis} summary has no column {threshold.column!r}; "
+                           f"`polytrace check --{threshold.option.replace('_', '-')}` cannot read it")
+    if summary is None or summary.height == 0:
+        return None, f"no {threshold.analysis} data for the run"
+    rows = summary.filter(pl.col("run") == run) if "run" in summary.columns else summary
+    if rows.height == 0:
+        return None, f"no {threshold.analysis} data for the run"
+    for key, accepted in threshold.where.items():
+        if key not in rows.columns:
+            raise RuntimeError(f"the {threshold.analysis} summary has no column {key!r}")
+        rows = rows.filter(pl.col(key).cast(pl.String).is_in([str(a) for a in accepted]))
+        if rows.height == 0:
+            return None, f"no {key} {'/'.join(map(str, accepted))} row in the {threshold.analysis} summary"
+    values = [float(v) for v in rows[threshold.column].to_list() if v is not None and not _nan(v)]
+    if not values:
+        return None, f"{threshold.column} cannot be computed from the run's data"
+    return (max(values) if threshold.upper else min(values)), None
 
 
 def measured_value(summary: pl.DataFrame | None, threshold: Threshold, run: str) -> float | None:
-    """The run's value of the threshold's metric: the worst matching row (max for upper limits, else min)."""
-    if summary is None or summary.height == 0:
-        return None
-    column = next((c for c in threshold.columns if c in summary.columns), None)
-    if column is None:
-        return None
-    rows = summary.filter(pl.col("run") == run) if "run" in summary.columns else summary
-    for key, accepted in threshold.where.items():
-        if key in rows.columns:
-            rows = rows.filter(pl.col(key).cast(pl.String).is_in([str(a) for a in accepted]))
-    values = [float(v) for v in rows[column].to_list() if v is not None and not _nan(v)]
-    if not values:
-        return None
-    return max(values) if threshold.upper else min(values)
+    """The value of `measure`, None when not measurable."""
+    return measure(summary, threshold, run)[0]
 
 
 def _nan(value) -> bool:
@@ -92,7 +116,7 @@ def _nan(value) -> bool:
         return True
 
 
-def verdict(limit: float, measured: float | None, threshold: Threshold) -> Verdict:
+def verdict(limit: float, measured: float | None, threshold: Threshold, reason: str | None = None) -> Verdict:
     """pass when the measured value is within the limit, FAIL when beyond it, not measurable when absent."""
     if measured is None:
         status = NOT_MEASURABLE
@@ -100,28 +124,46 @@ def verdict(limit: float, measured: float | None, threshold: Threshold) -> Verdi
         status = PASS if measured <= limit else FAIL
     else:
         status = PASS if measured >= limit else FAIL
-    return Verdict(threshold.option, limit, measured, status, threshold.description)
+    return Verdict(threshold.option, limit, measured, status, threshold.description,
+                   reason if measured is None else None)
+
+
+def validate_limits(limits: dict[str, float]) -> None:
+    """Every limit names a known threshold and is a finite, non-negative number; else ValueError."""
+    unknown = [name for name in limits if name not in THRESHOLDS]
+    if unknown:
+        raise ValueError(f"unknown thresholds: {', '.join(unknown)}")
+    for name, limit in limits.items():
+        if not math.isfinite(limit) or limit < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, not {limit}")
+
+
+def has_step_data(con: duckdb.DuckDBPyConnection, run_id: int, steps: StepRange = ALL_STEPS) -> bool:
+    """True when the run has any per-step row (samples, step metrics, rank timings, tool calls,
+    DAPO batches) in the step range."""
+    for relation, column in STEP_SOURCES:
+        if fetch_first(con, f"SELECT 1 FROM {relation} WHERE run_id = ? AND {steps.sql(column)} LIMIT 1", [run_id]):
+            return True
+    return False
 
 
 def check_run(con: duckdb.DuckDBPyConnection, run_id: int, run: str, limits: dict[str, float],
               steps: StepRange = ALL_STEPS) -> list[Verdict]:
     """Verdicts for each given limit (option name -> limit) on one run, reading the registered summaries."""
-    unknown = [name for name in limits if name not in THRESHOLDS]
-    if unknown:
-        raise ValueError(f"unknown thresholds: {', '.join(unknown)}")
+    validate_limits(limits)
     analyses = all_analyses()
     summaries: dict[str, pl.DataFrame | None] = {}
     verdicts = []
     for name, limit in limits.items():
         threshold = THRESHOLDS[name]
         if threshold.analysis not in summaries:
-            analysis = analyses.get(threshold.analysis)
-            summaries[threshold.analysis] = analysis.summary(con, [run_id], steps) if analysis else None
-        verdicts.append(verdict(limit, measured_value(summaries[threshold.analysis], threshold, run), threshold))
+            summaries[threshold.analysis] = analyses[threshold.analysis].summary(con, [run_id], steps)
+        value, reason = measure(summaries[threshold.analysis], threshold, run)
+        verdicts.append(verdict(limit, value, threshold, reason))
     return verdicts
 
 
-def failed(verdicts: list[Verdict], require_all: bool = False) -> bool:
-    """True when a threshold is exceeded, or (with require_all) one is not measurable."""
-    bad = {FAIL, NOT_MEASURABLE} if require_all else {FAIL}
+def failed(verdicts: list[Verdict], allow_unmeasurable: bool = False) -> bool:
+    """True when a threshold is exceeded, or one is not measurable (unless that is allowed)."""
+    bad = {FAIL} if allow_unmeasurable else {FAIL, NOT_MEASURABLE}
     return any(v.status in bad for v in verdicts)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import typer
 
@@ -44,27 +43,15 @@ COMMANDS: dict[str, Callable] = {
 }
 
 
-def build_app(names: Iterable[str] | None = None) -> typer.Typer:
-    """The command line with the named commands (all of them by default)."""
-    cli = typer.Typer(name="polytrace", help=HELP, no_args_is_help=True, add_completion=False,
-                      pretty_exceptions_enable=False)
-    chosen = list(COMMANDS) if names is None else list(names)
-    if len(chosen) == 1:
-        # With one command and no callback typer would make the command the whole program.
-        cli.callback()(lambda: None)
-    for name in chosen:
-        cli.command(name)(COMMANDS[name])
-    return cli
-
-
-app = build_app()
+app = typer.Typer(name="polytrace", help=HELP, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+for _name, _command in COMMANDS.items():
+    app.command(_name)(_command)
 
 
 def main() -> None:
-    """Console-script entry point. A named command is built alone: typer inspects the signature
-    of every command it builds, which costs about 40 ms for all sixteen."""
-    requested = sys.argv[1] if len(sys.argv) > 1 else None
-    (build_app([requested]) if requested in COMMANDS else app)()
+    """Console-script entry point."""
+    app()
 
 
 if __name__ == "__main__":

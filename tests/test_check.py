@@ -65,15 +65,65 @@ def test_min_kept_share_json(checked_store):
     assert checks["max_imbalance"]["status"] == PASS
 
 
-def test_unmeasurable_threshold_passes_unless_required(checked_store):
+def test_unmeasurable_threshold_fails_unless_allowed(checked_store):
     """The run has no tool calls and no step timings: those thresholds cannot be measured."""
     result = invoke(checked_store, "--max-tool-p99-s", "5", "--max-step-cv", "0.1", "--json")
-    assert result.exit_code == 0, result.output
-    statuses = {c["threshold"]: c["status"] for c in json.loads(result.output)["checks"]}
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["passed"] is False
+    statuses = {c["threshold"]: c["status"] for c in report["checks"]}
     assert statuses == {"max_tool_p99_s": NOT_MEASURABLE, "max_step_cv": NOT_MEASURABLE}
-    required = invoke(checked_store, "--max-tool-p99-s", "5", "--require-all")
-    assert required.exit_code == 1
-    assert "not measurable" in required.output
+    reasons = {c["threshold"]: c["reason"] for c in report["checks"]}
+    assert reasons == {"max_tool_p99_s": "no tools data for the run",
+                       "max_step_cv": "no stage step row in the stages summary"}
+    table = invoke(checked_store, "--max-tool-p99-s", "5")
+    assert table.exit_code == 1
+    assert "not measurable" in table.output and "no tools data for the run" in table.output
+    allowed = invoke(checked_store, "--max-tool-p99-s", "5", "--allow-unmeasurable")
+    assert allowed.exit_code == 0, allowed.output
+    assert "check passed" in allowed.output
+    assert invoke(checked_store, "--max-tool-p99-s", "5", "--require-all").exit_code == 2
+
+
+def test_a_step_range_without_data_fails_the_gate(checked_store):
+    """The run's samples are at step 0 and its DAPO batches at workload steps 0 and 1."""
+    assert invoke(checked_store, "--max-imbalance", "2", "--steps", "0").exit_code == 0
+    empty = invoke(checked_store, "--max-imbalance", "2", "--allow-unmeasurable", "--steps", "5:9")
+    assert empty.exit_code == 1
+    assert "no data in steps 5:9" in empty.output and "Traceback" not in empty.output
+
+
+@pytest.mark.parametrize("steps", ["9:5", "", "x:3"])
+def test_a_reversed_or_empty_step_range_is_a_user_error(checked_store, steps):
+    result = invoke(checked_store, "--max-imbalance", "2", "--steps", steps)
+    assert result.exit_code == 2
+    assert "--steps" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf", "-0.5"])
+def test_thresholds_must_be_finite_and_not_negative(checked_store, limit):
+    result = invoke(checked_store, "--max-imbalance", limit)
+    assert result.exit_code == 2
+    assert "--max-imbalance must be a finite number >= 0" in result.output
+
+
+def test_each_threshold_reads_a_column_its_analysis_returns(checked_store):
+    from polytrace_cli.analyze.registry import all_analyses
+
+    con = open_store(checked_store, read_only=True)
+    try:
+        for threshold in THRESHOLDS.values():
+            columns = all_analyses()[threshold.analysis].summary(con, [1]).columns
+            assert threshold.column in columns, threshold.option
+            assert set(threshold.where) <= set(columns), threshold.option
+    finally:
+        con.close()
+
+
+def test_a_summary_without_the_column_breaks_the_gate_instead_of_passing():
+    renamed = pl.DataFrame({"run": ["a"], "lambda": [9.0]})
+    with pytest.raises(RuntimeError, match="mean_lambda"):
+        measured_value(renamed, THRESHOLDS["max_imbalance"], "a")
 
 
 def test_length_thresholds(checked_store):
@@ -110,5 +160,5 @@ def test_verdict_directions():
     assert verdict(1.2, 1.21, upper).status == FAIL
     assert verdict(0.5, 0.49, lower).status == FAIL
     assert verdict(0.5, None, lower).status == NOT_MEASURABLE
-    assert not failed([verdict(0.5, None, lower)])
-    assert failed([verdict(0.5, None, lower)], require_all=True)
+    assert failed([verdict(0.5, None, lower)])
+    assert not failed([verdict(0.5, None, lower)], allow_unmeasurable=True)

@@ -100,3 +100,70 @@ def test_console_script_runs_as_a_process(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0
     assert result.stdout.splitlines()[1].startswith("myrun,polytrace,math,2,")
+
+
+def test_query_cannot_reach_outside_the_store(tmp_path):
+    db = _ingested_store(tmp_path)
+    outside = tmp_path / "outside.csv"
+    outside.write_text("secret\n1\n")
+    written = tmp_path / "written.csv"
+    for sql in (f"select * from read_csv('{outside}')", f"select * from '{outside}'",
+                f"copy (select 1) to '{written}'", f"attach '{tmp_path / 'other.duckdb'}' as other",
+                "install httpfs", "load httpfs", "set enable_external_access = true",
+                f"select * from glob('{tmp_path}/*')", "select 1; select 2"):
+        result = runner.invoke(app, ["query", sql, "--db", str(db)])
+        assert result.exit_code == 2, (sql, result.output)
+        assert "error:" in result.output and "Traceback" not in result.output and "secret" not in result.output
+    assert not written.exists() and not (tmp_path / "other.duckdb").exists()
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.connection import confine
+
+    con = confine(open_store(db, read_only=True))
+    try:
+        for setting in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions"):
+            assert con.execute(f"SELECT current_setting('{setting}')").fetchall() == [(False,)]
+        assert con.execute("SELECT current_setting('lock_configuration')").fetchall() == [(True,)]
+    finally:
+        con.close()
+
+
+UNUSUAL = ("select [1, 2] as l, {'a': 1, 'b': [1.5, 'nan'::double]} as s, map([1], ['x']) as m, "
+           "'\\x00ab'::blob as b, date '2020-01-02' as d, interval 3 day as i, 'nan'::double as n, "
+           "'[/opt/x] :x: [bold]' as t, true as flag")
+
+
+def test_query_prints_nested_and_unusual_types_in_every_output(tmp_path):
+    db = _ingested_store(tmp_path)
+    table = runner.invoke(app, ["query", UNUSUAL, "--db", str(db)])
+    assert table.exit_code == 0, table.output
+    for text in ("[1, 2]", '{"1": "x"}', "\\x00ab", "2020-01-02", "3 days", "nan", "[/opt/x] :x: [bold]"):
+        assert text in table.output, text
+    rows = list(csv.reader(io.StringIO(runner.invoke(app, ["query", UNUSUAL, "--db", str(db), "--csv"]).stdout)))
+    assert rows == [["l", "s", "m", "b", "d", "i", "n", "t", "flag"],
+                    ["[1, 2]", '{"a": 1, "b": [1.5, "NaN"]}', '{"1": "x"}', "\\x00ab", "2020-01-02",
+                     "3 days, 0:00:00", "nan", "[/opt/x] :x: [bold]", "true"]]
+    [record] = json.loads(runner.invoke(app, ["query", UNUSUAL, "--db", str(db), "--json"]).stdout)
+    assert record == {"l": [1, 2], "s": {"a": 1, "b": [1.5, "NaN"]}, "m": {"1": "x"}, "b": "\\x00ab",
+                      "d": "2020-01-02", "i": "3 days, 0:00:00", "n": "NaN", "t": "[/opt/x] :x: [bold]",
+                      "flag": True}
+
+
+def test_data_is_never_read_as_markup(tmp_path):
+    folder = tmp_path / "[bold]run"
+    folder.mkdir()
+    crash = "[/opt/conda/lib/python3.10] crashed :x: [bold]"
+    (folder / "packed_lengths_step_0.jsonl").write_text(GOOD % 0 + crash + "\n")
+    db = tmp_path / "s.duckdb"
+    ingested = runner.invoke(app, ["ingest", str(folder), "--db", str(db)])
+    assert ingested.exit_code == 0, ingested.output
+    assert "[bold]run" in ingested.output
+    shown = runner.invoke(app, ["errors", "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    assert crash in shown.output.replace("\n", "") or "[/opt/conda/lib/python3.10]" in shown.output
+    runs = runner.invoke(app, ["runs", "--db", str(db)])
+    assert runs.exit_code == 0 and "[bold]run" in runs.output
+    missing = runner.invoke(app, ["errors", "[/nope]", "--db", str(db)])
+    assert missing.exit_code == 2 and "no run named [/nope]" in missing.output
+    checked = runner.invoke(app, ["check", "[bold]run", "--max-p99-p50", "9", "--db", str(db)])
+    assert checked.exit_code == 0, checked.output
+    assert "check [bold]run" in checked.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,3 +239,101 @@ def test_an_out_of_range_step_does_not_abort_the_command_or_lose_other_files(tmp
             (1, "out-of-range"), (2, "out-of-range")]
     finally:
         con.close()
+
+
+def test_a_file_read_with_the_wrong_format_is_read_again_with_the_right_one(store, tmp_path):
+    path = _trace(tmp_path / "r", GOOD % 0 + "\n" + GOOD % 1 + "\n")
+    [wrong] = ingest_paths(store, [path], format_name="polytrace-reward")
+    assert (wrong.status, wrong.rejected) == ("ingested", 2)
+    [right] = ingest_paths(store, [path])
+    assert (right.status, right.format, right.rejected) == ("replaced", "polytrace-packed", 0)
+    assert store.execute("SELECT count(*) FROM sample_groups").fetchall() == [(2,)]
+    assert store.execute("SELECT count(*) FROM ingest_errors").fetchall() == [(0,)]
+    assert store.execute("SELECT format FROM files").fetchall() == [("polytrace-packed",)]
+    [again] = ingest_paths(store, [path])
+    assert again.status == "unchanged"
+
+
+def test_out_of_range_values_in_whole_document_and_csv_formats_are_rejected_by_line(store, tmp_path):
+    """Dataset JSON lengths, wandb CSV and table steps: a bad value rejects its entry, never the command."""
+    folder = tmp_path / "run"
+    table_folder = folder / "files" / "media" / "table"
+    table_folder.mkdir(parents=True)
+    (folder / "dataset.json").write_text(
+        '{"1": {"input": [3, 1099511627776], "output": [5, 6]}, "2": {"input": [3], "output": [5.5]},'
+        ' "3": {"input": [1], "output": [2]}, "4.0": {"input": [1], "output": [2]}}')
+    (folder / "history.csv").write_text("Step,loss\n1,0.5\n5.7,0.4\n1e20,0.3\n3,0.1\n")
+    (table_folder / "val_3_abc123.table.json").write_text(
+        '{"columns": ["step", "input", "output"], "data": [[2147483648, "a", "b"], [5.7, "c", "d"], [3, "e", "f"]]}')
+    reports = ingest_paths(store, [folder])
+    assert {r.status for r in reports} == {"ingested"}
+    rows = store.execute("SELECT f.format, e.line_no, e.code, e.reason FROM ingest_errors e JOIN files f USING (file_id)"
+                         " ORDER BY f.format, e.line_no").fetchall()
+    assert rows == [
+        ("polytrace-dataset", 1, "out-of-range", "step 1: input[1]: 1099511627776 is out of range for INTEGER"),
+        ("polytrace-dataset", 2, "type-error", "step 2: output[0]: expected integer, got number"),
+        ("polytrace-dataset", 4, "type-error", "step key '4.0' is not an integer"),
+        ("wandb-csv", 3, "type-error", "Step is not an integer: '5.7'"),
+        ("wandb-csv", 4, "out-of-range", "Step is outside the step range: '1e20'"),
+        ("wandb-table", 1, "out-of-range", "step is outside the step range: '2147483648'"),
+        ("wandb-table", 2, "type-error", "step is not an integer: '5.7'"),
+    ]
+    assert store.execute("SELECT DISTINCT step FROM step_metrics ORDER BY step").fetchall() == [(1,), (3,)]
+    assert store.execute("SELECT step, prompt_len, response_len FROM samples WHERE validate IS NULL OR NOT validate"
+                         " ORDER BY step").fetchall() == [(3, 1, 2)]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from polytrace_cli.ingest.jsonl import value_problem  # noqa: E402
+from polytrace_cli.store import open_store  # noqa: E402
+
+_EDGES = [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64]
+_JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.sampled_from(_EDGES), st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([5.7, 3.0, -0.5, 1e20, 2147483648.0]),
+    st.text(max_size=3), st.lists(st.integers(-5, 5), max_size=2),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=_JSON_VALUES, tokens=_JSON_VALUES, validate=_JSON_VALUES)
+def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, step, tokens, validate):
+    """A reward line with arbitrary values is stored or rejected the same way alone (bulk read_json)
+    and beside a bad line (per-line path), and exactly when `value_problem` says so."""
+    import json as json_module
+
+    folder = tmp_path_factory.mktemp("agree")
+    record = {"step": step, "reward_time_s": 1.5, "response_sum": tokens, "validate": validate}
+    line = json_module.dumps(record)
+    alone = _trace(folder / "alone", line + "\n", "reward_timings_step_1.jsonl")
+    beside = _trace(folder / "beside", line + "\n{oops\n", "reward_timings_step_1.jsonl")
+    con = open_store(folder / "s.duckdb")
+    try:
+        ingest_paths(con, [alone, beside])
+        stored = con.execute("SELECT file_id, step, tokens, validate FROM rank_timings ORDER BY file_id").fetchall()
+        codes = con.execute("SELECT file_id, code FROM ingest_errors WHERE line_no = 1 ORDER BY file_id").fetchall()
+    finally:
+        con.close()
+    from polytrace_cli.ingest.formats.polytrace_reward import REQUIRED, SPEC
+
+    expected = "missing-field" if step is None else (value_problem(record, SPEC, "") or (None,))[0]
+    assert all(record.get(name) is not None for name in REQUIRED) or expected == "missing-field"
+    if expected is None:
+        assert [row[1:] for row in stored] == [(int(step), None if tokens is None else int(tokens), validate)] * 2
+        assert codes == []
+    else:
+        assert stored == []
+        assert [code for _, code in codes] == [expected, expected]
+
+
+def test_the_error_codes_are_the_documented_vocabulary(store, tmp_path):
+    from polytrace_cli.ingest.base import ERROR_CODES, FileContext
+
+    documented = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+    listed = re.findall(r"^\| `([a-z-]+)` \|", documented, flags=re.MULTILINE)
+    assert listed == list(ERROR_CODES) and len(ERROR_CODES) == 12
+    ctx = FileContext(con=store, path=tmp_path, run_id=1, file_id=1, run_name="r")
+    with pytest.raises(ValueError, match="unknown ingest error code"):
+        ctx.reject(1, "made up", code="not-a-code")

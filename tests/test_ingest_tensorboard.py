@@ -203,3 +203,16 @@ def test_mixed_folder_one_run_per_source_through_the_cli(tmp_path):
         ("verl_jsonl", 0, 4, 31.0, 62.0, False, True, []),
         ("verl_jsonl", 1, 1, 29.75, 59.0, True, False, ["restart"]),
     ]
+
+
+def test_a_step_outside_the_step_range_rejects_its_record(store, tmp_path):
+    write_events(tmp_path / "verl_run" / "tensorboard_log", [
+        (1, [_simple("timing_s/step", 20.0)]),
+        (2**40, [_simple("timing_s/step", 21.0)]),
+        (2, [_simple("timing_s/step", 22.0)]),
+    ])
+    [report] = ingest_paths(store, [tmp_path / "verl_run"])
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (4, 2, 1, 1)
+    assert store.execute("SELECT line_no, code, reason FROM ingest_errors").fetchall() == [
+        (3, "out-of-range", f"step {2**40} is outside the step range")]
+    assert store.execute("SELECT step FROM step_metrics ORDER BY step").fetchall() == [(1,), (2,)]

@@ -107,3 +107,19 @@ def test_rollout_sniffing_needs_step_file_name_and_text_fields(tmp_path, name):
     other.write_text('{"input": "p", "output": "r", "score": 1.0, "step": 1}\n')
     found = detect(other, other.read_bytes())
     assert found is None or found.name != "verl-rollout"
+
+
+def test_reading_again_with_another_tokenizer_replaces_the_lengths(store, monkeypatch):
+    class WordTokenizer:  # one token per word
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [text.split() for text in texts]}
+
+    path = FIXTURES / "rollout" / "rollout_data" / "7.jsonl"
+    ingest_paths(store, [path])
+    estimated = store.execute("SELECT prompt_len FROM samples ORDER BY prompt_idx, sample_idx").fetchall()
+    assert [r.status for r in ingest_paths(store, [path])] == ["unchanged"]
+    monkeypatch.setattr(verl_rollout, "_tokenizer", WordTokenizer())
+    assert [r.status for r in ingest_paths(store, [path])] == ["replaced"]
+    counted = store.execute("SELECT prompt_len FROM samples ORDER BY prompt_idx, sample_idx").fetchall()
+    assert counted == [(3,), (3,), (7,)] != estimated
+    assert store.execute("SELECT read_options FROM files").fetchall() == [("tokenizer=WordTokenizer",)]

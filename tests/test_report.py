@@ -304,7 +304,7 @@ def test_demo_writes_the_demo_report_and_prints_its_path(tmp_path):
     index = tmp_path / "reports" / "demo" / "index.html"
     assert result.output.strip().splitlines()[-1] == str(index)
     summary = assert_report_complete(index)
-    assert summary["runs"] == ["math", "code", "search"]
+    assert summary["runs"] == ["math", "code", "search", "math-verl"]
     assert {"F1", "F3", "F6", "F8", "F10"} <= {f["id"] for f in summary["figures"] if f["png"]}
 
 

@@ -100,3 +100,93 @@ def test_unwritable_folder_is_a_clear_error(tmp_path):
         target = folder / "store.duckdb"
     with pytest.raises(StoreError, match="not writable"):
         open_store(target)
+
+
+def _damage(path, start: int = 12288) -> None:
+    # Past DuckDB's three header blocks every block carries a checksum; overwrite them all.
+    size = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(b"\xff" * (size - start))
+
+
+def test_a_damaged_store_is_called_damaged_not_locked(db_path):
+    con = open_store(db_path)
+    con.execute("CHECKPOINT")
+    con.close()
+    _damage(db_path)
+    for read_only in (True, False):
+        with pytest.raises(StoreError) as caught:
+            open_store(db_path, read_only=read_only).execute("SELECT count(*) FROM runs").fetchall()
+        message = str(caught.value)
+        assert "damaged" in message and "locked" not in message
+
+
+def test_a_damaged_store_met_by_a_command_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    db = tmp_path / "s.duckdb"
+    open_store(db).close()
+    _damage(db)
+    result = CliRunner().invoke(app, ["runs", "--db", str(db)])
+    assert result.exit_code == 2
+    assert "damaged" in result.output and "locked" not in result.output and "Traceback" not in result.output
+
+
+def test_a_duckdb_file_that_is_not_a_store_is_refused_and_left_as_it_was(tmp_path):
+    other = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(other))
+    con.execute("CREATE TABLE measurements (a INTEGER)")
+    con.close()
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="not a polytrace store"):
+            open_store(other, read_only=read_only)
+    con = duckdb.connect(str(other), read_only=True)
+    assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() == [("measurements",)]
+    con.close()
+
+
+def test_a_text_file_is_not_a_store(tmp_path):
+    text = tmp_path / "notes.duckdb"
+    text.write_text("hello\n")
+    with pytest.raises(StoreError, match="not a DuckDB database file"):
+        open_store(text)
+    assert text.read_text() == "hello\n"
+
+
+def test_a_zero_byte_file_is_no_store_for_readers_and_a_new_store_for_writers(db_path):
+    db_path.write_bytes(b"")
+    with pytest.raises(StoreError, match="an empty file at"):
+        open_store(db_path, read_only=True)
+    open_store(db_path).close()
+    assert schema_version(duckdb.connect(str(db_path), read_only=True)) == SCHEMA_VERSION
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MB tmpfs, filled; skipped where mounting is not allowed."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        with open(mount / "filler", "wb") as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 65536)
+                    handle.flush()
+            except OSError:
+                pass
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_named_and_leaves_no_empty_store(full_disk):
+    db = full_disk / "new.duckdb"
+    with pytest.raises(StoreError, match="is full"):
+        open_store(db)
+    assert not db.exists() and not (full_disk / "new.duckdb.wal").exists()

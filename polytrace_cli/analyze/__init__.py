@@ -1,1 +1,1 @@
-"""Characterization analyses (METRICS.md), one module each; `registry.all_analyses()` imports them."""
+"""Characterization analyses (docs/metrics.md), one module each, listed in order in `registry.ANALYSES`."""

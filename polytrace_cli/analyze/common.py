@@ -25,16 +25,33 @@ class StepRange:
 
     @classmethod
     def parse(cls, text: str | None) -> "StepRange":
-        """'A:B', 'A:', ':B' or 'N' (a single step); None or '' means every step."""
-        if not text:
+        """'A:B', 'A:', ':B' or 'N' (a single step); None means every step.
+
+        A range that holds no step (A > B) or an empty text is an error, never a silent empty selection.
+        """
+        if text is None:
             return cls()
         try:
             if ":" not in text:
                 return cls(int(text), int(text))
             first, last = text.split(":", 1)
-            return cls(int(first) if first else None, int(last) if last else None)
+            parsed = cls(int(first) if first.strip() else None, int(last) if last.strip() else None)
         except ValueError:
             raise PolytraceError(f"--steps takes A:B, A:, :B or N, not {text!r}") from None
+        if parsed.first is not None and parsed.last is not None and parsed.first > parsed.last:
+            raise PolytraceError(f"--steps {text} is empty: the first step is after the last")
+        return parsed
+
+    @classmethod
+    def of(cls, value: "StepRange | str | int | None") -> "StepRange":
+        """A StepRange as given, a single step, or parsed from 'A:B' text (None: every step)."""
+        if isinstance(value, StepRange):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value, value)
+        if value is None or isinstance(value, str):
+            return cls.parse(value)
+        raise PolytraceError(f"steps takes 'A:B', a step number or a StepRange, not {value!r}")
 
     def sql(self, column: str = "step") -> str:
         """A SQL condition restricting `column` to the range ('true' when unbounded)."""

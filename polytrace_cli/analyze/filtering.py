@@ -105,10 +105,11 @@ def _trainer_steps(batches: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+KEPT_SHARE = "kept_share"  # read by `polytrace check`
 SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, "batches": pl.Int64, "trainer_steps": pl.Int64,
     "mean_batches_per_trainer_step": pl.Float64, "max_batches_per_trainer_step": pl.Int64,
-    "kept_share": pl.Float64, "mean_batch_kept_share": pl.Float64, "used_share": pl.Float64,
+    KEPT_SHARE: pl.Float64, "mean_batch_kept_share": pl.Float64, "used_share": pl.Float64,
     "discarded_token_share": pl.Float64, "unused_token_share": pl.Float64,
 }
 

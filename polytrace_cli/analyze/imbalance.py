@@ -252,9 +252,10 @@ def reward_per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
     )
 
 
+MEAN_LAMBDA = "mean_lambda"  # read by `polytrace check`
 SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, "steps": pl.Int64, "ranks": pl.Int64,
-    "mean_lambda": pl.Float64, "max_lambda": pl.Float64, "mean_idle_share": pl.Float64,
+    MEAN_LAMBDA: pl.Float64, "max_lambda": pl.Float64, "mean_idle_share": pl.Float64,
     "mean_makespan_lambda": pl.Float64, "mean_lambda_kk": pl.Float64, "mean_lambda_lpt": pl.Float64,
     "mean_lambda_balanced": pl.Float64, "mean_saving": pl.Float64, "straggler_ranks": pl.String,
     "reward_steps": pl.Int64, "mean_reward_max_over_mean": pl.Float64, "mean_reward_spread_s": pl.Float64,

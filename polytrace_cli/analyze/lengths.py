@@ -27,14 +27,17 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import (
-    ALL_STEPS, StepRange, caps_sql, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql,
+    ALL_STEPS, StepRange, caps_sql, frame, step_aggregate_rows_sql, training_samples_sql,
 )
 from polytrace_cli.analyze.registry import register
 
 KINDS = ("prompt", "response", "total")
 
+# Summary column names other modules read (`polytrace check`).
+KIND, CLIP_RATIO, P99_P50 = "kind", "clip_ratio", "p99_p50"
+
 _STAT_COLUMNS = ["count", "mean_tokens", "std_tokens", "min_tokens", "p50_tokens", "p90_tokens", "p99_tokens",
-                 "max_tokens", "cv", "skewness", "kurtosis", "clip_ratio", "p99_p50", "max_p50"]
+                 "max_tokens", "cv", "skewness", "kurtosis", CLIP_RATIO, P99_P50, "max_p50"]
 
 
 def caps(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:

@@ -45,6 +45,20 @@ def run_analyses(con: duckdb.DuckDBPyConnection, run_ids: list[int], analyses: d
     return {name: analysis.summary(con, run_ids, steps) for name, analysis in analyses.items()}
 
 
+def summaries(con: duckdb.DuckDBPyConnection, runs: list[str] | None, only: str | None = None,
+              steps: StepRange | str | None = None) -> dict[str, pl.DataFrame]:
+    """The summary frames of the analyses named in `only` (all by default) over the named runs
+    (every run by default) and steps; an empty store, an unknown run or analysis is an error."""
+    from polytrace_cli.store.queries import run_ids
+
+    analyses = select_analyses(only)
+    step_range = StepRange.of(steps)
+    ids = run_ids(con, runs)
+    if not ids:
+        raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
+    return run_analyses(con, ids, analyses, step_range)
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

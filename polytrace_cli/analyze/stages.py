@@ -157,9 +157,10 @@ def length_fit(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     return pl.concat(parts)
 
 
+STAGE, CV, STEP_STAGE = "stage", "cv", "step"  # read by `polytrace check`: the step row's CV
 SUMMARY_COLUMNS = {
-    "run": pl.String, "basis": pl.String, "stage": pl.String, "steps": pl.Int64, "mean_s": pl.Float64,
-    "std_s": pl.Float64, "cv": pl.Float64, "min_s": pl.Float64, "max_s": pl.Float64,
+    "run": pl.String, "basis": pl.String, STAGE: pl.String, "steps": pl.Int64, "mean_s": pl.Float64,
+    "std_s": pl.Float64, CV: pl.Float64, "min_s": pl.Float64, "max_s": pl.Float64,
     "max_over_min": pl.Float64, "p95_over_p50": pl.Float64, "share": pl.Float64,
     "mean_unexplained_s": pl.Float64, "outlier_steps": pl.Int64,
     "step_vs_max_len_pearson": pl.Float64, "step_vs_max_len_spearman": pl.Float64,

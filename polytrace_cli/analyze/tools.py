@@ -150,9 +150,10 @@ def finish_reasons(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
     )
 
 
+P99_S = "p99_s"  # read by `polytrace check`
 SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, "tool": pl.String, "calls": pl.Int64, "mean_s": pl.Float64,
-    "p50_s": pl.Float64, "p90_s": pl.Float64, "p99_s": pl.Float64, "max_s": pl.Float64, "cv": pl.Float64,
+    "p50_s": pl.Float64, "p90_s": pl.Float64, P99_S: pl.Float64, "max_s": pl.Float64, "cv": pl.Float64,
     "error_share": pl.Float64, "trajectories": pl.Int64, "mean_turns": pl.Float64, "mean_tool_calls": pl.Float64,
     "tool_share": pl.Float64, "cache_hit_ratio": pl.Float64, "length_finish_share": pl.Float64,
 }

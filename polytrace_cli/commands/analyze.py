@@ -10,15 +10,12 @@ Output for scripts:
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, console, emit_frame, user_errors
 from polytrace_cli.errors import PolytraceError
-
-if TYPE_CHECKING:
-    import duckdb
 
 OnlyOption = Annotated[
     str | None, typer.Option("--only", help="Comma-separated analyses to run (default: all; see the list in --help).")
@@ -26,20 +23,15 @@ OnlyOption = Annotated[
 StepsOption = Annotated[str | None, typer.Option("--steps", help="Step range A:B, A:, :B or N (default: every step).")]
 
 
-def _open_with_runs(db, runs: list[str] | None) -> tuple[duckdb.DuckDBPyConnection, list[int]]:
+def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None) -> dict:
+    from polytrace_cli.analyze.results import summaries
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids as resolve_run_ids
 
     con = open_store(db, read_only=True)
     try:
-        ids = resolve_run_ids(con, runs)
-    except BaseException:
+        return summaries(con, runs, only, steps)
+    finally:
         con.close()
-        raise
-    if not ids:
-        con.close()
-        raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
-    return con, ids
 
 
 @user_errors
@@ -52,18 +44,13 @@ def analyze(
     db: DbOption = None,
 ) -> None:
     """Run the characterization analyses (lengths, drift, longtail, stages, imbalance, tools, filtering, fit)."""
-    from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.analyze.results import results_csv, results_json, run_analyses, select_analyses
+    from polytrace_cli.analyze.registry import all_analyses
+    from polytrace_cli.analyze.results import results_csv, results_json
 
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    analyses = select_analyses(only)
-    step_range = StepRange.parse(steps)
-    con, ids = _open_with_runs(db, runs)
-    try:
-        results = run_analyses(con, ids, analyses, step_range)
-    finally:
-        con.close()
+    results = _summaries(db, runs, only, steps)
+    analyses = all_analyses()
     if as_json:
         sys.stdout.write(results_json(results) + "\n")
     elif as_csv:
@@ -88,19 +75,12 @@ def compare(
     db: DbOption = None,
 ) -> None:
     """The analyses' summary numbers of two runs side by side, with absolute and relative deltas (B − A)."""
-    from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.analyze.results import compare_frame, run_analyses, select_analyses
+    from polytrace_cli.analyze.results import compare_frame
 
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
     if run_a == run_b:
         raise PolytraceError("compare needs two different runs")
-    analyses = select_analyses(only)
-    step_range = StepRange.parse(steps)
-    con, ids = _open_with_runs(db, [run_a, run_b])
-    try:
-        results = run_analyses(con, ids, analyses, step_range)
-    finally:
-        con.close()
+    results = _summaries(db, [run_a, run_b], only, steps)
     emit_frame(compare_frame(run_a, run_b, results), as_json=as_json, as_csv=as_csv,
                title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})")

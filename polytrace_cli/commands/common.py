@@ -7,17 +7,25 @@ fast, and `polytrace ingest` hashes its files while those libraries load.
 
 from __future__ import annotations
 
+import csv
+import datetime
+import decimal
+import errno
 import functools
 import io
 import json
+import math
 import sys
+import uuid
 from pathlib import Path
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
@@ -33,13 +41,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts
 CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV for scripts.")]
 
 # Piped output is read by people in CI logs too: give tables room instead of 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# Emoji codes are off: data such as `postgres:x:101` must print as written. Text from data goes
+# into tables as rich Text and into messages through `escape`, never as markup.
+console = Console(width=None if sys.stdout.isatty() else 200, emoji=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, emoji=False)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one error line on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -61,7 +71,11 @@ def user_errors(command):
             raise fail("interrupted; the file being read was rolled back", 130) from None
         except Exception as error:
             if _is_duckdb_error(error):
-                raise fail(_first_line(error)) from None
+                from polytrace_cli.store.connection import store_problem
+
+                raise fail(store_problem("the store", error) or _first_line(error)) from None
+            if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+                raise fail(f"the disk is full: {error.strerror}; free space and run again") from None
             raise
 
     return wrapper
@@ -73,20 +87,86 @@ def _is_duckdb_error(error: Exception) -> bool:
     return duckdb is not None and isinstance(error, duckdb.Error)
 
 
+def plain(value: Any) -> Any:
+    """`value` as JSON-ready Python: lists, dicts with text keys, numbers, text, bool, None.
+
+    Blobs become text with non-printable bytes as \\xNN, dates and times ISO 8601, intervals
+    their Python spelling, decimals numbers, UUIDs text; NaN and infinities stay floats.
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(plain(key)): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [plain(item) for item in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02x}" for b in bytes(value))
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (datetime.timedelta, uuid.UUID)):
+        return str(value)
+    return str(value)
+
+
+def _finite_json(value: Any) -> Any:
+    # JSON has no NaN or infinity: they are written as the strings "NaN", "Infinity", "-Infinity".
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_json(item) for item in value]
+    return value
+
+
+def _text(value: Any) -> str:
+    """One value as text for a CSV field: nested values as JSON."""
+    value = plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(_finite_json(value), ensure_ascii=False)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
         if value != value:
             return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
         if abs(value) >= 1e6 or (0 < abs(value) < 1e-3):
             return f"{value:.3g}"
         return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1e4 else f"{value:,.1f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return str(value)
+    return _text(value)
+
+
+def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str], *, as_json: bool = False,
+              as_csv: bool = False, title: str | None = None) -> None:
+    """Print Python rows (any DuckDB type: lists, structs, maps, blobs, dates, intervals, NaN) as a
+    rich table, JSON records or CSV."""
+    if as_json:
+        records = [dict(zip(columns, (_finite_json(plain(v)) for v in row))) for row in rows]
+        sys.stdout.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
+        return
+    if as_csv:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([_text(v) for v in row] for row in rows)
+        sys.stdout.write(buffer.getvalue())
+        return
+    emit_table(columns, rows, numeric, title=title)
 
 
 def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None) -> None:
@@ -105,9 +185,9 @@ def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = Fal
 
 def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None) -> None:
     """Print rows as a rich table; the `numeric` columns are right-aligned."""
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold")
     for name in columns:
-        table.add_column(name, justify="right" if name in numeric else "left", overflow="fold")
+        table.add_column(Text(name), justify="right" if name in numeric else "left", overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(v) for v in row))
+        table.add_row(*(Text(_cell(v)) for v in row))
     console.print(table)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rich.markup import escape
+
 from polytrace_cli.commands.common import DbOption, console, emit_frame, emit_table, err_console, fail, user_errors
 from polytrace_cli.ingest.files import FileHashes, walk
 
@@ -51,13 +53,15 @@ def ingest(
             _print_summary(shown)
         for report in reports:
             if report.message and report.status != "skipped":
-                err_console.print(f"[yellow]{report.status}:[/] {report.path}: {report.message}", highlight=False)
+                err_console.print(f"[yellow]{report.status}:[/] {escape(report.path)}: {escape(report.message)}",
+                                  highlight=False)
             for note in report.notes:
-                err_console.print(f"[cyan]note:[/] {Path(report.path).name}: {note}", highlight=False)
+                err_console.print(f"[cyan]note:[/] {escape(Path(report.path).name)}: {escape(note)}", highlight=False)
         skipped = [r for r in reports if r.status == "skipped"]
         if skipped:
             names = ", ".join(Path(r.path).name for r in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-            err_console.print(f"skipped {len(skipped)} file(s) of unknown format: {names}", highlight=False)
+            err_console.print(f"skipped {len(skipped)} file(s) of unknown format: {names}", highlight=False,
+                              markup=False)
         totals = sum(r.rows for r in reports), sum(r.rejected for r in reports), sum(r.seconds for r in reports)
         console.print(f"{len(shown)} file(s), {totals[0]:,} rows, {totals[1]:,} rejected lines, {totals[2]:.2f} s")
     failed = [r for r in reports if r.failed]
@@ -90,7 +94,7 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
             bar = progress.add_task("", total=total_bytes)
 
             def advance(report: FileReport) -> None:
-                progress.update(bar, advance=report.bytes, description=Path(report.path).name)
+                progress.update(bar, advance=report.bytes, description=escape(Path(report.path).name))
 
             return ingest_paths(con, paths, on_file=advance, **options)
     finally:

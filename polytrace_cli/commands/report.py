@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from polytrace_cli.commands.common import DbOption, JsonOption, console, fail, json_default, user_errors
-from polytrace_cli.errors import PolytraceError
 
 
 @user_errors
@@ -23,24 +23,13 @@ def report(
     db: DbOption = None,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
-    from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids
 
-    step_range = StepRange.parse(steps)
-    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
-        raise fail(f"--name must be a plain folder name, not {name!r}")
     con = open_store(db, read_only=True)
     try:
-        ids = run_ids(con, runs)
-        if not ids:
-            raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
-        from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
+        from polytrace_cli.report import write_runs_report  # matplotlib loads only when a report is drawn
 
-        try:
-            index = write_report(con, ids, out, name, step_range)
-        except OSError as error:
-            raise PolytraceError(f"cannot write the report under {out}: {error.strerror or error}") from None
+        index = write_runs_report(con, runs, out, name, steps)
     finally:
         con.close()
     typer.echo(str(index))
@@ -59,14 +48,16 @@ def check(
     max_p99_p50: Annotated[float | None, _limit_option("Fail when response p99/p50 exceeds this.")] = None,
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
-    require_all: Annotated[bool, typer.Option(help="Also fail when a threshold is not measurable for the run.")] = False,
+    allow_unmeasurable: Annotated[bool, typer.Option(
+        help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
     steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
-    """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded."""
+    """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded,
+    cannot be measured, or the step range holds no data."""
     from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed
+    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed, has_step_data, validate_limits
     from polytrace_cli.store import open_store
     from polytrace_cli.store.queries import run_ids
 
@@ -76,27 +67,39 @@ def check(
     }.items() if value is not None}
     if not limits:
         raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
+    try:
+        validate_limits(limits)
+    except ValueError as error:
+        raise fail(str(error)) from None
     step_range = StepRange.parse(steps)
     con = open_store(db, read_only=True)
     try:
         (run_id,) = run_ids(con, [run])
+        if not has_step_data(con, run_id, step_range):
+            where = f" in steps {steps}" if steps else ""
+            raise fail(f"check failed: run {run} has no data{where}; nothing can be measured", 1)
         verdicts = check_run(con, run_id, run, limits, step_range)
     finally:
         con.close()
-    bad = failed(verdicts, require_all)
+    bad = failed(verdicts, allow_unmeasurable)
     if as_json:
         sys.stdout.write(json.dumps({"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]},
                                     default=json_default, indent=2) + "\n")
     else:
-        table = Table(title=f"check {run}", title_justify="left", header_style="bold")
+        table = Table(title=f"check {escape(run)}", title_justify="left", header_style="bold")
         for column in ("threshold", "limit", "measured", "result", "metric"):
             table.add_column(column, justify="right" if column in ("limit", "measured") else "left")
         colours = {PASS: "green", FAIL: "bold red", NOT_MEASURABLE: "yellow"}
         for v in verdicts:
             measured = "—" if v.measured is None else f"{v.measured:.4g}"
+            metric = v.metric if v.reason is None else f"{v.metric}: {v.reason}"
             table.add_row("--" + v.threshold.replace("_", "-"), f"{v.limit:g}", measured,
-                          f"[{colours[v.status]}]{v.status}[/]", v.metric)
+                          f"[{colours[v.status]}]{v.status}[/]", escape(metric))
         console.print(table)
+        unmeasured = [v for v in verdicts if v.status == NOT_MEASURABLE]
+        if unmeasured and not allow_unmeasurable:
+            names = ", ".join("--" + v.threshold.replace("_", "-") for v in unmeasured)
+            console.print(f"[bold red]not measurable:[/] {escape(names)} (--allow-unmeasurable passes them)")
         console.print("[bold red]check failed[/]" if bad else "[green]check passed[/]")
     if bad:
         raise typer.Exit(1)

@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, emit_frame, user_errors
-from polytrace_cli.errors import PolytraceError
+from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, emit_frame, emit_rows, user_errors
 
 
 @user_errors
@@ -30,17 +29,29 @@ def query(
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
 ) -> None:
-    """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...)."""
-    from polytrace_cli.store import open_store
+    """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...).
 
-    con = open_store(db, read_only=True)
+    One SELECT (or EXPLAIN) statement; it cannot read or write files, attach databases or load
+    extensions.
+    """
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.connection import confine
+    from polytrace_cli.store.queries import read_only_relation
+
+    con = confine(open_store(db, read_only=True))
     try:
-        relation = con.sql(sql)
-        if relation is None:
-            raise PolytraceError("the statement returned no rows to show")
-        emit_frame(relation.pl(), as_json=as_json, as_csv=as_csv)
+        relation = read_only_relation(con, sql)
+        emit_rows(relation.columns, relation.fetchall(), _numeric_columns(relation),
+                  as_json=as_json, as_csv=as_csv)
     finally:
         con.close()
+
+
+def _numeric_columns(relation) -> set[str]:
+    numeric = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+               "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE")
+    return {name for name, kind in zip(relation.columns, relation.types)
+            if str(kind) in numeric or str(kind).startswith("DECIMAL")}
 
 
 @user_errors

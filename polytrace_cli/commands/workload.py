@@ -36,9 +36,16 @@ def synth(
     drift: Annotated[float | None, typer.Option(help="Relative change of response length per step, e.g. 0.005.")] = None,
     multiturn: Annotated[bool | None, typer.Option(help="Write multi-turn trajectories instead of packed lengths.")] = None,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed writes the same files.")] = 0,
+    log_format: Annotated[str, typer.Option("--format", help="polytrace (workload traces), verl-console (train.log) or verl-jsonl (metrics.jsonl, the file logger).")] = "polytrace",
+    validate_every: Annotated[int | None, typer.Option(help="verl logs: validate every K steps (and on the last step).")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="verl logs: save a checkpoint every K steps (and on the last step).")] = None,
+    inject: Annotated[list[str] | None, typer.Option(help="verl logs: STEP:CAUSE[:SIZE], repeatable; causes: long_tail, token_volume, dp_imbalance, validation, checkpoint, weight_sync, warmup, unexplained.")] = None,
+    verl_version: Annotated[str, typer.Option(help="verl logs: 0.4 (values printed .3f), 0.5 (reprs) or 0.8 (reprs; timing_s/step without testing and checkpoint).")] = "0.5",
+    truth: Annotated[Path | None, typer.Option(help="verl logs: also write the true per-step model here (.json, or .csv for the per-step table).")] = None,
+    resume_after: Annotated[int | None, typer.Option(help="verl logs: the job stops after a checkpoint at this step and resumes from it (warm-up again).")] = None,
     db: DbOption = None,
 ) -> None:
-    """Sample a workload from fitted distributions and write it as PolyTrace traces."""
+    """Sample a workload from fitted distributions and write it as PolyTrace traces or as verl logs from a known step-time model."""
     from polytrace_cli.workload.distributions import load_params
     from polytrace_cli.workload.fidelity import workload_from_run
     from polytrace_cli.workload.presets import PRESETS, preset
@@ -63,9 +70,29 @@ def synth(
         model, base = preset(task)
     spec = with_overrides(base, steps=steps, batch=batch, n=n, dp_ranks=dp_ranks, max_response_len=max_response_len,
                           drift=drift, multiturn=multiturn, seed=seed)
+    if log_format != "polytrace":
+        from polytrace_cli.workload.steplog import LOG_FORMATS, VERL_VERSIONS, StepTimeModel, parse_injection, write_step_log
+
+        if log_format not in LOG_FORMATS:
+            raise fail(f"--format takes polytrace, {', '.join(LOG_FORMATS)}, not {log_format!r}")
+        if verl_version not in VERL_VERSIONS:
+            raise fail(f"--verl-version takes {', '.join(VERL_VERSIONS)}, not {verl_version!r}")
+        style, includes_overheads = VERL_VERSIONS[verl_version]
+        step_model = StepTimeModel(validate_every=validate_every, checkpoint_every=checkpoint_every,
+                                   step_includes_overheads=includes_overheads, resume_after=resume_after,
+                                   injections=tuple(parse_injection(text) for text in inject or []))
+        written = write_step_log(model, spec, step_model, out, (log_format,), style=style, truth=truth)
+        console.print(f"wrote {', '.join(str(p) for p in written.files)}: {written.steps} steps of verl "
+                      f"{verl_version} logs", highlight=False)
+        return
+    verl_only = [name for name, value in (("--validate-every", validate_every), ("--checkpoint-every", checkpoint_every),
+                                          ("--inject", inject), ("--truth", truth),
+                                          ("--resume-after", resume_after)) if value]
+    if verl_only:
+        raise fail(f"{verl_only[0]} applies to verl logs: add --format verl-console or --format verl-jsonl")
     result = synthesize(model, spec, out)
     console.print(f"wrote {len(result.files)} file(s) to {out}: {result.samples:,} packed samples, "
-                  f"{result.trajectories:,} trajectories")
+                  f"{result.trajectories:,} trajectories", markup=False)
 
 
 @user_errors
@@ -75,7 +102,8 @@ def demo(
     db: DbOption = None,
 ) -> None:
     """The zero-setup tour: generate sample logs, ingest them, show what the store holds, write the demo report."""
-    from polytrace_cli.workload.presets import PRESETS, preset
+    from polytrace_cli.workload.presets import PRESETS, VERL_DEMO_RUN, preset, verl_demo
+    from polytrace_cli.workload.steplog import write_step_log
     from polytrace_cli.workload.synth import synthesize, with_overrides
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
@@ -84,14 +112,16 @@ def demo(
     for task in PRESETS:
         model, spec = preset(task)
         synthesize(model, with_overrides(spec, seed=DEMO_SEED), out / task)
+    lengths, spec, step_model = verl_demo()
+    write_step_log(lengths, with_overrides(spec, seed=DEMO_SEED), step_model, out / VERL_DEMO_RUN, ("verl-console",))
     con = open_store(db)
     names: list[str] = []
     try:
-        for task in PRESETS:
-            ingested = ingest_paths(con, [out / task], task=task)
+        for folder, task in [*((task, task) for task in PRESETS), (VERL_DEMO_RUN, spec.task)]:
+            ingested = ingest_paths(con, [out / folder], task=task)
             failed = [r for r in ingested if r.failed]
             if failed:
-                raise fail(f"demo logs for {task} did not ingest: {failed[0].message}", 1)
+                raise fail(f"demo logs for {folder} did not ingest: {failed[0].message}", 1)
             names.extend(run for run in dict.fromkeys(r.run for r in ingested if r.run) if run not in names)
         emit_frame(runs_frame(con), title="runs in the store")
         from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
@@ -102,7 +132,7 @@ def demo(
             raise fail(f"cannot write the demo report under {reports}: {error.strerror or error}") from None
     finally:
         con.close()
-    console.print(f"sample logs in {out}/; try `polytrace query \"select * from samples limit 5\"`")
+    console.print(f"sample logs in {out}/; try `polytrace query \"select * from samples limit 5\"`", markup=False)
     console.print("demo report written; open it in a browser:")
     typer.echo(str(index))
 
@@ -172,7 +202,7 @@ def fit(
     emit_frame(_candidates_frame(document), title=f"fits for {run} (best: lowest AIC; sampled: the scipy family synth draws from)")
     for note in document.get("notes") or []:
         console.print(f"note: {note}", highlight=False, markup=False)
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", markup=False)
 
 
 @user_errors
@@ -193,7 +223,7 @@ def export(
         con.close()
     shape = "multi-turn" if result.multiturn else "single-turn"
     console.print(f"wrote {len(result.files)} file(s) to {out}: {result.steps} steps, "
-                  f"{result.samples:,} {'trajectories' if result.multiturn else 'samples'} ({shape})")
+                  f"{result.samples:,} {'trajectories' if result.multiturn else 'samples'} ({shape})", markup=False)
 
 
 @user_errors

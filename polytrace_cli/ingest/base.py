@@ -28,6 +28,22 @@ ERROR_CODES = (
 # The code of a rejection whose call site does not give one yet (stored as NULL).
 NOT_YET_TYPED = None
 
+# Steps are stored as INTEGER (samples, turns, rank timings); a step outside this range is rejected.
+STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
+
+
+def step_sql(text: str) -> str:
+    """SQL for the step written in the text expression `text`: an INTEGER when the text is a whole
+    number (`3`, `3.0`, `3e0`) within STEP_MIN..STEP_MAX, else NULL (never rounded or wrapped)."""
+    number = f"TRY_CAST(trim({text}) AS DOUBLE)"
+    return (f"(CASE WHEN {number} = floor({number}) AND {number} BETWEEN {STEP_MIN} AND {STEP_MAX}"
+            f" THEN CAST({number} AS INTEGER) END)")
+
+
+def step_problem_sql(text: str) -> str:
+    """SQL for the ingest error code of a step text that `step_sql` turns into NULL."""
+    number = f"TRY_CAST(trim({text}) AS DOUBLE)"
+    return f"(CASE WHEN {number} = floor({number}) THEN 'out-of-range' ELSE 'type-error' END)"
 
 def file_owned_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Tables whose rows belong to one file, read from the catalog: every base table of the store
@@ -161,6 +177,14 @@ class Ingester:
     def load(self, ctx: FileContext) -> None:
         """Read ctx.path into the store and account for every line on ctx."""
         raise NotImplementedError
+
+    def read_options(self) -> str:
+        """The options in force that change the rows this ingester writes, as text ('' when none).
+
+        Part of the key that lets an unchanged file be skipped on re-ingest, with the format name
+        and `version`.
+        """
+        return ""
 
 
 class JsonlTraceIngester(Ingester):

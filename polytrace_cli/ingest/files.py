@@ -8,11 +8,136 @@ take a core for about 1.5 s per GB, which would otherwise compete with the parse
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 STORE_SUFFIXES = (".duckdb", ".duckdb.wal")
+# Compressed logs are read as the text they hold; the suffix names the codec.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+ZSTD_HINT = "reading .zst logs needs the zstandard package: pip install 'polytrace[zstd]'"
+
+
+class UnreadableFile(Exception):
+    """The file cannot be read at all (permissions, I/O error, a missing decompressor)."""
+
+
+class CorruptFile(Exception):
+    """A compressed file whose archive is damaged (truncated, bad header, bad checksum)."""
+
+
+def path_text(path: str | os.PathLike) -> str:
+    """The path as valid UTF-8 text: bytes of a name that is not UTF-8 are written as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def is_compressed(path: Path) -> bool:
+    """True when the file name ends in a compression suffix (.gz, .bz2, .xz, .zst)."""
+    return path.suffix.lower() in COMPRESSED_SUFFIXES
+
+
+def _open_decompressed(path: Path):
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if suffix == ".bz2":
+        import bz2
+
+        return bz2.open(path, "rb")
+    import lzma
+
+    return lzma.open(path, "rb")
+
+
+def _unzstd(source: Path, out, chunk_size: int = 8 << 20) -> None:
+    """Decompress every frame of a .zst file into `out`; a file that ends inside a frame is corrupt."""
+    try:
+        import zstandard
+    except ImportError:
+        raise UnreadableFile(ZSTD_HINT) from None
+    decompressor = zstandard.ZstdDecompressor()
+    frame = None  # the frame being decompressed; None between frames
+    with open(source, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            while chunk:
+                if frame is None:
+                    frame = decompressor.decompressobj()
+                out.write(frame.decompress(chunk))
+                if frame.eof:
+                    chunk, frame = frame.unused_data, None
+                else:
+                    chunk = b""
+    if frame is not None:
+        raise CorruptFile(f"damaged {source.suffix} archive: the last frame is cut short")
+
+
+@dataclass(frozen=True)
+class Readable:
+    """What an ingester reads for one input file: `path` is a plain, UTF-8-named file holding the
+    input's text (the input itself, or a temporary file or link); `name_path` is the name sniffers
+    see (the input's name without its compression suffix)."""
+
+    path: Path
+    name_path: Path
+    compressed: bool
+
+
+@contextmanager
+def readable(source: Path) -> Iterator[Readable]:
+    """A plain file with the text of `source`, removed afterwards.
+
+    A compressed file is decompressed once into a temporary folder named like its parent folder
+    (ingesters may read the folder name); a file whose name is not UTF-8 is linked there under a
+    UTF-8 name, since DuckDB opens files by UTF-8 names. Raises UnreadableFile or CorruptFile.
+    """
+    compressed = is_compressed(source)
+    inner_name = path_text(source.name[: -len(source.suffix)] if compressed else source.name)
+    utf8_name = path_text(source) == os.fsdecode(source)
+    if not compressed and utf8_name:
+        yield Readable(source, source, False)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="polytrace-read-"))
+    try:
+        parent = folder / (path_text(source.resolve().parent.name) or "input")
+        parent.mkdir()
+        target = parent / inner_name
+        if compressed:
+            _decompress(source, target)
+        else:
+            target.symlink_to(source.resolve())
+        yield Readable(target, source.with_name(inner_name) if compressed else target, compressed)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _decompress(source: Path, target: Path) -> None:
+    try:
+        handle = open(source, "rb")
+    except OSError as error:
+        raise UnreadableFile(error.strerror or str(error)) from None
+    handle.close()
+    try:
+        with open(target, "wb") as out:
+            if source.suffix.lower() == ".zst":
+                _unzstd(source, out)
+            else:
+                with _open_decompressed(source) as stream:
+                    shutil.copyfileobj(stream, out, 8 << 20)
+    except (UnreadableFile, CorruptFile):
+        raise
+    except OSError as error:
+        if error.errno is not None and not isinstance(error, EOFError):
+            raise UnreadableFile(error.strerror or str(error)) from None
+        raise CorruptFile(f"damaged {source.suffix} archive: {error}") from None
+    except Exception as error:  # EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError
+        raise CorruptFile(f"damaged {source.suffix} archive: {error}") from None
 
 
 def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int]:

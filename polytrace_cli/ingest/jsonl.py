@@ -1,10 +1,13 @@
 """Bulk loading of JSON-lines files into a typed temporary table.
 
-The fast path hands the whole file to DuckDB's `read_json` with the expected columns. It is
-taken only when the file is clean: every line parses, every required field is present with the
-right type, and every record passes the ingester's checks. Otherwise the file is read again line
-by line in Python, which names each bad line in `ingest_errors`, and only the good lines are
-handed to DuckDB. Either way the ingester then works on the table `records` with SQL.
+The fast path hands the whole file to DuckDB's `read_json`, each field read as JSON. It is taken
+only when the file is clean: every line parses, every required field is present, every value fits
+its type (`fits_sql`: an integer field holds a whole number within its type, a flag a JSON
+boolean, ...), and every record passes the ingester's checks. Otherwise the file is read again
+line by line in Python, which names each bad line in `ingest_errors` by the same rule
+(`value_problem`), and only the good lines are handed to DuckDB. Either way the ingester then
+works on the table `records` with SQL, and a line is stored or rejected the same way whichever
+path read it.
 """
 
 from __future__ import annotations
@@ -123,12 +126,6 @@ def value_problem(value, spec, where: str) -> tuple[str, str] | None:
         if problem:
             return problem
     return None
-
-
-def type_problem(value, spec, where: str) -> str | None:
-    """The reason of `value_problem`, or None when the value fits."""
-    problem = value_problem(value, spec, where)
-    return problem[1] if problem else None
 
 
 _JSON_KIND_SQL = {"number": "('BIGINT', 'UBIGINT', 'DOUBLE')", "boolean": "('BOOLEAN')", "string": "('VARCHAR')"}

@@ -165,3 +165,21 @@ def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     index = folder / "index.html"
     index.write_text(html.render(report))
     return index
+
+
+def write_runs_report(con: duckdb.DuckDBPyConnection, runs: list[str] | None, out_dir: Path | str = "reports",
+                      name: str | None = None, steps: StepRange | str | None = None) -> Path:
+    """`write_report` for the named runs (every run by default); returns index.html. A name that is
+    not a plain folder name, an empty store or an unwritable folder is an error."""
+    from polytrace_cli.store.queries import run_ids
+
+    step_range = StepRange.of(steps)
+    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
+        raise PolytraceError(f"--name must be a plain folder name, not {name!r}")
+    ids = run_ids(con, runs)
+    if not ids:
+        raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
+    try:
+        return write_report(con, ids, out_dir, name, step_range)
+    except OSError as error:
+        raise PolytraceError(f"cannot write the report under {out_dir}: {error.strerror or error}") from None

@@ -62,3 +62,26 @@ def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: 
         """,
         params=[ids, limit],
     ).pl()
+
+
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def read_only_relation(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelation:
+    """The relation of one read-only statement (SELECT or EXPLAIN); anything else is refused before
+    it runs, even on a connection that could write."""
+    statements = con.extract_statements(sql)
+    if len(statements) != 1:
+        raise PolytraceError(f"give exactly one SQL statement, not {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in READ_ONLY_STATEMENTS:
+        raise PolytraceError(f"queries are read-only: SELECT statements only, not {kind}")
+    relation = con.sql(sql)
+    if relation is None:
+        raise PolytraceError("the statement returned no rows to show")
+    return relation
+
+
+def query_frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
+    """The rows of one read-only statement (`read_only_relation`) as a frame."""
+    return read_only_relation(con, sql).pl()

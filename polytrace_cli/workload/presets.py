@@ -7,6 +7,10 @@ code: shaped after the DeepCoder trace in PolyTrace (rllm): a 16,000-token respo
   responses reach, reward timings from sandboxed tests. The lognormal parameters are illustrative.
 search: shaped after the Search-R1 trace: multi-turn with a search tool, 3,000-token response cap,
   mostly 1–3 turns. Turn counts, token and latency parameters are illustrative.
+
+math-verl (`verl_demo`): a verl console log of 300 GRPO steps on the math model, 4 DP ranks, a
+32,768-token cap, validation every 50 steps and checkpoints every 100, with one of each workload
+cause injected so that the step-time figures have something to show.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from polytrace_cli.workload.distributions import GaussianMixture2D, LengthModel, Marginal
+from polytrace_cli.workload.steplog import Injection, StepTimeModel
 from polytrace_cli.workload.synth import WorkloadSpec
 from polytrace_cli.errors import PolytraceError
 
@@ -71,3 +76,15 @@ def preset(task: str) -> tuple[LengthModel, WorkloadSpec]:
         raise PolytraceError(f"no built-in preset for task {task!r} (known: {', '.join(PRESETS)}); pass --params")
     make_model, spec = PRESETS[task]
     return make_model(), spec
+
+
+VERL_DEMO_RUN = "math-verl"
+
+
+def verl_demo() -> tuple[LengthModel, WorkloadSpec, StepTimeModel]:
+    """The demo's verl run: the math model's lengths, its shape and its true step-time model."""
+    spec = WorkloadSpec(task="math", steps=300, batch=32, n=8, dp_ranks=4, max_response_len=32768, drift=0.001)
+    model = StepTimeModel(validate_every=50, checkpoint_every=100, injections=(
+        Injection(60, "token_volume", 1.6), Injection(120, "long_tail"), Injection(140, "unexplained", 2.0),
+        Injection(181, "warmup", 1.8), Injection(210, "dp_imbalance", 1.8), Injection(240, "weight_sync", 25.0)))
+    return _math_model(), spec, model

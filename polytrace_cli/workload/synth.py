@@ -52,7 +52,7 @@ def drift_factor(spec: WorkloadSpec, step: int) -> float:
     return (1.0 + spec.drift) ** (step - (spec.steps - 1) / 2)
 
 
-def _draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, step: int) -> tuple[np.ndarray, np.ndarray]:
+def draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, step: int) -> tuple[np.ndarray, np.ndarray]:
     """Prompt lengths (batch,) and response lengths (batch, n) of one step (`LengthModel.sample_groups`),
     scaled by the step's drift factor; responses already at the cap stay there, the others are clipped to it."""
     prompts, responses = model.sample_groups(rng, spec.batch, spec.n, spec.max_response_len)
@@ -209,7 +209,7 @@ def synthesize(model: LengthModel, spec: WorkloadSpec, out_dir: str | Path) -> S
         if spec.multiturn and (model.multiturn or {}).get("sequence_models"):
             prompts = None
         else:
-            prompts, responses = _draw_step(model, spec, rng, step)
+            prompts, responses = draw_step(model, spec, rng, step)
         if spec.multiturn:
             path = out / f"multiturn_workload_step_{step}.jsonl"
             result.trajectories += _write_multiturn(path, step, spec, model, prompts, rng)

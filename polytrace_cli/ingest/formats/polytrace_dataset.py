@@ -14,6 +14,8 @@ both lists are kept as they are, rows past the shorter list carrying NULL for it
 
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 
@@ -21,15 +23,37 @@ import duckdb
 
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.jsonl import fits_sql, value_problem
 from polytrace_cli.ingest.registry import register
 
 _HEAD = re.compile(rb'^\s*\{\s*"\d+"\s*:\s*[\{\[]')
 
 
+def _lengths_fit_sql(side: str) -> str:
+    value = f"json_extract(t.obj, '$.{side}')"
+    return f"json_type(t.obj, '$.{side}') = 'ARRAY' AND {fits_sql(value, ['INTEGER'])}"
+
+
+def _list_problem(key: str, turns: list[str]) -> tuple[str, str]:
+    """(reason, code) for a step entry whose input/output lists are not lists of INTEGER lengths."""
+    for text in turns:
+        turn = json.loads(text) if text else None
+        if not isinstance(turn, dict):
+            return f"step {key}: expected an object with input and output lists", "type-error"
+        for side in ("input", "output"):
+            if not isinstance(turn.get(side), list):
+                return f"step {key}: {side} must be a list of integers", "type-error"
+        problem = value_problem(turn, {"input": ["INTEGER"], "output": ["INTEGER"]}, "")
+        if problem:
+            code, reason = problem
+            return f"step {key}: {reason.replace('field .', '')}", code
+    return f"step {key}: input and output must be lists of integers", "type-error"
+
+
 @register
 class DatasetJsonIngester(Ingester):
     name = "polytrace-dataset"
-    version = "1"
+    version = "2"
     framework = "polytrace"
     description = 'PolyTrace dataset JSON ({"step": {"input": [...], "output": [...]}}, single- or multi-turn)'
 
@@ -44,7 +68,8 @@ class DatasetJsonIngester(Ingester):
                 CREATE OR REPLACE TEMP TABLE entries AS
                 WITH doc AS (SELECT content::JSON AS j FROM read_text(?)),
                      keyed AS (SELECT unnest(json_keys(j)) AS key, j FROM doc)
-                SELECT row_number() OVER () AS position, key, try_cast(key AS INTEGER) AS step,
+                SELECT row_number() OVER () AS position, key,
+                       CASE WHEN regexp_full_match(trim(key), '-?[0-9]+') THEN try_cast(key AS INTEGER) END AS step,
                        json_extract(j, '$."' || key || '"') AS entry
                 FROM keyed
                 """,
@@ -53,12 +78,14 @@ class DatasetJsonIngester(Ingester):
         except duckdb.Error as error:
             raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}", "invalid-json") from None
         ctx.lines = con.execute("SELECT count(*) FROM entries").fetchall()[0][0]
+        # Lengths must be whole numbers an INTEGER holds (the rule of every JSON trace), else the entry is rejected.
+        fits = " AND ".join(_lengths_fit_sql(side) for side in ("input", "output"))
         con.execute(
             """
             CREATE OR REPLACE TEMP TABLE turn_lists AS
             SELECT position, step, key, t.turn, t.obj,
-                   try_cast(json_extract(t.obj, '$.input') AS BIGINT[]) AS input,
-                   try_cast(json_extract(t.obj, '$.output') AS BIGINT[]) AS output
+                   CASE WHEN FITS THEN json_transform(json_extract(t.obj, '$.input'), '["BIGINT"]') END AS input,
+                   CASE WHEN FITS THEN json_transform(json_extract(t.obj, '$.output'), '["BIGINT"]') END AS output
             FROM (
                 SELECT position, step, key,
                        CASE WHEN json_type(entry) = 'ARRAY'
@@ -68,23 +95,26 @@ class DatasetJsonIngester(Ingester):
                        json_type(entry) = 'ARRAY' AS multiturn
                 FROM entries
             ), unnest(per_turn) AS u(t)
-            """
+            """.replace("FITS", fits)
         )
         bad = con.execute(
             """
             SELECT position, any_value(key), count(*) FILTER (WHERE input IS NULL OR output IS NULL) AS broken,
-                   bool_or(step IS NULL) AS bad_key
+                   bool_or(step IS NULL) AS bad_key,
+                   list(obj::VARCHAR ORDER BY turn) FILTER (WHERE input IS NULL OR output IS NULL) AS broken_turns
             FROM turn_lists GROUP BY position HAVING broken > 0 OR bad_key
             UNION ALL
-            SELECT position, key, 1, step IS NULL FROM entries
+            SELECT position, key, 1, step IS NULL, [] FROM entries
             WHERE position NOT IN (SELECT position FROM turn_lists)
             ORDER BY 1
             """
         ).fetchall()
-        for position, key, _broken, bad_key in bad:
-            reason = (f"step key {key!r} is not an integer" if bad_key
-                      else f"step {key}: input and output must be lists of integers")
-            ctx.reject(position, reason, key, code="type-error")
+        for position, key, _broken, bad_key, broken_turns in bad:
+            if bad_key:
+                reason, code = f"step key {key!r} is not an integer", "type-error"
+            else:
+                reason, code = _list_problem(key, broken_turns)
+            ctx.reject(position, reason, key, code=code)
         if bad:
             con.execute("DELETE FROM turn_lists WHERE position IN (SELECT unnest(?))", [[b[0] for b in bad]])
         multiturn = con.execute("SELECT coalesce(max(turn), 0) > 0 FROM turn_lists").fetchall()[0][0]

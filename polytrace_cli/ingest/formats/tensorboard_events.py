@@ -24,7 +24,7 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.arrow import ArrowStream
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.registry import register
 
 EXTRA_HINT = "reading TensorBoard event files needs the tensorboard package: pip install 'polytrace[tensorboard]'"
@@ -70,7 +70,7 @@ def _scalar_of(value, tensor_util) -> float | None:
 @register
 class TensorBoardEventsIngester(Ingester):
     name = "tensorboard-events"
-    version = "1"
+    version = "2"
     framework = None
     description = "TensorBoard event file (events.out.tfevents.*): scalar summaries, simple or tensor"
 
@@ -101,6 +101,9 @@ class TensorBoardEventsIngester(Ingester):
                 ctx.reject(record_no, "event record is not a valid Event protobuf", None, code="unparsable-line")
                 continue
             kind = event.WhichOneof("what")
+            if kind == "summary" and not STEP_MIN <= event.step <= STEP_MAX:
+                ctx.reject(record_no, f"step {event.step} is outside the step range", None, code="out-of-range")
+                continue
             if kind != "summary":
                 ctx.ignore("file header" if kind == "file_version" else f"{kind or 'empty'} event")
                 continue

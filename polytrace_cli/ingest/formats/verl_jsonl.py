@@ -26,13 +26,11 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
-# Steps are stored as INTEGER where samples join them; a step beyond that range is rejected.
-STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
 _BARE_NONFINITE = r"([:\[,]\s*)(-?Infinity|NaN)(\s*[,}\]])"
 _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')

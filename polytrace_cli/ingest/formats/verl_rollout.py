@@ -73,6 +73,11 @@ class VerlRolloutIngester(Ingester):
         first = next((line for line in head.split(b"\n") if line.strip()), b"")
         return first.lstrip().startswith(b"{") and b'"input"' in first and b'"output"' in first
 
+    def read_options(self) -> str:
+        if _tokenizer is None:
+            return f"characters/{CHARS_PER_TOKEN}"
+        return f"tokenizer={getattr(_tokenizer, 'name_or_path', None) or type(_tokenizer).__name__}"
+
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
         records = load_records(ctx, _SPEC, required=("input", "output"),

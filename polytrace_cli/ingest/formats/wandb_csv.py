@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.registry import register
 
@@ -48,7 +48,7 @@ def split_columns(columns: list[str]) -> tuple[str, dict[str, str], list[str]]:
 @register
 class WandbCsvIngester(Ingester):
     name = "wandb-csv"
-    version = "1"
+    version = "2"
     framework = None
     description = "CSV exported from the wandb UI (Step column, one column per key, __MIN/__MAX dropped)"
 
@@ -85,18 +85,19 @@ class WandbCsvIngester(Ingester):
                 UNPIVOT (SELECT row_no, {_ident(step_column)} AS step_text, {value_columns} FROM wandb_csv)
                 ON {value_columns} INTO NAME col VALUE cell
             )
-            SELECT row_no, TRY_CAST(TRY_CAST(step_text AS DOUBLE) AS BIGINT) AS step, m.key,
+            SELECT row_no, {step_sql("step_text")} AS step, m.key,
                    TRY_CAST(cell AS DOUBLE) AS value,
                    CASE WHEN TRY_CAST(cell AS DOUBLE) IS NULL THEN cell END AS text_value
             FROM cells JOIN (VALUES {mapping}) AS m(col, key) USING (col)
             WHERE trim(cell) != ''
             """
         )
-        for row_no, step_text in con.execute(
-            f"SELECT row_no, {_ident(step_column)} FROM wandb_csv"
-            f" WHERE TRY_CAST(TRY_CAST({_ident(step_column)} AS DOUBLE) AS BIGINT) IS NULL ORDER BY row_no"
+        for row_no, step_text, code in con.execute(
+            f"SELECT row_no, {_ident(step_column)}, {step_problem_sql(_ident(step_column))} FROM wandb_csv"
+            f" WHERE {step_sql(_ident(step_column))} IS NULL ORDER BY row_no"
         ).fetchall():
-            ctx.reject(row_no + 1, f"{step_column} is not an integer: {step_text!r}", step_text, code="type-error")
+            what = "is outside the step range" if code == "out-of-range" else "is not an integer"
+            ctx.reject(row_no + 1, f"{step_column} {what}: {step_text!r}", step_text, code=code)
         with_values = con.execute(
             "SELECT count(DISTINCT row_no) FROM wandb_csv_cells WHERE step IS NOT NULL").fetchall()[0][0]
         ctx.stored = with_values
@@ -107,7 +108,7 @@ class WandbCsvIngester(Ingester):
             f"""
             INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
             WITH steps AS (
-                SELECT row_no, TRY_CAST(TRY_CAST({_ident(step_column)} AS DOUBLE) AS BIGINT) AS step
+                SELECT row_no, {step_sql(_ident(step_column))} AS step
                 FROM wandb_csv
             ), went_back AS (
                 SELECT row_no, coalesce(step < lag(step) OVER (ORDER BY row_no), false)::INTEGER AS back

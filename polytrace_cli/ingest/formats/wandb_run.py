@@ -28,9 +28,7 @@ from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, metric_key
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.lazy import lazy_module
 
-yaml = lazy_module("yaml")
 
 # Meta field -> dotted config paths to try, per framework, first present wins.
 VERL_FIELDS = {
@@ -127,6 +125,8 @@ class WandbConfigIngester(Ingester):
         return path.name == "config.yaml" and (b"wandb_version" in head or b"_wandb:" in head)
 
     def load(self, ctx: FileContext) -> None:
+        import yaml
+
         try:
             document = yaml.safe_load(ctx.path.read_text(encoding="utf-8", errors="replace"))
         except yaml.YAMLError as error:

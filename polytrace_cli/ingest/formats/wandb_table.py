@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.registry import register
 
 SNAPSHOT_NAME = re.compile(r"^(?P<key>.+)_(?P<step>\d+)_(?P<hash>[0-9a-f]+)\.table\.json$")
@@ -86,7 +86,7 @@ def generation_pairs(columns: list) -> list[tuple[int, int, int, int]]:
 @register
 class WandbTableIngester(Ingester):
     name = "wandb-table"
-    version = "1"
+    version = "2"
     framework = None
     description = "wandb media table (*.table.json): logged generations as samples with estimated lengths"
 
@@ -105,32 +105,38 @@ class WandbTableIngester(Ingester):
         names = [str(c) for c in columns]
         match = SNAPSHOT_NAME.match(ctx.path.name)
         file_step = int(match["step"]) if match else None
-        step_sql = (f"TRY_CAST(TRY_CAST(json_extract_string(row, '$[{names.index('step')}]') AS DOUBLE) AS BIGINT)"
-                    if "step" in names else "?::BIGINT")
+        if "step" in names:
+            step_text = f"json_extract_string(row, '$[{names.index('step')}]')"
+        else:  # the file name's step: digits only (SNAPSHOT_NAME), safe to write into the SQL
+            step_text = "NULL::VARCHAR" if file_step is None else f"'{file_step}'"
         table_key = ctx.path.name.split("_")[0] if not match else match["key"]
         media_parts = ctx.path.parent.parts
         if "table" in media_parts:
             media_parts = media_parts[len(media_parts) - media_parts[::-1].index("table"):]
         validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
         con = ctx.con
-        params = [str(ctx.path)] + ([] if "step" in names else [file_step])
+        params = [str(ctx.path)]
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
             WITH doc AS (SELECT content::JSON AS j FROM read_text(?)),
                  rows AS (SELECT i + 1 AS row_no, json_extract(j, '$.data[' || i || ']') AS row
                           FROM doc, range(json_array_length(j, '$.data')::BIGINT) AS t(i))
-            SELECT row_no, row, {step_sql} AS step,
+            SELECT row_no, row, {step_sql(step_text)} AS step, {step_text} AS step_text,
+                   {step_problem_sql(step_text)} AS step_code,
                    json_array_length(row) = {len(columns)} AS complete
             FROM rows WHERE row_no > {repeated}
             """,
             params,
         )
-        for row_no, row, complete in con.execute(
-            "SELECT row_no, row::VARCHAR, complete FROM wandb_table_rows WHERE step IS NULL OR NOT complete"
-            " ORDER BY row_no"
+        for row_no, row, complete, text, code in con.execute(
+            "SELECT row_no, row::VARCHAR, complete, step_text, step_code FROM wandb_table_rows"
+            " WHERE step IS NULL OR NOT complete ORDER BY row_no"
         ).fetchall():
-            if complete:
+            if complete and text is not None:
+                what = "is outside the step range" if code == "out-of-range" else "is not an integer"
+                ctx.reject(row_no, f"step {what}: {text!r}", row, code=code)
+            elif complete:
                 ctx.reject(row_no, "row has no step (no step column and none in the file name)", row,
                            code="missing-field")
             else:
