@@ -37,8 +37,9 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
+from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info
 from polytrace_cli.model.fit import TRAINING_STAGES
+from polytrace_cli.simulate.backtest import fit_mask
 from polytrace_cli.simulate.lengths import StepLengths, step_lengths
 from polytrace_cli.simulate.uncertainty import saving_standard_error
 
@@ -443,7 +444,7 @@ def _context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext
     steps = timed.filter(~pl.col("validation_only"))
     if steps.is_empty():
         raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay")
-    mask = training_mask(steps)
+    mask = fit_mask(steps)
     if not mask.any():
         raise PolytraceError(f"run {info.name!r} has no steady training step to fit the model on")
     model = fit_model(steps, mask)
