@@ -40,7 +40,7 @@ from polytrace_cli.errors import PolytraceError
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info
 from polytrace_cli.model.fit import TRAINING_STAGES
 from polytrace_cli.simulate.backtest import fit_mask
-from polytrace_cli.simulate.lengths import StepLengths, step_lengths
+from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
 from polytrace_cli.simulate.uncertainty import saving_standard_error
 
 POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, max-response-len=N, "
@@ -378,6 +378,9 @@ def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, s
     lengths = _need_lengths(ctx)
     changed, unfinished = partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value))
     note = f"lengths from {lengths.basis}"
+    if lengths.basis == FITTED_BASIS:
+        note += (" (each step's F quantile then rests on the fitted shape, which a mean and a max do not pin "
+                 "down: per-sample traces make it exact)")
     if unfinished:
         note += f"; {unfinished} responses unfinished at the end are dropped"
     return ctx.plan.with_stages(ctx.predict(changed)), note
