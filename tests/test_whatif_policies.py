@@ -106,7 +106,8 @@ def _pipeline_log(path: Path) -> Path:
     for step, mean in enumerate(range(500, 1300, 100), start=1):
         gen = 10 + 1e-4 * 100 * mean
         lines.append(f"step:{step} - timing_s/gen:{gen} - timing_s/update_actor:6.0 - timing_s/step:{gen + 6.5} - "
-                     f"response_length/mean:{mean} - prompt_length/mean:100 - perf/total_num_tokens:{100 * (mean + 100)}")
+                     f"response_length/mean:{mean} - prompt_length/mean:100 - "
+                     f"perf/total_num_tokens:{100 * (mean + 100)}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
