@@ -7,16 +7,21 @@ and a summary row with basis 'no_step_metrics'.
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import polars as pl
 from scipy.stats import linregress, pearsonr, spearmanr
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
+from polytrace_cli.ingest import run_metadata
 
-STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic")
-# Timers that sit inside timing_s/step besides the stages; subtracted when explaining step time.
-EXTRA_TIMERS = ("testing", "save_checkpoint")
+# Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
+# which way each run logged them (`run_metadata.step_time_inclusion`).
+EXTRA_TIMERS = tuple(run_metadata.EXTRA_TIMERS)
+# Stage timers are printed with 3 decimals by old verl: a sum of a dozen may miss the step by this much.
+ROUNDING_TOLERANCE_S = 0.01
 OUTLIER_Z = 3.5
 MAD_SCALE = 1.4826
 MIN_POINTS = 3
@@ -29,19 +34,47 @@ _STEPS = """
 """
 
 
+def stages(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
+    """The stage names, in order: the stage columns of the `steps` view without their `_s`."""
+    return tuple(column.removesuffix("_s") for column in run_metadata.stage_columns(con))
+
+
+def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
+    """Per run: includes_testing, includes_checkpoint (true / false / null = cannot tell), whether
+    its step time counts the testing and checkpoint timers, from run meta
+    (`step_time_includes_testing` / `step_time_includes_checkpoint`) or, for a run ingested
+    without them, decided from its numbers by `run_metadata.step_time_inclusion`."""
+    rows = []
+    for run_id, name, meta in con.execute(
+            "SELECT run_id, name, meta FROM runs WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id", [run_ids]).fetchall():
+        meta = json.loads(meta or "{}")
+        keys = run_metadata.EXTRA_TIMERS.values()
+        decided = meta if all(key in meta for key in keys) else run_metadata.step_time_inclusion(con, run_id)
+        rows.append((name, decided.get("step_time_includes_testing"), decided.get("step_time_includes_checkpoint")))
+    return pl.DataFrame(rows, schema={"run": pl.String, "includes_testing": pl.Boolean,
+                                      "includes_checkpoint": pl.Boolean}, orient="row")
+
+
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per (run, segment, step), F4: each stage's seconds (`<stage>_s`), step_s, testing_s,
-    save_checkpoint_s, stage_sum_s = Σ of the logged stage and extra timers,
-    unexplained_s = step_s − stage_sum_s, the response-length aggregates, and the reason flags
-    (testing, checkpoint, truncated_line, restart, validation_only)."""
-    stage_sum = " + ".join(f"coalesce({name}_s, 0)" for name in (*STAGES, *EXTRA_TIMERS))
-    stage_columns = ", ".join(f"{name}_s" for name in (*STAGES, *EXTRA_TIMERS))
-    return frame(
+    save_checkpoint_s, stage_sum_s = Σ stage timers + the extra timers (testing, checkpoint) that
+    the run's step time includes (`step_time_inclusion`), unexplained_s = step_s − stage_sum_s,
+    the response-length aggregates, and the reason flags (testing, checkpoint, truncated_line,
+    restart, validation_only).
+
+    unexplained_s is null where it cannot be told: the step holds an extra timer whose inclusion
+    is unknown, or the timers exceed the step time by more than the rounding tolerance (then
+    timers_exceed_step is true); a shortfall within the tolerance counts as 0. It is never negative.
+    """
+    names = stages(con)
+    stage_sum = " + ".join(f"coalesce({name}_s, 0)" for name in names) or "0"
+    stage_columns = ", ".join(f"{name}_s" for name in (*names, *EXTRA_TIMERS))
+    detail = frame(
         con,
         f"""
         WITH s AS ({_STEPS.format(steps=steps.sql('st.step'))})
         SELECT run, segment::BIGINT AS segment, step::BIGINT AS step, {stage_columns}, step_s,
-               {stage_sum} AS stage_sum_s, step_s - ({stage_sum}) AS unexplained_s,
+               {stage_sum} AS stages_only_s,
                response_length_mean, response_length_max,
                has_testing AS testing, has_checkpoint AS checkpoint, truncated_line,
                first_after_restart OR list_has_any(flags, ['restart', 'resumed']) AS restart,
@@ -51,15 +84,36 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         """,
         [run_ids],
     )
+    decided = step_time_inclusion(con, run_ids)
+    detail = detail.join(decided, on="run", how="left")
+
+    def counted(timer: str, includes: str) -> pl.Expr:
+        seconds = pl.col(f"{timer}_s")
+        return (pl.when(seconds.is_null() | (seconds == 0)).then(pl.lit(0.0))
+                .when(pl.col(includes)).then(seconds)
+                .when(~pl.col(includes)).then(pl.lit(0.0)))
+
+    raw = pl.col("step_s") - pl.col("stage_sum_s")
+    detail = detail.with_columns(
+        stage_sum_s=pl.col("stages_only_s") + counted("testing", "includes_testing")
+        + counted("save_checkpoint", "includes_checkpoint")
+    ).with_columns(
+        unexplained_s=pl.when(raw < -ROUNDING_TOLERANCE_S).then(None).when(raw < 0).then(pl.lit(0.0)).otherwise(raw),
+        timers_exceed_step=(raw < -ROUNDING_TOLERANCE_S).fill_null(False),
+    )
+    ordered = ["run", "segment", "step", *(f"{name}_s" for name in (*names, *EXTRA_TIMERS)), "step_s",
+               "stage_sum_s", "unexplained_s", "timers_exceed_step", "response_length_mean", "response_length_max",
+               "testing", "checkpoint", "truncated_line", "restart", "validation_only"]
+    return detail.select(ordered)
 
 
 def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
-    """Per run × stage (the eight stages and 'step') over the steps that logged the stage:
+    """Per run × stage (the `steps` view's stages and 'step') over the steps that logged the stage:
     mean_s, std_s (sample), cv = std/mean, min_s, max_s, max_over_min = max/min,
     p95_over_p50 = p95/p50 (linear quantiles), and share = Σ stage / Σ step_s over the steps with
     a step time (a stage missing in such a step counts 0; null when no step logs a step time)."""
-    value_columns = ", ".join(f"{name}_s" for name in (*STAGES, "step"))
-    order = ", ".join(f"'{name}'" for name in (*STAGES, "step"))
+    value_columns = ", ".join(f"{name}_s" for name in (*stages(con), "step"))
+    order = ", ".join(f"'{name}'" for name in (*stages(con), "step"))
     return frame(
         con,
         f"""
@@ -162,7 +216,8 @@ SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, STAGE: pl.String, "steps": pl.Int64, "mean_s": pl.Float64,
     "std_s": pl.Float64, CV: pl.Float64, "min_s": pl.Float64, "max_s": pl.Float64,
     "max_over_min": pl.Float64, "p95_over_p50": pl.Float64, "share": pl.Float64,
-    "mean_unexplained_s": pl.Float64, "outlier_steps": pl.Int64,
+    "mean_unexplained_s": pl.Float64, "step_includes_testing": pl.Boolean, "step_includes_checkpoint": pl.Boolean,
+    "outlier_steps": pl.Int64,
     "step_vs_max_len_pearson": pl.Float64, "step_vs_max_len_spearman": pl.Float64,
     "gen_vs_max_len_pearson": pl.Float64, "gen_vs_max_len_spearman": pl.Float64,
     "step_vs_mean_len_pearson": pl.Float64, "gen_vs_mean_len_pearson": pl.Float64,
@@ -172,7 +227,8 @@ SUMMARY_COLUMNS = {
 @register("stages", "Stage times (mean, CV, max/min, p95/p50, share), unexplained time, outlier steps, time vs length")
 def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """One row per run × stage with the `stage_stats` columns, plus run-level columns repeated on
-    each row: mean_unexplained_s (mean over steps of step_s − Σ timers), outlier_steps (robust
+    each row: mean_unexplained_s (mean over steps of `per_step`'s unexplained_s, never negative),
+    step_includes_testing / step_includes_checkpoint (`step_time_inclusion`), outlier_steps (robust
     z > 3.5) and the Pearson/Spearman correlations of step and gen time with max and mean response
     length. basis 'step_aggregates'; a run without step metrics gets one row with basis
     'no_step_metrics' and no numbers."""
@@ -198,6 +254,9 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     measured = (
         stats.with_columns(basis=pl.lit("step_aggregates"))
         .join(unexplained, on="run", how="left")
+        .join(step_time_inclusion(con, run_ids).rename({"includes_testing": "step_includes_testing",
+                                                        "includes_checkpoint": "step_includes_checkpoint"}),
+              on="run", how="left")
         .join(outlier_counts, on="run", how="left")
         .join(wide, on="run", how="left")
     )

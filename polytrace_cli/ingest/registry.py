@@ -48,15 +48,27 @@ def read_head(path: Path) -> bytes:
 
 
 def is_binary(head: bytes) -> bool:
-    """A NUL byte, or text that is not UTF-8, in the first bytes marks a binary file."""
-    if b"\x00" in head:
-        return True
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as error:
-        # A multi-byte character cut by the sniff window is not binary.
-        return error.start < len(head) - 4
-    return False
+    """True when clean text lines hold less than half of the first bytes.
+
+    A clean line holds no NUL byte and decodes as UTF-8 (the last line may end in a multi-byte
+    character cut by the sniff window). A text log with a few bad lines (a zero-filled block left
+    by a crash, a stray byte that is not UTF-8) stays text; each bad line is the ingester's to
+    reject.
+    """
+    if not head:
+        return False
+    lines = head.split(b"\n")
+    clean = 0
+    for index, line in enumerate(lines):
+        if b"\x00" in line:
+            continue
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            if index < len(lines) - 1 or error.start < len(line) - 4:
+                continue
+        clean += len(line) + 1
+    return clean < len(head) / 2
 
 
 def detect(path: Path, head: bytes) -> Ingester | None:

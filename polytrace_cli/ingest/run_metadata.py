@@ -7,6 +7,7 @@ non-null value).
 
 from __future__ import annotations
 
+import ast
 import re
 
 import duckdb
@@ -44,6 +45,15 @@ _CONFIG = re.compile(r"'(n_gpus_per_node|nnodes|max_response_length|max_prompt_l
 _THREE_DECIMALS = re.compile(r"^-?\d+\.\d{3}$")
 
 
+# `$MODEL_PATH`, `${MODEL_PATH}`, `${oc.env:X}`: a variable the log printed unexpanded, not a value.
+_SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
+
+
+def is_shell_variable(text: str) -> bool:
+    """True when a printed setting value holds an unexpanded shell or OmegaConf variable."""
+    return bool(_SHELL_VARIABLE.search(text))
+
+
 def _typed(text: str):
     if re.fullmatch(r"-?\d+", text):
         return int(text)
@@ -63,13 +73,82 @@ def verl_settings(lines: list[str]) -> dict:
     from_config: dict = {}
     for line in lines:
         for key, value in _OVERRIDE.findall(line):
-            if key in VERL_OVERRIDES:
+            if key in VERL_OVERRIDES and not is_shell_variable(value):
                 settings[VERL_OVERRIDES[key]] = _typed(value)
         for key, value in _CONFIG.findall(line):
             from_config[VERL_CONFIG_KEYS[key]] = int(value)
     for key, value in from_config.items():
         settings.setdefault(key, value)
     return settings
+
+
+# Settings read from the config dict verl prints at start (a pprint of the resolved OmegaConf
+# config): meta key -> path of keys in the dict. These win over command-line overrides, which a
+# launch script may echo before its variables are expanded.
+VERL_CONFIG_PATHS: dict[str, tuple[str, ...]] = {
+    "model": ("actor_rollout_ref", "model", "path"),
+    "adv_estimator": ("algorithm", "adv_estimator"),
+    "project_name": ("trainer", "project_name"),
+    "experiment_name": ("trainer", "experiment_name"),
+}
+# The first line of that pprint, once cleaned: a dict opening on one of verl's top-level keys.
+VERL_CONFIG_START = r"^\{'(?:actor_rollout_ref|algorithm|critic|data|reward_model|trainer)': "
+_CONFIG_BLOCK_MAX_LINES = 5000
+_STRING_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
+def verl_config_block(lines: list[str]) -> dict | None:
+    """The config dict verl pprints at start, from its cleaned lines starting at the dict's first
+    line: lines are taken until the brackets (outside string literals) balance, joined by newlines
+    (pprint splits long strings into adjacent literals) and read with `ast.literal_eval`.
+    None when the block never closes or is not a literal dict."""
+    depth, taken = 0, []
+    for line in lines[:_CONFIG_BLOCK_MAX_LINES]:
+        taken.append(line)
+        bare = _STRING_LITERAL.sub("", line)
+        depth += sum(bare.count(c) for c in "{[(") - sum(bare.count(c) for c in "}])")
+        if depth <= 0:
+            break
+    if depth:
+        return None
+    try:
+        value = ast.literal_eval("\n".join(taken))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+_CONFIG_SCALAR = re.compile(r"'(adv_estimator|project_name|experiment_name)':\s*'([^'\n]*)'")
+
+
+def verl_config_from_lines(lines: list[str]) -> dict:
+    """Meta keys from a printed verl config whose first line is `lines[0]`: read from the dict
+    when it parses (`verl_config_block`), else from the keys that name one setting wherever they
+    appear (`adv_estimator`, `project_name`, `experiment_name`) in the block's lines; the model
+    path is only taken from a parsed dict, since several sections have a `path`."""
+    config = verl_config_block(lines)
+    if config is not None:
+        return verl_config_settings(config)
+    found = {}
+    for line in lines[:_CONFIG_BLOCK_MAX_LINES]:
+        for key, value in _CONFIG_SCALAR.findall(line):
+            if value.strip() and not is_shell_variable(value):
+                found.setdefault(key, value)
+    return found
+
+
+def verl_config_settings(config: dict) -> dict:
+    """Meta keys (`VERL_CONFIG_PATHS`) found in a printed verl config dict; text values holding
+    an unexpanded variable are left out."""
+    found = {}
+    for meta_key, path in VERL_CONFIG_PATHS.items():
+        value = config
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) \
+                and not (isinstance(value, str) and (not value.strip() or is_shell_variable(value))):
+            found[meta_key] = value
+    return found
 
 
 # OpenRLHF command-line flags (`--n_samples_per_prompt 8` or `--n_samples_per_prompt=8`) and the meta
@@ -97,7 +176,8 @@ def openrlhf_settings(lines: list[str]) -> dict:
     settings: dict = {}
     for line in lines:
         for flag, value in _OPENRLHF_FLAG.findall(line):
-            settings[OPENRLHF_FLAGS[flag]] = _typed(value)
+            if not is_shell_variable(value):
+                settings[OPENRLHF_FLAGS[flag]] = _typed(value)
     per_node = settings.get("n_gpus_per_node")
     if isinstance(per_node, int):
         nodes = settings.get("nnodes") if isinstance(settings.get("nnodes"), int) else 1
@@ -155,3 +235,75 @@ def gpu_meta(settings: dict, from_throughput: int | None) -> dict:
         nodes = settings.get("nnodes") if isinstance(settings.get("nnodes"), int) else 1
         return {"n_gpus": per_node * nodes, "n_gpus_source": "trainer.nnodes * trainer.n_gpus_per_node"}
     return {}
+
+
+# Timers that verl may or may not count inside `timing_s/step`, depending on its version, and the
+# run meta key recording which way a run logged them.
+EXTRA_TIMERS = {"testing": "step_time_includes_testing", "save_checkpoint": "step_time_includes_checkpoint"}
+_NOT_STAGES = {"step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)}
+# Share of the voting steps that must agree before a run is decided.
+INCLUSION_AGREEMENT = 0.8
+
+
+def stage_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The stage columns of the `steps` view, in its order: its `*_s` columns other than step_s,
+    testing_s and save_checkpoint_s (the view's column list is the one source of them)."""
+    columns = [row[0] for row in con.execute("DESCRIBE steps").fetchall()]
+    return [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
+
+
+def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
+    """Whether a run's step time includes its testing and checkpoint timers, from its numbers.
+
+    For each extra timer X: residual = step_s − Σ stages on the steps with a step time;
+    baseline b = median residual over steps without either extra timer (0 when there are none),
+    spread = their interquartile range. A step with X > 0 (and not the other extra timer, when such
+    steps exist) votes 'included' when residual > b + X/2 (nearer b + X than b), provided X is
+    larger than twice the spread; else it abstains. The run is decided when at least 80% of the
+    voters agree; otherwise (or with no voter) the answer is None: cannot tell.
+
+    Returns {'step_time_includes_testing': bool | None, 'step_time_includes_checkpoint': ...}.
+    """
+    stages = stage_columns(con)
+    stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
+    wanted = [*stages, "step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)]
+    # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
+    rows = con.execute(
+        f"""
+        WITH timers AS (
+            PIVOT (SELECT sm.segment, sm.step, a.canonical, sm.value
+                   FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+                   WHERE sm.run_id = ? AND a.canonical IN (SELECT unnest(?)))
+            ON canonical IN ({", ".join(f"'{column}'" for column in wanted)})
+            USING max(value) GROUP BY segment, step
+        )
+        SELECT step_s - ({stage_sum}) AS residual, coalesce(testing_s, 0) AS testing,
+               coalesce(save_checkpoint_s, 0) AS save_checkpoint
+        FROM timers WHERE step_s IS NOT NULL
+        """,
+        [run_id, wanted],
+    ).fetchall()
+    baseline = sorted(residual for residual, testing, checkpoint in rows if testing <= 0 and checkpoint <= 0)
+    centre = _quantile(baseline, 0.5) if baseline else 0.0
+    spread = _quantile(baseline, 0.75) - _quantile(baseline, 0.25) if baseline else 0.0
+    decided: dict = {}
+    for index, (timer, meta_key) in enumerate(EXTRA_TIMERS.items()):
+        with_timer = [(row[0], row[1 + index], row[2 - index]) for row in rows if row[1 + index] > 0]
+        alone = [row for row in with_timer if row[2] <= 0] or with_timer
+        votes = [residual > centre + seconds / 2 for residual, seconds, _ in alone if seconds > 2 * spread]
+        decided[meta_key] = None
+        if votes:
+            share = sum(votes) / len(votes)
+            if share >= INCLUSION_AGREEMENT:
+                decided[meta_key] = True
+            elif share <= 1 - INCLUSION_AGREEMENT:
+                decided[meta_key] = False
+    return decided
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear-interpolation quantile of an ascending list."""
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

@@ -15,6 +15,9 @@ INSERT OR IGNORE INTO metric_aliases VALUES
     ('timing/save_checkpoint', 'save_checkpoint_s'),
     ('timing/step', 'step_s');
 
+-- verl 0.8 times the weight sync to the rollout engine as a stage of its own (~12 s a step).
+INSERT OR IGNORE INTO metric_aliases VALUES ('timing_s/update_weights', 'update_weights_s');
+
 -- One row per (run, segment, step) of a step-aggregate log. The canonical columns are the one
 -- list in the PIVOT below (a view cannot read its columns from a table): adding a column is one
 -- `metric_aliases` row for each key feeding it plus its name in that list. Analyses read the stage
@@ -35,7 +38,7 @@ WITH m AS (
     PIVOT (SELECT run_id, segment, step, canonical, value FROM m WHERE canonical IS NOT NULL)
     ON canonical IN (
         'gen_s', 'reward_s', 'old_log_prob_s', 'ref_s', 'values_s', 'adv_s', 'update_actor_s',
-        'update_critic_s', 'testing_s', 'save_checkpoint_s', 'step_s',
+        'update_critic_s', 'update_weights_s', 'testing_s', 'save_checkpoint_s', 'step_s',
         'response_length_mean', 'response_length_max', 'response_length_min',
         'prompt_length_mean', 'prompt_length_max', 'prompt_length_min',
         'clip_ratio', 'total_tokens', 'throughput'

@@ -22,9 +22,11 @@ reference and value forward passes, so it is kept under its own key and mapped t
 stage: mapping it would count generation twice. `timing/broadcast` (weight sync) likewise stays
 as it is.
 
-A step that goes backwards (a restarted job appending to the same log) starts a new segment.
-Every other line is counted under a named ignore rule; a metric line whose payload cannot be read
-is rejected with the reason.
+The console pipeline (`ingest/console`) reads, cleans (ANSI colours, Ray prefixes, repeat suffixes,
+progress-bar redraws) and classifies the lines, cuts segments and stores; this module is
+OpenRLHF's grammar in it. A step that goes backwards (a restarted job appending to the same log)
+starts a new segment. Every other line is counted under a named ignore rule; a metric line whose
+payload cannot be read is rejected with the reason.
 """
 
 from __future__ import annotations
@@ -37,15 +39,15 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
+from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
-from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
+from polytrace_cli.ingest.console.pipeline import store_parsed
 from polytrace_cli.ingest.registry import register
 
-ANSI = r"\x1b\[[0-9;?]*[A-Za-z]"
 GLOBAL_STEP = r"(?:✨\s*)?Global step (\d+):\s*(\{.*)"
 EVALUATION = r"Evaluation completed in ([0-9:.]+),\s*global_step (\d+),\s*eval_metrics:\s*(\{.*)"
-REPEATED_SUFFIX = r"\s*\[repeated \d+x across cluster\]\s*$"
 TQDM_BAR = r"\d+%\||\|\s*\d+/\d+\s*\[|\d+/\d+\s*\[\d+:\d+"
 LOG_LINE = r"\b(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b|^\[\d{4}-\d\d-\d\d|^\s*Traceback|^\s*File \""
 
@@ -136,20 +138,6 @@ def _duration_seconds(text: str) -> float | None:
         return None
 
 
-def read_lines(path: Path) -> pl.DataFrame:
-    """The file as a frame of (line_no, raw, clean): ANSI codes, `\\r` redraws and Ray's repeat
-    suffix removed from `clean` (the text after the last carriage return is kept)."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    frame = pl.DataFrame({"raw": lines}, schema={"raw": pl.String}).with_row_index("line_no", offset=1)
-    return frame.with_columns(
-        clean=pl.col("raw").str.replace_all(ANSI, "").str.replace_all(r"\r+$", "")
-        .str.replace(r"^.*\r", "").str.replace(REPEATED_SUFFIX, "")
-    )
-
-
 @register
 class OpenRLHFConsoleIngester(Ingester):
     name = "openrlhf-console"
@@ -166,21 +154,36 @@ class OpenRLHFConsoleIngester(Ingester):
         return b"openrlhf" in head.lower() and bool(_SNIFF_TQDM.search(head))
 
     def load(self, ctx: FileContext) -> None:
-        frame = read_lines(ctx.path)
-        ctx.lines = frame.height
-        metric_lines = frame.filter(pl.col("clean").str.contains("Global step|Evaluation completed")).with_columns(
-            g_step=pl.col("clean").str.extract(GLOBAL_STEP, 1),
-            g_payload=pl.col("clean").str.extract(GLOBAL_STEP, 2),
-            e_time=pl.col("clean").str.extract(EVALUATION, 1),
-            e_step=pl.col("clean").str.extract(EVALUATION, 2),
-            e_payload=pl.col("clean").str.extract(EVALUATION, 3),
+        load_console(ctx, OpenRLHFGrammar())
+
+
+class OpenRLHFGrammar(ConsoleGrammar):
+    """OpenRLHF's metric lines: `Global step N: {dict}` and evaluation lines, read with
+    `_literal_payload`; without them, the tqdm postfixes of completed training bars."""
+
+    anchor = "✨"
+    noise = NoiseRules(
+        (("blank line", r"^\s*$"), ("tqdm progress bar", TQDM_BAR), ("log or traceback line", LOG_LINE)),
+        default="other console output",
+    )
+    reclaimable = "tqdm progress bar"
+
+    def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
+        return pl.when(cleaned.str.contains(GLOBAL_STEP) | cleaned.str.contains(EVALUATION)).then(pl.lit("metric"))
+
+    def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
+        """One row per flattened payload item; evaluation keys under `eval/` plus `eval/duration_s`.
+        A payload that is not a dict literal is rejected; an empty dict is ignored ('empty metrics dict')."""
+        metric_lines = lines.filter(pl.col("kind") == "metric").select(
+            "line_no", "raw",
+            g_step=pl.col("c").str.extract(GLOBAL_STEP, 1),
+            g_payload=pl.col("c").str.extract(GLOBAL_STEP, 2),
+            e_time=pl.col("c").str.extract(EVALUATION, 1),
+            e_step=pl.col("c").str.extract(EVALUATION, 2),
+            e_payload=pl.col("c").str.extract(EVALUATION, 3),
         )
-        metric_lines = metric_lines.filter(pl.col("g_step").is_not_null() | pl.col("e_step").is_not_null())
-        records: list[tuple[int, int, str, float | None, str | None]] = []
-        parsed_lines: list[tuple[int, int]] = []
-        for line_no, raw, g_step, g_payload, e_time, e_step, e_payload in metric_lines.select(
-            "line_no", "raw", "g_step", "g_payload", "e_time", "e_step", "e_payload"
-        ).iter_rows():
+        records: list[tuple] = []
+        for line_no, raw, g_step, g_payload, e_time, e_step, e_payload in metric_lines.iter_rows():
             is_eval = g_step is None
             payload = e_payload if is_eval else g_payload
             step = int(e_step if is_eval else g_step)
@@ -197,44 +200,23 @@ class OpenRLHFConsoleIngester(Ingester):
             if is_eval:
                 rows = [(k if not k.startswith("eval/eval/") else k[5:], v, t) for k, v, t in rows]
                 rows.append(("eval/duration_s", _duration_seconds(e_time), None))
-            records.extend((line_no, step, key, val, text) for key, val, text in rows)
-            parsed_lines.append((line_no, step))
-        self._count_ignored(ctx, frame.join(metric_lines.select("line_no"), on="line_no", how="anti"))
-        if parsed_lines:
-            ctx.format_version = "0.9" if any(k.startswith("timing/") for _, _, k, _, _ in records) else "0.8"
-            self._store(ctx, records, parsed_lines, flag=None)
-            ctx.stored = len(parsed_lines)
-        else:
-            self._tqdm_fallback(ctx, frame)
-        if not ctx.stored:
-            ctx.note("zero steps: no Global step, evaluation or tqdm metric lines")
-        settings_lines = frame.filter(pl.col("clean").str.contains(run_metadata.OPENRLHF_SETTINGS_LINE))
-        version = {"0.9": ">=0.9", "0.8": "0.8"}.get(ctx.format_version or "", "<0.8" if ctx.stored else None)
-        ctx.run_meta.update({"framework": "openrlhf", "openrlhf_version": version, "value_precision": None,
-                             **run_metadata.openrlhf_settings(settings_lines.get_column("clean").to_list())})
+            if not rows:
+                ctx.ignore("empty metrics dict")
+            records.extend((line_no, step, index, key, val, text, None)
+                           for index, (key, val, text) in enumerate(rows, start=1))
+        if records:
+            ctx.format_version = "0.9" if any(record[3].startswith("timing/") for record in records) else "0.8"
+        return ParsedMetrics.from_rows(records)
 
-    @staticmethod
-    def _count_ignored(ctx: FileContext, rest: pl.DataFrame) -> None:
-        """Count the non-metric lines under their rules (tqdm lines may be reclaimed later)."""
-        rule = (
-            pl.when(pl.col("clean").str.strip_chars() == "").then(pl.lit("blank line"))
-            .when(pl.col("clean").str.contains(TQDM_BAR)).then(pl.lit("tqdm progress bar"))
-            .when(pl.col("clean").str.contains(LOG_LINE)).then(pl.lit("log or traceback line"))
-            .otherwise(pl.lit("other console output"))
-        )
-        counts = rest.select(rule.alias("rule")).group_by("rule").len()
-        for rule_name, count in counts.iter_rows():
-            ctx.ignore(rule_name, count)
-
-    def _tqdm_fallback(self, ctx: FileContext, frame: pl.DataFrame) -> None:
+    def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:
         """Steps from completed tqdm bars whose postfix carries the short metric keys."""
-        candidates = frame.filter(pl.col("raw").str.contains(r"[A-Za-z_]+=[-0-9.eE+naif]+"))
-        records: list[tuple[int, int, str, float | None, str | None]] = []
-        parsed_lines: list[tuple[int, int]] = []
+        candidates = lines.filter(pl.col("raw").str.contains(r"[A-Za-z_]+=[-0-9.eE+naif]+"))
+        records: list[tuple] = []
+        flags: list[tuple] = []
         step = 0
         for line_no, raw in candidates.select("line_no", "raw").iter_rows():
             completed = None
-            for segment in re.split(r"[\r\n]", re.sub(ANSI, "", raw)):
+            for segment in re.split(r"[\r\n]", re.sub(cl.ANSI_PATTERN, "", raw)):
                 match = TQDM_POSTFIX.search(segment)
                 if not match or match.group(1) != match.group(2):
                     continue
@@ -244,60 +226,25 @@ class OpenRLHFConsoleIngester(Ingester):
             if completed is None:
                 continue
             step += 1
-            for short, text in completed.items():
+            for index, (short, text) in enumerate(completed.items(), start=1):
                 try:
                     value = float(text)
                 except ValueError:
                     value = None
-                records.append((line_no, step, TQDM_KEYS[short], value, None if value is not None else text))
-            parsed_lines.append((line_no, step))
-        if not parsed_lines:
-            return
+                records.append((line_no, step, index, TQDM_KEYS[short], value, None if value is not None else text, text))
+            flags.append((line_no, step, "tqdm_estimate", "values of the last tqdm update"))
+        if not step:
+            return 0
         ctx.format_version = "tqdm"
-        # These lines were counted as ignored tqdm lines; they now produce rows.
-        ctx.ignored["tqdm progress bar"] -= len(parsed_lines)
-        if not ctx.ignored["tqdm progress bar"]:
-            del ctx.ignored["tqdm progress bar"]
-        self._store(ctx, records, parsed_lines, flag="tqdm_estimate")
-        ctx.stored = len(parsed_lines)
+        stored = store_parsed(ctx, ParsedMetrics.from_rows(records, flags))
         ctx.note(f"{step} step(s) estimated from tqdm postfixes (no Global step lines)")
+        return stored
 
-    @staticmethod
-    def _store(ctx: FileContext, records: list, parsed_lines: list[tuple[int, int]], flag: str | None) -> None:
-        lines = pl.DataFrame(parsed_lines, schema={"line_no": pl.Int64, "step": pl.Int64}, orient="row")
-        lines = lines.sort("line_no").with_columns(
-            segment=(pl.col("step") < pl.col("step").shift(1)).fill_null(False).cum_sum().cast(pl.Int32)
-        )
-        metrics = pl.DataFrame(
-            records,
-            schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String, "value": pl.Float64,
-                    "text_value": pl.String},
-            orient="row",
-            strict=False,
-        ).join(lines.select("line_no", "segment"), on="line_no")
-        restarts = lines.filter(pl.col("segment") > pl.col("segment").shift(1).fill_null(0))
-        con = ctx.con
-        con.register("_openrlhf_metrics", ArrowStream(metrics))
-        con.register("_openrlhf_restarts", ArrowStream(restarts))
-        try:
-            ctx.insert(
-                "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)"
-                " SELECT ?, segment, step, key, value, text_value, ?, line_no FROM _openrlhf_metrics",
-                [ctx.run_id, ctx.file_id],
-            )
-            ctx.insert(
-                "INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)"
-                " SELECT ?, segment, step, 'restart', 'step went backwards: new segment', ?, line_no"
-                " FROM _openrlhf_restarts",
-                [ctx.run_id, ctx.file_id],
-            )
-            if flag:
-                ctx.insert(
-                    "INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)"
-                    " SELECT DISTINCT ?, segment, step, ?, 'values of the last tqdm update', ?, line_no"
-                    " FROM _openrlhf_metrics",
-                    [ctx.run_id, flag, ctx.file_id],
-                )
-        finally:
-            con.unregister("_openrlhf_metrics")
-            con.unregister("_openrlhf_restarts")
+    def zero_steps(self, ctx: FileContext, lines: pl.DataFrame) -> None:
+        ctx.note("zero steps: no Global step, evaluation or tqdm metric lines")
+
+    def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
+        settings_lines = lines.filter(pl.col("c").str.contains(run_metadata.OPENRLHF_SETTINGS_LINE))
+        version = {"0.9": ">=0.9", "0.8": "0.8"}.get(ctx.format_version or "", "<0.8" if ctx.stored else None)
+        ctx.run_meta.update({"framework": "openrlhf", "openrlhf_version": version, "value_precision": None,
+                             **run_metadata.openrlhf_settings(settings_lines.get_column("c").to_list())})

@@ -2,40 +2,45 @@
 
     step:{N} - {key}:{value} - {key}:{value} - ...
 
-How a file is read (FORMATS.md, section 1):
+The console pipeline (`ingest/console`) reads, cleans and classifies the lines, counts noise,
+cuts segments and stores; this module is verl's grammar in it (FORMATS.md, section 1):
 
-- Bulk path, in polars: the whole file is split into numbered lines; each line is cleaned (ANSI
-  codes, carriage returns, Ray prefix and repeat suffix; `console_lines.clean_lines`); a
-  cleaned line starting with `step:` is a metric line, split on " - " and then on the first ":";
-  values are unwrapped (`np.float64(..)`) and cast, non-numbers kept as text.
+- Bulk path, in polars: a cleaned line starting with `step:` is a metric line, split on " - " and
+  then on the first ":"; values are unwrapped (`np.float64(..)`) and cast, non-numbers kept as text.
 - Dirty lines go to Python one by one: metric lines with a pair that is not `key:value`, a step
   that is not an integer, or exactly `WANDB_LINE_LIMIT` characters (wandb's console capture cuts
   lines there: the complete pairs are kept, the last piece is dropped as a fragment since it may
   be cut, and the step is flagged `truncated_line`). Lines that still do not parse are rejected.
 - Every other line is ignored under a named rule (`console_lines.NOISE_RULES`, plus `ray-log` for
   other lines a Ray actor printed).
-- A step lower than or equal to the previous one starts a new segment (a restarted job in the
-  same file), flagged `restart`; a log whose first step is above 1 is flagged `resumed`.
+- A step going back, or printed again with a key it already had, starts a new segment (a
+  restarted job in the same file), flagged `restart`; a validation line and the training line of
+  the same step are one step; a log whose first step is above 1 is flagged `resumed`.
 - With no metric line at all, the `Training Progress` tqdm bar is the fallback source of step
   times (`tqdm/elapsed_s`, `tqdm/s_per_it`, `tqdm/step_s`, flag `tqdm_estimate`); with neither,
   the run has zero steps and a note says how the log ends.
+- Run meta: settings from Hydra overrides and the config dict printed at start, the version class
+  and value precision, GPUs, whether a step total is logged and whether it includes the testing
+  and checkpoint timers.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
-from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest import run_metadata
+from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
-from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.segments import insert_step_flags, line_segments
+from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema
+from polytrace_cli.ingest.console.pipeline import in_slices
+from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
+from polytrace_cli.ingest.registry import is_binary, register
 
 WANDB_LINE_LIMIT = 4096
 METRIC_LINE = re.compile(r"^step:(-?\d+)(?: - (.*))?$", re.DOTALL)
@@ -94,7 +99,7 @@ def looks_like_verl_console(head: bytes) -> str | None:
     markers (a Ray `TaskRunner`/`main_task` actor, `actor_rollout_ref.` overrides, verl imports)
     and none of another framework's.
     """
-    text = head.decode("utf-8", errors="replace")
+    text = head.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
     for line in text.split("\n"):
         if "step:" in line and _SNIFF_METRIC.match(cl.clean_line(line)):
             return "metric line"
@@ -111,7 +116,7 @@ class VerlConsoleIngester(Ingester):
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        if b"\x00" in head[:4096]:
+        if is_binary(head):
             return False
         if b"step:" in head and looks_like_verl_console(head) == "metric line":
             return True
@@ -119,146 +124,39 @@ class VerlConsoleIngester(Ingester):
         return path.suffix in (".log", ".txt", ".out") and looks_like_verl_console(head) is not None
 
     def load(self, ctx: FileContext) -> None:
-        con = ctx.con
-        lines = _classify(_read_lines(ctx.path))
-        ctx.lines = lines.height
-        # tqdm lines are counted below: with no metric line they are the fallback source of steps.
-        noise = lines.filter(~pl.col("kind").is_in(["metric", "dirty", "tqdm"])).group_by("kind").len()
-        for rule, count in noise.iter_rows():
-            ctx.ignore(rule, count)
+        load_console(ctx, VerlGrammar())
+
+
+class VerlGrammar(ConsoleGrammar):
+    """verl's metric lines: `step:N - key:value - ...`, parsed in bulk, dirty lines in Python."""
+
+    anchor = "step:"
+    reclaimable = "tqdm"
+
+    def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
+        metric_like = cleaned.str.starts_with("step:")
+        well_formed = cleaned.str.contains(r"^step:-?\d+ - \S") & (raw_chars != WANDB_LINE_LIMIT)
+        return pl.when(metric_like & well_formed).then(pl.lit("metric")).when(metric_like).then(pl.lit("dirty"))
+
+    def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         metrics, lines = _parse_metric_lines(lines)
         metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
-        segments = line_segments(metrics)
-        metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
-        con.register("console_metrics", ArrowStream(metrics))
-        con.register("console_segments", ArrowStream(segments))
-        con.register("console_flags", ArrowStream(flags))
-        try:
-            metric_lines = metrics.get_column("line_no").n_unique()
-            tqdm_lines = lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw")
-            if metric_lines:
-                ctx.stored = metric_lines
-                _store_metrics(ctx)
-                ctx.ignore("tqdm", tqdm_lines.height)
-            else:
-                ctx.stored = _store_tqdm_estimates(ctx, tqdm_lines)
-                ctx.ignore("tqdm", tqdm_lines.height - ctx.stored)
-                if not ctx.stored:
-                    _note_zero_steps(ctx, lines)
-            _record_meta(ctx, lines, metric_lines)
-        finally:
-            for view in ("console_metrics", "console_segments", "console_flags"):
-                con.unregister(view)
+        return ParsedMetrics(metrics, flags)
 
+    def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:
+        return _store_tqdm_estimates(ctx, lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw"))
 
-def _read_lines(path: Path) -> pl.DataFrame:
-    """The file's lines, numbered from 1: columns line_no, raw.
+    def zero_steps(self, ctx: FileContext, lines: pl.DataFrame) -> None:
+        _note_zero_steps(ctx, lines)
 
-    Text that is not UTF-8 is decoded with replacement characters, so that its lines are still
-    counted and classified (a metric line with a bad byte in a key keeps the replaced key).
-    """
-    raw = _read_lines_polars(path)
-    if raw is None:
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = data.decode("utf-8", errors="replace")
-        parts = text.split("\n")
-        if parts[-1] == "":
-            parts.pop()  # a final newline ends the last line; it does not start another
-        raw = pl.Series("raw", parts, dtype=pl.String)
-    return pl.DataFrame({"raw": raw}).with_row_index("line_no", offset=1).with_columns(pl.col("line_no").cast(pl.Int64))
-
-
-def _read_lines_polars(path: Path) -> pl.Series | None:
-    """The file's lines split by polars' CSV reader (memory-mapped, in parallel, no Python string
-    per line), or None when they might differ from `str.split("\\n")` of the decoded text.
-
-    They are the same when the lines hold every byte of the file: their bytes plus one per newline
-    add up to its size (the reader drops a CR before a newline or at the end, and a byte-order
-    mark) and no replacement character appears (a bad byte was decoded, which changes sizes). A
-    NUL byte (the reader's field separator here) gives an extra field: an error or lost bytes.
-    """
-    size = path.stat().st_size
-    if not size:
-        return None
-    try:
-        raw = pl.read_csv(path, has_header=False, separator="\x00", quote_char=None, new_columns=["raw"],
-                          infer_schema=False, encoding="utf8-lossy").get_column("raw").fill_null("")
-    except pl.exceptions.PolarsError:
-        return None
-    with open(path, "rb") as handle:
-        handle.seek(-1, 2)
-        newlines = raw.len() - (handle.read(1) != b"\n")
-    if raw.str.len_bytes().sum() + newlines != size or raw.str.contains("\ufffd", literal=True).any():
-        return None
-    return raw
-
-
-def _in_slices(frame: pl.DataFrame, build, then=None) -> pl.DataFrame:
-    """`build` (a LazyFrame -> LazyFrame step) over `frame` cut into one slice of rows per polars
-    thread, each slice computed and then passed to `then` (an eager DataFrame -> DataFrame step)
-    in a Python thread of its own (polars releases the GIL while it works), the results
-    concatenated in order. One string expression over one column runs on one thread; slices let
-    both cores of a small machine work on it without waiting for each other between steps."""
-    slices = max(1, min(pl.thread_pool_size(), frame.height // 1000))
-    size = -(-frame.height // slices) if frame.height else 1
-    starts = range(0, max(frame.height, 1), size)
-
-    def one(start: int) -> pl.DataFrame:
-        part = build(frame.lazy().slice(start, size)).collect()
-        return then(part) if then is not None else part
-
-    if len(starts) == 1:
-        return one(0)
-    with ThreadPoolExecutor(max_workers=len(starts)) as pool:
-        return pl.concat(list(pool.map(one, starts)))
-
-
-def _classify(lines: pl.DataFrame) -> pl.DataFrame:
-    """Adds raw_chars, c (the cleaned line) and kind: 'metric', 'dirty' or a noise rule."""
-    return _in_slices(lines, _classify_slice)
-
-
-def _classify_slice(lines: pl.LazyFrame) -> pl.LazyFrame:
-    lines = cl.clean_columns(lines, "raw", "c").with_columns(
-        # Only lines ending in CR pay for a stripped copy.
-        raw_chars=pl.coalesce(pl.when(pl.col("raw").str.ends_with("\r")).then(pl.col("raw")).str.strip_chars_end("\r"),
-                              pl.col("raw")).str.len_chars(),
-    ).select("line_no", "raw", "raw_chars", "c")
-    metric_like = pl.col("c").str.starts_with("step:")
-    well_formed = pl.col("c").str.contains(r"^step:-?\d+ - \S") & (pl.col("raw_chars") != WANDB_LINE_LIMIT)
-    # Noise rules only read non-metric lines: metric lines (most of the bytes) are blanked for them
-    # in a column of their own first (inside one expression the blanking is redone per rule).
-    ray = pl.col("raw").str.contains(r"^(?:\x1b\[[0-9;]*m)*\([A-Za-z_][\w.\-]* pid=\d+")
-    return (
-        lines.with_columns(_n=pl.when(metric_like).then(pl.lit("")).otherwise(pl.col("c")))
-        .with_columns(_noise=cl.noise_rule_expr(pl.col("_n")))
-        .with_columns(
-            kind=pl.when(metric_like & well_formed).then(pl.lit("metric"))
-            .when(metric_like).then(pl.lit("dirty"))
-            .when((pl.col("_noise") == "other") & ray).then(pl.lit("ray-log"))
-            .otherwise(pl.col("_noise"))
-        ).drop("_n", "_noise")
-    )
-
-
-def metric_schema() -> dict:
-    """Columns of the metric pairs a console log yields."""
-    return {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
-            "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
-
-
-def flag_schema() -> dict:
-    """Columns of the step flags a console log yields."""
-    return {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
+    def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
+        _record_meta(ctx, lines, metrics)
 
 
 def _parse_metric_lines(lines: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(metrics, lines): one row per pair of every well-formed metric line, and the lines with
     kind 'dirty' set on metric lines holding a pair that is not key:value (left to Python)."""
-    pairs = _in_slices(lines.filter(pl.col("kind") == "metric").select("line_no", "c"), _pairs,
+    pairs = in_slices(lines.filter(pl.col("kind") == "metric").select("line_no", "c"), _pairs,
                        lambda part: cl.scalar_columns(part, "raw_value"))
     bad = pairs.filter(pl.col("raw_value").is_null() | (pl.col("key") == "") | (pl.col("raw_value") == ""))
     bad_lines = bad.get_column("line_no").unique()
@@ -315,18 +213,6 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFr
         recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row")
         metrics = pl.concat([metrics, recovered]).sort("line_no", "pair_index")
     return metrics, pl.DataFrame(flags, schema=flag_schema(), orient="row")
-
-
-def _store_metrics(ctx: FileContext) -> None:
-    """step_metrics and step_flags rows; metrics are written in line and pair order as registered."""
-    ctx.insert(
-        """
-        INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
-        SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
-        """,
-        [ctx.run_id, ctx.file_id],
-    )
-    insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
 
 
 def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:
@@ -399,12 +285,23 @@ def _note_zero_steps(ctx: FileContext, lines: pl.DataFrame) -> None:
     ctx.note(f"zero steps: the log ends before step 1{ending}")
 
 
-def _step_time_logged(ctx: FileContext) -> dict:
+def _printed_config(lines: pl.DataFrame) -> dict:
+    """Settings from the last config dict verl printed at start (`run_metadata.verl_config_from_lines`)."""
+    cleaned = lines.get_column("c")
+    starts = lines.with_row_index("_row").filter(
+        pl.col("c").str.starts_with("{'") & pl.col("c").str.contains(run_metadata.VERL_CONFIG_START)
+    ).get_column("_row")
+    if not len(starts):
+        return {}
+    first = starts[-1]
+    return run_metadata.verl_config_from_lines(cleaned.slice(first, 5000).to_list())
+
+
+def _step_time_logged(ctx: FileContext, metrics: pl.DataFrame) -> dict:
     """`step_time_logged`: whether the log holds a step total (`timing_s/step`, or verl <= 0.1's
     `timing/step`). verl <= 0.1 logs `timing/<stage>` often without one; the stages are read and
     no step time is derived from them, since the stages do not cover the whole step."""
-    keys = {key for (key,) in ctx.con.execute(
-        "SELECT DISTINCT key FROM console_metrics WHERE key LIKE 'timing%'").fetchall()}
+    keys = set(metrics.filter(pl.col("key").str.starts_with("timing")).get_column("key").unique().to_list())
     logged = bool(keys & {"timing_s/step", "timing/step"})
     if not logged and any(key.startswith("timing/") for key in keys):
         ctx.note("verl <= 0.1 timers (timing/*) without a step total: stage seconds are read, "
@@ -412,7 +309,7 @@ def _step_time_logged(ctx: FileContext) -> dict:
     return {"step_time_logged": logged}
 
 
-def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> None:
+def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
     # A settings line holds '=' or "':" (VERL_SETTINGS_LINE); literal tests pick those before the regex.
     candidates = (
         lines.select("c")
@@ -420,17 +317,18 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metric_lines: int) -> No
         .filter(pl.col("c").str.contains(run_metadata.VERL_SETTINGS_LINE)).get_column("c")
     )
     settings = run_metadata.verl_settings(candidates.to_list())
+    settings.update(_printed_config(lines))
     meta = {"framework": "verl", **settings}
-    if metric_lines:
-        sample = ctx.con.execute(
-            "SELECT raw_value FROM console_metrics WHERE value IS NOT NULL AND text_value IS NULL"
-            " AND isfinite(value) LIMIT 5000").fetchall()
-        version, precision = run_metadata.verl_console_version([text for (text,) in sample])
+    if metrics.height:
+        sample = metrics.filter(pl.col("value").is_not_null() & pl.col("text_value").is_null()
+                                & pl.col("value").is_finite()).head(5000).get_column("raw_value")
+        version, precision = run_metadata.verl_console_version(sample.to_list())
         meta["verl_version"] = version
         meta["value_precision"] = precision
         ctx.format_version = {"<=0.4": "verl<=0.4 (.3f values)", ">=0.5": "verl>=0.5 (repr values)"}.get(version)
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
-        meta.update(_step_time_logged(ctx))
+        meta.update(_step_time_logged(ctx, metrics))
+        meta.update(run_metadata.step_time_inclusion(ctx.con, ctx.run_id))
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
     ctx.run_meta.update(meta)

@@ -1,0 +1,209 @@
+"""The steps every console format shares, and the grammar a format plugs into them.
+
+`load_console(ctx, grammar)`:
+
+1. read the file's lines (`reading.read_console_lines`);
+2. clean each line (`console_lines.clean_columns`: ANSI colours, Ray prefixes, the Ray repeat
+   suffix, progress-bar redraws, keeping the last carriage-return piece that starts with the
+   grammar's anchor) and classify it: the grammar's `metric_kind` says 'metric' (its bulk parse
+   reads it), 'dirty' (its line-by-line parse must look at it) or nothing; every other line gets
+   the name of its noise rule (`grammar.noise`);
+3. reject damaged text that is not a metric line (a NUL byte, bytes that are not UTF-8);
+4. count the noise lines as ignored, under their rule names;
+5. parse the metric lines (`grammar.parse`), which may reject lines and flag steps;
+6. cut segments (`segments.line_segments`: a step going back, or repeated with the same keys,
+   starts a new one) and store `step_metrics` and `step_flags`;
+7. with no metric line, let the grammar find steps elsewhere (`grammar.fallback`, e.g. progress
+   bars), reclaiming the ignored lines it stored;
+8. record run meta (`grammar.record_meta`).
+
+The runner then checks `lines = stored + ignored + rejected`. Bulk steps run in polars over
+slices of the file, one per polars thread (`in_slices`), so both cores of a small machine work.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import ClassVar
+
+from polytrace_cli.lazy import polars as pl
+
+from polytrace_cli.ingest import console_lines as cl
+from polytrace_cli.ingest.arrow import ArrowStream
+from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
+from polytrace_cli.ingest.console.reading import read_console_lines
+from polytrace_cli.ingest.segments import insert_step_flags, line_segments
+
+# Kinds of line that are not noise.
+METRIC, DIRTY, ENCODING = "metric", "dirty", "encoding"
+
+
+def metric_schema() -> dict:
+    """Columns of the metric pairs a console grammar yields (raw_value: the printed value text)."""
+    return {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
+            "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
+
+
+def flag_schema() -> dict:
+    """Columns of the step flags a console grammar yields."""
+    return {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
+
+
+@dataclass
+class ParsedMetrics:
+    """What a grammar read from its metric lines: pairs (`metric_schema`, in line and pair order)
+    and step flags (`flag_schema`). Each line holding at least one pair counts as stored."""
+
+    metrics: pl.DataFrame
+    flags: pl.DataFrame
+
+    @classmethod
+    def from_rows(cls, metrics: list[tuple], flags: list[tuple] = ()) -> ParsedMetrics:
+        """From row tuples in the order of `metric_schema` and `flag_schema`."""
+        return cls(pl.DataFrame(list(metrics), schema=metric_schema(), orient="row", strict=False),
+                   pl.DataFrame(list(flags), schema=flag_schema(), orient="row"))
+
+
+class ConsoleGrammar:
+    """How one console format's metric lines look and parse; the pipeline does the rest.
+
+    Set `anchor` (the text a metric line starts with once cleaned, used to pick the piece of a line
+    redrawn by carriage returns; not empty, no ESC, not starting with a space or '('), `noise` (the
+    rules non-metric lines are counted under) and `reclaimable` (the noise rule whose lines
+    `fallback` may turn into steps); implement `metric_kind` and `parse`.
+    """
+
+    anchor: ClassVar[str]
+    noise: ClassVar[NoiseRules] = CONSOLE_NOISE
+    reclaimable: ClassVar[str | None] = None
+
+    def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
+        """Per line, from its cleaned text and the raw line's length in characters (without a final
+        carriage return): 'metric', 'dirty' or null (a noise line)."""
+        raise NotImplementedError
+
+    def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
+        """Pairs and flags of the metric lines. `lines` has line_no, raw, raw_chars, c (cleaned)
+        and kind for every line; reject (ctx.reject) each metric or dirty line that cannot be read.
+        A line that is neither stored nor rejected must be counted with ctx.ignore."""
+        raise NotImplementedError
+
+    def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:
+        """Steps from elsewhere when the log has no metric line (stored with `store_parsed` or by
+        the grammar itself); returns the lines that produced rows, all of rule `reclaimable`."""
+        return 0
+
+    def zero_steps(self, ctx: FileContext, lines: pl.DataFrame) -> None:
+        """Note a log that yields no step at all."""
+        ctx.note("zero steps: no metric lines")
+
+    def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
+        """Fill ctx.run_meta (and ctx.format_version) from the lines and the stored pairs."""
+
+
+def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
+    """Read ctx.path with `grammar` into the store, accounting for every line (see the module)."""
+    lines = classify(read_console_lines(ctx.path), grammar)
+    ctx.lines = lines.height
+    lines = _reject_bad_text(ctx, lines)
+    noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
+    for rule, count in noise.sort("kind").iter_rows():
+        ctx.ignore(rule, count)
+    parsed = grammar.parse(ctx, lines)
+    ctx.stored = store_parsed(ctx, parsed)
+    if not ctx.stored:
+        ctx.stored = grammar.fallback(ctx, lines)
+        _reclaim(ctx, grammar.reclaimable, ctx.stored)
+        if not ctx.stored:
+            grammar.zero_steps(ctx, lines)
+    grammar.record_meta(ctx, lines, parsed.metrics)
+
+
+def store_parsed(ctx: FileContext, parsed: ParsedMetrics) -> int:
+    """Write the pairs (each in its line's segment) and flags of `parsed` with the `restart` and
+    `resumed` flags of its segments; returns the number of lines that produced pairs."""
+    metrics = parsed.metrics
+    if not metrics.height:
+        return 0
+    segments = line_segments(metrics)
+    metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
+    con = ctx.con
+    con.register("console_metrics", ArrowStream(metrics))
+    con.register("console_segments", ArrowStream(segments))
+    con.register("console_flags", ArrowStream(parsed.flags))
+    try:
+        ctx.insert(
+            """
+            INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+            SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+            """,
+            [ctx.run_id, ctx.file_id],
+        )
+        insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
+    finally:
+        for view in ("console_metrics", "console_segments", "console_flags"):
+            con.unregister(view)
+    return segments.height
+
+
+def classify(lines: pl.DataFrame, grammar: ConsoleGrammar) -> pl.DataFrame:
+    """Adds raw_chars, c (the cleaned line) and kind: 'metric', 'dirty' or a noise rule name."""
+    return in_slices(lines, lambda part: _classify_slice(part, grammar))
+
+
+def _classify_slice(lines: pl.LazyFrame, grammar: ConsoleGrammar) -> pl.LazyFrame:
+    lines = cl.clean_columns(lines, "raw", "c", grammar.anchor).with_columns(
+        # Only lines ending in CR pay for a stripped copy.
+        raw_chars=pl.coalesce(pl.when(pl.col("raw").str.ends_with("\r")).then(pl.col("raw")).str.strip_chars_end("\r"),
+                              pl.col("raw")).str.len_chars(),
+    )
+    # Noise rules only read non-metric lines: metric lines (most of the bytes) are blanked for them
+    # in a column of their own first (inside one expression the blanking is redone per rule).
+    return (
+        lines.with_columns(_kind=grammar.metric_kind(pl.col("c"), pl.col("raw_chars")))
+        .with_columns(_n=pl.when(pl.col("_kind").is_not_null()).then(pl.lit("")).otherwise(pl.col("c")))
+        .with_columns(kind=pl.coalesce(pl.col("_kind"), grammar.noise.expr(pl.col("_n"), pl.col("raw"))))
+        .drop("_kind", "_n")
+    )
+
+
+def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:
+    """Reject the damaged lines (`encoding` column of `read_console_lines`) that are not metric
+    lines (their kind becomes 'encoding'); metric lines go on to be parsed."""
+    if "encoding" not in lines.columns:
+        return lines
+    bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
+    for line_no, reason, raw in lines.filter(bad).select("line_no", "encoding", "raw").iter_rows():
+        ctx.reject(line_no, reason, raw)
+    return lines.with_columns(kind=pl.when(bad).then(pl.lit(ENCODING)).otherwise(pl.col("kind"))).drop("encoding")
+
+
+def _reclaim(ctx: FileContext, rule: str | None, count: int) -> None:
+    """Take `count` lines back from the ignored lines of `rule`: they produced rows."""
+    if not count or rule is None:
+        return
+    ctx.ignored[rule] -= count
+    if not ctx.ignored[rule]:
+        del ctx.ignored[rule]
+
+
+def in_slices(frame: pl.DataFrame, build, then=None) -> pl.DataFrame:
+    """`build` (a LazyFrame -> LazyFrame step) over `frame` cut into one slice of rows per polars
+    thread, each slice computed and then passed to `then` (an eager DataFrame -> DataFrame step)
+    in a Python thread of its own (polars releases the GIL while it works), the results
+    concatenated in order. One string expression over one column runs on one thread; slices let
+    both cores of a small machine work on it without waiting for each other between steps."""
+    slices = max(1, min(pl.thread_pool_size(), frame.height // 1000))
+    size = -(-frame.height // slices) if frame.height else 1
+    starts = range(0, max(frame.height, 1), size)
+
+    def one(start: int) -> pl.DataFrame:
+        part = build(frame.lazy().slice(start, size)).collect()
+        return then(part) if then is not None else part
+
+    if len(starts) == 1:
+        return one(0)
+    with ThreadPoolExecutor(max_workers=len(starts)) as pool:
+        return pl.concat(list(pool.map(one, starts)))

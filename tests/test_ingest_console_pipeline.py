@@ -1,0 +1,54 @@
+"""The console pipeline with a grammar of its own: what a new console format gets for free."""
+
+from __future__ import annotations
+
+from polytrace_cli.lazy import polars as pl
+
+from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
+
+
+class IterGrammar(ConsoleGrammar):
+    """Metric lines `iter N | key=value key=value`, read in Python."""
+
+    anchor = "iter"
+    noise = NoiseRules((("blank", r"^\s*$"), ("progress", r"\d+%\|")), default="chatter", ray="worker")
+
+    def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
+        return pl.when(cleaned.str.starts_with("iter ")).then(pl.lit("dirty"))
+
+    def parse(self, ctx, lines):
+        rows = []
+        for line_no, cleaned, raw in lines.filter(pl.col("kind") == "dirty").select("line_no", "c", "raw").iter_rows():
+            head, _, body = cleaned.partition(" | ")
+            pairs = [pair.split("=", 1) for pair in body.split()]
+            if not head[5:].isdigit() or not pairs or any(len(pair) != 2 for pair in pairs):
+                ctx.reject(line_no, "not an iter line", raw)
+                continue
+            rows.extend((line_no, int(head[5:]), index, key, float(value), None, value)
+                        for index, (key, value) in enumerate(pairs, start=1))
+        return ParsedMetrics.from_rows(rows)
+
+
+def test_a_new_grammar_gets_cleaning_noise_segments_and_accounting(store, tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(
+        b"\x1b[36m(Trainer pid=3)\x1b[0m iter 1 | loss=0.5 lr=1 [repeated 2x across cluster]\n"
+        b"\n"
+        b" 10%|#   | 1/10\riter 2 | loss=0.4\n"
+        b"(Worker pid=9) loading shard\n"
+        b"iter 3 | loss\n"
+        b"hello\n"
+        b"iter 1 | loss=0.9\n"
+        b"\x00\x00\n"
+    )
+    ctx = FileContext(con=store, path=log, run_id=1, file_id=1, run_name="r")
+    load_console(ctx, IterGrammar())
+    ctx.flush()
+    assert (ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected) == (8, 3, 3, 2)
+    assert dict(ctx.ignored) == {"blank": 1, "worker": 1, "chatter": 1}
+    assert store.execute("SELECT segment, step, key, value FROM step_metrics ORDER BY line_no, key").fetchall() == [
+        (0, 1, "loss", 0.5), (0, 1, "lr", 1.0), (0, 2, "loss", 0.4), (1, 1, "loss", 0.9)]
+    assert store.execute("SELECT segment, step, flag FROM step_flags").fetchall() == [(1, 1, "restart")]
+    assert store.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall() == [
+        (5, "not an iter line"), (8, "line holds NUL bytes and no text")]
