@@ -18,7 +18,7 @@ POLICY_OPTION_HELP = ("A policy to predict, repeatable: balance, no-validation, 
 
 @user_errors
 def whatif(
-    run: Annotated[str, typer.Argument(help="The run (name or id).")],
+    run: Annotated[str, typer.Argument(help="The run's name.")],
     backtest: Annotated[bool, typer.Option("--backtest", help="Fit on the first half of the steps and report "
                                            "the accuracy on the rest, beside two baselines.")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
