@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
@@ -11,6 +12,7 @@ from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import simulate as simulate_commands
+from polytrace_cli.commands import steps as steps_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workload as workload_commands
 
@@ -22,12 +24,28 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                               help="Print the polytrace version and exit.")] = False,
+) -> None:
+    """Characterize RLVR training runs: ingest logs and traces, analyze, report, gate CI."""
+
+
 COMMANDS: dict[str, Callable] = {
     "ingest": ingest_commands.ingest,
     "formats": ingest_commands.formats,
     "runs": store_commands.runs,
     "query": store_commands.query,
     "errors": store_commands.errors,
+    "rm": store_commands.rm,
+    "rename": store_commands.rename,
+    "steps": steps_commands.steps,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
     "synth": workload_commands.synth,
@@ -44,7 +62,8 @@ COMMANDS: dict[str, Callable] = {
 
 
 app = typer.Typer(name="polytrace", help=HELP, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
+app.callback()(_options)
 for _name, _command in COMMANDS.items():
     app.command(_name)(_command)
 

@@ -135,7 +135,7 @@ def test_replay_check_missing_log_is_one_line(tmp_path):
 def test_fit_writes_params_and_prints_candidates(packed_run, tmp_path):
     pytest.importorskip("polytrace_cli.analyze.fit")
     out = tmp_path / "lab.params.json"
-    result = _invoke("fit", "lab", "--task", "code", "--out", out, "--db", packed_run)
+    result = _invoke("fit", "lab", "--task", "code", "--output", out, "--db", packed_run)
     assert result.exit_code == 0, result.output
     document = json.loads(out.read_text())
     assert document["format"] == "polytrace-params/1" and document["task"] == "code"
@@ -148,14 +148,14 @@ def test_fit_without_scikit_learn_says_so_and_synth_falls_back_to_marginals(pack
 
     monkeypatch.setitem(sys.modules, "sklearn.mixture", None)
     out = tmp_path / "lab.params.json"
-    result = _invoke("fit", "lab", "--out", out, "--db", packed_run)
+    result = _invoke("fit", "lab", "--output", out, "--db", packed_run)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "note: scikit-learn is not installed (pip install 'polytrace[fit]')" in text
     document = json.loads(out.read_text())
     assert document["joint"] is None and document["notes"]
     assert all(c["family"] != "gaussian_mixture" for c in document["candidates"]["response"])
-    synth = _invoke("synth", "--params", out, "--task", "t", "--out", tmp_path / "w", "--steps", 2)
+    synth = _invoke("synth", "--params", out, "--task", "t", "--out", tmp_path / "w", "--num-steps", 2)
     assert synth.exit_code == 0, synth.output
     assert len(list((tmp_path / "w").glob("packed_lengths_step_*.jsonl"))) == 2
 
@@ -171,7 +171,7 @@ def test_synth_from_run_takes_the_run_shape_and_overrides(packed_run, tmp_path):
     # 16 prompts of 4 responses over 2 DP ranks, as in the run; no response above the run's longest.
     assert len(lines) == 16 and {x["dp_rank"] for x in lines} == {0, 1}
     assert all(len(x["output"]) == 4 for x in lines)
-    smaller = _invoke("synth", "--from-run", "lab", "--out", tmp_path / "s2", "--steps", 2, "--n", 2, "--db", packed_run)
+    smaller = _invoke("synth", "--from-run", "lab", "--out", tmp_path / "s2", "--num-steps", 2, "--n", 2, "--db", packed_run)
     assert smaller.exit_code == 0, smaller.output
     assert len(list((tmp_path / "s2").glob("packed_lengths_step_*.jsonl"))) == 2
     assert all(len(json.loads(x)["output"]) == 2

@@ -43,7 +43,7 @@ def report_index(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("browser")
     db = folder / "store.duckdb"
     for task in ("code", "search"):
-        made = runner.invoke(app, ["synth", "--task", task, "--steps", "3", "--batch", "8", "--out",
+        made = runner.invoke(app, ["synth", "--task", task, "--num-steps", "3", "--batch", "8", "--out",
                                    str(folder / "logs" / task), "--seed", "3"])
         assert made.exit_code == 0, made.output
         ingested = runner.invoke(app, ["ingest", str(folder / "logs" / task), "--task", task, "--db", str(db)])

@@ -61,7 +61,7 @@ def test_every_option_in_the_recipe_exists():
 def test_recipe_steps_run_against_generated_logs(tmp_path):
     """Run the recipe's polytrace steps in order on a generated code workload, as the runner would."""
     logs = tmp_path / "logs"
-    made = runner.invoke(app, ["synth", "--task", "code", "--steps", "3", "--batch", "8", "--out", str(logs),
+    made = runner.invoke(app, ["synth", "--task", "code", "--num-steps", "3", "--batch", "8", "--out", str(logs),
                                "--seed", "5"])
     assert made.exit_code == 0, made.output
     env = os.environ | {
@@ -88,7 +88,7 @@ def test_recipe_steps_run_against_generated_logs(tmp_path):
 def test_gate_fails_the_step_when_a_threshold_is_exceeded(tmp_path):
     """The same check with an impossible limit exits 1, which fails a GitHub Actions step."""
     logs = tmp_path / "logs"
-    assert runner.invoke(app, ["synth", "--task", "code", "--steps", "2", "--batch", "8", "--out", str(logs),
+    assert runner.invoke(app, ["synth", "--task", "code", "--num-steps", "2", "--batch", "8", "--out", str(logs),
                                "--seed", "5"]).exit_code == 0
     db = str(tmp_path / "s.duckdb")
     assert runner.invoke(app, ["ingest", str(logs), "--run", "train", "--db", db]).exit_code == 0

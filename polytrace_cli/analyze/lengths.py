@@ -212,28 +212,45 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
 
 def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run: n pairs, Pearson r of (prompt_len, response_len) and Spearman ρ = Pearson r of their
-    ranks, ties given the average rank ((first position + last position) / 2)."""
-    # Average ranks from the distinct values: a value seen c times whose last position in sorted
-    # order is `upto` holds positions upto − c + 1 .. upto, average rank upto − (c − 1)/2.
+    ranks, ties given the average rank ((first position + last position) / 2).
+
+    Computed over the histogram of distinct (p, r) pairs with counts c (packed traces repeat each
+    prompt length n times): with weighted means p̄ = Σc·p / Σc, r̄ likewise,
+        r = Σc(p − p̄)(r − r̄) / sqrt(Σc(p − p̄)² · Σc(r − r̄)²)
+    and the same over the pairs' average ranks for ρ."""
+    # A value seen c times whose last position in sorted order is `upto` holds positions
+    # upto − c + 1 .. upto: its average rank is upto − (c − 1)/2.
     sql = f"""
-        WITH s AS (
-            SELECT run_id, prompt_len AS p, response_len AS r
+        WITH pairs AS MATERIALIZED (
+            SELECT run_id, prompt_len AS p, response_len AS r, count(*)::DOUBLE AS c
             FROM ({training_samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
+            GROUP BY ALL
         ), pv AS (
-            SELECT run_id, p, sum(count(*)) OVER (PARTITION BY run_id ORDER BY p) - (count(*) - 1) / 2 AS rp
-            FROM s GROUP BY run_id, p
+            SELECT run_id, p, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY p) - (sum(c) - 1) / 2 AS rp
+            FROM pairs GROUP BY run_id, p
         ), rv AS (
-            SELECT run_id, r, sum(count(*)) OVER (PARTITION BY run_id ORDER BY r) - (count(*) - 1) / 2 AS rr
-            FROM s GROUP BY run_id, r
+            SELECT run_id, r, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY r) - (sum(c) - 1) / 2 AS rr
+            FROM pairs GROUP BY run_id, r
+        ), ranked AS (
+            SELECT pairs.run_id, c, p::DOUBLE AS p, r::DOUBLE AS r, rp, rr
+            FROM pairs JOIN pv USING (run_id, p) JOIN rv USING (run_id, r)
+        ), centred AS (
+            SELECT run_id, c,
+                   p - sum(c * p) OVER w / sum(c) OVER w AS dp, r - sum(c * r) OVER w / sum(c) OVER w AS dr,
+                   rp - sum(c * rp) OVER w / sum(c) OVER w AS drp, rr - sum(c * rr) OVER w / sum(c) OVER w AS drr
+            FROM ranked WINDOW w AS (PARTITION BY run_id)
         ), c AS (
-            SELECT s.run_id, count(*) AS n, corr(s.p, s.r) AS pearson, corr(rp, rr) AS spearman
-            FROM s JOIN pv ON pv.run_id = s.run_id AND pv.p = s.p JOIN rv ON rv.run_id = s.run_id AND rv.r = s.r
-            GROUP BY s.run_id
+            SELECT run_id, sum(c)::BIGINT AS n,
+                   sum(c * dp * dr) / sqrt(sum(c * dp * dp) * sum(c * dr * dr)) AS pearson,
+                   sum(c * drp * drr) / sqrt(sum(c * drp * drp) * sum(c * drr * drr)) AS spearman
+            FROM centred GROUP BY run_id
         )
         SELECT runs.name AS run, c.n, c.pearson, c.spearman FROM c JOIN runs USING (run_id) ORDER BY run
     """
-    return frame(con, sql).with_columns(pl.col("pearson").fill_nan(None), pl.col("spearman").fill_nan(None))
+    finite = [pl.when(pl.col(name).is_finite()).then(pl.col(name)).otherwise(None).alias(name)
+              for name in ("pearson", "spearman")]
+    return frame(con, sql).with_columns(finite)
 
 
 def cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS, points: int = 101) -> pl.DataFrame:

@@ -55,3 +55,12 @@ def all_analyses() -> dict[str, Analysis]:
     if unlisted:
         raise ValueError(f"analyses registered but not listed in ANALYSES: {', '.join(sorted(unlisted))}")
     return {name: _ANALYSES[name] for name in ANALYSES}
+
+
+def named_analyses(names: list[str]) -> dict[str, Analysis]:
+    """The named analyses in the given order, importing only their modules; unknown names are left
+    out."""
+    for name in names:
+        if name in ANALYSES:
+            importlib.import_module(f"polytrace_cli.analyze.{name}")
+    return {name: _ANALYSES[name] for name in names if name in _ANALYSES}

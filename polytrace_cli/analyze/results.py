@@ -17,26 +17,47 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.analyze.registry import Analysis, all_analyses
+from polytrace_cli.analyze.registry import Analysis, all_analyses, named_analyses
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
 
 # String columns that name what a summary row is about (the rest of a row are its numbers).
 KEY_COLUMNS = ("kind", "stage", "tool")
 
+# What a person reads first in each analysis' summary, in order; the terminal table keeps as many
+# of these as fit beside the run and key columns. Every column stays in --wide, JSON and CSV.
+HEADLINE_COLUMNS = {
+    "lengths": ("count", "mean_tokens", "p50_tokens", "p90_tokens", "p99_tokens", "max_tokens", "cv", "clip_ratio",
+                "cap_tokens", "max_p50", "estimate", "basis"),
+    "drift": ("steps", "mean_tokens", "slope_tokens_per_step", "slope_ci_low", "slope_ci_high", "r_squared",
+              "spearman_p", "relative_slope_per_step", "basis"),
+    "longtail": ("steps", "mean_slot_idle", "max_slot_idle", "mean_straggler_share", "estimate", "basis"),
+    "fit": ("family", "ks", "aic", "n_fitted", "excluded_at_cap", "note", "basis"),
+    "imbalance": ("steps", "ranks", "mean_lambda", "max_lambda", "mean_makespan_lambda", "mean_lambda_balanced",
+                  "mean_saving", "straggler_ranks", "mean_reward_spread_s", "basis"),
+    "stages": ("steps", "mean_s", "share", "cv", "max_over_min", "p95_over_p50", "outlier_steps",
+               "mean_unexplained_s", "basis"),
+    "tools": ("calls", "p50_s", "p90_s", "p99_s", "max_s", "error_share", "mean_turns", "tool_share",
+              "cache_hit_ratio", "basis"),
+    "filtering": ("batches", "trainer_steps", "kept_share", "mean_batches_per_trainer_step", "discarded_token_share",
+                  "unused_token_share", "used_share", "basis"),
+}
+
 
 def select_analyses(only: str | None) -> dict[str, Analysis]:
     """The registered analyses named in a comma-separated list (all when None); unknown names are an error."""
-    registered = all_analyses()
     if not only:
-        return registered
-    names = [name.strip() for name in only.split(",") if name.strip()]
-    unknown = [name for name in names if name not in registered]
-    if unknown:
-        raise PolytraceError(f"unknown analysis {', '.join(unknown)} (known: {', '.join(registered)})")
-    if not names:
-        raise PolytraceError(f"--only names no analysis (known: {', '.join(registered)})")
-    return {name: registered[name] for name in names}
+        return all_analyses()
+    names = list(dict.fromkeys(name.strip() for name in only.split(",") if name.strip()))
+    # Only the named modules are imported: `--only lengths` does not load scipy for the others.
+    chosen = named_analyses(names)
+    unknown = [name for name in names if name not in chosen]
+    if unknown or not names:
+        known = ", ".join(all_analyses())
+        if unknown:
+            raise PolytraceError(f"unknown analysis {', '.join(unknown)} (known: {known})")
+        raise PolytraceError(f"--only names no analysis (known: {known})")
+    return chosen
 
 
 def run_analyses(con: duckdb.DuckDBPyConnection, run_ids: list[int], analyses: dict[str, Analysis],
@@ -51,12 +72,12 @@ def summaries(con: duckdb.DuckDBPyConnection, runs: list[str] | None, only: str 
     (every run by default) and steps; an empty store, an unknown run or analysis is an error."""
     from polytrace_cli.store.queries import run_ids
 
-    analyses = select_analyses(only)
     step_range = StepRange.of(steps)
+    # Runs are resolved before the analyses load (scipy, polars): a mistyped name fails at once.
     ids = run_ids(con, runs)
     if not ids:
         raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
-    return run_analyses(con, ids, analyses, step_range)
+    return run_analyses(con, ids, select_analyses(only), step_range)
 
 
 def _finite(value: Any) -> Any:

@@ -1,6 +1,7 @@
 """`polytrace analyze` and `polytrace compare`: the registered analyses' summaries, alone or side by side.
 
-Output for scripts:
+For people, each analysis is one table cut to the terminal's width: the run and key columns, then
+as many of the analysis' headline numbers as fit (`--wide`: every column). Output for scripts:
 - `--json` prints `{"<analysis>": [row, ...], ...}` with each analysis' own column names;
 - `--csv` prints one CSV holding every selected analysis: an `analysis` column first, then the
   union of the analyses' columns (a cell is empty where an analysis has no such column; list and
@@ -14,20 +15,20 @@ from typing import Annotated
 
 import typer
 
-from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, console, emit_frame, user_errors
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, StepsOption, WaitOption, WideOption,
+                                          console, emit_frame, user_errors)
 from polytrace_cli.errors import PolytraceError
 
 OnlyOption = Annotated[
     str | None, typer.Option("--only", help="Comma-separated analyses to run (default: all; see the list in --help).")
 ]
-StepsOption = Annotated[str | None, typer.Option("--steps", help="Step range A:B, A:, :B or N (default: every step).")]
 
 
-def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None) -> dict:
+def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, wait: float) -> dict:
     from polytrace_cli.analyze.results import summaries
     from polytrace_cli.store import open_store
 
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         return summaries(con, runs, only, steps)
     finally:
@@ -41,27 +42,31 @@ def analyze(
     steps: StepsOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
+    wide: WideOption = False,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Run the characterization analyses (lengths, drift, longtail, stages, imbalance, tools, filtering, fit)."""
-    from polytrace_cli.analyze.registry import all_analyses
-    from polytrace_cli.analyze.results import results_csv, results_json
-
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    results = _summaries(db, runs, only, steps)
+    results = _summaries(db, runs, only, steps, wait)
+    if as_json or as_csv:
+        from polytrace_cli.analyze.results import results_csv, results_json
+
+        sys.stdout.write(results_json(results) + "\n" if as_json else results_csv(results))
+        return
+    from polytrace_cli.analyze.registry import all_analyses
+    from polytrace_cli.analyze.results import HEADLINE_COLUMNS, KEY_COLUMNS
+
     analyses = all_analyses()
-    if as_json:
-        sys.stdout.write(results_json(results) + "\n")
-    elif as_csv:
-        sys.stdout.write(results_csv(results))
-    else:
-        for name, df in results.items():
-            if df.height:
-                emit_frame(df, title=f"{name}: {analyses[name].description}")
-            else:
-                console.print(f"[dim]{name}: no rows: the selected runs and steps hold no data it can use[/]",
-                              highlight=False)
+    for name, df in results.items():
+        if not df.height:
+            console.print(f"{name}: no rows: the selected runs and steps hold no data it can use", style="dim",
+                          highlight=False, markup=False)
+            continue
+        identity = ["run", *(key for key in KEY_COLUMNS if key in df.columns)]
+        emit_frame(df, title=f"{name}: {analyses[name].description}", identity=identity,
+                   order=None if wide else HEADLINE_COLUMNS.get(name), wide=wide)
 
 
 @user_errors
@@ -72,15 +77,42 @@ def compare(
     steps: StepsOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
+    wide: WideOption = False,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """The analyses' summary numbers of two runs side by side, with absolute and relative deltas (B − A)."""
-    from polytrace_cli.analyze.results import compare_frame
-
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
     if run_a == run_b:
         raise PolytraceError("compare needs two different runs")
-    results = _summaries(db, [run_a, run_b], only, steps)
-    emit_frame(compare_frame(run_a, run_b, results), as_json=as_json, as_csv=as_csv,
-               title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})")
+    results = _summaries(db, [run_a, run_b], only, steps, wait)
+    from polytrace_cli.analyze.results import compare_frame
+
+    frame = compare_frame(run_a, run_b, results)
+    if as_json or as_csv or wide:
+        emit_frame(frame, as_json=as_json, as_csv=as_csv, wide=wide, identity=["analysis", "metric", "key"],
+                   title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})")
+        return
+    _print_compare(frame, run_a, run_b)
+
+
+def _print_compare(frame, run_a: str, run_b: str) -> None:
+    """One narrow table per analysis: metric (with its kind/stage/tool), A, B, delta and the relative
+    delta as a percentage."""
+    import polars as pl
+
+    from polytrace_cli.commands.tables import percent
+
+    if not frame.height:
+        console.print("no numbers to compare: the selected analyses found no data for these runs", highlight=False)
+        return
+    console.print(f"{run_b} vs {run_a} (delta = {run_b} − {run_a}; relative = delta / |{run_a}|)", highlight=False)
+    for (analysis,), part in frame.group_by("analysis", maintain_order=True):
+        shown = part.select(
+            pl.when(pl.col("key").is_null()).then(pl.col("metric"))
+            .otherwise(pl.concat_str(pl.col("metric"), pl.lit(" ["), pl.col("key"), pl.lit("]"))).alias("metric"),
+            pl.col(run_a), pl.col(run_b), pl.col("delta"),
+            pl.col("relative_delta").map_elements(percent, return_dtype=pl.String).alias("relative"),
+        )
+        emit_frame(shown, title=analysis, identity=["metric", run_a, run_b, "delta", "relative"], right=["relative"])

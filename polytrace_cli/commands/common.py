@@ -15,6 +15,7 @@ import functools
 import io
 import json
 import math
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -24,9 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
+from polytrace_cli.commands.tables import print_table
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
 
@@ -40,11 +40,27 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV for scripts.")]
 
-# Piped output is read by people in CI logs too: give tables room instead of 80 columns.
+StepsOption = Annotated[
+    str | None, typer.Option("--steps", metavar="A:B", help="Step range A:B, A:, :B or N (default: every step).")
+]
+WideOption = Annotated[bool, typer.Option("--wide", help="Print every column (lines may be wider than the terminal).")]
+WaitOption = Annotated[
+    float,
+    typer.Option("--wait", metavar="SECONDS", min=0, show_default=False,
+                 help="If another process holds the store, retry for up to this many seconds (default: 0)."),
+]
+
+
+def _width(stream) -> int | None:
+    # Piped output is read by people in CI logs too: give tables 200 columns instead of 80, unless
+    # COLUMNS says how wide the reader is.
+    return None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
+
+
 # Emoji codes are off: data such as `postgres:x:101` must print as written. Text from data goes
 # into tables as rich Text and into messages through `escape`, never as markup.
-console = Console(width=None if sys.stdout.isatty() else 200, emoji=False)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, emoji=False)
+console = Console(width=_width(sys.stdout), emoji=False)
+err_console = Console(stderr=True, width=_width(sys.stderr), emoji=False)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -135,26 +151,12 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        if abs(value) >= 1e6 or (0 < abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1e4 else f"{value:,.1f}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return _text(value)
-
-
-def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str], *, as_json: bool = False,
-              as_csv: bool = False, title: str | None = None) -> None:
-    """Print Python rows (any DuckDB type: lists, structs, maps, blobs, dates, intervals, NaN) as a
-    rich table, JSON records or CSV."""
+def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] | None = None, *,
+              as_json: bool = False, as_csv: bool = False, title: str | None = None, identity: Sequence[str] = (),
+              wide: bool = False) -> None:
+    """Print Python rows (any DuckDB type: lists, structs, maps, blobs, dates, intervals, NaN) as a table
+    fitted to the terminal, JSON records or CSV, for commands that need no polars. Without `numeric`, the
+    columns holding numbers are right-aligned."""
     if as_json:
         records = [dict(zip(columns, (_finite_json(plain(v)) for v in row))) for row in rows]
         sys.stdout.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
@@ -166,11 +168,18 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str], 
         writer.writerows([_text(v) for v in row] for row in rows)
         sys.stdout.write(buffer.getvalue())
         return
-    emit_table(columns, rows, numeric, title=title)
+    if numeric is None:
+        numeric = {name for i, name in enumerate(columns)
+                   if any(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows)}
+    print_table(console, columns, [[plain(v) for v in row] for row in rows], numeric, title=title,
+                identity=identity, wide=wide)
 
 
-def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None) -> None:
-    """Print a frame as a rich table, or as JSON records / CSV for scripts."""
+def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None,
+               identity: Sequence[str] = (), order: Sequence[str] | None = None, wide: bool = False,
+               right: Sequence[str] = ()) -> None:
+    """Print a frame as a table fitted to the terminal (see `tables`), or as JSON records / CSV for scripts.
+    Numeric columns and those named in `right` are right-aligned."""
     if as_json:
         sys.stdout.write(json.dumps(frame.to_dicts(), default=json_default, indent=2) + "\n")
         return
@@ -179,15 +188,13 @@ def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = Fal
         frame.write_csv(buffer)
         sys.stdout.write(buffer.getvalue())
         return
-    numeric = {name for name, dtype in frame.schema.items() if dtype.is_numeric()}
-    emit_table(frame.columns, frame.iter_rows(), numeric, title=title)
+    numeric = {name for name, dtype in frame.schema.items() if dtype.is_numeric()} | set(right)
+    print_table(console, frame.columns, frame.iter_rows(), numeric, title=title, identity=identity, order=order,
+                wide=wide)
 
 
-def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None) -> None:
-    """Print rows as a rich table; the `numeric` columns are right-aligned."""
-    table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold")
-    for name in columns:
-        table.add_column(Text(name), justify="right" if name in numeric else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*(Text(_cell(v)) for v in row))
-    console.print(table)
+def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None,
+               order: Sequence[str] | None = None) -> None:
+    """Print rows as a table fitted to the terminal (the first column always, the others in `order` while
+    they fit); the `numeric` columns are right-aligned."""
+    print_table(console, columns, rows, numeric, title=title, identity=columns[:1], order=order, more="--json or --csv")

@@ -11,7 +11,8 @@ import typer
 
 from rich.markup import escape
 
-from polytrace_cli.commands.common import DbOption, console, emit_frame, emit_table, err_console, fail, user_errors
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, emit_rows,
+                                          emit_table, err_console, fail, user_errors)
 from polytrace_cli.ingest.files import FileHashes, walk
 
 if TYPE_CHECKING:
@@ -19,12 +20,14 @@ if TYPE_CHECKING:
 
 
 SUMMARY_COLUMNS = ["file", "run", "format", "status", "lines", "rows", "ignored", "rejected", "seconds", "MB/s"]
+# What a narrow terminal keeps first: whether each file went in and what was lost.
+SUMMARY_ORDER = ["file", "status", "lines", "rows", "ignored", "rejected", "run", "format", "seconds", "MB/s"]
 
 
 def _print_summary(reports: list[FileReport]) -> None:
     rows = [(Path(r.path).name, r.run, r.format, r.status, r.lines, r.rows, r.ignored, r.rejected,
              round(r.seconds, 3), round(r.mb_per_s, 1)) for r in reports]
-    emit_table(SUMMARY_COLUMNS, rows, numeric=set(SUMMARY_COLUMNS[4:]), title="ingested files")
+    emit_table(SUMMARY_COLUMNS, rows, numeric=set(SUMMARY_COLUMNS[4:]), title="ingested files", order=SUMMARY_ORDER)
 
 
 @user_errors
@@ -36,16 +39,22 @@ def ingest(
     format: Annotated[str | None, typer.Option("--format", help="Skip sniffing; read every file as this format.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero when any line is rejected.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-file results as JSON.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print the per-file results as CSV.")] = False,
     tokenizer: Annotated[str | None, typer.Option(
         help="A locally available Hugging Face tokenizer (folder or cached name) to count rollout-dump lengths;"
              " default: characters / 4.")] = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Read logs and traces into the store, one transaction per file."""
     with FileHashes() as hashes:
         # Files named on the command line are hashed while the libraries below load.
         hashes.prefetch(path for path in paths if path.is_file())
-        reports = _ingest_all(paths, db, run, task, format, as_json, tokenizer, hashes)
-    if as_json:
+        reports = _ingest_all(paths, db, run, task, format, as_json or as_csv, tokenizer, hashes, wait)
+    if as_csv:
+        records = [{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports]
+        columns = list(records[0]) if records else ["path"]
+        emit_rows(columns, [tuple(record[c] for c in columns) for record in records], as_csv=True)
+    elif as_json:
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
     else:
         shown = [r for r in reports if r.status != "skipped"]
@@ -74,13 +83,13 @@ def ingest(
 
 
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
-                as_json: bool, tokenizer: str | None, hashes: FileHashes) -> list[FileReport]:
+                as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0) -> list[FileReport]:
     from polytrace_cli.ingest.formats import verl_rollout
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
 
     verl_rollout.set_tokenizer(tokenizer)
-    con = open_store(db)
+    con = open_store(db, wait=wait)
     try:
         options = {"run_name": run, "task": task, "format_name": format_name, "hashes": hashes}
         if not (sys.stderr.isatty() and not as_json):
@@ -102,7 +111,7 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
         verl_rollout.set_tokenizer(None)
 
 
-def formats() -> None:
+def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
     """List the input formats polytrace recognises, in sniffing order."""
     import polars as pl
 
@@ -115,4 +124,4 @@ def formats() -> None:
             "reads": [i.description for i in all_ingesters()],
         }
     )
-    emit_frame(frame, title="formats")
+    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="formats", identity=["format"])

@@ -11,7 +11,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from polytrace_cli.commands.common import DbOption, JsonOption, console, fail, json_default, user_errors
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, StepsOption, WaitOption, console, emit_rows,
+                                          fail, json_default, user_errors)
+from polytrace_cli.commands.tables import cell
+from polytrace_cli.errors import PolytraceError
 
 
 @user_errors
@@ -19,13 +22,16 @@ def report(
     runs: Annotated[list[str] | None, typer.Argument(help="Runs to report on (all runs when none are given).")] = None,
     out: Annotated[Path, typer.Option(help="Folder the report folder is written into.")] = Path("reports"),
     name: Annotated[str | None, typer.Option(help="Report folder name (default: from the run names).")] = None,
-    steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
+    steps: StepsOption = None,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
     from polytrace_cli.store import open_store
 
-    con = open_store(db, read_only=True)
+    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
+        raise fail(f"--name must be a plain folder name, not {name!r}")
+    con = open_store(db, read_only=True, wait=wait)
     try:
         from polytrace_cli.report import write_runs_report  # matplotlib loads only when a report is drawn
 
@@ -50,9 +56,11 @@ def check(
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
     allow_unmeasurable: Annotated[bool, typer.Option(
         help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
-    steps: Annotated[str | None, typer.Option(help="Only steps A:B (A:, :B or N).")] = None,
+    steps: StepsOption = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded,
     cannot be measured, or the step range holds no data."""
@@ -71,8 +79,10 @@ def check(
         validate_limits(limits)
     except ValueError as error:
         raise fail(str(error)) from None
+    if as_json and as_csv:
+        raise PolytraceError("choose one of --json and --csv")
     step_range = StepRange.parse(steps)
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         (run_id,) = run_ids(con, [run])
         if not has_step_data(con, run_id, step_range):
@@ -85,15 +95,18 @@ def check(
     if as_json:
         sys.stdout.write(json.dumps({"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]},
                                     default=json_default, indent=2) + "\n")
+    elif as_csv:
+        records = [v.as_dict() for v in verdicts]
+        columns = list(records[0]) if records else ["threshold"]
+        emit_rows(columns, [tuple(r.get(c) for c in columns) for r in records], as_csv=True)
     else:
         table = Table(title=f"check {escape(run)}", title_justify="left", header_style="bold")
         for column in ("threshold", "limit", "measured", "result", "metric"):
             table.add_column(column, justify="right" if column in ("limit", "measured") else "left")
         colours = {PASS: "green", FAIL: "bold red", NOT_MEASURABLE: "yellow"}
         for v in verdicts:
-            measured = "—" if v.measured is None else f"{v.measured:.4g}"
             metric = v.metric if v.reason is None else f"{v.metric}: {v.reason}"
-            table.add_row("--" + v.threshold.replace("_", "-"), f"{v.limit:g}", measured,
+            table.add_row("--" + v.threshold.replace("_", "-"), cell(v.limit), cell(v.measured),
                           f"[{colours[v.status]}]{v.status}[/]", escape(metric))
         console.print(table)
         unmeasured = [v for v in verdicts if v.status == NOT_MEASURABLE]

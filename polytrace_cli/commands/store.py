@@ -1,25 +1,31 @@
-"""`polytrace runs`, `polytrace query` and `polytrace errors`: looking into the store."""
+"""`polytrace runs`, `query`, `errors`, `rm` and `rename`: looking into the store and tidying it."""
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Annotated
 
 import typer
 
-from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, emit_frame, emit_rows, user_errors
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
+                                          emit_rows, user_errors)
+from polytrace_cli.commands.tables import cell
 
 
 @user_errors
-def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
+def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False, wide: WideOption = False,
+         wait: WaitOption = 0) -> None:
     """List the runs in the store with their sample, step and file counts."""
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import runs_frame
+    from polytrace_cli.store.queries import runs_rows
 
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
-        emit_frame(runs_frame(con), as_json=as_json, as_csv=as_csv, title="runs")
+        columns, rows = runs_rows(con)
     finally:
         con.close()
+    emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], wide=wide)
 
 
 @user_errors
@@ -28,6 +34,8 @@ def query(
     db: DbOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
+    wide: WideOption = False,
+    wait: WaitOption = 0,
 ) -> None:
     """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...).
 
@@ -38,11 +46,11 @@ def query(
     from polytrace_cli.store.connection import confine
     from polytrace_cli.store.queries import read_only_relation
 
-    con = confine(open_store(db, read_only=True))
+    con = confine(open_store(db, read_only=True, wait=wait))
     try:
         relation = read_only_relation(con, sql)
         emit_rows(relation.columns, relation.fetchall(), _numeric_columns(relation),
-                  as_json=as_json, as_csv=as_csv)
+                  as_json=as_json, as_csv=as_csv, wide=wide)
     finally:
         con.close()
 
@@ -61,13 +69,64 @@ def errors(
     limit: Annotated[int, typer.Option(help="Show at most this many.")] = 50,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
+    wide: WideOption = False,
+    wait: WaitOption = 0,
 ) -> None:
     """Show quarantined lines: file, line, reason and the raw text."""
     from polytrace_cli.store import open_store
     from polytrace_cli.store.queries import ingest_errors_frame
 
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
-        emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines")
+        emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines",
+                   wide=wide)
     finally:
         con.close()
+
+
+@user_errors
+def rm(
+    runs: Annotated[list[str], typer.Argument(metavar="RUN", help="Runs to remove (see `polytrace runs`).", show_default=False)],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+    wait: WaitOption = 0,
+) -> None:
+    """Remove runs and every row they hold, in one transaction; their files ingest again afterwards."""
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.runs import remove_runs
+
+    con = open_store(db, wait=wait)
+    try:
+        removed = remove_runs(con, list(dict.fromkeys(runs)))
+    finally:
+        con.close()
+    if as_json:
+        sys.stdout.write(json.dumps([{"run": r.name, "rows": r.rows} for r in removed], indent=2) + "\n")
+        return
+    if as_csv:
+        emit_rows(["run", "table", "rows"], [(r.name, table, n) for r in removed for table, n in r.rows.items()],
+                  as_csv=True)
+        return
+    for run in removed:
+        console.print(f"removed run {run.name}: {cell(run.total_rows)} rows "
+                      f"({', '.join(f'{table} {cell(n)}' for table, n in run.rows.items())})", highlight=False)
+
+
+@user_errors
+def rename(
+    old: Annotated[str, typer.Argument(metavar="OLD", help="The run's current name.", show_default=False)],
+    new: Annotated[str, typer.Argument(metavar="NEW", help="Its new name.", show_default=False)],
+    db: DbOption = None,
+    wait: WaitOption = 0,
+) -> None:
+    """Give a run a new name."""
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.runs import rename_run
+
+    con = open_store(db, wait=wait)
+    try:
+        rename_run(con, old, new)
+    finally:
+        con.close()
+    console.print(f"renamed run {old} to {new}", highlight=False)

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from polytrace_cli.commands.common import DbOption, JsonOption, console, emit_frame, fail, json_default, user_errors
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, fail,
+                                          json_default, user_errors)
 from polytrace_cli.errors import PolytraceError
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ def synth(
     params: Annotated[Path | None, typer.Option(help="Parameters file: polytrace-params/1 or the published PolyTrace file.")] = None,
     from_run: Annotated[str | None, typer.Option(help="Fit this run of the store and sample from it, in its shape.")] = None,
     sampler: Annotated[str, typer.Option(help="parametric (fits) or empirical (stored quantiles).")] = "parametric",
-    steps: Annotated[int | None, typer.Option(help="Workload steps.")] = None,
+    num_steps: Annotated[int | None, typer.Option("--num-steps", help="How many workload steps to write.")] = None,
     batch: Annotated[int | None, typer.Option(help="Prompts per step.")] = None,
     n: Annotated[int | None, typer.Option(help="Responses per prompt.")] = None,
     dp_ranks: Annotated[int | None, typer.Option(help="Data-parallel ranks.")] = None,
@@ -44,6 +45,8 @@ def synth(
     truth: Annotated[Path | None, typer.Option(help="verl logs: also write the true per-step model here (.json, or .csv for the per-step table).")] = None,
     resume_after: Annotated[int | None, typer.Option(help="verl logs: the job stops after a checkpoint at this step and resumes from it (warm-up again).")] = None,
     db: DbOption = None,
+    wait: WaitOption = 0,
+    old_steps: Annotated[str | None, typer.Option("--steps", hidden=True)] = None,
 ) -> None:
     """Sample a workload from fitted distributions and write it as PolyTrace traces or as verl logs from a known step-time model."""
     from polytrace_cli.workload.distributions import load_params
@@ -52,10 +55,12 @@ def synth(
     from polytrace_cli.workload.synth import WorkloadSpec, synthesize, with_overrides
     from polytrace_cli.store import open_store
 
+    if old_steps is not None:
+        raise PolytraceError(f"synth counts steps with --num-steps {old_steps}; --steps is a step range A:B elsewhere")
     if params is not None and from_run is not None:
         raise fail("give either --params or --from-run, not both")
     if from_run is not None:
-        con = open_store(db, read_only=True)
+        con = open_store(db, read_only=True, wait=wait)
         try:
             model, base = workload_from_run(con, from_run, sampler=sampler, task=task)
         finally:
@@ -68,7 +73,7 @@ def synth(
                             max_response_len=model.max_response_len, multiturn=bool(model.multiturn))
     else:
         model, base = preset(task)
-    spec = with_overrides(base, steps=steps, batch=batch, n=n, dp_ranks=dp_ranks, max_response_len=max_response_len,
+    spec = with_overrides(base, steps=num_steps, batch=batch, n=n, dp_ranks=dp_ranks, max_response_len=max_response_len,
                           drift=drift, multiturn=multiturn, seed=seed)
     if log_format != "polytrace":
         from polytrace_cli.workload.steplog import LOG_FORMATS, VERL_VERSIONS, StepTimeModel, parse_injection, write_step_log
@@ -99,9 +104,11 @@ def synth(
 def demo(
     out: Annotated[Path, typer.Option(help="Where the sample logs are (re)generated.")] = Path("sample_logs"),
     reports: Annotated[Path, typer.Option(help="Folder the demo report is written into (as OUT/demo/).")] = Path("reports"),
-    db: DbOption = None,
+    db: Annotated[Path | None, typer.Option("--db", help="Store to ingest into (default: OUT/demo.duckdb, its own).")] = None,
+    wait: WaitOption = 0,
 ) -> None:
-    """The zero-setup tour: generate sample logs, ingest them, show what the store holds, write the demo report."""
+    """The zero-setup tour: generate sample logs, ingest them into their own store (OUT/demo.duckdb), show what it
+    holds, write the demo report."""
     from polytrace_cli.workload.presets import PRESETS, VERL_DEMO_RUN, preset, verl_demo
     from polytrace_cli.workload.steplog import write_step_log
     from polytrace_cli.workload.synth import synthesize, with_overrides
@@ -114,7 +121,9 @@ def demo(
         synthesize(model, with_overrides(spec, seed=DEMO_SEED), out / task)
     lengths, spec, step_model = verl_demo()
     write_step_log(lengths, with_overrides(spec, seed=DEMO_SEED), step_model, out / VERL_DEMO_RUN, ("verl-console",))
-    con = open_store(db)
+    # The demo's runs never mix with the user's: its store sits beside the sample logs unless --db names one.
+    db = db or out / "demo.duckdb"
+    con = open_store(db, wait=wait)
     names: list[str] = []
     try:
         for folder, task in [*((task, task) for task in PRESETS), (VERL_DEMO_RUN, spec.task)]:
@@ -132,22 +141,13 @@ def demo(
             raise fail(f"cannot write the demo report under {reports}: {error.strerror or error}") from None
     finally:
         con.close()
-    console.print(f"sample logs in {out}/; try `polytrace query \"select * from samples limit 5\"`", markup=False)
+    console.print(f"sample logs in {out}/, store {db}; try `polytrace steps {VERL_DEMO_RUN} --db {db}`",
+                  highlight=False, markup=False)
     console.print("demo report written; open it in a browser:")
     typer.echo(str(index))
 
 
 SAMPLERS = ("parametric", "empirical")
-
-
-def _rounded(value):
-    if isinstance(value, float):
-        return float(f"{value:.4g}")
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
 
 
 def _candidates_frame(document: dict) -> pl.DataFrame:
@@ -163,12 +163,11 @@ def _candidates_frame(document: dict) -> pl.DataFrame:
         for candidate in fitted:
             rows.append({
                 "kind": kind, "family": candidate.get("family"),
-                "params": json.dumps(_rounded(candidate.get("params") or {})),
                 "KS": candidate.get("ks"), "AIC": candidate.get("aic"),
                 "best": "*" if lowest is not None and candidate.get("aic") == lowest else "",
                 "sampled": "*" if candidate.get("family") == sampled else "",
             })
-    return pl.DataFrame(rows, schema={"kind": pl.String, "family": pl.String, "params": pl.String,
+    return pl.DataFrame(rows, schema={"kind": pl.String, "family": pl.String,
                                       "KS": pl.Float64, "AIC": pl.Float64, "best": pl.String, "sampled": pl.String})
 
 
@@ -176,30 +175,48 @@ def _candidates_frame(document: dict) -> pl.DataFrame:
 def fit(
     run: Annotated[str, typer.Argument(help="Run to fit (see `polytrace runs`).")],
     task: Annotated[str | None, typer.Option(help="Task label written into the parameters file.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Parameters file to write (default: ./<run>.params.json).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", help="Parameters file to write (default: OUT/<run>.params.json).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder to write <run>.params.json into (default: .).")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+    wait: WaitOption = 0,
 ) -> None:
-    """Fit prompt and response length distributions of a run and write a polytrace-params/1 file."""
+    """Fit prompt and response length distributions of a run and write a polytrace-params/1 file.
+    The table shows each candidate's family, KS and AIC; the fitted parameters are in the file and in --json."""
     from polytrace_cli.workload.export import resolve_run
     from polytrace_cli.workload.fidelity import fitted_params
     from polytrace_cli.store import open_store
 
-    con = open_store(db, read_only=True)
+    if output is not None and out is not None:
+        raise PolytraceError("give either --output FILE or --out FOLDER, not both")
+    if out is not None and (out.suffix == ".json" or out.is_file()):
+        raise PolytraceError(f"--out is a folder; write the parameters file with --output {out}")
+    if as_json and as_csv:
+        raise PolytraceError("choose one of --json and --csv")
+    con = open_store(db, read_only=True, wait=wait)
     try:
         document = fitted_params(con, resolve_run(con, run))
     finally:
         con.close()
     if task:
         document["task"] = task
-    path = out or Path(f"{re.sub(r'[^A-Za-z0-9._-]+', '_', run)}.params.json")
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise PolytraceError(f"cannot create folder {out}: {error.strerror or error}") from None
+    path = output or (out or Path()) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', run)}.params.json"
     if path.parent and not path.parent.exists():
         raise PolytraceError(f"cannot write {path}: folder {path.parent} does not exist")
     path.write_text(json.dumps(document, indent=2, default=json_default) + "\n", encoding="utf-8")
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2, default=json_default) + "\n")
         return
-    emit_frame(_candidates_frame(document), title=f"fits for {run} (best: lowest AIC; sampled: the scipy family synth draws from)")
+    if as_csv:
+        emit_frame(_candidates_frame(document), as_csv=True)
+        return
+    emit_frame(_candidates_frame(document), identity=["kind", "family"], title=f"fits for {run} (best: lowest AIC; sampled: the scipy family synth draws from)")
     for note in document.get("notes") or []:
         console.print(f"note: {note}", highlight=False, markup=False)
     console.print(f"wrote {path}", markup=False)
@@ -211,12 +228,13 @@ def export(
     out: Annotated[Path, typer.Option(help="Folder to write into (created if needed).")],
     format: Annotated[list[str], typer.Option("--format", help="polytrace-json or packed; give twice for both.")] = ["polytrace-json"],  # noqa: B006
     db: DbOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Write a run's samples as PolyTrace traces: dataset JSON and/or packed_lengths_step_N.jsonl."""
     from polytrace_cli.workload.export import export_run
     from polytrace_cli.store import open_store
 
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         result = export_run(con, run, out, format)
     finally:
@@ -232,6 +250,8 @@ def replay_check(
     formal: Annotated[str, typer.Option(help="Log (file or folder) of the formal training run, or a run name.")],
     db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store (default: a temporary one).")] = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+    wait: WaitOption = 0,
 ) -> None:
     """Compare a benchmark replay with the formal run: per-stage error (benchmark − formal)/formal and accuracy."""
     import polars as pl
@@ -240,13 +260,16 @@ def replay_check(
     from polytrace_cli.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="polytrace-replay-") as folder:
-        con = open_store(db or Path(folder) / "replay.duckdb")
+        con = open_store(db or Path(folder) / "replay.duckdb", wait=wait)
         try:
             report = compare_logs(con, benchmark, formal)
         finally:
             con.close()
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=json_default) + "\n")
+        return
+    if as_csv:
+        emit_frame(report.per_stage, as_csv=True)
         return
     shown = report.per_stage.with_columns(
         (pl.col(c) * 100).round(2) for c in ("mean_error", "mean_abs_error", "max_abs_error")
@@ -274,6 +297,8 @@ def fidelity(
     seed: Annotated[int, typer.Option(help="Seed of the synthetic workload.")] = 0,
     db: DbOption = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+    wait: WaitOption = 0,
 ) -> None:
     """Synthesize a workload shaped like the run from its fit and report KS and mean/p50/p99/clip errors."""
     from polytrace_cli.workload.export import resolve_run
@@ -282,15 +307,15 @@ def fidelity(
 
     if sampler not in (*SAMPLERS, "both"):
         raise PolytraceError(f"--sampler takes parametric, empirical or both, not {sampler!r}")
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         run_id = resolve_run(con, run)
         document = read_params(params) if params else fitted_params(con, run_id)
         frame = fidelity_frame(con, run_id, document, seed=seed, samplers=SAMPLERS if sampler == "both" else (sampler,))
     finally:
         con.close()
-    if as_json:
-        emit_frame(frame, as_json=True)
+    if as_json or as_csv:
+        emit_frame(frame, as_json=as_json, as_csv=as_csv)
         return
     columns = ["sampler", "draw", "kind", "n_run", "n_synth", "ks", "ks_noise", "mean_error", "p50_error",
                "p99_error", "clip_run", "clip_synth", "pass"]

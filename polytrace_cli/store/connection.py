@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import duckdb
@@ -86,13 +87,35 @@ def _has_foreign_tables(con: duckdb.DuckDBPyConnection) -> bool:
     ).fetchall()[0][0])
 
 
-def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def _is_lock_error(error: Exception) -> bool:
+    return bool(re.search(r"could not set lock|conflicting lock|\block(ed)?\b", str(error).lower()))
+
+
+def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect, retried while another process holds the lock, for up to `wait` seconds
+    (pauses of 0.05 s doubling up to 1 s)."""
+    deadline = time.monotonic() + wait
+    pause = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except (duckdb.Error, OSError) as error:
+            left = deadline - time.monotonic()
+            if not _is_lock_error(error) or left <= 0:
+                raise
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 1.0)
+
+
+def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
+               wait: float = 0) -> duckdb.DuckDBPyConnection:
     """Open (and for writers create and migrate) the store.
 
     Read-only opens never create a store: a missing one is an error that tells the user what to
     run. An older store is upgraded first, whichever way it is opened. A DuckDB file that is not a
     polytrace store is refused, never altered; a store this call creates and cannot finish (a full
-    disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh.
+    disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
+    another process holds the store's lock, the open is retried for up to `wait` seconds.
     """
     path = resolve_db_path(db)
     empty_file = path.is_file() and path.stat().st_size == 0
@@ -109,7 +132,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
         if empty_file:
             _remove_new_store(path)
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = _connect(path, read_only, wait)
     except (duckdb.Error, OSError) as error:
         if creating and not read_only:
             _remove_new_store(path)
@@ -124,8 +147,8 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
             if version < SCHEMA_VERSION:
                 # An older store is upgraded in place before it is read.
                 con.close()
-                open_store(path).close()
-                return open_store(path, read_only=True)
+                open_store(path, wait=wait).close()
+                return open_store(path, read_only=True, wait=wait)
         else:
             if not has_ledger(con) and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import duckdb
-import polars as pl
 
 from polytrace_cli.errors import PolytraceError
 
+if TYPE_CHECKING:
+    import polars as pl
 
-def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """One row per run: name, framework, task, files, formats, samples, steps, step range (over step
-    metrics and samples), segments of its logs, rejected lines."""
-    return con.sql(
-        """
+RUNS_SQL = """
         WITH f AS (
             SELECT run_id, count(*) AS files, string_agg(DISTINCT format, ',' ORDER BY format) AS formats,
                    sum(rejected) AS rejected
@@ -35,8 +34,19 @@ def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                coalesce(f.rejected, 0)::BIGINT AS rejected
         FROM runs r LEFT JOIN f USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
         ORDER BY r.name
-        """
-    ).pl()
+"""
+
+
+def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """One row per run: name, framework, task, files, formats, samples, steps, step range (over step
+    metrics and samples), segments of its logs, rejected lines."""
+    return con.sql(RUNS_SQL).pl()
+
+
+def runs_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The rows of `runs_frame` as column names and tuples (no polars needed)."""
+    cursor = con.execute(RUNS_SQL)
+    return [column[0] for column in cursor.description], cursor.fetchall()
 
 
 def run_ids(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int]:

@@ -1,0 +1,72 @@
+"""`polytrace steps RUN`: one row per step of a run (stage seconds, lengths, load balance, flags)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, StepsOption, WaitOption, WideOption,
+                                          console, emit_frame, user_errors)
+from polytrace_cli.errors import PolytraceError
+
+# The narrow table's columns, most telling first; flags are shown as one text column.
+TABLE_ORDER = ("step", "step_s", "gen_s", "reward_s", "update_actor_s", "response_mean", "response_max", "clip_ratio",
+               "lambda_tokens", "lambda_makespan", "slot_idle", "flags", "expected_step_s", "top_cause", "tokens",
+               "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_critic_s", "update_weights_s", "testing_s",
+               "save_checkpoint_s", "prompt_mean", "prompt_max", "dp_ranks", "segment", "basis")
+FLAG_LABELS = {"validation": "val", "checkpoint": "ckpt", "restart": "restart", "truncated": "trunc"}
+
+
+@user_errors
+def steps(
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run (see `polytrace runs`).", show_default=False)],
+    step_range: StepsOption = None,
+    as_json: JsonOption = False,
+    as_csv: CsvOption = False,
+    wide: WideOption = False,
+    db: DbOption = None,
+    wait: WaitOption = 0,
+) -> None:
+    """One row per step: stage and step seconds, response/prompt length mean and max, clip ratio, tokens,
+    DP load λ (tokens and makespan), slot idle, and the step's flags."""
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids
+
+    if as_json and as_csv:
+        raise PolytraceError("choose one of --json and --csv")
+    con = open_store(db, read_only=True, wait=wait)
+    try:
+        ids = run_ids(con, [run])
+        from polytrace_cli.analyze.common import StepRange
+        from polytrace_cli.analyze.per_step import per_step
+
+        frame = per_step(con, ids, StepRange.parse(step_range))
+    finally:
+        con.close()
+    if as_json or as_csv:
+        emit_frame(frame, as_json=as_json, as_csv=as_csv)
+        return
+    if not frame.height:
+        console.print(f"{run}: no steps{' in ' + step_range if step_range else ''}", highlight=False)
+        return
+    shown = _for_people(frame)
+    # After a restart a step number repeats: the segment tells the rows apart.
+    identity = ["segment", "step"] if "segment" in shown.columns else ["step"]
+    emit_frame(shown, title=f"{run}: {frame.height} step(s), basis {', '.join(frame['basis'].unique(maintain_order=True))}",
+               identity=identity, order=TABLE_ORDER, wide=wide)
+
+
+def _for_people(frame):
+    """The frame without the run column and all-empty columns, its flags joined into one column."""
+    import polars as pl
+
+    labels = [pl.when(pl.col(name)).then(pl.lit(label)) for name, label in FLAG_LABELS.items()]
+    shown = frame.with_columns(flags=pl.concat_str(labels, separator=",", ignore_nulls=True)).with_columns(
+        flags=pl.when(pl.col("flags") == "").then(None).otherwise(pl.col("flags")))
+    shown = shown.drop("run", *FLAG_LABELS)
+    if shown["basis"].n_unique() == 1:
+        shown = shown.drop("basis")
+    if shown["segment"].n_unique() == 1:
+        shown = shown.drop("segment")
+    return shown.select([name for name in shown.columns if shown[name].null_count() < shown.height])

@@ -1,0 +1,153 @@
+"""Values and tables for people: every number and boolean the command line prints is formatted here,
+and tables are cut to the terminal's width instead of wrapping their cells.
+
+Formatting (`cell`): null is "—", booleans "yes"/"no", integers with thousands separators, floats
+with at most 3 decimals (trailing zeros dropped), no decimals from 10,000 on, 3 significant digits
+below 0.001 or from 10 million on, NaN as "nan" and infinities as "∞"/"−∞".
+
+Fitting (`fit_columns`): a table spends 3 characters per column on padding and rule plus 1 for the
+closing rule. The identity columns (run, kind, ...) always stay; the other columns are kept in the
+order given while the table still fits, and the rest are named in a note under the table. A kept
+column is as wide as its widest cell and the longest word of its header, so no cell ever wraps
+(only headers may break between words). In a fitted table, text cells longer than `MAX_TEXT` are
+cut with "…"; `--wide` prints them whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+MAX_TEXT = 40
+COLUMN_OVERHEAD = 3
+TABLE_OVERHEAD = 1
+
+
+def cell(value: Any) -> str:
+    """A value as short text for people (rules in the module docstring)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "∞" if value > 0 else "−∞"
+        if value != 0 and (abs(value) >= 1e7 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        if abs(value) >= 1e4:
+            return f"{value:,.0f}"
+        text = f"{value:,.3f}".rstrip("0").rstrip(".")
+        return "0" if text == "-0" else text
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(cell(v) for v in value[:8])
+        return f"[{text}{', …' if len(value) > 8 else ''}]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
+    return str(value)
+
+
+def percent(value: float | None) -> str:
+    """A share as a signed percentage with one decimal ("+12.5%"), "—" for null."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return f"{value * 100:+.1f}%"
+
+
+def _short(text: str, limit: int | None) -> str:
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _header_word(name: str) -> int:
+    return max((len(word) for word in name.replace("_", " ").split()), default=0)
+
+
+@dataclass
+class Fitted:
+    """The columns chosen for a width, their cells and widths, and the columns left out."""
+
+    columns: list[str]
+    rows: list[list[str]]
+    widths: dict[str, int]
+    left_out: list[str] = field(default_factory=list)
+
+
+def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: int | None,
+                identity: Sequence[str] = (), order: Sequence[str] | None = None) -> Fitted:
+    """Format the rows and keep the columns that fit in `width` characters (all when None).
+
+    `identity` columns always stay; the others are tried in `order` (default: as given), and a
+    column in neither is left out of a narrow table. Text is cut to MAX_TEXT characters only when
+    a width is given."""
+    limit = None if width is None else MAX_TEXT
+    texts = [[_short(cell(value), limit) for value in row] for row in rows]
+    position = {name: i for i, name in enumerate(columns)}
+    widths = {}
+    for name, i in position.items():
+        widest = max((len(row[i]) for row in texts), default=1)
+        widths[name] = max(widest, _header_word(name), 1)
+    kept_identity = [name for name in identity if name in position]
+    candidates = [name for name in (order if order is not None else columns) if name in position and name not in kept_identity]
+    if width is None:
+        chosen = kept_identity + candidates
+    else:
+        used = TABLE_OVERHEAD + sum(widths[name] + COLUMN_OVERHEAD for name in kept_identity)
+        chosen = list(kept_identity)
+        for name in candidates:
+            need = widths[name] + COLUMN_OVERHEAD
+            if used + need <= width:
+                chosen.append(name)
+                used += need
+    left_out = [name for name in columns if name not in chosen]
+    return Fitted(chosen, [[row[position[name]] for name in chosen] for row in texts], widths, left_out)
+
+
+def build_table(fitted: Fitted, numeric: set[str], title: str | None = None) -> Table:
+    """A rich table of fitted cells: numeric columns right-aligned, each column as wide as its widest cell."""
+    # Cells and titles are Text, not markup: a run name or key such as "[kind=prompt]" stays as written.
+    # A title wider than the table wraps to the table's width; `print_table` prints it on its own line.
+    table = Table(title=Text(title) if title else None, title_justify="left", header_style="bold")
+    for name in fitted.columns:
+        table.add_column(Text(name.replace("_", " ")), justify="right" if name in numeric else "left",
+                         width=fitted.widths[name], no_wrap=False, overflow="fold")
+    for row in fitted.rows:
+        table.add_row(*(Text(text) for text in row))
+    return table
+
+
+def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[str], *,
+                title: str | None = None, identity: Sequence[str] = (), order: Sequence[str] | None = None,
+                wide: bool = False, more: str = "--wide or --json") -> None:
+    """Print a table fitted to the console's width; with `wide`, every column at full width
+    (lines may then run past the terminal, but cells stay whole)."""
+    rows = list(rows)
+    if title:
+        console.print(Text(title, style="italic"))
+    if wide:
+        fitted = fit_columns(columns, rows, None, identity, order)
+        table = build_table(fitted, numeric)
+        needed = TABLE_OVERHEAD + sum(fitted.widths[n] + COLUMN_OVERHEAD for n in fitted.columns)
+        # rich caps print(width=...) at the console's width, so widen the console for this table.
+        width = console.width
+        console.width = max(width, needed)
+        try:
+            console.print(table, crop=False)
+        finally:
+            console.width = width
+        return
+    fitted = fit_columns(columns, rows, console.width, identity, order)
+    console.print(build_table(fitted, numeric))
+    if fitted.left_out:
+        note = f"{len(fitted.left_out)} more column(s) with {more}: {', '.join(fitted.left_out)}"
+        if len(note) > console.width:
+            note = f"{len(fitted.left_out)} more column(s) with {more}"
+        console.print(note, style="dim", highlight=False, markup=False)

@@ -1,0 +1,288 @@
+"""The command line for daily use: steps, rm, rename, --wait, flag spellings and tables that fit the terminal."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
+from polytrace_cli.commands import common
+from polytrace_cli.commands.tables import cell, fit_columns, print_table
+from polytrace_cli.store import open_store
+from tests.conftest import PROJECT_ROOT
+
+runner = CliRunner()
+GROUP = ('{"step": %d, "rank": %d, "dp_rank": %d, "tp_rank": 0, "local_index": 0, "input": %d, "output": %s, '
+         '"n_sampling": 3, "validate": false}\n')
+
+
+def _invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _write_run(folder: Path, steps: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for step in range(steps):
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(
+            GROUP % (step, 0, 0, 10, "[5, 6, 7]") + GROUP % (step, 1, 1, 20, f"[{step + 1}, 2, 3]"))
+    return folder
+
+
+@pytest.fixture
+def two_runs(tmp_path) -> Path:
+    db = tmp_path / "s.duckdb"
+    for name in ("alpha", "beta"):
+        result = _invoke("ingest", _write_run(tmp_path / name), "--db", db)
+        assert result.exit_code == 0, result.output
+    return db
+
+
+def _table_counts(db: Path) -> dict[str, dict[int, int]]:
+    """Rows per run id in every base table keyed by run_id or file_id."""
+    con = open_store(db, read_only=True)
+    try:
+        counts = {}
+        tables = con.execute("SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()
+        for (table,) in tables:
+            columns = {c[0] for c in con.execute(f'DESCRIBE "{table}"').fetchall()}
+            if "run_id" in columns:
+                rows = con.execute(f'SELECT run_id, count(*) FROM "{table}" GROUP BY run_id').fetchall()
+            elif "file_id" in columns:
+                rows = con.execute(f'SELECT f.run_id, count(*) FROM "{table}" t JOIN files f USING (file_id) GROUP BY 1').fetchall()
+            else:
+                continue
+            counts[table] = dict(rows)
+        return counts
+    finally:
+        con.close()
+
+
+# --- steps --------------------------------------------------------------------------------------
+
+def test_steps_json_csv_and_table(two_runs):
+    result = _invoke("steps", "alpha", "--db", two_runs, "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # Step 0: rank 0 holds 5,6,7 with prompt 10 (48 tokens), rank 1 holds 1,2,3 with prompt 20 (66 tokens).
+    assert rows[0]["tokens"] == 114 and rows[0]["lambda_tokens"] == pytest.approx(66 / 57)
+    assert rows[0]["lambda_makespan"] == pytest.approx(7 / 5)
+    assert "expected_step_s" in rows[0] and "top_cause" in rows[0]
+    ranged = json.loads(_invoke("steps", "alpha", "--db", two_runs, "--steps", "1:2", "--json").stdout)
+    assert [r["step"] for r in ranged] == [1, 2]
+    table = list(csv.DictReader(io.StringIO(_invoke("steps", "alpha", "--db", two_runs, "--csv").stdout)))
+    assert [r["step"] for r in table] == ["0", "1", "2"] and table[0]["tokens"] == "114.0"
+    shown = _invoke("steps", "alpha", "--db", two_runs)
+    assert shown.exit_code == 0 and "lambda" in shown.stdout and "1.158" in shown.stdout
+
+
+def test_steps_errors_are_one_line(two_runs):
+    for args, needle in [(("steps", "nope"), "no run named nope"), (("steps", "alpha", "--steps", "x"), "--steps"),
+                         (("steps", "alpha", "--json", "--csv"), "choose one")]:
+        result = _invoke(*args, "--db", two_runs)
+        assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
+
+
+# --- rm and rename ------------------------------------------------------------------------------
+
+def test_rm_deletes_every_row_of_the_run_and_a_reingest_reads_it_again(two_runs, tmp_path):
+    before = _table_counts(two_runs)
+    alpha_id, beta_id = 1, 2
+    assert before["sample_groups"][alpha_id] == 6 and before["files"][alpha_id] == 3
+    result = _invoke("rm", "alpha", "--db", two_runs, "--csv")
+    assert result.exit_code == 0, result.output
+    removed = {(r["table"]): int(r["rows"]) for r in csv.DictReader(io.StringIO(result.stdout)) if r["run"] == "alpha"}
+    assert removed == {"files": 3, "sample_groups": 6, "runs": 1}
+    after = _table_counts(two_runs)
+    assert all(alpha_id not in per_run for per_run in after.values())
+    assert all(after[table].get(beta_id) == rows.get(beta_id) for table, rows in before.items())
+    again = json.loads(_invoke("ingest", tmp_path / "alpha", "--db", two_runs, "--json").stdout)
+    assert {r["status"] for r in again} == {"ingested"}
+    runs = {r["run"]: r for r in json.loads(_invoke("runs", "--db", two_runs, "--json").stdout)}
+    assert runs["alpha"]["samples"] == 18
+
+
+def test_rm_of_an_unknown_run_removes_nothing(two_runs):
+    before = _table_counts(two_runs)
+    result = _invoke("rm", "beta", "nope", "--db", two_runs)
+    assert result.exit_code == 2 and "no run named nope" in result.output
+    assert _table_counts(two_runs) == before
+
+
+def test_rename_keeps_the_rows_under_the_new_name(two_runs):
+    result = _invoke("rename", "alpha", "gamma", "--db", two_runs)
+    assert result.exit_code == 0, result.output
+    runs = {r["run"]: r for r in json.loads(_invoke("runs", "--db", two_runs, "--json").stdout)}
+    assert set(runs) == {"gamma", "beta"} and runs["gamma"]["samples"] == 18
+    assert json.loads(_invoke("steps", "gamma", "--db", two_runs, "--json").stdout)[0]["tokens"] == 114
+    taken = _invoke("rename", "gamma", "beta", "--db", two_runs)
+    assert taken.exit_code == 2 and "already exists" in taken.output
+    missing = _invoke("rename", "alpha", "delta", "--db", two_runs)
+    assert missing.exit_code == 2 and "no run named alpha" in missing.output
+
+
+# --- --wait -------------------------------------------------------------------------------------
+
+HOLDER = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1])
+con.execute("CREATE TABLE IF NOT EXISTS holder_probe (x INTEGER)")
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+con.close()
+"""
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    return subprocess.run([sys.executable, "-m", "polytrace_cli.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def _hold(db: Path, seconds: float) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_wait_outlasts_a_writer_holding_the_store(two_runs):
+    holder = _hold(two_runs, 2.0)
+    try:
+        started = time.monotonic()
+        locked = _cli("runs", "--db", two_runs)
+        assert locked.returncode == 2 and "locked" in locked.stderr and len(locked.stderr.strip().splitlines()) == 1
+        waited = _cli("runs", "--db", two_runs, "--wait", 20, "--json")
+        assert waited.returncode == 0, waited.stderr
+        assert {r["run"] for r in json.loads(waited.stdout)} == {"alpha", "beta"}
+        assert time.monotonic() - started >= 1.5  # it really waited for the holder to finish
+    finally:
+        holder.wait(timeout=30)
+
+
+def test_wait_gives_up_with_the_locked_error(two_runs):
+    holder = _hold(two_runs, 4.0)
+    try:
+        started = time.monotonic()
+        result = _cli("rm", "alpha", "--db", two_runs, "--wait", 0.5)
+        elapsed = time.monotonic() - started
+        assert result.returncode == 2 and "locked" in result.stderr and "Traceback" not in result.stderr
+        assert elapsed < 3.5
+    finally:
+        holder.wait(timeout=30)
+
+
+# --- one meaning per flag -----------------------------------------------------------------------
+
+def test_renamed_flags_refuse_the_old_spelling_clearly(two_runs, tmp_path):
+    old_synth = _invoke("synth", "--task", "math", "--out", tmp_path / "w", "--steps", 2)
+    assert old_synth.exit_code == 2 and "--num-steps" in old_synth.output and not (tmp_path / "w").exists()
+    old_fit = _invoke("fit", "alpha", "--out", tmp_path / "alpha.params.json", "--db", two_runs)
+    assert old_fit.exit_code == 2 and "--output" in old_fit.output
+    assert not (tmp_path / "alpha.params.json").exists()
+    both = _invoke("fit", "alpha", "--out", tmp_path / "f", "--output", tmp_path / "x.json", "--db", two_runs)
+    assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_fit_out_is_a_folder_and_output_a_file(two_runs, tmp_path):
+    pytest.importorskip("polytrace_cli.analyze.fit")
+    folder = _invoke("fit", "alpha", "--out", tmp_path / "fits", "--db", two_runs)
+    assert folder.exit_code == 0, folder.output
+    assert json.loads((tmp_path / "fits" / "alpha.params.json").read_text())["format"] == "polytrace-params/1"
+    assert "params" not in folder.stdout.split("┃")  # no raw parameter column in the table
+    as_csv = _invoke("fit", "alpha", "--output", tmp_path / "a.json", "--db", two_runs, "--csv")
+    header = next(csv.reader(io.StringIO(as_csv.stdout)))
+    assert header == ["kind", "family", "KS", "AIC", "best", "sampled"] and (tmp_path / "a.json").exists()
+
+
+def test_version_and_short_help():
+    from polytrace_cli import __version__
+
+    assert _invoke("--version").stdout.strip() == __version__
+    short, long = _invoke("-h"), _invoke("--help")
+    assert short.exit_code == 0 and short.stdout == long.stdout and "steps" in short.stdout
+    assert _invoke("rm", "-h").exit_code == 0
+
+
+def test_json_and_csv_wherever_there_is_output(two_runs):
+    assert json.loads(_invoke("formats", "--json").stdout)[0]["format"]
+    assert next(csv.reader(io.StringIO(_invoke("formats", "--csv").stdout))) == ["format", "framework", "reads"]
+    verdict = _invoke("check", "alpha", "--max-imbalance", "2", "--db", two_runs, "--csv")
+    assert verdict.exit_code == 0 and verdict.stdout.startswith("threshold,limit,measured,status")
+
+
+# --- tables that fit ----------------------------------------------------------------------------
+
+def test_cell_prints_numbers_and_booleans_one_way():
+    assert [cell(v) for v in (None, True, False, 12345, 0.1234, 12345.6, 2.5e-5, 3e7, float("nan"), float("inf"))] == \
+        ["—", "yes", "no", "12,345", "0.123", "12,346", "2.5e-05", "3e+07", "nan", "∞"]
+
+
+def _body_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("└"))
+    return lines[start + 1:end]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_analyze_tables_fit_the_width_without_wrapping_a_cell(two_runs, monkeypatch, width):
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, width=width, color_system=None))
+    result = _invoke("analyze", "--db", two_runs, "--only", "lengths,longtail,imbalance,drift")
+    assert result.exit_code == 0, result.output
+    text = buffer.getvalue()
+    assert text.count("┡") == 4
+    assert max(len(line) for line in text.splitlines()) <= width
+    # One line per row: no cell broke onto a second line.
+    for block in text.split("┏")[1:]:
+        body = _body_lines("┏" + block)
+        assert all(line.startswith("│") for line in body)
+    lengths = _body_lines(text.split("┏")[1])
+    assert len(lengths) == 6  # 2 runs × prompt, response, total
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_every_kept_number_appears_whole(width):
+    columns = ["run", "kind", *[f"statistic_{i}" for i in range(12)]]
+    rows = [("run-with-a-long-name", "response", *[123456.789 * (i + 1) for i in range(12)])]
+    buffer = io.StringIO()
+    print_table(Console(file=buffer, width=width, color_system=None), columns, rows, set(columns[2:]),
+                identity=["run", "kind"])
+    text = buffer.getvalue()
+    fitted = fit_columns(columns, rows, width, ["run", "kind"])
+    assert 2 < len(fitted.columns) < len(columns)
+    [line] = _body_lines(text)
+    for value in fitted.rows[0]:
+        assert value in line
+    assert f"{len(fitted.left_out)} more column(s)" in text
+
+
+def test_compare_is_one_narrow_table_per_analysis(two_runs, monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, width=80, color_system=None))
+    result = _invoke("compare", "alpha", "beta", "--db", two_runs, "--only", "lengths,imbalance")
+    assert result.exit_code == 0, result.output
+    text = buffer.getvalue()
+    assert text.count("┡") == 2 and max(len(line) for line in text.splitlines()) <= 80
+    assert "mean_tokens [kind=response]" in text  # keys stay as written, not read as markup
+
+
+def test_wide_prints_every_column_whole(two_runs, monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, width=80, color_system=None))
+    result = _invoke("analyze", "--db", two_runs, "--only", "lengths", "--wide")
+    assert result.exit_code == 0, result.output
+    text = buffer.getvalue()
+    assert "more column" not in text and "spearman" in text and "kurtosis" in text
+    assert max(len(line) for line in text.splitlines()) > 80
+    assert len(_body_lines(text)) == 6
