@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from polytrace_cli.commands.common import DbOption, JsonOption, console, emit_frame, user_errors
+from polytrace_cli.commands.common import (DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
+                                           user_errors)
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
 
@@ -24,6 +25,8 @@ def whatif(
     policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
+    wide: WideOption = False,
+    wait: WaitOption = 0,
 ) -> None:
     """Backtest the run's step-time model (--backtest), or predict its wall time under other policies
     (--policy P ...) against the model's replay of the run as it was."""
@@ -33,7 +36,7 @@ def whatif(
     from polytrace_cli.store import open_store
 
     parsed = [parse_policy(text) for text in policy or []]
-    con = open_store(db, read_only=True)
+    con = open_store(db, read_only=True, wait=wait)
     try:
         result = backtest_run(con, run) if backtest else whatif_run(con, run, parsed)
     finally:
@@ -43,8 +46,13 @@ def whatif(
         return
     if backtest:
         emit_frame(result.table(), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
-                   f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)")
+                   f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)",
+                   identity=["stage"], wide=wide)
+        notes = list(result.notes)
     else:
-        emit_frame(result.table(), title=f"{result.run}: predicted wall time over {result.steps} steps")
-    for note in getattr(result, "notes", ()):
-        console.print(f"note: {note}", highlight=False)
+        table = result.table()
+        emit_frame(table.drop("note"), title=f"{result.run}: predicted wall time over {result.steps} steps",
+                   identity=["policy"], wide=wide)
+        notes = [f"{policy}: {note}" for policy, note in table.select("policy", "note").iter_rows() if note]
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
