@@ -33,7 +33,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
-from polytrace_cli.analyze.lengths import caps_sql, ids_sql, training_samples_sql
+from polytrace_cli.analyze.common import caps_sql, ids_sql, training_samples_sql
 
 STAGE_COLUMNS = ("gen_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_actor_s",
                  "update_critic_s", "update_weights_s", "testing_s", "save_checkpoint_s")
