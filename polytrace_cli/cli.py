@@ -12,6 +12,7 @@ from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import diagnose as diagnose_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
+from polytrace_cli.commands import simulate as simulate_commands
 from polytrace_cli.commands import steps as steps_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workload as workload_commands
@@ -57,6 +58,7 @@ COMMANDS: dict[str, Callable] = {
     "fidelity": workload_commands.fidelity,
     "report": report_commands.report,
     "check": report_commands.check,
+    "whatif": simulate_commands.whatif,
     "version": version,
 }
 
