@@ -8,9 +8,11 @@ cuts segments and stores; this module is verl's grammar in it (FORMATS.md, secti
 - Bulk path, in polars: a cleaned line starting with `step:` is a metric line, split on " - " and
   then on the first ":"; values are unwrapped (`np.float64(..)`) and cast, non-numbers kept as text.
 - Dirty lines go to Python one by one: metric lines with a pair that is not `key:value`, a step
-  that is not an integer, or exactly `WANDB_LINE_LIMIT` characters (wandb's console capture cuts
+  that is not written as an integer (`step:1e20`, `step:2.5`), or exactly `WANDB_LINE_LIMIT` characters (wandb's console capture cuts
   lines there: the complete pairs are kept, the last piece is dropped as a fragment since it may
-  be cut, and the step is flagged `truncated_line`). Lines that still do not parse are rejected.
+  be cut, and the step is flagged `truncated_line`). Lines that still do not parse are rejected
+  (`unparsable-line`); a step that is a number but not a whole one in range is rejected by the
+  pipeline (`type-error`, `out-of-range`).
 - Every other line is ignored under a named rule (`console_lines.NOISE_RULES`, plus `ray-log` for
   other lines a Ray actor printed).
 - A step going back, or printed again with a key it already had, starts a new segment (a
@@ -43,7 +45,9 @@ from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # no
 from polytrace_cli.ingest.registry import is_binary, register
 
 WANDB_LINE_LIMIT = 4096
-METRIC_LINE = re.compile(r"^step:(-?\d+)(?: - (.*))?$", re.DOTALL)
+METRIC_LINE = re.compile(r"^step:(\S*)(?: - (.*))?$", re.DOTALL)
+# A printed step that is a number; whether it is a whole one in range is the pipeline's check.
+STEP_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
 _SNIFF_METRIC = re.compile(r"^step:\d+ - [^:\s][^:]*:\S")
 # A training job's stdout recognised by its head when the first metric line lies beyond it.
 _VERL_HEAD_MARKERS = (b"(TaskRunner pid=", b"(main_task pid=", b"actor_rollout_ref.", b"verl.trainer", b"from verl")
@@ -54,31 +58,35 @@ _TQDM_PIECE = (r"Training Progress:\s*\d+%.*?(\d+)/(\d+) \[((?:\d+:)?\d+:\d+)<[^
 
 @dataclass
 class MetricLine:
-    """A metric line parsed in Python: its step, (key, value text) pairs, and what went wrong."""
+    """A metric line parsed in Python: its step (an int when printed as an integer) and the step's
+    text as printed, (key, value text) pairs, and what went wrong."""
 
     step: int | None
     pairs: list[tuple[str, str]] = field(default_factory=list)
     fragment: str | None = None
     problem: str | None = None
+    step_text: str | None = None
 
 
 def parse_metric_line(cleaned: str, cut: bool = False) -> MetricLine:
-    """Parse one cleaned `step:N - key:value - ...` line.
+    """Parse one cleaned `step:N - key:value - ...` line. The printed step must be a number (`3`,
+    `-1`, `2.5`, `1e20`); `console.check_steps` decides from `step_text` whether it is a step.
 
     When `cut` (the line was cut at wandb's limit), the last piece is a fragment: it is returned
     in `fragment`, not in `pairs`, whether or not it looks complete. Otherwise any piece that is not
     `key:value` with a non-empty key and value makes the line a `problem`.
     """
     match = METRIC_LINE.match(cleaned)
-    if not match:
+    if not match or not STEP_NUMBER.match(match.group(1)):
         head = cleaned.split(" - ", 1)[0]
         return MetricLine(None, problem=f"metric line with a bad step field {head[:40]!r}")
-    step = int(match.group(1))
+    step_text = match.group(1)
+    step = int(step_text) if re.fullmatch(r"[+-]?\d+", step_text) else None
     body = match.group(2)
     if not body:
-        return MetricLine(step, problem="metric line without key:value pairs")
+        return MetricLine(step, problem="metric line without key:value pairs", step_text=step_text)
     pieces = body.split(" - ")
-    parsed = MetricLine(step)
+    parsed = MetricLine(step, step_text=step_text)
     if cut:
         parsed.fragment = pieces.pop()
     for index, piece in enumerate(pieces, start=1):
@@ -111,7 +119,7 @@ def looks_like_verl_console(head: bytes) -> str | None:
 @register
 class VerlConsoleIngester(Ingester):
     name = "verl-console"
-    version = "1"
+    version = "2"
     framework = "verl"
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
 
@@ -173,7 +181,7 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
     pairs = (
         metric.select(
             "line_no",
-            pl.col("c").str.extract(r"^step:(-?\d+)", 1).cast(pl.Int64).alias("step"),
+            pl.col("c").str.extract(r"^step:(-?\d+)", 1).alias("step"),
             # A well-formed line's first piece is `step:N`: the pairs are the pieces after it.
             pl.col("c").str.split(" - ").list.slice(1).alias("pair"),
         )
@@ -201,13 +209,13 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFr
         cut = raw_chars == WANDB_LINE_LIMIT
         parsed = parse_metric_line(cleaned, cut=cut)
         if parsed.problem:
-            ctx.reject(line_no, parsed.problem, raw)
+            ctx.reject(line_no, parsed.problem, raw, code="unparsable-line")
             continue
         for index, (key, text) in enumerate(parsed.pairs, start=1):
             value, text_value = cl.parse_scalar(text)
-            rows.append((line_no, parsed.step, index, key, value, text_value, text))
+            rows.append((line_no, parsed.step_text, index, key, value, text_value, text))
         if cut:
-            flags.append((line_no, parsed.step, "truncated_line",
+            flags.append((line_no, parsed.step_text, "truncated_line",
                           f"line cut at {WANDB_LINE_LIMIT} characters; fragment dropped: {parsed.fragment[:80]!r}"))
     if rows:
         recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row")
