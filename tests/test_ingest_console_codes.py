@@ -110,3 +110,32 @@ def test_out_of_range_step_end_to_end_exits_cleanly(tmp_path):
     assert "Traceback" not in result.output
     strict = CliRunner().invoke(app, ["ingest", str(log), "--db", str(tmp_path / "strict.duckdb"), "--strict"])
     assert strict.exit_code != 0 and "Traceback" not in strict.output
+
+
+def _meta(store) -> dict:
+    import json
+
+    return json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])
+
+
+def test_undecided_step_time_inclusion_is_stored_as_null_and_never_overwrites_a_decision(store, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    # No testing or checkpoint timer at all: neither can be decided.
+    undecided = run / "a.log"
+    undecided.write_text("".join(f"step:{s} - timing_s/gen:10.0 - timing_s/step:10.5\n" for s in range(1, 4)))
+    _ingest_one(store, undecided)
+    meta = _meta(store)
+    assert meta["step_time_includes_testing"] is None and meta["step_time_includes_checkpoint"] is None
+    assert {"step_time_includes_testing", "step_time_includes_checkpoint"} <= meta.keys()
+    # A second log of the same run with testing outside the step time decides testing: False.
+    decided = run / "b.log"
+    decided.write_text("".join(
+        f"step:{s} - timing_s/gen:10.0 - timing_s/testing:8.0 - timing_s/step:10.5\n" for s in range(4, 7)))
+    _ingest_one(store, decided)
+    meta = _meta(store)
+    assert meta["step_time_includes_testing"] is False and meta["step_time_includes_checkpoint"] is None
+    # Re-reading the undecided log (changed) does not turn the decision back into null.
+    undecided.write_text(undecided.read_text() + "step:7 - timing_s/gen:10.0 - timing_s/step:10.5\n")
+    assert [r.status for r in ingest_paths(store, [undecided])] == ["replaced"]
+    assert _meta(store)["step_time_includes_testing"] is False
