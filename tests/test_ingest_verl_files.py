@@ -164,3 +164,22 @@ def test_file_logger_records_whether_step_time_includes_testing(store, tmp_path)
     meta = json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])
     assert meta["step_time_includes_testing"] is True
     assert "step_time_includes_checkpoint" in meta and meta["step_time_includes_checkpoint"] is None
+
+
+@pytest.mark.parametrize("printed, step, code", [
+    ("3.0", 3, None),
+    ("2147483647", 2147483647, None),
+    ("2147483648", None, "out-of-range"),
+    ("-2147483649", None, "out-of-range"),
+    ("1e20", None, "out-of-range"),
+    ("2.5", None, "type-error"),
+    ('"7"', None, "type-error"),
+])
+def test_file_logger_step_follows_the_step_rule_of_every_format(store, tmp_path, printed, step, code):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n{"step": %s, "data": {"a": 2}}\n' % printed)
+    [report] = ingest_paths(store, [path])
+    assert report.format == "verl-jsonl"
+    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == ([] if code is None else [(2, code)])
+    assert store.execute("SELECT line_no, step FROM step_metrics ORDER BY line_no").fetchall() == (
+        [(1, 1)] + ([(2, step)] if code is None else []))
