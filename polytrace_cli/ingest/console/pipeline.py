@@ -45,35 +45,56 @@ METRIC, DIRTY, ENCODING = "metric", "dirty", "encoding"
 
 
 def metric_schema() -> dict:
-    """Columns of the metric pairs a console grammar yields (step: the step as printed, checked by
-    `check_steps`; raw_value: the printed value text)."""
-    return {"line_no": pl.Int64, "step": pl.String, "pair_index": pl.Int64, "key": pl.String,
+    """Columns of the metric pairs a console grammar yields (step: the step when printed as an
+    integer, else null, until `check_steps` sets it; raw_value: the printed value text)."""
+    return {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
             "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
 
 
+def printed_step_schema() -> dict:
+    """Columns of the steps as printed: one row per line holding pairs or flags."""
+    return {"line_no": pl.Int64, "printed": pl.String}
+
+
 def flag_schema() -> dict:
-    """Columns of the step flags a console grammar yields (step as printed, like `metric_schema`)."""
-    return {"line_no": pl.Int64, "step": pl.String, "flag": pl.String, "detail": pl.String}
+    """Columns of the step flags a console grammar yields (step as in `metric_schema`)."""
+    return {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
 
 
 @dataclass
 class ParsedMetrics:
-    """What a grammar read from its metric lines: pairs (`metric_schema`, in line and pair order)
-    and step flags (`flag_schema`). Each line holding at least one pair counts as stored. Steps
-    are text until `check_steps` turns them into integers."""
+    """What a grammar read from its metric lines: pairs (`metric_schema`, in line and pair order),
+    step flags (`flag_schema`) and the step text of each of their lines (`printed_step_schema`),
+    which `check_steps` reads. Each line holding at least one pair counts as stored."""
 
     metrics: pl.DataFrame
     flags: pl.DataFrame
+    printed: pl.DataFrame
 
     @classmethod
     def from_rows(cls, metrics: list[tuple], flags: list[tuple] = ()) -> ParsedMetrics:
-        """From row tuples in the order of `metric_schema` and `flag_schema` (a step may be given
-        as an int or as its text)."""
-        def step_as_text(rows):
-            return [(row[0], None if row[1] is None else str(row[1]), *row[2:]) for row in rows]
+        """From row tuples in the order of `metric_schema` and `flag_schema`, each step given as
+        printed (text) or as an int."""
+        printed: dict[int, str] = {}
+        for rows in (metrics, flags):
+            for row in rows:
+                printed.setdefault(row[0], str(row[1]))
 
-        return cls(pl.DataFrame(step_as_text(metrics), schema=metric_schema(), orient="row", strict=False),
-                   pl.DataFrame(step_as_text(flags), schema=flag_schema(), orient="row"))
+        def integer_steps(rows):
+            return [(row[0], int64_step(row[1]), *row[2:]) for row in rows]
+
+        return cls(pl.DataFrame(integer_steps(metrics), schema=metric_schema(), orient="row", strict=False),
+                   pl.DataFrame(integer_steps(flags), schema=flag_schema(), orient="row"),
+                   pl.DataFrame(list(printed.items()), schema=printed_step_schema(), orient="row"))
+
+
+def int64_step(step: int | str) -> int | None:
+    """The step when written as an integer that an Int64 holds, else None."""
+    try:
+        number = int(step)
+    except ValueError:
+        return None
+    return number if -(2**63) <= number < 2**63 else None
 
 
 class ConsoleGrammar:
@@ -97,8 +118,9 @@ class ConsoleGrammar:
     def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         """Pairs and flags of the metric lines. `lines` has line_no, raw, raw_chars, c (cleaned)
         and kind for every line; reject (ctx.reject, code `unparsable-line`) each metric or dirty
-        line that cannot be read, including one whose step is not a number. The pipeline checks
-        that the steps given are whole numbers in range (`check_steps`).
+        line that cannot be read, including one whose step is not a number. Give each line's step
+        as printed in `ParsedMetrics.printed` (`from_rows` does it from the rows); the pipeline
+        checks that it is a whole number in range (`check_steps`).
         A line that is neither stored nor rejected must be counted with ctx.ignore."""
         raise NotImplementedError
 
@@ -134,23 +156,22 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
 
 
 def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) -> ParsedMetrics:
-    """`parsed` with integer steps, without the lines rejected for their step or a value.
+    """`parsed` with its steps checked, without the lines rejected for their step or a value.
 
     A step is read by `base.step_sql`, the rule of every format: a whole number (`3`, `3.0`,
     `3e0`) within STEP_MIN..STEP_MAX, never rounded or wrapped; otherwise the line is rejected as
     `type-error` (not a whole number) or `out-of-range`. A value parsed as ±inf from a printed
     number that is not an infinity (`1e400`) is out of range for a double: its line is rejected
     as `out-of-range` rather than stored as a false infinity. `lines` (line_no, raw) gives the
-    rejected lines' text.
+    rejected lines' text. The checks read one printed step per line; the pairs are only rewritten
+    when some line is rejected or was not printed as its integer step (`3.0`).
     """
     metrics, flags = parsed.metrics, parsed.flags
-    printed = pl.concat([metrics.select("line_no", "step"), flags.select("line_no", "step")]).unique(
-        "line_no", keep="first", maintain_order=True)
     con = ctx.con
-    con.register("console_printed_steps", ArrowStream(printed))
+    con.register("console_printed_steps", ArrowStream(parsed.printed))
     try:
         rows = con.execute(
-            f"SELECT line_no, step AS printed, {step_sql('step')} AS step, {step_problem_sql('step')} AS code"
+            f"SELECT line_no, printed, {step_sql('printed')} AS step, {step_problem_sql('printed')} AS code"
             " FROM console_printed_steps ORDER BY line_no"
         ).fetchall()
     finally:
@@ -163,7 +184,7 @@ def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) ->
     overflow = overflow.filter(~pl.col("line_no").is_in(bad_steps.get_column("line_no").implode()))
     overflow = overflow.unique("line_no", keep="first", maintain_order=True)
     if not bad_steps.height and not overflow.height:
-        return ParsedMetrics(_with_steps(metrics, steps), _with_steps(flags, steps))
+        return ParsedMetrics(_with_steps(metrics, steps), _with_steps(flags, steps), parsed.printed)
     problems = pl.concat([
         bad_steps.select("line_no", reason=pl.when(pl.col("code") == "out-of-range")
                          .then(pl.format("step {} is out of range ({}..{})", "printed", pl.lit(STEP_MIN), pl.lit(STEP_MAX)))
@@ -174,12 +195,16 @@ def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) ->
     for line_no, reason, code, raw in problems.select("line_no", "reason", "code", "raw").iter_rows():
         ctx.reject(line_no, reason, raw, code=code)
     rejected = problems.get_column("line_no").implode()
-    return ParsedMetrics(_with_steps(metrics.filter(~pl.col("line_no").is_in(rejected)), steps),
-                         _with_steps(flags.filter(~pl.col("line_no").is_in(rejected)), steps))
+    kept = ~pl.col("line_no").is_in(rejected)
+    return ParsedMetrics(_with_steps(metrics.filter(kept), steps), _with_steps(flags.filter(kept), steps),
+                         parsed.printed.filter(kept))
 
 
 def _with_steps(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """`frame` with its printed step replaced by the checked integer step of its line."""
+    """`frame` with the checked step of each line (unchanged when every step was printed as its
+    integer, the grammar's step then being that integer)."""
+    if steps.select((pl.col("printed") == pl.col("step").cast(pl.String)).all()).item():
+        return frame
     checked = steps.select("line_no", "step")
     return frame.drop("step").join(checked, on="line_no", how="left", maintain_order="left").select(frame.columns)
 

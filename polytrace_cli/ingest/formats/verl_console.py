@@ -39,12 +39,14 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
-from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema
-from polytrace_cli.ingest.console.pipeline import in_slices
+from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema,
+                                          printed_step_schema)
+from polytrace_cli.ingest.console.pipeline import in_slices, int64_step
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
 from polytrace_cli.ingest.registry import is_binary, register
 
 WANDB_LINE_LIMIT = 4096
+STEP_PREFIX = r"^step:(-?\d+)"
 METRIC_LINE = re.compile(r"^step:(\S*)(?: - (.*))?$", re.DOTALL)
 # A printed step that is a number; whether it is a whole one in range is the pipeline's check.
 STEP_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
@@ -148,8 +150,9 @@ class VerlGrammar(ConsoleGrammar):
 
     def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         metrics, lines = _parse_metric_lines(lines)
-        metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
-        return ParsedMetrics(metrics, flags)
+        printed = lines.filter(pl.col("kind") == "metric").select("line_no", printed=pl.col("c").str.extract(STEP_PREFIX, 1))
+        metrics, flags, dirty_printed = _parse_dirty_lines(ctx, lines, metrics)
+        return ParsedMetrics(metrics, flags, pl.concat([printed, dirty_printed]).sort("line_no"))
 
     def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:
         return _store_tqdm_estimates(ctx, lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw"))
@@ -181,7 +184,8 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
     pairs = (
         metric.select(
             "line_no",
-            pl.col("c").str.extract(r"^step:(-?\d+)", 1).alias("step"),
+            # A step no Int64 holds is left null here; `check_steps` rejects it from its printed text.
+            pl.col("c").str.extract(STEP_PREFIX, 1).cast(pl.Int64, strict=False).alias("step"),
             # A well-formed line's first piece is `step:N`: the pairs are the pieces after it.
             pl.col("c").str.split(" - ").list.slice(1).alias("pair"),
         )
@@ -197,13 +201,16 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
     return pairs
 
 
-def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame,
+                       metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The Python path: parse each dirty line, reject what cannot be parsed, flag cut lines.
 
-    Returns the metrics with the recovered rows added, and the step flags found.
+    Returns the metrics with the recovered rows added, the step flags found, and the printed step
+    of each recovered line.
     """
     rows: list[tuple] = []
     flags: list[tuple] = []
+    printed: list[tuple] = []
     for line_no, raw_chars, cleaned, raw in lines.filter(pl.col("kind") == "dirty").select(
             "line_no", "raw_chars", "c", "raw").iter_rows():
         cut = raw_chars == WANDB_LINE_LIMIT
@@ -211,16 +218,19 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFr
         if parsed.problem:
             ctx.reject(line_no, parsed.problem, raw, code="unparsable-line")
             continue
+        printed.append((line_no, parsed.step_text))
+        step = int64_step(parsed.step_text)
         for index, (key, text) in enumerate(parsed.pairs, start=1):
             value, text_value = cl.parse_scalar(text)
-            rows.append((line_no, parsed.step_text, index, key, value, text_value, text))
+            rows.append((line_no, step, index, key, value, text_value, text))
         if cut:
-            flags.append((line_no, parsed.step_text, "truncated_line",
+            flags.append((line_no, step, "truncated_line",
                           f"line cut at {WANDB_LINE_LIMIT} characters; fragment dropped: {parsed.fragment[:80]!r}"))
     if rows:
-        recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row")
+        recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row", strict=False)
         metrics = pl.concat([metrics, recovered]).sort("line_no", "pair_index")
-    return metrics, pl.DataFrame(flags, schema=flag_schema(), orient="row")
+    return (metrics, pl.DataFrame(flags, schema=flag_schema(), orient="row", strict=False),
+            pl.DataFrame(printed, schema=printed_step_schema(), orient="row"))
 
 
 def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:
