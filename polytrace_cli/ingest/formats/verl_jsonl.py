@@ -36,7 +36,6 @@ from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
-
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
 _BARE_NONFINITE = r"([:\[,]\s*)(-?Infinity|NaN)(\s*[,}\]])"
 _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
