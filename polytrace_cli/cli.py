@@ -9,6 +9,7 @@ import typer
 from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import ingest as ingest_commands
+from polytrace_cli.commands import lake as lake_commands
 from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workload as workload_commands
@@ -27,6 +28,7 @@ COMMANDS: dict[str, Callable] = {
     "runs": store_commands.runs,
     "query": store_commands.query,
     "errors": store_commands.errors,
+    "lake": lake_commands.lake,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
     "synth": workload_commands.synth,

@@ -52,6 +52,14 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False) 
     run. An older store is upgraded first, whichever way it is opened.
     """
     path = resolve_db_path(db)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        # A folder with a manifest.json is a lake: Parquet files read through views, never written.
+        from polytrace_cli.store.lake import open_lake
+
+        if not read_only:
+            raise StoreError(f"{path} is a Parquet lake, which is read-only; write into a store file "
+                             "and export it again with `polytrace lake`")
+        return open_lake(path)
     if read_only and not path.exists():
         raise StoreError(f"no store at {path}; run `polytrace ingest PATH` first (or pass --db)")
     if not read_only:
