@@ -34,6 +34,22 @@ def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None) 
         con.close()
 
 
+def _fleet(db, runs: list[str] | None, by: str, steps: str | None):
+    from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.analyze.fleet import by_group
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids
+
+    con = open_store(db, read_only=True)
+    try:
+        ids = run_ids(con, runs)
+        if not ids:
+            raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
+        return by_group(con, ids, by, StepRange.parse(steps))
+    finally:
+        con.close()
+
+
 @user_errors
 def analyze(
     runs: Annotated[list[str] | None, typer.Argument(help="Runs to analyze (default: every run).")] = None,
@@ -42,6 +58,8 @@ def analyze(
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
     db: DbOption = None,
+    by: Annotated[str | None, typer.Option(
+        "--by", help="Aggregate across runs per task or per model (the fleet table) instead of per run.")] = None,
 ) -> None:
     """Run the characterization analyses (lengths, drift, longtail, stages, imbalance, tools, filtering, fit)."""
     from polytrace_cli.analyze.registry import all_analyses
@@ -49,8 +67,14 @@ def analyze(
 
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    results = _summaries(db, runs, only, steps)
-    analyses = all_analyses()
+    if by is not None:
+        if only:
+            raise PolytraceError("--only picks per-run analyses; --by prints the fleet table alone")
+        results = {"fleet": _fleet(db, runs, by, steps)}
+        analyses = {}
+    else:
+        results = _summaries(db, runs, only, steps)
+        analyses = all_analyses()
     if as_json:
         sys.stdout.write(results_json(results) + "\n")
     elif as_csv:
@@ -58,7 +82,8 @@ def analyze(
     else:
         for name, df in results.items():
             if df.height:
-                emit_frame(df, title=f"{name}: {analyses[name].description}")
+                description = analyses[name].description if name in analyses else f"runs grouped by {by}"
+                emit_frame(df, title=f"{name}: {description}")
             else:
                 console.print(f"[dim]{name}: no rows: the selected runs and steps hold no data it can use[/]",
                               highlight=False)
