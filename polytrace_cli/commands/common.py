@@ -39,7 +39,10 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one error line on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # A message names files and options ("polytrace[ray]", "run[1].log"): brackets are text, not markup.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -37,12 +37,24 @@ def ingest(
     tokenizer: Annotated[str | None, typer.Option(
         help="A locally available Hugging Face tokenizer (folder or cached name) to count rollout-dump lengths;"
              " default: characters / 4.")] = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="local: parse in this process; ray: parse as Ray tasks (pip install 'polytrace[ray]').")]
+    = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="With --engine ray: the cluster to join (default: start a local Ray).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="With --engine ray and no address: CPUs of the local Ray (default: all).")] = None,
 ) -> None:
     """Read logs and traces into the store, one transaction per file."""
+    if engine not in ("local", "ray"):
+        raise fail(f"--engine takes local or ray, not {engine!r}")
+    if engine == "local" and (ray_address or workers):
+        raise fail("--ray-address and --workers go with --engine ray")
+    ray = {"address": ray_address, "workers": workers} if engine == "ray" else None
     with FileHashes() as hashes:
         # Files named on the command line are hashed while the libraries below load.
         hashes.prefetch(path for path in paths if path.is_file())
-        reports = _ingest_all(paths, db, run, task, format, as_json, tokenizer, hashes)
+        reports = _ingest_all(paths, db, run, task, format, as_json, tokenizer, hashes, ray)
     if as_json:
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
     else:
@@ -70,10 +82,19 @@ def ingest(
 
 
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
-                as_json: bool, tokenizer: str | None, hashes: FileHashes) -> list[FileReport]:
+                as_json: bool, tokenizer: str | None, hashes: FileHashes, ray: dict | None = None) -> list[FileReport]:
     from polytrace_cli.ingest.formats import verl_rollout
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
+
+    if ray is not None:
+        from polytrace_cli.ingest.ray_engine import RaySettings, ingest_paths_ray, require_ray
+
+        require_ray()
+        settings = RaySettings(**ray)
+
+        def ingest_paths(con, paths, **options):  # noqa: F811 - the same call, on Ray
+            return ingest_paths_ray(con, paths, settings=settings, tokenizer=tokenizer, **options)
 
     verl_rollout.set_tokenizer(tokenizer)
     con = open_store(db)
