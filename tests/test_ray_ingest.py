@@ -135,6 +135,13 @@ def test_ray_option_errors_are_one_line(tmp_path, monkeypatch):
     result = runner.invoke(app, ["ingest", str(FIXTURES / "openrlhf"), "--db", str(tmp_path / "s.duckdb"),
                                  "--ray-address", "auto"])
     assert result.exit_code != 0 and "go with --engine ray" in result.output
+    result = runner.invoke(app, ["ingest", str(FIXTURES / "openrlhf"), "--db", str(tmp_path / "s.duckdb"),
+                                 "--engine", "ray", "--ray-address", "auto", "--workers", "2"])
+    assert result.exit_code != 0 and "--workers sizes a local Ray" in result.output
+    result = runner.invoke(app, ["ingest", str(FIXTURES / "openrlhf"), "--db", str(tmp_path / "s.duckdb"),
+                                 "--engine", "ray", "--ray-address", "127.0.0.1:1"])
+    assert result.exit_code != 0 and "cannot reach the Ray cluster at 127.0.0.1:1" in result.output
+    assert not (tmp_path / "s.duckdb").exists()
     # Without Ray installed (an import that fails), --engine ray says how to get it.
     monkeypatch.setitem(sys.modules, "ray", None)
     result = runner.invoke(app, ["ingest", str(FIXTURES / "openrlhf"), "--db", str(tmp_path / "s.duckdb"),

@@ -50,6 +50,8 @@ def ingest(
         raise fail(f"--engine takes local or ray, not {engine!r}")
     if engine == "local" and (ray_address or workers):
         raise fail("--ray-address and --workers go with --engine ray")
+    if ray_address and workers:
+        raise fail("--workers sizes a local Ray; a cluster at --ray-address has its own workers")
     ray = {"address": ray_address, "workers": workers} if engine == "ray" else None
     with FileHashes() as hashes:
         # Files named on the command line are hashed while the libraries below load.
@@ -83,18 +85,24 @@ def ingest(
 
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
                 as_json: bool, tokenizer: str | None, hashes: FileHashes, ray: dict | None = None) -> list[FileReport]:
+    if ray is None:
+        from polytrace_cli.ingest.runner import ingest_paths
+
+        return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, ingest_paths)
+    from functools import partial
+
+    from polytrace_cli.ingest.ray_engine import RaySettings, ingest_paths_ray, ray_session
+
+    settings = RaySettings(**ray)
+    # Ray first: a cluster that cannot be reached leaves the store untouched.
+    with ray_session(settings):
+        return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes,
+                                  partial(ingest_paths_ray, settings=settings, tokenizer=tokenizer))
+
+
+def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, ingest_paths):
     from polytrace_cli.ingest.formats import verl_rollout
-    from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
-
-    if ray is not None:
-        from polytrace_cli.ingest.ray_engine import RaySettings, ingest_paths_ray, require_ray
-
-        require_ray()
-        settings = RaySettings(**ray)
-
-        def ingest_paths(con, paths, **options):  # noqa: F811 - the same call, on Ray
-            return ingest_paths_ray(con, paths, settings=settings, tokenizer=tokenizer, **options)
 
     verl_rollout.set_tokenizer(tokenizer)
     con = open_store(db)

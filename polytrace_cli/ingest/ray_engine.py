@@ -20,6 +20,7 @@ Ray is an optional dependency (`pip install 'polytrace[ray]'`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -203,8 +204,25 @@ class RaySettings:
     workers: int | None = None
 
 
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT or ray://HOST:PORT address whose port does not answer is a one-line error now
+    (Ray itself would retry for minutes); other forms (`auto`) are left to Ray."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, separator, port = target.rpartition(":")
+    if not separator or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise PolytraceError(f"cannot reach the Ray cluster at {address}: {error.strerror or error}") from None
+
+
 def _connect(ray, settings: RaySettings) -> tuple[bool, int]:
     """Start or join Ray; returns (started here, CPUs available for tasks)."""
+    if settings.address:
+        _check_reachable(settings.address)
     if ray.is_initialized():
         return False, int(ray.cluster_resources().get("CPU", 1))
     import logging
@@ -222,6 +240,18 @@ def _connect(ray, settings: RaySettings) -> tuple[bool, int]:
     return True, int(ray.cluster_resources().get("CPU", 1))
 
 
+@contextlib.contextmanager
+def ray_session(settings: RaySettings | None = None):
+    """Ray started (or joined) for the duration of the block; shut down after it if started here."""
+    ray = require_ray()
+    started_here, _ = _connect(ray, settings or RaySettings())
+    try:
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
 def ingest_paths_ray(
     con: duckdb.DuckDBPyConnection,
     paths: Iterable[str | Path],
@@ -234,9 +264,17 @@ def ingest_paths_ray(
     on_file: Callable[[FileReport], None] | None = None,
     hashes: FileHashes | None = None,
 ) -> list[FileReport]:
-    """`runner.ingest_paths` with the parsing fanned out as Ray tasks; same reports, same store."""
-    ray = require_ray()
-    settings = settings or RaySettings()
+    """`runner.ingest_paths` with the parsing fanned out as Ray tasks; same reports, same store.
+
+    Ray is joined (or started, and shut down afterwards) before the store is touched, so that a
+    cluster that cannot be reached leaves no trace in the store.
+    """
+    with ray_session(settings) as ray:
+        return _ingest_paths_ray(ray, con, paths, run_name=run_name, task=task, format_name=format_name,
+                                 tokenizer=tokenizer, on_file=on_file, hashes=hashes)
+
+
+def _ingest_paths_ray(ray, con, paths, *, run_name, task, format_name, tokenizer, on_file, hashes):
     own_hashes = hashes is None
     hashes = hashes or FileHashes()
     try:
@@ -269,7 +307,7 @@ def ingest_paths_ray(
             seen.add(resolved)
             jobs.append(FileJob(index, resolved, ingester.name, run_id, run))
         if jobs:
-            _dispatch(ray, settings, con, jobs, tokenizer, reports, on_file)
+            _dispatch(ray, con, jobs, tokenizer, reports, on_file)
         ordered = [reports[index] for index in sorted(reports)]
         if on_file:
             for index in sorted(reports):
@@ -289,42 +327,37 @@ def _unchanged(con, resolved: str, run_id: int, ingester, hashes: FileHashes) ->
     return existing[0] == hashes.result(Path(resolved))[0]
 
 
-def _dispatch(ray, settings: RaySettings, con, jobs: list[FileJob], tokenizer: str | None,
-              reports: dict[int, FileReport], on_file) -> None:
-    started_here, cpus = _connect(ray, settings)
-    try:
-        per_task = max(1, math.ceil(len(jobs) / (max(cpus, 1) * TASKS_PER_WORKER)))
-        batches = [jobs[i:i + per_task] for i in range(0, len(jobs), per_task)]
-        remote = ray.remote(num_cpus=1, max_retries=1)(parse_batch)
-        pending = {remote.remote(batch, tokenizer): batch for batch in batches}
-        by_index = {job.index: job for job in jobs}
-        ready: dict[int, ParsedFile] = {}
-        next_job = 0
-        while pending or next_job < len(jobs):
-            if pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for reference in done:
-                    batch = pending.pop(reference)
-                    try:
-                        results = ray.get(reference)
-                    except Exception as error:  # the task died: its files store nothing and say why
-                        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                        results = [ParsedFile(job.index, FileReport(path=job.path, status="error", format=job.format,
-                                                                    run=job.run_name, message=f"Ray task failed: {first}"))
-                                   for job in batch]
-                    for parsed in results:
-                        ready[parsed.index] = parsed
-            # Commit in walk order, so that run fields merge as they do in the local ingest.
-            while next_job < len(jobs) and jobs[next_job].index in ready:
-                job = jobs[next_job]
-                parsed = ready.pop(job.index)
-                report = commit(con, by_index[job.index], parsed)
-                reports[job.index] = report
-                if on_file:
-                    on_file(report)
-                next_job += 1
-            if not pending and next_job < len(jobs):
-                raise RuntimeError("a Ray task returned no result for some files")
-    finally:
-        if started_here:
-            ray.shutdown()
+def _dispatch(ray, con, jobs: list[FileJob], tokenizer: str | None, reports: dict[int, FileReport],
+              on_file) -> None:
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    per_task = max(1, math.ceil(len(jobs) / (max(cpus, 1) * TASKS_PER_WORKER)))
+    batches = [jobs[i:i + per_task] for i in range(0, len(jobs), per_task)]
+    remote = ray.remote(num_cpus=1, max_retries=1)(parse_batch)
+    pending = {remote.remote(batch, tokenizer): batch for batch in batches}
+    ready: dict[int, ParsedFile] = {}
+    next_job = 0
+    while pending or next_job < len(jobs):
+        if pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for reference in done:
+                batch = pending.pop(reference)
+                try:
+                    results = ray.get(reference)
+                except Exception as error:  # the task died: its files store nothing and say why
+                    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    results = [ParsedFile(job.index, FileReport(path=job.path, status="error", format=job.format,
+                                                                run=job.run_name, message=f"Ray task failed: {first}"))
+                               for job in batch]
+                for parsed in results:
+                    ready[parsed.index] = parsed
+        # Commit in walk order, so that run fields merge as they do in the local ingest.
+        while next_job < len(jobs) and jobs[next_job].index in ready:
+            job = jobs[next_job]
+            parsed = ready.pop(job.index)
+            report = commit(con, job, parsed)
+            reports[job.index] = report
+            if on_file:
+                on_file(report)
+            next_job += 1
+        if not pending and next_job < len(jobs):
+            raise RuntimeError("a Ray task returned no result for some files")
