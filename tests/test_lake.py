@@ -220,3 +220,15 @@ def test_bad_lake_targets_are_one_line_errors(three_runs, tmp_path):
     next(lake.glob("sample_groups/*/*.parquet")).unlink()
     missing = _invoke("runs", "--db", lake)
     assert missing.exit_code != 0 and "lacks" in missing.output and "Traceback" not in missing.output
+
+
+def test_the_python_interface_reads_a_lake_read_only(three_runs, tmp_path):
+    from polytrace_cli import Store
+    from polytrace_cli.errors import StoreError
+
+    lake = tmp_path / "lake"
+    _ok("lake", lake, "--db", three_runs)
+    with Store.open(three_runs, read_only=True) as store, Store.open(lake, read_only=True) as from_lake:
+        assert from_lake.runs().equals(store.runs())
+    with pytest.raises(StoreError, match="read-only"):
+        Store.open(lake)
