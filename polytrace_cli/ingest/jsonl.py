@@ -3,11 +3,16 @@
 The fast path hands the whole file to DuckDB's `read_json`, each field read as JSON. It is taken
 only when the file is clean: every line parses, every required field is present, every value fits
 its type (`fits_sql`: an integer field holds a whole number within its type, a flag a JSON
-boolean, ...), and every record passes the ingester's checks. Otherwise the file is read again
-line by line in Python, which names each bad line in `ingest_errors` by the same rule
-(`value_problem`), and only the good lines are handed to DuckDB. Either way the ingester then
-works on the table `records` with SQL, and a line is stored or rejected the same way whichever
-path read it.
+boolean, ...), and every record passes the ingester's checks. Otherwise the file is split into
+lines inside DuckDB and the bad region is found there: lines that are not JSON objects, miss a
+required field or hold a value that does not fit are the suspects, and only those are read again
+in Python, which names each in `ingest_errors` by the same rule (`value_problem`); the other lines
+are typed in bulk. A file that is not UTF-8 text, or where Python and DuckDB disagree about a
+line, is read line by line in Python. Either way the ingester then works on the table `records`
+with SQL, and a line is stored or rejected the same way whichever path read it.
+
+`load_batch_records` reads many small files of one format in one `read_json` call; a batch with
+any bad line is left to the per-file paths above (see `runner`).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 
-from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 
 # A spec maps field names to DuckDB scalar type names, [spec] for lists, {..} for objects.
 Spec = dict
@@ -194,15 +201,9 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
         )
     except duckdb.Error:
         return False
-    conditions = [f'"{name}" IS NULL' for name in required]
-    conditions += [f"NOT {fits_sql(_quoted(name), sub)}" for name, sub in spec.items()]
-    if con.execute(f"SELECT count(*) FROM raw_records WHERE {' OR '.join(conditions)}").fetchall()[0][0]:
+    if fetch_count(con, f"SELECT count(*) FROM raw_records WHERE {_bad_record_sql(spec, required)}"):
         return False
-    typed = ", ".join(
-        f"json_transform({_quoted(name)}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}"
-        for name, sub in spec.items()
-    )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT {typed} FROM raw_records")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT {_typed_sql(spec)} FROM raw_records")
     con.execute("DROP TABLE raw_records")
     if checks:
         bad = con.execute(
@@ -217,40 +218,52 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _line_problem(raw: bytes, spec: Spec, required: Sequence[str]) -> tuple[str, str, str | bytes] | None:
+    """(code, reason, text) why one line cannot be stored, ("", "blank line", text) for a blank line,
+    or None when the line holds a storable record. The per-line rule both fallbacks apply."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "encoding-error", "not UTF-8 text", raw
+    if not text.strip():
+        return "", "blank line", text
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
+        return "invalid-json", reason, text
+    if not isinstance(record, dict):
+        return "not-an-object", f"not a JSON object ({_json_kind(record)})", text
+    missing = [name for name in required if record.get(name) is None]
+    if missing:
+        return "missing-field", f"missing field {', '.join(missing)}", text
+    problem = value_problem(record, spec, "")
+    if problem:
+        code, reason = problem
+        return code, reason.replace("field .", "field "), text
+    return None
+
+
+def _account_for(ctx: FileContext, line_no: int, verdict: tuple[str, str, str | bytes]) -> None:
+    code, reason, text = verdict
+    if code:
+        ctx.reject(line_no, reason, text, code=code)
+    else:
+        ctx.ignore(reason)
+
+
 def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> None:
     import pyarrow as pa  # only dirty files come this way; clean ones never pay for the import
 
     good_lines: list[int] = []
     good_text: list[str] = []
     for line_no, raw in _iter_lines(ctx.path):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            ctx.reject(line_no, "not UTF-8 text", raw, code="encoding-error")
-            continue
-        if not text.strip():
-            ctx.ignore("blank line")
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as error:
-            reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
-            ctx.reject(line_no, reason, text, code="invalid-json")
-            continue
-        if not isinstance(record, dict):
-            ctx.reject(line_no, f"not a JSON object ({_json_kind(record)})", text, code="not-an-object")
-            continue
-        missing = [name for name in required if record.get(name) is None]
-        if missing:
-            ctx.reject(line_no, f"missing field {', '.join(missing)}", text, code="missing-field")
-            continue
-        problem = value_problem(record, spec, "")
-        if problem:
-            code, reason = problem
-            ctx.reject(line_no, reason.replace("field .", "field "), text, code=code)
+        verdict = _line_problem(raw, spec, required)
+        if verdict:
+            _account_for(ctx, line_no, verdict)
             continue
         good_lines.append(line_no)
-        good_text.append(text)
+        good_text.append(raw.decode("utf-8"))
     table = pa.table({"line_no": pa.array(good_lines, pa.int64()), "line": pa.array(good_text, pa.string())})
     con = ctx.con
     con.register("_good_lines", table)
@@ -263,12 +276,95 @@ def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     finally:
         con.unregister("_good_lines")
     text_by_line = dict(zip(good_lines, good_text))
+    _apply_checks(ctx, checks, text_by_line.__getitem__)
+
+
+def _apply_checks(ctx: FileContext, checks: Sequence[Check], text_of) -> None:
+    """Reject (and delete from `records`) the records a check fails, in line order per check."""
+    con = ctx.con
     for check in checks:
         failing = con.execute(f"SELECT line_no FROM records WHERE {check.bad_when} ORDER BY line_no").fetchall()
         if failing:
             for (line_no,) in failing:
-                ctx.reject(line_no, check.reason, text_by_line[line_no], code="constraint-error")
+                ctx.reject(line_no, check.reason, text_of(line_no), code="constraint-error")
             con.execute(f"DELETE FROM records WHERE {check.bad_when}")
+
+
+def _raw_records_sql(spec: Spec) -> str:
+    """Each spec field of every `raw_lines` line that is a JSON object, as JSON, extracted in one pass;
+    a field that is absent or JSON null is SQL NULL, as `read_json` gives it."""
+    paths = ", ".join(_sql_string("$." + json.dumps(name)) for name in spec)
+    fields = ", ".join(
+        f"CASE WHEN json_type(fields[{index}]) <> 'NULL' THEN fields[{index}] END AS {_quoted(name)}"
+        for index, name in enumerate(spec, start=1)
+    )
+    return (f"SELECT line_no, {fields} FROM (SELECT line_no, json_extract(line, [{paths}]) AS fields"
+            " FROM raw_lines WHERE json_valid(line) AND json_type(line) = 'OBJECT')")
+
+
+def _bad_record_sql(spec: Spec, required: Sequence[str]) -> str:
+    """SQL true for a row of raw JSON fields that misses a required field or holds a value that does not fit."""
+    conditions = [f"{_quoted(name)} IS NULL" for name in required]
+    conditions += [f"NOT {fits_sql(_quoted(name), sub)}" for name, sub in spec.items()]
+    return " OR ".join(conditions)
+
+
+def _typed_sql(spec: Spec) -> str:
+    return ", ".join(
+        f"json_transform({_quoted(name)}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}" for name, sub in spec.items()
+    )
+
+
+def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
+    """Find the bad lines of a file inside DuckDB and reject only those; False (nothing accounted)
+    when the file is not UTF-8 text or Python's rule accepts a line DuckDB doubts.
+
+    Each line is a suspect when DuckDB does not read it as a JSON object, or it misses a required
+    field, or a value does not fit (`fits_sql`); suspects go through the per-line rule
+    (`_line_problem`), every other line is typed in bulk, then the checks run as on the other paths.
+    """
+    con = ctx.con
+    try:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT unnest(range(1, len(parts) + 1)) AS line_no,"
+            " unnest(parts) AS line FROM (SELECT string_split(content, chr(10)) AS parts FROM read_text(?))",
+            [str(ctx.path)],
+        )
+    except duckdb.Error:
+        return False
+    try:
+        # A file ending in a newline splits into one empty piece after it, which is not a line.
+        con.execute("DELETE FROM raw_lines WHERE line_no > ? AND line = ''", [ctx.text_lines])
+        if fetch_count(con, "SELECT count(*) FROM raw_lines") != ctx.text_lines:
+            return False
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE raw_records AS " + _raw_records_sql(spec))
+        con.execute(f"DELETE FROM raw_records WHERE {_bad_record_sql(spec, required)}")
+        suspects = con.execute(
+            "SELECT line_no, line FROM raw_lines ANTI JOIN raw_records USING (line_no) ORDER BY line_no"
+        ).fetchall()
+        verdicts = []
+        for line_no, line in suspects:
+            verdict = _line_problem(line.encode("utf-8"), spec, required)
+            if verdict is None:
+                return False
+            verdicts.append((line_no, verdict))
+        for line_no, verdict in verdicts:
+            _account_for(ctx, line_no, verdict)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT line_no, {_typed_sql(spec)} FROM raw_records")
+        con.execute("DROP TABLE raw_records")
+
+        def text_of(line_no: int) -> str:
+            return con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
+
+        _apply_checks(ctx, checks, text_of)
+    finally:
+        con.execute("DROP TABLE IF EXISTS raw_lines")
+    return True
+
+
+def fetch_count(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> int:
+    return con.execute(sql, params or []).fetchall()[0][0]
 
 
 def load_records(
@@ -288,5 +384,6 @@ def load_records(
         ctx.ignore("blank line", ctx.lines - records)
         return records
     ctx.lines = ctx.text_lines
-    _slow_path(ctx, spec, required, checks)
+    if not _region_path(ctx, spec, required, checks):
+        _slow_path(ctx, spec, required, checks)
     return ctx.con.execute("SELECT count(*) FROM records").fetchall()[0][0]
