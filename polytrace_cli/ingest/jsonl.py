@@ -387,3 +387,80 @@ def load_records(
     if not _region_path(ctx, spec, required, checks):
         _slow_path(ctx, spec, required, checks)
     return ctx.con.execute("SELECT count(*) FROM records").fetchall()[0][0]
+
+
+class BulkJsonlIngester(JsonlTraceIngester):
+    """A JSON-lines trace whose records become rows by SQL alone, so many files can share one read.
+
+    Subclasses give `spec`, `required` and `checks` (see `load_records`) and write their rows from
+    the view `keyed`: the table `records` with each record's `file_id`, `run_id` and `file_rank`
+    (the rank a file's name gives, else NULL). The same SQL serves one file (`load`) and a batch
+    of files (`runner`), so both store the same rows.
+    """
+
+    spec: ClassVar[Spec]
+    required: ClassVar[tuple[str, ...]] = ()
+    checks: ClassVar[tuple[Check, ...]] = ()
+    # Run metadata a file contributes even when it holds no record.
+    meta_without_records: ClassVar[dict] = {}
+
+    def file_rank(self, path: Path) -> int | None:
+        """The rank a file's name gives its records, or None."""
+        return None
+
+    def write(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Insert the rows of every record in `keyed` into the store's tables."""
+        raise NotImplementedError
+
+    def summaries(self, con: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, dict]]:
+        """Per file_id in `keyed`: (rows as the store's views count them, run metadata)."""
+        raise NotImplementedError
+
+    def load(self, ctx: FileContext) -> None:
+        records = load_records(ctx, self.spec, self.required, self.checks)
+        con = ctx.con
+        rank = self.file_rank(ctx.path)
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW keyed AS SELECT {int(ctx.file_id)}::BIGINT AS file_id,"
+            f" {int(ctx.run_id)}::BIGINT AS run_id, {'NULL' if rank is None else int(rank)}::INTEGER AS file_rank,"
+            " * FROM records"
+        )
+        ctx.begin_writes()
+        self.write(con)
+        rows, meta = self.summaries(con).get(ctx.file_id, (0, dict(self.meta_without_records)))
+        ctx.rows += rows
+        ctx.stored = records
+        ctx.run_meta.update(meta)
+
+
+def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
+                       required: Sequence[str] = (), checks: Sequence[Check] = ()) -> set[str] | None:
+    """Read many files in one `read_json` into temp table `records`, with each record's `filename`.
+
+    Returns None when some line does not parse (which file holds it is unknown), else the files
+    holding a record that misses a field, holds a value that does not fit or fails a check: their
+    records are removed, for the caller to read those files one by one. Blank lines are skipped.
+    """
+    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
+    try:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
+            f" columns={raw_columns}, filename=true)",
+            [list(paths)],
+        )
+    except duckdb.Error:
+        return None
+    bad = {name for (name,) in con.execute(
+        f"SELECT DISTINCT filename FROM raw_records WHERE {_bad_record_sql(spec, required)}").fetchall()}
+    if bad:
+        con.execute("DELETE FROM raw_records WHERE filename IN (SELECT unnest(?))", [sorted(bad)])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT filename, {_typed_sql(spec)} FROM raw_records")
+    con.execute("DROP TABLE raw_records")
+    if checks:
+        failing = {name for (name,) in con.execute(
+            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+        ).fetchall()}
+        if failing:
+            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?))", [sorted(failing)])
+            bad |= failing
+    return bad
