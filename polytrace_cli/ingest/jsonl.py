@@ -201,10 +201,12 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
         )
     except duckdb.Error:
         return False
-    if fetch_count(con, f"SELECT count(*) FROM raw_records WHERE {_bad_record_sql(spec, required)}"):
+    _create_checked(con, spec, required, "")
+    if fetch_count(con, "SELECT count(*) FROM checked WHERE bad"):
+        con.execute("DROP TABLE checked")
         return False
-    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT {_typed_sql(spec)} FROM raw_records")
-    con.execute("DROP TABLE raw_records")
+    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
+    con.execute("DROP TABLE checked")
     if checks:
         bad = con.execute(
             f"SELECT count(*) FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
@@ -290,29 +292,49 @@ def _apply_checks(ctx: FileContext, checks: Sequence[Check], text_of) -> None:
             con.execute(f"DELETE FROM records WHERE {check.bad_when}")
 
 
-def _raw_records_sql(spec: Spec) -> str:
-    """Each spec field of every `raw_lines` line that is a JSON object, as JSON, extracted in one pass;
-    a field that is absent or JSON null is SQL NULL, as `read_json` gives it."""
+def _create_raw_records(con: duckdb.DuckDBPyConnection, spec: Spec, keys: str) -> None:
+    """Temp table `raw_records`: `keys` and each spec field, as JSON, of every `raw_lines` line that is a
+    JSON object, extracted in one pass (a field that is absent is NULL; JSON null stays JSON).
+
+    Most lines are valid JSON, so the extraction is first tried without validating each line
+    (DuckDB refuses the whole statement if one is not); only then is each line validated first.
+    """
     paths = ", ".join(_sql_string("$." + json.dumps(name)) for name in spec)
-    fields = ", ".join(
-        f"CASE WHEN json_type(fields[{index}]) <> 'NULL' THEN fields[{index}] END AS {_quoted(name)}"
-        for index, name in enumerate(spec, start=1)
+    fields = ", ".join(f"fields[{index}] AS {_quoted(name)}" for index, name in enumerate(spec, start=1))
+    select = (f"CREATE OR REPLACE TEMP TABLE raw_records AS SELECT {keys}, {fields}"
+              f" FROM (SELECT {keys}, json_extract(line, [{paths}]) AS fields FROM raw_lines WHERE {{valid}})")
+    # An object's text starts with '{' (leading white space aside, which is left to the per-line rule).
+    try:
+        con.execute(select.format(valid="starts_with(line, '{')"))
+    except duckdb.Error:
+        con.execute(select.format(valid="starts_with(line, '{') AND json_valid(line)"))
+
+
+def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str) -> None:
+    """Temp table `checked`: `keys`, each field of `raw_records` typed by the spec, and `bad`: whether
+    the record misses a required field or holds a value that does not fit its type.
+
+    A value whose typed form (`json_transform`) writes back (`to_json`) to the very same JSON text
+    fits its type, and most values do; only the others are put to the exact rule `fits_sql`,
+    which costs far more (a whole number written 5.0, a struct with absent keys, a string with
+    escapes are such values, and may still fit).
+    """
+    typed, conditions = [], []
+    for name in required:
+        conditions.append(f"raw.{_quoted(name)} IS NULL OR raw.{_quoted(name)}::VARCHAR = 'null'")
+    for name, sub in spec.items():
+        field = f"raw.{_quoted(name)}"
+        typed.append(f"json_transform({field}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}")
+        if sub == "JSON":
+            continue
+        written_back = f"to_json(json_transform({field}, {_sql_string(json.dumps(sub))}))::VARCHAR = {field}::VARCHAR"
+        conditions.append(f"CASE WHEN {written_back} THEN false ELSE NOT {fits_sql(field, sub)} END")
+    key_list = ", ".join(f"raw.{key.strip()}" for key in keys.split(",") if key.strip())
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(typed)},"
+        f" coalesce({' OR '.join(f'({c})' for c in conditions) or 'false'}, false) AS bad FROM raw_records raw"
     )
-    return (f"SELECT line_no, {fields} FROM (SELECT line_no, json_extract(line, [{paths}]) AS fields"
-            " FROM raw_lines WHERE json_valid(line) AND json_type(line) = 'OBJECT')")
-
-
-def _bad_record_sql(spec: Spec, required: Sequence[str]) -> str:
-    """SQL true for a row of raw JSON fields that misses a required field or holds a value that does not fit."""
-    conditions = [f"{_quoted(name)} IS NULL" for name in required]
-    conditions += [f"NOT {fits_sql(_quoted(name), sub)}" for name, sub in spec.items()]
-    return " OR ".join(conditions)
-
-
-def _typed_sql(spec: Spec) -> str:
-    return ", ".join(
-        f"json_transform({_quoted(name)}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}" for name, sub in spec.items()
-    )
+    con.execute("DROP TABLE raw_records")
 
 
 def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
@@ -337,11 +359,11 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
         con.execute("DELETE FROM raw_lines WHERE line_no > ? AND line = ''", [ctx.text_lines])
         if fetch_count(con, "SELECT count(*) FROM raw_lines") != ctx.text_lines:
             return False
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE raw_records AS " + _raw_records_sql(spec))
-        con.execute(f"DELETE FROM raw_records WHERE {_bad_record_sql(spec, required)}")
+        _create_raw_records(con, spec, "line_no")
+        _create_checked(con, spec, required, "line_no")
+        con.execute("DELETE FROM checked WHERE bad")
         suspects = con.execute(
-            "SELECT line_no, line FROM raw_lines ANTI JOIN raw_records USING (line_no) ORDER BY line_no"
+            "SELECT line_no, line FROM raw_lines ANTI JOIN checked USING (line_no) ORDER BY line_no"
         ).fetchall()
         verdicts = []
         for line_no, line in suspects:
@@ -351,8 +373,8 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
             verdicts.append((line_no, verdict))
         for line_no, verdict in verdicts:
             _account_for(ctx, line_no, verdict)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT line_no, {_typed_sql(spec)} FROM raw_records")
-        con.execute("DROP TABLE raw_records")
+        con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
+        con.execute("DROP TABLE checked")
 
         def text_of(line_no: int) -> str:
             return con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
@@ -434,28 +456,42 @@ class BulkJsonlIngester(JsonlTraceIngester):
 
 
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
-                       required: Sequence[str] = (), checks: Sequence[Check] = ()) -> set[str] | None:
-    """Read many files in one `read_json` into temp table `records`, with each record's `filename`.
+                       required: Sequence[str] = (), checks: Sequence[Check] = ()) -> tuple[set[str], dict] | None:
+    """Read many files in one pass into temp table `records`, with each record's `filename`.
 
-    Returns None when some line does not parse (which file holds it is unknown), else the files
-    holding a record that misses a field, holds a value that does not fit or fails a check: their
-    records are removed, for the caller to read those files one by one. Blank lines are skipped.
+    The files are read as text (`read_text`, far cheaper per file than `read_json`) and split into
+    lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields fit
+    (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not UTF-8
+    text (which one is unknown), else (the files holding a bad line or a record that fails a
+    check, whose records are removed for the caller to read those files alone; {filename:
+    (lines, blank lines)} of every file read).
     """
-    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
     try:
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
-            f" columns={raw_columns}, filename=true)",
+            "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT filename, unnest(range(1, len(parts) + 1)) AS line_no,"
+            " unnest(parts) AS line FROM (SELECT filename, CASE WHEN ends_with(content, chr(10))"
+            " THEN list_slice(pieces, 1, len(pieces) - 1) ELSE pieces END AS parts"
+            " FROM (SELECT filename, content, string_split(content, chr(10)) AS pieces FROM read_text(?)))",
             [list(paths)],
         )
     except duckdb.Error:
         return None
-    bad = {name for (name,) in con.execute(
-        f"SELECT DISTINCT filename FROM raw_records WHERE {_bad_record_sql(spec, required)}").fetchall()}
-    if bad:
-        con.execute("DELETE FROM raw_records WHERE filename IN (SELECT unnest(?))", [sorted(bad)])
-    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT filename, {_typed_sql(spec)} FROM raw_records")
-    con.execute("DROP TABLE raw_records")
+    try:
+        counts = {name: (lines, blank) for name, lines, blank in con.execute(
+            "SELECT filename, count(*), count(*) FILTER (WHERE regexp_full_match(line, '\\s*')) FROM raw_lines"
+            " GROUP BY filename").fetchall()}
+        _create_raw_records(con, spec, "filename, line_no")
+        _create_checked(con, spec, required, "filename, line_no")
+        bad = {name for (name,) in con.execute(
+            "SELECT DISTINCT filename FROM checked WHERE bad"
+            " UNION SELECT DISTINCT filename FROM raw_lines l WHERE NOT regexp_full_match(line, '\\s*')"
+            " AND NOT EXISTS (SELECT 1 FROM checked r WHERE r.filename = l.filename AND r.line_no = l.line_no)"
+        ).fetchall()}
+    finally:
+        con.execute("DROP TABLE IF EXISTS raw_lines")
+    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad, line_no) FROM checked"
+                " WHERE filename NOT IN (SELECT unnest(?))", [sorted(bad)])
+    con.execute("DROP TABLE checked")
     if checks:
         failing = {name for (name,) in con.execute(
             f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
@@ -463,4 +499,4 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
         if failing:
             con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?))", [sorted(failing)])
             bad |= failing
-    return bad
+    return bad, counts
