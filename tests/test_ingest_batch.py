@@ -162,3 +162,22 @@ def test_reingest_of_a_batch_is_skipped_file_by_file_and_a_changed_file_replaces
     ids_after = dict(store.execute("SELECT path, file_id FROM files").fetchall())
     assert {p: i for p, i in ids_after.items() if p != key} == {p: i for p, i in ids_before.items() if p != key}
     assert ids_after[key] != ids_before[key]
+
+
+def test_the_command_summarises_many_files_per_run_format_and_status(tmp_path):
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    for step in range(250):
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(packed_line(step, 0) + "\n")
+    (folder / "packed_lengths_step_250.jsonl").write_text(packed_line(250, 0)[:-1] + "\n")
+    result = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "s.duckdb")])
+    assert result.exit_code == 0, result.output
+    assert "251 files" in result.output  # one row: run fleet, polytrace-packed, ingested
+    assert "packed_lengths_step_" not in result.output
+    assert "251 file(s), 750 rows, 1 rejected lines" in result.output
+    listed = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "s.duckdb"), "--json"])
+    assert len(json.loads(listed.stdout)) == 251

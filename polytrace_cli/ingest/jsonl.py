@@ -319,20 +319,22 @@ def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequen
     which costs far more (a whole number written 5.0, a struct with absent keys, a string with
     escapes are such values, and may still fit).
     """
-    typed, conditions = [], []
+    typed, outputs, conditions = [], [], []
     for name in required:
         conditions.append(f"raw.{_quoted(name)} IS NULL OR raw.{_quoted(name)}::VARCHAR = 'null'")
-    for name, sub in spec.items():
-        field = f"raw.{_quoted(name)}"
-        typed.append(f"json_transform({field}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}")
+    for index, (name, sub) in enumerate(spec.items()):
+        field, typed_field = f"raw.{_quoted(name)}", f"raw._typed_{index}"
+        typed.append(f"json_transform({field}, {_sql_string(json.dumps(sub))}) AS _typed_{index}")
+        outputs.append(f"{typed_field} AS {_quoted(name)}")
         if sub == "JSON":
             continue
-        written_back = f"to_json(json_transform({field}, {_sql_string(json.dumps(sub))}))::VARCHAR = {field}::VARCHAR"
+        written_back = f"to_json({typed_field})::VARCHAR = {field}::VARCHAR"
         conditions.append(f"CASE WHEN {written_back} THEN false ELSE NOT {fits_sql(field, sub)} END")
     key_list = ", ".join(f"raw.{key.strip()}" for key in keys.split(",") if key.strip())
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(typed)},"
-        f" coalesce({' OR '.join(f'({c})' for c in conditions) or 'false'}, false) AS bad FROM raw_records raw"
+        f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(outputs)},"
+        f" coalesce({' OR '.join(f'({c})' for c in conditions) or 'false'}, false) AS bad"
+        f" FROM (SELECT *, {', '.join(typed)} FROM raw_records raw) raw"
     )
     con.execute("DROP TABLE raw_records")
 
