@@ -18,6 +18,7 @@ GOOD = ('{"step": 3, "rank": 0, "dp_rank": %d, "tp_rank": 0, "local_index": %d, 
 BAD_LINES = [
     ('{"step": 3, "input": 10, "output": [5', "invalid-json"),
     ("Traceback (most recent call last):", "invalid-json"),
+    ('{"step": 3, "input": 10, "output": [5], "note": "cut in a str', "invalid-json"),
     ("[1, 2, 3]", "not-an-object"),
     ('{"step": 3, "output": [5]}', "missing-field"),
     ('{"step": null, "input": 4, "output": [5]}', "missing-field"),
@@ -61,7 +62,7 @@ def _context(con, path: Path, file_id: int) -> FileContext:
 
 def _outcome(con, ctx: FileContext, order: str) -> tuple:
     records = con.execute(f"SELECT * EXCLUDE (line_no) FROM records ORDER BY {order}").fetchall()
-    errors = [(line_no, reason, code) for _, line_no, reason, _, code in ctx._errors]
+    errors = [(line_no, reason, raw, code) for _, line_no, reason, raw, code in ctx._errors]
     return records, errors, dict(ctx.ignored), ctx.lines
 
 
@@ -89,7 +90,7 @@ def test_region_path_agrees_with_the_python_path_on_every_kind_of_bad_line(store
 
     assert by_region == by_python
     records, errors, ignored, lines_read = by_region
-    assert sorted((line_no, code) for line_no, _, code in errors) == sorted(expected_codes.items())
+    assert sorted((line_no, code) for line_no, _, _, code in errors) == sorted(expected_codes.items())
     assert ignored == {"blank line": 2}
     assert len(records) == 2 * len(BAD_LINES) + 1
     assert lines_read == len(records) + len(errors) + 2

@@ -361,14 +361,21 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
         con.execute("DELETE FROM raw_lines WHERE line_no > ? AND line = ''", [ctx.text_lines])
         if fetch_count(con, "SELECT count(*) FROM raw_lines") != ctx.text_lines:
             return False
-        _create_raw_records(con, spec, "line_no")
-        _create_checked(con, spec, required, "line_no")
-        con.execute("DELETE FROM checked WHERE bad")
-        suspects = con.execute(
-            "SELECT line_no, line FROM raw_lines ANTI JOIN checked USING (line_no) ORDER BY line_no"
-        ).fetchall()
+        try:
+            _create_raw_records(con, spec, "line_no")
+            _create_checked(con, spec, required, "line_no")
+            con.execute("DELETE FROM checked WHERE bad")
+            suspects = con.execute(
+                "SELECT line_no, line FROM raw_lines ANTI JOIN checked USING (line_no) ORDER BY line_no"
+            ).fetchall()
+        except duckdb.Error:
+            return False  # nothing accounted yet: the Python path reads the file
         verdicts = []
+        last_has_newline = _ends_with_newline(ctx.path)
         for line_no, line in suspects:
+            # The line as the Python path reads it: with its newline, unless it is a last line without one.
+            if line_no < ctx.text_lines or last_has_newline:
+                line += "\n"
             verdict = _line_problem(line.encode("utf-8"), spec, required)
             if verdict is None:
                 return False
@@ -379,12 +386,22 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
         con.execute("DROP TABLE checked")
 
         def text_of(line_no: int) -> str:
-            return con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
+            line = con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
+            return line + "\n" if line_no < ctx.text_lines or last_has_newline else line
 
         _apply_checks(ctx, checks, text_of)
     finally:
         con.execute("DROP TABLE IF EXISTS raw_lines")
     return True
+
+
+def _ends_with_newline(path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        if handle.tell() == 0:
+            return False
+        handle.seek(-1, 2)
+        return handle.read(1) == b"\n"
 
 
 def fetch_count(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> int:

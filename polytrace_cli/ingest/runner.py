@@ -341,7 +341,7 @@ def ingest_paths(
 # BATCH_MAX_BYTES in all; a larger file is read alone (one file already makes a bulk read).
 BATCH_FILE_MAX_BYTES = 4 << 20
 BATCH_MAX_FILES = 10_000
-BATCH_MAX_BYTES = 256 << 20
+BATCH_MAX_BYTES = 128 << 20
 # A batch whose read fails (a line that does not parse, in a file unknown) is split in halves
 # until this many files remain, which are then read one by one.
 BATCH_SPLIT_MIN_FILES = 4
@@ -400,7 +400,11 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
                         bytes=member.size))
     if not changed:
         return
-    read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required, ingester.checks)
+    try:
+        read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
+                                  ingester.checks)
+    except duckdb.Error:
+        read = None  # handled like a read that fails: the batch is split
     if read is None:
         if len(changed) <= BATCH_SPLIT_MIN_FILES:
             for member in changed:
