@@ -368,12 +368,14 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
         size = path.stat().st_size
         if not 0 < size <= BATCH_FILE_MAX_BYTES:
             return None
-        data = path.read_bytes()  # small: read once for sniffing, hashing and counting lines
+        with open(path, "rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+            ingester = forced or detect(path, head)
+            if not isinstance(ingester, BulkJsonlIngester):
+                return None
+            data = head + handle.read()  # small: read once for sniffing, hashing and counting lines
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
-    ingester = forced or detect(path, data[:SNIFF_BYTES])
-    if not isinstance(ingester, BulkJsonlIngester):
-        return None
     resolved = path.resolve()
     hashes.known(resolved, hash_and_count_bytes(data))
     return _BatchMember(resolved, explicit, ingester, len(data))
