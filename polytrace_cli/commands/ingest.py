@@ -24,10 +24,31 @@ SUMMARY_COLUMNS = ["file", "run", "format", "status", "lines", "rows", "ignored"
 SUMMARY_ORDER = ["file", "status", "lines", "rows", "ignored", "rejected", "run", "format", "seconds", "MB/s"]
 
 
+# Beyond this many files the table shows one row per run, format and status instead of one per file.
+SUMMARY_MAX_FILES = 200
+
+
 def _print_summary(reports: list[FileReport]) -> None:
+    if len(reports) > SUMMARY_MAX_FILES:
+        _print_grouped_summary(reports)
+        return
     rows = [(Path(r.path).name, r.run, r.format, r.status, r.lines, r.rows, r.ignored, r.rejected,
              round(r.seconds, 3), round(r.mb_per_s, 1)) for r in reports]
     emit_table(SUMMARY_COLUMNS, rows, numeric=set(SUMMARY_COLUMNS[4:]), title="ingested files", order=SUMMARY_ORDER)
+
+
+def _print_grouped_summary(reports: list[FileReport]) -> None:
+    groups: dict[tuple, list[FileReport]] = {}
+    for report in reports:
+        groups.setdefault((report.run, report.format, report.status), []).append(report)
+    rows = []
+    for (run, fmt, status), members in groups.items():
+        seconds = sum(r.seconds for r in members)
+        size = sum(r.bytes for r in members)
+        rows.append((f"{len(members):,} files", run, fmt, status, sum(r.lines for r in members),
+                     sum(r.rows for r in members), sum(r.ignored for r in members), sum(r.rejected for r in members),
+                     round(seconds, 3), round(size / 1e6 / seconds, 1) if seconds > 0 else 0.0))
+    emit_table(SUMMARY_COLUMNS, rows, numeric=set(SUMMARY_COLUMNS[4:]), title="ingested files (--json lists each)")
 
 
 @user_errors

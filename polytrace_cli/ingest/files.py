@@ -140,6 +140,12 @@ def _decompress(source: Path, target: Path) -> None:
         raise CorruptFile(f"damaged {source.suffix} archive: {error}") from None
 
 
+def hash_and_count_bytes(data: bytes) -> tuple[str, int, int]:
+    """`hash_and_count` of a file's bytes already read."""
+    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    return hashlib.sha256(data).hexdigest(), len(data), lines
+
+
 def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int]:
     """sha256, size in bytes and number of lines (a last line without newline counts)."""
     digest = hashlib.sha256()
@@ -190,10 +196,19 @@ class FileHashes:
 
     def future(self, path: Path) -> Future:
         """The (maybe still running) `hash_and_count` of `path`."""
+        if path in self._jobs:  # already a resolved path: no need to resolve it again
+            return self._jobs[path]
         key = Path(path).resolve()
         if key not in self._jobs:
             self._jobs[key] = self._pool.submit(hash_and_count, key)
         return self._jobs[key]
+
+    def known(self, resolved: Path, result: tuple[str, int, int]) -> None:
+        """Record the `hash_and_count` of a file (by its resolved path) computed elsewhere."""
+        if resolved not in self._jobs:
+            done: Future = Future()
+            done.set_result(result)
+            self._jobs[resolved] = done
 
     def result(self, path: Path) -> tuple[str, int, int]:
         """`hash_and_count(path)`, waiting for it if needed."""

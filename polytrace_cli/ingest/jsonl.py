@@ -3,11 +3,16 @@
 The fast path hands the whole file to DuckDB's `read_json`, each field read as JSON. It is taken
 only when the file is clean: every line parses, every required field is present, every value fits
 its type (`fits_sql`: an integer field holds a whole number within its type, a flag a JSON
-boolean, ...), and every record passes the ingester's checks. Otherwise the file is read again
-line by line in Python, which names each bad line in `ingest_errors` by the same rule
-(`value_problem`), and only the good lines are handed to DuckDB. Either way the ingester then
-works on the table `records` with SQL, and a line is stored or rejected the same way whichever
-path read it.
+boolean, ...), and every record passes the ingester's checks. Otherwise the file is split into
+lines inside DuckDB and the bad region is found there: lines that are not JSON objects, miss a
+required field or hold a value that does not fit are the suspects, and only those are read again
+in Python, which names each in `ingest_errors` by the same rule (`value_problem`); the other lines
+are typed in bulk. A file that is not UTF-8 text, or where Python and DuckDB disagree about a
+line, is read line by line in Python. Either way the ingester then works on the table `records`
+with SQL, and a line is stored or rejected the same way whichever path read it.
+
+`load_batch_records` reads many small files of one format in one `read_json` call; a batch with
+any bad line is left to the per-file paths above (see `runner`).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 
-from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 
 # A spec maps field names to DuckDB scalar type names, [spec] for lists, {..} for objects.
 Spec = dict
@@ -194,16 +201,12 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
         )
     except duckdb.Error:
         return False
-    conditions = [f'"{name}" IS NULL' for name in required]
-    conditions += [f"NOT {fits_sql(_quoted(name), sub)}" for name, sub in spec.items()]
-    if con.execute(f"SELECT count(*) FROM raw_records WHERE {' OR '.join(conditions)}").fetchall()[0][0]:
+    _create_checked(con, spec, required, "")
+    if fetch_count(con, "SELECT count(*) FROM checked WHERE bad"):
+        con.execute("DROP TABLE checked")
         return False
-    typed = ", ".join(
-        f"json_transform({_quoted(name)}, {_sql_string(json.dumps(sub))}) AS {_quoted(name)}"
-        for name, sub in spec.items()
-    )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT {typed} FROM raw_records")
-    con.execute("DROP TABLE raw_records")
+    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
+    con.execute("DROP TABLE checked")
     if checks:
         bad = con.execute(
             f"SELECT count(*) FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
@@ -217,40 +220,52 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _line_problem(raw: bytes, spec: Spec, required: Sequence[str]) -> tuple[str, str, str | bytes] | None:
+    """(code, reason, text) why one line cannot be stored, ("", "blank line", text) for a blank line,
+    or None when the line holds a storable record. The per-line rule both fallbacks apply."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "encoding-error", "not UTF-8 text", raw
+    if not text.strip():
+        return "", "blank line", text
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
+        return "invalid-json", reason, text
+    if not isinstance(record, dict):
+        return "not-an-object", f"not a JSON object ({_json_kind(record)})", text
+    missing = [name for name in required if record.get(name) is None]
+    if missing:
+        return "missing-field", f"missing field {', '.join(missing)}", text
+    problem = value_problem(record, spec, "")
+    if problem:
+        code, reason = problem
+        return code, reason.replace("field .", "field "), text
+    return None
+
+
+def _account_for(ctx: FileContext, line_no: int, verdict: tuple[str, str, str | bytes]) -> None:
+    code, reason, text = verdict
+    if code:
+        ctx.reject(line_no, reason, text, code=code)
+    else:
+        ctx.ignore(reason)
+
+
 def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> None:
     import pyarrow as pa  # only dirty files come this way; clean ones never pay for the import
 
     good_lines: list[int] = []
     good_text: list[str] = []
     for line_no, raw in _iter_lines(ctx.path):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            ctx.reject(line_no, "not UTF-8 text", raw, code="encoding-error")
-            continue
-        if not text.strip():
-            ctx.ignore("blank line")
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as error:
-            reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
-            ctx.reject(line_no, reason, text, code="invalid-json")
-            continue
-        if not isinstance(record, dict):
-            ctx.reject(line_no, f"not a JSON object ({_json_kind(record)})", text, code="not-an-object")
-            continue
-        missing = [name for name in required if record.get(name) is None]
-        if missing:
-            ctx.reject(line_no, f"missing field {', '.join(missing)}", text, code="missing-field")
-            continue
-        problem = value_problem(record, spec, "")
-        if problem:
-            code, reason = problem
-            ctx.reject(line_no, reason.replace("field .", "field "), text, code=code)
+        verdict = _line_problem(raw, spec, required)
+        if verdict:
+            _account_for(ctx, line_no, verdict)
             continue
         good_lines.append(line_no)
-        good_text.append(text)
+        good_text.append(raw.decode("utf-8"))
     table = pa.table({"line_no": pa.array(good_lines, pa.int64()), "line": pa.array(good_text, pa.string())})
     con = ctx.con
     con.register("_good_lines", table)
@@ -263,12 +278,134 @@ def _slow_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     finally:
         con.unregister("_good_lines")
     text_by_line = dict(zip(good_lines, good_text))
+    _apply_checks(ctx, checks, text_by_line.__getitem__)
+
+
+def _apply_checks(ctx: FileContext, checks: Sequence[Check], text_of) -> None:
+    """Reject (and delete from `records`) the records a check fails, in line order per check."""
+    con = ctx.con
     for check in checks:
         failing = con.execute(f"SELECT line_no FROM records WHERE {check.bad_when} ORDER BY line_no").fetchall()
         if failing:
             for (line_no,) in failing:
-                ctx.reject(line_no, check.reason, text_by_line[line_no], code="constraint-error")
+                ctx.reject(line_no, check.reason, text_of(line_no), code="constraint-error")
             con.execute(f"DELETE FROM records WHERE {check.bad_when}")
+
+
+def _create_raw_records(con: duckdb.DuckDBPyConnection, spec: Spec, keys: str) -> None:
+    """Temp table `raw_records`: `keys` and each spec field, as JSON, of every `raw_lines` line that is a
+    JSON object, extracted in one pass (a field that is absent is NULL; JSON null stays JSON).
+
+    Most lines are valid JSON, so the extraction is first tried without validating each line
+    (DuckDB refuses the whole statement if one is not); only then is each line validated first.
+    """
+    paths = ", ".join(_sql_string("$." + json.dumps(name)) for name in spec)
+    fields = ", ".join(f"fields[{index}] AS {_quoted(name)}" for index, name in enumerate(spec, start=1))
+    select = (f"CREATE OR REPLACE TEMP TABLE raw_records AS SELECT {keys}, {fields}"
+              f" FROM (SELECT {keys}, json_extract(line, [{paths}]) AS fields FROM raw_lines WHERE {{valid}})")
+    # An object's text starts with '{' (leading white space aside, which is left to the per-line rule).
+    try:
+        con.execute(select.format(valid="starts_with(line, '{')"))
+    except duckdb.Error:
+        con.execute(select.format(valid="starts_with(line, '{') AND json_valid(line)"))
+
+
+def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str) -> None:
+    """Temp table `checked`: `keys`, each field of `raw_records` typed by the spec, and `bad`: whether
+    the record misses a required field or holds a value that does not fit its type.
+
+    A value whose typed form (`json_transform`) writes back (`to_json`) to the very same JSON text
+    fits its type, and most values do; only the others are put to the exact rule `fits_sql`,
+    which costs far more (a whole number written 5.0, a struct with absent keys, a string with
+    escapes are such values, and may still fit).
+    """
+    typed, outputs, conditions = [], [], []
+    for name in required:
+        conditions.append(f"raw.{_quoted(name)} IS NULL OR raw.{_quoted(name)}::VARCHAR = 'null'")
+    for index, (name, sub) in enumerate(spec.items()):
+        field, typed_field = f"raw.{_quoted(name)}", f"raw._typed_{index}"
+        typed.append(f"json_transform({field}, {_sql_string(json.dumps(sub))}) AS _typed_{index}")
+        outputs.append(f"{typed_field} AS {_quoted(name)}")
+        if sub == "JSON":
+            continue
+        written_back = f"to_json({typed_field})::VARCHAR = {field}::VARCHAR"
+        conditions.append(f"CASE WHEN {written_back} THEN false ELSE NOT {fits_sql(field, sub)} END")
+    key_list = ", ".join(f"raw.{key.strip()}" for key in keys.split(",") if key.strip())
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(outputs)},"
+        f" coalesce({' OR '.join(f'({c})' for c in conditions) or 'false'}, false) AS bad"
+        f" FROM (SELECT *, {', '.join(typed)} FROM raw_records raw) raw"
+    )
+    con.execute("DROP TABLE raw_records")
+
+
+def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
+    """Find the bad lines of a file inside DuckDB and reject only those; False (nothing accounted)
+    when the file is not UTF-8 text or Python's rule accepts a line DuckDB doubts.
+
+    Each line is a suspect when DuckDB does not read it as a JSON object, or it misses a required
+    field, or a value does not fit (`fits_sql`); suspects go through the per-line rule
+    (`_line_problem`), every other line is typed in bulk, then the checks run as on the other paths.
+    """
+    con = ctx.con
+    try:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT unnest(range(1, len(parts) + 1)) AS line_no,"
+            " unnest(parts) AS line FROM (SELECT string_split(content, chr(10)) AS parts FROM read_text(?))",
+            [str(ctx.path)],
+        )
+    except duckdb.Error:
+        return False
+    try:
+        # A file ending in a newline splits into one empty piece after it, which is not a line.
+        con.execute("DELETE FROM raw_lines WHERE line_no > ? AND line = ''", [ctx.text_lines])
+        if fetch_count(con, "SELECT count(*) FROM raw_lines") != ctx.text_lines:
+            return False
+        try:
+            _create_raw_records(con, spec, "line_no")
+            _create_checked(con, spec, required, "line_no")
+            con.execute("DELETE FROM checked WHERE bad")
+            suspects = con.execute(
+                "SELECT line_no, line FROM raw_lines ANTI JOIN checked USING (line_no) ORDER BY line_no"
+            ).fetchall()
+        except duckdb.Error:
+            return False  # nothing accounted yet: the Python path reads the file
+        verdicts = []
+        last_has_newline = _ends_with_newline(ctx.path)
+        for line_no, line in suspects:
+            # The line as the Python path reads it: with its newline, unless it is a last line without one.
+            if line_no < ctx.text_lines or last_has_newline:
+                line += "\n"
+            verdict = _line_problem(line.encode("utf-8"), spec, required)
+            if verdict is None:
+                return False
+            verdicts.append((line_no, verdict))
+        for line_no, verdict in verdicts:
+            _account_for(ctx, line_no, verdict)
+        con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
+        con.execute("DROP TABLE checked")
+
+        def text_of(line_no: int) -> str:
+            line = con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
+            return line + "\n" if line_no < ctx.text_lines or last_has_newline else line
+
+        _apply_checks(ctx, checks, text_of)
+    finally:
+        con.execute("DROP TABLE IF EXISTS raw_lines")
+    return True
+
+
+def _ends_with_newline(path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        if handle.tell() == 0:
+            return False
+        handle.seek(-1, 2)
+        return handle.read(1) == b"\n"
+
+
+def fetch_count(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> int:
+    return con.execute(sql, params or []).fetchall()[0][0]
 
 
 def load_records(
@@ -288,5 +425,97 @@ def load_records(
         ctx.ignore("blank line", ctx.lines - records)
         return records
     ctx.lines = ctx.text_lines
-    _slow_path(ctx, spec, required, checks)
+    if not _region_path(ctx, spec, required, checks):
+        _slow_path(ctx, spec, required, checks)
     return ctx.con.execute("SELECT count(*) FROM records").fetchall()[0][0]
+
+
+class BulkJsonlIngester(JsonlTraceIngester):
+    """A JSON-lines trace whose records become rows by SQL alone, so many files can share one read.
+
+    Subclasses give `spec`, `required` and `checks` (see `load_records`) and write their rows from
+    the view `keyed`: the table `records` with each record's `file_id`, `run_id` and `file_rank`
+    (the rank a file's name gives, else NULL). The same SQL serves one file (`load`) and a batch
+    of files (`runner`), so both store the same rows.
+    """
+
+    spec: ClassVar[Spec]
+    required: ClassVar[tuple[str, ...]] = ()
+    checks: ClassVar[tuple[Check, ...]] = ()
+    # Run metadata a file contributes even when it holds no record.
+    meta_without_records: ClassVar[dict] = {}
+
+    def file_rank(self, path: Path) -> int | None:
+        """The rank a file's name gives its records, or None."""
+        return None
+
+    def write(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Insert the rows of every record in `keyed` into the store's tables."""
+        raise NotImplementedError
+
+    def summaries(self, con: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, dict]]:
+        """Per file_id in `keyed`: (rows as the store's views count them, run metadata)."""
+        raise NotImplementedError
+
+    def load(self, ctx: FileContext) -> None:
+        records = load_records(ctx, self.spec, self.required, self.checks)
+        con = ctx.con
+        rank = self.file_rank(ctx.path)
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW keyed AS SELECT {int(ctx.file_id)}::BIGINT AS file_id,"
+            f" {int(ctx.run_id)}::BIGINT AS run_id, {'NULL' if rank is None else int(rank)}::INTEGER AS file_rank,"
+            " * FROM records"
+        )
+        ctx.begin_writes()
+        self.write(con)
+        rows, meta = self.summaries(con).get(ctx.file_id, (0, dict(self.meta_without_records)))
+        ctx.rows += rows
+        ctx.stored = records
+        ctx.run_meta.update(meta)
+
+
+def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
+                       required: Sequence[str] = (), checks: Sequence[Check] = ()) -> tuple[set[str], dict] | None:
+    """Read many files in one pass into temp table `records`, with each record's `filename`.
+
+    The files are read as text (`read_text`, far cheaper per file than `read_json`) and split into
+    lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields fit
+    (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not UTF-8
+    text (which one is unknown), else (the files holding a bad line or a record that fails a
+    check, whose records are removed for the caller to read those files alone; {filename:
+    (lines, blank lines)} of every file read).
+    """
+    try:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT filename, unnest(range(1, len(parts) + 1)) AS line_no,"
+            " unnest(parts) AS line FROM (SELECT filename, CASE WHEN ends_with(content, chr(10))"
+            " THEN list_slice(pieces, 1, len(pieces) - 1) ELSE pieces END AS parts"
+            " FROM (SELECT filename, content, string_split(content, chr(10)) AS pieces FROM read_text(?)))",
+            [list(paths)],
+        )
+    except duckdb.Error:
+        return None
+    try:
+        counts = {name: (lines, blank) for name, lines, blank in con.execute(
+            "SELECT filename, count(*), count(*) FILTER (WHERE regexp_full_match(line, '\\s*')) FROM raw_lines"
+            " GROUP BY filename").fetchall()}
+        _create_raw_records(con, spec, "filename, line_no")
+        _create_checked(con, spec, required, "filename, line_no")
+        bad = {name for (name,) in con.execute(
+            "SELECT DISTINCT filename FROM checked WHERE bad"
+            " UNION SELECT DISTINCT filename FROM raw_lines l WHERE NOT regexp_full_match(line, '\\s*')"
+            " AND NOT EXISTS (SELECT 1 FROM checked r WHERE r.filename = l.filename AND r.line_no = l.line_no)"
+        ).fetchall()}
+    finally:
+        con.execute("DROP TABLE IF EXISTS raw_lines")
+    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad, line_no) FROM checked"
+                " WHERE filename NOT IN (SELECT unnest(?))", [sorted(bad)])
+    con.execute("DROP TABLE checked")
+    if checks:
+        failing = {name for (name,) in con.execute(
+            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+        ).fetchall()}
+        if failing:
+            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?))", [sorted(failing)])
+            bad |= failing
+    return bad, counts

@@ -1,7 +1,14 @@
-"""Walking paths, grouping files into runs and loading each file in its own transaction."""
+"""Walking paths, grouping files into runs and loading each file in its own transaction.
+
+Consecutive small plain files of one bulk JSON-lines format (PolyTrace step files) are read as a
+batch: one `read_json` over all of them and one transaction that stores every file with its own
+`files` row, as if each had been loaded alone. A batch is all-or-nothing; a file with a bad line
+leaves the batch and is loaded alone, and a batch that fails as a whole is loaded file by file.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -13,8 +20,12 @@ import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
-from polytrace_cli.ingest.files import CorruptFile, FileHashes, Readable, UnreadableFile, path_text, readable, walk
-from polytrace_cli.ingest.registry import detect, get_ingester, is_binary, read_head
+from polytrace_cli.ingest.files import (
+    CorruptFile, FileHashes, Readable, UnreadableFile, hash_and_count_bytes, is_compressed, path_text, readable,
+    walk,
+)
+from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
+from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
 from polytrace_cli.ingest.run_metadata import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first
 
@@ -54,16 +65,20 @@ class FileReport:
         return self.status in ("rejected", "error")
 
 
-def derive_run(file: Path) -> tuple[str, Path]:
+def derive_run(file: Path, resolved: bool = False) -> tuple[str, Path]:
     """A run's name and root folder from a file's location.
 
     Walks up from the file's folder past generic names (`files`, `profile`, `logs`, ...) and
     timestamp folders; the first other folder names the run. The deepest timestamp folder passed
     on the way, if any, is the run's root, so two timestamped runs under one folder stay apart.
-    Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
+    `resolved` says `file` is already a resolved path. Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
     holds `media`: the key folders below it name a logged key, not a run.
     """
-    folder = file.resolve().parent
+    return _run_of_folder((file if resolved else file.resolve()).parent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_of_folder(folder: Path) -> tuple[str, Path]:
     media = next((current for current in (folder, *folder.parents) if current.name.lower() == "media"), None)
     if media is not None:
         folder = media.parent
@@ -90,14 +105,14 @@ class RunResolver:
         self.task = task
         self._cache: dict[Path, tuple[int, str]] = {}
 
-    def _identity(self, file: Path) -> tuple[str, str, Path | None]:
-        name, root = derive_run(file)
+    def _identity(self, file: Path, resolved: bool = False) -> tuple[str, str, Path | None]:
+        name, root = derive_run(file, resolved)
         if self.run_name:
             return self.run_name, path_text(root), None
         return path_text(name), path_text(root), root
 
-    def resolve(self, file: Path, framework: str | None) -> tuple[int, str]:
-        name, source_dir, key = self._identity(file)
+    def resolve(self, file: Path, framework: str | None, resolved: bool = False) -> tuple[int, str]:
+        name, source_dir, key = self._identity(file, resolved)
         cache_key = key or Path("::" + name)
         if cache_key not in self._cache:
             self._cache[cache_key] = self._find_or_create(name, source_dir, framework, explicit=key is None)
@@ -269,6 +284,7 @@ def ingest_paths(
     format_name: str | None = None,
     on_file: Callable[[FileReport], None] | None = None,
     hashes: FileHashes | None = None,
+    batch: bool = True,
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
@@ -278,12 +294,13 @@ def ingest_paths(
     stored with its reason once every file is read, under its run if that run exists: a failure
     never creates a run. One bad file never stops the others.
     `hashes` may already hold (or be computing) files' hashes; by default each file is hashed as
-    it is loaded.
+    it is loaded. With `batch` (the default), small step files are read in batches (see the module
+    docstring); the store ends the same either way.
     """
     if hashes is None:
         with FileHashes() as own:
             return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
-                                on_file=on_file, hashes=own)
+                                on_file=on_file, hashes=own, batch=batch)
     forced = None
     if format_name:
         forced = get_ingester(format_name)
@@ -292,13 +309,256 @@ def ingest_paths(
     resolver = RunResolver(con, run_name, task)
     reports: list[FileReport] = []
     failed_whole: list[_WholeFileFailure] = []
-    for path, explicit, problem in walk(paths):
-        report = _ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole)
+
+    def done(report: FileReport) -> None:
         reports.append(report)
         if on_file:
             on_file(report)
+
+    def load_alone(member: _BatchMember) -> None:
+        done(_ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole))
+
+    pending: list[_BatchMember] = []
+    pending_bytes = 0
+    for path, explicit, problem in walk(paths):
+        member = _batch_member(path, explicit, forced, hashes) if batch and not problem else None
+        if member and pending and (member.ingester is not pending[0].ingester or len(pending) >= BATCH_MAX_FILES
+                                   or pending_bytes + member.size > BATCH_MAX_BYTES):
+            _ingest_batch(con, pending, resolver, hashes, done, load_alone)
+            pending, pending_bytes = [], 0
+        if member:
+            pending.append(member)
+            pending_bytes += member.size
+            continue
+        if pending:
+            _ingest_batch(con, pending, resolver, hashes, done, load_alone)
+            pending, pending_bytes = [], 0
+        done(_ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole))
+    if pending:
+        _ingest_batch(con, pending, resolver, hashes, done, load_alone)
     _record_failures(con, resolver, failed_whole)
     return reports
+
+
+# A batch holds files of at most BATCH_FILE_MAX_BYTES each, up to BATCH_MAX_FILES files or
+# BATCH_MAX_BYTES in all; a larger file is read alone (one file already makes a bulk read).
+BATCH_FILE_MAX_BYTES = 4 << 20
+BATCH_MAX_FILES = 10_000
+BATCH_MAX_BYTES = 128 << 20
+# A batch whose read fails (a line that does not parse, in a file unknown) is split in halves
+# until this many files remain, which are then read one by one.
+BATCH_SPLIT_MIN_FILES = 4
+
+
+@dataclass
+class _BatchMember:
+    """A file that may be read in a batch: plain, small, UTF-8-named, of a bulk JSON-lines format."""
+
+    path: Path
+    explicit: bool
+    ingester: BulkJsonlIngester
+    size: int
+    run_id: int = 0
+    run: str = ""
+    file_id: int = 0
+    existing: int | None = None
+
+
+def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: FileHashes) -> _BatchMember | None:
+    if is_compressed(path) or path_text(path) != str(path):
+        return None
+    try:
+        size = path.stat().st_size
+        if not 0 < size <= BATCH_FILE_MAX_BYTES:
+            return None
+        with open(path, "rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+            ingester = forced or detect(path, head)
+            if not isinstance(ingester, BulkJsonlIngester):
+                return None
+            data = head + handle.read()  # small: read once for sniffing, hashing and counting lines
+    except OSError:
+        return None  # loaded alone, which reports why it cannot be read
+    resolved = path.resolve()
+    hashes.known(resolved, hash_and_count_bytes(data))
+    return _BatchMember(resolved, explicit, ingester, len(data))
+
+
+def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
+                  hashes: FileHashes, done: Callable[[FileReport], None],
+                  load_alone: Callable[[_BatchMember], None]) -> None:
+    """Store `members` in one read and one transaction; files it cannot take are loaded alone.
+
+    Unchanged files are reported as such first. A file with a bad line, or every file of a batch
+    whose transaction fails, is loaded alone; a batch whose read fails is split in halves.
+    """
+    if len(members) == 1:
+        load_alone(members[0])
+        return
+    started = time.perf_counter()
+    ingester = members[0].ingester
+    for member in members:
+        member.run_id, member.run = resolver.resolve(member.path, ingester.framework, resolved=True)
+    changed, unchanged = _drop_unchanged(con, members, hashes)
+    for member in unchanged:
+        done(FileReport(path=path_text(member.path), status="unchanged", format=ingester.name, run=member.run,
+                        bytes=member.size))
+    if not changed:
+        return
+    try:
+        read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
+                                  ingester.checks)
+    except duckdb.Error:
+        read = None  # handled like a read that fails: the batch is split
+    if read is None:
+        if len(changed) <= BATCH_SPLIT_MIN_FILES:
+            for member in changed:
+                load_alone(member)
+            return
+        half = len(changed) // 2
+        _ingest_batch(con, changed[:half], resolver, hashes, done, load_alone)
+        _ingest_batch(con, changed[half:], resolver, hashes, done, load_alone)
+        return
+    bad, line_counts = read
+    clean = [m for m in changed if str(m.path) not in bad]
+    try:
+        reports = _store_batch(con, clean, ingester, hashes, line_counts, started) if len(clean) > 1 else None
+    except Exception:
+        reports = None
+    except BaseException:
+        # The command stops (interrupt, full disk): leave no run that only this batch created.
+        for run_id in {m.run_id for m in members}:
+            try:
+                resolver.drop_if_empty(run_id)
+            except Exception:
+                pass
+        raise
+    if reports is None:
+        for member in changed:
+            load_alone(member)
+        return
+    for member in changed:
+        if str(member.path) in bad:
+            load_alone(member)
+        else:
+            done(reports[member.file_id])
+
+
+def _drop_unchanged(con: duckdb.DuckDBPyConnection, members: list[_BatchMember],
+                    hashes: FileHashes) -> tuple[list[_BatchMember], list[_BatchMember]]:
+    """(changed or new, unchanged) members: a file the store holds read the same way (format, parser
+    version, options, size) with the same sha256 is unchanged and is not read again. Notes each
+    member's previous `file_id`, if any."""
+    import pyarrow as pa
+
+    wanted = pa.table({"run_id": pa.array([m.run_id for m in members], pa.int64()),
+                       "path": [path_text(m.path) for m in members]})
+    con.register("_wanted", wanted)
+    try:
+        known = {(run_id, path): rest for run_id, path, *rest in con.execute(
+            "SELECT f.run_id, f.path, f.file_id, f.sha256, f.format, f.parser_version, f.read_options, f.bytes"
+            " FROM files f JOIN _wanted w ON f.run_id = w.run_id AND f.path = w.path").fetchall()}
+    finally:
+        con.unregister("_wanted")
+    changed, unchanged = [], []
+    for member in members:
+        existing = known.get((member.run_id, path_text(member.path)))
+        member.existing = existing[0] if existing else None
+        ingester = member.ingester
+        same_reading = existing and tuple(existing[2:]) == (ingester.name, ingester.version, ingester.read_options(),
+                                                             member.size)
+        (unchanged if same_reading and existing[1] == hashes.result(member.path)[0] else changed).append(member)
+    return changed, unchanged
+
+
+def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], ingester: BulkJsonlIngester,
+                 hashes: FileHashes, line_counts: dict[str, tuple[int, int]], started: float) -> dict[int, FileReport]:
+    """Write every member's rows, `files` row, ignored lines and run metadata in one transaction.
+
+    `records` holds the members' records with their `filename`; `line_counts` each file's lines
+    and blank lines as the batch read them, which must agree with the lines counted by hashing
+    and the records stored (else nothing is written and the files are loaded alone). A file's
+    `seconds` is its share, by bytes, of the batch's time.
+    """
+    import pyarrow as pa
+
+    ids = fetch_first(con, "SELECT list(id ORDER BY id) FROM (SELECT nextval('file_id_seq') AS id FROM range(?))",
+                      [len(members)])[0]
+    for member, file_id in zip(members, ids):
+        member.file_id = file_id
+    keys = pa.table({
+        "filename": [str(m.path) for m in members],
+        "file_id": pa.array([m.file_id for m in members], pa.int64()),
+        "run_id": pa.array([m.run_id for m in members], pa.int64()),
+        "file_rank": pa.array([ingester.file_rank(m.path) for m in members], pa.int32()),
+    })
+    con.register("_batch_files", keys)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE batch_files AS SELECT * FROM _batch_files")
+    finally:
+        con.unregister("_batch_files")
+    con.execute("CREATE OR REPLACE TEMP VIEW keyed AS SELECT f.file_id, f.run_id, f.file_rank,"
+                " r.* EXCLUDE (filename) FROM records r JOIN batch_files f USING (filename)")
+    stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_files f USING (filename)"
+                              " GROUP BY f.file_id").fetchall())
+    hashed = {m.file_id: hashes.result(m.path) for m in members}
+    total_bytes = sum(m.size for m in members)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        replaced = [m.existing for m in members if m.existing is not None]
+        if replaced:
+            for table in [*file_owned_tables(con), "files"]:
+                con.execute(f"DELETE FROM {table} WHERE file_id IN (SELECT unnest(?))", [replaced])
+        ingester.write(con)
+        summaries = ingester.summaries(con)
+        seconds = time.perf_counter() - started
+        files, ignored, reports, run_meta = [], [], {}, {}
+        for member in members:
+            sha, size, lines = hashed[member.file_id]
+            records = stored.get(member.file_id, 0)
+            read_lines, blank = line_counts.get(str(member.path), (0, 0))
+            if (lines, lines) != (read_lines, records + blank) or size != member.size:
+                raise RuntimeError(f"{ingester.name} lost lines in {member.path}: {lines} counted, {read_lines} read,"
+                                   f" {records} stored, {blank} blank")
+            rows, meta = summaries.get(member.file_id, (0, dict(ingester.meta_without_records)))
+            share = seconds * size / total_bytes if total_bytes else 0.0
+            files.append((member.file_id, member.run_id, path_text(member.path), sha, size, ingester.name, None,
+                          ingester.version, ingester.read_options(), lines, records, blank, 0, rows, share))
+            if blank:
+                ignored.append((member.file_id, "blank line", blank))
+            run_meta.setdefault(member.run_id, {}).update({k: v for k, v in meta.items() if v is not None})
+            reports[member.file_id] = FileReport(
+                path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
+                format=ingester.name, run=member.run, bytes=size, lines=lines, stored=records, ignored=blank,
+                rows=rows, seconds=share)
+        columns = ["file_id", "run_id", "path", "sha256", "bytes", "format", "format_version", "parser_version",
+                   "read_options", "lines", "stored", "ignored", "rejected", "rows", "seconds"]
+        _insert_rows(con, "files", columns, files)
+        if ignored:
+            _insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
+        for run_id, meta in run_meta.items():
+            _merge_run_meta(con, run_id, ingester.framework, meta)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.execute("DROP VIEW IF EXISTS keyed")
+        con.execute("DROP TABLE IF EXISTS batch_files")
+        con.execute("DROP TABLE IF EXISTS records")
+    return reports
+
+
+def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[tuple]) -> None:
+    """Insert many rows in one statement (through Arrow), typed by the table's columns."""
+    import pyarrow as pa
+
+    frame = pa.table({name: [row[index] for row in rows] for index, name in enumerate(columns)})
+    con.register("_rows", frame)
+    try:
+        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _rows")
+    finally:
+        con.unregister("_rows")
 
 
 @dataclass

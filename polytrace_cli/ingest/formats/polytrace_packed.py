@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
-from polytrace_cli.ingest.jsonl import Check, load_records
+import duckdb
+
+from polytrace_cli.ingest.jsonl import BulkJsonlIngester, Check
 from polytrace_cli.ingest.registry import register
 
 FILE_NAME = re.compile(r"^packed_lengths_step_\d+\.jsonl$")
@@ -34,31 +35,33 @@ CHECKS = (
 
 
 @register
-class PackedLengthsIngester(JsonlTraceIngester):
+class PackedLengthsIngester(BulkJsonlIngester):
     name = "polytrace-packed"
     version = "2"
     framework = "polytrace"
     description = "PolyTrace packed_lengths_step_N.jsonl (prompt and response lengths per DP rank)"
     file_name = FILE_NAME
     content_markers = (b'"output": [', b'"local_index"')
+    spec, required, checks = SPEC, REQUIRED, CHECKS
 
-    def load(self, ctx: FileContext) -> None:
-        records = load_records(ctx, SPEC, REQUIRED, CHECKS)
-        groups = ctx.insert(
+    def write(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(
             """
             INSERT INTO sample_groups (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, prompt_len,
                                        validate, response_lens)
-            SELECT ?, ?, step, rank, dp_rank, tp_rank, local_index, input, validate, output
-            FROM records
-            """,
-            [ctx.run_id, ctx.file_id],
+            SELECT run_id, file_id, step, rank, dp_rank, tp_rank, local_index, input, validate, output
+            FROM keyed
+            """
         )
-        responses, n_sampling, dp_size = ctx.con.execute(
-            "SELECT sum(len(output)), max(n_sampling), count(DISTINCT dp_rank) FROM records"
-        ).fetchall()[0]
+
+    def summaries(self, con: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, dict]]:
         # Rows are counted as the `samples` view shows them: one per response.
-        ctx.rows += (responses or 0) - groups
-        ctx.stored = records
-        ctx.run_meta.update({"n_sampling": n_sampling})
-        if dp_size:
-            ctx.run_meta["dp_ranks_seen"] = dp_size
+        result = {}
+        for file_id, responses, n_sampling, dp_size in con.execute(
+            "SELECT file_id, sum(len(output)), max(n_sampling), count(DISTINCT dp_rank) FROM keyed GROUP BY file_id"
+        ).fetchall():
+            meta = {"n_sampling": n_sampling}
+            if dp_size:
+                meta["dp_ranks_seen"] = dp_size
+            result[file_id] = (responses or 0, meta)
+        return result

@@ -1,0 +1,170 @@
+"""Ingest speed for the layouts real runs write: many step files, many tiny files, a bad line.
+
+Generates once (cached under benchmarks/out/ingest_layouts/) and times, in this one run:
+  steps      400 `packed_lengths_step_N.jsonl` files of about 225 KB (93 MB, 6.5 M responses);
+  tiny       5,000 one-line step files;
+  bad line   one 93 MB trace with one line that is not JSON in the middle, and its clean twin.
+Each figure is the whole `polytrace ingest` process into a new on-disk store (median of 3, disk
+synced first, peak RSS of the slowest child), printed beside its baseline measured in the same
+run: the plain-Python loop (json.loads per line, rows collected, one bulk insert into DuckDB) over
+the same files, or the clean twin for the bad line. The load average is printed beside each figure
+(the machine may be shared).
+Usage: python benchmarks/ingest_layouts.py [--only steps,tiny,bad] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from _measure import run_measured
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "ingest_layouts"
+N_SAMPLING = 16
+STEP_FILES, LINES_PER_STEP = 400, 1_016  # 400 x 1,016 x 16 = 6.5 M responses
+TINY_FILES = 5_000
+BIG_LINES = STEP_FILES * LINES_PER_STEP
+
+
+def trace_lines(first_index: int, count: int, rng: np.random.Generator) -> list[str]:
+    """`count` packed-lengths lines (2 DP ranks, n_sampling 16) numbered from `first_index`."""
+    prompts = rng.lognormal(5.0, 0.3, count).astype(int)
+    outputs = np.minimum(rng.lognormal(6.5, 1.0, (count, N_SAMPLING)).astype(int) + 1, 20480)
+    lines = []
+    for i in range(count):
+        index = first_index + i
+        lines.append(
+            f'{{"step": {index // LINES_PER_STEP}, "rank": {(index % 2) * 4}, "dp_rank": {index % 2}, "tp_rank": 0, '
+            f'"local_index": {(index % LINES_PER_STEP) // 2}, "input": {prompts[i]}, '
+            f'"output": [{", ".join(map(str, outputs[i]))}], "n_sampling": {N_SAMPLING}, "validate": false}}\n'
+        )
+    return lines
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(lines))
+
+
+def generate() -> dict[str, Path]:
+    """The layouts, written once; a folder is reused when its completion marker exists."""
+    layouts = {"steps": OUT / "steps", "tiny": OUT / "tiny", "bad": OUT / "bad", "clean": OUT / "clean"}
+    marker = OUT / ".complete"
+    if marker.exists():
+        return layouts
+    shutil.rmtree(OUT, ignore_errors=True)
+    for folder in layouts.values():
+        folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    every_line: list[str] = []
+    for step in range(STEP_FILES):
+        lines = trace_lines(step * LINES_PER_STEP, LINES_PER_STEP, rng)
+        _write(layouts["steps"] / f"packed_lengths_step_{step}.jsonl", lines)
+        every_line.extend(lines)
+    tiny = trace_lines(0, TINY_FILES, rng)
+    for step, line in enumerate(tiny):
+        _write(layouts["tiny"] / f"packed_lengths_step_{step}.jsonl", [line])
+    _write(layouts["clean"] / "packed_lengths_step_0.jsonl", every_line)
+    middle = len(every_line) // 2
+    every_line[middle] = every_line[middle][: len(every_line[middle]) // 2] + "\n"  # cut short: not JSON
+    _write(layouts["bad"] / "packed_lengths_step_0.jsonl", every_line)
+    marker.touch()
+    return layouts
+
+
+BASELINE = textwrap.dedent(
+    """
+    import json, sys, duckdb, pyarrow as pa
+    from pathlib import Path
+    folder, db = Path(sys.argv[1]), sys.argv[2]
+    names = ("step", "rank", "dp_rank", "tp_rank", "local_index", "input", "validate", "output")
+    cols = {k: [] for k in names}
+    for path in sorted(folder.glob("*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                for k in names:
+                    cols[k].append(r[k])
+    con = duckdb.connect(db)
+    rows = pa.table(cols)
+    con.execute("CREATE TABLE sample_groups AS SELECT * FROM rows")
+    con.close()
+    """
+)
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.iterdir()) / 1e6
+
+
+def timed(argv_for_store, repeat: int) -> dict:
+    """Median wall seconds of `repeat` runs, each into a new store, disk synced first; the worst peak
+    RSS and the 1-minute load average before each run."""
+    seconds, rss, loads = [], [], []
+    for attempt in range(repeat):
+        store = OUT / f"store_{attempt}.duckdb"
+        for stale in (store, store.with_name(store.name + ".wal")):
+            stale.unlink(missing_ok=True)
+        os.sync()
+        loads.append(os.getloadavg()[0])
+        took, peak = run_measured(argv_for_store(store))
+        seconds.append(took)
+        rss.append(peak)
+        store.unlink(missing_ok=True)
+    return {"seconds": statistics.median(seconds), "runs": seconds, "rss_mb": max(rss), "load": loads}
+
+
+def show(name: str, mb: float, result: dict) -> None:
+    runs = ", ".join(f"{s:.2f}" for s in result["runs"])
+    loads = ", ".join(f"{value:.1f}" for value in result["load"])
+    print(f"  {name:34s} {result['seconds']:7.2f} s  {mb / result['seconds']:7.1f} MB/s  "
+          f"peak RSS {result['rss_mb']:5.0f} MB  (runs {runs}; load avg {loads})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="steps,tiny,bad", help="comma-separated: steps, tiny, bad")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    layouts = generate()
+    polytrace = [sys.executable, "-m", "polytrace_cli.cli", "ingest"]
+    chosen = args.only.split(",")
+
+    def ingest(folder: Path):
+        return lambda store: polytrace + [str(folder), "--db", str(store)]
+
+    def plain(folder: Path):
+        return lambda store: [sys.executable, "-c", BASELINE, str(folder), str(store)]
+
+    for name, title in (("steps", f"{STEP_FILES} step files"), ("tiny", f"{TINY_FILES:,} one-line files")):
+        if name not in chosen:
+            continue
+        folder = layouts[name]
+        mb = folder_mb(folder)
+        print(f"{title} ({mb:.1f} MB):")
+        ours = timed(ingest(folder), args.repeat)
+        show("polytrace ingest (whole process)", mb, ours)
+        loop = timed(plain(folder), args.repeat)
+        show("plain-Python loop", mb, loop)
+        print(f"  polytrace vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster")
+    if "bad" in chosen:
+        mb = folder_mb(layouts["clean"])
+        print(f"one {mb:.0f} MB file, one bad line in the middle:")
+        bad = timed(ingest(layouts["bad"]), args.repeat)
+        show("polytrace ingest, one bad line", mb, bad)
+        clean = timed(ingest(layouts["clean"]), args.repeat)
+        show("polytrace ingest, clean twin", mb, clean)
+        print(f"  bad / clean: {bad['seconds'] / clean['seconds']:.2f}x")
+    print("targets: steps >= 100 MB/s and >= 5x plain Python, peak RSS < 2 GB; tiny within 3x of plain Python;"
+          " bad line within 2x of clean")
+
+
+if __name__ == "__main__":
+    main()

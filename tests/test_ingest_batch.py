@@ -1,0 +1,183 @@
+"""Many small step files read as one batch store exactly what reading them one by one stores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from polytrace_cli.ingest import jsonl, runner
+from polytrace_cli.ingest.base import file_owned_tables
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.store import open_store
+
+
+def packed_line(step: int, index: int, dp_rank: int = 0, outputs=(5, 6, 7)) -> str:
+    return json.dumps({"step": step, "rank": dp_rank * 4, "dp_rank": dp_rank, "tp_rank": 0, "local_index": index,
+                       "input": 10 + index, "output": list(outputs), "n_sampling": len(outputs), "validate": False})
+
+
+def multiturn_line(step: int, group: int, sample: int) -> str:
+    return json.dumps({
+        "step": step, "prompt_len": 20, "max_response_len": 64, "final_response_len": 30 + sample,
+        "finish_reason": "stop", "prompt_group_id": group, "sample_id": sample,
+        "turns": [{"turn": 0, "prompt_tokens": 20, "completion_tokens": 12, "finish_reason": "tool_calls",
+                   "tool_call_count": 1, "engine_latency_s": 0.25},
+                  {"turn": 1, "prompt_tokens": 40, "completion_tokens": 18, "finish_reason": "stop"}],
+        "tool_calls": [{"turn": 0, "tool_name": "search", "query_count": 1, "latency_s": 1.5, "status": "ok"}],
+    })
+
+
+def write_run(folder: Path, steps: int = 24) -> list[Path]:
+    """Packed step files (some with blank lines, one without a final newline, dp ranks varying by step)
+    and merged and per-rank multi-turn step files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for step in range(steps):
+        lines = [packed_line(step, i, dp_rank=i % (1 + step % 3)) for i in range(3 + step % 4)]
+        if step % 5 == 0:
+            lines.insert(1, "")
+        path = folder / f"packed_lengths_step_{step}.jsonl"
+        path.write_text("\n".join(lines) + ("" if step == 7 else "\n"))
+        paths.append(path)
+    for step in range(6):
+        path = folder / f"multiturn_workload_step_{step}.jsonl"
+        path.write_text("\n".join(multiturn_line(step, g, s) for g in range(2) for s in range(2)) + "\n")
+        paths.append(path)
+        ranked = folder / f"multiturn_workload_step_{step}_rank_{step % 2}.jsonl"
+        ranked.write_text(json.dumps({"step": step, "prompt_len": 5, "final_response_len": 9, "batch_data_id": 3,
+                                      "rollout_offset": step, "turns": []}) + "\n")
+        paths.append(ranked)
+    return paths
+
+
+def store_contents(con) -> dict[str, list[tuple]]:
+    """Every file-owned table keyed by file path instead of file_id, plus `files` and `runs`."""
+    contents = {}
+    for table in file_owned_tables(con):
+        contents[table] = con.execute(
+            f"SELECT f.path, t.* EXCLUDE (file_id) FROM {table} t JOIN files f USING (file_id) ORDER BY ALL"
+        ).fetchall()
+    contents["files"] = con.execute(
+        "SELECT * EXCLUDE (file_id, seconds, ingested_at) FROM files ORDER BY path").fetchall()
+    contents["runs"] = con.execute("SELECT name, framework, task, source_dir, meta FROM runs ORDER BY name").fetchall()
+    return contents
+
+
+@pytest.fixture
+def batch_reads(monkeypatch) -> list[int]:
+    """The number of files in each batch read."""
+    sizes = []
+    read = jsonl.load_batch_records
+
+    def counting(con, paths, *args):
+        sizes.append(len(paths))
+        return read(con, paths, *args)
+
+    monkeypatch.setattr(runner, "load_batch_records", counting)
+    return sizes
+
+
+def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_reads):
+    write_run(tmp_path / "run_a")
+    batched = open_store(tmp_path / "batched.duckdb")
+    alone = open_store(tmp_path / "alone.duckdb")
+    try:
+        reports = ingest_paths(batched, [tmp_path / "run_a"], task="math")
+        assert batch_reads == [12, 24]  # the multi-turn files sort first, then the packed ones
+        assert {r.status for r in reports} == {"ingested"}
+        ingest_paths(alone, [tmp_path / "run_a"], task="math", batch=False)
+        assert len(batch_reads) == 2
+        expected = store_contents(alone)
+        assert store_contents(batched) == expected
+        assert len(expected["sample_groups"]) > 0 and len(expected["turns"]) == 6 * 4 * 2
+        assert len(expected["ignored_lines"]) == 5  # the packed steps 0, 5, 10, 15, 20 have a blank line
+        assert batched.execute("SELECT sum(lines) = sum(stored) + sum(ignored) + sum(rejected) FROM files").fetchone()[0]
+        assert [r.path for r in reports] == sorted(r.path for r in reports)
+    finally:
+        batched.close()
+        alone.close()
+
+
+def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_reads):
+    paths = write_run(tmp_path / "run_b")
+    out_of_range = paths[3]
+    out_of_range.write_text(packed_line(3, 0) + "\n" + packed_line(3, 1, outputs=(5, 2**40)) + "\n")
+    cut_short = paths[9]
+    cut_short.write_text(packed_line(9, 0) + "\n" + packed_line(9, 1)[:-1] + "\n" + packed_line(9, 2) + "\n")
+    reports = ingest_paths(store, [tmp_path / "run_b"])
+    assert len(reports) == len(paths) and not any(r.failed for r in reports)
+    assert batch_reads[-1] == 24
+    errors = store.execute(
+        "SELECT f.path, e.line_no, e.code, e.reason FROM ingest_errors e JOIN files f USING (file_id) ORDER BY 1"
+    ).fetchall()
+    assert errors == [
+        (str(out_of_range.resolve()), 2, "out-of-range", "field output[1]: 1099511627776 is out of range for INTEGER"),
+        (str(cut_short.resolve()), 2, "invalid-json", "truncated JSON (line cut short)"),
+    ]
+    assert store.execute("SELECT lines, stored, rejected FROM files WHERE path = ?",
+                         [str(cut_short.resolve())]).fetchall() == [(3, 2, 1)]
+    assert store.execute("SELECT count(*) FROM files").fetchone()[0] == len(paths)
+    untouched = store.execute("SELECT count(*) FROM sample_groups g JOIN files f USING (file_id)"
+                              " WHERE f.path NOT IN (?, ?)", [str(out_of_range.resolve()), str(cut_short.resolve())])
+    assert untouched.fetchone()[0] == sum(3 + step % 4 for step in range(24) if step not in (3, 9))
+
+
+def test_a_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads):
+    paths = write_run(tmp_path / "run_c", steps=20)
+    latin = paths[11]
+    latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n')
+    reports = ingest_paths(store, [tmp_path / "run_c"])
+    assert not any(r.failed for r in reports)
+    assert batch_reads[:2] == [12, 20] and len(batch_reads) > 2  # the failed read was split
+    assert store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)"
+                         ).fetchall() == [(str(latin.resolve()), 2, "encoding-error")]
+    assert store.execute("SELECT count(*) FROM files WHERE rejected = 0").fetchone()[0] == len(paths) - 1
+
+
+def test_reingest_of_a_batch_is_skipped_file_by_file_and_a_changed_file_replaces_only_its_rows(
+        store, tmp_path, batch_reads):
+    paths = write_run(tmp_path / "run_d")
+    ingest_paths(store, [tmp_path / "run_d"])
+    before = store_contents(store)
+    ids_before = dict(store.execute("SELECT path, file_id FROM files").fetchall())
+
+    again = ingest_paths(store, [tmp_path / "run_d"])
+    assert {r.status for r in again} == {"unchanged"}
+    assert store_contents(store) == before
+
+    changed = paths[5]
+    changed.write_text(packed_line(5, 0, outputs=(1, 2)) + "\n")
+    third = ingest_paths(store, [tmp_path / "run_d"])
+    status = {Path(r.path).name: r.status for r in third}
+    assert status.pop(changed.name) == "replaced"
+    assert set(status.values()) == {"unchanged"}
+    after = store_contents(store)
+    key = str(changed.resolve())
+    assert [row for row in after["sample_groups"] if row[0] == key] == [
+        (key, 1, 5, 0, 0, 0, 0, 10, False, [1, 2])]
+    assert [row for row in after["sample_groups"] if row[0] != key] == [
+        row for row in before["sample_groups"] if row[0] != key]
+    ids_after = dict(store.execute("SELECT path, file_id FROM files").fetchall())
+    assert {p: i for p, i in ids_after.items() if p != key} == {p: i for p, i in ids_before.items() if p != key}
+    assert ids_after[key] != ids_before[key]
+
+
+def test_the_command_summarises_many_files_per_run_format_and_status(tmp_path):
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    for step in range(250):
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(packed_line(step, 0) + "\n")
+    (folder / "packed_lengths_step_250.jsonl").write_text(packed_line(250, 0)[:-1] + "\n")
+    result = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "s.duckdb")])
+    assert result.exit_code == 0, result.output
+    assert "251 files" in result.output  # one row: run fleet, polytrace-packed, ingested
+    assert "packed_lengths_step_" not in result.output
+    assert "251 file(s), 750 rows, 1 rejected lines" in result.output
+    listed = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "s.duckdb"), "--json"])
+    assert len(json.loads(listed.stdout)) == 251
