@@ -26,6 +26,12 @@ SUMMARY_SCHEMA = {
 }
 
 
+PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "basis": pl.String, "count": pl.Int64, "mean_tokens": pl.Float64,
+    "p99_tokens": pl.Float64,
+}
+
+
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run and step: samples, mean and p99 (`quantile_cont`) of the response length; for
     step-aggregate runs the logged mean with a null p99 (`basis` says which)."""

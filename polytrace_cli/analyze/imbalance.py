@@ -66,6 +66,12 @@ PER_STEP_COLUMNS = {
 }
 
 
+PER_RANK_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "dp_rank": pl.Int64, "samples": pl.Int64, "load_tokens": pl.Float64,
+    "max_response_len": pl.Int64, "load_over_mean": pl.Float64, "is_max": pl.Boolean,
+}
+
+
 def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per step × DP rank (F6 heat map): samples, load_tokens = Σ (prompt_len + response_len),
     max_response_len, load_over_mean = load_r / mean_r' load_r', and is_max (the step's most
@@ -192,6 +198,12 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     return pl.concat(parts).sort("run", "segment", "step", nulls_last=False)
 
 
+STRAGGLER_COLUMNS = {
+    "run": pl.String, "dp_rank": pl.Int64, "steps": pl.Int64, "max_steps": pl.Int64, "expected": pl.Float64,
+    "p_value": pl.Float64, "straggler": pl.Boolean,
+}
+
+
 def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run × DP rank: steps, max_steps (steps where the rank carried the largest load),
     expected = steps / ranks, and the one-sided binomial p-value of max_steps under
@@ -214,6 +226,12 @@ def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     return pl.DataFrame(rows, schema=columns, orient="row")
 
 
+REWARD_PER_RANK_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "dp_rank": pl.Int64, "seconds": pl.Float64, "batch_size": pl.Int64,
+    "tokens": pl.Int64, "seconds_over_mean": pl.Float64,
+}
+
+
 def reward_per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Reward seconds per step × DP rank (F9), from `rank_timings` stage 'reward' (validation
     calls left out), with the rank's batch_size and response tokens and seconds / step mean."""
@@ -230,6 +248,12 @@ def reward_per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         """,
         [run_ids],
     )
+
+
+REWARD_PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "ranks": pl.Int64, "mean_s": pl.Float64, "max_s": pl.Float64,
+    "min_s": pl.Float64, "max_over_mean": pl.Float64, "spread_s": pl.Float64,
+}
 
 
 def reward_per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

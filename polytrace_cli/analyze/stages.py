@@ -29,6 +29,16 @@ _STEPS = """
 """
 
 
+PER_STEP_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64,
+    **{f"{name}_s": pl.Float64 for name in (*STAGES, *EXTRA_TIMERS)},
+    "step_s": pl.Float64, "stage_sum_s": pl.Float64, "unexplained_s": pl.Float64,
+    "response_length_mean": pl.Float64, "response_length_max": pl.Float64, "testing": pl.Boolean,
+    "checkpoint": pl.Boolean, "truncated_line": pl.Boolean, "restart": pl.Boolean,
+    "validation_only": pl.Boolean,
+}
+
+
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per (run, segment, step), F4: each stage's seconds (`<stage>_s`), step_s, testing_s,
     save_checkpoint_s, stage_sum_s = Σ of the logged stage and extra timers,
@@ -51,6 +61,13 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         """,
         [run_ids],
     )
+
+
+STAGE_STATS_COLUMNS = {
+    "run": pl.String, "stage": pl.String, "steps": pl.Int64, "mean_s": pl.Float64, "std_s": pl.Float64,
+    "cv": pl.Float64, "min_s": pl.Float64, "max_s": pl.Float64, "max_over_min": pl.Float64,
+    "p95_over_p50": pl.Float64, "share": pl.Float64,
+}
 
 
 def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -81,6 +98,12 @@ def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
         """,
         [run_ids],
     )
+
+
+SERIES_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "gen_s": pl.Float64,
+    "robust_z": pl.Float64, "reasons": pl.String, "outlier": pl.Boolean,
+}
 
 
 def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -130,6 +153,13 @@ def correlations(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
                 "pearson_p": pl.Float64, "spearman_r": pl.Float64, "spearman_p": pl.Float64},
         orient="row",
     )
+
+
+LENGTH_FIT_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "response_length_max": pl.Float64,
+    "step_s": pl.Float64, "slope_s_per_token": pl.Float64, "intercept_s": pl.Float64, "r": pl.Float64,
+    "fitted_step_s": pl.Float64,
+}
 
 
 def length_fit(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

@@ -16,7 +16,7 @@ from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import html, markdown
 from polytrace_cli.report.figures import figure_modules
-from polytrace_cli.report.figures.base import MissingAnalysis, Omitted
+from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.tables import t1_summary
 
 
@@ -79,8 +79,6 @@ def _draw(module, con, run_ids, steps, figures_dir: Path) -> FigureResult:
     try:
         data = module.frames(con, run_ids, steps)
         drawn = module.render(data)
-    except MissingAnalysis as missing:
-        drawn = Omitted(str(missing))
     except PolytraceError:
         raise
     except Exception as error:  # one broken figure must not cost the whole report; the page shows the failure

@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import lengths
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F2"
 TITLE = "Response length across training steps"
@@ -16,7 +17,7 @@ FRAMES = ('per_step',)
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The lengths analysis' per-step statistics."""
-    return {"per_step": detail("lengths", "per_step")(con, run_ids, steps)}
+    return {"per_step": lengths.per_step(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):

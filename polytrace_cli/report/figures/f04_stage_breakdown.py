@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import stages as stage_analysis
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F4"
 TITLE = "Step-time breakdown by stage"
@@ -14,24 +15,21 @@ CAPTION = ("Seconds per stage for each step, stacked (bars, or stacked bands bey
            "the remainder up to the step time is unexplained.")
 FRAMES = ('stages',)
 
-STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic", "unexplained")
+# Stage timers, then the timers inside the step besides the stages (validation, checkpoint), then the rest.
+STAGE_COLUMNS = (*(f"{name}_s" for name in (*stage_analysis.STAGES, *stage_analysis.EXTRA_TIMERS)), "unexplained_s")
+STAGES = tuple(column.removesuffix("_s") for column in STAGE_COLUMNS)
 MAX_PANELS = 4
 MAX_BARS = 200
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The steps analysis' per-step stage seconds."""
-    return {"stages": detail("stages", "per_step")(con, run_ids, steps)}
+    return {"stages": stage_analysis.per_step(con, run_ids, steps)}
 
 
 def _long(stages: pl.DataFrame) -> pl.DataFrame:
-    if "stage" in stages.columns:
-        value = "seconds" if "seconds" in stages.columns else "value"
-        return stages.select("run", "step", pl.col("stage").str.replace(r"_s$", ""), pl.col(value).alias("seconds"))
-    if "segment" in stages.columns:
-        stages = stages.sort("run", "segment", "step", nulls_last=False)
-    wide = [c for c in stages.columns if c.removesuffix("_s") in STAGES and c.endswith("_s")]
-    return (stages.select("run", "step", *wide)
+    """(run, step, stage, seconds) rows of the per-step stage columns `<stage>_s`."""
+    return (stages.sort("run", "segment", "step", nulls_last=False).select("run", "step", *STAGE_COLUMNS)
             .unpivot(index=["run", "step"], variable_name="stage", value_name="seconds")
             .with_columns(pl.col("stage").str.replace(r"_s$", "")))
 

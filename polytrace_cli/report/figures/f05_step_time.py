@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import stages
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F5"
 TITLE = "Step-time fluctuation"
@@ -18,30 +19,29 @@ MAX_PANELS = 4
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The steps analysis' step/gen time series with outlier flags."""
-    return {"series": detail("stages", "series")(con, run_ids, steps)}
+    return {"series": stages.series(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
     """One panel per run: step and gen seconds, outliers marked with their reason, max and min annotated."""
     series = data["series"]
-    step_col = first_column(series, "step_s", "step_seconds") if series is not None else None
-    if step_col is None or empty(series, step_col):
+    step_col, gen_col = "step_s", "gen_s"
+    if empty(series, step_col):
         return Omitted("the runs log no step time (step-aggregate logs such as verl's timing_s/step)")
-    gen_col = first_column(series, "gen_s", "gen_seconds")
     runs = [r for r in runs_of(series) if series.filter(pl.col("run") == r)[step_col].drop_nulls().len()][:MAX_PANELS]
     figure, axes = style.new_figure(1, len(runs), width=10, height=3.4 * len(runs))
     for ax, run in zip(axes, runs):
         part = series.filter((pl.col("run") == run) & pl.col(step_col).is_not_null()).sort("step")
         steps = part["step"].to_numpy()
         ax.plot(steps, part[step_col].to_numpy(), color=style.colour(0), linewidth=1.4, label="step")
-        if gen_col and part[gen_col].drop_nulls().len():
+        if part[gen_col].drop_nulls().len():
             ax.plot(steps, part[gen_col].to_numpy(), color=style.colour(1), linewidth=1.2, label="gen")
-        if "outlier" in part.columns:
+        if True:
             outliers = part.filter(pl.col("outlier"))
             if outliers.height:
                 ax.scatter(outliers["step"], outliers[step_col], marker="x", s=50, color=style.colour(3),
                            zorder=5, label="outlier")
-                reasons = outliers["reasons"].to_list() if "reasons" in outliers.columns else [None] * outliers.height
+                reasons = outliers["reasons"].to_list()
                 for step, seconds, reason in zip(outliers["step"], outliers[step_col], reasons):
                     ax.annotate(reason or "unexplained", (step, seconds), textcoords="offset points", xytext=(4, 6),
                                 fontsize=7, color=style.colour(3))

@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import imbalance
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F6"
 TITLE = "Load imbalance across data-parallel ranks"
@@ -19,8 +20,8 @@ MAX_RUNS = 3
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The imbalance analysis' per step × rank loads and per-step λ."""
-    return {"ranks": detail("imbalance", "per_rank")(con, run_ids, steps),
-            "steps": detail("imbalance", "per_step")(con, run_ids, steps)}
+    return {"ranks": imbalance.per_rank(con, run_ids, steps),
+            "steps": imbalance.per_step(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import longtail
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F7"
 TITLE = "Long tail of generation"
@@ -35,21 +36,19 @@ def selected_steps(per_step: pl.DataFrame) -> list[int]:
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The longtail analysis' per-step slot idle, and its still-decoding curves for the selected steps."""
-    per_step = detail("longtail", "per_step")(con, run_ids, steps)
-    decoding = detail("longtail", "still_decoding")(con, run_ids, selected_steps(per_step))
+    per_step = longtail.per_step(con, run_ids, steps)
+    decoding = longtail.still_decoding(con, run_ids, selected_steps(per_step))
     return {"decoding": decoding, "per_step": per_step}
 
 
 def render(data: dict[str, pl.DataFrame]):
     """Two panels: still-decoding curves (one per run × selected step) and slot idle per step per run."""
     decoding, per_step = data["decoding"], data["per_step"]
-    position = first_column(decoding, "position_tokens", "position") if decoding is not None else None
-    share = first_column(decoding, "still_decoding_share", "share") if decoding is not None else None
-    idle = first_column(per_step, "slot_idle", "slot_idle_share") if per_step is not None else None
-    if (position is None or share is None or empty(decoding, position, share)) and (idle is None or empty(per_step, idle)):
+    position, share, idle = "position_tokens", "still_decoding_share", "slot_idle"
+    if empty(decoding, position, share) and empty(per_step, idle):
         return Omitted("the runs have no per-sample response lengths")
-    has_curves = bool(position and share and not empty(decoding, position, share))
-    has_idle = bool(idle and not empty(per_step, idle))
+    has_curves = not empty(decoding, position, share)
+    has_idle = not empty(per_step, idle)
     figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=11 if has_curves and has_idle else 6,
                                     height=4.2)
     if has_curves:

@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import imbalance
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F9"
 TITLE = "Reward time per rank"
@@ -20,7 +21,7 @@ MAX_LINES = 8
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The imbalance analysis' reward seconds per step × rank."""
-    return {"reward": detail("imbalance", "reward_per_rank")(con, run_ids, steps)}
+    return {"reward": imbalance.reward_per_rank(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import filtering
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F10"
 TITLE = "DAPO dynamic-sampling filter"
@@ -17,19 +18,18 @@ FRAMES = ('batches', 'trainer_steps')
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The filtering analysis' per generation batch and per trainer step frames."""
-    return {"batches": detail("filtering", "per_batch")(con, run_ids, steps),
-            "trainer_steps": detail("filtering", "per_trainer_step")(con, run_ids, steps)}
+    return {"batches": filtering.per_batch(con, run_ids, steps),
+            "trainer_steps": filtering.per_trainer_step(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
     """Two panels, one colour per run."""
     batches, trainer = data["batches"], data["trainer_steps"]
-    kept = first_column(batches, "kept_share", "share_kept") if batches is not None else None
-    per_step = first_column(trainer, "batches", "gen_batches") if trainer is not None else None
-    if (kept is None or empty(batches, kept)) and (per_step is None or empty(trainer, per_step)):
+    kept, per_step, step_col = "kept_share", "batches", "trainer_step"
+    if empty(batches, kept) and empty(trainer, per_step):
         return Omitted("the runs have no DAPO filter batches (dapo_filter_indices traces)")
-    has_kept = bool(kept and not empty(batches, kept))
-    has_steps = bool(per_step and not empty(trainer, per_step))
+    has_kept = not empty(batches, kept)
+    has_steps = not empty(trainer, per_step)
     figure, axes = style.new_figure(int(has_kept) + int(has_steps), 1, width=11 if has_kept and has_steps else 6,
                                     height=4.0)
     if has_kept:
@@ -47,7 +47,6 @@ def render(data: dict[str, pl.DataFrame]):
         right = axes[-1]
         runs = runs_of(trainer)
         width = 0.8 / len(runs)
-        step_col = first_column(trainer, "trainer_step", "step")
         for index, run in enumerate(runs):
             part = trainer.filter(pl.col("run") == run).sort(step_col)
             if part.height <= MAX_BARS:
