@@ -111,3 +111,71 @@ def plain_log_ticks(ax, *axes: str) -> None:
 def point_marker(count: int, marker: str = "o", limit: int = 60) -> str | None:
     """`marker` for a line of `count` points, none beyond `limit` (markers on hundreds of steps are clutter)."""
     return marker if count <= limit else None
+
+
+def step_spacing(steps) -> int:
+    """The run's regular step interval: the most common difference between consecutive logged steps when at
+    least two differences share it (a log written every k steps), else 1."""
+    array = np.unique(np.asarray(steps, dtype=np.int64))
+    differences = np.diff(array)
+    if differences.size < 2:
+        return 1
+    values, counts = np.unique(differences, return_counts=True)
+    best = int(np.argmax(counts))
+    return int(values[best]) if counts[best] >= 2 else 1
+
+
+def step_segments(steps) -> list[slice]:
+    """Slices of the sorted `steps` with no missing step inside: a new segment starts wherever consecutive
+    steps are further apart than the run's regular interval (`step_spacing`)."""
+    array = np.asarray(steps, dtype=np.int64)
+    if array.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(array) > step_spacing(array)) + 1
+    edges = [0, *breaks.tolist(), array.size]
+    return [slice(start, end) for start, end in zip(edges[:-1], edges[1:])]
+
+
+def missing_steps(steps) -> int:
+    """How many steps are missing between the first and last logged step, at the run's regular interval."""
+    array = np.unique(np.asarray(steps, dtype=np.int64))
+    if array.size < 2:
+        return 0
+    spacing = step_spacing(array)
+    return int((array[-1] - array[0]) // spacing + 1 - array.size)
+
+
+def plot_steps(ax, steps, values, *, label: str | None = None, marker: str | None = None, **kwargs) -> None:
+    """A line over steps that breaks where steps are missing (no line drawn across a gap); a segment of one
+    step is drawn as a point so it stays visible."""
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    kwargs.setdefault("markersize", 3)
+    for index, part in enumerate(step_segments(steps)):
+        single = part.stop - part.start == 1
+        ax.plot(steps[part], values[part], label=label if index == 0 else None,
+                marker=marker or ("o" if single else None), **kwargs)
+
+
+def fill_steps(ax, steps, low, high, *, label: str | None = None, **kwargs) -> None:
+    """A band over steps that breaks where steps are missing, like `plot_steps`."""
+    steps = np.asarray(steps)
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    for index, part in enumerate(step_segments(steps)):
+        ax.fill_between(steps[part], low[part], high[part], label=label if index == 0 else None, **kwargs)
+
+
+# Two step numberings: a workload step is one rollout call (generation batch) of a PolyTrace trace; a trainer
+# step is one optimizer step of a training log. They differ for DAPO, where several rollout calls feed a step.
+WORKLOAD_STEP = "workload step (rollout call)"
+TRAINER_STEP = "trainer step"
+
+
+def step_axis_label(bases) -> str:
+    """The x label for a step axis whose rows come from the given analysis bases: 'samples' rows are numbered
+    by workload step, step-aggregate rows ('step_aggregates', 'global_seqlen') by trainer step."""
+    kinds = {WORKLOAD_STEP if basis == "samples" else TRAINER_STEP for basis in bases if basis is not None}
+    if kinds == {WORKLOAD_STEP}:
+        return WORKLOAD_STEP
+    if kinds == {TRAINER_STEP}:
+        return TRAINER_STEP
+    return "step (workload step for traces, trainer step for training logs)"

@@ -58,9 +58,9 @@ def render(data: dict[str, pl.DataFrame]):
             if len(steps) <= MAX_BARS:
                 ax.bar(steps, values, bottom=bottom, width=width, color=colour, label=stage, linewidth=0)
             else:  # thousands of bars draw slowly and unreadably: stacked step bands instead, one polygon per stage
-                ax.fill_between(steps, bottom, bottom + values, step="mid", color=colour, label=stage, linewidth=0)
+                style.fill_steps(ax, steps, bottom, bottom + values, step="mid", color=colour, label=stage, linewidth=0)
             bottom += values
-        ax.set_xlabel("training step")
+        ax.set_xlabel(style.TRAINER_STEP)
         ax.set_ylabel("seconds")
         ax.set_title(f"{run}: stage seconds per step" if run else "stage seconds per step")
         style.thin_step_ticks(ax, steps)

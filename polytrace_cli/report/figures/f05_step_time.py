@@ -33,9 +33,9 @@ def render(data: dict[str, pl.DataFrame]):
     for ax, run in zip(axes, runs):
         part = series.filter((pl.col("run") == run) & pl.col(step_col).is_not_null()).sort("step")
         steps = part["step"].to_numpy()
-        ax.plot(steps, part[step_col].to_numpy(), color=style.colour(0), linewidth=1.4, label="step")
+        style.plot_steps(ax, steps, part[step_col].to_numpy(), color=style.colour(0), linewidth=1.4, label="step")
         if part[gen_col].drop_nulls().len():
-            ax.plot(steps, part[gen_col].to_numpy(), color=style.colour(1), linewidth=1.2, label="gen")
+            style.plot_steps(ax, steps, part[gen_col].to_numpy(), color=style.colour(1), linewidth=1.2, label="gen")
         if True:
             outliers = part.filter(pl.col("outlier"))
             if outliers.height:
@@ -49,7 +49,7 @@ def render(data: dict[str, pl.DataFrame]):
         ratio = f"max/min = {high / low:.2f}" if low and low > 0 else "max/min undefined"
         ax.text(0.01, 0.97, f"max {high:.1f} s, min {low:.1f} s, {ratio}", transform=ax.transAxes,
                 va="top", fontsize=8, color="#333333")
-        ax.set_xlabel("training step")
+        ax.set_xlabel(style.TRAINER_STEP)
         ax.set_ylabel("seconds")
         ax.set_title(f"{run}: step and gen time" if run else "step and gen time")
         style.thin_step_ticks(ax, None)

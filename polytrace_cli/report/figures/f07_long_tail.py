@@ -70,10 +70,10 @@ def render(data: dict[str, pl.DataFrame]):
         series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step")
         for index, run in enumerate(runs_of(series)):
             part = series.filter(pl.col("run") == run)
-            right.plot(part["step"], part[idle], color=style.colour(index), marker=style.point_marker(part.height), markersize=3,
-                       linewidth=1.4, label=run)
+            style.plot_steps(right, part["step"], part[idle], color=style.colour(index),
+                             marker=style.point_marker(part.height), linewidth=1.4, label=run)
         right.set_ylim(0, 1)
-        right.set_xlabel("training step")
+        right.set_xlabel(style.step_axis_label(per_step["basis"].unique().to_list()))
         right.set_ylabel("slot idle share")
         right.set_title("Slot idle per step" if has_curves else
                         "Slot idle per step\n(no per-sample lengths, so no still-decoding curves)")

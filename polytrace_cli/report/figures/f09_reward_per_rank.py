@@ -37,10 +37,11 @@ def render(data: dict[str, pl.DataFrame]):
         if len(ranks) <= MAX_LINES:
             for index, rank in enumerate(ranks):
                 line = part.filter(pl.col("dp_rank") == rank)
-                ax.plot(line["step"], line["seconds"], color=style.colour(index), linewidth=1.2, label=f"rank {rank}",
-                        marker=style.point_marker(line.height), markersize=3)
+                style.plot_steps(ax, line["step"], line["seconds"], color=style.colour(index), linewidth=1.2,
+                                 label=f"rank {rank}", marker=style.point_marker(line.height))
             worst = part.group_by("step").agg(pl.col("seconds").max()).sort("step")
-            ax.plot(worst["step"], worst["seconds"], color="#777777", linewidth=0.8, linestyle=":", label="max")
+            style.plot_steps(ax, worst["step"], worst["seconds"], color="#777777", linewidth=0.8,
+                             linestyle=":", label="max")
             ax.set_ylabel("reward seconds")
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
         else:
@@ -53,7 +54,7 @@ def render(data: dict[str, pl.DataFrame]):
             ax.grid(False)
             ax.set_ylabel("DP rank")
             figure.colorbar(image, ax=ax, label="reward seconds")
-        ax.set_xlabel("training step")
+        ax.set_xlabel(style.WORKLOAD_STEP)
         ax.set_title(f"{run}: reward seconds per rank" if run else "reward seconds per rank")
         style.thin_step_ticks(ax, None)
     return figure

@@ -10,8 +10,9 @@ from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F10"
 TITLE = "DAPO dynamic-sampling filter"
-CAPTION = ("Left: share of a generation batch's prompts kept by the filter (kept / prompt_count). "
-           "Right: generation batches needed to fill each trainer step.")
+CAPTION = ("Left: share of a generation batch's prompts kept by the filter (kept / prompt_count), by workload "
+           "step (one rollout call); the line joins the mean per workload step. Right: generation batches needed "
+           "to fill each trainer step. Several workload steps feed one trainer step.")
 MAX_BARS = 200
 FRAMES = ('batches', 'trainer_steps')
 
@@ -35,13 +36,17 @@ def render(data: dict[str, pl.DataFrame]):
     if has_kept:
         left = axes[0]
         for index, run in enumerate(runs_of(batches)):
-            part = batches.filter(pl.col("run") == run).with_row_index("sequence")
-            left.plot(part["sequence"], part[kept], color=style.colour(index), linewidth=1.0, label=run,
-                      marker=style.point_marker(part.height), markersize=3)
+            # Several generation batches can share a workload step: each is a point, the line joins their means.
+            part = batches.filter(pl.col("run") == run).sort("workload_step", "gen_batch_index")
+            mean = part.group_by("workload_step").agg(pl.col(kept).mean()).sort("workload_step")
+            left.scatter(part["workload_step"], part[kept], s=10, color=style.colour(index), alpha=0.6)
+            style.plot_steps(left, mean["workload_step"], mean[kept], color=style.colour(index), linewidth=1.0,
+                             label=run)
         left.set_ylim(0, 1.02)
-        left.set_xlabel("generation batch (in order)")
+        left.set_xlabel(style.WORKLOAD_STEP)
         left.set_ylabel("kept share of prompts")
         left.set_title("Kept share per generation batch")
+        style.thin_step_ticks(left, None)
         style.legend(left, loc="lower right")
     if has_steps:
         right = axes[-1]
@@ -56,7 +61,7 @@ def render(data: dict[str, pl.DataFrame]):
                 right.step(part[step_col].to_numpy(), part[per_step].to_numpy(), where="mid", linewidth=1.2,
                            color=style.colour(index), label=run)
         right.set_ylim(0, None)
-        right.set_xlabel("trainer step")
+        right.set_xlabel(style.TRAINER_STEP)
         right.set_ylabel("generation batches")
         right.set_title("Generation batches per trainer step")
         right.xaxis.get_major_locator().set_params(integer=True)
