@@ -103,14 +103,16 @@ def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
 SERIES_COLUMNS = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "gen_s": pl.Float64,
     "robust_z": pl.Float64, "reasons": pl.String, "outlier": pl.Boolean,
+    "slow_outlier": pl.Boolean,
 }
 
 
 def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per step with a step time, F5: step_s, gen_s, robust_z = |step_s − median| / (1.4826 · MAD)
     (median and MAD = median |step_s − median| over the run's steps; null when MAD = 0),
-    outlier = robust_z > 3.5, and reasons: the step's flags among testing, checkpoint,
-    truncated_line, restart, validation_only, comma-separated ('' when none)."""
+    outlier = robust_z > 3.5, slow_outlier = outlier on the slow side (step_s > median), and reasons:
+    the step's flags among testing, checkpoint, truncated_line, restart, validation_only,
+    comma-separated ('' when none)."""
     detail = per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
     reason_columns = ("testing", "checkpoint", "truncated_line", "restart", "validation_only")
     median = pl.col("step_s").median().over("run")
@@ -120,10 +122,12 @@ def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange 
     return with_z.select(
         "run", "segment", "step", "step_s", "gen_s",
         robust_z=pl.when(pl.col("mad") > 0).then(pl.col("deviation") / (MAD_SCALE * pl.col("mad"))),
+        slower=pl.col("step_s") > median,
         reasons=pl.concat_list(
             [pl.when(pl.col(name)).then(pl.lit(name)) for name in reason_columns]
         ).list.drop_nulls().list.join(","),
-    ).with_columns(outlier=(pl.col("robust_z") > OUTLIER_Z).fill_null(False))
+    ).with_columns(outlier=(pl.col("robust_z") > OUTLIER_Z).fill_null(False)).with_columns(
+        slow_outlier=pl.col("outlier") & pl.col("slower")).drop("slower")
 
 
 def outliers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

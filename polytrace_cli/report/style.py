@@ -179,3 +179,39 @@ def step_axis_label(bases) -> str:
     if kinds == {TRAINER_STEP}:
         return TRAINER_STEP
     return "step (workload step for traces, trainer step for training logs)"
+
+
+def new_grid(count: int, *, columns: int = 3, width: float = 10.0, panel_height: float = 3.6) -> tuple[Figure, list]:
+    """A figure of `count` panels, `columns` to a row (fewer when there are fewer panels), one screen wide;
+    the unused cells of the last row are removed, so no empty panel is drawn."""
+    columns = max(1, min(columns, count))
+    rows = -(-count // columns)
+    figure, axes = new_figure(columns, rows, width=width, height=panel_height * rows)
+    for extra in axes[count:]:
+        figure.delaxes(extra)
+    return figure, list(axes[:count])
+
+
+def label_points(ax, xs, ys, labels, *, colour: str = "#333333", levels: int = 3) -> int:
+    """Annotate points with labels that never overlap: each label sits in one of `levels` rows near the top
+    of the axes, in the first row where it clears the previous label of that row (widths estimated from the
+    label lengths at 7 pt), with a thin line to its point; labels that fit no row are dropped. Returns how
+    many were drawn."""
+    low, high = ax.get_xlim()
+    span = (high - low) or 1.0
+    axes_points = ax.get_position().width * ax.figure.get_figwidth() * 72
+    char_share = 0.62 * 7 / axes_points  # a 7 pt character's width as a share of the axes width
+    last: list[tuple[float, float] | None] = [None] * levels  # (centre, half width) of each row's last label
+    drawn = 0
+    for x, y, text in sorted(zip(xs, ys, labels), key=lambda item: item[0]):
+        position, half = (x - low) / span, len(text) * char_share / 2
+        level = next((i for i in range(levels)
+                      if last[i] is None or position - half > last[i][0] + last[i][1] + 0.01), None)
+        if level is None:
+            continue
+        last[level] = (position, half)
+        ax.annotate(text, (x, y), xytext=(position, 0.97 - 0.09 * level), textcoords="axes fraction",
+                    ha="center", va="top", fontsize=7, color=colour,
+                    arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "alpha": 0.7})
+        drawn += 1
+    return drawn

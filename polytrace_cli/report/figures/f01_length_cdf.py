@@ -12,6 +12,8 @@ ID = "F1"
 TITLE = "Prompt and response length CDFs"
 CAPTION = "Share of samples at or below each length, per run; x is log-scaled."
 FRAMES = ('cdf',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-sample lengths"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:

@@ -14,6 +14,8 @@ CAPTION = ("Per step: the band spans p50 to p90 of response length, the solid li
            "line p99. Step-aggregate runs show their logged mean with a min–max band. Lines and bands stop where "
            "steps are missing.")
 FRAMES = ('per_step',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no response lengths per step"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:

@@ -13,8 +13,9 @@ ID = "F3"
 TITLE = "Prompt vs response length"
 CAPTION = "Density of (prompt, response) length pairs on log axes, with Pearson r and Spearman ρ per run."
 FRAMES = ('pairs', 'correlation')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-sample prompt and response lengths"
 
-MAX_RUNS = 3
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
@@ -24,13 +25,13 @@ def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
 
 
 def render(data: dict[str, pl.DataFrame]):
-    """One hexbin per run (up to three), coloured by sample count on a log scale."""
+    """One hexbin per run (three to a row), coloured by sample count on a log scale."""
     pairs, correlation = data["pairs"], data["correlation"]
     x, y = "prompt_tokens", "response_tokens"
     if empty(pairs, x, y):
         return Omitted("the runs have no per-sample prompt and response lengths")
-    runs = runs_of(pairs)[:MAX_RUNS]
-    figure, axes = style.new_figure(len(runs), 1, width=max(5.0, 4.4 * len(runs)), height=4.2)
+    runs = runs_of(pairs)
+    figure, axes = style.new_grid(len(runs), panel_height=3.8)
     for ax, run in zip(axes, runs):
         part = pairs.filter((pl.col("run") == run) & (pl.col(x) > 0) & (pl.col(y) > 0))
         if part.height == 0:

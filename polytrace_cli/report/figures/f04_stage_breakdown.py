@@ -14,11 +14,12 @@ TITLE = "Step-time breakdown by stage"
 CAPTION = ("Seconds per stage for each step, stacked (bars, or stacked bands beyond 200 steps); "
            "the remainder up to the step time is unexplained.")
 FRAMES = ('stages',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-step stage timings"
 
 # Stage timers, then the timers inside the step besides the stages (validation, checkpoint), then the rest.
 STAGE_COLUMNS = (*(f"{name}_s" for name in (*stage_analysis.STAGES, *stage_analysis.EXTRA_TIMERS)), "unexplained_s")
 STAGES = tuple(column.removesuffix("_s") for column in STAGE_COLUMNS)
-MAX_PANELS = 4
 MAX_BARS = 200
 
 
@@ -35,7 +36,7 @@ def _long(stages: pl.DataFrame) -> pl.DataFrame:
 
 
 def render(data: dict[str, pl.DataFrame]):
-    """One panel per run (up to four): stacked bars of the stages' seconds, step on x."""
+    """One panel per run: stacked bars of the stages' seconds, step on x."""
     stages = data["stages"]
     if empty(stages, "step"):
         return Omitted("the runs have no per-step stage timings (step-aggregate logs such as verl's timing_s/*)")
@@ -43,7 +44,7 @@ def render(data: dict[str, pl.DataFrame]):
                                 & (pl.col("seconds") > 0))
     if long.height == 0:
         return Omitted("the runs log no stage seconds")
-    runs = runs_of(long)[:MAX_PANELS]
+    runs = runs_of(long)
     figure, axes = style.new_figure(1, len(runs), width=10, height=3.4 * len(runs))
     for ax, run in zip(axes, runs):
         part = long.filter(pl.col("run") == run)
@@ -65,6 +66,4 @@ def render(data: dict[str, pl.DataFrame]):
         ax.set_title(f"{run}: stage seconds per step" if run else "stage seconds per step")
         style.thin_step_ticks(ax, steps)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    if len(runs_of(long)) > MAX_PANELS:
-        figure.suptitle(f"first {MAX_PANELS} of {len(runs_of(long))} runs", fontsize=9)
     return figure

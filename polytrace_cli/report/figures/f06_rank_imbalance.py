@@ -16,6 +16,8 @@ CAPTION = ("Heat map: each rank's token load (prompt + response) over the step's
            "responses (what the rollout waits for), and token λ after repartitioning the prompt groups "
            "(balanced). Runs with only verl's global_seqlen metrics have token λ lines and no heat map.")
 FRAMES = ('ranks', 'steps')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-rank samples and no verl global_seqlen metrics"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:

@@ -14,6 +14,8 @@ CAPTION = ("Left: share of a step's responses still decoding at each decode posi
            "most idle steps. "
            "Right: slot idle per step, 1 − Σl / (N·max l): the share of decode slots left waiting for the longest response.")
 FRAMES = ('decoding', 'per_step')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no response lengths"
 
 
 
@@ -49,7 +51,7 @@ def render(data: dict[str, pl.DataFrame]):
         return Omitted("the runs have no per-sample response lengths")
     has_curves = not empty(decoding, position, share)
     has_idle = not empty(per_step, idle)
-    figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=11 if has_curves and has_idle else 6,
+    figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=10,
                                     height=4.2)
     if has_curves:
         left = axes[0]

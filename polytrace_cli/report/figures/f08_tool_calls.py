@@ -13,6 +13,8 @@ TITLE = "Tool calls"
 CAPTION = ("Left: tool latency CDF per tool (log x). Middle: share of trajectories by number of turns. "
            "Right: prefix-cache hit ratio Σ cached / Σ prompt tokens by turn index.")
 FRAMES = ('latency', 'turns', 'cache')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no multi-turn trajectories or tool calls"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
@@ -36,7 +38,7 @@ def render(data: dict[str, pl.DataFrame]):
     if not any(has.values()):
         return Omitted("the runs have no multi-turn trajectories or tool calls")
     count = sum(has.values())
-    figure, axes = style.new_figure(count, 1, width=max(5.0, 4.0 * count), height=4.0)
+    figure, axes = style.new_figure(count, 1, width=10, height=4.0)
     panels = iter(axes)  # one panel per part with data, left to right; none drawn empty
     left = next(panels) if has["latency"] else None
     middle = next(panels) if has["turns"] else None

@@ -14,8 +14,9 @@ TITLE = "Reward time per rank"
 CAPTION = ("Seconds each data-parallel rank spent computing rewards in each step; the step waits for the "
            "slowest rank (black: max across ranks).")
 FRAMES = ('reward',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-rank reward timings"
 
-MAX_RUNS = 3
 MAX_LINES = 8
 
 
@@ -29,8 +30,8 @@ def render(data: dict[str, pl.DataFrame]):
     reward = data["reward"]
     if empty(reward, "seconds"):
         return Omitted("the runs have no per-rank reward timings (reward_timings traces)")
-    runs = runs_of(reward)[:MAX_RUNS]
-    figure, axes = style.new_figure(len(runs), 1, width=max(6.0, 4.6 * len(runs)), height=4.0)
+    runs = runs_of(reward)
+    figure, axes = style.new_grid(len(runs), columns=2, panel_height=3.8)
     for ax, run in zip(axes, runs):
         part = reward.filter(pl.col("run") == run).sort("step", "dp_rank")
         ranks = part["dp_rank"].unique().sort().to_list()

@@ -15,6 +15,8 @@ CAPTION = ("Left: share of a generation batch's prompts kept by the filter (kept
            "to fill each trainer step. Several workload steps feed one trainer step.")
 MAX_BARS = 200
 FRAMES = ('batches', 'trainer_steps')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no DAPO filter batches"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
@@ -31,7 +33,7 @@ def render(data: dict[str, pl.DataFrame]):
         return Omitted("the runs have no DAPO filter batches (dapo_filter_indices traces)")
     has_kept = not empty(batches, kept)
     has_steps = not empty(trainer, per_step)
-    figure, axes = style.new_figure(int(has_kept) + int(has_steps), 1, width=11 if has_kept and has_steps else 6,
+    figure, axes = style.new_figure(int(has_kept) + int(has_steps), 1, width=10,
                                     height=4.0)
     if has_kept:
         left = axes[0]

@@ -13,6 +13,8 @@ ID = "F11"
 TITLE = "Step time vs max response length"
 CAPTION = "Each point is a step; lines are the least-squares fits the steps analysis reports, with their r."
 FRAMES = ('points',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "fewer than 3 trainer steps with both step time and max response length"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
@@ -26,7 +28,7 @@ def render(data: dict[str, pl.DataFrame]):
     x, y = "response_length_max", "step_s"
     if empty(points, x, y):
         return Omitted("the runs log no step time together with max response length")
-    figure, (ax,) = style.new_figure(width=8, height=4.6)
+    figure, (ax,) = style.new_figure(width=10, height=4.6)
     for index, run in enumerate(runs_of(points)):
         part = points.filter((pl.col("run") == run) & pl.col(x).is_not_null() & pl.col(y).is_not_null())
         if part.height == 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from polytrace_cli.analyze import imbalance, lengths, stages
+from polytrace_cli.analyze import filtering, imbalance, lengths, stages
 from polytrace_cli.analyze.common import StepRange, run_names
 from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.store.queries import runs_frame
@@ -12,7 +12,7 @@ from polytrace_cli.store.queries import runs_frame
 ID = "T1"
 TITLE = "Cross-run summary"
 
-COLUMNS = ["run", "task", "steps", "samples", "mean_prompt_tokens", "mean_response_tokens", "response_p99_p50",
+COLUMNS = ["run", "task", "workload_steps", "trainer_steps", "samples", "mean_prompt_tokens", "mean_response_tokens", "response_p99_p50",
            "clip_ratio", "lambda", "step_time_cv"]
 
 
@@ -28,15 +28,21 @@ def _pick(summary: pl.DataFrame | None, schema: dict, value: pl.Expr, where: pl.
 def table(con, run_ids: list[int], steps: StepRange, summaries: dict[str, pl.DataFrame]) -> pl.DataFrame | Omitted:
     """One row per run: task and sizes from the store's run list; mean prompt/response tokens,
     response p99/p50 and clip ratio from `lengths`; mean token λ from `imbalance`; step-time CV from
-    `stages`. `steps` counts the run's steps as logged (workload steps for workload traces, trainer
-    steps for training logs)."""
+    `stages`. Two step counts: workload_steps = rollout calls with samples (PolyTrace traces);
+    trainer_steps = optimizer steps, from the DAPO filter batches, else from per-step logged lengths,
+    else from logged step times (null when the run tells neither: a trace without DAPO batches)."""
     names = set(run_names(con, run_ids).values())
-    base = runs_frame(con).filter(pl.col("run").is_in(list(names))).select("run", "task", "steps", "samples")
+    base = runs_frame(con).filter(pl.col("run").is_in(list(names))).select("run", "task", "samples")
     if base.height == 0:
         return Omitted("no runs")
     length_rows, stage_rows = summaries.get("lengths"), summaries.get("stages")
     is_prompt, is_response = pl.col("kind") == "prompt", pl.col("kind") == "response"
+    from_samples, from_aggregates = pl.col("basis") == "samples", pl.col("basis") == "step_aggregates"
     parts = [
+        _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("steps").alias("workload_steps"), is_response & from_samples),
+        _pick(summaries.get("filtering"), filtering.SUMMARY_COLUMNS, pl.col("trainer_steps").alias("dapo_steps")),
+        _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("steps").alias("logged_steps"), is_response & from_aggregates),
+        _pick(stage_rows, stages.SUMMARY_COLUMNS, pl.col("steps").alias("timed_steps"), pl.col("stage") == "step"),
         _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("mean_tokens").alias("mean_prompt_tokens"), is_prompt),
         _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("mean_tokens").alias("mean_response_tokens"), is_response),
         _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("p99_p50").alias("response_p99_p50"), is_response),
@@ -47,4 +53,6 @@ def table(con, run_ids: list[int], steps: StepRange, summaries: dict[str, pl.Dat
     out = base
     for part in parts:
         out = out.join(part, on="run", how="left")
+    out = out.with_columns(pl.col("workload_steps").cast(pl.Int64),
+                           trainer_steps=pl.coalesce("dapo_steps", "logged_steps", "timed_steps").cast(pl.Int64))
     return out.select(COLUMNS).sort("run")
