@@ -30,6 +30,17 @@ window.addEventListener('load', function () {
   }
   document.body.setAttribute('data-images', String(images.length));
   document.body.setAttribute('data-broken-images', String(broken));
+  // Where each figure sits on the page, so a screenshot of the page can be checked figure by figure.
+  var boxes = {};
+  for (var j = 0; j < images.length; j++) {
+    var box = images[j].getBoundingClientRect(), name = images[j].getAttribute('data-figure');
+    if (name) {
+      boxes[name] = [Math.round(box.left + window.scrollX), Math.round(box.top + window.scrollY),
+                     Math.round(box.width), Math.round(box.height)];
+    }
+  }
+  document.body.setAttribute('data-figure-boxes', JSON.stringify(boxes));
+  document.body.setAttribute('data-page-height', String(document.documentElement.scrollHeight));
 });
 """
 
@@ -51,10 +62,12 @@ def findings_section(report) -> str:
     measured = [f for f in report.findings if f["cause"] != "not-measured"]
     unmeasured = [f for f in report.findings if f["cause"] == "not-measured"]
     items = "".join(f"<li>{escape(f['text'])}</li>" for f in measured[:SHOWN])
-    items += "".join(f"<li class='omitted'>{escape(f['text'])}</li>" for f in unmeasured)
     more = (f"<p class='meta'>{len(measured) - SHOWN} more findings in summary.json</p>"
             if len(measured) > SHOWN else "")
-    return f"<h2 id='findings'>Findings</h2><ol class='findings'>{items}</ol>{more}"
+    missing = "".join(f"<li>{escape(f['text'])}</li>" for f in unmeasured)
+    missing = f"<ul class='omitted'>{missing}</ul>" if missing else ""
+    listed = f"<ol class='findings'>{items}</ol>" if items else ""
+    return f"<h2 id='findings'>Findings</h2>{listed}{more}{missing}"
 
 
 def help_section(report) -> str:

@@ -93,7 +93,7 @@ def thin_step_ticks(ax, steps) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
 
 
-def plain_log_ticks(ax, *axes: str) -> None:
+def plain_log_ticks(ax, *axes: str, narrow_below: float = 2.5) -> None:
     """Log-scaled `axes` ("x", "y") labelled as plain numbers at 1, 2, 5 × 10^k (at 10^k when the axis
     spans 2.5 decades or more), without minor labels
     (matplotlib's default labels every minor tick in mathtext when the span is under a decade, and they overlap)."""
@@ -102,7 +102,7 @@ def plain_log_ticks(ax, *axes: str) -> None:
     for name in axes or ("x", "y"):
         axis = ax.xaxis if name == "x" else ax.yaxis
         low, high = sorted(ax.get_xlim() if name == "x" else ax.get_ylim())
-        narrow = low > 0 and np.log10(high / low) < 2.5  # 1, 2, 5 × 10^k fit; wider spans get decades only
+        narrow = low > 0 and np.log10(high / low) < narrow_below  # 1, 2, 5 × 10^k fit; wider spans get decades only
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=12))
         axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
         axis.set_minor_formatter(NullFormatter())
@@ -215,3 +215,12 @@ def label_points(ax, xs, ys, labels, *, colour: str = "#333333", levels: int = 3
                     arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "alpha": 0.7})
         drawn += 1
     return drawn
+
+
+def plain_colorbar(colorbar) -> None:
+    """Colour-bar tick labels as plain numbers with thousands separators, no minor labels (a log-scaled bar
+    otherwise mixes 10^1 with 4 × 10^0)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    colorbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+    colorbar.ax.yaxis.set_minor_formatter(NullFormatter())

@@ -58,6 +58,14 @@ def render(data: dict[str, pl.DataFrame]):
         ax.set_ylabel("response length (tokens)")
     ax.set_xlabel(style.step_axis_label(response["basis"].unique().to_list()))
     style.thin_step_ticks(ax, None)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    # One legend entry per run (its colour) and one per line style, instead of one per run × statistic.
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=style.colour(index), label=run) for index, run in enumerate(runs_of(response))]
+    handles += [Line2D([], [], color="#333333", linewidth=1.8, label="mean"),
+                Line2D([], [], color="#333333", linewidth=1.4, linestyle="--", label="p99"),
+                Patch(color="#333333", alpha=0.25, label="p50–p90 (min–max for logs)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.set_title("Response length per step")
     return figure

@@ -67,6 +67,7 @@ def render(data: dict[str, pl.DataFrame]):
         right.set_ylabel("generation batches")
         right.set_title("Generation batches per trainer step")
         right.xaxis.get_major_locator().set_params(integer=True)
+        right.yaxis.get_major_locator().set_params(integer=True)
         if len(runs) > 1:
             right.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return figure
