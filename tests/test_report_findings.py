@@ -134,6 +134,11 @@ def test_every_figure_lists_runs_shown_and_left_out(mixed_report):
     assert f"b: {reason}" in html and f"b: {reason}" in markdown
     assert figures["F5"]["runs"] == ["c"] and set(figures["F5"]["runs_left_out"]) == {"a", "b"}
     assert set(figures["F2"]["runs"]) == {"a", "b", "c"}
+    # The figure itself names them too: F6's file carries the note (checked in its SVG text).
+    svg = (mixed_report.parent / "figures" / figures["F6"]["svg"]).read_text()
+    note = re.search(r"Not shown \([^)]*\): ([a-z_, ]+)", svg)
+    assert note and set(note.group(1).strip().split(", ")) == {"b", "c"}
+    assert "Not shown" not in (mixed_report.parent / "figures" / figures["F2"]["svg"]).read_text()
 
 
 def test_step_segments_break_at_missing_steps():

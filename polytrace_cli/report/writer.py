@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,10 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str]) -> Fi
         result.data = data
         result.runs = shown_runs(data, runs)
         result.runs_left_out = {run: module.LEFT_OUT for run in runs if run not in result.runs}
+        if result.runs_left_out:
+            # Said in the figure itself too, so a PNG passed around on its own does not hide the runs it lacks.
+            note = f"Not shown ({module.LEFT_OUT}): {', '.join(result.runs_left_out)}"
+            drawn.suptitle("\n".join(textwrap.wrap(note, 150)), fontsize=8, color="#8a4b00")
         stem = f"{module.ID.lower()}_{module.__name__.rsplit('.', 1)[1].split('_', 1)[1]}"
         result.png = figures_dir / f"{stem}.png"
         result.svg = figures_dir / f"{stem}.svg"
