@@ -243,3 +243,22 @@ def test_summary_document_keeps_findings_and_help_shape(tmp_path):
     assert list(document)[:5] == ["report", "runs", "findings", "what_would_help", "what_would_help_note"]
     assert document["what_would_help"][0]["policy"] == "rebalance-dp-ranks"
     assert "polytrace whatif" in document["what_would_help_note"]
+
+
+def test_series_flags_slow_outliers_only_on_the_slow_side(tmp_path):
+    """Step times 20, 21, 19, 20, 21, 19, 20, 60, 2, 20: median 20, MAD 1, so 60 (z 27) and 2 (z 12) are
+    outliers, and only 60 is slow."""
+    from polytrace_cli.analyze import stages
+
+    times = [20.0, 21.0, 19.0, 20.0, 21.0, 19.0, 20.0, 60.0, 2.0, 20.0]
+    _console_log(tmp_path / "logs" / "t" / "train.log", times, {})
+    db = tmp_path / "store.duckdb"
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "t"), "--run", "t", "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    try:
+        series = stages.series(con, [1]).sort("step")
+    finally:
+        con.close()
+    assert series.filter(pl.col("outlier"))["step"].to_list() == [8, 9]
+    assert series.filter(pl.col("slow_outlier"))["step"].to_list() == [8]
+    assert series.filter(pl.col("step") == 8)["robust_z"].item() == pytest.approx(40 / 1.4826)
