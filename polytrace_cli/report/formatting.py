@@ -9,7 +9,9 @@ import polars as pl
 
 
 def cell(value: Any) -> str:
-    """A value as a short human-readable string: 3 significant decimals, thousands separators, '—' for null."""
+    """A value as a short human-readable string, one rule for every table: floats of magnitude ≥ 100 as whole
+    numbers, 1–100 with 2 decimals, below 1 with 3 decimals (scientific below 0.001 and from 10^7), thousands
+    separators, '—' for null."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -19,11 +21,13 @@ def cell(value: Any) -> str:
             return "nan"
         if math.isinf(value):
             return "∞" if value > 0 else "−∞"
-        if value != 0 and (abs(value) >= 1e7 or abs(value) < 1e-3):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e7 or abs(value) < 1e-3:
             return f"{value:.3g}"
-        if abs(value) >= 1e4:
+        if abs(value) >= 100:
             return f"{value:,.0f}"
-        return f"{value:,.3f}".rstrip("0").rstrip(".")
+        return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, (list, tuple)):
