@@ -41,7 +41,7 @@ def mixed_report(tmp_path_factory) -> Path:
     """Run a: two ranks; run b: one rank (no imbalance); run c: a console log with validation at steps 3, 6."""
     folder = tmp_path_factory.mktemp("mixed")
     db = folder / "store.duckdb"
-    _console_log(folder / "logs" / "c" / "train.log", [20.0, 20.0, 30.0, 20.0, 20.0, 30.0], {3: 10.0, 6: 10.0})
+    _console_log(folder / "logs" / "c" / "train.log", [20.0, 20.0, 40.0, 20.0, 20.0, 40.0], {3: 10.0, 6: 10.0})
     result = runner.invoke(app, ["ingest", str(folder / "logs" / "c"), "--run", "c", "--db", str(db)])
     assert result.exit_code == 0, result.output
     con = open_store(db)
@@ -74,11 +74,12 @@ def test_findings_numbers_by_hand(mixed_report):
     findings = summary["findings"]
     assert findings and all(set(f) == {"run", "cause", "seconds", "share", "steps", "text"} for f in findings)
     by = {(f["run"], f["cause"]): f for f in findings}
-    # c: validation 10 + 10 s of 140 s of step time, in 2 of 6 steps (the step timer is taken to include it).
+    # c: validation 10 + 10 s of 160 s of step time, in 2 of 6 steps. The step timer includes it: at steps 3
+    # and 6 step − stages = 40 − 22 = 18 = the other steps' 20 − 12 plus the 10 s of validation.
     validation = by[("c", "validation")]
-    assert validation["seconds"] == pytest.approx(20.0) and validation["share"] == pytest.approx(20 / 140)
-    assert validation["steps"] == 2 and "14.3% of step time" in validation["text"]
-    # c: the largest stage is gen, Σ gen / Σ step = 70 / 140.
+    assert validation["seconds"] == pytest.approx(20.0) and validation["share"] == pytest.approx(20 / 160)
+    assert validation["steps"] == 2 and "12.5% of step time" in validation["text"]
+    # c: the largest stage is gen, Σ gen / Σ step = 80 / 160.
     assert by[("c", "stage:gen")]["share"] == pytest.approx(0.5)
     # a: slot idle = mean over ranks of 1 − mean/max: rank 0 1 − 100/110, rank 1 1 − 190/200.
     assert by[("a", "slot-idle")]["share"] == pytest.approx(((1 - 100 / 110) + (1 - 190 / 200)) / 2)
@@ -88,6 +89,25 @@ def test_findings_numbers_by_hand(mixed_report):
     shares = [f["share"] for f in findings if f["share"] is not None]
     assert shares == sorted(shares, reverse=True)
     assert "Findings" in mixed_report.read_text() and validation["text"] in mixed_report.read_text()
+
+
+def test_validation_outside_the_step_timer_is_a_share_of_step_plus_validation(tmp_path):
+    """A run whose step time does not count validation (step − stages is the same 8 s with or without it):
+    validation's share is 10 / (Σ step + 10), and nothing is assumed."""
+    from polytrace_cli.report.findings import build_findings
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "x" / "train.log", [20.0] * 6, {3: 10.0})
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "x"), "--run", "x", "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    try:
+        run_ids = [row[0] for row in con.execute("SELECT run_id FROM runs").fetchall()]
+        findings = build_findings(con, run_ids, ALL_STEPS, {})
+    finally:
+        con.close()
+    validation = next(f for f in findings if f["cause"] == "validation")
+    assert validation["share"] == pytest.approx(10 / 130) and validation["steps"] == 1
+    assert "assuming" not in validation["text"]
 
 
 def test_findings_say_what_could_not_be_measured(tmp_path):

@@ -17,7 +17,7 @@ The shares:
   sampled runs, token λ for global_seqlen runs), averaged over steps: rank time spent waiting for the
   slowest rank;
 - validation / checkpoint = Σ testing_s (save_checkpoint_s) / Σ step time, over the steps with a step
-  time; when the run's meta says the step timer excludes them, over Σ (step_s + that timer);
+  time; when the step timer excludes them (`stages.step_time_inclusion`), over Σ (step_s + that timer);
 - stage:<name> = the largest stage's share of step time (stages summary `share`);
 - DAPO discarded = the filtering summary's discarded_token_share (tokens generated for prompts the
   filter dropped).
@@ -86,23 +86,16 @@ def _imbalance(summary: pl.DataFrame) -> list[dict]:
     return out
 
 
-def _includes(con: duckdb.DuckDBPyConnection, run_ids: list[int], key: str) -> dict[str, bool | None]:
-    """Per run: the run meta flag `key` (true, false, or None when the run cannot tell)."""
-    rows = con.execute(
-        f"SELECT name, try_cast(json_extract(meta, '$.{key}') AS BOOLEAN) FROM runs WHERE run_id IN (SELECT unnest(?))",
-        [run_ids]).fetchall()
-    return dict(rows)
-
-
 def _overheads(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> list[dict]:
     detail = stages.per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
     if detail.height == 0:
         return []
+    inclusion = stages.step_time_inclusion(con, run_ids)
     out = []
-    for cause, column, meta_key, name in (
-            ("validation", "testing_s", "step_time_includes_testing", "validation"),
-            ("checkpoint", "save_checkpoint_s", "step_time_includes_checkpoint", "checkpoint saving")):
-        included = _includes(con, run_ids, meta_key)
+    for cause, column, flag, name in (
+            ("validation", "testing_s", "includes_testing", "validation"),
+            ("checkpoint", "save_checkpoint_s", "includes_checkpoint", "checkpoint saving")):
+        included = dict(zip(inclusion["run"].to_list(), inclusion[flag].to_list()))
         totals = detail.group_by("run", maintain_order=True).agg(
             seconds=pl.col(column).fill_null(0).sum(), step_seconds=pl.col("step_s").sum(),
             steps=(pl.col(column).fill_null(0) > 0).sum(), all_steps=pl.len())
