@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from conftest import PROJECT_ROOT
-from polytrace_cli.analyze.registry import BUILT_IN
+from polytrace_cli.analyze.registry import ANALYSES as BUILT_IN
 from polytrace_cli.store import open_store
 
 REPORT = PROJECT_ROOT / "polytrace_cli" / "report"
