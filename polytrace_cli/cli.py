@@ -9,8 +9,10 @@ import typer
 
 from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
+from polytrace_cli.commands import diagnose as diagnose_commands
 from polytrace_cli.commands import ingest as ingest_commands
 from polytrace_cli.commands import report as report_commands
+from polytrace_cli.commands import simulate as simulate_commands
 from polytrace_cli.commands import steps as steps_commands
 from polytrace_cli.commands import store as store_commands
 from polytrace_cli.commands import workload as workload_commands
@@ -47,6 +49,7 @@ COMMANDS: dict[str, Callable] = {
     "steps": steps_commands.steps,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
+    "explain": diagnose_commands.explain,
     "synth": workload_commands.synth,
     "demo": workload_commands.demo,
     "fit": workload_commands.fit,
@@ -55,6 +58,7 @@ COMMANDS: dict[str, Callable] = {
     "fidelity": workload_commands.fidelity,
     "report": report_commands.report,
     "check": report_commands.check,
+    "whatif": simulate_commands.whatif,
     "version": version,
 }
 

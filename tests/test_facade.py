@@ -29,7 +29,7 @@ def _cli_json(*args) -> object:
 def traces(tmp_path):
     """Two generated runs: packed lengths (math) and multi-turn trajectories with tool calls (search)."""
     for task, extra in (("math", []), ("search", ["--multiturn"])):
-        result = runner.invoke(app, ["synth", "--task", task, "--out", str(tmp_path / task), "--steps", STEPS,
+        result = runner.invoke(app, ["synth", "--task", task, "--out", str(tmp_path / task), "--num-steps", STEPS,
                                      "--batch", BATCH, "--n", N, "--dp-ranks", 2, "--seed", 3, *extra])
         assert result.exit_code == 0, result.output
     return tmp_path

@@ -20,7 +20,7 @@ SAMPLE_LOGS = Path(__file__).resolve().parents[1] / "sample_logs"
 
 
 def test_synth_writes_verl_logs_with_schedule_injections_and_truth(tmp_path):
-    args = ["synth", "--task", "math", "--steps", "12", "--batch", "8", "--dp-ranks", "2", "--seed", "3", "--max-response-len", "40000",
+    args = ["synth", "--task", "math", "--num-steps", "12", "--batch", "8", "--dp-ranks", "2", "--seed", "3", "--max-response-len", "40000",
             "--validate-every", "5", "--checkpoint-every", "6", "--inject", "4:long_tail", "--inject", "9:unexplained:3"]
     console = runner.invoke(app, [*args, "--format", "verl-console", "--out", str(tmp_path / "c"),
                                   "--truth", str(tmp_path / "truth.json")])

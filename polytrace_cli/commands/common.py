@@ -60,7 +60,8 @@ def _width(stream) -> int | None:
 # Emoji codes are off: data such as `postgres:x:101` must print as written. Text from data goes
 # into tables as rich Text and into messages through `escape`, never as markup.
 console = Console(width=_width(sys.stdout), emoji=False)
-err_console = Console(stderr=True, width=_width(sys.stderr), emoji=False)
+# Errors are one line each: never wrapped at the terminal's width.
+err_console = Console(stderr=True, width=_width(sys.stderr), emoji=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -171,8 +172,8 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] |
     if numeric is None:
         numeric = {name for i, name in enumerate(columns)
                    if any(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows)}
-    print_table(console, columns, [[plain(v) for v in row] for row in rows], numeric, title=title,
-                identity=identity, wide=wide)
+    shown = [[_text(v) if isinstance(v, (list, tuple, dict, set)) else plain(v) for v in row] for row in rows]
+    print_table(console, columns, shown, numeric, title=title, identity=identity, wide=wide)
 
 
 def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None,

@@ -7,17 +7,23 @@
     adv_s            = a_adv
     update_weights_s = a_w                      (weight sync: a constant per step)
     other_s          = a_rest                   (wall_s − Σ stages − testing_s − save_checkpoint_s)
+                       + b_rest · busiest_rank_tokens when no training stage (old_log_prob, ref,
+                       values, update_actor, update_critic) is logged: their time is then in the rest
 
-A run that logs a step time but no stage timer gets one stage, `step`, with
+verl balances each batch across DP ranks before training when `trainer.balance_batch` is on and then
+logs global_seqlen/balanced_max besides global_seqlen/max. The busiest rank that sets the training
+stages' time is then the balanced one: when both are logged, the training stages are fitted with each
+and the one with the smaller summed residual spread (1.4826 · MAD) is kept (`busiest_feature`).
+
+A run that logs a step time but no stage timer gets one stage, `whole_step`, with
 a + b_tail · r_max + b_vol · response_tokens + b_busy · busiest_rank_tokens.
 
 Each stage is fitted on the training steps that log it (overhead, validation and warm-up steps left
 out by the mask) with scipy.optimize.least_squares: soft-L1 loss (robust to a few slow steps),
 every coefficient bounded to ≥ 0, the features scaled by their largest value. A term is dropped
 when its feature does not vary over those steps (or is missing), and a stage with fewer steps than
-terms + 2, or
-no varying feature, is the median of its seconds (a constant, not bounded to ≥ 0). Testing and checkpoint seconds are overheads: the
-model does not predict them.
+terms + 2, or no varying feature, is the median of its seconds (a constant, not bounded to ≥ 0).
+Testing and checkpoint seconds are overheads: the model does not predict them.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ STAGE_FEATURES: dict[str, tuple[str, ...]] = {
     "other": (),
 }
 STEP_ONLY_FEATURES = ("r_max", "response_tokens", "busiest_rank_tokens")
+# The busiest-rank features and the typical-workload key of their gap to the mean rank.
+GAP_OF = {"busiest_rank_tokens": "imbalance_gap", "balanced_busiest_tokens": "balanced_gap"}
 MAD_SCALE = 1.4826
 # A feature varies when its range exceeds this share of its largest magnitude.
 MIN_RELATIVE_RANGE = 1e-3
@@ -71,14 +79,17 @@ class StepTimeModel:
     """A run's fitted step-time model (see the module docstring for the form).
 
     `typical` holds the run's typical workload: the median of each feature over the training steps,
-    except busiest_rank_tokens = median(mean_rank_tokens) + median(busiest − mean_rank_tokens), so
-    that b_k · (busiest − typical busiest) splits exactly into a volume part and an imbalance part.
+    except busiest_rank_tokens = median(mean_rank_tokens) + median(busiest − mean_rank_tokens) (the
+    same for balanced_busiest_tokens), so that b_k · (busiest − typical busiest) splits exactly
+    into a volume part and an imbalance part. `busiest_feature` names the busiest-rank column the
+    training stages follow.
     """
 
     stages: dict[str, StageFit]
     typical: dict[str, float]
     frame: pl.DataFrame = field(repr=False)
     training: pl.Series = field(repr=False)
+    busiest_feature: str = "busiest_rank_tokens"
 
     @property
     def stage_names(self) -> list[str]:
@@ -95,7 +106,7 @@ class StepTimeModel:
 
     def predict_typical(self) -> dict[str, float]:
         """Each stage's seconds at the typical workload (and 'step' = their sum): expected_s."""
-        one = pl.DataFrame({name: [value] for name, value in self.typical.items()})
+        one = pl.DataFrame({name: [value] for name, value in self.typical.items()} or {"row": [0.0]})
         values = {stage: float(fit.predict(one, self.typical)[0]) for stage, fit in self.stages.items()}
         values["step"] = sum(values.values())
         return values
@@ -163,21 +174,23 @@ def typical_workload(df: pl.DataFrame, mask: pl.Series) -> dict[str, float]:
 
     typical = {name: median(pl.col(name)) for name in
                ("r_max", "response_tokens", "total_tokens", "mean_rank_tokens", "n_responses")}
-    gap = median(pl.col("busiest_rank_tokens") - pl.col("mean_rank_tokens"))
-    typical["busiest_rank_tokens"] = typical["mean_rank_tokens"] + gap
-    typical["imbalance_gap"] = gap
+    for feature, gap_name in GAP_OF.items():
+        gap = median(pl.col(feature) - pl.col("mean_rank_tokens"))
+        typical[feature] = typical["mean_rank_tokens"] + gap
+        typical[gap_name] = gap
     return {k: v for k, v in typical.items() if np.isfinite(v)}
 
 
 def stage_seconds(df: pl.DataFrame) -> dict[str, np.ndarray]:
     """Actual seconds per modelled stage, and other = wall_s − Σ stages − overheads (NaN when the
-    step has no wall time or no stage timer). A run without stage timers gets `step` instead."""
+    step has no wall time or no stage timer). A run without stage timers gets `whole_step` instead:
+    wall_s − overheads."""
     stage_columns = [s for s in MODELLED_STAGES if df[f"{s}_s"].is_not_null().any()]
     if not stage_columns:
         if "wall_s" not in df.columns:
             return {}
         overhead = sum(df[f"{o}_s"].fill_null(0).to_numpy() for o in OVERHEADS)
-        return {"step": df["wall_s"].fill_null(np.nan).to_numpy() - overhead}
+        return {"whole_step": df["wall_s"].fill_null(np.nan).to_numpy() - overhead}
     actual = {s: df[f"{s}_s"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in stage_columns}
     logged = sum(np.nan_to_num(v) for v in actual.values())
     overhead = sum(df[f"{o}_s"].fill_null(0).to_numpy() for o in OVERHEADS)
@@ -185,15 +198,39 @@ def stage_seconds(df: pl.DataFrame) -> dict[str, np.ndarray]:
     return actual
 
 
+def _design(df: pl.DataFrame, names: tuple[str, ...]) -> np.ndarray:
+    if not names:
+        return np.empty((df.height, 0))
+    return np.column_stack([df[n].cast(pl.Float64).fill_null(np.nan).to_numpy() for n in names])
+
+
+def choose_busiest(df: pl.DataFrame, train: np.ndarray, actual: dict[str, np.ndarray]) -> str:
+    """The busiest-rank column the training stages follow: balanced_busiest_tokens when it is
+    logged on every training step and the training stages' fits on it have a smaller summed
+    residual spread than on busiest_rank_tokens; busiest_rank_tokens otherwise."""
+    logged = [stage for stage in TRAINING_STAGES if stage in actual]
+    balanced = df["balanced_busiest_tokens"].to_numpy()[train] if "balanced_busiest_tokens" in df.columns else None
+    if not logged or balanced is None or not np.all(np.isfinite(balanced.astype(float))):
+        return "busiest_rank_tokens"
+    spread = {}
+    for feature in GAP_OF:
+        x = _design(df, (feature,))[train]
+        spread[feature] = sum(fit_stage(stage, x, (feature,), actual[stage][train]).scale_s for stage in logged)
+    return min(GAP_OF, key=lambda feature: (spread[feature], feature != "busiest_rank_tokens"))
+
+
 def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     """Fit every stage the run logs on the steps where `mask` is true (see the module docstring)."""
     typical = typical_workload(df, mask)
     train = mask.fill_null(False).to_numpy()
+    actual = stage_seconds(df)
+    busiest = choose_busiest(df, train, actual)
     stages: dict[str, StageFit] = {}
-    for stage, seconds in stage_seconds(df).items():
-        names = STEP_ONLY_FEATURES if stage == "step" else STAGE_FEATURES[stage]
+    for stage, seconds in actual.items():
+        names = STEP_ONLY_FEATURES if stage == "whole_step" else STAGE_FEATURES[stage]
+        if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
+            names = ("busiest_rank_tokens",)
+        names = tuple(busiest if n == "busiest_rank_tokens" else n for n in names)
         names = tuple(n for n in names if df[n].is_not_null().any())
-        x = (np.column_stack([df[n].cast(pl.Float64).fill_null(np.nan).to_numpy() for n in names])
-             if names else np.empty((df.height, 0)))
-        stages[stage] = fit_stage(stage, x[train], names, seconds[train])
-    return StepTimeModel(stages, typical, df, mask)
+        stages[stage] = fit_stage(stage, _design(df, names)[train], names, seconds[train])
+    return StepTimeModel(stages, typical, df, mask, busiest)

@@ -14,12 +14,16 @@ else its rank):
     mean_rank_tokens     per-DP-rank token sums, their mean: global_seqlen/mean, else the samples'
                          per-rank sums, else total_tokens / ranks (ranks = run meta n_gpus, else 1)
     busiest_rank_tokens  their max: global_seqlen/max, else the samples', else mean_rank_tokens
+    balanced_busiest_tokens  the busiest rank after verl's balancing of the batch across ranks:
+                         global_seqlen/balanced_max (null when not logged)
 
 Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
 OpenRLHF `timing/broadcast`). wall_s is the step's wall time: step_s (Σ logged timers when step_s
-is missing) plus testing_s and save_checkpoint_s when the step time does not include them (run meta
-`step_time_includes_testing` / `_checkpoint`; when the meta cannot tell, the numbers decide, see
-`overheads_included`).
+is missing) plus testing_s and save_checkpoint_s when the step time does not include them (`overheads_included`:
+run meta `step_time_includes_testing` / `_checkpoint`, else the run's numbers; when they cannot
+tell, included, as verl up to 0.7 logs it). segment_start marks each segment's first timed, not validation-only step
+(its first step when none is timed); restart marks the first step of a later segment and steps
+flagged restart or resumed.
 """
 
 from __future__ import annotations
@@ -28,17 +32,16 @@ import json
 from dataclasses import dataclass
 
 import duckdb
-import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.common import frame
 from polytrace_cli.errors import PolytraceError
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
 MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
                    "update_weights")
 OVERHEADS = ("testing", "save_checkpoint")
-FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses")
+FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses",
+            "balanced_busiest_tokens")
 
 WORKLOAD_COLUMNS = {
     "segment": pl.Int64, "step": pl.Int64,
@@ -50,8 +53,6 @@ WORKLOAD_COLUMNS = {
     "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
 }
 
-_WEIGHT_SYNC_KEYS = ("timing_s/update_weights", "timing/broadcast")
-
 _WORKLOAD_SQL = """
 WITH st AS (
     SELECT * FROM steps WHERE run_id = $run
@@ -59,10 +60,11 @@ WITH st AS (
     SELECT segment, step,
            max(value) FILTER (WHERE key IN ('timing_s/update_weights', 'timing/broadcast')) AS update_weights_s,
            max(value) FILTER (WHERE key = 'global_seqlen/max') AS seqlen_max,
-           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean
+           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean,
+           max(value) FILTER (WHERE key = 'global_seqlen/balanced_max') AS seqlen_balanced_max
     FROM step_metrics
     WHERE run_id = $run AND key IN ('timing_s/update_weights', 'timing/broadcast', 'global_seqlen/max',
-                                    'global_seqlen/mean')
+                                    'global_seqlen/mean', 'global_seqlen/balanced_max')
     GROUP BY segment, step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
@@ -86,7 +88,7 @@ WITH st AS (
 )
 SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
        st.response_length_max, st.response_length_mean, st.prompt_length_mean, st.total_tokens AS logged_total,
-       extra.seqlen_max, extra.seqlen_mean,
+       extra.seqlen_max, extra.seqlen_mean, extra.seqlen_balanced_max AS balanced_busiest_tokens,
        sampled.r_max AS sample_r_max, sampled.response_tokens AS sample_response_tokens,
        sampled.total_tokens AS sample_total_tokens, sampled.n_responses::DOUBLE AS sample_n,
        sampled.busiest_rank_tokens::DOUBLE AS sample_busiest, sampled.mean_rank_tokens::DOUBLE AS sample_mean,
@@ -144,7 +146,7 @@ def _ranks_from_meta(meta: dict) -> int | None:
 def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFrame:
     """The run's per-step workload frame (columns `WORKLOAD_COLUMNS`, see the module docstring)."""
     info = run_info(con, run)
-    raw = frame(con, _WORKLOAD_SQL.replace("$run", str(int(info.run_id))))
+    raw = con.sql(_WORKLOAD_SQL, params={"run": info.run_id}).pl()
     meta_ranks = _ranks_from_meta(info.meta)
     ranks = meta_ranks or 1
     c = pl.col
@@ -170,7 +172,7 @@ def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFram
         .then(pl.lit("step_aggregates"))
         .when(c("sample_r_max").is_not_null()).then(pl.lit("samples")),
     )
-    testing_in, checkpoint_in = overheads_included(df, info.meta)
+    testing_in, checkpoint_in = (told is not False for told in overheads_included(con, info.run_id))
     logged_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in (*MODELLED_STAGES, *OVERHEADS)])
     any_timer = pl.any_horizontal([pl.col(f"{s}_s").is_not_null() for s in (*MODELLED_STAGES, *OVERHEADS)])
     base = pl.when(c("step_s").is_not_null()).then(c("step_s")).when(any_timer).then(logged_sum)
@@ -180,33 +182,22 @@ def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFram
             + pl.when(c("step_s").is_not_null() & pl.lit(not checkpoint_in)).then(c("save_checkpoint_s").fill_null(0))
             .otherwise(0))
     df = df.with_columns(wall_s=wall)
+    # A segment's first step is its first timed training step (a validation-only step 0 is not it).
+    trained = c("wall_s").is_not_null() & ~c("validation_only")
+    first = c("step").filter(trained).min().over("segment")
+    df = df.with_columns(segment_start=pl.when(first.is_not_null()).then(c("step") == first)
+                         .otherwise(c("segment_start")))
     return df.select(list(WORKLOAD_COLUMNS)).cast(WORKLOAD_COLUMNS)
 
 
-def overheads_included(df: pl.DataFrame, meta: dict) -> tuple[bool, bool]:
-    """Whether step_s includes testing_s and save_checkpoint_s. Run meta `step_time_includes_testing`
-    and `step_time_includes_checkpoint` decide when they are true or false; otherwise the numbers:
-    over the steps logging the overhead, with gap = step_s − Σ other timers − overhead, the overhead
-    counts as included when median(gap) > −overhead/2 (a rest around 0, not minus the overhead).
-    With no such step, verl's layout (both inside timing_s/step) is assumed."""
-    stage_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in MODELLED_STAGES])
-    answers = []
-    for overhead, key in (("testing", "step_time_includes_testing"), ("save_checkpoint", "step_time_includes_checkpoint")):
-        told = meta.get(key)
-        if isinstance(told, bool):
-            answers.append(told)
-            continue
-        other = [f"{o}_s" for o in OVERHEADS if o != overhead]
-        rows = df.filter(pl.col(f"{overhead}_s").is_not_null() & pl.col("step_s").is_not_null()).select(
-            gap=pl.col("step_s") - stage_sum - pl.sum_horizontal([pl.col(o).fill_null(0) for o in other])
-            - pl.col(f"{overhead}_s"),
-            seconds=pl.col(f"{overhead}_s"),
-        )
-        if rows.height == 0:
-            answers.append(True)
-            continue
-        answers.append(bool(np.median(rows["gap"].to_numpy()) > -0.5 * np.median(rows["seconds"].to_numpy())))
-    return answers[0], answers[1]
+def overheads_included(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool | None, bool | None]:
+    """Whether the run's step_s includes testing_s and save_checkpoint_s: true / false / None = cannot
+    tell, from run meta or the run's numbers (`analyze.stages.step_time_inclusion`). The workload
+    frame takes None as true, verl's layout up to 0.7 (`explain` says so in a note)."""
+    from polytrace_cli.analyze.stages import step_time_inclusion
+
+    row = step_time_inclusion(con, [run_id]).row(0, named=True)
+    return row["includes_testing"], row["includes_checkpoint"]
 
 
 def training_mask(df: pl.DataFrame) -> pl.Series:

@@ -1,0 +1,111 @@
+"""`polytrace explain`: why a run's steps were slow, and where its wall time went, ranked."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from polytrace_cli.commands.common import DbOption, JsonOption, WaitOption, console, user_errors
+
+# People get tables that fit 100 columns; the JSON has every number.
+TABLE_WIDTH = 100
+DEFAULT_TABLE_STEPS = 10
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def _causes_cell(step: dict, limit: int = 3) -> str:
+    """The causes that stand out or add at least 5% of the step's excess (in tokens: every cause
+    above 0), in the JSON's order."""
+    causes, excess = step["causes"], step["excess_s"]
+    major = [c for c in causes if c.get("stands_out")
+             or (c["seconds"] > 0.05 * excess if excess else c.get("tokens", 0) > 0)]
+    shown = []
+    for cause in (major or causes)[:limit]:
+        if cause.get("seconds") is not None:
+            shown.append(f"{cause['cause']} {cause['seconds']:+,.1f}s ({cause['stage']})")
+        else:
+            shown.append(f"{cause['cause']} {cause['tokens']:+,.0f} tok")
+    return ", ".join(shown)
+
+
+def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
+    out = Console(width=TABLE_WIDTH) if not sys.stdout.isatty() else console
+    doc = explanation.to_dict()
+    unit = "seconds" if doc["basis"] == "seconds" else "tokens (no step timings)"
+    what = "slow" if doc["basis"] == "seconds" else "unusual"
+    out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} {what} step(s), in {unit}", highlight=False)
+    for note in doc["notes"]:
+        out.print(f"  {note}", highlight=False)
+    if doc["findings"] and doc["basis"] == "seconds":
+        table = Table(title="Where the time went, ranked", title_justify="left", header_style="bold")
+        for name, justify in (("cause", "left"), ("seconds", "right"), ("share", "right"), ("steps", "right")):
+            table.add_column(name, justify=justify)
+        for finding in doc["findings"]:
+            share = "—" if finding["share"] is None else f"{finding['share']:.1%}"
+            name = f"{finding['cause']} (usual)" if finding.get("typical") else finding["cause"]
+            table.add_row(name, _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
+        out.print(table)
+    for finding in doc["findings"]:
+        out.print(f"- {finding['text']}", highlight=False)
+    steps = doc["steps"] if shown_steps is None else doc["steps"][:shown_steps]
+    if steps and doc["basis"] == "tokens":
+        _print_token_steps(out, steps)
+    elif steps:
+        table = Table(title="Step" if one_step else "Slow steps, slowest first",
+                      title_justify="left", header_style="bold")
+        for name, justify in (("step", "right"), ("seconds", "right"), ("expected", "right"), ("excess", "right"),
+                              ("causes: standing out, then largest", "left")):
+            table.add_column(name, justify=justify, overflow="fold")
+        for step in steps:
+            table.add_row(f"{step['step']:,}", _seconds(step["seconds"]), _seconds(step["expected_s"]),
+                          _seconds(step["excess_s"]), _causes_cell(step))
+        out.print(table)
+    hidden = len(doc["steps"]) - len(steps)
+    if hidden > 0:
+        out.print(f"{hidden} more slow steps: --top K or --json for all", highlight=False)
+    if doc["slow_rule"]:
+        out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
+
+
+def _print_token_steps(out: Console, steps: list[dict]) -> None:
+    table = Table(title="Steps (tokens)", title_justify="left", header_style="bold")
+    for name in ("step", "longest response", "busiest rank", "mean rank", "busiest/mean", "unusual"):
+        table.add_column(name, justify="right")
+    for step in steps:
+        busiest, mean = step["busiest_rank_tokens"], step["mean_rank_tokens"]
+        ratio = f"{busiest / mean:.2f}" if busiest and mean else "—"
+        table.add_row(f"{step['step']:,}", f"{step['r_max']:,.0f}", f"{busiest:,.0f}" if busiest else "—",
+                      f"{mean:,.0f}" if mean else "—", ratio, "yes" if step["slow"] else "")
+    out.print(table)
+
+
+@user_errors
+def explain(
+    run: Annotated[str, typer.Argument(help="The run to explain.")],
+    step: Annotated[int | None, typer.Option("--step", help="Explain this step, slow or not.")] = None,
+    top: Annotated[int | None, typer.Option("--top", help="Keep the K largest findings and K slowest steps.")] = None,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+    wait: WaitOption = 0,
+) -> None:
+    """Why steps were slow: each step's excess over the run's model split into causes, and the run's
+    findings ranked by seconds."""
+    from polytrace_cli.diagnose import explain_run
+    from polytrace_cli.store import open_store
+
+    con = open_store(db, read_only=True, wait=wait)
+    try:
+        explanation = explain_run(con, run, step=step, top=top)
+    finally:
+        con.close()
+    if as_json:
+        sys.stdout.write(explanation.to_json() + "\n")
+    else:
+        _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS, one_step=step is not None)

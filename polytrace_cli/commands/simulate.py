@@ -1,0 +1,58 @@
+"""`polytrace whatif`: backtest the step-time model, or predict a run under other policies."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from polytrace_cli.commands.common import (DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
+                                           user_errors)
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.jsontext import json_default
+
+POLICY_OPTION_HELP = ("A policy to predict, repeatable: balance, no-validation, validate-every=K, checkpoint-every=K, "
+                      "max-response-len=N, partial-rollout=F, one-step-off[=G].")
+
+
+@user_errors
+def whatif(
+    run: Annotated[str, typer.Argument(help="The run's name.")],
+    backtest: Annotated[bool, typer.Option("--backtest", help="Fit on the first half of the steps and report "
+                                           "the accuracy on the rest, beside two baselines.")] = False,
+    policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    wide: WideOption = False,
+    wait: WaitOption = 0,
+) -> None:
+    """Backtest the run's step-time model (--backtest), or predict its wall time under other policies
+    (--policy P ...) against the model's replay of the run as it was."""
+    if backtest == bool(policy):
+        raise PolytraceError("give either --backtest or at least one --policy")
+    from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
+    from polytrace_cli.store import open_store
+
+    parsed = [parse_policy(text) for text in policy or []]
+    con = open_store(db, read_only=True, wait=wait)
+    try:
+        result = backtest_run(con, run) if backtest else whatif_run(con, run, parsed)
+    finally:
+        con.close()
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2, default=json_default) + "\n")
+        return
+    if backtest:
+        emit_frame(result.table(), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
+                   f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)",
+                   identity=["stage"], wide=wide)
+        notes = list(result.notes)
+    else:
+        table = result.table()
+        emit_frame(table.drop("note"), title=f"{result.run}: predicted wall time over {result.steps} steps",
+                   identity=["policy"], wide=wide)
+        notes = [f"{policy}: {note}" for policy, note in table.select("policy", "note").iter_rows() if note]
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)

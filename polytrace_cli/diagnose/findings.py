@@ -1,0 +1,141 @@
+"""Run-level findings: where the run's wall time went beyond its typical step, ranked by seconds.
+
+Per cause:
+- validation, checkpoint: every step that logged the overhead; seconds = Σ testing_s (or
+  save_checkpoint_s);
+- the other causes: the steps where the cause stands out from its usual level (slow or not: a
+  weight sync 25 s slower than usual costs 25 s even on a light step), and the slow steps where it
+  adds at least a quarter of the excess; seconds = Σ of the cause over those steps;
+- dp_imbalance at its usual level (`typical: true`): Σ_k b_k · median(busiest − mean rank
+  tokens) per step over every timed step, the imbalance the per-step causes count as typical;
+share = seconds / Σ wall_s over the run's timed steps. Each finding carries one plain sentence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from polytrace_cli.model import StepTimeModel
+from polytrace_cli.model.fit import GAP_OF
+
+# A cause is part of a slow step's story when it adds at least this share of the step's excess.
+MAJOR_SHARE = 0.25
+FINDING_COLUMNS = ("cause", "seconds", "share", "steps", "text")
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit a person reads best: '42 s', '12.5 min', '3.2 h'."""
+    if abs(seconds) < 120:
+        return f"{seconds:,.1f} s" if abs(seconds) < 10 else f"{seconds:,.0f} s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def cadence(steps: list[int]) -> str:
+    """'every 10 steps' when 3 or more steps are evenly spaced; 'mostly every 10 steps (26 steps)'
+    when one spacing makes up at least 70% of the gaps; else 'at 4 steps'."""
+    if len(steps) >= 3:
+        gaps = np.diff(sorted(steps))
+        values, counts = np.unique(gaps, return_counts=True)
+        common = int(values[np.argmax(counts)])
+        if counts.max() == gaps.size:
+            return f"every {common} steps"
+        if counts.max() >= 0.7 * gaps.size:
+            return f"mostly every {common} steps ({len(steps)} steps)"
+    return f"at {_count(steps)}"
+
+
+def _count(steps: list[int]) -> str:
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}"
+
+
+def typical_imbalance(steps: pl.DataFrame, model: StepTimeModel, run_wall: float) -> dict | None:
+    """The DP imbalance every step carries at its usual level, which the per-step causes leave out:
+    per step Σ_k b_k · median(busiest − mean_rank_tokens) over the token-bound stages k, times the
+    timed steps. None when the run's ranks are not known to differ (no gap) or no stage depends on
+    the busiest rank."""
+    feature = model.busiest_feature
+    gap = model.typical.get(GAP_OF[feature], 0.0)
+    slopes = {stage: fit.coefficients.get(feature, 0.0) for stage, fit in model.stages.items()}
+    per_step = sum(b * gap for b in slopes.values())
+    if gap <= 0 or per_step <= 0:
+        return None
+    stage = max(slopes, key=slopes.get)
+    ratio = model.typical[feature] / model.typical["mean_rank_tokens"]
+    step_list = steps["step"].to_list()
+    balanced = " after balancing" if feature == "balanced_busiest_tokens" else ""
+    finding = _finding("dp_imbalance", per_step * len(step_list), run_wall, step_list,
+                       f"DP imbalance at its usual level (busiest rank{balanced} {ratio:.2f}× the mean) costs "
+                       f"{duration(per_step)} of every step, mostly in {stage}: {duration(per_step * len(step_list))}")
+    finding["typical"] = True
+    return finding
+
+
+def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame, slow: pl.DataFrame,
+                 model: StepTimeModel) -> list[dict]:
+    """Findings ranked by seconds (see the module docstring). `steps` is the decomposition's step
+    frame, `causes` its per step × cause frame with `stands_out`, `slow` the slow steps, `model` the
+    fitted model (typical workload and slopes)."""
+    typical = model.typical
+    run_wall = float(steps["seconds"].sum())
+    findings = []
+    usual_imbalance = typical_imbalance(steps, model, run_wall)
+    if usual_imbalance:
+        findings.append(usual_imbalance)
+    for cause, column in (("validation", "testing_s"), ("checkpoint", "save_checkpoint_s")):
+        rows = frame.filter((pl.col(column).fill_null(0) > 0) & pl.col("wall_s").is_not_null())
+        if rows.height == 0:
+            continue
+        seconds = float(rows[column].sum())
+        step_list = rows["step"].to_list()
+        what = "validation" if cause == "validation" else "checkpoints"
+        findings.append(_finding(cause, seconds, run_wall, step_list,
+                                 f"{what} {cadence(step_list)} took {duration(seconds)}"))
+    in_slow = causes.join(slow.select("segment", "step", "excess_s"), on=["segment", "step"], how="left")
+    major = in_slow.filter(
+        (pl.col("seconds") > 0) & ~pl.col("cause").is_in(["validation", "checkpoint"])
+        & (pl.col("stands_out") | (pl.col("seconds") >= MAJOR_SHARE * pl.col("excess_s")).fill_null(False))
+    )
+    for (cause,), rows in major.group_by("cause", maintain_order=True):
+        seconds = float(rows["seconds"].sum())
+        step_list = sorted(rows["step"].to_list())
+        at = frame.filter(pl.col("step").is_in(step_list))
+        findings.append(_finding(cause, seconds, run_wall, step_list,
+                                 _sentence(cause, seconds, step_list, at, rows, typical, model.busiest_feature)))
+    findings.sort(key=lambda f: f["seconds"], reverse=True)
+    return findings
+
+
+def _finding(cause: str, seconds: float, run_wall: float, steps: list[int], text: str) -> dict:
+    share = seconds / run_wall if run_wall > 0 else None
+    if share is not None:
+        text += f", {share:.1%} of the run"
+    return {"cause": cause, "seconds": seconds, "share": share, "steps": steps, "text": text}
+
+
+def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, rows: pl.DataFrame,
+              typical: dict[str, float], busiest: str) -> str:
+    count, lost = _count(steps), duration(seconds)
+    if cause == "long_tail":
+        longest = at["r_max"].max()
+        usual = typical.get("r_max", float("nan"))
+        return (f"long responses (up to {longest:,.0f} tokens, typical longest {usual:,.0f})"
+                f" slowed {count} by {lost}")
+    if cause == "token_volume":
+        ratio = (at["response_tokens"] / typical["response_tokens"]).max() if "response_tokens" in typical else None
+        more = f" (up to {ratio:.1f}× the typical response tokens)" if ratio is not None else ""
+        return f"batches with more tokens than usual{more} slowed {count} by {lost}"
+    if cause == "dp_imbalance":
+        worst = (at[busiest] / at["mean_rank_tokens"]).max()
+        usual = typical[busiest] / typical["mean_rank_tokens"]
+        return (f"one DP rank held far more tokens than the others (busiest/mean up to {worst:.2f}, typically "
+                f"{usual:.2f}) in {count}: {lost}")
+    if cause == "weight_sync":
+        return f"weight sync ran slower than usual in {count}: {lost} more"
+    if cause == "warmup":
+        return f"warm-up ({count} at the start{' and after restarts' if at['segment'].max() else ''}) took {lost} more"
+    stage = rows.group_by("stage").agg(pl.col("seconds").sum()).sort("seconds", descending=True)["stage"][0]
+    verb = "ran slower than its workload explains" if len(steps) == 1 else "ran slower than their workload explains"
+    return f"{count} {verb} (mostly in {stage}): {lost}"

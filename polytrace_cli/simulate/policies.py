@@ -1,0 +1,491 @@
+"""What a run would have cost under another policy, from its fitted step-time model.
+
+The run as it was is the model's own replay: for every timed training step, each modelled stage
+at the step's logged workload (`StepTimeModel.predict`, the rest included), plus the step's logged
+testing and checkpoint seconds; a validation-only step adds its logged wall time. `baseline_s` is
+the sum over steps. A policy changes the workload, the schedule or the pipeline, the same model
+predicts the run again, and saving_s = baseline_s − predicted_s. A saving therefore only comes
+from a quantity in the model of a stage that sets the step's time: generation waits for the
+longest response (b_tail · r_max) and for the token volume (b_vol · response_tokens); the forward
+and update stages wait for the busiest DP rank (b_k · busiest_rank_tokens). `saving_se_s` is the
+standard error of a workload policy's saving from the noise of the fitted coefficients
+(`simulate.uncertainty`; 0 for the exact no-validation, none for schedules and pipelines); a term
+the fit could not see bounds the saving instead (`RunContext.predict`).
+
+The policies (their assumptions are the docstrings of the functions named `_policy_<name>`):
+
+    balance              busiest_rank_tokens → mean_rank_tokens
+    no-validation        no testing seconds, no validation-only steps (exact from the log)
+    validate-every=K     testing on steps with step % K = 0 and on the last step, each at the
+                         median logged testing seconds
+    checkpoint-every=K   the same for checkpoints
+    max-response-len=N   responses cut at N tokens
+    partial-rollout=F    each step's rollout stops at the F quantile of its lengths, the rest is
+                         carried to the next step
+    one-step-off[=G]     rollout of step t+1 overlaps training of step t, a share G of the GPUs
+                         (default 0.5) generating and 1 − G training
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info
+from polytrace_cli.model.fit import TRAINING_STAGES
+from polytrace_cli.simulate.backtest import fit_mask
+from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
+from polytrace_cli.simulate.uncertainty import saving_standard_error
+
+POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, max-response-len=N, "
+               "partial-rollout=F, one-step-off[=G]")
+SCENARIO_COLUMNS = ("policy", "predicted_s", "saving_s", "saving_se_s", "saving_share", "note")
+DEFAULT_ROLLOUT_SHARE = 0.5
+# Largest share of a saving that a term the fit could not see may leave unknown (see RunContext.predict).
+UNSEEN_TERM_TOLERANCE = 0.05
+UNSEEN_RUN_TOLERANCE = 0.001
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A parsed policy: its name and its value (K, N, F or G; None when it takes none)."""
+
+    name: str
+    value: float | None = None
+
+    @property
+    def text(self) -> str:
+        """The policy as written on the command line."""
+        if self.value is None:
+            return self.name
+        value = float(self.value)
+        return f"{self.name}={int(value)}" if value.is_integer() else f"{self.name}={value:g}"
+
+
+_INTEGER_POLICIES = {"validate-every", "checkpoint-every", "max-response-len"}
+_SHARE_POLICIES = {"partial-rollout", "one-step-off"}
+_PLAIN_POLICIES = {"balance", "no-validation", "one-step-off"}
+
+
+def parse_policy(text: str) -> Policy:
+    """`NAME` or `NAME=VALUE` (see POLICY_HELP); a malformed policy is a PolytraceError."""
+    match = re.fullmatch(r"\s*([a-z-]+)\s*(?:=\s*([0-9.eE+-]+)\s*)?", text)
+    if not match:
+        raise PolytraceError(f"--policy takes one of {POLICY_HELP}; not {text!r}")
+    name, raw = match[1], match[2]
+    if raw is None:
+        if name not in _PLAIN_POLICIES:
+            if name in _INTEGER_POLICIES | _SHARE_POLICIES:
+                raise PolytraceError(f"--policy {name} needs a value: {name}=...")
+            raise PolytraceError(f"unknown policy {name!r}; the policies are {POLICY_HELP}")
+        return Policy(name)
+    if name not in _INTEGER_POLICIES | _SHARE_POLICIES:
+        raise PolytraceError(f"unknown policy {text!r}; the policies are {POLICY_HELP}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise PolytraceError(f"--policy {name} takes a number, not {raw!r}") from None
+    if name in _INTEGER_POLICIES and (value < 1 or not value.is_integer()):
+        raise PolytraceError(f"--policy {name} takes a whole number ≥ 1, not {raw}")
+    upper_ok = value < 1 if name == "one-step-off" else value <= 1
+    if name in _SHARE_POLICIES and not (value > 0 and upper_ok):
+        raise PolytraceError(f"--policy {name} takes a share between 0 and 1, not {raw}")
+    return Policy(name, value)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A policy's predicted wall time and its saving against the replay (None when the run's data
+    cannot support the number, with the reason in `note`), and per-stage seconds."""
+
+    policy: str
+    predicted_s: float | None
+    saving_s: float | None
+    saving_share: float | None
+    stages: dict[str, float] = field(default_factory=dict)
+    note: str | None = None
+    saving_se_s: float | None = None
+
+    def to_json(self) -> dict:
+        """{"policy", "predicted_s", "saving_s", "saving_share", "saving_se_s", "stages", "note"}."""
+        return {"policy": self.policy, "predicted_s": self.predicted_s, "saving_s": self.saving_s,
+                "saving_share": self.saving_share, "saving_se_s": self.saving_se_s, "stages": self.stages,
+                "note": self.note}
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """The replay of the run as it was (`baseline_s`, per stage), its logged wall time, the
+    scenarios."""
+
+    run: str
+    steps: int
+    actual_s: float
+    baseline_s: float
+    stages: dict[str, float]
+    scenarios: list[Scenario]
+
+    def table(self) -> pl.DataFrame:
+        """One row per scenario (columns `SCENARIO_COLUMNS`), the replay first."""
+        rows = [("as logged (replay)", self.baseline_s, 0.0, 0.0, 0.0, f"logged wall time {self.actual_s:,.1f} s")]
+        rows += [(s.policy, s.predicted_s, s.saving_s, s.saving_se_s, s.saving_share, s.note) for s in self.scenarios]
+        schema = {"policy": pl.String, "predicted_s": pl.Float64, "saving_s": pl.Float64, "saving_se_s": pl.Float64,
+                  "saving_share": pl.Float64, "note": pl.String}
+        return pl.DataFrame(rows, schema=schema, orient="row")
+
+    def to_json(self) -> dict:
+        """{"run", "steps", "actual_s", "baseline_s", "stages", "scenarios": [...]}."""
+        return {"run": self.run, "steps": self.steps, "actual_s": self.actual_s, "baseline_s": self.baseline_s,
+                "stages": self.stages, "scenarios": [s.to_json() for s in self.scenarios]}
+
+
+@dataclass
+class RunPlan:
+    """Per training step, the seconds of each stage (`stages`, the model's stage names, the rest
+    as `other`) and of each logged overhead; `validation_only_s` is the wall time of the
+    validation-only steps. `total` adds them up; a pipeline policy may add a negative `overlap`."""
+
+    steps: np.ndarray
+    stages: dict[str, np.ndarray]
+    testing: np.ndarray
+    checkpoint: np.ndarray
+    validation_only_s: float
+
+    def by_stage(self) -> dict[str, float]:
+        """Seconds per stage over the run, overheads included (they add up to `total`)."""
+        out = {name: float(np.sum(values)) for name, values in self.stages.items()}
+        out["testing"] = float(self.testing.sum() + self.validation_only_s)
+        out["save_checkpoint"] = float(self.checkpoint.sum())
+        return out
+
+    @property
+    def total(self) -> float:
+        """Σ over steps and stages."""
+        return float(sum(self.by_stage().values()))
+
+    def with_stages(self, stages: dict[str, np.ndarray]) -> "RunPlan":
+        """The same schedule with other stage seconds."""
+        return RunPlan(self.steps, stages, self.testing, self.checkpoint, self.validation_only_s)
+
+
+class NotSupported(Exception):
+    """The run's data cannot support this policy's number; the message says why."""
+
+
+@dataclass
+class RunContext:
+    """Everything a policy reads: the run, its workload frame (training steps only), fitted model,
+    replay plan, and (loaded on demand) its response lengths."""
+
+    con: duckdb.DuckDBPyConnection
+    run_id: int
+    meta: dict
+    frame: pl.DataFrame
+    model: StepTimeModel
+    plan: RunPlan
+    _lengths: StepLengths | None = None
+    predicted_workload: pl.DataFrame | None = None
+    caveats: list[str] = field(default_factory=list)
+
+    def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
+        """Per-stage seconds of the model at a modified workload frame.
+
+        A fit drops a feature that did not vary over the fitted steps (always c): the stage's
+        intercept a then holds its effect, a = a₀ + b·c with a₀, b ≥ 0, so b ∈ [0, a/c], and a
+        policy that changes the feature by D = Σ (before − after) saves b·D more than the model
+        says: between 0 and a·D/c. When these ranges together are wider than both
+        UNSEEN_TERM_TOLERANCE of the saving the model's terms give and UNSEEN_RUN_TOLERANCE of
+        the run, the number is unsupported (NotSupported, naming the range); otherwise it stands
+        and `caveats` names the range."""
+        predicted = self.model.predict(frame)
+        self.predicted_workload = frame
+        stages = {stage: predicted[f"{stage}_s"].to_numpy() for stage in self.model.stages}
+        low = high = 0.0
+        unseen = []
+        for stage, fit in self.model.stages.items():
+            for name in fit.dropped:
+                if name not in frame.columns or not _changed(self.frame[name], frame[name]):
+                    continue
+                constant = self.model.typical.get(name, float("nan"))
+                shift = float((self.frame[name].fill_null(constant) - frame[name].fill_null(constant)).sum())
+                bound = fit.intercept * shift / constant if constant > 0 else float("inf") * np.sign(shift)
+                low, high = low + min(0.0, bound), high + max(0.0, bound)
+                unseen.append(f"{name} did not vary over the fitted steps (always {constant:,.0f}), so the model "
+                              f"of {stage} cannot tell what changing it saves")
+        if unseen:
+            partial = self.plan.total - self.plan.with_stages(stages).total
+            span = f"between {partial + low:,.1f} s and {partial + high:,.1f} s"
+            negligible = max(UNSEEN_TERM_TOLERANCE * abs(partial), UNSEEN_RUN_TOLERANCE * self.plan.total)
+            if not high - low <= negligible:
+                raise NotSupported(f"{'; '.join(unseen)}: the saving lies {span}")
+            self.caveats.append(f"{'; '.join(unseen)}: the saving lies {span}")
+        return stages
+
+    def lengths(self) -> StepLengths:
+        """Each training step's response lengths (see `simulate.lengths`)."""
+        if self._lengths is None:
+            self._lengths = step_lengths(self.con, self.run_id, self.frame, self.meta)
+        return self._lengths
+
+
+def _changed(before: pl.Series, after: pl.Series) -> bool:
+    old = before.cast(pl.Float64).fill_null(np.nan).to_numpy()
+    new = after.cast(pl.Float64).fill_null(np.nan).to_numpy()
+    both = np.isfinite(old) & np.isfinite(new)
+    return bool(np.any(np.abs(new[both] - old[both]) > 1e-9 * np.maximum(np.abs(old[both]), 1.0)))
+
+
+def _overhead_cost(values: np.ndarray, what: str) -> float:
+    logged = values[values > 0]
+    if not logged.size:
+        raise NotSupported(f"the run logs no {what}: its cost is unknown")
+    return float(np.median(logged))
+
+
+def _schedule(steps: np.ndarray, every: int) -> np.ndarray:
+    """Steps with step % every == 0, and the last step (verl's test_freq / save_freq rule)."""
+    scheduled = steps % every == 0
+    if steps.size:
+        scheduled[np.argmax(steps)] = True
+    return scheduled
+
+
+def _policy_balance(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """DP load perfectly balanced: every rank gets the mean rank's tokens, so busiest_rank_tokens
+    becomes mean_rank_tokens in every stage whose model uses it (the forward and update stages;
+    generation, which waits for the longest response, is unchanged). The balancing itself is
+    assumed free and not to change which responses are generated."""
+    frame = ctx.frame
+    if not (frame["busiest_rank_tokens"] > frame["mean_rank_tokens"]).any():
+        raise NotSupported("no step logs a busiest DP rank above the mean rank (global_seqlen/max and "
+                           "/mean, or per-sample DP ranks): the run's imbalance is unknown")
+    balanced = frame.with_columns(busiest_rank_tokens=pl.col("mean_rank_tokens"))
+    return ctx.plan.with_stages(ctx.predict(balanced)), None
+
+
+def _policy_no_validation(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """No validation: the logged testing seconds of every step and the validation-only steps are
+    removed; nothing else changes. Exact from the log."""
+    plan = ctx.plan
+    note = None if plan.testing.any() or plan.validation_only_s else "the run logs no validation"
+    return RunPlan(plan.steps, plan.stages, np.zeros_like(plan.testing), plan.checkpoint, 0.0), note
+
+
+def _policy_validate_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """Validation every K steps: on the steps with step % K = 0 and on the last step (verl's
+    test_freq rule), each taking the median of the logged testing seconds; validation-only steps
+    (e.g. before training) are kept as logged."""
+    plan = ctx.plan
+    cost = _overhead_cost(plan.testing, "validation")
+    testing = np.where(_schedule(plan.steps, int(policy.value)), cost, 0.0)
+    return RunPlan(plan.steps, plan.stages, testing, plan.checkpoint, plan.validation_only_s), \
+        f"{int((testing > 0).sum())} validations at {cost:,.1f} s"
+
+
+def _policy_checkpoint_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """A checkpoint every K steps: on the steps with step % K = 0 and on the last step (verl's
+    save_freq rule), each taking the median of the logged checkpoint seconds."""
+    plan = ctx.plan
+    cost = _overhead_cost(plan.checkpoint, "checkpoint")
+    checkpoint = np.where(_schedule(plan.steps, int(policy.value)), cost, 0.0)
+    return RunPlan(plan.steps, plan.stages, plan.testing, checkpoint, plan.validation_only_s), \
+        f"{int((checkpoint > 0).sum())} checkpoints at {cost:,.1f} s"
+
+
+def _rank_tokens(frame: pl.DataFrame, total_tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """Rank token sums for a new step total: the mean scales with the total, and the busiest rank
+    keeps its logged ratio to the mean."""
+    old_total = frame["total_tokens"].fill_null(np.nan).to_numpy()
+    ratio = np.where(old_total > 0, total_tokens / np.where(old_total > 0, old_total, 1.0), 1.0)
+    return {"mean_rank_tokens": frame["mean_rank_tokens"].to_numpy() * ratio,
+            "busiest_rank_tokens": frame["busiest_rank_tokens"].to_numpy() * ratio}
+
+
+def _need_lengths(ctx: RunContext) -> StepLengths:
+    lengths = ctx.lengths()
+    if lengths.known < ctx.frame.height:
+        raise NotSupported(f"{ctx.frame.height - lengths.known} of {ctx.frame.height} steps have no length "
+                           "distribution (per-sample traces, or a logged mean, max and response count)")
+    return lengths
+
+
+def capped_workload(frame: pl.DataFrame, lengths: list[np.ndarray], cap: float) -> pl.DataFrame:
+    """The workload frame with every response cut at `cap` tokens: r_max → min(r_max, cap);
+    response_tokens and total_tokens − Σ max(len − cap, 0); rank sums scaled with the total."""
+    cut = np.array([np.maximum(x - cap, 0.0).sum() for x in lengths])
+    total = frame["total_tokens"].fill_null(np.nan).to_numpy() - cut
+    return frame.with_columns(
+        r_max=pl.min_horizontal(pl.col("r_max"), pl.lit(cap)),
+        response_tokens=pl.col("response_tokens") - pl.Series(cut),
+        total_tokens=pl.Series(total),
+        **{name: pl.Series(values) for name, values in _rank_tokens(frame, total).items()},
+    )
+
+
+def _policy_max_response_len(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """Responses cut at N tokens: r_max → min(r_max, N), response_tokens and total_tokens lose
+    Σ max(len − N, 0) over the step's lengths, and the rank sums shrink with the total (the cut
+    tokens assumed spread over the ranks in proportion to their load). The responses are otherwise
+    the same (a shorter cap may change what the policy learns to write: not modelled)."""
+    lengths = _need_lengths(ctx)
+    changed = capped_workload(ctx.frame, lengths.lengths, float(policy.value))
+    return ctx.plan.with_stages(ctx.predict(changed)), f"lengths from {lengths.basis}"
+
+
+def partial_rollout_workload(frame: pl.DataFrame, lengths: list[np.ndarray], share: float) -> tuple[pl.DataFrame, int]:
+    """The workload frame under partial rollout (see `_policy_partial_rollout`), and how many
+    responses are still unfinished after the last step."""
+    n = frame["n_responses"].to_numpy()
+    prompt_per_response = (frame["total_tokens"].to_numpy() - frame["response_tokens"].to_numpy()) / n
+    carried_left, carried_full = np.empty(0), np.empty(0)
+    columns = {name: np.zeros(frame.height) for name in ("r_max", "response_tokens", "total_tokens",
+                                                          "n_responses")}
+    for row, new in enumerate(lengths):
+        horizon = float(np.quantile(new, share))
+        left = np.concatenate([carried_left, new])
+        full = np.concatenate([carried_full, new])
+        decoded = np.minimum(left, horizon)
+        done = left <= horizon
+        columns["r_max"][row] = decoded.max()
+        columns["response_tokens"][row] = decoded.sum()
+        columns["n_responses"][row] = done.sum()
+        columns["total_tokens"][row] = full[done].sum() + done.sum() * prompt_per_response[row]
+        carried_left, carried_full = left[~done] - horizon, full[~done]
+    changed = frame.with_columns(
+        **{name: pl.Series(values) for name, values in columns.items()},
+        **{name: pl.Series(values) for name, values in _rank_tokens(frame, columns["total_tokens"]).items()},
+    )
+    return changed, int(carried_left.size)
+
+
+def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """Partial rollout: step t's generation stops once its new responses reach h_t = the F
+    quantile of their lengths. Every response still unfinished (new or carried from earlier steps)
+    has decoded min(remaining, h_t) tokens this step and is carried on with the rest. Per step:
+    r_max = the longest decoding this step, response_tokens = tokens decoded this step; the
+    training stages see the responses that finished (full length, with the step's mean prompt),
+    so n_responses and total_tokens are theirs and the rank sums scale with the total. Responses
+    unfinished at the last step are dropped. Carried responses are one or more steps off-policy
+    (their effect on learning is not modelled); lengths are as logged."""
+    if "gen" not in ctx.model.stages:
+        raise NotSupported("the run logs no generation time: the rollout cannot be modelled")
+    lengths = _need_lengths(ctx)
+    changed, unfinished = partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value))
+    note = f"lengths from {lengths.basis}"
+    if lengths.basis == FITTED_BASIS:
+        note += (" (each step's F quantile then rests on the fitted shape, which a mean and a max do not pin "
+                 "down: per-sample traces make it exact)")
+    if unfinished:
+        note += f"; {unfinished} responses unfinished at the end are dropped"
+    return ctx.plan.with_stages(ctx.predict(changed)), note
+
+
+def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """One-step-off pipeline: rollout of step t+1 runs during training of step t, on split GPUs: a
+    share G generates (default 0.5) and 1 − G trains. Split assumption: throughput-bound work
+    scales inversely with the GPUs it gets and latency-bound work does not, so generation becomes
+    a_gen + b_tail · r_max + b_vol · response_tokens / G (the longest response decodes as fast on
+    fewer GPUs) and each token stage a_k + b_k · busiest_rank_tokens / (1 − G) (each training
+    rank holds 1/(1 − G) times the tokens); reward and advantage are unchanged. The weight sync,
+    the rest, validation and checkpoints stay serial. Over the run:
+        wall = gen_1 + Σ_{t<T} max(gen_{t+1}, train_t) + train_T + Σ serial,
+    train_t = Σ of the training-side stages. The one-step staleness of the rollout is not
+    modelled."""
+    model = ctx.model
+    if "gen" not in model.stages:
+        raise NotSupported("the run logs no generation time: the pipeline cannot be modelled")
+    share = DEFAULT_ROLLOUT_SHARE if policy.value is None else float(policy.value)
+    frame = ctx.frame
+    gen_fit = model.stages["gen"]
+    flat = [(stage, name) for stage, name in (("gen", "response_tokens"),
+                                              *((s, "busiest_rank_tokens") for s in TRAINING_STAGES))
+            if stage in model.stages and name not in model.stages[stage].coefficients]
+    if flat:
+        stage, name = flat[0]
+        raise NotSupported(f"the model of {stage} has no {name} term (not logged, or it did not vary over the "
+                           "fitted steps), so its throughput-bound part cannot be told from its constant part")
+    stages = {name: values.copy() for name, values in ctx.plan.stages.items()}
+    volume = gen_fit.coefficients.get("response_tokens", 0.0) * frame["response_tokens"].fill_null(
+        model.typical.get("response_tokens", 0.0)).to_numpy()
+    stages["gen"] = stages["gen"] + volume * (1.0 / share - 1.0)
+    training_side = [s for s in ("reward", *TRAINING_STAGES, "adv") if s in stages]
+    for stage in TRAINING_STAGES:
+        if stage in stages:
+            fit = model.stages[stage]
+            busy = fit.coefficients.get("busiest_rank_tokens", 0.0) * frame["busiest_rank_tokens"].fill_null(
+                model.typical.get("busiest_rank_tokens", 0.0)).to_numpy()
+            stages[stage] = stages[stage] + busy * (1.0 / (1.0 - share) - 1.0)
+    gen = stages["gen"]
+    train = np.sum([stages[s] for s in training_side], axis=0) if training_side else np.zeros(frame.height)
+    pipelined = gen[0] + np.maximum(gen[1:], train[:-1]).sum() + train[-1] if frame.height else 0.0
+    stages["overlap"] = np.zeros(frame.height)
+    stages["overlap"][0] = pipelined - gen.sum() - train.sum()
+    return ctx.plan.with_stages(stages), f"{share:g} of the GPUs generate, {1 - share:g} train"
+
+
+POLICIES: dict[str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]] = {
+    "balance": _policy_balance,
+    "no-validation": _policy_no_validation,
+    "validate-every": _policy_validate_every,
+    "checkpoint-every": _policy_checkpoint_every,
+    "max-response-len": _policy_max_response_len,
+    "partial-rollout": _policy_partial_rollout,
+    "one-step-off": _policy_one_step_off,
+}
+
+
+def _context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:
+    info = run_info(con, run)
+    full = read_workload(con, info.run_id)
+    timed = full.filter(pl.col("wall_s").is_not_null())
+    steps = timed.filter(~pl.col("validation_only"))
+    if steps.is_empty():
+        raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay")
+    mask = fit_mask(steps)
+    if not mask.any():
+        raise PolytraceError(f"run {info.name!r} has no steady training step to fit the model on")
+    model = fit_model(steps, mask)
+    predicted = model.predict(steps)
+    plan = RunPlan(
+        steps["step"].to_numpy(),
+        {stage: predicted[f"{stage}_s"].to_numpy() for stage in model.stages},
+        steps["testing_s"].fill_null(0).to_numpy(),
+        steps["save_checkpoint_s"].fill_null(0).to_numpy(),
+        float(timed.filter(pl.col("validation_only"))["wall_s"].sum()),
+    )
+    ctx = RunContext(con, info.run_id, info.meta, steps, model, plan)
+    return ctx, info.name, float(timed["wall_s"].sum()), steps.height
+
+
+def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[str | Policy]) -> WhatIfResult:
+    """Predict the run's wall time under each policy against the replay (see the module docstring)."""
+    parsed = [p if isinstance(p, Policy) else parse_policy(p) for p in policies]
+    if not parsed:
+        raise PolytraceError(f"name at least one --policy: {POLICY_HELP}")
+    ctx, name, actual, steps = _context(con, run)
+    baseline = ctx.plan.total
+    scenarios = []
+    for policy in parsed:
+        ctx.predicted_workload, ctx.caveats = None, []
+        try:
+            plan, note = POLICIES[policy.name](ctx, policy)
+        except NotSupported as reason:
+            scenarios.append(Scenario(policy.text, None, None, None, {}, str(reason)))
+            continue
+        note = "; ".join([*([note] if note else []), *ctx.caveats]) or None
+        predicted = plan.total
+        saving = baseline - predicted
+        error = None
+        if policy.name == "no-validation":
+            error = 0.0
+        elif policy.name != "one-step-off" and ctx.predicted_workload is not None:
+            error = saving_standard_error(ctx.model, ctx.frame, ctx.predicted_workload)
+        scenarios.append(Scenario(policy.text, predicted, saving, saving / baseline if baseline else None,
+                                  plan.by_stage(), note, error))
+    return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios)
