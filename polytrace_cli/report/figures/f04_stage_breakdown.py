@@ -21,6 +21,14 @@ LEFT_OUT = "no per-step stage timings"
 UNEXPLAINED_COLUMN = "unexplained_s"
 UNEXPLAINED = UNEXPLAINED_COLUMN.removesuffix("_s")
 MAX_BARS = 200
+# The palette without its black (black marks the step time), then three more colour-blind-safe colours
+# (Paul Tol's muted scheme) so a PPO run's nine stages get nine colours.
+STAGE_COLOURS = (*(c for c in style.OKABE_ITO if c != "#000000"), "#44AA99", "#999933", "#AA4499")
+# Validation and checkpoint saving are overheads, not stages of the RL step: dark colours of their own.
+OVERHEAD_COLOURS = {"testing": "#882255", "save_checkpoint": "#332288"}
+UNEXPLAINED_COLOUR = "#BBBBBB"
+STEP_TIME_LABEL = "step time"
+LEGEND_NAMES = {"testing": "validation", "save_checkpoint": "checkpoint"}
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
@@ -59,7 +67,9 @@ def render(data: dict[str, pl.DataFrame]):
     if long.height == 0:
         return Omitted("the runs log no stage seconds")
     order = long.sort("order")["stage"].unique(maintain_order=True).to_list()
-    colours = {stage: ("#BBBBBB" if stage == UNEXPLAINED else style.colour(index)) for index, stage in enumerate(order)}
+    stage_names = [stage for stage in order if stage != UNEXPLAINED and stage not in OVERHEAD_COLOURS]
+    colours = {stage: STAGE_COLOURS[index % len(STAGE_COLOURS)] for index, stage in enumerate(stage_names)}
+    colours |= OVERHEAD_COLOURS | {UNEXPLAINED: UNEXPLAINED_COLOUR}
     runs = runs_of(long)
     figure, axes = style.new_figure(1, len(runs), width=10, height=3.4 * len(runs))
     for ax, run in zip(axes, runs):
@@ -72,19 +82,22 @@ def render(data: dict[str, pl.DataFrame]):
         for stage in (s for s in order if s in table.columns):
             values = table[stage].to_numpy().astype(float)
             if len(steps) <= MAX_BARS:
-                ax.bar(steps, values, bottom=bottom, width=width, color=colours[stage], label=stage, linewidth=0)
+                ax.bar(steps, values, bottom=bottom, width=width, color=colours[stage], label=LEGEND_NAMES.get(stage, stage), linewidth=0)
             else:  # thousands of bars draw slowly and unreadably: stacked step bands instead, one polygon per stage
-                style.fill_steps(ax, steps, bottom, bottom + values, step="mid", color=colours[stage], label=stage,
-                                 linewidth=0)
+                style.fill_steps(ax, steps, bottom, bottom + values, step="mid", color=colours[stage],
+                                 label=LEGEND_NAMES.get(stage, stage), linewidth=0)
             bottom += values
         logged = (per_step.filter((pl.col("run") == run) & pl.col("step_s").is_not_null())
                   .group_by("step").agg(pl.col("step_s").last()).sort("step"))
         if logged.height:
             ax.scatter(logged["step"].to_numpy(), logged["step_s"].to_numpy(), marker="_", color="black",
-                       s=60 if len(steps) <= MAX_BARS else 8, linewidths=1.2, label="step time", zorder=3)
+                       s=60 if len(steps) <= MAX_BARS else 8, linewidths=1.2, label=STEP_TIME_LABEL, zorder=3)
         ax.set_xlabel(style.TRAINER_STEP)
         ax.set_ylabel("seconds")
         ax.set_title(f"{run}: stage seconds per step" if run else "stage seconds per step")
         style.thin_step_ticks(ax, steps)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        handles, labels = ax.get_legend_handles_labels()
+        # Stages in stacking order, the step-time mark last (matplotlib lists bars after markers).
+        ordered = sorted(zip(handles, labels), key=lambda pair: pair[1] == STEP_TIME_LABEL)
+        ax.legend(*zip(*ordered), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return figure
