@@ -22,7 +22,8 @@ The shares:
 - DAPO discarded = the filtering summary's discarded_token_share (tokens generated for prompts the
   filter dropped).
 
-`explain` will produce the same shape; this module is the one place the report builds them.
+`polytrace explain` ranks one run's causes by seconds from its step-time model (`diagnose.findings`);
+this module is the one place the report builds its findings, from the analyses.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ with imbalance data: `{run, policy, basis, saving, text}` where saving = the mea
 `step_saving` (see `analyze.imbalance`): for sampled runs the rollout waits for the longest response
 (makespan λ), which moving prompts between ranks cannot shorten, so the saving is 0 and the text says
 what the token-load figure would have claimed; for console runs with verl's global_seqlen metrics,
-saving = 1 − balanced_max / max of the token loads. More policies come from `polytrace whatif`.
+saving = 1 − balanced_max / max of the token loads. Other policies are predicted by `polytrace whatif`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import polars as pl
 
 from polytrace_cli.analyze import imbalance
 
-WHATIF_NOTE = ("More policies (length caps, partial rollout, other batch sizes) will come from `polytrace whatif` "
-               "once that command exists; this report shows only the rebalancing counterfactual.")
+WHATIF_NOTE = ("Other policies (length caps, partial rollout, less validation) are predicted from the run's step-time "
+               "model by `polytrace whatif RUN --policy ...`; this report shows only the rebalancing counterfactual.")
 
 
 def _percent(share: float) -> str:
