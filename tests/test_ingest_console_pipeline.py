@@ -23,7 +23,7 @@ class IterGrammar(ConsoleGrammar):
             head, _, body = cleaned.partition(" | ")
             pairs = [pair.split("=", 1) for pair in body.split()]
             if not head[5:].isdigit() or not pairs or any(len(pair) != 2 for pair in pairs):
-                ctx.reject(line_no, "not an iter line", raw)
+                ctx.reject(line_no, "not an iter line", raw, code="unparsable-line")
                 continue
             rows.extend((line_no, int(head[5:]), index, key, float(value), None, value)
                         for index, (key, value) in enumerate(pairs, start=1))

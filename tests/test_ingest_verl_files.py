@@ -123,3 +123,63 @@ def test_reading_again_with_another_tokenizer_replaces_the_lengths(store, monkey
     counted = store.execute("SELECT prompt_len FROM samples ORDER BY prompt_idx, sample_idx").fetchall()
     assert counted == [(3,), (3,), (7,)] != estimated
     assert store.execute("SELECT read_options FROM files").fetchall() == [("tokenizer=WordTokenizer",)]
+
+
+def _file_logger_line(step: int, data: dict) -> str:
+    return json.dumps({"step": step, "data": data})
+
+
+def test_file_logger_validation_and_training_line_of_one_step_are_one_step(store, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    train = {"timing_s/gen": 10.0, "timing_s/update_actor": 5.0, "timing_s/step": 15.5}
+    path.write_text("\n".join([
+        _file_logger_line(0, {"val-core/acc": 0.25}),             # validation before training
+        _file_logger_line(1, train),
+        _file_logger_line(1, {"val-core/acc": 0.5}),              # step 1's validation: same step
+        _file_logger_line(2, train),
+        _file_logger_line(2, train),                              # same keys again: a restarted job
+        _file_logger_line(3, train),
+        _file_logger_line(1, train),                              # step went back: a restarted job
+    ]) + "\n")
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.rejected) == (7, 7, 0)
+    assert store.execute("SELECT DISTINCT segment, step, line_no FROM step_metrics ORDER BY line_no").fetchall() == [
+        (0, 0, 1), (0, 1, 2), (0, 1, 3), (0, 2, 4), (1, 2, 5), (1, 3, 6), (2, 1, 7)]
+    assert store.execute("SELECT segment, step, flag, line_no FROM step_flags ORDER BY line_no").fetchall() == [
+        (1, 2, "restart", 5), (2, 1, "restart", 7)]
+
+
+def test_file_logger_records_whether_step_time_includes_testing(store, tmp_path):
+    # Residual step_s - (gen + update_actor) is 0.5 s without testing; the two steps with 8 s of
+    # testing have a residual of 8.5 s: testing is inside the step time. No checkpoint: cannot tell.
+    path = tmp_path / "metrics.jsonl"
+    lines = []
+    for step in range(1, 7):
+        data = {"timing_s/gen": 10.0, "timing_s/update_actor": 5.0, "timing_s/step": 15.5}
+        if step % 3 == 0:
+            data.update({"timing_s/testing": 8.0, "timing_s/step": 23.5})
+        lines.append(_file_logger_line(step, data))
+    path.write_text("\n".join(lines) + "\n")
+    ingest_paths(store, [path])
+    meta = json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])
+    assert meta["step_time_includes_testing"] is True
+    assert "step_time_includes_checkpoint" in meta and meta["step_time_includes_checkpoint"] is None
+
+
+@pytest.mark.parametrize("printed, step, code", [
+    ("3.0", 3, None),
+    ("2147483647", 2147483647, None),
+    ("2147483648", None, "out-of-range"),
+    ("-2147483649", None, "out-of-range"),
+    ("1e20", None, "out-of-range"),
+    ("2.5", None, "type-error"),
+    ('"7"', None, "type-error"),
+])
+def test_file_logger_step_follows_the_step_rule_of_every_format(store, tmp_path, printed, step, code):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "data": {"a": 1}}\n{"step": %s, "data": {"a": 2}}\n' % printed)
+    [report] = ingest_paths(store, [path])
+    assert report.format == "verl-jsonl"
+    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == ([] if code is None else [(2, code)])
+    assert store.execute("SELECT line_no, step FROM step_metrics ORDER BY line_no").fetchall() == (
+        [(1, 1)] + ([(2, step)] if code is None else []))

@@ -25,9 +25,6 @@ ERROR_CODES = (
     "invalid-json", "not-an-object", "missing-field", "type-error", "out-of-range", "constraint-error",
     "encoding-error", "unparsable-line", "unreadable-file", "unknown-format", "binary-file", "corrupt-file",
 )
-# The code of a rejection whose call site does not give one yet (stored as NULL).
-NOT_YET_TYPED = None
-
 # Steps are stored as INTEGER (samples, turns, rank timings); a step outside this range is rejected.
 STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
 
@@ -107,10 +104,10 @@ class FileContext:
             if self.on_begin:
                 self.on_begin()
 
-    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None,
-               code: str | None = NOT_YET_TYPED) -> None:
-        """Quarantine one line (or the whole file, with line_no None) with a reason and an error code."""
-        if code is not None and code not in ERROR_CODES:
+    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None, *, code: str) -> None:
+        """Quarantine one line (or the whole file, with line_no None) with a reason and an error code
+        (one of ERROR_CODES)."""
+        if code not in ERROR_CODES:
             raise ValueError(f"unknown ingest error code {code!r}")
         if isinstance(raw, bytes):
             raw = raw.decode("utf-8", errors="replace")

@@ -2,7 +2,8 @@
 
 Ingesters call these on their temporary tables and put the results in `ctx.run_meta`, which the
 runner merges into `runs.meta` (later files add keys; a key already set is overwritten only by a
-non-null value).
+non-null value). A null is dropped, except for the keys of `NULL_MEANS_CANNOT_TELL`, where it is
+stored when no file has decided the key: the run was looked at and cannot tell.
 """
 
 from __future__ import annotations
@@ -241,6 +242,8 @@ def gpu_meta(settings: dict, from_throughput: int | None) -> dict:
 # run meta key recording which way a run logged them.
 EXTRA_TIMERS = {"testing": "step_time_includes_testing", "save_checkpoint": "step_time_includes_checkpoint"}
 _NOT_STAGES = {"step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)}
+# Meta keys whose null is an answer ("cannot tell", from `step_time_inclusion`), kept in runs.meta.
+NULL_MEANS_CANNOT_TELL = frozenset(EXTRA_TIMERS.values())
 # Share of the voting steps that must agree before a run is decided.
 INCLUSION_AGREEMENT = 0.8
 

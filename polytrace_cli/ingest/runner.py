@@ -15,6 +15,7 @@ from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import CorruptFile, FileHashes, Readable, UnreadableFile, path_text, readable, walk
 from polytrace_cli.ingest.registry import detect, get_ingester, is_binary, read_head
+from polytrace_cli.ingest.run_metadata import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first
 
 # Folder names that say what a folder holds rather than which run it is.
@@ -146,6 +147,8 @@ def _merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str 
     )
     merged = json.loads(current_meta or "{}")
     merged.update({k: v for k, v in meta.items() if v is not None})
+    for key in NULL_MEANS_CANNOT_TELL & {k for k, v in meta.items() if v is None}:
+        merged.setdefault(key, None)  # undecided is stored as null; a decided value stays
     con.execute(
         "UPDATE runs SET framework = ?, meta = ? WHERE run_id = ?",
         [current_framework or framework, json.dumps(merged, sort_keys=True), run_id],

@@ -10,6 +10,8 @@ metric lines look and parse, and what it reads from the log besides. See docs/co
 """
 
 from polytrace_cli.ingest.console.noise import NoiseRules
-from polytrace_cli.ingest.console.pipeline import ConsoleGrammar, ParsedMetrics, load_console, metric_schema, flag_schema
+from polytrace_cli.ingest.console.pipeline import (ConsoleGrammar, ParsedMetrics, flag_schema, load_console,
+                                                   metric_schema, printed_step_schema)
 
-__all__ = ["ConsoleGrammar", "NoiseRules", "ParsedMetrics", "flag_schema", "load_console", "metric_schema"]
+__all__ = ["ConsoleGrammar", "NoiseRules", "ParsedMetrics", "flag_schema", "load_console", "metric_schema",
+           "printed_step_schema"]

@@ -8,9 +8,13 @@
    grammar's anchor) and classify it: the grammar's `metric_kind` says 'metric' (its bulk parse
    reads it), 'dirty' (its line-by-line parse must look at it) or nothing; every other line gets
    the name of its noise rule (`grammar.noise`);
-3. reject damaged text that is not a metric line (a NUL byte, bytes that are not UTF-8);
+3. reject damaged text that is not a metric line (a NUL byte, bytes that are not UTF-8:
+   `encoding-error`);
 4. count the noise lines as ignored, under their rule names;
 5. parse the metric lines (`grammar.parse`), which may reject lines and flag steps;
+   check each line's step and values (`check_steps`): a step that is not a whole number
+   (`type-error`) or lies outside STEP_MIN..STEP_MAX (`out-of-range`), or a value too large for
+   a double, rejects its line;
 6. cut segments (`segments.line_segments`: a step going back, or repeated with the same keys,
    starts a new one) and store `step_metrics` and `step_flags`;
 7. with no metric line, let the grammar find steps elsewhere (`grammar.fallback`, e.g. progress
@@ -31,7 +35,7 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest.arrow import ArrowStream
-from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_problem_sql, step_sql
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
 from polytrace_cli.ingest.console.reading import read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
@@ -41,29 +45,56 @@ METRIC, DIRTY, ENCODING = "metric", "dirty", "encoding"
 
 
 def metric_schema() -> dict:
-    """Columns of the metric pairs a console grammar yields (raw_value: the printed value text)."""
+    """Columns of the metric pairs a console grammar yields (step: the step when printed as an
+    integer, else null, until `check_steps` sets it; raw_value: the printed value text)."""
     return {"line_no": pl.Int64, "step": pl.Int64, "pair_index": pl.Int64, "key": pl.String,
             "value": pl.Float64, "text_value": pl.String, "raw_value": pl.String}
 
 
+def printed_step_schema() -> dict:
+    """Columns of the steps as printed: one row per line holding pairs or flags."""
+    return {"line_no": pl.Int64, "printed": pl.String}
+
+
 def flag_schema() -> dict:
-    """Columns of the step flags a console grammar yields."""
+    """Columns of the step flags a console grammar yields (step as in `metric_schema`)."""
     return {"line_no": pl.Int64, "step": pl.Int64, "flag": pl.String, "detail": pl.String}
 
 
 @dataclass
 class ParsedMetrics:
-    """What a grammar read from its metric lines: pairs (`metric_schema`, in line and pair order)
-    and step flags (`flag_schema`). Each line holding at least one pair counts as stored."""
+    """What a grammar read from its metric lines: pairs (`metric_schema`, in line and pair order),
+    step flags (`flag_schema`) and the step text of each of their lines (`printed_step_schema`),
+    which `check_steps` reads. Each line holding at least one pair counts as stored."""
 
     metrics: pl.DataFrame
     flags: pl.DataFrame
+    printed: pl.DataFrame
 
     @classmethod
     def from_rows(cls, metrics: list[tuple], flags: list[tuple] = ()) -> ParsedMetrics:
-        """From row tuples in the order of `metric_schema` and `flag_schema`."""
-        return cls(pl.DataFrame(list(metrics), schema=metric_schema(), orient="row", strict=False),
-                   pl.DataFrame(list(flags), schema=flag_schema(), orient="row"))
+        """From row tuples in the order of `metric_schema` and `flag_schema`, each step given as
+        printed (text) or as an int."""
+        printed: dict[int, str] = {}
+        for rows in (metrics, flags):
+            for row in rows:
+                printed.setdefault(row[0], str(row[1]))
+
+        def integer_steps(rows):
+            return [(row[0], int64_step(row[1]), *row[2:]) for row in rows]
+
+        return cls(pl.DataFrame(integer_steps(metrics), schema=metric_schema(), orient="row", strict=False),
+                   pl.DataFrame(integer_steps(flags), schema=flag_schema(), orient="row"),
+                   pl.DataFrame(list(printed.items()), schema=printed_step_schema(), orient="row"))
+
+
+def int64_step(step: int | str) -> int | None:
+    """The step when written as an integer that an Int64 holds, else None."""
+    try:
+        number = int(step)
+    except ValueError:
+        return None
+    return number if -(2**63) <= number < 2**63 else None
 
 
 class ConsoleGrammar:
@@ -86,7 +117,10 @@ class ConsoleGrammar:
 
     def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         """Pairs and flags of the metric lines. `lines` has line_no, raw, raw_chars, c (cleaned)
-        and kind for every line; reject (ctx.reject) each metric or dirty line that cannot be read.
+        and kind for every line; reject (ctx.reject, code `unparsable-line`) each metric or dirty
+        line that cannot be read, including one whose step is not a number. Give each line's step
+        as printed in `ParsedMetrics.printed` (`from_rows` does it from the rows); the pipeline
+        checks that it is a whole number in range (`check_steps`).
         A line that is neither stored nor rejected must be counted with ctx.ignore."""
         raise NotImplementedError
 
@@ -111,7 +145,7 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
     for rule, count in noise.sort("kind").iter_rows():
         ctx.ignore(rule, count)
-    parsed = grammar.parse(ctx, lines)
+    parsed = check_steps(ctx, grammar.parse(ctx, lines), lines)
     ctx.stored = store_parsed(ctx, parsed)
     if not ctx.stored:
         ctx.stored = grammar.fallback(ctx, lines)
@@ -121,9 +155,64 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     grammar.record_meta(ctx, lines, parsed.metrics)
 
 
+def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) -> ParsedMetrics:
+    """`parsed` with its steps checked, without the lines rejected for their step or a value.
+
+    A step is read by `base.step_sql`, the rule of every format: a whole number (`3`, `3.0`,
+    `3e0`) within STEP_MIN..STEP_MAX, never rounded or wrapped; otherwise the line is rejected as
+    `type-error` (not a whole number) or `out-of-range`. A value parsed as ±inf from a printed
+    number that is not an infinity (`1e400`) is out of range for a double: its line is rejected
+    as `out-of-range` rather than stored as a false infinity. `lines` (line_no, raw) gives the
+    rejected lines' text. The checks read one printed step per line; the pairs are only rewritten
+    when some line is rejected or was not printed as its integer step (`3.0`).
+    """
+    metrics, flags = parsed.metrics, parsed.flags
+    con = ctx.con
+    con.register("console_printed_steps", ArrowStream(parsed.printed))
+    try:
+        rows = con.execute(
+            f"SELECT line_no, printed, {step_sql('printed')} AS step, {step_problem_sql('printed')} AS code"
+            " FROM console_printed_steps ORDER BY line_no"
+        ).fetchall()
+    finally:
+        con.unregister("console_printed_steps")
+    steps = pl.DataFrame(rows, schema={"line_no": pl.Int64, "printed": pl.String, "step": pl.Int64, "code": pl.String},
+                         orient="row")
+    bad_steps = steps.filter(pl.col("step").is_null())
+    overflow = metrics.filter(pl.col("value").is_infinite() & pl.col("raw_value").is_not_null()
+                              & ~pl.col("raw_value").str.contains("(?i)inf"))
+    overflow = overflow.filter(~pl.col("line_no").is_in(bad_steps.get_column("line_no").implode()))
+    overflow = overflow.unique("line_no", keep="first", maintain_order=True)
+    if not bad_steps.height and not overflow.height:
+        return ParsedMetrics(_with_steps(metrics, steps), _with_steps(flags, steps), parsed.printed)
+    problems = pl.concat([
+        bad_steps.select("line_no", reason=pl.when(pl.col("code") == "out-of-range")
+                         .then(pl.format("step {} is out of range ({}..{})", "printed", pl.lit(STEP_MIN), pl.lit(STEP_MAX)))
+                         .otherwise(pl.format("step {} is not a whole number", "printed")), code="code"),
+        overflow.select("line_no", reason=pl.format("key {}: value {} is out of range for a double", "key", "raw_value"),
+                        code=pl.lit("out-of-range")),
+    ]).sort("line_no").join(lines.select("line_no", "raw"), on="line_no", how="left", maintain_order="left")
+    for line_no, reason, code, raw in problems.select("line_no", "reason", "code", "raw").iter_rows():
+        ctx.reject(line_no, reason, raw, code=code)
+    rejected = problems.get_column("line_no").implode()
+    kept = ~pl.col("line_no").is_in(rejected)
+    return ParsedMetrics(_with_steps(metrics.filter(kept), steps), _with_steps(flags.filter(kept), steps),
+                         parsed.printed.filter(kept))
+
+
+def _with_steps(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with the checked step of each line (unchanged when every step was printed as its
+    integer, the grammar's step then being that integer)."""
+    if steps.select((pl.col("printed") == pl.col("step").cast(pl.String)).all()).item():
+        return frame
+    checked = steps.select("line_no", "step")
+    return frame.drop("step").join(checked, on="line_no", how="left", maintain_order="left").select(frame.columns)
+
+
 def store_parsed(ctx: FileContext, parsed: ParsedMetrics) -> int:
     """Write the pairs (each in its line's segment) and flags of `parsed` with the `restart` and
-    `resumed` flags of its segments; returns the number of lines that produced pairs."""
+    `resumed` flags of its segments (steps checked by `check_steps`); returns the number of lines
+    that produced pairs."""
     metrics = parsed.metrics
     if not metrics.height:
         return 0
@@ -176,7 +265,7 @@ def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:
         return lines
     bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
     for line_no, reason, raw in lines.filter(bad).select("line_no", "encoding", "raw").iter_rows():
-        ctx.reject(line_no, reason, raw)
+        ctx.reject(line_no, reason, raw, code="encoding-error")
     return lines.with_columns(kind=pl.when(bad).then(pl.lit(ENCODING)).otherwise(pl.col("kind"))).drop("encoding")
 
 

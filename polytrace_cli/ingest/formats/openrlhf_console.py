@@ -43,11 +43,13 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
-from polytrace_cli.ingest.console.pipeline import store_parsed
+from polytrace_cli.ingest.console.pipeline import check_steps, store_parsed
 from polytrace_cli.ingest.registry import register
 
-GLOBAL_STEP = r"(?:✨\s*)?Global step (\d+):\s*(\{.*)"
-EVALUATION = r"Evaluation completed in ([0-9:.]+),\s*global_step (\d+),\s*eval_metrics:\s*(\{.*)"
+# The step is taken as printed; the pipeline checks it is a whole number in range (`check_steps`).
+STEP_NUMBER = r"(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+GLOBAL_STEP = rf"(?:✨\s*)?Global step {STEP_NUMBER}:\s*(\{{.*)"
+EVALUATION = rf"Evaluation completed in ([0-9:.]+),\s*global_step {STEP_NUMBER},\s*eval_metrics:\s*(\{{.*)"
 TQDM_BAR = r"\d+%\||\|\s*\d+/\d+\s*\[|\d+/\d+\s*\[\d+:\d+"
 LOG_LINE = r"\b(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b|^\[\d{4}-\d\d-\d\d|^\s*Traceback|^\s*File \""
 
@@ -119,6 +121,18 @@ def _scalar(value) -> tuple[float | None, str | None]:
     return None, json.dumps(value, default=str)
 
 
+_NUMBER_LITERAL = re.compile(r"(?<![\w.'\"])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+
+
+def _too_large_for_double(payload: str) -> str | None:
+    """The first number written in `payload` that a double cannot hold (`1e400`, a 400-digit
+    integer), or None: such a number would otherwise be stored as a false infinity."""
+    for literal in _NUMBER_LITERAL.findall(payload):
+        if math.isinf(float(literal)):
+            return literal
+    return None
+
+
 def _flatten(prefix: str, payload: dict) -> list[tuple[str, float | None, str | None]]:
     rows = []
     for key, value in payload.items():
@@ -141,7 +155,7 @@ def _duration_seconds(text: str) -> float | None:
 @register
 class OpenRLHFConsoleIngester(Ingester):
     name = "openrlhf-console"
-    version = "1"
+    version = "2"
     framework = "openrlhf"
     description = "OpenRLHF console log (✨ Global step N: {...}, evaluation lines, tqdm postfixes)"
 
@@ -186,17 +200,27 @@ class OpenRLHFGrammar(ConsoleGrammar):
         for line_no, raw, g_step, g_payload, e_time, e_step, e_payload in metric_lines.iter_rows():
             is_eval = g_step is None
             payload = e_payload if is_eval else g_payload
-            step = int(e_step if is_eval else g_step)
+            step = e_step if is_eval else g_step
             try:
                 value = _literal_payload(payload)
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
                 kind = "evaluation" if is_eval else "Global step"
-                ctx.reject(line_no, f"{kind} payload is not a Python dict literal: {type(error).__name__}", raw)
+                ctx.reject(line_no, f"{kind} payload is not a Python dict literal: {type(error).__name__}", raw,
+                           code="unparsable-line")
                 continue
             if not isinstance(value, dict):
-                ctx.reject(line_no, f"payload is a {type(value).__name__}, not a dict", raw)
+                ctx.reject(line_no, f"payload is a {type(value).__name__}, not a dict", raw, code="unparsable-line")
                 continue
-            rows = _flatten("eval/" if is_eval else "", value)
+            try:
+                rows = _flatten("eval/" if is_eval else "", value)
+            except OverflowError:
+                rows = None
+            too_large = _too_large_for_double(payload) if rows is None or any(
+                isinstance(row[1], float) and math.isinf(row[1]) for row in rows) else None
+            if rows is None or too_large is not None:
+                ctx.reject(line_no, f"value {(too_large or 'an integer')[:40]} is out of range for a double", raw,
+                           code="out-of-range")
+                continue
             if is_eval:
                 rows = [(k if not k.startswith("eval/eval/") else k[5:], v, t) for k, v, t in rows]
                 rows.append(("eval/duration_s", _duration_seconds(e_time), None))
@@ -236,7 +260,7 @@ class OpenRLHFGrammar(ConsoleGrammar):
         if not step:
             return 0
         ctx.format_version = "tqdm"
-        stored = store_parsed(ctx, ParsedMetrics.from_rows(records, flags))
+        stored = store_parsed(ctx, check_steps(ctx, ParsedMetrics.from_rows(records, flags), lines))
         ctx.note(f"{step} step(s) estimated from tqdm postfixes (no Global step lines)")
         return stored
 

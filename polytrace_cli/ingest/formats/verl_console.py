@@ -8,9 +8,11 @@ cuts segments and stores; this module is verl's grammar in it (FORMATS.md, secti
 - Bulk path, in polars: a cleaned line starting with `step:` is a metric line, split on " - " and
   then on the first ":"; values are unwrapped (`np.float64(..)`) and cast, non-numbers kept as text.
 - Dirty lines go to Python one by one: metric lines with a pair that is not `key:value`, a step
-  that is not an integer, or exactly `WANDB_LINE_LIMIT` characters (wandb's console capture cuts
+  that is not written as an integer (`step:1e20`, `step:2.5`), or exactly `WANDB_LINE_LIMIT` characters (wandb's console capture cuts
   lines there: the complete pairs are kept, the last piece is dropped as a fragment since it may
-  be cut, and the step is flagged `truncated_line`). Lines that still do not parse are rejected.
+  be cut, and the step is flagged `truncated_line`). Lines that still do not parse are rejected
+  (`unparsable-line`); a step that is a number but not a whole one in range is rejected by the
+  pipeline (`type-error`, `out-of-range`).
 - Every other line is ignored under a named rule (`console_lines.NOISE_RULES`, plus `ray-log` for
   other lines a Ray actor printed).
 - A step going back, or printed again with a key it already had, starts a new segment (a
@@ -37,13 +39,17 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
-from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema
-from polytrace_cli.ingest.console.pipeline import in_slices
+from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema,
+                                          printed_step_schema)
+from polytrace_cli.ingest.console.pipeline import in_slices, int64_step
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
 from polytrace_cli.ingest.registry import is_binary, register
 
 WANDB_LINE_LIMIT = 4096
-METRIC_LINE = re.compile(r"^step:(-?\d+)(?: - (.*))?$", re.DOTALL)
+STEP_PREFIX = r"^step:(-?\d+)"
+METRIC_LINE = re.compile(r"^step:(\S*)(?: - (.*))?$", re.DOTALL)
+# A printed step that is a number; whether it is a whole one in range is the pipeline's check.
+STEP_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
 _SNIFF_METRIC = re.compile(r"^step:\d+ - [^:\s][^:]*:\S")
 # A training job's stdout recognised by its head when the first metric line lies beyond it.
 _VERL_HEAD_MARKERS = (b"(TaskRunner pid=", b"(main_task pid=", b"actor_rollout_ref.", b"verl.trainer", b"from verl")
@@ -54,31 +60,35 @@ _TQDM_PIECE = (r"Training Progress:\s*\d+%.*?(\d+)/(\d+) \[((?:\d+:)?\d+:\d+)<[^
 
 @dataclass
 class MetricLine:
-    """A metric line parsed in Python: its step, (key, value text) pairs, and what went wrong."""
+    """A metric line parsed in Python: its step (an int when printed as an integer) and the step's
+    text as printed, (key, value text) pairs, and what went wrong."""
 
     step: int | None
     pairs: list[tuple[str, str]] = field(default_factory=list)
     fragment: str | None = None
     problem: str | None = None
+    step_text: str | None = None
 
 
 def parse_metric_line(cleaned: str, cut: bool = False) -> MetricLine:
-    """Parse one cleaned `step:N - key:value - ...` line.
+    """Parse one cleaned `step:N - key:value - ...` line. The printed step must be a number (`3`,
+    `-1`, `2.5`, `1e20`); `console.check_steps` decides from `step_text` whether it is a step.
 
     When `cut` (the line was cut at wandb's limit), the last piece is a fragment: it is returned
     in `fragment`, not in `pairs`, whether or not it looks complete. Otherwise any piece that is not
     `key:value` with a non-empty key and value makes the line a `problem`.
     """
     match = METRIC_LINE.match(cleaned)
-    if not match:
+    if not match or not STEP_NUMBER.match(match.group(1)):
         head = cleaned.split(" - ", 1)[0]
         return MetricLine(None, problem=f"metric line with a bad step field {head[:40]!r}")
-    step = int(match.group(1))
+    step_text = match.group(1)
+    step = int(step_text) if re.fullmatch(r"[+-]?\d+", step_text) else None
     body = match.group(2)
     if not body:
-        return MetricLine(step, problem="metric line without key:value pairs")
+        return MetricLine(step, problem="metric line without key:value pairs", step_text=step_text)
     pieces = body.split(" - ")
-    parsed = MetricLine(step)
+    parsed = MetricLine(step, step_text=step_text)
     if cut:
         parsed.fragment = pieces.pop()
     for index, piece in enumerate(pieces, start=1):
@@ -111,7 +121,7 @@ def looks_like_verl_console(head: bytes) -> str | None:
 @register
 class VerlConsoleIngester(Ingester):
     name = "verl-console"
-    version = "1"
+    version = "2"
     framework = "verl"
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
 
@@ -140,8 +150,9 @@ class VerlGrammar(ConsoleGrammar):
 
     def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         metrics, lines = _parse_metric_lines(lines)
-        metrics, flags = _parse_dirty_lines(ctx, lines, metrics)
-        return ParsedMetrics(metrics, flags)
+        printed = lines.filter(pl.col("kind") == "metric").select("line_no", printed=pl.col("c").str.extract(STEP_PREFIX, 1))
+        metrics, flags, dirty_printed = _parse_dirty_lines(ctx, lines, metrics)
+        return ParsedMetrics(metrics, flags, pl.concat([printed, dirty_printed]).sort("line_no"))
 
     def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:
         return _store_tqdm_estimates(ctx, lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw"))
@@ -173,7 +184,8 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
     pairs = (
         metric.select(
             "line_no",
-            pl.col("c").str.extract(r"^step:(-?\d+)", 1).cast(pl.Int64).alias("step"),
+            # A step no Int64 holds is left null here; `check_steps` rejects it from its printed text.
+            pl.col("c").str.extract(STEP_PREFIX, 1).cast(pl.Int64, strict=False).alias("step"),
             # A well-formed line's first piece is `step:N`: the pairs are the pieces after it.
             pl.col("c").str.split(" - ").list.slice(1).alias("pair"),
         )
@@ -189,30 +201,36 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
     return pairs
 
 
-def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame,
+                       metrics: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The Python path: parse each dirty line, reject what cannot be parsed, flag cut lines.
 
-    Returns the metrics with the recovered rows added, and the step flags found.
+    Returns the metrics with the recovered rows added, the step flags found, and the printed step
+    of each recovered line.
     """
     rows: list[tuple] = []
     flags: list[tuple] = []
+    printed: list[tuple] = []
     for line_no, raw_chars, cleaned, raw in lines.filter(pl.col("kind") == "dirty").select(
             "line_no", "raw_chars", "c", "raw").iter_rows():
         cut = raw_chars == WANDB_LINE_LIMIT
         parsed = parse_metric_line(cleaned, cut=cut)
         if parsed.problem:
-            ctx.reject(line_no, parsed.problem, raw)
+            ctx.reject(line_no, parsed.problem, raw, code="unparsable-line")
             continue
+        printed.append((line_no, parsed.step_text))
+        step = int64_step(parsed.step_text)
         for index, (key, text) in enumerate(parsed.pairs, start=1):
             value, text_value = cl.parse_scalar(text)
-            rows.append((line_no, parsed.step, index, key, value, text_value, text))
+            rows.append((line_no, step, index, key, value, text_value, text))
         if cut:
-            flags.append((line_no, parsed.step, "truncated_line",
+            flags.append((line_no, step, "truncated_line",
                           f"line cut at {WANDB_LINE_LIMIT} characters; fragment dropped: {parsed.fragment[:80]!r}"))
     if rows:
-        recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row")
+        recovered = pl.DataFrame(rows, schema=metric_schema(), orient="row", strict=False)
         metrics = pl.concat([metrics, recovered]).sort("line_no", "pair_index")
-    return metrics, pl.DataFrame(flags, schema=flag_schema(), orient="row")
+    return (metrics, pl.DataFrame(flags, schema=flag_schema(), orient="row", strict=False),
+            pl.DataFrame(printed, schema=printed_step_schema(), orient="row"))
 
 
 def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:

@@ -10,10 +10,15 @@ How a file is read (FORMATS.md, section 2):
 - Values: numbers as `value`; the bare non-finite tokens as NaN / ±inf; `null` (newer writers'
   spelling of NaN) as NaN; booleans as 1/0 with text 'True'/'False'; strings, lists and objects as
   `text_value` (value NULL).
-- A line that is not JSON, not an object, lacks an integer `step` or an object `data` is rejected
-  with the reason; blank lines are ignored under `blank`.
-- A step lower than or equal to the previous one starts a new segment (flag `restart`); a file
-  whose first step is above 1 is flagged `resumed`.
+- A line that is not JSON, not an object, lacks an integer `step` (a whole number, `3` or `3.0`,
+  within the step range: `base.step_sql`) or an object `data` is rejected with the reason;
+  blank lines are ignored under `blank`.
+- Segments follow the console rule (`segments.line_segments`): a step lower than the previous
+  one, or equal to it with a key the previous line also had, starts a new segment (flag
+  `restart`); a step written twice in a row with different keys (a validation line, then the
+  training line) is one step. A file whose first step is above 1 is flagged `resumed`.
+- Run meta: the version class, GPUs, and whether `timing_s/step` includes the testing and
+  checkpoint timers (`run_metadata.step_time_inclusion`, as for the console log).
 """
 
 from __future__ import annotations
@@ -26,15 +31,21 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
-from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.segments import insert_step_flags
+from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
 _BARE_NONFINITE = r"([:\[,]\s*)(-?Infinity|NaN)(\s*[,}\]])"
 _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
 _SNIFF_ANY_ORDER = re.compile(rb'^\s*\{.*"data"\s*:\s*\{.*"step"\s*:\s*-?\d+')
+
+
+def _step(line: str = "j") -> str:
+    """SQL for the step of the JSON line `line` (`base.step_sql`, the rule of every format: a whole
+    number such as 3 or 3.0 within STEP_MIN..STEP_MAX, else NULL)."""
+    return step_sql(f"json_extract_string({line}, '$.step')")
 
 
 def _first_line(head: bytes) -> bytes:
@@ -47,7 +58,7 @@ def _first_line(head: bytes) -> bytes:
 @register
 class VerlJsonlIngester(Ingester):
     name = "verl-jsonl"
-    version = "2"
+    version = "3"
     framework = "verl"
     description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
 
@@ -74,9 +85,10 @@ class VerlJsonlIngester(Ingester):
                          WHEN json_type(j::JSON) <> 'OBJECT' THEN 'not a JSON object'
                          WHEN json_type(j::JSON, '$.step') IS NULL OR json_type(j::JSON, '$.step') = 'NULL'
                               THEN 'missing field step'
-                         WHEN json_type(j::JSON, '$.step') NOT IN ('BIGINT', 'UBIGINT')
+                         WHEN json_type(j::JSON, '$.step') NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE')
+                              OR ({_step()} IS NULL AND {step_problem_sql("json_extract_string(j, '$.step')")} = 'type-error')
                               THEN 'field step: expected an integer'
-                         WHEN TRY_CAST(json_extract_string(j, '$.step') AS HUGEINT) NOT BETWEEN {STEP_MIN} AND {STEP_MAX}
+                         WHEN {_step()} IS NULL
                               THEN 'field step: ' || json_extract_string(j, '$.step') || ' is out of range for INTEGER'
                          WHEN json_type(j::JSON, '$.data') IS NULL OR json_type(j::JSON, '$.data') = 'NULL'
                               THEN 'missing field data'
@@ -95,7 +107,7 @@ class VerlJsonlIngester(Ingester):
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE verl_jsonl_metrics AS
-            SELECT c.line_no, CAST(json_extract(c.j, '$.step') AS BIGINT) AS step, e.key,
+            SELECT c.line_no, {_step("c.j")} AS step, e.key,
                 CASE WHEN e.type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN CAST(e.value AS DOUBLE)
                      WHEN e.type = 'BOOLEAN' THEN CASE WHEN CAST(e.value AS BOOLEAN) THEN 1.0 ELSE 0.0 END
                      WHEN e.type = 'NULL' THEN CAST('nan' AS DOUBLE)
@@ -117,6 +129,8 @@ class VerlJsonlIngester(Ingester):
         # The file logger writes full-precision JSON numbers and exists from verl 0.6.
         meta = {"framework": "verl", "verl_version": ">=0.6", "value_precision": None}
         meta.update(run_metadata.gpu_meta({}, run_metadata.n_gpus_from_throughput(con, ctx.file_id)))
+        if ctx.stored:
+            meta.update(run_metadata.step_time_inclusion(con, ctx.run_id))
         ctx.run_meta.update(meta)
         ctx.format_version = "verl>=0.6 file logger"
 
@@ -154,21 +168,21 @@ def _json_reason(raw: str) -> str:
 
 
 def _store(ctx: FileContext) -> None:
-    """Segments from step order, then step_metrics and step_flags rows."""
+    """Segments (`segments.line_segments` over each stored line's step and keys), then
+    step_metrics and step_flags rows."""
     con = ctx.con
-    con.execute(
+    keyed_lines = con.sql(
+        f"""
+        SELECT c.line_no, {_step("c.j")} AS step, m.key
+        FROM verl_jsonl_checked c LEFT JOIN verl_jsonl_metrics m USING (line_no)
+        WHERE c.problem IS NULL ORDER BY c.line_no, m.pair_index
         """
-        CREATE OR REPLACE TEMP TABLE verl_jsonl_segments AS
-        WITH ordered AS (
-            SELECT line_no, CAST(json_extract(j, '$.step') AS BIGINT) AS step,
-                   lag(CAST(json_extract(j, '$.step') AS BIGINT)) OVER (ORDER BY line_no) AS previous
-            FROM verl_jsonl_checked WHERE problem IS NULL
-        )
-        SELECT line_no, step, previous,
-               sum(CASE WHEN step <= previous THEN 1 ELSE 0 END) OVER (ORDER BY line_no) AS segment
-        FROM ordered
-        """
-    )
+    ).pl()
+    con.register("verl_jsonl_line_segments", ArrowStream(line_segments(keyed_lines)))
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE verl_jsonl_segments AS SELECT * FROM verl_jsonl_line_segments")
+    finally:
+        con.unregister("verl_jsonl_line_segments")
     ctx.insert(
         """
         INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
