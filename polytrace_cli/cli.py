@@ -11,6 +11,7 @@ from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
 from polytrace_cli.commands import diagnose as diagnose_commands
 from polytrace_cli.commands import ingest as ingest_commands
+from polytrace_cli.commands import lake as lake_commands
 from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import simulate as simulate_commands
 from polytrace_cli.commands import steps as steps_commands
@@ -47,6 +48,7 @@ COMMANDS: dict[str, Callable] = {
     "rm": store_commands.rm,
     "rename": store_commands.rename,
     "steps": steps_commands.steps,
+    "lake": lake_commands.lake,
     "analyze": analyze_commands.analyze,
     "compare": analyze_commands.compare,
     "explain": diagnose_commands.explain,

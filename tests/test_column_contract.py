@@ -48,8 +48,12 @@ def declared_schemas(module) -> dict[str, dict]:
 STORE_RUN_COLUMNS = {"run", "task", "steps", "samples"}
 
 
+# Analysis modules figures may draw from: the registered analyses and fleet (F12's groups).
+DETAIL_MODULES = (*BUILT_IN, "fleet")
+
+
 def analysis_modules() -> dict[str, object]:
-    return {name: importlib.import_module(f"polytrace_cli.analyze.{name}") for name in BUILT_IN}
+    return {name: importlib.import_module(f"polytrace_cli.analyze.{name}") for name in DETAIL_MODULES}
 
 
 def declared_columns(modules) -> set[str]:
@@ -111,7 +115,7 @@ def _imported_analyses(source: str) -> set[str]:
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("polytrace_cli.analyze."):
             names.add(node.module.rsplit(".", 1)[1])
-    return names & set(BUILT_IN)
+    return names & set(DETAIL_MODULES)
 
 
 @pytest.mark.parametrize("path", CONSUMERS, ids=lambda p: p.name)
@@ -185,6 +189,7 @@ DETAIL_FRAMES = [
     ("stages", "length_fit", "LENGTH_FIT_COLUMNS"), ("stages", "stage_stats", "STAGE_STATS_COLUMNS"),
     ("stages", "summary", "SUMMARY_COLUMNS"),
     ("stages", "step_time_inclusion", "STEP_TIME_INCLUSION_COLUMNS"),
+    ("fleet", "by_group", "BY_GROUP_COLUMNS"),
     ("tools", "latency_cdf", "LATENCY_CDF_COLUMNS"), ("tools", "per_trajectory", "PER_TRAJECTORY_COLUMNS"),
     ("tools", "cache_by_turn", "CACHE_BY_TURN_COLUMNS"), ("tools", "summary", "SUMMARY_COLUMNS"),
     ("filtering", "per_batch", "PER_BATCH_COLUMNS"), ("filtering", "per_trainer_step", "PER_TRAINER_STEP_COLUMNS"),

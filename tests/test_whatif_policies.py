@@ -339,3 +339,19 @@ def test_real_traces_give_per_sample_lengths(store):
     for row, values in zip(frame.iter_rows(named=True), lengths.lengths):
         assert values.size == row["n_responses"] and values.max() == row["r_max"]
         assert values.sum() == pytest.approx(row["response_tokens"])
+
+
+def test_balance_follows_the_busiest_rank_after_verls_balancing(store, tmp_path):
+    # the training stages' time follows global_seqlen/balanced_max (verl's balance_batch), not /max
+    log = write_known_log(tmp_path / "train.log", steps=120, seed=23, spread=0.5, balanced=True)
+    ingest_paths(store, [log.path], run_name="balanced")
+    result = whatif_run(store, "balanced", ["balance", "one-step-off=0.5"])
+    slope = sum(terms.get("busiest_rank_tokens", 0.0) for terms in TRUE.values())
+    truth = slope * sum(w["balanced_busiest_tokens"] - w["mean_rank_tokens"] for w in log.workload.values())
+    balance = _scenario(result, "balance")
+    assert "after verl's balancing" in balance.note
+    assert abs(balance.saving_s - truth) <= 3 * balance.saving_se_s
+    # what the logged /max would claim is many times more: it does not set the stages' time
+    unbalanced = slope * sum(w["busiest_rank_tokens"] - w["mean_rank_tokens"] for w in log.workload.values())
+    assert balance.saving_s < 0.5 * unbalanced
+    assert _scenario(result, "one-step-off=0.5").predicted_s is not None

@@ -35,6 +35,22 @@ def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, 
         con.close()
 
 
+def _fleet(db, runs: list[str] | None, by: str, steps: str | None, wait: float = 0):
+    from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.analyze.fleet import by_group
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids
+
+    con = open_store(db, read_only=True, wait=wait)
+    try:
+        ids = run_ids(con, runs)
+        if not ids:
+            raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
+        return by_group(con, ids, by, StepRange.parse(steps))
+    finally:
+        con.close()
+
+
 @user_errors
 def analyze(
     runs: Annotated[list[str] | None, typer.Argument(help="Runs to analyze (default: every run).")] = None,
@@ -45,11 +61,18 @@ def analyze(
     wide: WideOption = False,
     db: DbOption = None,
     wait: WaitOption = 0,
+    by: Annotated[str | None, typer.Option(
+        "--by", help="Aggregate across runs per task or per model (the fleet table) instead of per run.")] = None,
 ) -> None:
     """Run the characterization analyses (lengths, drift, longtail, stages, imbalance, tools, filtering, fit)."""
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    results = _summaries(db, runs, only, steps, wait)
+    if by is not None:
+        if only:
+            raise PolytraceError("--only picks per-run analyses; --by prints the fleet table alone")
+        results = {"fleet": _fleet(db, runs, by, steps, wait)}
+    else:
+        results = _summaries(db, runs, only, steps, wait)
     if as_json or as_csv:
         from polytrace_cli.analyze.results import results_csv, results_json
 
@@ -58,14 +81,15 @@ def analyze(
     from polytrace_cli.analyze.registry import all_analyses
     from polytrace_cli.analyze.results import HEADLINE_COLUMNS, KEY_COLUMNS
 
-    analyses = all_analyses()
+    analyses = all_analyses() if by is None else {}
     for name, df in results.items():
         if not df.height:
             console.print(f"{name}: no rows: the selected runs and steps hold no data it can use", style="dim",
                           highlight=False, markup=False)
             continue
-        identity = ["run", *(key for key in KEY_COLUMNS if key in df.columns)]
-        emit_frame(df, title=f"{name}: {analyses[name].description}", identity=identity,
+        description = analyses[name].description if name in analyses else f"runs grouped by {by}"
+        identity = [column for column in ("run", by, *KEY_COLUMNS) if column and column in df.columns]
+        emit_frame(df, title=f"{name}: {description}", identity=identity,
                    order=None if wide else HEADLINE_COLUMNS.get(name), wide=wide)
 
 

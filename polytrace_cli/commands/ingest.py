@@ -44,12 +44,26 @@ def ingest(
         help="A locally available Hugging Face tokenizer (folder or cached name) to count rollout-dump lengths;"
              " default: characters / 4.")] = None,
     wait: WaitOption = 0,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="local: parse in this process; ray: parse as Ray tasks (pip install 'polytrace[ray]').")]
+    = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="With --engine ray: the cluster to join (default: start a local Ray).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="With --engine ray and no address: CPUs of the local Ray (default: all).")] = None,
 ) -> None:
     """Read logs and traces into the store, one transaction per file."""
+    if engine not in ("local", "ray"):
+        raise fail(f"--engine takes local or ray, not {engine!r}")
+    if engine == "local" and (ray_address or workers):
+        raise fail("--ray-address and --workers go with --engine ray")
+    if ray_address and workers:
+        raise fail("--workers sizes a local Ray; a cluster at --ray-address has its own workers")
+    ray = {"address": ray_address, "workers": workers} if engine == "ray" else None
     with FileHashes() as hashes:
         # Files named on the command line are hashed while the libraries below load.
         hashes.prefetch(path for path in paths if path.is_file())
-        reports = _ingest_all(paths, db, run, task, format, as_json or as_csv, tokenizer, hashes, wait)
+        reports = _ingest_all(paths, db, run, task, format, as_json or as_csv, tokenizer, hashes, wait, ray)
     if as_csv:
         records = [{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports]
         columns = list(records[0]) if records else ["path"]
@@ -83,9 +97,25 @@ def ingest(
 
 
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
-                as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0) -> list[FileReport]:
+                as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0,
+                ray: dict | None = None) -> list[FileReport]:
+    if ray is None:
+        from polytrace_cli.ingest.runner import ingest_paths
+
+        return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ingest_paths)
+    from functools import partial
+
+    from polytrace_cli.ingest.ray_engine import RaySettings, ingest_paths_ray, ray_session
+
+    settings = RaySettings(**ray)
+    # Ray first: a cluster that cannot be reached leaves the store untouched.
+    with ray_session(settings):
+        return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait,
+                                  partial(ingest_paths_ray, settings=settings, tokenizer=tokenizer))
+
+
+def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ingest_paths):
     from polytrace_cli.ingest.formats import verl_rollout
-    from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
 
     verl_rollout.set_tokenizer(tokenizer)

@@ -81,10 +81,11 @@ def _summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
 
 
 def shown_runs(data: dict[str, pl.DataFrame], runs: list[str]) -> list[str]:
-    """The report's runs that have rows in any of a drawn figure's frames, in report order."""
+    """The report's runs that have rows in any of a drawn figure's per-run frames (those with a `run`
+    column; a per-group frame names its runs in a frame of its own), in report order."""
     present = set()
     for frame in data.values():
-        if frame is not None and frame.height:
+        if frame is not None and frame.height and "run" in frame.columns:
             present |= set(frame["run"].unique().to_list())
     return [run for run in runs if run in present]
 

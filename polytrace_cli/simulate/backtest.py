@@ -2,8 +2,8 @@
 
 The steps that log both a step time and a generation time are taken in step order; the first half
 (⌊n/2⌋ steps) is the training half, the rest is held out. The model (`polytrace_cli.model`) is
-fitted on the training half's steps that `fit_mask` keeps (`training_mask` without each segment's
-first training step, a warm-up step), then predicts every stage of each
+fitted on the training half's steps that `training_mask` keeps (no warm-up, validation or
+checkpoint step), then predicts every stage of each
 held-out step from that step's workload. Testing and checkpoint seconds follow the logged
 schedule: a held-out step that validated (checkpointed) gets the training half's median testing
 (checkpoint) seconds. The predicted step time is Σ predicted stages + the model's rest + those
@@ -42,20 +42,6 @@ from polytrace_cli.model import (
 
 MIN_STEPS = 4
 BACKTEST_COLUMNS = ("stage", "steps", "accuracy", "median_baseline", "previous_baseline")
-
-
-def segment_starts(frame: pl.DataFrame) -> pl.Series:
-    """The first row of each segment in a frame of training steps (validation-only rows already
-    left out), and the rows the workload frame flags as a segment start or restart: the warm-up
-    steps. (The workload frame alone flags a segment's first row, which is a validation-only row
-    when the job validates before training.)"""
-    first = frame.select((pl.col("step") == pl.col("step").min().over("segment")).alias("first")).to_series()
-    return (first | frame["segment_start"] | frame["restart"]).alias("segment_start")
-
-
-def fit_mask(frame: pl.DataFrame) -> pl.Series:
-    """`training_mask` without the warm-up steps of `segment_starts`."""
-    return (training_mask(frame) & ~segment_starts(frame)).alias("training")
 
 
 def accuracy(predicted: np.ndarray, real: np.ndarray) -> tuple[float | None, int]:
@@ -159,7 +145,7 @@ def backtest_frame(frame: pl.DataFrame, run: str = "") -> BacktestResult:
                              f"generation time; run {run!r} has {n}")
     n_train = n // 2
     is_train = pl.Series(np.arange(n) < n_train)
-    mask = fit_mask(eligible) & is_train
+    mask = training_mask(eligible) & is_train
     if not mask.any():
         raise PolytraceError(f"the first {n_train} steps of run {run!r} are all warm-up, validation or "
                              "checkpoint steps: there is nothing to fit the model on")
@@ -210,7 +196,7 @@ def backtest_frame(frame: pl.DataFrame, run: str = "") -> BacktestResult:
     if worse:
         notes.append(f"the model is less accurate than the median baseline on: {', '.join(worse)}")
     first_test = int(eligible["step"][n_train])
-    warm = int(segment_starts(eligible).filter(pl.Series(test_rows)).sum())
+    warm = int((eligible["segment_start"] | eligible["restart"]).filter(pl.Series(test_rows)).sum())
     if warm:
         notes.append(f"{warm} held-out step(s) start a segment or follow a restart (warm-up): the model "
                      "predicts them at steady-state speed")

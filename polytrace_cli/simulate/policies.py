@@ -37,9 +37,8 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info
+from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
 from polytrace_cli.model.fit import TRAINING_STAGES
-from polytrace_cli.simulate.backtest import fit_mask
 from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
 from polytrace_cli.simulate.uncertainty import saving_standard_error
 
@@ -257,16 +256,21 @@ def _schedule(steps: np.ndarray, every: int) -> np.ndarray:
 
 
 def _policy_balance(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
-    """DP load perfectly balanced: every rank gets the mean rank's tokens, so busiest_rank_tokens
-    becomes mean_rank_tokens in every stage whose model uses it (the forward and update stages;
-    generation, which waits for the longest response, is unchanged). The balancing itself is
-    assumed free and not to change which responses are generated."""
+    """DP load perfectly balanced: every rank gets the mean rank's tokens, so the busiest rank the
+    training stages follow (busiest_rank_tokens, or global_seqlen/balanced_max when verl's own
+    balancing sets their time: `StepTimeModel.busiest_feature`) becomes mean_rank_tokens in every
+    stage whose model uses it (the forward and update stages; generation, which waits for the
+    longest response, is unchanged). The balancing itself is assumed free and not to change which
+    responses are generated."""
     frame = ctx.frame
-    if not (frame["busiest_rank_tokens"] > frame["mean_rank_tokens"]).any():
+    feature = ctx.model.busiest_feature
+    if not (frame[feature] > frame["mean_rank_tokens"]).any():
         raise NotSupported("no step logs a busiest DP rank above the mean rank (global_seqlen/max and "
                            "/mean, or per-sample DP ranks): the run's imbalance is unknown")
-    balanced = frame.with_columns(busiest_rank_tokens=pl.col("mean_rank_tokens"))
-    return ctx.plan.with_stages(ctx.predict(balanced)), None
+    balanced = frame.with_columns(**{name: pl.col("mean_rank_tokens")
+                                     for name in {feature, "busiest_rank_tokens"}})
+    note = None if feature == "busiest_rank_tokens" else "from the busiest rank after verl's balancing"
+    return ctx.plan.with_stages(ctx.predict(balanced)), note
 
 
 def _policy_no_validation(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
@@ -300,11 +304,11 @@ def _policy_checkpoint_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, 
 
 def _rank_tokens(frame: pl.DataFrame, total_tokens: np.ndarray) -> dict[str, np.ndarray]:
     """Rank token sums for a new step total: the mean scales with the total, and the busiest rank
-    keeps its logged ratio to the mean."""
+    (as logged, and after verl's balancing) keeps its logged ratio to the mean."""
     old_total = frame["total_tokens"].fill_null(np.nan).to_numpy()
     ratio = np.where(old_total > 0, total_tokens / np.where(old_total > 0, old_total, 1.0), 1.0)
-    return {"mean_rank_tokens": frame["mean_rank_tokens"].to_numpy() * ratio,
-            "busiest_rank_tokens": frame["busiest_rank_tokens"].to_numpy() * ratio}
+    return {name: frame[name].cast(pl.Float64).to_numpy() * ratio
+            for name in ("mean_rank_tokens", "busiest_rank_tokens", "balanced_busiest_tokens") if name in frame.columns}
 
 
 def _need_lengths(ctx: RunContext) -> StepLengths:
@@ -403,8 +407,9 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     share = DEFAULT_ROLLOUT_SHARE if policy.value is None else float(policy.value)
     frame = ctx.frame
     gen_fit = model.stages["gen"]
+    busiest_feature = model.busiest_feature
     flat = [(stage, name) for stage, name in (("gen", "response_tokens"),
-                                              *((s, "busiest_rank_tokens") for s in TRAINING_STAGES))
+                                              *((s, busiest_feature) for s in TRAINING_STAGES))
             if stage in model.stages and name not in model.stages[stage].coefficients]
     if flat:
         stage, name = flat[0]
@@ -418,8 +423,8 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     for stage in TRAINING_STAGES:
         if stage in stages:
             fit = model.stages[stage]
-            busy = fit.coefficients.get("busiest_rank_tokens", 0.0) * frame["busiest_rank_tokens"].fill_null(
-                model.typical.get("busiest_rank_tokens", 0.0)).to_numpy()
+            busy = fit.coefficients.get(busiest_feature, 0.0) * frame[busiest_feature].fill_null(
+                model.typical.get(busiest_feature, 0.0)).to_numpy()
             stages[stage] = stages[stage] + busy * (1.0 / (1.0 - share) - 1.0)
     gen = stages["gen"]
     train = np.sum([stages[s] for s in training_side], axis=0) if training_side else np.zeros(frame.height)
@@ -447,7 +452,7 @@ def _context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext
     steps = timed.filter(~pl.col("validation_only"))
     if steps.is_empty():
         raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay")
-    mask = fit_mask(steps)
+    mask = training_mask(steps)
     if not mask.any():
         raise PolytraceError(f"run {info.name!r} has no steady training step to fit the model on")
     model = fit_model(steps, mask)

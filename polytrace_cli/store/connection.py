@@ -118,6 +118,14 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
     another process holds the store's lock, the open is retried for up to `wait` seconds.
     """
     path = resolve_db_path(db)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        # A folder with a manifest.json is a lake: Parquet files read through views, never written.
+        from polytrace_cli.store.lake import open_lake
+
+        if not read_only:
+            raise StoreError(f"{path} is a Parquet lake, which is read-only; write into a store file "
+                             "and export it again with `polytrace lake`")
+        return open_lake(path)
     empty_file = path.is_file() and path.stat().st_size == 0
     if read_only and (not path.exists() or empty_file):
         what = "an empty file" if empty_file else "no store"

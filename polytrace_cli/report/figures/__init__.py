@@ -1,4 +1,4 @@
-"""Report figures F1–F11, one module each, in report order (table T1 is in `report.tables`)."""
+"""Report figures F1–F12, one module each, in report order (table T1 is in `report.tables`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ FIGURE_MODULES = (
     "f09_reward_per_rank",
     "f10_dapo_filtering",
     "f11_step_vs_max_length",
+    "f12_by_task",
 )
 
 
