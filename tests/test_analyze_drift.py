@@ -34,7 +34,7 @@ def test_noisy_series_interval_by_hand(store):
     means = [0.0, 2.0, 1.0, 3.0]  # x = 0..3: b = 0.8, residuals -0.3, 0.9, -0.9, 0.3
     for step, m in enumerate(means):
         add_samples(store, run, step=step, prompts=[1], responses=[m])
-    s = drift.summary(store, [run], StepRange()).row(0, named=True)
+    s = drift.summary(store, [run], StepRange(), min_trend_steps=2).row(0, named=True)
     assert s["slope_tokens_per_step"] == pytest.approx(0.8)
     sse = 0.09 + 0.81 + 0.81 + 0.09
     se = (sse / 2 / 5.0) ** 0.5  # Sxx = 5
@@ -49,7 +49,7 @@ def test_per_step_p99_and_two_step_run_has_no_interval(store):
     add_samples(store, run, step=1, prompts=[1], responses=[500])
     per_step = drift.per_step(store, [run])
     assert per_step["p99_tokens"].to_list() == pytest.approx([99.0, 500.0])
-    s = drift.summary(store, [run], StepRange()).row(0, named=True)
+    s = drift.summary(store, [run], StepRange(), min_trend_steps=2).row(0, named=True)
     assert s["slope_tokens_per_step"] == pytest.approx(450.0)
     assert s["slope_ci_low"] is None and s["spearman_p"] is None
 
@@ -60,7 +60,7 @@ def test_step_aggregate_run_uses_logged_means(store):
         add_step_metrics(store, run, step, {"response_length/mean": mean, "timing_s/step": 10})
     per_step = drift.per_step(store, [run])
     assert set(per_step["basis"]) == {"step_aggregates"} and per_step["p99_tokens"].is_null().all()
-    s = drift.summary(store, [run], StepRange()).row(0, named=True)
+    s = drift.summary(store, [run], StepRange(), min_trend_steps=2).row(0, named=True)
     assert s["slope_tokens_per_step"] == pytest.approx(50.0) and s["basis"] == "step_aggregates"
 
 
@@ -88,3 +88,21 @@ def test_real_verl_per_step_mean_and_p99(store):
     slope = np.polyfit(steps, [np.mean(expected[s]) for s in steps], 1)[0]
     s = drift.summary(store, [ids_of(store, "verl")], StepRange()).row(0, named=True)
     assert s["slope_tokens_per_step"] == pytest.approx(slope)
+
+
+def test_trend_is_withheld_below_five_steps_and_gaps_are_counted(store):
+    """Steps 0 and 5 only (Search-R1's shape): no slope from two points, and the note says why and that
+    steps 1–4 are missing; five steps with data give the slope again."""
+    run = add_run(store, "sparse")
+    add_samples(store, run, step=0, prompts=[1], responses=[800])
+    add_samples(store, run, step=5, prompts=[1], responses=[100])
+    s = drift.summary(store, [run], StepRange()).row(0, named=True)
+    assert drift.MIN_TREND_STEPS == 5
+    assert s["slope_tokens_per_step"] is None and s["r_squared"] is None and s["relative_slope_per_step"] is None
+    assert (s["steps"], s["missing_steps"]) == (2, 4)
+    assert s["note"] == "trend withheld: 2 steps with data, at least 5 needed; 4 of steps 0–5 have no data"
+    for step in (1, 2, 3):
+        add_samples(store, run, step=step, prompts=[1], responses=[800 - 100 * step])
+    s = drift.summary(store, [run], StepRange()).row(0, named=True)
+    assert s["steps"] == 5 and s["missing_steps"] == 1 and s["note"] == "1 of steps 0–5 have no data"
+    assert s["slope_tokens_per_step"] is not None

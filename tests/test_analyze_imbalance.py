@@ -158,3 +158,19 @@ def test_real_reward_spread_rllm(store):
     run_id = store.execute("SELECT run_id FROM runs WHERE name = 'rllm'").fetchall()[0][0]
     frame = imbalance.reward_per_step(store, [run_id])
     assert dict(zip(frame["step"], frame["spread_s"])) == pytest.approx(expected)
+
+
+def test_saving_is_computed_on_what_sets_the_step_time(loaded):
+    """Sampled runs: the rollout waits for the longest response, so makespan λ sets the time and
+    rebalancing prompts saves nothing of it (the token-load saving stays reported beside it);
+    global_seqlen runs: token sums set the update stages' time and the saving is the token one."""
+    one = imbalance.per_step(loaded, [1], StepRange(1, 1)).row(0, named=True)
+    assert one["saving_basis"] == "makespan" and "longest response" in one["saving_basis_reason"]
+    assert one["makespan_lambda"] == pytest.approx(30 / (55 / 3)) and one["lambda"] == pytest.approx(2.0)
+    assert one["step_saving"] == 0.0 and one["saving"] == pytest.approx(1 - 1.75 / 2)
+    console = imbalance.per_step(loaded, [3]).row(0, named=True)
+    assert console["saving_basis"] == "tokens" and console["step_saving"] == pytest.approx(1 - 105 / 120)
+    rows = {row["run"]: row for row in imbalance.summary(loaded, [1, 3]).to_dicts()}
+    assert (rows["a"]["saving_basis"], rows["a"]["mean_step_saving"]) == ("makespan", 0.0)
+    assert rows["a"]["mean_makespan_lambda"] == pytest.approx((30 / (55 / 3) + 1.0 + 30 / 20) / 3)
+    assert (rows["c"]["saving_basis"], rows["c"]["mean_step_saving"]) == ("tokens", pytest.approx(1 - 105 / 120))

@@ -206,7 +206,8 @@ def test_t1_numbers_by_hand(tmp_path):
     finally:
         con.close()
     table = {row["run"]: row for row in report.table.to_dicts()}
-    assert table["a"]["task"] == "math" and table["a"]["samples"] == 4 and table["a"]["steps"] == 1
+    assert table["a"]["task"] == "math" and table["a"]["samples"] == 4 and table["a"]["workload_steps"] == 1
+    assert table["a"]["trainer_steps"] is None  # a trace without DAPO batches does not say
     assert table["a"]["mean_prompt_tokens"] == pytest.approx(15.0)
     assert table["a"]["mean_response_tokens"] == pytest.approx(145.0)
     # λ = max load / mean load = 420 / 320.

@@ -87,3 +87,36 @@ def test_chromium_renders_the_report_without_broken_images(report_index, tmp_pat
     assert int(images.group(1)) == len(drawn)
     assert int(broken.group(1)) == 0
     assert "polytrace report: browser" in dom.stdout
+
+
+@pytest.mark.browser
+def test_screenshot_of_each_figure_is_drawn(report_index, tmp_path):
+    """The whole page captured by Chromium: each figure's region on screen is the figure, not blank and not a
+    broken-image icon, at least 900 px wide (a figure per screen width), with no two figures overlapping."""
+    import html as html_text
+
+    executable = chromium()
+    url = report_index.resolve().as_uri()
+    dom = run_chromium(executable, tmp_path / "profile-dom", "--window-size=1280,1000", "--virtual-time-budget=10000",
+                       "--dump-dom", url)
+    body = re.search(r"<body([^>]*)>", dom.stdout).group(1)
+    boxes = json.loads(html_text.unescape(re.search(r'data-figure-boxes="([^"]*)"', body).group(1)))
+    height = int(re.search(r'data-page-height="(\d+)"', body).group(1))
+    drawn = [f for f in json.loads((report_index.parent / "summary.json").read_text())["figures"] if f["png"]]
+    assert set(boxes) == {f["png"] for f in drawn}
+    shot = tmp_path / "page.png"
+    run_chromium(executable, tmp_path / "profile-shot", f"--screenshot={shot}", f"--window-size=1280,{height}",
+                 "--hide-scrollbars", url)
+    page = matplotlib.image.imread(shot)[..., :3]
+    assert page.shape[0] >= height - 5
+    ordered = sorted(boxes.items(), key=lambda item: item[1][1])
+    for (name, (left, top, width, tall)), following in zip(ordered, [*ordered[1:], None]):
+        assert width >= 900, f"{name} is {width} px wide"
+        region = page[top:top + tall, left:left + width]
+        assert region.shape[0] == tall and region.shape[1] == width, f"{name} lies outside the screenshot"
+        assert float(region.std()) > 0.05, f"{name} looks blank on screen"
+        source = matplotlib.image.imread(report_index.parent / "figures" / name)[..., :3]
+        # The rendered region matches the figure file: same mean brightness to within a few percent.
+        assert abs(float(region.mean()) - float(source.mean())) < 0.05, f"{name} is not what the page shows"
+        if following is not None:
+            assert top + tall <= following[1][1], f"{name} overlaps {following[0]}"

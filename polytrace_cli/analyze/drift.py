@@ -5,7 +5,9 @@ Per step: mean and p99 response length (training samples; for step-aggregate run
 (scipy `linregress`), the slope b in tokens/step with its 95% confidence interval
 b ± t(0.975, n−2)·se(b), r², the relative slope b / (mean of the step means) per step, and the
 Spearman rank correlation of step vs mean with its two-sided p-value (a trend test that assumes no
-linearity). The interval and tests need at least 3 steps; with 2 only the slope is reported.
+linearity). A trend from a few points is noise: below MIN_TREND_STEPS steps with data the slope and
+its statistics are withheld (null) and `note` says why; `note` also counts the steps missing between
+the first and last step with data.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ from scipy import stats
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql
 from polytrace_cli.analyze.registry import register
 
+# Fewest steps with data for which a trend is reported.
+MIN_TREND_STEPS = 5
+
 SUMMARY_SCHEMA = {
     "run": pl.String, "basis": pl.String, "steps": pl.Int64, "first_step": pl.Int64, "last_step": pl.Int64,
     "mean_tokens": pl.Float64, "slope_tokens_per_step": pl.Float64, "slope_ci_low": pl.Float64,
     "slope_ci_high": pl.Float64, "intercept_tokens": pl.Float64, "r_squared": pl.Float64,
     "relative_slope_per_step": pl.Float64, "spearman_rho": pl.Float64, "spearman_p": pl.Float64,
+    "missing_steps": pl.Int64, "note": pl.String,
+}
+
+
+PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "basis": pl.String, "count": pl.Int64, "mean_tokens": pl.Float64,
+    "p99_tokens": pl.Float64,
 }
 
 
@@ -68,15 +80,26 @@ def trend(steps: list[float], means: list[float]) -> dict:
 
 
 @register("drift", "response length over training: linear slope (tokens/step, 95% CI) and Spearman trend test")
-def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
-    """One row per run: the trend of the per-step mean response length (see module docstring)."""
+def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS,
+            min_trend_steps: int = MIN_TREND_STEPS) -> pl.DataFrame:
+    """One row per run: the trend of the per-step mean response length (see module docstring), withheld
+    below `min_trend_steps` steps with data; missing_steps = last − first + 1 − steps with data."""
     rows = []
     for (run, basis), group in per_step(con, run_ids, steps).group_by(["run", "basis"], maintain_order=True):
         xs, ys = group["step"].cast(pl.Float64).to_list(), group["mean_tokens"].to_list()
         mean_of_means = sum(ys) / len(ys)
-        result = trend(xs, ys)
+        first, last = int(min(xs)), int(max(xs))
+        missing = last - first + 1 - len(set(xs))
+        note = f"{missing} of steps {first}–{last} have no data" if missing else ""
+        if len(xs) >= min_trend_steps:
+            result = trend(xs, ys)
+        else:
+            result = trend([], [])
+            note = "; ".join(filter(None, [f"trend withheld: {len(xs)} steps with data, at least {min_trend_steps} "
+                                           "needed", note]))
         slope = result["slope_tokens_per_step"]
-        rows.append({"run": run, "basis": basis, "steps": len(xs), "first_step": int(min(xs)), "last_step": int(max(xs)),
+        rows.append({"run": run, "basis": basis, "steps": len(xs), "first_step": first, "last_step": last,
                      "mean_tokens": mean_of_means, **result,
-                     "relative_slope_per_step": slope / mean_of_means if slope is not None and mean_of_means else None})
+                     "relative_slope_per_step": slope / mean_of_means if slope is not None and mean_of_means else None,
+                     "missing_steps": missing, "note": note or None})
     return pl.DataFrame(rows, schema=SUMMARY_SCHEMA).select(list(SUMMARY_SCHEMA)).sort("run")

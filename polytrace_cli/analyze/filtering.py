@@ -21,6 +21,14 @@ from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
 from polytrace_cli.analyze.registry import register
 
 
+PER_BATCH_COLUMNS = {
+    "run": pl.String, "workload_step": pl.Int64, "trainer_step": pl.Int64, "gen_batch_index": pl.Int64,
+    "prompt_count": pl.Int64, "kept": pl.Int64, "used": pl.Int64, "kept_share": pl.Float64,
+    "used_share": pl.Float64, "response_tokens": pl.Int64, "discarded_token_share": pl.Float64,
+    "unused_token_share": pl.Float64, "basis": pl.String,
+}
+
+
 def per_batch(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per generation batch (F10), steps selected by workload_step: kept_share = kept / prompt_count,
     used_share = used / prompt_count; with basis 'samples' (token join in the module docstring)
@@ -86,6 +94,12 @@ def per_batch(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
         """,
         [run_ids],
     )
+
+
+PER_TRAINER_STEP_COLUMNS = {
+    "run": pl.String, "trainer_step": pl.Int64, "batches": pl.Int64, "prompts": pl.Int64, "kept": pl.Int64,
+    "used": pl.Int64, "kept_share": pl.Float64,
+}
 
 
 def per_trainer_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

@@ -351,7 +351,9 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         dp = [counted] if counted else []
     document["dp_ranks"] = max(dp) if dp else None
     document["multiturn"] = _multiturn(con, run_ids, steps)
-    slopes = [s for s in drift.summary(con, run_ids, steps)["relative_slope_per_step"].to_list() if s is not None]
+    # The generator's drift keeps using any fitted slope (2+ steps), as before the report withheld short trends.
+    trends = drift.summary(con, run_ids, steps, min_trend_steps=2)
+    slopes = [s for s in trends["relative_slope_per_step"].to_list() if s is not None]
     document["drift_per_step"] = float(np.mean(slopes)) if slopes else None
     return document
 

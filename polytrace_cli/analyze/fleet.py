@@ -43,6 +43,10 @@ COLUMNS = {
     "imbalance_runs": pl.Int64, "imbalance_steps": pl.Int64, "lambda_mean": pl.Float64, "lambda_max": pl.Float64,
 }
 
+# `by_group`'s columns under the name the report's column contract reads; `run_groups`' columns.
+BY_GROUP_COLUMNS = COLUMNS
+RUN_GROUPS_COLUMNS = {"run": pl.String, "run_id": pl.Int64, "group": pl.String}
+
 
 def run_groups(con: duckdb.DuckDBPyConnection, run_ids: list[int], by: str) -> pl.DataFrame:
     """Per run: run (name), run_id and group (its task or model label, null when unlabeled)."""

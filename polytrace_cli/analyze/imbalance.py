@@ -12,10 +12,20 @@ Balanced counterfactual: the step's prompt groups (all responses of one prompt s
 a group is keyed by (step, dp_rank, prompt_idx), a sample without prompt_idx is its own group)
 are dealt over the same number of ranks by Karmarkar–Karp and by LPT, giving λ_kk and λ_lpt.
 
-Stage model for the saving: ranks roll out concurrently and the rollout stage ends when the most
-loaded rank finishes, with rollout time proportional to that rank's token load. Since the total
-load is unchanged, balanced time / actual time = max_balanced / max_actual = λ_balanced / λ, so
-the rollout stage would shrink by saving = 1 − λ_balanced / λ (a share of that stage's time).
+Token-load saving: if a stage's time on a rank were proportional to the rank's token load, the
+stage would end when the most loaded rank finishes; the total load being unchanged, balanced time /
+actual time = λ_balanced / λ, and the stage would shrink by saving = 1 − λ_balanced / λ.
+
+Which quantity sets the step's time (`saving_basis`, with the reason in `saving_basis_reason`):
+
+- samples: the ranks decode their responses together (one batch per rank), so a rank's rollout ends
+  with its longest response and the step waits for the rank holding the longest one. The measure of
+  that wait is makespan λ = max_r max_response_r / mean_r max_response_r (idle share of rank time
+  1 − 1/makespan λ). Moving prompt groups between ranks cannot shorten the step's longest response,
+  so the rollout saving from rebalancing, `step_saving`, is 0; the token-load `saving` is reported
+  but does not set the step's time.
+- global_seqlen: verl balances the training batch's token sums across ranks; the update stages'
+  compute grows with tokens, so the token-load saving applies (`step_saving` = `saving`).
 
 Console-only verl runs log `global_seqlen/{max,mean,balanced_max}` (per-DP-rank token sums before
 and after verl's own balancing): λ = max / mean and λ_balanced = balanced_max / mean
@@ -63,6 +73,18 @@ PER_STEP_COLUMNS = {
     "lambda": pl.Float64, "idle_share": pl.Float64, "makespan_lambda": pl.Float64,
     "lambda_kk": pl.Float64, "lambda_lpt": pl.Float64, "lambda_balanced": pl.Float64,
     "saving_kk": pl.Float64, "saving_lpt": pl.Float64, "saving": pl.Float64, "basis": pl.String,
+    "saving_basis": pl.String, "saving_basis_reason": pl.String, "step_saving": pl.Float64,
+}
+
+MAKESPAN_REASON = ("a rank's rollout ends with its longest response, so the step waits for the rank holding the "
+                   "longest one; moving prompts between ranks cannot shorten it")
+TOKENS_REASON = ("verl balances the training batch's token sums across ranks, and the update stages' compute "
+                 "grows with tokens")
+
+
+PER_RANK_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "dp_rank": pl.Int64, "samples": pl.Int64, "load_tokens": pl.Float64,
+    "max_response_len": pl.Int64, "load_over_mean": pl.Float64, "is_max": pl.Boolean,
 }
 
 
@@ -143,7 +165,7 @@ def _global_seqlen_steps(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
         ORDER BY run, segment, step
         """,
         [run_ids],
-    )
+    ).with_columns(saving_basis=pl.lit("tokens"), saving_basis_reason=pl.lit(TOKENS_REASON), step_saving=pl.col("saving"))
 
 
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -153,7 +175,9 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     and saving_* = 1 − λ_balanced / λ (share of rollout time saved under the stage model in the
     module docstring). Runs without per-rank samples fall back to verl's global_seqlen keys
     (basis 'global_seqlen': λ = max/mean, lambda_balanced = balanced_max/mean,
-    saving = 1 − balanced_max/max)."""
+    saving = 1 − balanced_max/max). saving_basis says which quantity sets the step's time and
+    step_saving is the saving on it (see the module docstring): makespan for samples (step_saving
+    = 0: rebalancing cannot shorten the longest response), tokens for global_seqlen."""
     sampled = frame(
         con,
         f"""
@@ -181,6 +205,13 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
                 saving_lpt=1 - pl.col("lambda_lpt") / pl.col("lambda"),
                 saving=1 - pl.col("lambda_balanced") / pl.col("lambda"),
                 basis=pl.lit("samples"),
+                saving_basis=pl.when(pl.col("makespan_lambda").is_not_null()).then(pl.lit("makespan"))
+                .otherwise(pl.lit("tokens")),
+            )
+            .with_columns(
+                saving_basis_reason=pl.when(pl.col("saving_basis") == "makespan").then(pl.lit(MAKESPAN_REASON))
+                .otherwise(pl.lit("no response lengths: only the token load is known")),
+                step_saving=pl.when(pl.col("saving_basis") == "makespan").then(pl.lit(0.0)).otherwise(pl.col("saving")),
             )
             .drop("run_id")
         )
@@ -190,6 +221,12 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     if not parts:
         return pl.DataFrame(schema=PER_STEP_COLUMNS)
     return pl.concat(parts).sort("run", "segment", "step", nulls_last=False)
+
+
+STRAGGLER_COLUMNS = {
+    "run": pl.String, "dp_rank": pl.Int64, "steps": pl.Int64, "max_steps": pl.Int64, "expected": pl.Float64,
+    "p_value": pl.Float64, "straggler": pl.Boolean,
+}
 
 
 def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -214,6 +251,12 @@ def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     return pl.DataFrame(rows, schema=columns, orient="row")
 
 
+REWARD_PER_RANK_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "dp_rank": pl.Int64, "seconds": pl.Float64, "batch_size": pl.Int64,
+    "tokens": pl.Int64, "seconds_over_mean": pl.Float64,
+}
+
+
 def reward_per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Reward seconds per step × DP rank (F9), from `rank_timings` stage 'reward' (validation
     calls left out), with the rank's batch_size and response tokens and seconds / step mean."""
@@ -230,6 +273,12 @@ def reward_per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         """,
         [run_ids],
     )
+
+
+REWARD_PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "ranks": pl.Int64, "mean_s": pl.Float64, "max_s": pl.Float64,
+    "min_s": pl.Float64, "max_over_mean": pl.Float64, "spread_s": pl.Float64,
+}
 
 
 def reward_per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -257,7 +306,8 @@ SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, "steps": pl.Int64, "ranks": pl.Int64,
     MEAN_LAMBDA: pl.Float64, "max_lambda": pl.Float64, "mean_idle_share": pl.Float64,
     "mean_makespan_lambda": pl.Float64, "mean_lambda_kk": pl.Float64, "mean_lambda_lpt": pl.Float64,
-    "mean_lambda_balanced": pl.Float64, "mean_saving": pl.Float64, "straggler_ranks": pl.String,
+    "mean_lambda_balanced": pl.Float64, "mean_saving": pl.Float64, "saving_basis": pl.String,
+    "saving_basis_reason": pl.String, "mean_step_saving": pl.Float64, "straggler_ranks": pl.String,
     "reward_steps": pl.Int64, "mean_reward_max_over_mean": pl.Float64, "mean_reward_spread_s": pl.Float64,
     "max_reward_spread_s": pl.Float64,
 }
@@ -266,7 +316,8 @@ SUMMARY_COLUMNS = {
 @register("imbalance", "DP-rank load imbalance λ, balanced (KK/LPT) counterfactual, stragglers, reward-time spread")
 def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """One row per run: means over steps of λ, idle share, makespan λ, λ_kk, λ_lpt, λ_balanced and
-    the rollout saving 1 − λ_balanced/λ; max λ; straggler ranks (comma-separated dp ranks with a
+    the token-load saving 1 − λ_balanced/λ; the quantity that sets the step's time (saving_basis,
+    saving_basis_reason: the most common over the steps) and the mean saving on it (mean_step_saving); max λ; straggler ranks (comma-separated dp ranks with a
     significant binomial excess of max-load steps); reward-stage max/mean and max − min seconds
     across ranks, averaged over steps. basis: samples, global_seqlen, or rank_timings (reward only)."""
     loads = (
@@ -278,6 +329,9 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
             mean_idle_share=pl.col("idle_share").mean(), mean_makespan_lambda=pl.col("makespan_lambda").mean(),
             mean_lambda_kk=pl.col("lambda_kk").mean(), mean_lambda_lpt=pl.col("lambda_lpt").mean(),
             mean_lambda_balanced=pl.col("lambda_balanced").mean(), mean_saving=pl.col("saving").mean(),
+            saving_basis=pl.col("saving_basis").mode().sort().first(),
+            saving_basis_reason=pl.col("saving_basis_reason").mode().sort().first(),
+            mean_step_saving=pl.col("step_saving").mean(),
         )
     )
     flagged = (

@@ -182,12 +182,31 @@ def _combine(samples: pl.DataFrame, aggregates: pl.DataFrame, by_step: bool) -> 
     return _order(combined, by_step) if parts else combined
 
 
+PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "kind": pl.String, "basis": pl.String, "estimate": pl.Boolean,
+    "count": pl.Int64, "mean_tokens": pl.Float64, "std_tokens": pl.Float64, "min_tokens": pl.Float64,
+    "p50_tokens": pl.Float64, "p90_tokens": pl.Float64, "p99_tokens": pl.Float64, "max_tokens": pl.Float64,
+    "cv": pl.Float64, "skewness": pl.Float64, "kurtosis": pl.Float64, "clip_ratio": pl.Float64,
+    "p99_p50": pl.Float64, "max_p50": pl.Float64,
+}
+
+
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run, step and kind (prompt, response, total): count, mean, std, min, p50, p90, p99, max,
     CV = std/mean, skewness, excess kurtosis, clip ratio = share of responses >= the run's cap
     (response rows only), p99/p50 and max/p50. Step-aggregate runs: logged mean/min/max/clip ratio."""
     result = _combine(_sample_stats(con, run_ids, steps, True), _aggregate_stats(con, run_ids, steps, True), True)
     return result.drop("steps")
+
+
+SUMMARY_COLUMNS = {
+    "run": pl.String, "kind": pl.String, "basis": pl.String, "estimate": pl.Boolean, "steps": pl.Int64,
+    "count": pl.Int64, "mean_tokens": pl.Float64, "std_tokens": pl.Float64, "min_tokens": pl.Float64,
+    "p50_tokens": pl.Float64, "p90_tokens": pl.Float64, "p99_tokens": pl.Float64, "max_tokens": pl.Float64,
+    "cv": pl.Float64, "skewness": pl.Float64, "kurtosis": pl.Float64, "clip_ratio": pl.Float64,
+    "p99_p50": pl.Float64, "max_p50": pl.Float64, "cap_tokens": pl.Int64, "cap_source": pl.String,
+    "pearson": pl.Float64, "spearman": pl.Float64,
+}
 
 
 def summary_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -208,6 +227,11 @@ def summary_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
 def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """One row per run × kind: see `summary_frame`."""
     return summary_frame(con, run_ids, steps)
+
+
+CORRELATION_COLUMNS = {
+    "run": pl.String, "n": pl.Int64, "pearson": pl.Float64, "spearman": pl.Float64,
+}
 
 
 def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -253,6 +277,11 @@ def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
     return frame(con, sql).with_columns(finite)
 
 
+CDF_COLUMNS = {
+    "run": pl.String, "kind": pl.String, "quantile": pl.Float64, "length_tokens": pl.Float64,
+}
+
+
 def cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS, points: int = 101) -> pl.DataFrame:
     """Whole-run CDF points per run and kind: `points` evenly spaced quantiles q in [0, 1] and the
     length at q (`quantile_cont`, linear interpolation); plotting length against q draws the CDF."""
@@ -277,6 +306,11 @@ def cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = A
 
 
 JOINT_BINS_PER_E = 24
+
+
+JOINT_HISTOGRAM_COLUMNS = {
+    "run": pl.String, "prompt_tokens": pl.Float64, "response_tokens": pl.Float64, "count": pl.Int64,
+}
 
 
 def joint_histogram(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS,

@@ -26,6 +26,13 @@ from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, s
 from polytrace_cli.analyze.registry import register
 
 
+PER_RANK_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "dp_rank": pl.Int64, "basis": pl.String, "estimate": pl.Boolean,
+    "n": pl.Int64, "sum_tokens": pl.Float64, "mean_tokens": pl.Float64, "max_tokens": pl.Float64,
+    "p90_tokens": pl.Float64, "slot_idle": pl.Float64, "straggler_share": pl.Float64,
+}
+
+
 def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run, step and DP rank: N, sum, max and p90 of response lengths, slot idle
     = 1 − sum/(N·max) and straggler share = (max − p90)/max. Step-aggregate runs: one row per step
@@ -54,6 +61,12 @@ def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     return frame(con, sql)
 
 
+PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "basis": pl.String, "estimate": pl.Boolean, "batches": pl.Int64,
+    "slot_idle": pl.Float64, "straggler_share": pl.Float64, "max_slot_idle": pl.Float64,
+}
+
+
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run and step: the mean over the step's DP-rank batches of slot idle and straggler share,
     and the worst rank's slot idle."""
@@ -64,6 +77,12 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
              pl.col("slot_idle").max().alias("max_slot_idle"))
         .sort(["run", "step"])
     )
+
+
+SUMMARY_COLUMNS = {
+    "run": pl.String, "basis": pl.String, "estimate": pl.Boolean, "steps": pl.Int64, "batches": pl.Int64,
+    "mean_slot_idle": pl.Float64, "mean_straggler_share": pl.Float64, "max_slot_idle": pl.Float64,
+}
 
 
 @register("longtail", "decode slots left idle by long responses: slot idle and straggler share per step and rank")
@@ -80,6 +99,11 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
         .with_columns(pl.col("steps").cast(pl.Int64), pl.col("batches").cast(pl.Int64))
         .sort("run")
     )
+
+
+STILL_DECODING_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "position_tokens": pl.Float64, "still_decoding_share": pl.Float64,
+}
 
 
 def still_decoding(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: list[int] | None = None,

@@ -39,6 +39,11 @@ def stages(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
     return tuple(column.removesuffix("_s") for column in run_metadata.stage_columns(con))
 
 
+STEP_TIME_INCLUSION_COLUMNS = {"run": pl.String, "includes_testing": pl.Boolean, "includes_checkpoint": pl.Boolean}
+# The `step_time_inclusion` column saying whether a run's step time counts each extra timer.
+INCLUSION_OF = {"testing": "includes_testing", "save_checkpoint": "includes_checkpoint"}
+
+
 def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
     """Per run: includes_testing, includes_checkpoint (true / false / null = cannot tell), whether
     its step time counts the testing and checkpoint timers, from run meta
@@ -51,8 +56,32 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> p
         keys = run_metadata.EXTRA_TIMERS.values()
         decided = meta if all(key in meta for key in keys) else run_metadata.step_time_inclusion(con, run_id)
         rows.append((name, decided.get("step_time_includes_testing"), decided.get("step_time_includes_checkpoint")))
-    return pl.DataFrame(rows, schema={"run": pl.String, "includes_testing": pl.Boolean,
-                                      "includes_checkpoint": pl.Boolean}, orient="row")
+    return pl.DataFrame(rows, schema=STEP_TIME_INCLUSION_COLUMNS, orient="row")
+
+
+# The columns of `per_step` other than its stage columns: one `<stage>_s` per name of `stages(con)`,
+# placed after `step` (`per_step_columns` gives the full order).
+PER_STEP_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64,
+    **{f"{name}_s": pl.Float64 for name in EXTRA_TIMERS},
+    "step_s": pl.Float64, "stage_sum_s": pl.Float64, "unexplained_s": pl.Float64, "timers_exceed_step": pl.Boolean,
+    "response_length_mean": pl.Float64, "response_length_max": pl.Float64, "testing": pl.Boolean,
+    "checkpoint": pl.Boolean, "truncated_line": pl.Boolean, "restart": pl.Boolean,
+    "validation_only": pl.Boolean,
+}
+
+
+def per_step_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The columns of `per_step`, in order: run, segment, step, one `<stage>_s` per `stages(con)`, then
+    the rest of PER_STEP_COLUMNS."""
+    fixed = list(PER_STEP_COLUMNS)
+    return [*fixed[:3], *(f"{name}_s" for name in stages(con)), *fixed[3:]]
+
+
+def stage_columns_of(per_step_frame: pl.DataFrame) -> list[str]:
+    """The stage columns (`<stage>_s`) of a `per_step` frame, in its order: those it has beyond
+    PER_STEP_COLUMNS."""
+    return [column for column in per_step_frame.columns if column not in PER_STEP_COLUMNS]
 
 
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -101,10 +130,14 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         unexplained_s=pl.when(raw < -ROUNDING_TOLERANCE_S).then(None).when(raw < 0).then(pl.lit(0.0)).otherwise(raw),
         timers_exceed_step=(raw < -ROUNDING_TOLERANCE_S).fill_null(False),
     )
-    ordered = ["run", "segment", "step", *(f"{name}_s" for name in (*names, *EXTRA_TIMERS)), "step_s",
-               "stage_sum_s", "unexplained_s", "timers_exceed_step", "response_length_mean", "response_length_max",
-               "testing", "checkpoint", "truncated_line", "restart", "validation_only"]
-    return detail.select(ordered)
+    return detail.select(per_step_columns(con))
+
+
+STAGE_STATS_COLUMNS = {
+    "run": pl.String, "stage": pl.String, "steps": pl.Int64, "mean_s": pl.Float64, "std_s": pl.Float64,
+    "cv": pl.Float64, "min_s": pl.Float64, "max_s": pl.Float64, "max_over_min": pl.Float64,
+    "p95_over_p50": pl.Float64, "share": pl.Float64,
+}
 
 
 def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -137,11 +170,19 @@ def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
     )
 
 
+SERIES_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "gen_s": pl.Float64,
+    "robust_z": pl.Float64, "reasons": pl.String, "outlier": pl.Boolean,
+    "slow_outlier": pl.Boolean,
+}
+
+
 def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per step with a step time, F5: step_s, gen_s, robust_z = |step_s − median| / (1.4826 · MAD)
     (median and MAD = median |step_s − median| over the run's steps; null when MAD = 0),
-    outlier = robust_z > 3.5, and reasons: the step's flags among testing, checkpoint,
-    truncated_line, restart, validation_only, comma-separated ('' when none)."""
+    outlier = robust_z > 3.5, slow_outlier = outlier on the slow side (step_s > median), and reasons:
+    the step's flags among testing, checkpoint, truncated_line, restart, validation_only,
+    comma-separated ('' when none)."""
     detail = per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
     reason_columns = ("testing", "checkpoint", "truncated_line", "restart", "validation_only")
     median = pl.col("step_s").median().over("run")
@@ -151,10 +192,12 @@ def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange 
     return with_z.select(
         "run", "segment", "step", "step_s", "gen_s",
         robust_z=pl.when(pl.col("mad") > 0).then(pl.col("deviation") / (MAD_SCALE * pl.col("mad"))),
+        slower=pl.col("step_s") > median,
         reasons=pl.concat_list(
             [pl.when(pl.col(name)).then(pl.lit(name)) for name in reason_columns]
         ).list.drop_nulls().list.join(","),
-    ).with_columns(outlier=(pl.col("robust_z") > OUTLIER_Z).fill_null(False))
+    ).with_columns(outlier=(pl.col("robust_z") > OUTLIER_Z).fill_null(False)).with_columns(
+        slow_outlier=pl.col("outlier") & pl.col("slower")).drop("slower")
 
 
 def outliers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -184,6 +227,13 @@ def correlations(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
                 "pearson_p": pl.Float64, "spearman_r": pl.Float64, "spearman_p": pl.Float64},
         orient="row",
     )
+
+
+LENGTH_FIT_COLUMNS = {
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "response_length_max": pl.Float64,
+    "step_s": pl.Float64, "slope_s_per_token": pl.Float64, "intercept_s": pl.Float64, "r": pl.Float64,
+    "fitted_step_s": pl.Float64,
+}
 
 
 def length_fit(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

@@ -46,6 +46,11 @@ def latency(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     )
 
 
+LATENCY_CDF_COLUMNS = {
+    "run": pl.String, "tool": pl.String, "cdf": pl.Float64, "latency_s": pl.Float64,
+}
+
+
 def latency_cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """F8 latency CDF per run × tool: 101 points (cdf = 0, 0.01, ..., 1) with
     latency_s = the linear quantile of the tool's call latencies at cdf."""
@@ -64,6 +69,11 @@ def latency_cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
         """,
         [run_ids, levels, levels],
     )
+
+
+PER_TRAJECTORY_COLUMNS = {
+    "run": pl.String, "measure": pl.String, "value": pl.Int64, "trajectories": pl.Int64, "share": pl.Float64,
+}
 
 
 def per_trajectory(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -112,6 +122,12 @@ def time_split(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
         """,
         [run_ids, run_ids, run_ids],
     )
+
+
+CACHE_BY_TURN_COLUMNS = {
+    "run": pl.String, "turn": pl.Int64, "turns": pl.Int64, "prompt_tokens": pl.Int64,
+    "cached_tokens": pl.Int64, "hit_ratio": pl.Float64,
+}
 
 
 def cache_by_turn(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:

@@ -1,9 +1,10 @@
 """Values and tables for people: every number and boolean the command line prints is formatted here,
 and tables are cut to the terminal's width instead of wrapping their cells.
 
-Formatting (`cell`): null is "—", booleans "yes"/"no", integers with thousands separators, floats
-with at most 3 decimals (trailing zeros dropped), no decimals from 10,000 on, 3 significant digits
-below 0.001 or from 10 million on, NaN as "nan" and infinities as "∞"/"−∞".
+Formatting (`cell`, from `polytrace_cli.display`, which the report shares): null is "—", booleans
+"yes"/"no", integers with thousands separators, floats with at most 3 decimals (trailing zeros
+dropped), no decimals from 10,000 on, 3 significant digits below 0.001 or from 10 million on, NaN as
+"nan" and infinities as "∞"/"−∞".
 
 Fitting (`fit_columns`): a table spends 3 characters per column on padding and rule plus 1 for the
 closing rule. The identity columns (run, kind, ...) always stay; the other columns are kept in the
@@ -24,36 +25,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from polytrace_cli.display import cell
+
 MAX_TEXT = 40
 COLUMN_OVERHEAD = 3
 TABLE_OVERHEAD = 1
-
-
-def cell(value: Any) -> str:
-    """A value as short text for people (rules in the module docstring)."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "∞" if value > 0 else "−∞"
-        if value != 0 and (abs(value) >= 1e7 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        if abs(value) >= 1e4:
-            return f"{value:,.0f}"
-        text = f"{value:,.3f}".rstrip("0").rstrip(".")
-        return "0" if text == "-0" else text
-    if isinstance(value, (list, tuple)):
-        text = ", ".join(cell(v) for v in value[:8])
-        return f"[{text}{', …' if len(value) > 8 else ''}]"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
-    return str(value)
 
 
 def percent(value: float | None) -> str:

@@ -1,35 +1,10 @@
-"""Numbers and tables as text, shared by the HTML and Markdown renderers."""
+"""Tables as text, shared by the HTML and Markdown renderers; every value goes through `display.cell`."""
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import polars as pl
 
-
-def cell(value: Any) -> str:
-    """A value as a short human-readable string: 3 significant decimals, thousands separators, '—' for null."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "∞" if value > 0 else "−∞"
-        if value != 0 and (abs(value) >= 1e7 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        if abs(value) >= 1e4:
-            return f"{value:,.0f}"
-        return f"{value:,.3f}".rstrip("0").rstrip(".")
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, (list, tuple)):
-        text = ", ".join(cell(v) for v in value[:8])
-        return f"[{text}{', …' if len(value) > 8 else ''}]"
-    return str(value)
+from polytrace_cli.display import cell
 
 
 def rows(frame: pl.DataFrame, limit: int | None = None) -> tuple[list[str], list[list[str]]]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
+from polytrace_cli.report.help import WHATIF_NOTE
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
        padding: 0 1rem; color: #1a1a1a; line-height: 1.45; }
 h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; }
-.meta { color: #555; } figure { margin: 1.5rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+.meta { color: #555; } ol.findings li { margin: .25rem 0; } figure { margin: 1.5rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { color: #444; font-size: .92rem; } .omitted { color: #8a4b00; }
 table { border-collapse: collapse; font-size: .85rem; margin: .5rem 0 1rem; display: block; overflow-x: auto; }
 th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: right; white-space: nowrap; }
@@ -28,6 +30,17 @@ window.addEventListener('load', function () {
   }
   document.body.setAttribute('data-images', String(images.length));
   document.body.setAttribute('data-broken-images', String(broken));
+  // Where each figure sits on the page, so a screenshot of the page can be checked figure by figure.
+  var boxes = {};
+  for (var j = 0; j < images.length; j++) {
+    var box = images[j].getBoundingClientRect(), name = images[j].getAttribute('data-figure');
+    if (name) {
+      boxes[name] = [Math.round(box.left + window.scrollX), Math.round(box.top + window.scrollY),
+                     Math.round(box.width), Math.round(box.height)];
+    }
+  }
+  document.body.setAttribute('data-figure-boxes', JSON.stringify(boxes));
+  document.body.setAttribute('data-page-height', String(document.documentElement.scrollHeight));
 });
 """
 
@@ -44,6 +57,34 @@ def table(frame, limit: int | None = SUMMARY_ROW_LIMIT) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>{more}"
 
 
+def findings_section(report) -> str:
+    """The Findings list: the largest `SHOWN` findings, then every `not-measured` one."""
+    measured = [f for f in report.findings if f["cause"] != "not-measured"]
+    unmeasured = [f for f in report.findings if f["cause"] == "not-measured"]
+    items = "".join(f"<li>{escape(f['text'])}</li>" for f in measured[:SHOWN])
+    more = (f"<p class='meta'>{len(measured) - SHOWN} more findings in summary.json</p>"
+            if len(measured) > SHOWN else "")
+    missing = "".join(f"<li>{escape(f['text'])}</li>" for f in unmeasured)
+    missing = f"<ul class='omitted'>{missing}</ul>" if missing else ""
+    listed = f"<ol class='findings'>{items}</ol>" if items else ""
+    return f"<h2 id='findings'>Findings</h2>{listed}{more}{missing}"
+
+
+def help_section(report) -> str:
+    """What would help: the counterfactual savings and where more will come from."""
+    items = "".join(f"<li>{escape(h['text'])}</li>" for h in report.help)
+    body = (f"<ul>{items}</ul>" if items else
+            "<p class='meta'>No counterfactual could be computed: the runs have no data-parallel rank loads.</p>")
+    return f"<h2 id='help'>What would help</h2>{body}<p class='meta'>{escape(WHATIF_NOTE)}</p>"
+
+
+def _left_out(figure) -> str:
+    if not figure.runs_left_out or figure.omitted:
+        return ""
+    text = "; ".join(f"{run}: {reason}" for run, reason in figure.runs_left_out.items())
+    return f" <span class='omitted'>Runs left out: {escape(text)}.</span>"
+
+
 def _figure(figure) -> str:
     anchor = f"id='{escape(figure.id)}'"
     if figure.failed:
@@ -55,7 +96,8 @@ def _figure(figure) -> str:
     data = base64.b64encode(figure.png.read_bytes()).decode("ascii")
     return (f"<figure {anchor}><img src='data:image/png;base64,{data}' alt='{escape(figure.id)} {escape(figure.title)}' "
             f"data-figure='{escape(figure.png.name)}'>"
-            f"<figcaption><strong>{escape(figure.id)}</strong> {escape(figure.title)}. {escape(figure.caption)} "
+            f"<figcaption><strong>{escape(figure.id)}</strong> {escape(figure.title)}. {escape(figure.caption)}"
+            f"{_left_out(figure)} "
             f"(<a href='figures/{escape(figure.svg.name)}'>SVG</a>, <a href='figures/{escape(figure.png.name)}'>PNG</a>)"
             f"</figcaption></figure>")
 
@@ -71,7 +113,10 @@ def render(report) -> str:
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>polytrace: {escape(report.name)}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>polytrace report: {escape(report.name)}</h1><p class='meta'>Runs: {runs}{escape(step_range)}. "
+        f"<h1>polytrace report: {escape(report.name)}</h1>",
+        findings_section(report),
+        help_section(report),
+        f"<h2>Runs</h2><p class='meta'>Runs: {runs}{escape(step_range)}. "
         "Numbers behind every figure are in <a href='summary.json'>summary.json</a> and "
         "<a href='summary.md'>summary.md</a>.</p>",
         "<h2>T1: cross-run summary</h2>",

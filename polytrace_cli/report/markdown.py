@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
+from polytrace_cli.report.help import WHATIF_NOTE
 
 SUMMARY_ROW_LIMIT = 50
 
@@ -20,8 +22,17 @@ def table(frame, limit: int | None = SUMMARY_ROW_LIMIT) -> str:
 
 def render(report) -> str:
     """The Markdown text of a Report."""
-    out = [f"# polytrace report: {report.name}", "",
-           f"Runs: {', '.join(report.runs)}" + (f"; steps {report.steps.first}:{report.steps.last}"
+    out = [f"# polytrace report: {report.name}", "", "## Findings", ""]
+    measured = [f for f in report.findings if f["cause"] != "not-measured"]
+    out += [f"{index}. {f['text']}" for index, f in enumerate(measured[:SHOWN], 1)]
+    out += [f"- {f['text']}" for f in report.findings if f["cause"] == "not-measured"]
+    if len(measured) > SHOWN:
+        out.append(f"\n({len(measured) - SHOWN} more findings in summary.json)")
+    out += ["", "## What would help", ""]
+    out += [f"- {h['text']}" for h in report.help] or \
+        ["No counterfactual could be computed: the runs have no data-parallel rank loads."]
+    out += ["", WHATIF_NOTE, "", "## Runs", ""]
+    out += [f"Runs: {', '.join(report.runs)}" + (f"; steps {report.steps.first}:{report.steps.last}"
                                                  if report.steps.first is not None or report.steps.last is not None else ""),
            "", "## T1: cross-run summary", ""]
     out.append(table(report.table, None) if report.table is not None else f"omitted: {report.table_omitted}")
@@ -32,8 +43,9 @@ def render(report) -> str:
         elif figure.omitted:
             out.append(f"- **{figure.id}** {figure.title}: omitted: {figure.omitted}")
         else:
+            left_out = "; ".join(f"{run}: {reason}" for run, reason in figure.runs_left_out.items())
             out.append(f"- **{figure.id}** {figure.title}: [png](figures/{figure.png.name}), "
-                       f"[svg](figures/{figure.svg.name})")
+                       f"[svg](figures/{figure.svg.name})" + (f". Runs left out: {left_out}." if left_out else ""))
     out += ["", "## Analysis summaries", ""]
     for name, frame in report.summaries.items():
         out += [f"### {name}", ""]

@@ -93,7 +93,7 @@ def thin_step_ticks(ax, steps) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
 
 
-def plain_log_ticks(ax, *axes: str) -> None:
+def plain_log_ticks(ax, *axes: str, narrow_below: float = 2.5) -> None:
     """Log-scaled `axes` ("x", "y") labelled as plain numbers at 1, 2, 5 × 10^k (at 10^k when the axis
     spans 2.5 decades or more), without minor labels
     (matplotlib's default labels every minor tick in mathtext when the span is under a decade, and they overlap)."""
@@ -102,7 +102,7 @@ def plain_log_ticks(ax, *axes: str) -> None:
     for name in axes or ("x", "y"):
         axis = ax.xaxis if name == "x" else ax.yaxis
         low, high = sorted(ax.get_xlim() if name == "x" else ax.get_ylim())
-        narrow = low > 0 and np.log10(high / low) < 2.5  # 1, 2, 5 × 10^k fit; wider spans get decades only
+        narrow = low > 0 and np.log10(high / low) < narrow_below  # 1, 2, 5 × 10^k fit; wider spans get decades only
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=12))
         axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
         axis.set_minor_formatter(NullFormatter())
@@ -111,3 +111,116 @@ def plain_log_ticks(ax, *axes: str) -> None:
 def point_marker(count: int, marker: str = "o", limit: int = 60) -> str | None:
     """`marker` for a line of `count` points, none beyond `limit` (markers on hundreds of steps are clutter)."""
     return marker if count <= limit else None
+
+
+def step_spacing(steps) -> int:
+    """The run's regular step interval: the most common difference between consecutive logged steps when at
+    least two differences share it (a log written every k steps), else 1."""
+    array = np.unique(np.asarray(steps, dtype=np.int64))
+    differences = np.diff(array)
+    if differences.size < 2:
+        return 1
+    values, counts = np.unique(differences, return_counts=True)
+    best = int(np.argmax(counts))
+    return int(values[best]) if counts[best] >= 2 else 1
+
+
+def step_segments(steps) -> list[slice]:
+    """Slices of the sorted `steps` with no missing step inside: a new segment starts wherever consecutive
+    steps are further apart than the run's regular interval (`step_spacing`)."""
+    array = np.asarray(steps, dtype=np.int64)
+    if array.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(array) > step_spacing(array)) + 1
+    edges = [0, *breaks.tolist(), array.size]
+    return [slice(start, end) for start, end in zip(edges[:-1], edges[1:])]
+
+
+def missing_steps(steps) -> int:
+    """How many steps are missing between the first and last logged step, at the run's regular interval."""
+    array = np.unique(np.asarray(steps, dtype=np.int64))
+    if array.size < 2:
+        return 0
+    spacing = step_spacing(array)
+    return int((array[-1] - array[0]) // spacing + 1 - array.size)
+
+
+def plot_steps(ax, steps, values, *, label: str | None = None, marker: str | None = None, **kwargs) -> None:
+    """A line over steps that breaks where steps are missing (no line drawn across a gap); a segment of one
+    step is drawn as a point so it stays visible."""
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    kwargs.setdefault("markersize", 3)
+    for index, part in enumerate(step_segments(steps)):
+        single = part.stop - part.start == 1
+        ax.plot(steps[part], values[part], label=label if index == 0 else None,
+                marker=marker or ("o" if single else None), **kwargs)
+
+
+def fill_steps(ax, steps, low, high, *, label: str | None = None, **kwargs) -> None:
+    """A band over steps that breaks where steps are missing, like `plot_steps`."""
+    steps = np.asarray(steps)
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    for index, part in enumerate(step_segments(steps)):
+        ax.fill_between(steps[part], low[part], high[part], label=label if index == 0 else None, **kwargs)
+
+
+# Two step numberings: a workload step is one rollout call (generation batch) of a PolyTrace trace; a trainer
+# step is one optimizer step of a training log. They differ for DAPO, where several rollout calls feed a step.
+WORKLOAD_STEP = "workload step (rollout call)"
+TRAINER_STEP = "trainer step"
+
+
+def step_axis_label(bases) -> str:
+    """The x label for a step axis whose rows come from the given analysis bases: 'samples' rows are numbered
+    by workload step, step-aggregate rows ('step_aggregates', 'global_seqlen') by trainer step."""
+    kinds = {WORKLOAD_STEP if basis == "samples" else TRAINER_STEP for basis in bases if basis is not None}
+    if kinds == {WORKLOAD_STEP}:
+        return WORKLOAD_STEP
+    if kinds == {TRAINER_STEP}:
+        return TRAINER_STEP
+    return "step (workload step for traces, trainer step for training logs)"
+
+
+def new_grid(count: int, *, columns: int = 3, width: float = 10.0, panel_height: float = 3.6) -> tuple[Figure, list]:
+    """A figure of `count` panels, `columns` to a row (fewer when there are fewer panels), one screen wide;
+    the unused cells of the last row are removed, so no empty panel is drawn."""
+    columns = max(1, min(columns, count))
+    rows = -(-count // columns)
+    figure, axes = new_figure(columns, rows, width=width, height=panel_height * rows)
+    for extra in axes[count:]:
+        figure.delaxes(extra)
+    return figure, list(axes[:count])
+
+
+def label_points(ax, xs, ys, labels, *, colour: str = "#333333", levels: int = 3) -> int:
+    """Annotate points with labels that never overlap: each label sits in one of `levels` rows near the top
+    of the axes, in the first row where it clears the previous label of that row (widths estimated from the
+    label lengths at 7 pt), with a thin line to its point; labels that fit no row are dropped. Returns how
+    many were drawn."""
+    low, high = ax.get_xlim()
+    span = (high - low) or 1.0
+    axes_points = ax.get_position().width * ax.figure.get_figwidth() * 72
+    char_share = 0.62 * 7 / axes_points  # a 7 pt character's width as a share of the axes width
+    last: list[tuple[float, float] | None] = [None] * levels  # (centre, half width) of each row's last label
+    drawn = 0
+    for x, y, text in sorted(zip(xs, ys, labels), key=lambda item: item[0]):
+        position, half = (x - low) / span, len(text) * char_share / 2
+        level = next((i for i in range(levels)
+                      if last[i] is None or position - half > last[i][0] + last[i][1] + 0.01), None)
+        if level is None:
+            continue
+        last[level] = (position, half)
+        ax.annotate(text, (x, y), xytext=(position, 0.97 - 0.09 * level), textcoords="axes fraction",
+                    ha="center", va="top", fontsize=7, color=colour,
+                    arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6, "alpha": 0.7})
+        drawn += 1
+    return drawn
+
+
+def plain_colorbar(colorbar) -> None:
+    """Colour-bar tick labels as plain numbers with thousands separators, no minor labels (a log-scaled bar
+    otherwise mixes 10^1 with 4 × 10^0)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    colorbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+    colorbar.ax.yaxis.set_minor_formatter(NullFormatter())

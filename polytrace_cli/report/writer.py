@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +15,11 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.report import help as what_would_help
 from polytrace_cli.report import html, markdown
+from polytrace_cli.report.findings import build_findings
 from polytrace_cli.report.figures import figure_modules
-from polytrace_cli.report.figures.base import MissingAnalysis, Omitted
+from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.tables import t1_summary
 
 
@@ -33,6 +36,8 @@ class FigureResult:
     failed: str | None = None
     seconds: float = 0.0
     data: dict[str, pl.DataFrame] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)
+    runs_left_out: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,6 +52,8 @@ class Report:
     table_omitted: str | None = None
     summaries: dict[str, pl.DataFrame] = field(default_factory=dict)
     analysis_errors: dict[str, str] = field(default_factory=dict)
+    findings: list[dict] = field(default_factory=list)
+    help: list[dict] = field(default_factory=list)
 
 
 def default_name(names: list[str]) -> str:
@@ -73,14 +80,22 @@ def _summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     return frames, errors
 
 
-def _draw(module, con, run_ids, steps, figures_dir: Path) -> FigureResult:
+def shown_runs(data: dict[str, pl.DataFrame], runs: list[str]) -> list[str]:
+    """The report's runs that have rows in any of a drawn figure's per-run frames (those with a `run`
+    column; a per-group frame names its runs in a frame of its own), in report order."""
+    present = set()
+    for frame in data.values():
+        if frame is not None and frame.height and "run" in frame.columns:
+            present |= set(frame["run"].unique().to_list())
+    return [run for run in runs if run in present]
+
+
+def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str]) -> FigureResult:
     result = FigureResult(module.ID, module.TITLE, module.CAPTION)
     started = time.perf_counter()
     try:
         data = module.frames(con, run_ids, steps)
         drawn = module.render(data)
-    except MissingAnalysis as missing:
-        drawn = Omitted(str(missing))
     except PolytraceError:
         raise
     except Exception as error:  # one broken figure must not cost the whole report; the page shows the failure
@@ -89,8 +104,15 @@ def _draw(module, con, run_ids, steps, figures_dir: Path) -> FigureResult:
         return result
     if isinstance(drawn, Omitted):
         result.omitted = drawn.reason
+        result.runs_left_out = {run: module.LEFT_OUT for run in runs}
     else:
         result.data = data
+        result.runs = shown_runs(data, runs)
+        result.runs_left_out = {run: module.LEFT_OUT for run in runs if run not in result.runs}
+        if result.runs_left_out:
+            # Said in the figure itself too, so a PNG passed around on its own does not hide the runs it lacks.
+            note = f"Not shown ({module.LEFT_OUT}): {', '.join(result.runs_left_out)}"
+            drawn.suptitle("\n".join(textwrap.wrap(note, 150)), fontsize=8, color="#8a4b00")
         stem = f"{module.ID.lower()}_{module.__name__.rsplit('.', 1)[1].split('_', 1)[1]}"
         result.png = figures_dir / f"{stem}.png"
         result.svg = figures_dir / f"{stem}.svg"
@@ -114,12 +136,14 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
         stale.unlink()
     report.summaries, report.analysis_errors = _summaries(con, run_ids, steps)
     for module in figure_modules():
-        report.figures.append(_draw(module, con, run_ids, steps, figures_dir))
+        report.figures.append(_draw(module, con, run_ids, steps, figures_dir, names))
     table = t1_summary.table(con, run_ids, steps, report.summaries)
     if isinstance(table, Omitted):
         report.table_omitted = table.reason
     else:
         report.table = table
+    report.findings = build_findings(con, run_ids, steps, report.summaries)
+    report.help = what_would_help.build_help(report.summaries)
     return report
 
 
@@ -132,17 +156,22 @@ def _rows(frame: pl.DataFrame) -> list[dict]:
 
 
 def summary_document(report: Report) -> dict:
-    """`{analysis: rows}` for every registered analysis, T1, the figures drawn and left out, and per drawn
+    """The findings and what would help, `{analysis: rows}` for every registered analysis, T1, the figures
+    drawn and left out (each with the runs it shows and the runs it left out with the reason), and per drawn
     figure the rows of the analysis frames it was drawn from (`figure_data: {figure id: {frame: rows}}`)."""
     return {
         "report": report.name,
         "runs": report.runs,
+        "findings": report.findings,
+        "what_would_help": report.help,
+        "what_would_help_note": what_would_help.WHATIF_NOTE,
         "analyses": {name: _rows(frame) for name, frame in report.summaries.items()},
         "analysis_errors": report.analysis_errors,
         "table_T1": _rows(report.table) if report.table is not None else None,
         "figures": [{"id": f.id, "title": f.title, "png": f.png.name if f.png else None,
                      "svg": f.svg.name if f.svg else None, "omitted": f.omitted,
-                     "failed": f.failed, "seconds": round(f.seconds, 3)} for f in report.figures],
+                     "failed": f.failed, "seconds": round(f.seconds, 3), "runs": f.runs,
+                     "runs_left_out": f.runs_left_out} for f in report.figures],
         "figure_data": {f.id: {name: _rows(frame) for name, frame in f.data.items() if frame is not None}
                         for f in report.figures if f.png},
     }

@@ -5,32 +5,34 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import lengths
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F1"
 TITLE = "Prompt and response length CDFs"
 CAPTION = "Share of samples at or below each length, per run; x is log-scaled."
 FRAMES = ('cdf',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-sample lengths"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The lengths analysis' whole-run CDF points."""
-    return {"cdf": detail("lengths", "cdf", "length_cdf")(con, run_ids, steps)}
+    return {"cdf": lengths.cdf(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
     """Two panels (prompt, response): one CDF line per run."""
     cdf = data["cdf"]
-    x = first_column(cdf, "length_tokens", "length", "tokens", "value") if cdf is not None else None
-    y = first_column(cdf, "cdf", "share", "quantile", "q") if cdf is not None else None
-    if x is None or y is None or empty(cdf, x, y):
+    x, y = "length_tokens", "quantile"
+    if empty(cdf, x, y):
         return Omitted("the runs have no per-sample lengths")
     figure, axes = style.new_figure(2, 1, width=10, height=4)
     runs = runs_of(cdf)
     for ax, kind in zip(axes, ("prompt", "response")):
-        part = cdf.filter(pl.col("kind") == kind) if "kind" in cdf.columns else cdf
+        part = cdf.filter(pl.col("kind") == kind)
         for index, run in enumerate(runs):
-            line = part.filter(pl.col("run") == run).sort(x) if "run" in part.columns else part.sort(x)
+            line = part.filter(pl.col("run") == run).sort(x)
             line = line.filter(pl.col(x) > 0)
             if line.height:
                 ax.step(line[x].to_numpy(), line[y].to_numpy(), where="post", color=style.colour(index),

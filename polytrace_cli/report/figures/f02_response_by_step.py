@@ -5,18 +5,22 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import lengths
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F2"
-TITLE = "Response length across training steps"
+TITLE = "Response length across steps"
 CAPTION = ("Per step: the band spans p50 to p90 of response length, the solid line is the mean and the dashed "
-           "line p99. Step-aggregate runs show their logged mean with a min–max band.")
+           "line p99. Step-aggregate runs show their logged mean with a min–max band. Lines and bands stop where "
+           "steps are missing.")
 FRAMES = ('per_step',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no response lengths per step"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The lengths analysis' per-step statistics."""
-    return {"per_step": detail("lengths", "per_step")(con, run_ids, steps)}
+    return {"per_step": lengths.per_step(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
@@ -34,17 +38,17 @@ def render(data: dict[str, pl.DataFrame]):
         steps, colour = part["step"].to_numpy(), style.colour(index)
         if part["p50_tokens"].drop_nulls().len() == 0 and part["max_tokens"].drop_nulls().len():
             # Step-aggregate runs: only the logged min and max bound the distribution.
-            ax.fill_between(steps, part["min_tokens"].to_numpy(), part["max_tokens"].to_numpy(),
-                            color=colour, alpha=0.12, linewidth=0, label=f"{run} min–max")
+            style.fill_steps(ax, steps, part["min_tokens"].to_numpy(), part["max_tokens"].to_numpy(),
+                             color=colour, alpha=0.12, linewidth=0, label=f"{run} min–max")
         if part["p50_tokens"].drop_nulls().len():
-            ax.fill_between(steps, part["p50_tokens"].to_numpy(), part["p90_tokens"].to_numpy(),
-                            color=colour, alpha=0.25, linewidth=0, label=f"{run} p50–p90")
+            style.fill_steps(ax, steps, part["p50_tokens"].to_numpy(), part["p90_tokens"].to_numpy(),
+                             color=colour, alpha=0.25, linewidth=0, label=f"{run} p50–p90")
         marker = "o" if len(steps) <= 40 else None
-        ax.plot(steps, part["mean_tokens"].to_numpy(), color=colour, linewidth=1.8, marker=marker, markersize=3,
-                label=f"{run} mean")
+        style.plot_steps(ax, steps, part["mean_tokens"].to_numpy(), color=colour, linewidth=1.8, marker=marker,
+                         label=f"{run} mean")
         if part["p99_tokens"].drop_nulls().len():
-            ax.plot(steps, part["p99_tokens"].to_numpy(), color=colour, linewidth=1.4, linestyle="--",
-                    label=f"{run} p99")
+            style.plot_steps(ax, steps, part["p99_tokens"].to_numpy(), color=colour, linewidth=1.4, linestyle="--",
+                             label=f"{run} p99")
         values += [v for c in ("p50_tokens", "p99_tokens", "mean_tokens") for v in part[c].drop_nulls().to_list()]
     if style.spans_decades(values):
         ax.set_yscale("log")
@@ -52,8 +56,16 @@ def render(data: dict[str, pl.DataFrame]):
         ax.set_ylabel("response length (tokens, log scale)")
     else:
         ax.set_ylabel("response length (tokens)")
-    ax.set_xlabel("training step")
+    ax.set_xlabel(style.step_axis_label(response["basis"].unique().to_list()))
     style.thin_step_ticks(ax, None)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    # One legend entry per run (its colour) and one per line style, instead of one per run × statistic.
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=style.colour(index), label=run) for index, run in enumerate(runs_of(response))]
+    handles += [Line2D([], [], color="#333333", linewidth=1.8, label="mean"),
+                Line2D([], [], color="#333333", linewidth=1.4, linestyle="--", label="p99"),
+                Patch(color="#333333", alpha=0.25, label="p50–p90 (min–max for logs)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.set_title("Response length per step")
     return figure

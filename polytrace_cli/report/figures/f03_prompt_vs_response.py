@@ -6,44 +6,44 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import lengths
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F3"
 TITLE = "Prompt vs response length"
 CAPTION = "Density of (prompt, response) length pairs on log axes, with Pearson r and Spearman ρ per run."
 FRAMES = ('pairs', 'correlation')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-sample prompt and response lengths"
 
-MAX_RUNS = 3
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The lengths analysis' (prompt, response) pair counts and correlation."""
-    return {"pairs": detail("lengths", "joint_histogram", "length_pairs", "joint")(con, run_ids, steps),
-            "correlation": detail("lengths", "correlation")(con, run_ids, steps)}
+    return {"pairs": lengths.joint_histogram(con, run_ids, steps),
+            "correlation": lengths.correlation(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
-    """One hexbin per run (up to three), coloured by sample count on a log scale."""
+    """One hexbin per run (three to a row), coloured by sample count on a log scale."""
     pairs, correlation = data["pairs"], data["correlation"]
-    x = first_column(pairs, "prompt_tokens", "prompt_len") if pairs is not None else None
-    y = first_column(pairs, "response_tokens", "response_len") if pairs is not None else None
-    if x is None or y is None or empty(pairs, x, y):
+    x, y = "prompt_tokens", "response_tokens"
+    if empty(pairs, x, y):
         return Omitted("the runs have no per-sample prompt and response lengths")
-    weight = first_column(pairs, "count", "samples", "n")
-    runs = runs_of(pairs)[:MAX_RUNS]
-    figure, axes = style.new_figure(len(runs), 1, width=max(5.0, 4.4 * len(runs)), height=4.2)
+    runs = runs_of(pairs)
+    figure, axes = style.new_grid(len(runs), panel_height=3.8)
     for ax, run in zip(axes, runs):
         part = pairs.filter((pl.col("run") == run) & (pl.col(x) > 0) & (pl.col(y) > 0))
         if part.height == 0:
             ax.set_axis_off()
             continue
-        counts = part[weight].to_numpy().astype(float) if weight else None
+        counts = part["count"].to_numpy().astype(float)
         art = ax.hexbin(part[x].to_numpy(), part[y].to_numpy(), C=counts,
-                        reduce_C_function=np.sum if weight else None, gridsize=40, xscale="log", yscale="log",
+                        reduce_C_function=np.sum, gridsize=40, xscale="log", yscale="log",
                         bins="log", cmap=style.SEQUENTIAL_CMAP, mincnt=1, linewidths=0)
-        figure.colorbar(art, ax=ax, label="samples")
+        style.plain_colorbar(figure.colorbar(art, ax=ax, label="samples"))
         ax.grid(False)
-        style.plain_log_ticks(ax, "x", "y")
+        style.plain_log_ticks(ax, "x", "y", narrow_below=1.0)  # narrow panels: 1-2-5 labels would collide
         ax.set_xlabel("prompt length (tokens, log)")
         ax.set_ylabel("response length (tokens, log)")
         r = correlation.filter(pl.col("run") == run) if not empty(correlation, "run") else None

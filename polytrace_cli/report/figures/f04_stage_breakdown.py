@@ -6,46 +6,71 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import stages as stage_analysis
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F4"
 TITLE = "Step-time breakdown by stage"
-CAPTION = ("Seconds per stage for each step, stacked (bars, or stacked bands beyond 200 steps); "
-           "the remainder up to the step time is unexplained.")
-FRAMES = ('stages',)
+CAPTION = ("Seconds per stage for each step, stacked (bars, or stacked bands beyond 200 steps): every stage the "
+           "logs time, weight sync included, then validation and checkpoint saving where the step time counts them; "
+           "the remainder up to the logged step time (black marks) is unexplained.")
+FRAMES = ('stages', 'inclusion')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-step stage timings"
 
-STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic", "unexplained")
-MAX_PANELS = 4
+UNEXPLAINED_COLUMN = "unexplained_s"
+UNEXPLAINED = UNEXPLAINED_COLUMN.removesuffix("_s")
 MAX_BARS = 200
+# The palette without its black (black marks the step time), then three more colour-blind-safe colours
+# (Paul Tol's muted scheme) so a PPO run's nine stages get nine colours.
+STAGE_COLOURS = (*(c for c in style.OKABE_ITO if c != "#000000"), "#44AA99", "#999933", "#AA4499")
+# Validation and checkpoint saving are overheads, not stages of the RL step: dark colours of their own.
+OVERHEAD_COLOURS = {"testing": "#882255", "save_checkpoint": "#332288"}
+UNEXPLAINED_COLOUR = "#BBBBBB"
+STEP_TIME_LABEL = "step time"
+LEGEND_NAMES = {"testing": "validation", "save_checkpoint": "checkpoint"}
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
-    """The steps analysis' per-step stage seconds."""
-    return {"stages": detail("stages", "per_step")(con, run_ids, steps)}
+    """The stages analysis' per-step stage seconds, and per run whether its step time counts validation and
+    checkpoint saving (only for the runs with per-step rows)."""
+    per_step = stage_analysis.per_step(con, run_ids, steps)
+    inclusion = stage_analysis.step_time_inclusion(con, run_ids)
+    return {"stages": per_step, "inclusion": inclusion.filter(pl.col("run").is_in(per_step["run"].unique().implode()))}
 
 
-def _long(stages: pl.DataFrame) -> pl.DataFrame:
-    if "stage" in stages.columns:
-        value = "seconds" if "seconds" in stages.columns else "value"
-        return stages.select("run", "step", pl.col("stage").str.replace(r"_s$", ""), pl.col(value).alias("seconds"))
-    if "segment" in stages.columns:
-        stages = stages.sort("run", "segment", "step", nulls_last=False)
-    wide = [c for c in stages.columns if c.removesuffix("_s") in STAGES and c.endswith("_s")]
-    return (stages.select("run", "step", *wide)
-            .unpivot(index=["run", "step"], variable_name="stage", value_name="seconds")
-            .with_columns(pl.col("stage").str.replace(r"_s$", "")))
+def drawn_stages(per_step: pl.DataFrame, inclusion: pl.DataFrame) -> pl.DataFrame:
+    """(run, segment, step, stage, seconds) of what each run's bars stack, in drawing order: the analysis'
+    stages (`stages.stage_columns_of`), the validation and checkpoint timers (`testing`, `save_checkpoint`)
+    when the run's step time counts them (or cannot tell: then the analysis leaves the step's remainder
+    unknown and none is drawn), then the unexplained remainder."""
+    names = [column.removesuffix("_s") for column in stage_analysis.stage_columns_of(per_step)]
+    joined = per_step.join(inclusion, on="run", how="left")
+    columns = [pl.col(f"{name}_s").alias(name) for name in names]
+    for timer in stage_analysis.EXTRA_TIMERS:
+        counted = pl.col(stage_analysis.INCLUSION_OF[timer]).fill_null(True)
+        columns.append(pl.when(counted).then(pl.col(f"{timer}_s")).alias(timer))
+    columns.append(pl.col(UNEXPLAINED_COLUMN).alias(UNEXPLAINED))
+    order = [*names, *stage_analysis.EXTRA_TIMERS, UNEXPLAINED]
+    return (joined.sort("run", "segment", "step", nulls_last=False).select("run", "segment", "step", *columns)
+            .unpivot(index=["run", "segment", "step"], variable_name="stage", value_name="seconds")
+            .filter(pl.col("seconds").is_not_null() & (pl.col("seconds") > 0))
+            .with_columns(order=pl.col("stage").replace_strict(order, list(range(len(order))))))
 
 
 def render(data: dict[str, pl.DataFrame]):
-    """One panel per run (up to four): stacked bars of the stages' seconds, step on x."""
-    stages = data["stages"]
-    if empty(stages, "step"):
+    """One panel per run: stacked bars of the stages' seconds, step on x, the logged step time marked."""
+    per_step = data["stages"]
+    if empty(per_step, "step"):
         return Omitted("the runs have no per-step stage timings (step-aggregate logs such as verl's timing_s/*)")
-    long = _long(stages).filter(pl.col("stage").is_in(STAGES) & pl.col("seconds").is_not_null()
-                                & (pl.col("seconds") > 0))
+    long = drawn_stages(per_step, data["inclusion"])
     if long.height == 0:
         return Omitted("the runs log no stage seconds")
-    runs = runs_of(long)[:MAX_PANELS]
+    order = long.sort("order")["stage"].unique(maintain_order=True).to_list()
+    stage_names = [stage for stage in order if stage != UNEXPLAINED and stage not in OVERHEAD_COLOURS]
+    colours = {stage: STAGE_COLOURS[index % len(STAGE_COLOURS)] for index, stage in enumerate(stage_names)}
+    colours |= OVERHEAD_COLOURS | {UNEXPLAINED: UNEXPLAINED_COLOUR}
+    runs = runs_of(long)
     figure, axes = style.new_figure(1, len(runs), width=10, height=3.4 * len(runs))
     for ax, run in zip(axes, runs):
         part = long.filter(pl.col("run") == run)
@@ -54,19 +79,25 @@ def render(data: dict[str, pl.DataFrame]):
         steps = table["step"].to_numpy()
         bottom = np.zeros(len(steps))
         width = 0.85 if len(steps) < 2 else 0.85 * float(np.min(np.diff(steps)))
-        for index, stage in enumerate(s for s in STAGES if s in table.columns):
+        for stage in (s for s in order if s in table.columns):
             values = table[stage].to_numpy().astype(float)
-            colour = "#BBBBBB" if stage == "unexplained" else style.colour(index)
             if len(steps) <= MAX_BARS:
-                ax.bar(steps, values, bottom=bottom, width=width, color=colour, label=stage, linewidth=0)
+                ax.bar(steps, values, bottom=bottom, width=width, color=colours[stage], label=LEGEND_NAMES.get(stage, stage), linewidth=0)
             else:  # thousands of bars draw slowly and unreadably: stacked step bands instead, one polygon per stage
-                ax.fill_between(steps, bottom, bottom + values, step="mid", color=colour, label=stage, linewidth=0)
+                style.fill_steps(ax, steps, bottom, bottom + values, step="mid", color=colours[stage],
+                                 label=LEGEND_NAMES.get(stage, stage), linewidth=0)
             bottom += values
-        ax.set_xlabel("training step")
+        logged = (per_step.filter((pl.col("run") == run) & pl.col("step_s").is_not_null())
+                  .group_by("step").agg(pl.col("step_s").last()).sort("step"))
+        if logged.height:
+            ax.scatter(logged["step"].to_numpy(), logged["step_s"].to_numpy(), marker="_", color="black",
+                       s=60 if len(steps) <= MAX_BARS else 8, linewidths=1.2, label=STEP_TIME_LABEL, zorder=3)
+        ax.set_xlabel(style.TRAINER_STEP)
         ax.set_ylabel("seconds")
         ax.set_title(f"{run}: stage seconds per step" if run else "stage seconds per step")
         style.thin_step_ticks(ax, steps)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    if len(runs_of(long)) > MAX_PANELS:
-        figure.suptitle(f"first {MAX_PANELS} of {len(runs_of(long))} runs", fontsize=9)
+        handles, labels = ax.get_legend_handles_labels()
+        # Stages in stacking order, the step-time mark last (matplotlib lists bars after markers).
+        ordered = sorted(zip(handles, labels), key=lambda pair: pair[1] == STEP_TIME_LABEL)
+        ax.legend(*zip(*ordered), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return figure

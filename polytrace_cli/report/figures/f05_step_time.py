@@ -5,53 +5,69 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import stages
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F5"
 TITLE = "Step-time fluctuation"
-CAPTION = ("Step and generation seconds per step. Crosses mark outlier steps (robust z-score > 3.5) labelled "
-           "with their reason; the longest and shortest step are annotated with max/min.")
+CAPTION = ("Step and generation seconds per trainer step. Marked: steps a robust rule calls slow (robust z > "
+           "3.5 above the run's median step time). Triangles are explained overheads (validation, checkpoint); "
+           "crosses are anomalies (no such reason). The slowest few are labelled.")
 FRAMES = ('series',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no step time logged"
 
-MAX_PANELS = 4
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The steps analysis' step/gen time series with outlier flags."""
-    return {"series": detail("stages", "series")(con, run_ids, steps)}
+    return {"series": stages.series(con, run_ids, steps)}
+
+
+TOP_LABELS = 4
+REASON_NAMES = {"testing": "validation", "checkpoint": "checkpoint", "truncated_line": "truncated log line",
+                "restart": "restart", "validation_only": "validation only"}
+
+
+def _label(reasons: str, z: float) -> str:
+    named = [REASON_NAMES.get(reason, reason) for reason in reasons.split(",") if reason]
+    return f"{' + '.join(named) if named else 'anomaly'} (z {z:.1f})"
 
 
 def render(data: dict[str, pl.DataFrame]):
-    """One panel per run: step and gen seconds, outliers marked with their reason, max and min annotated."""
+    """One panel per run: step and gen seconds, slow steps marked (explained overheads apart from anomalies)
+    and the slowest few labelled without overlap."""
     series = data["series"]
-    step_col = first_column(series, "step_s", "step_seconds") if series is not None else None
-    if step_col is None or empty(series, step_col):
+    step_col, gen_col = "step_s", "gen_s"
+    if empty(series, step_col):
         return Omitted("the runs log no step time (step-aggregate logs such as verl's timing_s/step)")
-    gen_col = first_column(series, "gen_s", "gen_seconds")
-    runs = [r for r in runs_of(series) if series.filter(pl.col("run") == r)[step_col].drop_nulls().len()][:MAX_PANELS]
+    runs = [r for r in runs_of(series) if series.filter(pl.col("run") == r)[step_col].drop_nulls().len()]
     figure, axes = style.new_figure(1, len(runs), width=10, height=3.4 * len(runs))
     for ax, run in zip(axes, runs):
         part = series.filter((pl.col("run") == run) & pl.col(step_col).is_not_null()).sort("step")
         steps = part["step"].to_numpy()
-        ax.plot(steps, part[step_col].to_numpy(), color=style.colour(0), linewidth=1.4, label="step")
-        if gen_col and part[gen_col].drop_nulls().len():
-            ax.plot(steps, part[gen_col].to_numpy(), color=style.colour(1), linewidth=1.2, label="gen")
-        if "outlier" in part.columns:
-            outliers = part.filter(pl.col("outlier"))
-            if outliers.height:
-                ax.scatter(outliers["step"], outliers[step_col], marker="x", s=50, color=style.colour(3),
-                           zorder=5, label="outlier")
-                reasons = outliers["reasons"].to_list() if "reasons" in outliers.columns else [None] * outliers.height
-                for step, seconds, reason in zip(outliers["step"], outliers[step_col], reasons):
-                    ax.annotate(reason or "unexplained", (step, seconds), textcoords="offset points", xytext=(4, 6),
-                                fontsize=7, color=style.colour(3))
+        style.plot_steps(ax, steps, part[step_col].to_numpy(), color=style.colour(0), linewidth=1.4, label="step")
+        if part[gen_col].drop_nulls().len():
+            style.plot_steps(ax, steps, part[gen_col].to_numpy(), color=style.colour(1), linewidth=1.2, label="gen")
+        slow = part.filter(pl.col("slow_outlier")).with_columns(
+            explained=pl.col("reasons").str.contains(r"\b(testing|checkpoint)\b"))
+        explained, anomalies = slow.filter(pl.col("explained")), slow.filter(~pl.col("explained"))
+        if explained.height:
+            ax.scatter(explained["step"], explained[step_col], marker="^", s=40, color="#777777", zorder=5,
+                       label="slow: validation / checkpoint")
+        if anomalies.height:
+            ax.scatter(anomalies["step"], anomalies[step_col], marker="x", s=50, color=style.colour(3), zorder=5,
+                       label="slow: anomaly")
+        top = slow.sort("robust_z", descending=True).head(TOP_LABELS)
+        # Head room above the data for the label rows.
+        ax.set_ylim(0, part[step_col].max() * (1.45 if top.height else 1.1))
+        names = [_label(reasons, z) for reasons, z in zip(top["reasons"], top["robust_z"])]
+        style.label_points(ax, top["step"].to_list(), top[step_col].to_list(), names)
         high, low = part[step_col].max(), part[step_col].min()
         ratio = f"max/min = {high / low:.2f}" if low and low > 0 else "max/min undefined"
-        ax.text(0.01, 0.97, f"max {high:.1f} s, min {low:.1f} s, {ratio}", transform=ax.transAxes,
-                va="top", fontsize=8, color="#333333")
-        ax.set_xlabel("training step")
+        ax.set_title(f"{run}: step and gen time (max {high:.1f} s, min {low:.1f} s, {ratio})")
+        ax.set_xlabel(style.TRAINER_STEP)
         ax.set_ylabel("seconds")
-        ax.set_title(f"{run}: step and gen time" if run else "step and gen time")
         style.thin_step_ticks(ax, None)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return figure

@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import longtail
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F7"
 TITLE = "Long tail of generation"
@@ -13,6 +14,8 @@ CAPTION = ("Left: share of a step's responses still decoding at each decode posi
            "most idle steps. "
            "Right: slot idle per step, 1 − Σl / (N·max l): the share of decode slots left waiting for the longest response.")
 FRAMES = ('decoding', 'per_step')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no response lengths"
 
 
 
@@ -35,22 +38,20 @@ def selected_steps(per_step: pl.DataFrame) -> list[int]:
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The longtail analysis' per-step slot idle, and its still-decoding curves for the selected steps."""
-    per_step = detail("longtail", "per_step")(con, run_ids, steps)
-    decoding = detail("longtail", "still_decoding")(con, run_ids, selected_steps(per_step))
+    per_step = longtail.per_step(con, run_ids, steps)
+    decoding = longtail.still_decoding(con, run_ids, selected_steps(per_step))
     return {"decoding": decoding, "per_step": per_step}
 
 
 def render(data: dict[str, pl.DataFrame]):
     """Two panels: still-decoding curves (one per run × selected step) and slot idle per step per run."""
     decoding, per_step = data["decoding"], data["per_step"]
-    position = first_column(decoding, "position_tokens", "position") if decoding is not None else None
-    share = first_column(decoding, "still_decoding_share", "share") if decoding is not None else None
-    idle = first_column(per_step, "slot_idle", "slot_idle_share") if per_step is not None else None
-    if (position is None or share is None or empty(decoding, position, share)) and (idle is None or empty(per_step, idle)):
+    position, share, idle = "position_tokens", "still_decoding_share", "slot_idle"
+    if empty(decoding, position, share) and empty(per_step, idle):
         return Omitted("the runs have no per-sample response lengths")
-    has_curves = bool(position and share and not empty(decoding, position, share))
-    has_idle = bool(idle and not empty(per_step, idle))
-    figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=11 if has_curves and has_idle else 6,
+    has_curves = not empty(decoding, position, share)
+    has_idle = not empty(per_step, idle)
+    figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=10,
                                     height=4.2)
     if has_curves:
         left = axes[0]
@@ -71,10 +72,10 @@ def render(data: dict[str, pl.DataFrame]):
         series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step")
         for index, run in enumerate(runs_of(series)):
             part = series.filter(pl.col("run") == run)
-            right.plot(part["step"], part[idle], color=style.colour(index), marker=style.point_marker(part.height), markersize=3,
-                       linewidth=1.4, label=run)
+            style.plot_steps(right, part["step"], part[idle], color=style.colour(index),
+                             marker=style.point_marker(part.height), linewidth=1.4, label=run)
         right.set_ylim(0, 1)
-        right.set_xlabel("training step")
+        right.set_xlabel(style.step_axis_label(per_step["basis"].unique().to_list()))
         right.set_ylabel("slot idle share")
         right.set_title("Slot idle per step" if has_curves else
                         "Slot idle per step\n(no per-sample lengths, so no still-decoding curves)")

@@ -5,52 +5,48 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, first_column, runs_of
+from polytrace_cli.analyze import tools
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F8"
 TITLE = "Tool calls"
 CAPTION = ("Left: tool latency CDF per tool (log x). Middle: share of trajectories by number of turns. "
            "Right: prefix-cache hit ratio Σ cached / Σ prompt tokens by turn index.")
 FRAMES = ('latency', 'turns', 'cache')
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no multi-turn trajectories or tool calls"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The tools analysis' latency CDF, turns distribution and cache hit by turn."""
-    return {"latency": detail("tools", "latency_cdf")(con, run_ids, steps),
-            "turns": detail("tools", "per_trajectory")(con, run_ids, steps),
-            "cache": detail("tools", "cache_by_turn")(con, run_ids, steps)}
+    return {"latency": tools.latency_cdf(con, run_ids, steps),
+            "turns": tools.per_trajectory(con, run_ids, steps),
+            "cache": tools.cache_by_turn(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
     """Three panels; a panel whose frame is empty says so instead of drawing empty axes."""
     latency, turns, cache = data["latency"], data["turns"], data["cache"]
-    if turns is not None and "measure" in turns.columns:
-        turns = turns.filter(pl.col("measure") == "turns").rename({"value": "turns"})
-    lat_x = first_column(latency, "latency_s", "seconds") if latency is not None else None
-    lat_y = first_column(latency, "quantile", "cdf", "share") if latency is not None else None
-    turn_x = first_column(turns, "turns") if turns is not None else None
-    turn_y = first_column(turns, "share", "trajectories", "count") if turns is not None else None
-    hit = first_column(cache, "hit_ratio", "cache_hit_ratio") if cache is not None else None
+    if turns is not None and turns.height:
+        turns = turns.filter(pl.col("measure") == "turns")
+    lat_x, lat_y, turn_x, turn_y, hit = "latency_s", "cdf", "value", "share", "hit_ratio"
     has = {
-        "latency": lat_x is not None and lat_y is not None and not empty(latency, lat_x, lat_y),
-        "turns": turn_x is not None and turn_y is not None and not empty(turns, turn_x, turn_y),
-        "cache": hit is not None and not empty(cache, hit),
+        "latency": not empty(latency, lat_x, lat_y),
+        "turns": not empty(turns, turn_x, turn_y),
+        "cache": not empty(cache, hit),
     }
     if not any(has.values()):
         return Omitted("the runs have no multi-turn trajectories or tool calls")
     count = sum(has.values())
-    figure, axes = style.new_figure(count, 1, width=max(5.0, 4.0 * count), height=4.0)
+    figure, axes = style.new_figure(count, 1, width=10, height=4.0)
     panels = iter(axes)  # one panel per part with data, left to right; none drawn empty
     left = next(panels) if has["latency"] else None
     middle = next(panels) if has["turns"] else None
     right = next(panels) if has["cache"] else None
     if has["latency"]:
-        series = latency.select("run", "tool").unique(maintain_order=True) if "tool" in latency.columns \
-            else latency.select("run").unique(maintain_order=True).with_columns(tool=pl.lit(None, pl.String))
+        series = latency.select("run", "tool").unique(maintain_order=True)
         for index, (run, tool) in enumerate(series.iter_rows()):
-            part = latency.filter(pl.col("run") == run)
-            if tool is not None:
-                part = part.filter(pl.col("tool") == tool)
+            part = latency.filter((pl.col("run") == run) & (pl.col("tool") == tool))
             part = part.filter(pl.col(lat_x) > 0).sort(lat_x)
             label = f"{run}: {tool}" if len(runs_of(series)) > 1 else (tool or run)
             left.step(part[lat_x], part[lat_y], where="post", color=style.colour(index), linewidth=1.4, label=label)
@@ -69,7 +65,7 @@ def render(data: dict[str, pl.DataFrame]):
             middle.bar(part[turn_x].to_numpy() + (index - (len(runs) - 1) / 2) * width, part[turn_y], width=width,
                        color=style.colour(index), label=run)
         middle.set_xlabel("turns per trajectory")
-        middle.set_ylabel("share of trajectories" if turn_y == "share" else "trajectories")
+        middle.set_ylabel("share of trajectories")
         middle.set_title("Turns per trajectory")
         middle.xaxis.get_major_locator().set_params(integer=True)
         if len(runs) > 1:

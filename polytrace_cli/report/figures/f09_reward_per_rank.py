@@ -6,21 +6,23 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty, runs_of
+from polytrace_cli.analyze import imbalance
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F9"
 TITLE = "Reward time per rank"
 CAPTION = ("Seconds each data-parallel rank spent computing rewards in each step; the step waits for the "
            "slowest rank (black: max across ranks).")
 FRAMES = ('reward',)
+# Why a run without this figure's data is left out of it.
+LEFT_OUT = "no per-rank reward timings"
 
-MAX_RUNS = 3
 MAX_LINES = 8
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The imbalance analysis' reward seconds per step × rank."""
-    return {"reward": detail("imbalance", "reward_per_rank")(con, run_ids, steps)}
+    return {"reward": imbalance.reward_per_rank(con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
@@ -28,18 +30,19 @@ def render(data: dict[str, pl.DataFrame]):
     reward = data["reward"]
     if empty(reward, "seconds"):
         return Omitted("the runs have no per-rank reward timings (reward_timings traces)")
-    runs = runs_of(reward)[:MAX_RUNS]
-    figure, axes = style.new_figure(len(runs), 1, width=max(6.0, 4.6 * len(runs)), height=4.0)
+    runs = runs_of(reward)
+    figure, axes = style.new_grid(len(runs), columns=2, panel_height=3.8)
     for ax, run in zip(axes, runs):
         part = reward.filter(pl.col("run") == run).sort("step", "dp_rank")
         ranks = part["dp_rank"].unique().sort().to_list()
         if len(ranks) <= MAX_LINES:
             for index, rank in enumerate(ranks):
                 line = part.filter(pl.col("dp_rank") == rank)
-                ax.plot(line["step"], line["seconds"], color=style.colour(index), linewidth=1.2, label=f"rank {rank}",
-                        marker=style.point_marker(line.height), markersize=3)
+                style.plot_steps(ax, line["step"], line["seconds"], color=style.colour(index), linewidth=1.2,
+                                 label=f"rank {rank}", marker=style.point_marker(line.height))
             worst = part.group_by("step").agg(pl.col("seconds").max()).sort("step")
-            ax.plot(worst["step"], worst["seconds"], color="#777777", linewidth=0.8, linestyle=":", label="max")
+            style.plot_steps(ax, worst["step"], worst["seconds"], color="#777777", linewidth=0.8,
+                             linestyle=":", label="max")
             ax.set_ylabel("reward seconds")
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
         else:
@@ -52,7 +55,7 @@ def render(data: dict[str, pl.DataFrame]):
             ax.grid(False)
             ax.set_ylabel("DP rank")
             figure.colorbar(image, ax=ax, label="reward seconds")
-        ax.set_xlabel("training step")
+        ax.set_xlabel(style.WORKLOAD_STEP)
         ax.set_title(f"{run}: reward seconds per rank" if run else "reward seconds per rank")
         style.thin_step_ticks(ax, None)
     return figure

@@ -5,20 +5,24 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from polytrace_cli.analyze import fleet as fleet_analysis
 from polytrace_cli.report import style
-from polytrace_cli.report.figures.base import Omitted, detail, empty
+from polytrace_cli.report.figures.base import Omitted, empty
 
 ID = "F12"
 TITLE = "Runs by task"
 CAPTION = ("Per task, over all its runs: response-length p50, p90, p99 and max of the pooled training samples; "
            "the mean of the runs' step-time CV (runs with at least 3 timed steps); mean λ over all steps, "
            "with the largest λ as a tick. n = runs contributing.")
-FRAMES = ("fleet",)
+FRAMES = ("fleet", "runs")
+# Why a run without this figure's data is left out of it (every run has a task group, "(no task)" at worst).
+LEFT_OUT = "no task group"
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
-    """The fleet analysis grouped by task."""
-    return {"fleet": detail("fleet", "by_group")(con, run_ids, "task", steps)}
+    """The fleet analysis grouped by task, and each run's task group (the runs the figure covers)."""
+    return {"fleet": fleet_analysis.by_group(con, run_ids, "task", steps),
+            "runs": fleet_analysis.run_groups(con, run_ids, "task")}
 
 
 def _labels(fleet: pl.DataFrame) -> list[str]:
@@ -37,9 +41,9 @@ def render(data: dict[str, pl.DataFrame]):
     figure, axes = style.new_figure(3, 1, width=12, height=4)
 
     lengths, cv, imbalance = axes
-    quantiles = [("response_p50_tokens", "p50", "o"), ("response_p90_tokens", "p90", "v"),
-                 ("response_p99_tokens", "p99", "^"), ("response_max_tokens", "max", "s")]
-    for index, (column, name, marker) in enumerate(quantiles):
+    quantiles = {"response_p50_tokens": ("p50", "o"), "response_p90_tokens": ("p90", "v"),
+                 "response_p99_tokens": ("p99", "^"), "response_max_tokens": ("max", "s")}
+    for index, (column, (name, marker)) in enumerate(quantiles.items()):
         values = fleet[column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
         lengths.plot(x, values, linestyle="none", marker=marker, color=style.colour(index), label=name)
     lengths.set_yscale("log")

@@ -1,0 +1,169 @@
+"""Findings: where the runs' time and work go, largest first, built from the registered analyses.
+
+Each finding is a dict `{cause, seconds, share, steps, text}` (plus `run`):
+
+- cause: what the time or work is lost to (`slot-idle`, `dp-idle`, `validation`, `checkpoint`,
+  `stage:<name>`, `dapo-discarded`), or `not-measured` for what the runs cannot tell;
+- seconds: seconds of step time it took over the steps counted, when the logs time it (else null);
+- share: its share of the quantity named in the text (step time, decode slots, rank time, tokens);
+- steps: how many steps it was measured over;
+- text: one sentence saying all that.
+
+The shares:
+
+- slot idle (longtail) = mean over (step, rank) batches of 1 − Σl / (N · max l): decode slots waiting
+  for the batch's longest response;
+- DP idle (imbalance) = 1 − 1/λ on the quantity that sets the step time (`saving_basis`: makespan λ for
+  sampled runs, token λ for global_seqlen runs), averaged over steps: rank time spent waiting for the
+  slowest rank;
+- validation / checkpoint = Σ testing_s (save_checkpoint_s) / Σ step time, over the steps with a step
+  time; when the step timer excludes them (`stages.step_time_inclusion`), over Σ (step_s + that timer);
+- stage:<name> = the largest stage's share of step time (stages summary `share`);
+- DAPO discarded = the filtering summary's discarded_token_share (tokens generated for prompts the
+  filter dropped).
+
+`polytrace explain` ranks one run's causes by seconds from its step-time model (`diagnose.findings`);
+this module is the one place the report builds its findings, from the analyses.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from polytrace_cli.analyze import filtering, imbalance, longtail, stages
+from polytrace_cli.analyze.common import StepRange, run_names
+
+FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text")
+# Findings shown on the page; every finding is in summary.json.
+SHOWN = 8
+
+
+def _finding(run: str, cause: str, seconds: float | None, share: float | None, steps: int, text: str) -> dict:
+    return {"run": run, "cause": cause, "seconds": seconds, "share": share, "steps": int(steps), "text": text}
+
+
+def _rows(summary: pl.DataFrame | None, schema: dict) -> pl.DataFrame:
+    return summary if summary is not None and summary.height else pl.DataFrame(schema=schema)
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+def _step_word(count: int, basis: str | None) -> str:
+    word = "workload step" if basis == "samples" else "trainer step"
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _longtail(summary: pl.DataFrame) -> list[dict]:
+    out = []
+    for row in _rows(summary, longtail.SUMMARY_COLUMNS).iter_rows(named=True):
+        if row["mean_slot_idle"] is None:
+            continue
+        estimate = " (estimated from per-step mean and max)" if row["estimate"] else ""
+        out.append(_finding(
+            row["run"], "slot-idle", None, row["mean_slot_idle"], row["steps"],
+            f"{row['run']}: {_percent(row['mean_slot_idle'])} of decode slots sit idle waiting for the longest "
+            f"response of their batch{estimate}, over {_step_word(row['steps'], row['basis'])}."))
+    return out
+
+
+def _imbalance(summary: pl.DataFrame) -> list[dict]:
+    out = []
+    for row in _rows(summary, imbalance.SUMMARY_COLUMNS).iter_rows(named=True):
+        if row["mean_lambda"] is None:
+            continue
+        if row["saving_basis"] == "makespan" and row["mean_makespan_lambda"]:
+            share, what = 1 - 1 / row["mean_makespan_lambda"], f"makespan λ {row['mean_makespan_lambda']:.2f}"
+        else:
+            share, what = row["mean_idle_share"], f"token λ {row['mean_lambda']:.2f}"
+        if share is None:
+            continue
+        out.append(_finding(
+            row["run"], "dp-idle", None, share, row["steps"],
+            f"{row['run']}: data-parallel ranks wait {_percent(share)} of their time for the slowest rank "
+            f"({what}, which sets the step time), over {_step_word(row['steps'], row['basis'])}."))
+    return out
+
+
+def _overheads(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> list[dict]:
+    detail = stages.per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
+    if detail.height == 0:
+        return []
+    inclusion = stages.step_time_inclusion(con, run_ids)
+    out = []
+    for cause, column, flag, name in (
+            ("validation", "testing_s", "includes_testing", "validation"),
+            ("checkpoint", "save_checkpoint_s", "includes_checkpoint", "checkpoint saving")):
+        included = dict(zip(inclusion["run"].to_list(), inclusion[flag].to_list()))
+        totals = detail.group_by("run", maintain_order=True).agg(
+            seconds=pl.col(column).fill_null(0).sum(), step_seconds=pl.col("step_s").sum(),
+            steps=(pl.col(column).fill_null(0) > 0).sum(), all_steps=pl.len())
+        for row in totals.iter_rows(named=True):
+            if not row["seconds"]:
+                continue
+            inside = included.get(row["run"])
+            total = row["step_seconds"] + (0 if inside is not False else row["seconds"])
+            caveat = " (assuming the step timer includes it)" if inside is None else ""
+            share = row["seconds"] / total if total else None
+            out.append(_finding(
+                row["run"], cause, row["seconds"], share, row["steps"],
+                f"{row['run']}: {name} took {row['seconds']:,.0f} s in {row['steps']} of {row['all_steps']} trainer "
+                f"steps, {_percent(share)} of step time{caveat}."))
+    return out
+
+
+def _largest_stage(summary: pl.DataFrame) -> list[dict]:
+    rows = _rows(summary, stages.SUMMARY_COLUMNS).filter(
+        (pl.col("stage") != "step") & pl.col("share").is_not_null())
+    out = []
+    for run in rows["run"].unique(maintain_order=True).to_list():
+        top = rows.filter(pl.col("run") == run).sort("share", descending=True).row(0, named=True)
+        seconds = top["mean_s"] * top["steps"] if top["mean_s"] is not None else None
+        out.append(_finding(
+            run, f"stage:{top['stage']}", seconds, top["share"], top["steps"],
+            f"{run}: the {top['stage']} stage takes {_percent(top['share'])} of step time "
+            + (f"({seconds:,.0f} s over {top['steps']} trainer steps)" if seconds is not None
+               else f"(over {top['steps']} trainer steps)") + ", the largest stage."))
+    return out
+
+
+def _filtering(summary: pl.DataFrame) -> list[dict]:
+    out = []
+    for row in _rows(summary, filtering.SUMMARY_COLUMNS).iter_rows(named=True):
+        if row["discarded_token_share"] is None:
+            continue
+        unit = "generated tokens" if row["basis"] == "samples" else "generated prompts"
+        out.append(_finding(
+            row["run"], "dapo-discarded", None, row["discarded_token_share"], row["batches"],
+            f"{row['run']}: the DAPO filter discards {_percent(row['discarded_token_share'])} of {unit} "
+            f"({row['batches']} generation batches feeding {row['trainer_steps']} trainer steps)."))
+    return out
+
+
+def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange,
+                   summaries: dict[str, pl.DataFrame]) -> list[dict]:
+    """The findings of the runs, largest share first, then a `not-measured` finding per run the analyses
+    could say nothing about (so the list is never empty). See the module docstring for each share."""
+    measured = [
+        *_longtail(summaries.get("longtail")), *_imbalance(summaries.get("imbalance")),
+        *_overheads(con, run_ids, steps), *_largest_stage(summaries.get("stages")),
+        *_filtering(summaries.get("filtering")),
+    ]
+    measured.sort(key=lambda f: (-(f["share"] or 0.0), f["run"], f["cause"]))
+    covered = {f["run"] for f in measured}
+    names = list(run_names(con, run_ids).values())
+    unmeasured = [
+        _finding(run, "not-measured", None, None, 0,
+                 f"{run}: no time sink could be measured: the run has no per-sample lengths, rank loads, "
+                 "stage timings or DAPO filter batches.")
+        for run in sorted(names) if run not in covered]
+    timed = {f["run"] for f in measured if f["seconds"] is not None}
+    untimed = sorted(run for run in names if run in covered and run not in timed)
+    if untimed:
+        unmeasured.append(_finding(
+            ", ".join(untimed), "not-measured", None, None, 0,
+            f"Seconds lost could not be measured for {', '.join(untimed)}: the logs carry no stage timings, "
+            "so their findings are shares of slots, rank time or tokens, not of step time."))
+    return measured + unmeasured

@@ -1,0 +1,284 @@
+"""The report's answers and honesty: Findings and What would help first, runs left out named, no line across
+missing steps, slow steps only in F5 with labels that do not overlap, and F6 without blank panels."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from polytrace_cli.analyze import imbalance
+from polytrace_cli.analyze.common import ALL_STEPS
+from polytrace_cli.cli import app
+from polytrace_cli.report import style
+from polytrace_cli.report.figures import f02_response_by_step, f05_step_time, f06_rank_imbalance
+from polytrace_cli.report.help import build_help
+from polytrace_cli.report.writer import build_report, summary_document
+from polytrace_cli.store import open_store
+from test_report import _insert_samples
+
+runner = CliRunner()
+
+
+def _console_log(path: Path, step_seconds: list[float], testing: dict[int, float]) -> None:
+    """A verl console log with the given step times (steps 1..n) and validation seconds at some steps."""
+    lines = []
+    for step, seconds in enumerate(step_seconds, 1):
+        extra = f" - timing_s/testing:{testing[step]}" if step in testing else ""
+        lines.append(f"(TaskRunner pid=1) step:{step} - timing_s/gen:{seconds / 2} - timing_s/update_actor:2.0"
+                     f"{extra} - timing_s/step:{seconds} - response_length/mean:500 - response_length/max:900")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def mixed_report(tmp_path_factory) -> Path:
+    """Run a: two ranks; run b: one rank (no imbalance); run c: a console log with validation at steps 3, 6."""
+    folder = tmp_path_factory.mktemp("mixed")
+    db = folder / "store.duckdb"
+    _console_log(folder / "logs" / "c" / "train.log", [20.0, 20.0, 40.0, 20.0, 20.0, 40.0], {3: 10.0, 6: 10.0})
+    result = runner.invoke(app, ["ingest", str(folder / "logs" / "c"), "--run", "c", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    con = open_store(db)
+    try:
+        # a: step 0 rank 0 loads 10+90 + 10+110 = 220 (longest 110), rank 1 20+180 + 20+200 = 420 (longest 200).
+        _insert_samples(con, "a", "math", [(0, 0, 0, 10, 90), (0, 0, 1, 10, 110), (0, 1, 2, 20, 180),
+                                           (0, 1, 3, 20, 200)])
+        _insert_samples(con, "b", "code", [(0, 0, 0, 50, 100), (0, 0, 1, 50, 100), (5, 0, 0, 50, 300)])
+    finally:
+        con.close()
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "r"), "--name", "mixed"])
+    assert result.exit_code == 0, result.output
+    return folder / "r" / "mixed" / "index.html"
+
+
+def test_page_opens_with_findings_then_what_would_help(mixed_report):
+    html = mixed_report.read_text()
+    body = html[html.index("<body>"):]
+    headings = re.findall(r"<h([12])[^>]*>(.*?)</h\1>", body)
+    assert headings[0][0] == "1" and headings[1][1] == "Findings" and headings[2][1] == "What would help"
+    # Before Findings: only the title.
+    assert not re.search(r"<(p|table|figure|img)\b", body[:body.index("Findings")])
+    markdown = (mixed_report.parent / "summary.md").read_text()
+    sections = re.findall(r"^## (.*)$", markdown, flags=re.M)
+    assert sections[:2] == ["Findings", "What would help"]
+
+
+def test_findings_numbers_by_hand(mixed_report):
+    summary = json.loads((mixed_report.parent / "summary.json").read_text())
+    findings = summary["findings"]
+    assert findings and all(set(f) == {"run", "cause", "seconds", "share", "steps", "text"} for f in findings)
+    by = {(f["run"], f["cause"]): f for f in findings}
+    # c: validation 10 + 10 s of 160 s of step time, in 2 of 6 steps. The step timer includes it: at steps 3
+    # and 6 step − stages = 40 − 22 = 18 = the other steps' 20 − 12 plus the 10 s of validation.
+    validation = by[("c", "validation")]
+    assert validation["seconds"] == pytest.approx(20.0) and validation["share"] == pytest.approx(20 / 160)
+    assert validation["steps"] == 2 and "12.5% of step time" in validation["text"]
+    # c: the largest stage is gen, Σ gen / Σ step = 80 / 160.
+    assert by[("c", "stage:gen")]["share"] == pytest.approx(0.5)
+    # a: slot idle = mean over ranks of 1 − mean/max: rank 0 1 − 100/110, rank 1 1 − 190/200.
+    assert by[("a", "slot-idle")]["share"] == pytest.approx(((1 - 100 / 110) + (1 - 190 / 200)) / 2)
+    # a: the rollout waits for the longest response: makespan λ = 200 / 155, idle 1 − 155/200.
+    assert by[("a", "dp-idle")]["share"] == pytest.approx(1 - 155 / 200)
+    assert "makespan λ 1.29" in by[("a", "dp-idle")]["text"]
+    shares = [f["share"] for f in findings if f["share"] is not None]
+    assert shares == sorted(shares, reverse=True)
+    assert "Findings" in mixed_report.read_text() and validation["text"] in mixed_report.read_text()
+
+
+def test_validation_outside_the_step_timer_is_a_share_of_step_plus_validation(tmp_path):
+    """A run whose step time does not count validation (step − stages is the same 8 s with or without it):
+    validation's share is 10 / (Σ step + 10), and nothing is assumed."""
+    from polytrace_cli.report.findings import build_findings
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "x" / "train.log", [20.0] * 6, {3: 10.0})
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "x"), "--run", "x", "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    try:
+        run_ids = [row[0] for row in con.execute("SELECT run_id FROM runs").fetchall()]
+        findings = build_findings(con, run_ids, ALL_STEPS, {})
+    finally:
+        con.close()
+    validation = next(f for f in findings if f["cause"] == "validation")
+    assert validation["share"] == pytest.approx(10 / 130) and validation["steps"] == 1
+    assert "assuming" not in validation["text"]
+
+
+def test_findings_say_what_could_not_be_measured(tmp_path):
+    con = open_store(tmp_path / "store.duckdb")
+    try:
+        run = con.execute("INSERT INTO runs (run_id, name) VALUES (nextval('run_id_seq'), 'bare') RETURNING run_id"
+                          ).fetchall()[0][0]
+        report = build_report(con, [run], tmp_path / "out", None, ALL_STEPS)
+    finally:
+        con.close()
+    assert [f["cause"] for f in report.findings] == ["not-measured"]
+    assert "bare: no time sink could be measured" in report.findings[0]["text"]
+    assert report.help == []
+
+
+def test_what_would_help_uses_the_quantity_that_sets_the_step_time():
+    rows = pl.DataFrame([
+        {"run": "rollout", "basis": "samples", "mean_lambda": 1.16, "mean_makespan_lambda": 1.01,
+         "mean_lambda_balanced": 1.0, "mean_saving": 0.13, "saving_basis": "makespan",
+         "saving_basis_reason": imbalance.MAKESPAN_REASON, "mean_step_saving": 0.0},
+        {"run": "console", "basis": "global_seqlen", "mean_lambda": 1.2, "mean_makespan_lambda": None,
+         "mean_lambda_balanced": 1.05, "mean_saving": 0.125, "saving_basis": "tokens",
+         "saving_basis_reason": imbalance.TOKENS_REASON, "mean_step_saving": 0.125},
+    ], schema=imbalance.SUMMARY_COLUMNS, strict=False)
+    rollout, console = build_help({"imbalance": rows})
+    assert (rollout["basis"], rollout["saving"]) == ("makespan", 0.0)
+    assert "save 0.0% of rollout time" in rollout["text"] and "would suggest 13.0%" in rollout["text"]
+    assert (console["basis"], console["saving"]) == ("tokens", 0.125)
+    assert "by 12.5% (token λ 1.20 → 1.05)" in console["text"]
+
+
+def test_every_figure_lists_runs_shown_and_left_out(mixed_report):
+    summary = json.loads((mixed_report.parent / "summary.json").read_text())
+    figures = {f["id"]: f for f in summary["figures"]}
+    for figure in figures.values():
+        assert set(figure["runs"]) | set(figure["runs_left_out"]) == {"a", "b", "c"}
+        assert not set(figure["runs"]) & set(figure["runs_left_out"])
+        assert all(figure["runs_left_out"].values())
+    # F6: only run a has two ranks; b (one rank) and c (console, no global_seqlen) are named with the reason.
+    assert figures["F6"]["runs"] == ["a"]
+    assert set(figures["F6"]["runs_left_out"]) == {"b", "c"}
+    reason = figures["F6"]["runs_left_out"]["b"]
+    html, markdown = mixed_report.read_text(), (mixed_report.parent / "summary.md").read_text()
+    assert f"b: {reason}" in html and f"b: {reason}" in markdown
+    assert figures["F5"]["runs"] == ["c"] and set(figures["F5"]["runs_left_out"]) == {"a", "b"}
+    assert set(figures["F2"]["runs"]) == {"a", "b", "c"}
+    # The figure itself names them too: F6's file carries the note (checked in its SVG text).
+    svg = (mixed_report.parent / "figures" / figures["F6"]["svg"]).read_text()
+    note = re.search(r"Not shown \([^)]*\): ([a-z_, ]+)", svg)
+    assert note and set(note.group(1).strip().split(", ")) == {"b", "c"}
+    assert "Not shown" not in (mixed_report.parent / "figures" / figures["F2"]["svg"]).read_text()
+
+
+def test_step_segments_break_at_missing_steps():
+    assert style.step_segments([0, 5]) == [slice(0, 1), slice(1, 2)]
+    assert style.step_segments([1, 2, 3, 5, 6]) == [slice(0, 3), slice(3, 5)]
+    assert style.step_segments([0, 10, 20, 30]) == [slice(0, 4)]  # logged every 10 steps: no gap
+    assert style.step_segments([0, 10, 20, 40]) == [slice(0, 3), slice(3, 4)]
+    assert style.missing_steps([0, 5]) == 4 and style.missing_steps([0, 10, 20, 40]) == 1
+
+
+def test_f2_draws_no_line_or_band_across_missing_steps():
+    """Steps 0 and 5 only (Search-R1's shape): two separate points, no segment spanning steps 1–4."""
+    rows = [{"run": "r", "step": step, "kind": "response", "basis": "samples", "mean_tokens": mean,
+             "p50_tokens": mean, "p90_tokens": mean * 1.5, "p99_tokens": mean * 2, "min_tokens": 1.0,
+             "max_tokens": mean * 3} for step, mean in [(0, 800.0), (5, 100.0)]]
+    figure = f02_response_by_step.render({"per_step": pl.DataFrame(rows)})
+    ax = figure.axes[0]
+    for line in ax.get_lines():
+        xs = np.asarray(line.get_xdata(), dtype=float)
+        assert xs.size <= 1 or np.ptp(xs) < 5, f"line {line.get_label()} spans the missing steps"
+    for band in ax.collections:
+        for path in band.get_paths():
+            assert np.ptp(path.vertices[:, 0]) < 5
+    assert ax.get_xlabel() == style.WORKLOAD_STEP
+
+
+def _series(step_seconds: list[float], reasons: dict[int, str]) -> pl.DataFrame:
+    median = float(np.median(step_seconds))
+    mad = float(np.median(np.abs(np.array(step_seconds) - median)))
+    rows = []
+    for step, seconds in enumerate(step_seconds):
+        z = abs(seconds - median) / (1.4826 * mad)
+        rows.append({"run": "r", "segment": 0, "step": step, "step_s": seconds, "gen_s": seconds / 2,
+                     "robust_z": z, "reasons": reasons.get(step, ""), "outlier": z > 3.5,
+                     "slow_outlier": z > 3.5 and seconds > median})
+    return pl.DataFrame(rows)
+
+
+def test_f5_marks_only_slow_steps_and_names_overheads_apart():
+    times = [20.0, 21.0, 19.0, 20.5, 19.5, 20.0, 60.0, 20.2, 2.0, 58.0, 20.1, 19.8]
+    figure = f05_step_time.render({"series": _series(times, {6: "testing"})})
+    ax = figure.axes[0]
+    marked = {label: np.asarray(c.get_offsets()) for c, label in
+              zip(ax.collections, [c.get_label() for c in ax.collections])}
+    assert marked["slow: validation / checkpoint"][:, 0].tolist() == [6]
+    assert marked["slow: anomaly"][:, 0].tolist() == [9]  # step 8 (2 s) is an outlier but fast: not marked
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts[0].startswith("anomaly (z ") and texts[1].startswith("validation (z ")
+
+
+def test_f5_labels_do_not_overlap():
+    times = [20.0 + 0.1 * (step % 5) for step in range(20)]
+    for step in (3, 4, 5, 6, 7, 15):  # neighbouring slow steps: their labels would collide if placed naively
+        times[step] = 60.0 + step
+    figure = f05_step_time.render({"series": _series(times, {})})
+    ax = figure.axes[0]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    from matplotlib.text import Text
+
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the label text, not its line
+    assert 1 <= len(boxes) <= f05_step_time.TOP_LABELS
+    for i, first in enumerate(boxes):
+        for second in boxes[i + 1:]:
+            assert not first.overlaps(second)
+
+
+def test_f6_console_only_run_has_no_blank_heat_map_and_sampled_run_shows_both_lambdas():
+    console = pl.DataFrame([{"run": "console", "segment": 0, "step": s, "ranks": None, "mean_load_tokens": 100.0,
+                             "max_load_tokens": 120.0, "max_rank": None, "lambda": 1.2, "idle_share": 1 / 6,
+                             "makespan_lambda": None, "lambda_kk": None, "lambda_lpt": None,
+                             "lambda_balanced": 1.05, "saving_kk": None, "saving_lpt": None, "saving": 0.125,
+                             "basis": "global_seqlen", "saving_basis": "tokens",
+                             "saving_basis_reason": imbalance.TOKENS_REASON, "step_saving": 0.125}
+                            for s in (1, 2, 3)], schema=imbalance.PER_STEP_COLUMNS)
+    figure = f06_rank_imbalance.render({"ranks": pl.DataFrame(schema=imbalance.PER_RANK_COLUMNS), "steps": console})
+    assert len(figure.axes) == 1  # the λ panel only: no heat map, no colour bar
+    assert [line.get_label() for line in figure.axes[0].get_lines() if not line.get_label().startswith("_")] == \
+        ["token λ", "token λ balanced"]
+    assert "token λ sets the step time" in figure.axes[0].get_title()
+    assert figure.axes[0].get_xlabel() == style.TRAINER_STEP
+
+
+def test_f6_of_a_sampled_run_draws_makespan_beside_token_lambda(mixed_report):
+    summary = json.loads((mixed_report.parent / "summary.json").read_text())
+    steps = summary["figure_data"]["F6"]["steps"]
+    assert steps[0]["lambda"] == pytest.approx(420 / 320) and steps[0]["makespan_lambda"] == pytest.approx(200 / 155)
+    assert steps[0]["saving_basis"] == "makespan" and steps[0]["step_saving"] == 0.0
+
+
+def test_summary_document_keeps_findings_and_help_shape(tmp_path):
+    con = open_store(tmp_path / "store.duckdb")
+    try:
+        run = _insert_samples(con, "a", "math", [(0, 0, 0, 10, 90), (0, 1, 1, 10, 30)])
+        report = build_report(con, [run], tmp_path / "out", None, ALL_STEPS)
+    finally:
+        con.close()
+    document = summary_document(report)
+    assert list(document)[:5] == ["report", "runs", "findings", "what_would_help", "what_would_help_note"]
+    assert document["what_would_help"][0]["policy"] == "rebalance-dp-ranks"
+    assert "polytrace whatif" in document["what_would_help_note"]
+
+
+def test_series_flags_slow_outliers_only_on_the_slow_side(tmp_path):
+    """Step times 20, 21, 19, 20, 21, 19, 20, 60, 2, 20: median 20, MAD 1, so 60 (z 27) and 2 (z 12) are
+    outliers, and only 60 is slow."""
+    from polytrace_cli.analyze import stages
+
+    times = [20.0, 21.0, 19.0, 20.0, 21.0, 19.0, 20.0, 60.0, 2.0, 20.0]
+    _console_log(tmp_path / "logs" / "t" / "train.log", times, {})
+    db = tmp_path / "store.duckdb"
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "t"), "--run", "t", "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    try:
+        series = stages.series(con, [1]).sort("step")
+    finally:
+        con.close()
+    assert series.filter(pl.col("outlier"))["step"].to_list() == [8, 9]
+    assert series.filter(pl.col("slow_outlier"))["step"].to_list() == [8]
+    assert series.filter(pl.col("step") == 8)["robust_z"].item() == pytest.approx(40 / 1.4826)
