@@ -38,7 +38,7 @@ def write_runs(root: Path, runs: int, steps: int, batch: int) -> None:
     for index in range(runs):
         task = TASKS[index % len(TASKS)]
         subprocess.run([sys.executable, "-m", "polytrace_cli.cli", "synth", "--task", task, "--out",
-                        str(root / f"run_{index:02d}_{task}"), "--steps", str(steps), "--batch", str(batch),
+                        str(root / f"run_{index:02d}_{task}"), "--num-steps", str(steps), "--batch", str(batch),
                         "--n", "8", "--dp-ranks", "4", "--seed", str(index)], check=True, stdout=subprocess.DEVNULL)
 
 

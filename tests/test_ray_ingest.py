@@ -45,7 +45,8 @@ def logs(tmp_path_factory) -> Path:
     """Several small runs of every kind: synthetic PolyTrace workloads (packed, multi-turn, DAPO,
     reward timings), verl console logs with quarantined lines, a verl JSONL log, rollout dumps,
     OpenRLHF, a wandb run folder (config, summary, tables), a run whose summary is not JSON
-    (rejected whole) and a file of unknown format (skipped)."""
+    (rejected whole, and its run holds nothing else), a summary that is not JSON beside a verl log
+    (rejected whole, stored under that log's run) and a file of unknown format (skipped)."""
     root = tmp_path_factory.mktemp("ray") / "logs"
     for task, seed in (("math", 1), ("code", 2), ("search", 3)):
         _ok("synth", "--task", task, "--out", root / f"synth_{task}", "--num-steps", 2, "--batch", 4, "--n", 2,
@@ -57,6 +58,7 @@ def logs(tmp_path_factory) -> Path:
     (root / "broken").mkdir()
     (root / "broken" / "wandb-summary.json").write_text("{not json\n")
     (root / "broken" / "notes.bin").write_bytes(b"\x00\x01\x02")
+    (root / "verl_crash" / "wandb-summary.json").write_text("{not json\n")
     return root
 
 
@@ -106,7 +108,13 @@ def test_ray_and_local_ingest_store_identical_tables(logs, tmp_path):
     non_empty = {table for table, rows in expected.items() if rows}
     assert {"sample_groups", "sample_rows", "turns", "tool_calls", "step_metrics", "step_flags", "ingest_errors",
             "rank_timings", "filter_batches"} <= non_empty
-    assert any(row[0] == "broken" and row[2] is None for row in expected["ingest_errors"])  # line_no NULL: whole file
+    # A whole-file rejection is stored under a run that holds other files (line_no NULL: the whole
+    # file); one whose run holds nothing else creates no run and is only reported.
+    assert any(row[0] == "verl_crash" and row[1].endswith("wandb-summary.json") and row[2] is None
+               for row in expected["ingest_errors"])
+    assert not any(row[0] == "broken" for row in expected["runs"])
+    broken = [r for r in ray_reports if "/broken/" in r["path"] and r["status"] == "rejected"]
+    assert broken and all(r["run"] is None and r["notes"] for r in broken)
     assert any(row[3] for row in expected["runs"])  # the wandb config named a model
 
 
@@ -150,3 +158,49 @@ def test_ray_option_errors_are_one_line(tmp_path, monkeypatch):
     assert "--engine ray needs Ray: pip install 'polytrace[ray]'" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "s.duckdb").exists()
+
+
+def test_ray_stores_what_the_local_ingest_stores_in_batches(tmp_path, monkeypatch):
+    """Consecutive small step files, which the local ingest reads in all-or-nothing batches, and the
+    same files parsed one by one as Ray tasks end in the same store."""
+    from polytrace_cli.ingest import runner as local_runner
+
+    folder = tmp_path / "logs"
+    _ok("synth", "--task", "math", "--out", folder / "steps", "--num-steps", 12, "--batch", 4, "--n", 2,
+        "--dp-ranks", 2, "--seed", 4)
+    step_files = sorted((folder / "steps").glob("packed_lengths_step_*.jsonl"))
+    assert len(step_files) == 12
+    batched = []
+    store_batch = local_runner._store_batch
+
+    def counting_store_batch(con, members, *args):
+        batched.append(len(members))
+        return store_batch(con, members, *args)
+
+    monkeypatch.setattr(local_runner, "_store_batch", counting_store_batch)
+    local, on_ray = tmp_path / "local.duckdb", tmp_path / "ray.duckdb"
+    local_reports = json.loads(_ok("ingest", folder, "--db", local, "--json").stdout)
+    assert sum(batched) >= 12  # every step file went in through a batch
+    batched.clear()
+    ray_reports = json.loads(_ok("ingest", folder, "--db", on_ray, "--json", "--engine", "ray").stdout)
+    assert not batched
+    keys = ("path", "status", "format", "run", "bytes", "lines", "stored", "ignored", "rejected", "rows")
+    assert [{k: r[k] for k in keys} for r in ray_reports] == [{k: r[k] for k in keys} for r in local_reports]
+    expected = _snapshot(local)
+    assert len(expected["files"]) == len(local_reports) and len(expected["sample_groups"]) == 12 * 4
+    assert _snapshot(on_ray) == expected
+
+
+def test_an_error_in_the_ray_driver_is_one_line_and_exits_non_zero(tmp_path, monkeypatch):
+    from polytrace_cli.ingest import ray_engine
+
+    def failing_commit(*args):
+        raise RuntimeError("disk said no\nsecond line of detail")
+
+    monkeypatch.setattr(ray_engine, "commit", failing_commit)
+    result = runner.invoke(app, ["ingest", str(FIXTURES / "openrlhf"), "--db", str(tmp_path / "s.duckdb"),
+                                 "--engine", "ray"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == ["error: the Ray ingest failed: RuntimeError: disk said no"], result.output
+    assert not isinstance(result.exception, RuntimeError)

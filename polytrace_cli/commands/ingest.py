@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.markup import escape
 
 from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, emit_rows,
                                           emit_table, err_console, fail, user_errors)
+from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import FileHashes, walk
 
 if TYPE_CHECKING:
@@ -131,8 +133,18 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
     settings = RaySettings(**ray)
     # Ray first: a cluster that cannot be reached leaves the store untouched.
     with ray_session(settings):
-        return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait,
-                                  partial(ingest_paths_ray, settings=settings, tokenizer=tokenizer))
+        try:
+            return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait,
+                                      partial(ingest_paths_ray, settings=settings, tokenizer=tokenizer))
+        except PolytraceError:
+            raise
+        except Exception as error:
+            if isinstance(error, sys.modules["duckdb"].Error) or getattr(error, "errno", None) == errno.ENOSPC:
+                raise  # the store's and the full disk's own one-line errors
+            # A bug in the driver or a task: the files committed before it stay; say what failed.
+            text = str(error).strip()
+            detail = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+            raise PolytraceError(f"the Ray ingest failed: {detail}") from None
 
 
 def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ingest_paths):

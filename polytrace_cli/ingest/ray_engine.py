@@ -2,18 +2,21 @@
 
 The shape, and why it stores exactly what the local ingest stores:
 
-- The driver walks the paths, sniffs each file's format, resolves its run (creating runs in walk
-  order, as the local ingest does) and skips a file whose stored version has the same size, parser
-  version and sha256 before anything is dispatched. Files of unknown format are handled on the
-  driver as the local ingest handles them.
+- The driver walks the paths and sniffs each file's format. A file whose stored version has the
+  same format, size, parser version, read options and sha256 is unchanged and is not dispatched;
+  files the tasks cannot take (unknown format, unreadable, compressed) are left to the local
+  ingest's own `runner.ingest_one`, on the driver.
 - The remaining files go to Ray tasks in batches. A task runs the local ingester
   (`runner.ingest_file`) for each of its files into a private in-memory store (the same schema,
-  with the file's run as its only run) and returns, per file, the rows of every file-owned table
-  and of `files` as Arrow tables, the file's report (lines, stored, ignored, rejected), the run
-  fields the ingester set (framework, model, meta), or the reason the file was rejected as a whole.
-- The driver commits the files in walk order, each in one transaction: the previous version of the
-  file (if any) is deleted, the rows are inserted with the store's run id and a new file id, and
-  the run fields are merged as the local ingest merges them. A file whose task failed stores nothing.
+  with a placeholder run) and returns, per file, the rows of every file-owned table and of `files`
+  as Arrow tables, the file's report (lines, stored, ignored, rejected), the run fields the
+  ingester set (framework, model, meta), or the reason the file was rejected as a whole.
+- The driver handles the files in walk order, as the local ingest does: it resolves each file's
+  run (creating runs in the same order), then commits the file in one transaction (the previous
+  version, if any, is deleted, the rows are inserted with the store's run id and a new file id,
+  the run fields merged with the runner's own rules), or hands a file the driver reads to
+  `runner.ingest_one`. A file rejected as a whole is recorded with `runner.record_failures` once
+  every file is handled, and never creates a run; a file whose task failed stores nothing.
 
 Ray is an optional dependency (`pip install 'polytrace[ray]'`).
 """
@@ -32,17 +35,20 @@ from typing import Any
 import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
-from polytrace_cli.ingest.base import file_owned_tables
-from polytrace_cli.ingest.files import FileHashes, hash_and_count, walk
+from polytrace_cli.ingest.base import Ingester, file_owned_tables
+from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, path_text, walk
 from polytrace_cli.ingest.registry import detect, get_ingester, read_head
 from polytrace_cli.ingest.runner import (
     FileReport,
     RunResolver,
-    _ingest_one,
-    _merge_run_meta,
-    _record_whole_file_rejection,
+    WholeFileFailure,
+    claim_run_framework,
     delete_file_rows,
     ingest_file,
+    ingest_one,
+    merge_run_meta,
+    record_failures,
+    reject_whole_file,
 )
 from polytrace_cli.store.connection import fetch_first
 
@@ -51,15 +57,18 @@ from polytrace_cli.store.connection import fetch_first
 TASKS_PER_WORKER = 4
 
 
+# The run every file of a task's private store belongs to; the driver stores the rows under the real run.
+PRIVATE_RUN_ID = 1
+
+
 @dataclass(frozen=True)
 class FileJob:
-    """One file for a Ray task: its place in the walk, format and run."""
+    """One file for a Ray task: its place in the walk, its resolved path and its format."""
 
     index: int
-    path: str
+    path: str  # resolved
     format: str
-    run_id: int
-    run_name: str
+    given: str  # as walked, which names the file in a failure's report
 
 
 @dataclass
@@ -90,6 +99,11 @@ def _arrow(con: duckdb.DuckDBPyConnection, sql: str):
     return to_table()
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
 _PRIVATE: duckdb.DuckDBPyConnection | None = None
 
 
@@ -116,18 +130,17 @@ def parse_file(job: FileJob, tokenizer: str | None = None) -> ParsedFile:
     path = Path(job.path)
     ingester = get_ingester(job.format)
     con = _private_store()
-    con.execute("INSERT INTO runs (run_id, name, source_dir, meta) VALUES (?, ?, '', '{}')",
-                [job.run_id, job.run_name])
+    con.execute("INSERT INTO runs (run_id, name, source_dir, meta) VALUES (?, 'private', '', '{}')",
+                [PRIVATE_RUN_ID])
     try:
         with FileHashes() as hashes:
-            report = ingest_file(con, path, ingester, job.run_id, job.run_name, read_head(path), hashes)
+            report = ingest_file(con, path, ingester, PRIVATE_RUN_ID, "private", read_head(path), hashes)
     except IngestError as error:
         sha, size, lines = hash_and_count(path)
-        report = FileReport(path=str(path), status="rejected", format=ingester.name, run=job.run_name, bytes=size,
-                            lines=lines, rejected=lines, message=str(error))
+        report = FileReport(path=job.path, status="rejected", format=ingester.name)
         return ParsedFile(job.index, report, rejection=(str(error), error.code, sha, size, lines))
     except OSError as error:
-        report = FileReport(path=str(path), status="error", format=ingester.name, run=job.run_name,
+        report = FileReport(path=job.path, status="error", format=ingester.name,
                             message=f"cannot read: {error.strerror or error}")
         return ParsedFile(job.index, report)
     tables = {}
@@ -136,7 +149,7 @@ def parse_file(job: FileJob, tokenizer: str | None = None) -> ParsedFile:
         if rows.num_rows:
             tables[table] = rows
     framework, model, meta = fetch_first(con, "SELECT framework, model, meta FROM runs WHERE run_id = ?",
-                                         [job.run_id])
+                                         [PRIVATE_RUN_ID])
     return ParsedFile(job.index, report, tables, framework, model, meta or "{}")
 
 
@@ -147,52 +160,66 @@ def parse_batch(jobs: list[FileJob], tokenizer: str | None) -> list[ParsedFile]:
         try:
             parsed.append(parse_file(job, tokenizer))
         except Exception as error:  # one file's failure must not lose the batch's other files
-            message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
             parsed.append(ParsedFile(job.index, FileReport(path=job.path, status="error", format=job.format,
-                                                           run=job.run_name, message=message)))
+                                                           message=_first_line(error))))
     return parsed
 
 
-def commit(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFile) -> FileReport:
-    """Store one parsed file in one transaction (see the module docstring); returns its report."""
-    report = parsed.report
-    path = Path(job.path)
-    if parsed.rejection:
-        reason, code, sha, size, lines = parsed.rejection
-        _record_whole_file_rejection(con, job.run_id, path, sha, size, lines, job.format, reason, code)
-        return report
-    if report.status == "error":
-        return report
+def commit(con: duckdb.DuckDBPyConnection, resolver: RunResolver, job: FileJob, parsed: ParsedFile,
+           failed_whole: list[WholeFileFailure]) -> FileReport:
+    """Resolve the file's run and store the parsed file in one transaction (see the module
+    docstring), as `runner.ingest_one` stores a file it reads; returns the file's report."""
     ingester = get_ingester(job.format)
+    path = Path(job.path)
+    run_id, run = resolver.resolve(path, ingester.framework, resolved=True)
+    report = parsed.report
+    if parsed.rejection or report.status == "error":
+        resolver.drop_if_empty(run_id)  # a failure never creates a run
+        if parsed.rejection:
+            reason, code, sha, size, lines = parsed.rejection
+            return reject_whole_file(Path(job.given), ingester.name, reason, code, sha, size, lines, failed_whole)
+        report.path = path_text(Path(job.given))
+        return report
+    report.path, report.run = path_text(path), run
+    try:
+        _store_parsed(con, job, parsed, ingester, run_id)
+    except BaseException:
+        # The command stops (interrupt, full disk, a bug): leave no run that only this file created.
+        with contextlib.suppress(Exception):
+            resolver.drop_if_empty(run_id)
+        raise
+    return report
+
+
+def _store_parsed(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFile, ingester: Ingester,
+                  run_id: int) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
-        existing = fetch_first(con, "SELECT file_id FROM files WHERE run_id = ? AND path = ?", [job.run_id, job.path])
+        existing = fetch_first(con, "SELECT file_id FROM files WHERE run_id = ? AND path = ?",
+                               [run_id, path_text(Path(job.path))])
         if existing:
             delete_file_rows(con, existing[0])
-            report.status = "replaced"
+            parsed.report.status = "replaced"
         file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
         # `files` last: the file's rows exist before the row that says it was read.
         for table in sorted(parsed.tables, key=lambda name: name == "files"):
             rows = parsed.tables[table]
-            replaced = [f"{file_id} AS file_id"] + ([f"{job.run_id} AS run_id"] if "run_id" in rows.column_names else [])
+            replaced = [f"{file_id} AS file_id"] + ([f"{run_id} AS run_id"] if "run_id" in rows.column_names else [])
             con.register("polytrace_incoming", rows)
             try:
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * REPLACE ({', '.join(replaced)}) "
                             "FROM polytrace_incoming")
             finally:
                 con.unregister("polytrace_incoming")
-        if parsed.framework and parsed.framework != ingester.framework:
-            # The ingester claimed the run's framework from the file's content (tensorboard, wandb).
-            con.execute("UPDATE runs SET framework = ? WHERE run_id = ? AND (framework IS NULL OR framework IN "
-                        "('wandb', 'tensorboard'))", [parsed.framework, job.run_id])
+        if parsed.framework != ingester.framework:
+            claim_run_framework(con, run_id, parsed.framework)
         if parsed.model:
-            con.execute("UPDATE runs SET model = coalesce(model, ?) WHERE run_id = ?", [parsed.model, job.run_id])
-        _merge_run_meta(con, job.run_id, ingester.framework, json.loads(parsed.meta))
+            con.execute("UPDATE runs SET model = coalesce(model, ?) WHERE run_id = ?", [parsed.model, run_id])
+        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta))
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
-    return report
 
 
 @dataclass
@@ -283,80 +310,99 @@ def _ingest_paths_ray(ray, con, paths, *, run_name, task, format_name, tokenizer
             if forced is None:
                 raise PolytraceError(f"unknown format {format_name!r}; see `polytrace formats`")
         resolver = RunResolver(con, run_name, task)
-        reports: dict[int, FileReport] = {}
+        # In walk order: ("job", FileJob) for a Ray task, ("unchanged", (path, ingester)) for a file the
+        # store already holds, ("local", (path, explicit, problem)) for a file the driver reads.
+        items: list[tuple[str, Any]] = []
         jobs: list[FileJob] = []
-        seen: set[str] = set()
+        seen: set[Path] = set()
         for index, (path, explicit, problem) in enumerate(walk(paths)):
             ingester = None
-            if not problem:
+            if not problem and not is_compressed(path):
                 try:
                     ingester = forced or detect(path, read_head(path))
                 except OSError:
                     ingester = None
-            if ingester is None or problem:
-                # Unknown formats, unreadable paths: the local ingest's own handling, on the driver.
-                reports[index] = _ingest_one(con, path, explicit, problem, forced, resolver, hashes)
+            if ingester is None:
+                items.append(("local", (path, explicit, problem)))
                 continue
-            run_id, run = resolver.resolve(path, ingester.framework)
-            resolved = str(path.resolve())
-            if resolved in seen or _unchanged(con, resolved, run_id, ingester, hashes):
-                reports[index] = FileReport(path=resolved, status="unchanged", format=ingester.name, run=run,
-                                            bytes=path.stat().st_size)
+            resolved = path.resolve()
+            if resolved in seen or _unchanged(con, resolver, resolved, ingester, hashes):
+                items.append(("unchanged", (resolved, ingester)))
                 continue
             seen.add(resolved)
-            jobs.append(FileJob(index, resolved, ingester.name, run_id, run))
-        if jobs:
-            _dispatch(ray, con, jobs, tokenizer, reports, on_file)
-        ordered = [reports[index] for index in sorted(reports)]
-        if on_file:
-            for index in sorted(reports):
-                if index not in {job.index for job in jobs}:
-                    on_file(reports[index])
-        return ordered
+            job = FileJob(index, str(resolved), ingester.name, str(path))
+            jobs.append(job)
+            items.append(("job", job))
+        failed_whole: list[WholeFileFailure] = []
+        reports: list[FileReport] = []
+        parsed_files = _parsed_in_order(ray, jobs, tokenizer)
+        try:
+            for kind, item in items:
+                if kind == "job":
+                    report = commit(con, resolver, item, next(parsed_files), failed_whole)
+                elif kind == "unchanged":
+                    path, ingester = item
+                    _, run = resolver.resolve(path, ingester.framework, resolved=True)
+                    report = FileReport(path=path_text(path), status="unchanged", format=ingester.name, run=run,
+                                        bytes=path.stat().st_size)
+                else:
+                    report = ingest_one(con, *item, forced, resolver, hashes, failed_whole)
+                reports.append(report)
+                if on_file:
+                    on_file(report)
+        finally:
+            parsed_files.close()
+        record_failures(con, resolver, failed_whole)
+        return reports
     finally:
         if own_hashes:
             hashes.close()
 
 
-def _unchanged(con, resolved: str, run_id: int, ingester, hashes: FileHashes) -> bool:
-    existing = fetch_first(con, "SELECT sha256, parser_version, bytes FROM files WHERE run_id = ? AND path = ?",
-                           [run_id, resolved])
-    if not existing or existing[1] != ingester.version or existing[2] != Path(resolved).stat().st_size:
+def _unchanged(con, resolver: RunResolver, resolved: Path, ingester: Ingester, hashes: FileHashes) -> bool:
+    """Whether the store holds this file read the same way (format, parser version, read options,
+    size) with the same sha256, as `runner.ingest_file` decides it."""
+    run = resolver.existing(resolved)
+    if run is None:
         return False
-    return existing[0] == hashes.result(Path(resolved))[0]
+    existing = fetch_first(con, "SELECT sha256, format, parser_version, read_options, bytes FROM files"
+                           " WHERE run_id = ? AND path = ?", [run[0], path_text(resolved)])
+    if not existing or tuple(existing[1:]) != (ingester.name, ingester.version, ingester.read_options(),
+                                               resolved.stat().st_size):
+        return False
+    return existing[0] == hashes.result(resolved)[0]
 
 
-def _dispatch(ray, con, jobs: list[FileJob], tokenizer: str | None, reports: dict[int, FileReport],
-              on_file) -> None:
+def _parsed_in_order(ray, jobs: list[FileJob], tokenizer: str | None):
+    """Dispatch `jobs` as Ray tasks; yield their parsed files in the jobs' order as they arrive.
+    A task that fails makes each of its files an error report; closing the generator cancels the
+    tasks still running."""
+    if not jobs:
+        return
     cpus = int(ray.cluster_resources().get("CPU", 1))
     per_task = max(1, math.ceil(len(jobs) / (max(cpus, 1) * TASKS_PER_WORKER)))
     batches = [jobs[i:i + per_task] for i in range(0, len(jobs), per_task)]
     remote = ray.remote(num_cpus=1, max_retries=1)(parse_batch)
     pending = {remote.remote(batch, tokenizer): batch for batch in batches}
     ready: dict[int, ParsedFile] = {}
-    next_job = 0
-    while pending or next_job < len(jobs):
-        if pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for reference in done:
-                batch = pending.pop(reference)
-                try:
-                    results = ray.get(reference)
-                except Exception as error:  # the task died: its files store nothing and say why
-                    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                    results = [ParsedFile(job.index, FileReport(path=job.path, status="error", format=job.format,
-                                                                run=job.run_name, message=f"Ray task failed: {first}"))
-                               for job in batch]
-                for parsed in results:
-                    ready[parsed.index] = parsed
-        # Commit in walk order, so that run fields merge as they do in the local ingest.
-        while next_job < len(jobs) and jobs[next_job].index in ready:
-            job = jobs[next_job]
-            parsed = ready.pop(job.index)
-            report = commit(con, job, parsed)
-            reports[job.index] = report
-            if on_file:
-                on_file(report)
-            next_job += 1
-        if not pending and next_job < len(jobs):
-            raise RuntimeError("a Ray task returned no result for some files")
+    try:
+        for job in jobs:
+            while job.index not in ready:
+                if not pending:
+                    raise RuntimeError(f"a Ray task returned no result for {job.path}")
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for reference in done:
+                    batch = pending.pop(reference)
+                    try:
+                        results = ray.get(reference)
+                    except Exception as error:  # the task died: its files store nothing and say why
+                        results = [ParsedFile(other.index, FileReport(
+                            path=other.path, status="error", format=other.format,
+                            message=f"Ray task failed: {_first_line(error)}")) for other in batch]
+                    for parsed in results:
+                        ready[parsed.index] = parsed
+            yield ready.pop(job.index)
+    finally:
+        for reference in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(reference)

@@ -156,7 +156,18 @@ class RunResolver:
         return run_id, unique
 
 
-def _merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict) -> None:
+def claim_run_framework(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None) -> None:
+    """Set a run's framework from a file's content (a wandb or TensorBoard log whose keys name verl or
+    OpenRLHF) unless a file of a training framework has already set it."""
+    if framework:
+        con.execute("UPDATE runs SET framework = ? WHERE run_id = ?"
+                    " AND (framework IS NULL OR framework IN ('wandb', 'tensorboard'))", [framework, run_id])
+
+
+def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict) -> None:
+    """Merge a file's run metadata into its run's `meta`: a value overwrites, a null never erases a
+    value, and a key of NULL_MEANS_CANNOT_TELL left undecided is stored as null. The run's framework
+    is set to `framework` if it has none."""
     current_framework, current_meta = fetch_first(con, 
         "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id]
     )
@@ -263,7 +274,7 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
             [file_id, run_id, path_text(path), sha, size, ingester.name, ctx.format_version, ingester.version,
              options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds],
         )
-        _merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
+        merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
         con.execute("COMMIT")
     except BaseException:
         if ctx.in_transaction:
@@ -308,7 +319,7 @@ def ingest_paths(
             raise PolytraceError(f"unknown format {format_name!r}; see `polytrace formats`")
     resolver = RunResolver(con, run_name, task)
     reports: list[FileReport] = []
-    failed_whole: list[_WholeFileFailure] = []
+    failed_whole: list[WholeFileFailure] = []
 
     def done(report: FileReport) -> None:
         reports.append(report)
@@ -316,7 +327,7 @@ def ingest_paths(
             on_file(report)
 
     def load_alone(member: _BatchMember) -> None:
-        done(_ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole))
+        done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole))
 
     pending: list[_BatchMember] = []
     pending_bytes = 0
@@ -333,10 +344,10 @@ def ingest_paths(
         if pending:
             _ingest_batch(con, pending, resolver, hashes, done, load_alone)
             pending, pending_bytes = [], 0
-        done(_ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole))
+        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole))
     if pending:
         _ingest_batch(con, pending, resolver, hashes, done, load_alone)
-    _record_failures(con, resolver, failed_whole)
+    record_failures(con, resolver, failed_whole)
     return reports
 
 
@@ -537,7 +548,7 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
         if ignored:
             _insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
         for run_id, meta in run_meta.items():
-            _merge_run_meta(con, run_id, ingester.framework, meta)
+            merge_run_meta(con, run_id, ingester.framework, meta)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -562,8 +573,8 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[str],
 
 
 @dataclass
-class _WholeFileFailure:
-    """A file rejected as a whole, recorded once every file has been read (see `_record_failures`)."""
+class WholeFileFailure:
+    """A file rejected as a whole, recorded once every file has been read (see `record_failures`)."""
 
     path: Path
     sha: str
@@ -575,7 +586,7 @@ class _WholeFileFailure:
     report: FileReport
 
 
-def _record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, failures: list[_WholeFileFailure]) -> None:
+def record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, failures: list[WholeFileFailure]) -> None:
     """Store each file rejected whole under its run, when that run exists (other files of it were
     stored); a failure never creates a run, so such a file is only reported."""
     for failure in failures:
@@ -588,8 +599,11 @@ def _record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, fail
         failure.report.run = run[1]
 
 
-def _ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
-                resolver: RunResolver, hashes: FileHashes, failed_whole: list[_WholeFileFailure]) -> FileReport:
+def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
+               resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
+    """Load one file as `ingest_paths` does outside a batch: `problem` (from `walk`) makes it an error,
+    an unknown format skips it (rejects it when `explicit`), a whole-file rejection is appended to
+    `failed_whole` for `record_failures`, and a run that only this file created is dropped if it fails."""
     shown = path_text(path)
     if problem:
         return FileReport(path=shown, status="error", message=problem)
@@ -603,20 +617,27 @@ def _ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: In
 
 
 def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: str, hashes: FileHashes,
-                  failed_whole: list[_WholeFileFailure]) -> FileReport:
+                  failed_whole: list[WholeFileFailure]) -> FileReport:
     sha, size, lines = hashes.result(path)
     if source is not None and source.compressed:
         lines = hashes.result(source.path)[2]
     elif source is None and code == "corrupt-file":
         lines = 0  # the text of a damaged archive cannot be counted
+    return reject_whole_file(path, fmt, reason, code, sha, size, lines, failed_whole)
+
+
+def reject_whole_file(path: Path, fmt: str, reason: str, code: str, sha: str, size: int, lines: int,
+                      failed_whole: list[WholeFileFailure]) -> FileReport:
+    """The report of a file rejected as a whole (all its `lines` rejected); the failure is appended to
+    `failed_whole`, for `record_failures` once every file is read."""
     report = FileReport(path=path_text(path), status="rejected", format=None if fmt == "unknown" else fmt,
                         bytes=size, lines=lines, rejected=lines, message=reason)
-    failed_whole.append(_WholeFileFailure(path, sha, size, lines, fmt, reason, code, report))
+    failed_whole.append(WholeFileFailure(path, sha, size, lines, fmt, reason, code, report))
     return report
 
 
 def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: Ingester | None,
-                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[_WholeFileFailure]) -> FileReport:
+                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
     shown = path_text(path)
     try:
         head = read_head(source.path)

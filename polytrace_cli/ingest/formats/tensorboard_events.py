@@ -49,11 +49,10 @@ def framework_of_keys(keys) -> str | None:
 def claim_framework(ctx: FileContext, framework: str | None) -> None:
     """Set the run's framework from this file's content when no file has set it yet."""
     if framework:
+        from polytrace_cli.ingest.runner import claim_run_framework
+
         ctx.begin_writes()
-        ctx.con.execute(
-            "UPDATE runs SET framework = ? WHERE run_id = ? AND (framework IS NULL OR framework IN ('wandb', 'tensorboard'))",
-            [framework, ctx.run_id],
-        )
+        claim_run_framework(ctx.con, ctx.run_id, framework)
 
 
 def _scalar_of(value, tensor_util) -> float | None:
