@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from polytrace_cli.cli import app
 
 runner = CliRunner()
-INJECTED = {45: "weight_sync", 57: "unexplained"}
-SIZES = {45: "25", 57: "2.0"}
+INJECTED = {33: "dp_imbalance", 45: "weight_sync", 57: "unexplained"}
+SIZES = {33: "1.8", 45: "25", 57: "2.0"}
 VALIDATE_EVERY = 20
 
 
@@ -27,7 +27,7 @@ def verl_store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wiring_steps")
     injections = [arg for step, cause in INJECTED.items() for arg in ("--inject", f"{step}:{cause}:{SIZES[step]}")]
     _ok("synth", "--task", "math", "--format", "verl-console", "--out", tmp / "logs", "--num-steps", 80,
-        "--batch", 64, "--n", 4, "--dp-ranks", 4, "--max-response-len", 4096, "--seed", 5,
+        "--batch", 128, "--n", 8, "--dp-ranks", 8, "--max-response-len", 8192, "--seed", 7,
         "--validate-every", VALIDATE_EVERY, *injections)
     db = tmp / "store.duckdb"
     _ok("ingest", tmp / "logs", "--run", "verl", "--db", db)
