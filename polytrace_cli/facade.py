@@ -6,6 +6,9 @@
         store.ingest(["logs/run_a"], task="math")
         store.runs()                                  # polars DataFrame, as `polytrace runs`
         store.analyze("lengths", steps="10:50")       # as `polytrace analyze --only lengths`
+        store.steps("run_a")                          # as `polytrace steps run_a`
+        store.explain("run_a").findings               # as `polytrace explain run_a`
+        store.whatif("run_a", ["balance"]).table()    # as `polytrace whatif run_a --policy balance`
         store.report(out="reports")                   # path of index.html, as `polytrace report`
         store.query("SELECT count(*) FROM samples")   # read-only SQL
 
@@ -32,7 +35,9 @@ if TYPE_CHECKING:
     import polars as pl
 
     from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.diagnose import Explanation
     from polytrace_cli.ingest.runner import FileReport
+    from polytrace_cli.simulate import BacktestResult, WhatIfResult
 
     Steps = StepRange | str | int | None
 
@@ -115,6 +120,34 @@ class Store:
         from polytrace_cli.report import write_runs_report
 
         return write_runs_report(self.connection, _names(runs), out, name, steps)
+
+    def steps(self, run: str, steps: Steps = None) -> pl.DataFrame:
+        """One row per step of the run (stage seconds, lengths, load balance, flags, the model's
+        expected seconds and, on a slow step, its top cause), as `polytrace steps RUN --json`."""
+        from polytrace_cli.diagnose.per_step import steps_with_causes
+
+        return steps_with_causes(self.connection, self.run_ids(run), self.step_range(steps))
+
+    def explain(self, run: str, step: int | None = None, top: int | None = None) -> Explanation:
+        """Why the run's steps took their time: an `Explanation` (`.steps`, `.findings`, `.notes`;
+        `.to_json()` is `polytrace explain RUN --json`)."""
+        from polytrace_cli.diagnose import explain_run
+
+        return explain_run(self.connection, run, step=step, top=top)
+
+    def whatif(self, run: str, policies: str | Iterable[str] | None = None,
+               backtest: bool = False) -> WhatIfResult | BacktestResult:
+        """The run's predicted wall time under the policies ("balance", "no-validation",
+        "max-response-len=N", ...), a `WhatIfResult`; with backtest=True the model's accuracy on
+        held-out steps, a `BacktestResult`. `.to_json()` is `polytrace whatif --json`'s document."""
+        from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
+
+        chosen = _names(policies) or []
+        if backtest == bool(chosen):
+            raise PolytraceError("give either backtest=True or at least one policy")
+        if backtest:
+            return backtest_run(self.connection, run)
+        return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
 
     def query(self, sql: str) -> pl.DataFrame:
         """The rows of read-only SQL over the store's tables and views, as `polytrace query`."""

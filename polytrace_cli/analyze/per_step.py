@@ -23,8 +23,8 @@ Flags: validation (a validation step: testing time logged, a validation-only ste
 samples), checkpoint (checkpoint time logged), restart (first step after a restart or resume),
 truncated (a log line cut short). Flags a basis cannot observe are null, not false.
 
-`expected_step_s` and `top_cause` are reserved for the step-time explanation (expected seconds of
-the step and the stage that explains most of its excess) and are null until that analysis fills them.
+`expected_step_s` and `top_cause` belong to the step-time explanation and are null here;
+`diagnose.per_step.steps_with_causes` (what `polytrace steps` shows) fills them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ COLUMNS: dict[str, pl.DataType] = {
     "clip_ratio": pl.Float64, "tokens": pl.Float64, "dp_ranks": pl.Int64,
     "lambda_tokens": pl.Float64, "lambda_makespan": pl.Float64, "slot_idle": pl.Float64,
     "validation": pl.Boolean, "checkpoint": pl.Boolean, "restart": pl.Boolean, "truncated": pl.Boolean,
-    # Filled by the step-time explanation once it exists; null until then.
+    # Filled by diagnose.per_step.steps_with_causes; null here.
     "expected_step_s": pl.Float64, "top_cause": pl.String,
 }
 

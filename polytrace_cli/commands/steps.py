@@ -29,7 +29,8 @@ def steps(
     wait: WaitOption = 0,
 ) -> None:
     """One row per step: stage and step seconds, response/prompt length mean and max, clip ratio, tokens,
-    DP load λ (tokens and makespan), slot idle, and the step's flags."""
+    DP load λ (tokens and makespan), slot idle, the step's flags, and from `explain` the model's expected
+    seconds at the step's workload and, on a slow step, its largest cause."""
     from polytrace_cli.store import open_store
     from polytrace_cli.store.queries import run_ids
 
@@ -39,9 +40,9 @@ def steps(
     try:
         ids = run_ids(con, [run])
         from polytrace_cli.analyze.common import StepRange
-        from polytrace_cli.analyze.per_step import per_step
+        from polytrace_cli.diagnose.per_step import steps_with_causes
 
-        frame = per_step(con, ids, StepRange.parse(step_range))
+        frame = steps_with_causes(con, ids, StepRange.parse(step_range))
     finally:
         con.close()
     if as_json or as_csv:

@@ -109,8 +109,23 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     return _explain_tokens(con, info, frame, step, top, notes)
 
 
-def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int | None,
-                     top: int | None) -> Explanation:
+@dataclass
+class RunDecomposition:
+    """Steps 1–4 of the module docstring for one run: the fitted model, its training mask (warm-up
+    left out), the expected step, the decomposition's step frame (`decompose.STEP_COLUMNS`), its
+    per step × cause frame with `stands_out`, the slow flags over the step frame and the slow rule."""
+
+    model: StepTimeModel
+    mask: pl.Series
+    expected: float
+    steps: pl.DataFrame
+    causes: pl.DataFrame
+    slow_flags: np.ndarray
+    slow_rule: str
+
+
+def decompose_run(frame: pl.DataFrame, mask: pl.Series) -> RunDecomposition:
+    """Fit, find warm-up (refitting without it), decompose every timed step and flag the slow ones."""
     model = fit_model(frame, mask)
     expected = model.predict_typical()["step"]
     expected_all = np.full(frame.height, expected)
@@ -125,7 +140,15 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     slow_flags, standout, slow_rule = slow_steps(steps, causes, frame.filter(mask))
     causes = causes.join(standout, on=["segment", "step", "cause"], how="left") \
         .with_columns(pl.col("stands_out").fill_null(False))
-    slow = steps.filter(pl.Series(slow_flags))
+    return RunDecomposition(model, mask, expected, steps, causes, slow_flags, slow_rule)
+
+
+def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int | None,
+                     top: int | None) -> Explanation:
+    run = decompose_run(frame, mask)
+    model, mask, expected, steps, causes = run.model, run.mask, run.expected, run.steps, run.causes
+    slow_rule = run.slow_rule
+    slow = steps.filter(pl.Series(run.slow_flags))
     findings = run_findings(steps, causes, frame, slow, model)
     if step is not None:
         chosen = steps.filter(pl.col("step") == step)
