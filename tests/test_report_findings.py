@@ -282,3 +282,63 @@ def test_series_flags_slow_outliers_only_on_the_slow_side(tmp_path):
     assert series.filter(pl.col("outlier"))["step"].to_list() == [8, 9]
     assert series.filter(pl.col("slow_outlier"))["step"].to_list() == [8]
     assert series.filter(pl.col("step") == 8)["robust_z"].item() == pytest.approx(40 / 1.4826)
+
+
+INJECTED_STEP = 33
+
+
+@pytest.fixture(scope="module")
+def generated_report(tmp_path_factory) -> tuple[Path, Path]:
+    """A generated verl console log (60 steps, validation every 10, response cap 4096) with 2 s of
+    unexplained time injected at step 33, ingested as run `verl` and reported."""
+    folder = tmp_path_factory.mktemp("generated")
+    db = folder / "store.duckdb"
+    for args in (["synth", "--task", "math", "--format", "verl-console", "--out", str(folder / "logs"),
+                  "--num-steps", "60", "--dp-ranks", "4", "--batch", "16", "--n", "4", "--validate-every", "10",
+                  "--max-response-len", "4096", "--seed", "3", "--inject", f"{INJECTED_STEP}:unexplained:2.0"],
+                 ["ingest", str(folder / "logs"), "--run", "verl", "--db", str(db)],
+                 ["report", "--db", str(db), "--out", str(folder / "r"), "--name", "gen"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    return db, folder / "r" / "gen"
+
+
+def test_findings_of_a_timed_run_come_from_explain(generated_report):
+    _, out = generated_report
+    findings = [f for f in json.loads((out / "summary.json").read_text())["findings"] if f["run"] == "verl"]
+    explained = [f for f in findings if "at_steps" in f]
+    # explain's findings lead, ranked by seconds, with its cause words and `steps` the count of `at_steps`.
+    assert findings[:len(explained)] == explained and explained
+    seconds = [f["seconds"] for f in explained]
+    assert seconds == sorted(seconds, reverse=True)
+    assert all(f["steps"] == len(f["at_steps"]) for f in explained)
+    by_cause = {f["cause"]: f for f in explained}
+    assert by_cause["unexplained"]["at_steps"] == [INJECTED_STEP]
+    assert by_cause["validation"]["at_steps"] == [10, 20, 30, 40, 50, 60]
+    # The analyses' entries explain covers are gone; the ones it does not cover follow.
+    rest = {f["cause"] for f in findings[len(explained):]}
+    assert rest <= {"slot-idle", "dapo-discarded", "not-measured"} and "slot-idle" in rest
+    assert not {"dp-idle", "checkpoint"} & {f["cause"] for f in findings} and "stage:gen" not in rest
+    html = (out / "index.html").read_text()
+    assert by_cause["unexplained"]["text"] in html
+    assert by_cause["unexplained"]["text"] in (out / "summary.md").read_text()
+
+
+def test_a_failing_explain_keeps_the_analyses_findings_and_says_why(generated_report, monkeypatch):
+    from polytrace_cli import diagnose
+    from polytrace_cli.report.findings import build_findings
+
+    def broken(con, run, step=None, top=None):
+        raise ValueError("model blew up")
+
+    monkeypatch.setattr(diagnose, "explain_run", broken)
+    db, _ = generated_report
+    con = open_store(db)
+    try:
+        findings = build_findings(con, [1], ALL_STEPS, {})
+    finally:
+        con.close()
+    causes = [f["cause"] for f in findings]
+    assert "validation" in causes and "not-modelled" in causes and all("at_steps" not in f for f in findings)
+    note = next(f for f in findings if f["cause"] == "not-modelled")
+    assert note["text"] == "verl: the step-time explanation failed (ValueError: model blew up); its findings are the analyses'."

@@ -22,8 +22,12 @@ The shares:
 - DAPO discarded = the filtering summary's discarded_token_share (tokens generated for prompts the
   filter dropped).
 
-`polytrace explain` ranks one run's causes by seconds from its step-time model (`diagnose.findings`);
-this module is the one place the report builds its findings, from the analyses.
+For a run with step timings that `polytrace explain` can model (`diagnose.explain_run`, basis
+'seconds'), the run's findings are explain's instead: seconds beyond the run's typical step per cause
+(explain's cause words: `long_tail`, `dp_imbalance`, `validation`, `unexplained`, ...), ranked by
+seconds, share = seconds / the run's wall time, `steps` the number of steps and `at_steps` their list;
+then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN`). A run explain cannot model keeps
+the analyses' entries; when explain fails on a run, a `not-modelled` finding says why.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from polytrace_cli.analyze import filtering, imbalance, longtail, stages
 from polytrace_cli.analyze.common import StepRange, run_names
 
 FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text")
+# A finding from explain also lists the steps it was found at.
+EXPLAINED_FINDING_KEYS = (*FINDING_KEYS, "at_steps")
+# Causes of the analyses that explain's decomposition does not cover: kept after explain's findings.
+NOT_IN_EXPLAIN = ("slot-idle", "dapo-discarded")
 # Findings shown on the page; every finding is in summary.json.
 SHOWN = 8
 
@@ -142,16 +150,57 @@ def _filtering(summary: pl.DataFrame) -> list[dict]:
     return out
 
 
+def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[list[dict] | None, str | None]:
+    """explain's findings of a run in this module's shape (`steps` the count, `at_steps` the list) and
+    None, or None and the reason when explain fails; (None, None) when explain has nothing to model
+    (no steps, no step timings, too few steps)."""
+    from polytrace_cli.diagnose import explain_run
+    from polytrace_cli.errors import PolytraceError
+
+    try:
+        explanation = explain_run(con, run_id)
+    except PolytraceError:
+        return None, None
+    except Exception as error:  # noqa: BLE001 - one run's failure must not break the report
+        return None, f"{type(error).__name__}: {error}".splitlines()[0]
+    if explanation.basis != "seconds":
+        return None, None
+    out = []
+    for found in explanation.findings:
+        at_steps = [int(step) for step in found["steps"]]
+        finding = _finding(run, found["cause"], found["seconds"], found["share"], len(at_steps),
+                           f"{run}: {found['text']}.")
+        finding["at_steps"] = at_steps
+        out.append(finding)
+    return out, None
+
+
 def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange,
                    summaries: dict[str, pl.DataFrame]) -> list[dict]:
-    """The findings of the runs, largest share first, then a `not-measured` finding per run the analyses
-    could say nothing about (so the list is never empty). See the module docstring for each share."""
-    measured = [
+    """The findings of the runs: per run explain can model, explain's findings (largest seconds first) then
+    the analyses' entries explain does not cover; the other runs' findings from the analyses, largest share
+    first; then a `not-measured` finding per run the analyses could say nothing about (so the list is never
+    empty). See the module docstring for each share."""
+    analysed = [
         *_longtail(summaries.get("longtail")), *_imbalance(summaries.get("imbalance")),
         *_overheads(con, run_ids, steps), *_largest_stage(summaries.get("stages")),
         *_filtering(summaries.get("filtering")),
     ]
-    measured.sort(key=lambda f: (-(f["share"] or 0.0), f["run"], f["cause"]))
+    analysed.sort(key=lambda f: (-(f["share"] or 0.0), f["run"], f["cause"]))
+    explained: list[dict] = []
+    modelled: set[str] = set()
+    failures: list[dict] = []
+    for run_id, run in run_names(con, run_ids).items():
+        found, error = _explained(con, run_id, run)
+        if error is not None:
+            failures.append(_finding(
+                run, "not-modelled", None, None, 0,
+                f"{run}: the step-time explanation failed ({error}); its findings are the analyses'."))
+        if not found:
+            continue
+        modelled.add(run)
+        explained += found + [f for f in analysed if f["run"] == run and f["cause"] in NOT_IN_EXPLAIN]
+    measured = explained + [f for f in analysed if f["run"] not in modelled]
     covered = {f["run"] for f in measured}
     names = list(run_names(con, run_ids).values())
     unmeasured = [
@@ -166,4 +215,4 @@ def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
             ", ".join(untimed), "not-measured", None, None, 0,
             f"Seconds lost could not be measured for {', '.join(untimed)}: the logs carry no stage timings, "
             "so their findings are shares of slots, rank time or tokens, not of step time."))
-    return measured + unmeasured
+    return measured + failures + unmeasured
