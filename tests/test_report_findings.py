@@ -342,3 +342,50 @@ def test_a_failing_explain_keeps_the_analyses_findings_and_says_why(generated_re
     assert "validation" in causes and "not-modelled" in causes and all("at_steps" not in f for f in findings)
     note = next(f for f in findings if f["cause"] == "not-modelled")
     assert note["text"] == "verl: the step-time explanation failed (ValueError: model blew up); its findings are the analyses'."
+
+
+def test_what_would_help_a_timed_run_comes_from_the_step_time_model(generated_report):
+    from polytrace_cli.analyze import stages
+
+    db, out = generated_report
+    summary = json.loads((out / "summary.json").read_text())
+    entries = [h for h in summary["what_would_help"] if h["run"] == "verl"]
+    policies = [h["policy"] for h in entries]
+    # The cap (4096) is known from the config, so max-response-len is asked at half of it.
+    assert set(policies) == {"balance", "no-validation", "partial-rollout=0.9", "one-step-off",
+                             "max-response-len=2048"}
+    assert "rebalance-dp-ranks" not in policies
+    priced = [h["saving_s"] for h in entries if h["saving_s"] is not None]
+    assert priced == sorted(priced, reverse=True)
+    assert entries[:len(priced)] == [h for h in entries if h["saving_s"] is not None]
+    for entry in entries:
+        assert entry["assumption"] and entry["backtest"]["accuracy"] is not None
+        if entry["saving_s"] is None:  # not priced: the note says why, no number
+            assert entry["reason"] and "no estimate" in entry["text"] and " would save" not in entry["text"]
+    # no-validation removes exactly the logged testing seconds, which this run's step time includes.
+    con = open_store(db)
+    try:
+        inclusion = stages.step_time_inclusion(con, [1])
+        testing = stages.per_step(con, [1], ALL_STEPS)["testing_s"].fill_null(0).sum()
+    finally:
+        con.close()
+    assert inclusion["includes_testing"].to_list() == [True]
+    no_validation = next(h for h in entries if h["policy"] == "no-validation")
+    assert testing > 0 and no_validation["saving_s"] == pytest.approx(testing, rel=1e-9)
+    # The backtest is beside the list, flagged only when the model is worse than the median baseline.
+    backtest = entries[0]["backtest"]
+    assert backtest["flagged"] == (backtest["accuracy"] < backtest["median_baseline"])
+    line = f"held-out step times {backtest['accuracy']:.1f}% accurately"
+    html, markdown = (out / "index.html").read_text(), (out / "summary.md").read_text()
+    assert line in html and line in markdown
+    assert no_validation["text"] in markdown
+
+
+def test_backtest_below_the_median_baseline_is_flagged():
+    from polytrace_cli.report.help import backtest_sentence
+
+    worse = backtest_sentence("r", {"accuracy": 80.0, "median_baseline": 90.0, "flagged": True, "reason": None})
+    assert worse == ("r: the step-time model predicts held-out step times 80.0% accurately (median baseline 90.0%): "
+                     "worse than the median baseline, so these predictions are doubtful.")
+    better = backtest_sentence("r", {"accuracy": 95.0, "median_baseline": 90.0, "flagged": False, "reason": None})
+    assert "doubtful" not in better

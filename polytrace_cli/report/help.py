@@ -1,8 +1,15 @@
-"""What would help: counterfactual savings the analyses can support, each computed on the quantity that sets
+"""What would help: counterfactual savings the data can support, each computed on the quantity that sets
 the step's time.
 
-Today this is the data-parallel rebalancing counterfactual of the imbalance analysis, one entry per run
-with imbalance data: `{run, policy, basis, saving, text}` where saving = the mean over steps of
+For a run with step timings (a fitted step-time model), `simulate.whatif_run` prices MODEL_POLICIES
+(`max-response-len` at half the run's cap, only when the cap is known from the run's config): one entry
+per policy `{run, policy, basis, saving, saving_s, saving_se_s, assumption, reason, backtest, text}`,
+ranked by saving_s (policies the model cannot price last, with their note instead of a number);
+saving = saving_s / the model's replay of the run. `backtest` is the model's step-time accuracy on
+held-out steps (`simulate.backtest_run`) beside the median baseline's, `flagged` when below it.
+
+Every other run with imbalance data gets the data-parallel rebalancing counterfactual of the imbalance
+analysis: `{run, policy, basis, saving, text}` where saving = the mean over steps of
 `step_saving` (see `analyze.imbalance`): for sampled runs the rollout waits for the longest response
 (makespan λ), which moving prompts between ranks cannot shorten, so the saving is 0 and the text says
 what the token-load figure would have claimed; for console runs with verl's global_seqlen metrics,
@@ -11,20 +18,126 @@ saving = 1 − balanced_max / max of the token loads. Other policies are predict
 
 from __future__ import annotations
 
+import duckdb
 import polars as pl
 
 from polytrace_cli.analyze import imbalance
+from polytrace_cli.analyze.common import run_names
+from polytrace_cli.diagnose.findings import duration
 
-WHATIF_NOTE = ("Other policies (length caps, partial rollout, less validation) are predicted from the run's step-time "
-               "model by `polytrace whatif RUN --policy ...`; this report shows only the rebalancing counterfactual.")
+WHATIF_NOTE = ("Runs with step timings are priced by their step-time model (as `polytrace whatif RUN --policy ...` "
+               "does, which also takes other values); runs without timings get only the rebalancing counterfactual.")
+# The policies priced for a run with step timings; max-response-len is added at half a known cap.
+MODEL_POLICIES = "balance no-validation partial-rollout=0.9 one-step-off".split()
+# The keys of a model entry and of its `backtest`.
+MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s", "assumption", "reason", "backtest",
+                    "text")
+BACKTEST_KEYS = ("accuracy", "median_baseline", "flagged", "steps", "reason")
+# Each policy's assumption in one line (the full statement is its docstring in simulate.policies).
+ASSUMPTIONS = {
+    "balance": "every DP rank gets the mean rank's tokens in the forward and update stages; generation is "
+               "unchanged and the balancing itself is free",
+    "no-validation": "the logged validation seconds are removed and nothing else changes (exact from the log)",
+    "max-response-len": "responses are cut at the new cap and are otherwise the same (what the policy learns "
+                        "to write under a shorter cap is not modelled)",
+    "partial-rollout": "each step's rollout stops once 90% of its new responses are done and the rest finish "
+                       "in later steps (their staleness is not modelled)",
+    "one-step-off": "rollout of step t+1 overlaps training of step t, half the GPUs generating and half "
+                    "training (the one-step staleness is not modelled)",
+}
 
 
 def _percent(share: float) -> str:
     return f"{100 * share:.1f}%"
 
 
-def build_help(summaries: dict[str, pl.DataFrame]) -> list[dict]:
-    """One rebalancing entry per run with imbalance data (see the module docstring); empty when none has."""
+def _policies(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
+    """MODEL_POLICIES, with max-response-len = half the cap when the run's config records one."""
+    from polytrace_cli.analyze.lengths import caps
+
+    cap = caps(con, [run_id]).filter(pl.col("cap_source") == "known")["cap_tokens"].to_list()
+    half = [f"max-response-len={max(1, int(cap[0]) // 2)}"] if cap and cap[0] else []
+    return [*MODEL_POLICIES, *half]
+
+
+def _backtest(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
+    """The model's step-time accuracy (%) on held-out steps beside the median baseline's; `flagged` when
+    the model does worse than that baseline; accuracy None (with the reason) when there is no backtest."""
+    from polytrace_cli.simulate import backtest_run
+
+    try:
+        step = backtest_run(con, run_id).step
+    except Exception as error:  # noqa: BLE001 - a run without a backtest still gets its predictions
+        return {"accuracy": None, "median_baseline": None, "flagged": False,
+                "reason": f"{error}".splitlines()[0] if f"{error}" else type(error).__name__}
+    flagged = step.accuracy is not None and step.median_baseline is not None and step.accuracy < step.median_baseline
+    return {"accuracy": step.accuracy, "median_baseline": step.median_baseline, "flagged": flagged,
+            "steps": step.steps, "reason": None}
+
+
+def backtest_sentence(run: str, backtest: dict) -> str:
+    """The backtest shown beside a run's predictions, in one sentence."""
+    if backtest["accuracy"] is None:
+        return f"{run}: the step-time model could not be backtested ({backtest['reason']})."
+    text = (f"{run}: the step-time model predicts held-out step times {backtest['accuracy']:.1f}% accurately "
+            f"(median baseline {backtest['median_baseline']:.1f}%)" if backtest["median_baseline"] is not None else
+            f"{run}: the step-time model predicts held-out step times {backtest['accuracy']:.1f}% accurately")
+    if backtest["flagged"]:
+        return text + ": worse than the median baseline, so these predictions are doubtful."
+    return text + "."
+
+
+def _model_text(run: str, scenario, baseline_s: float) -> str:
+    if scenario.saving_s is None:
+        return f"{run}: {scenario.policy}: no estimate: {scenario.note}."
+    verb = "would save" if scenario.saving_s >= 0 else "would cost"
+    spread = f" ± {duration(scenario.saving_se_s)}" if scenario.saving_se_s else ""
+    note = f" {scenario.note[0].upper()}{scenario.note[1:]}." if scenario.note else ""
+    return (f"{run}: {scenario.policy} {verb} {duration(abs(scenario.saving_s))}{spread}, "
+            f"{abs(scenario.saving_share or 0):.1%} of the {duration(baseline_s)} the model replays. "
+            f"Assumes {ASSUMPTIONS[scenario.policy.split('=')[0]]}.{note}")
+
+
+def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[dict] | None:
+    """The entries of a run with step timings (see the module docstring), ranked by predicted saving;
+    None when the run has no step-time model (or whatif fails on it)."""
+    from polytrace_cli.simulate import whatif_run
+
+    try:
+        result = whatif_run(con, run_id, _policies(con, run_id))
+    except Exception:  # noqa: BLE001 - such a run keeps the rebalancing counterfactual
+        return None
+    backtest = _backtest(con, run_id)
+    out = [{"run": run, "policy": scenario.policy, "basis": "step-time model", "saving": scenario.saving_share,
+            "saving_s": scenario.saving_s, "saving_se_s": scenario.saving_se_s,
+            "assumption": ASSUMPTIONS[scenario.policy.split("=")[0]], "reason": scenario.note,
+            "backtest": backtest, "text": _model_text(run, scenario, result.baseline_s)}
+           for scenario in result.scenarios]
+    out.sort(key=lambda e: (e["saving_s"] is None, -(e["saving_s"] or 0.0)))
+    return out
+
+
+def backtest_lines(entries: list[dict]) -> dict[str, str]:
+    """run -> the backtest sentence, for the runs whose entries come from the step-time model."""
+    return {e["run"]: backtest_sentence(e["run"], e["backtest"]) for e in entries if e.get("backtest")}
+
+
+def build_help(summaries: dict[str, pl.DataFrame], con: duckdb.DuckDBPyConnection | None = None,
+               run_ids: list[int] | None = None) -> list[dict]:
+    """The step-time model's entries for each run with step timings (when `con` is given), then one
+    rebalancing entry per other run with imbalance data (see the module docstring); empty when none has."""
+    out: list[dict] = []
+    modelled: set[str] = set()
+    if con is not None:
+        for run_id, run in run_names(con, run_ids or []).items():
+            entries = model_help(con, run_id, run)
+            if entries:
+                out += entries
+                modelled.add(run)
+    return out + [entry for entry in _rebalancing(summaries) if entry["run"] not in modelled]
+
+
+def _rebalancing(summaries: dict[str, pl.DataFrame]) -> list[dict]:
     summary = summaries.get("imbalance")
     if summary is None or summary.height == 0:
         summary = pl.DataFrame(schema=imbalance.SUMMARY_COLUMNS)

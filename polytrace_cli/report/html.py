@@ -7,7 +7,7 @@ from html import escape
 
 from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
-from polytrace_cli.report.help import WHATIF_NOTE
+from polytrace_cli.report.help import WHATIF_NOTE, backtest_lines
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
@@ -73,7 +73,8 @@ def findings_section(report) -> str:
 def help_section(report) -> str:
     """What would help: the counterfactual savings and where more will come from."""
     items = "".join(f"<li>{escape(h['text'])}</li>" for h in report.help)
-    body = (f"<ul>{items}</ul>" if items else
+    backtests = "".join(f"<p class='meta'>{escape(line)}</p>" for line in backtest_lines(report.help).values())
+    body = (f"<ul>{items}</ul>{backtests}" if items else
             "<p class='meta'>No counterfactual could be computed: the runs have no data-parallel rank loads.</p>")
     return f"<h2 id='help'>What would help</h2>{body}<p class='meta'>{escape(WHATIF_NOTE)}</p>"
 

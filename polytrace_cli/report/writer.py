@@ -143,7 +143,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     else:
         report.table = table
     report.findings = build_findings(con, run_ids, steps, report.summaries)
-    report.help = what_would_help.build_help(report.summaries)
+    report.help = what_would_help.build_help(report.summaries, con, run_ids)
     return report
 
 
