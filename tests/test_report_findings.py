@@ -389,3 +389,20 @@ def test_backtest_below_the_median_baseline_is_flagged():
                      "worse than the median baseline, so these predictions are doubtful.")
     better = backtest_sentence("r", {"accuracy": 95.0, "median_baseline": 90.0, "flagged": False, "reason": None})
     assert "doubtful" not in better
+
+
+def test_a_failing_whatif_keeps_the_rebalancing_counterfactual_and_says_why(generated_report, monkeypatch):
+    from polytrace_cli import simulate
+
+    def broken(con, run, policies):
+        raise ValueError("fit blew up")
+
+    monkeypatch.setattr(simulate, "whatif_run", broken)
+    db, _ = generated_report
+    con = open_store(db)
+    try:
+        entries = build_help({}, con, [1])
+    finally:
+        con.close()
+    assert [(e["policy"], e["text"]) for e in entries] == [
+        ("not-modelled", "verl: the step-time model's predictions failed (ValueError: fit blew up).")]

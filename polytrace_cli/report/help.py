@@ -100,13 +100,18 @@ def _model_text(run: str, scenario, baseline_s: float) -> str:
 
 def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[dict] | None:
     """The entries of a run with step timings (see the module docstring), ranked by predicted saving;
-    None when the run has no step-time model (or whatif fails on it)."""
+    None when the run has no step-time model; a `not-modelled` entry with the reason when whatif fails."""
+    from polytrace_cli.errors import PolytraceError
     from polytrace_cli.simulate import whatif_run
 
     try:
         result = whatif_run(con, run_id, _policies(con, run_id))
-    except Exception:  # noqa: BLE001 - such a run keeps the rebalancing counterfactual
+    except PolytraceError:
         return None
+    except Exception as error:  # noqa: BLE001 - one run's failure must not break the report
+        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        return [{"run": run, "policy": "not-modelled", "basis": "step-time model", "saving": None,
+                 "reason": reason, "text": f"{run}: the step-time model's predictions failed ({reason})."}]
     backtest = _backtest(con, run_id)
     out = [{"run": run, "policy": scenario.policy, "basis": "step-time model", "saving": scenario.saving_share,
             "saving_s": scenario.saving_s, "saving_se_s": scenario.saving_se_s,
@@ -133,7 +138,8 @@ def build_help(summaries: dict[str, pl.DataFrame], con: duckdb.DuckDBPyConnectio
             entries = model_help(con, run_id, run)
             if entries:
                 out += entries
-                modelled.add(run)
+                if entries[0]["policy"] != "not-modelled":
+                    modelled.add(run)
     return out + [entry for entry in _rebalancing(summaries) if entry["run"] not in modelled]
 
 
