@@ -25,8 +25,9 @@ from polytrace_cli.analyze import imbalance
 from polytrace_cli.analyze.common import run_names
 from polytrace_cli.diagnose.findings import duration
 
-WHATIF_NOTE = ("Runs with step timings are priced by their step-time model (as `polytrace whatif RUN --policy ...` "
-               "does, which also takes other values); runs without timings get only the rebalancing counterfactual.")
+WHATIF_NOTE = ("Runs with step timings are priced by their step-time model, as polytrace whatif RUN --policy P "
+               "does (it also takes other policies and values); runs without timings get only the rebalancing "
+               "counterfactual.")
 # The policies priced for a run with step timings; max-response-len is added at half a known cap.
 MODEL_POLICIES = "balance no-validation partial-rollout=0.9 one-step-off".split()
 # The keys of a model entry and of its `backtest`.
