@@ -71,15 +71,22 @@ def batch_reads(monkeypatch) -> list[int]:
     sizes = []
     read = jsonl.load_batch_records
 
-    def counting(con, paths, *args):
+    def counting(con, paths, *args, **options):
         sizes.append(len(paths))
-        return read(con, paths, *args)
+        return read(con, paths, *args, **options)
 
     monkeypatch.setattr(runner, "load_batch_records", counting)
     return sizes
 
 
-def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_reads):
+@pytest.fixture(params=["as text lines", "as JSON records"])
+def read_kind(request, monkeypatch) -> str:
+    """Each test runs with batches read both ways (the choice is by the files' mean size)."""
+    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 1 << 40 if request.param == "as text lines" else 0)
+    return request.param
+
+
+def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_reads, read_kind):
     write_run(tmp_path / "run_a")
     batched = open_store(tmp_path / "batched.duckdb")
     alone = open_store(tmp_path / "alone.duckdb")
@@ -100,7 +107,7 @@ def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_
         alone.close()
 
 
-def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_reads):
+def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_reads, read_kind):
     paths = write_run(tmp_path / "run_b")
     out_of_range = paths[3]
     out_of_range.write_text(packed_line(3, 0) + "\n" + packed_line(3, 1, outputs=(5, 2**40)) + "\n")
@@ -124,7 +131,7 @@ def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_
     assert untouched.fetchone()[0] == sum(3 + step % 4 for step in range(24) if step not in (3, 9))
 
 
-def test_a_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads):
+def test_a_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads, read_kind):
     paths = write_run(tmp_path / "run_c", steps=20)
     latin = paths[11]
     latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n')
@@ -181,3 +188,16 @@ def test_the_command_summarises_many_files_per_run_format_and_status(tmp_path):
     assert "251 file(s), 750 rows, 1 rejected lines" in result.output
     listed = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "s.duckdb"), "--json"])
     assert len(json.loads(listed.stdout)) == 251
+
+
+@pytest.mark.parametrize("line, code", [("null", "not-an-object"), ("5", "not-an-object"), ("{}", "missing-field")])
+def test_a_line_that_is_no_record_is_rejected_whichever_way_the_batch_is_read(store, tmp_path, read_kind, line, code):
+    paths = write_run(tmp_path / "run_e", steps=8)
+    odd = paths[2]
+    odd.write_text(packed_line(2, 0) + "\n" + line + "\n" + packed_line(2, 1) + "\n")
+    reports = ingest_paths(store, [tmp_path / "run_e"])
+    assert not any(r.failed for r in reports)
+    assert store.execute("SELECT e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)").fetchall() == [
+        (2, code)]
+    assert store.execute("SELECT lines, stored, rejected FROM files WHERE path = ?",
+                         [str(odd.resolve())]).fetchall() == [(3, 2, 1)]

@@ -174,6 +174,32 @@ def fits_sql(expr: str, spec, depth: int = 0) -> str:
     return f"({expr} IS NULL OR {kind} = 'NULL' OR ({fits}))"
 
 
+# Digits a plain integer literal may have and still surely fit its type (2^31 has ten digits).
+_SAFE_DIGITS = {"SMALLINT": 4, "INTEGER": 9, "BIGINT": 18}
+
+
+def plain_fit_sql(text: str, spec) -> str | None:
+    """A cheap SQL condition on a JSON value's text, true only when the value surely fits `spec`, or
+    None when the spec has no such rule.
+
+    An integer written as a plain literal short enough to be within its type, `true`/`false`, a
+    number with at most a two-digit exponent, or a list of such integers fits; most values are
+    written so. A value this rule does not vouch for is put to the exact rule (`fits_sql`).
+    """
+    if isinstance(spec, str):
+        if spec in _SAFE_DIGITS:
+            return f"regexp_full_match({text}, '-?[0-9]{{1,{_SAFE_DIGITS[spec]}}}')"
+        if spec == "BOOLEAN":
+            return f"{text} IN ('true', 'false')"
+        if spec == "DOUBLE":
+            return f"regexp_full_match({text}, '-?[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]{{1,2}})?')"
+        return None
+    if isinstance(spec, list) and isinstance(spec[0], str) and spec[0] in _SAFE_DIGITS:
+        item = f"-?[0-9]{{1,{_SAFE_DIGITS[spec[0]]}}}"
+        return f"regexp_full_match({text}, '\\[\\s*({item}(\\s*,\\s*{item})*)?\\s*\\]')"
+    return None
+
+
 def _json_field(expr: str, name: str) -> str:
     return f"json_extract({expr}, {_sql_string('$.' + json.dumps(name))})"
 
@@ -196,12 +222,12 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     try:
         con.execute(
             "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
-            f" columns={raw_columns})",
+            f" records=true, columns={raw_columns})",
             [str(ctx.path)],
         )
     except duckdb.Error:
         return False
-    _create_checked(con, spec, required, "")
+    _create_checked(con, spec, required, "", read_as_json=True)
     if fetch_count(con, "SELECT count(*) FROM checked WHERE bad"):
         con.execute("DROP TABLE checked")
         return False
@@ -310,14 +336,18 @@ def _create_raw_records(con: duckdb.DuckDBPyConnection, spec: Spec, keys: str) -
         con.execute(select.format(valid="starts_with(line, '{') AND json_valid(line)"))
 
 
-def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str) -> None:
+def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str,
+                    read_as_json: bool = False) -> None:
     """Temp table `checked`: `keys`, each field of `raw_records` typed by the spec, and `bad`: whether
-    the record misses a required field or holds a value that does not fit its type.
+    the record misses a required field or holds a value that does not fit its type. `read_as_json`
+    says `raw_records` comes from `read_json`, which reads a line `null` as a record with every field
+    NULL: such a record is counted bad, for the per-line rule to decide.
 
-    A value whose typed form (`json_transform`) writes back (`to_json`) to the very same JSON text
-    fits its type, and most values do; only the others are put to the exact rule `fits_sql`,
-    which costs far more (a whole number written 5.0, a struct with absent keys, a string with
-    escapes are such values, and may still fit).
+    A value whose text passes `plain_fit_sql` fits its type, and so does one whose typed form
+    (`json_transform`) writes back (`to_json`) to the very same JSON text; most values are one or
+    the other. Only the rest are put to the exact rule `fits_sql`, which costs far more (a whole
+    number written 5.0, a struct with absent keys, a string with escapes are such values, and may
+    still fit).
     """
     typed, outputs, conditions = [], [], []
     for name in required:
@@ -329,7 +359,11 @@ def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequen
         if sub == "JSON":
             continue
         written_back = f"to_json({typed_field})::VARCHAR = {field}::VARCHAR"
-        conditions.append(f"CASE WHEN {written_back} THEN false ELSE NOT {fits_sql(field, sub)} END")
+        plain = plain_fit_sql(f"{field}::VARCHAR", sub)
+        conditions.append(f"CASE {f'WHEN {plain} THEN false ' if plain else ''}WHEN {written_back} THEN false"
+                          f" ELSE NOT {fits_sql(field, sub)} END")
+    if read_as_json:
+        conditions.append(" AND ".join(f"raw.{_quoted(name)} IS NULL" for name in spec))
     key_list = ", ".join(f"raw.{key.strip()}" for key in keys.split(",") if key.strip())
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(outputs)},"
@@ -475,16 +509,62 @@ class BulkJsonlIngester(JsonlTraceIngester):
 
 
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
-                       required: Sequence[str] = (), checks: Sequence[Check] = ()) -> tuple[set[str], dict] | None:
+                       required: Sequence[str] = (), checks: Sequence[Check] = (),
+                       whole_json: bool = False) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, with each record's `filename`.
 
-    The files are read as text (`read_text`, far cheaper per file than `read_json`) and split into
-    lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields fit
-    (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not UTF-8
-    text (which one is unknown), else (the files holding a bad line or a record that fails a
-    check, whose records are removed for the caller to read those files alone; {filename:
-    (lines, blank lines)} of every file read).
+    With `whole_json`, the files are first read as JSON records (`read_json`, which is the
+    cheaper read for files of many lines); a file's count of lines is then its count of records,
+    blank lines not counted. Otherwise, or when that read fails (some line is not JSON), the files
+    are read as text (`read_text`, far cheaper per file than `read_json` for tiny files) and split
+    into lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields
+    fit (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not
+    UTF-8 text (which one is unknown), else (the files holding a bad line or a record that fails a
+    check, whose records are removed for the caller to read those files alone; {filename: (lines,
+    blank lines)} of every file read).
     """
+    if whole_json and _read_batch_as_json(con, paths, spec):
+        counts = {name: (records, 0) for name, records in con.execute(
+            "SELECT filename, count(*) FROM raw_records GROUP BY filename").fetchall()}
+        _create_checked(con, spec, required, "filename", read_as_json=True)
+        bad = {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
+        con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked"
+                    " WHERE filename NOT IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
+    else:
+        read = _read_batch_as_lines(con, paths, spec, required)
+        if read is None:
+            return None
+        bad, counts = read
+    con.execute("DROP TABLE checked")
+    if checks:
+        failing = {name for (name,) in con.execute(
+            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+        ).fetchall()}
+        if failing:
+            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(failing)])
+            bad |= failing
+    return bad, counts
+
+
+def _read_batch_as_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec) -> bool:
+    """Temp table `raw_records`: `filename` and each spec field, as JSON, of every record of the
+    files; False when DuckDB cannot read some line as a JSON object."""
+    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
+    try:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
+            f" records=true, columns={raw_columns}, filename=true)",
+            [list(paths)],
+        )
+    except duckdb.Error:
+        return False
+    return True
+
+
+def _read_batch_as_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
+                         required: Sequence[str]) -> tuple[set[str], dict] | None:
+    """Temp table `checked` of the files read as text and split into lines; (files with a bad line,
+    {filename: (lines, blank lines)}), or None when some file is not UTF-8 text."""
     try:
         con.execute(
             "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT filename, unnest(range(1, len(parts) + 1)) AS line_no,"
@@ -509,13 +589,5 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     finally:
         con.execute("DROP TABLE IF EXISTS raw_lines")
     con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad, line_no) FROM checked"
-                " WHERE filename NOT IN (SELECT unnest(?))", [sorted(bad)])
-    con.execute("DROP TABLE checked")
-    if checks:
-        failing = {name for (name,) in con.execute(
-            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
-        ).fetchall()}
-        if failing:
-            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?))", [sorted(failing)])
-            bad |= failing
+                " WHERE filename NOT IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
     return bad, counts
