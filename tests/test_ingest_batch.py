@@ -131,15 +131,32 @@ def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_
     assert untouched.fetchone()[0] == sum(3 + step % 4 for step in range(24) if step not in (3, 9))
 
 
-def test_a_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads, read_kind):
+def test_a_small_file_that_is_not_utf8_is_read_alone_without_failing_the_batch(store, tmp_path, batch_reads,
+                                                                              read_kind):
     paths = write_run(tmp_path / "run_c", steps=20)
     latin = paths[11]
     latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n')
     reports = ingest_paths(store, [tmp_path / "run_c"])
     assert not any(r.failed for r in reports)
+    assert batch_reads == [12, 3, 16]  # the packed steps sort 0, 1, 10, 11 (read alone), 12 ... 19, 2 ... 9
+    assert store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)"
+                         ).fetchall() == [(str(latin.resolve()), 2, "encoding-error")]
+    assert store.execute("SELECT count(*) FROM files WHERE rejected = 0").fetchone()[0] == len(paths) - 1
+
+
+def test_a_large_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads, read_kind):
+    paths = write_run(tmp_path / "run_c", steps=20)
+    latin = paths[11]
+    good = "".join(packed_line(11, index) + "\n" for index in range(1, 600))
+    assert len(good) > runner.BATCH_TEXT_KEEP_BYTES
+    latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n' + good.encode())
+    reports = ingest_paths(store, [tmp_path / "run_c"])
+    assert not any(r.failed for r in reports)
     assert batch_reads[:2] == [12, 20] and len(batch_reads) > 2  # the failed read was split
     assert store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)"
                          ).fetchall() == [(str(latin.resolve()), 2, "encoding-error")]
+    assert store.execute("SELECT lines, stored, rejected FROM files WHERE path = ?",
+                         [str(latin.resolve())]).fetchall() == [(601, 600, 1)]
     assert store.execute("SELECT count(*) FROM files WHERE rejected = 0").fetchone()[0] == len(paths) - 1
 
 

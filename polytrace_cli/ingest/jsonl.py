@@ -510,14 +510,14 @@ class BulkJsonlIngester(JsonlTraceIngester):
 
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                        required: Sequence[str] = (), checks: Sequence[Check] = (),
-                       whole_json: bool = False) -> tuple[set[str], dict] | None:
+                       whole_json: bool = False, texts: dict[str, str] | None = None) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, with each record's `filename`.
 
     With `whole_json`, the files are first read as JSON records (`read_json`, which is the
     cheaper read for files of many lines); a file's count of lines is then its count of records,
     blank lines not counted. Otherwise, or when that read fails (some line is not JSON), the files
-    are read as text (`read_text`, far cheaper per file than `read_json` for tiny files) and split
-    into lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields
+    are read as text (`read_text`, far cheaper per file than `read_json` for tiny files; `texts`
+    holds the text of files already read, which DuckDB then need not open) and split into lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields
     fit (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not
     UTF-8 text (which one is unknown), else (the files holding a bad line or a record that fails a
     check, whose records are removed for the caller to read those files alone; {filename: (lines,
@@ -531,7 +531,7 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
         con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked"
                     " WHERE filename NOT IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
     else:
-        read = _read_batch_as_lines(con, paths, spec, required)
+        read = _read_batch_as_lines(con, paths, spec, required, texts or {})
         if read is None:
             return None
         bad, counts = read
@@ -562,16 +562,24 @@ def _read_batch_as_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], sp
 
 
 def _read_batch_as_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
-                         required: Sequence[str]) -> tuple[set[str], dict] | None:
+                         required: Sequence[str], texts: dict[str, str]) -> tuple[set[str], dict] | None:
     """Temp table `checked` of the files read as text and split into lines; (files with a bad line,
     {filename: (lines, blank lines)}), or None when some file is not UTF-8 text."""
+    unread = [path for path in paths if path not in texts]
+    known = [path for path in paths if path in texts]
+    sources = []
+    if known:
+        sources.append("SELECT unnest(?::VARCHAR[]) AS filename, unnest(?::VARCHAR[]) AS content")
+    if unread:
+        sources.append("SELECT filename, content FROM read_text(?)")
+    parameters = ([known, [texts[path] for path in known]] if known else []) + ([unread] if unread else [])
     try:
         con.execute(
             "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT filename, unnest(range(1, len(parts) + 1)) AS line_no,"
             " unnest(parts) AS line FROM (SELECT filename, CASE WHEN ends_with(content, chr(10))"
             " THEN list_slice(pieces, 1, len(pieces) - 1) ELSE pieces END AS parts"
-            " FROM (SELECT filename, content, string_split(content, chr(10)) AS pieces FROM read_text(?)))",
-            [list(paths)],
+            f" FROM (SELECT filename, content, string_split(content, chr(10)) AS pieces FROM ({' UNION ALL '.join(sources)})))",
+            parameters,
         )
     except duckdb.Error:
         return None

@@ -358,6 +358,8 @@ BATCH_MAX_FILES = 10_000
 BATCH_MAX_BYTES = 128 << 20
 # A batch whose files hold this many bytes on average is read as JSON records, fewer as text lines.
 BATCH_JSON_MIN_MEAN_BYTES = 64 << 10
+# The text of a file this small is kept from sniffing for the batch read (DuckDB need not open it).
+BATCH_TEXT_KEEP_BYTES = 64 << 10
 # A batch whose read fails (a line that does not parse, in a file unknown) is split in halves
 # until this many files remain, which are then read one by one.
 BATCH_SPLIT_MIN_FILES = 4
@@ -371,6 +373,7 @@ class _BatchMember:
     explicit: bool
     ingester: BulkJsonlIngester
     size: int
+    text: str | None = None  # a small file's text, kept from sniffing and hashing for the batch read
     run_id: int = 0
     run: str = ""
     file_id: int = 0
@@ -392,9 +395,17 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             data = head + handle.read()  # small: read once for sniffing, hashing and counting lines
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
+    text = None
+    if len(data) <= BATCH_TEXT_KEEP_BYTES:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # loaded alone, which names the line that is not UTF-8 text
+        if "\0" in text:
+            return None
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
     hashes.known(resolved, hash_and_count_bytes(data))
-    return _BatchMember(resolved, explicit, ingester, len(data))
+    return _BatchMember(resolved, explicit, ingester, len(data), text)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -421,7 +432,8 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
     try:
         whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
         read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
-                                  ingester.checks, whole_json=whole_json)
+                                  ingester.checks, whole_json=whole_json,
+                                  texts={str(m.path): m.text for m in changed if m.text is not None})
     except duckdb.Error:
         read = None  # handled like a read that fails: the batch is split
     if read is None:
