@@ -218,3 +218,45 @@ def test_a_line_that_is_no_record_is_rejected_whichever_way_the_batch_is_read(st
         (2, code)]
     assert store.execute("SELECT lines, stored, rejected FROM files WHERE path = ?",
                          [str(odd.resolve())]).fetchall() == [(3, 2, 1)]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from polytrace_cli.ingest.formats.polytrace_packed import SPEC as PACKED_SPEC  # noqa: E402
+from polytrace_cli.ingest.jsonl import value_problem  # noqa: E402
+
+_ITEMS = st.one_of(st.integers(-5, 5), st.sampled_from([2**31 - 1, 2**31, -(2**31), 999_999_999, 10**9, 2**40]),
+                   st.sampled_from([5.0, 5.7, 1e2, -0.0, True, None, "7", [1]]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=st.one_of(st.integers(0, 3), st.sampled_from([2.0, 2.5, "2", True, 2**31, 10**9 - 1])),
+       output=st.lists(_ITEMS, min_size=1, max_size=3), json_read=st.booleans())
+def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_path_factory, monkeypatch, step, output,
+                                                                          json_read):
+    """Whichever way a batch is read, an odd line is stored as its values or its file is read alone
+    and the line rejected with the code `value_problem` gives (checks aside)."""
+    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0 if json_read else 1 << 40)
+    folder = tmp_path_factory.mktemp("agree") / "run"
+    folder.mkdir()
+    record = {"step": step, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 10, "output": output,
+              "n_sampling": len(output), "validate": False}
+    for index in range(3):
+        lines = [packed_line(index, 0), json.dumps(record) if index == 1 else packed_line(index, 1)]
+        (folder / f"packed_lengths_step_{index}.jsonl").write_text("\n".join(lines) + "\n")
+    con = open_store(folder.parent / "s.duckdb")
+    try:
+        ingest_paths(con, [folder])
+        odd = con.execute("SELECT g.step, g.response_lens FROM sample_groups g JOIN files f USING (file_id)"
+                          " WHERE f.path LIKE '%step_1.jsonl' AND g.prompt_idx = 0 AND g.prompt_len = 10"
+                          " AND g.response_lens <> [5, 6, 7]").fetchall()
+        codes = [code for (code,) in con.execute("SELECT code FROM ingest_errors").fetchall()]
+        assert con.execute("SELECT sum(stored + rejected) FROM files").fetchone()[0] == 6
+    finally:
+        con.close()
+    problem = value_problem(record, PACKED_SPEC, "")
+    if problem is None and None not in output and min(output) >= 0:
+        assert codes == [] and odd == [(int(step), [int(item) for item in output])]
+    elif problem is not None:
+        assert codes == [problem[0]] and odd == []

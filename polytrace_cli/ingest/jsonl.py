@@ -218,21 +218,12 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     as true and turn an out-of-range list item into NULL without a word.
     """
     con = ctx.con
-    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
-    try:
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
-            f" records=true, columns={raw_columns})",
-            [str(ctx.path)],
-        )
-    except duckdb.Error:
+    if not _create_checked_from_json(con, [str(ctx.path)], spec, required, with_filename=False):
         return False
-    _create_checked(con, spec, required, "", read_as_json=True)
     if fetch_count(con, "SELECT count(*) FROM checked WHERE bad"):
         con.execute("DROP TABLE checked")
         return False
-    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
-    con.execute("DROP TABLE checked")
+    _checked_become_records(con)
     if checks:
         bad = con.execute(
             f"SELECT count(*) FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
@@ -336,12 +327,36 @@ def _create_raw_records(con: duckdb.DuckDBPyConnection, spec: Spec, keys: str) -
         con.execute(select.format(valid="starts_with(line, '{') AND json_valid(line)"))
 
 
+def _create_checked_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
+                              required: Sequence[str], with_filename: bool) -> bool:
+    """`_create_checked` straight from DuckDB's `read_json` of the files (each field read as JSON,
+    with each record's `filename` when asked), in one statement; False when some line is not a
+    JSON object DuckDB can read. `read_json` reads a line `null` as a record with every field NULL:
+    such a record is counted bad, for the per-line rule to decide."""
+    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
+    source = (f"read_json(?, format='newline_delimited', records=true, columns={raw_columns}"
+              f"{', filename=true' if with_filename else ''})")
+    try:
+        _create_checked(con, spec, required, "filename" if with_filename else "", source=source,
+                        parameters=[list(paths)], all_null_is_bad=True)
+    except duckdb.Error:
+        return False
+    return True
+
+
+def _checked_become_records(con: duckdb.DuckDBPyConnection) -> None:
+    """Rename `checked`, every record of it good, to `records` (without its `bad` column)."""
+    con.execute("DROP TABLE IF EXISTS records")
+    con.execute("ALTER TABLE checked RENAME TO records")
+    con.execute("ALTER TABLE records DROP COLUMN bad")
+
+
 def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str,
-                    read_as_json: bool = False) -> None:
-    """Temp table `checked`: `keys`, each field of `raw_records` typed by the spec, and `bad`: whether
-    the record misses a required field or holds a value that does not fit its type. `read_as_json`
-    says `raw_records` comes from `read_json`, which reads a line `null` as a record with every field
-    NULL: such a record is counted bad, for the per-line rule to decide.
+                    source: str = "raw_records", parameters: list | None = None,
+                    all_null_is_bad: bool = False) -> None:
+    """Temp table `checked`: `keys`, each field of `source` (by default the table `raw_records`,
+    dropped afterwards) typed by the spec, and `bad`: whether the record misses a required field or
+    holds a value that does not fit its type (or, with `all_null_is_bad`, has every field NULL).
 
     A value whose text passes `plain_fit_sql` fits its type, and so does one whose typed form
     (`json_transform`) writes back (`to_json`) to the very same JSON text; most values are one or
@@ -362,15 +377,17 @@ def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequen
         plain = plain_fit_sql(f"{field}::VARCHAR", sub)
         conditions.append(f"CASE {f'WHEN {plain} THEN false ' if plain else ''}WHEN {written_back} THEN false"
                           f" ELSE NOT {fits_sql(field, sub)} END")
-    if read_as_json:
+    if all_null_is_bad:
         conditions.append(" AND ".join(f"raw.{_quoted(name)} IS NULL" for name in spec))
     key_list = ", ".join(f"raw.{key.strip()}" for key in keys.split(",") if key.strip())
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(outputs)},"
         f" coalesce({' OR '.join(f'({c})' for c in conditions) or 'false'}, false) AS bad"
-        f" FROM (SELECT *, {', '.join(typed)} FROM raw_records raw) raw"
+        f" FROM (SELECT *, {', '.join(typed)} FROM {source} raw) raw",
+        parameters or [],
     )
-    con.execute("DROP TABLE raw_records")
+    if source == "raw_records":
+        con.execute("DROP TABLE raw_records")
 
 
 def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
@@ -416,8 +433,7 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
             verdicts.append((line_no, verdict))
         for line_no, verdict in verdicts:
             _account_for(ctx, line_no, verdict)
-        con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
-        con.execute("DROP TABLE checked")
+        _checked_become_records(con)
 
         def text_of(line_no: int) -> str:
             line = con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
@@ -523,19 +539,22 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     check, whose records are removed for the caller to read those files alone; {filename: (lines,
     blank lines)} of every file read).
     """
-    if whole_json and _read_batch_as_json(con, paths, spec):
-        counts = {name: (records, 0) for name, records in con.execute(
-            "SELECT filename, count(*) FROM raw_records GROUP BY filename").fetchall()}
-        _create_checked(con, spec, required, "filename", read_as_json=True)
-        bad = {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
-        con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked"
-                    " WHERE filename NOT IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
+    if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
+        counts, bad = {}, set()
+        for name, records, bad_records in con.execute(
+                "SELECT filename, count(*), count(*) FILTER (WHERE bad) FROM checked GROUP BY filename").fetchall():
+            counts[name] = (records, 0)
+            if bad_records:
+                bad.add(name)
+        if bad:
+            con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
+        _checked_become_records(con)
     else:
         read = _read_batch_as_lines(con, paths, spec, required, texts or {})
         if read is None:
             return None
         bad, counts = read
-    con.execute("DROP TABLE checked")
+        con.execute("DROP TABLE checked")
     if checks:
         failing = {name for (name,) in con.execute(
             f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
@@ -544,21 +563,6 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
             con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(failing)])
             bad |= failing
     return bad, counts
-
-
-def _read_batch_as_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec) -> bool:
-    """Temp table `raw_records`: `filename` and each spec field, as JSON, of every record of the
-    files; False when DuckDB cannot read some line as a JSON object."""
-    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
-    try:
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
-            f" records=true, columns={raw_columns}, filename=true)",
-            [list(paths)],
-        )
-    except duckdb.Error:
-        return False
-    return True
 
 
 def _read_batch_as_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
