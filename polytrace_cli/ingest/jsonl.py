@@ -529,15 +529,16 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
                        whole_json: bool = False, texts: dict[str, str] | None = None) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, with each record's `filename`.
 
-    With `whole_json`, the files are first read as JSON records (`read_json`, which is the
-    cheaper read for files of many lines); a file's count of lines is then its count of records,
-    blank lines not counted. Otherwise, or when that read fails (some line is not JSON), the files
-    are read as text (`read_text`, far cheaper per file than `read_json` for tiny files; `texts`
-    holds the text of files already read, which DuckDB then need not open) and split into lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields
-    fit (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not
-    UTF-8 text (which one is unknown), else (the files holding a bad line or a record that fails a
-    check, whose records are removed for the caller to read those files alone; {filename: (lines,
-    blank lines)} of every file read).
+    With `whole_json`, the files are first read as JSON records (`read_json`, the cheaper read for
+    files of many lines); a file's count of lines is then its count of records, blank lines not
+    counted. Otherwise, or when that read fails (some line is not JSON), the files are read as text
+    (`read_text`, far cheaper per file than `read_json` for tiny files; `texts` holds the text of
+    files already read, which DuckDB then need not open) and split into lines; a line is blank
+    (skipped, as `read_json` skips it), or a JSON object whose fields fit (`_create_raw_records`,
+    `_create_checked`), or bad. Returns None when some file is not UTF-8 text (which one is
+    unknown), else (the files holding a bad line or a record that fails a check, whose records are
+    removed for the caller to read those files alone; {filename: (lines, blank lines)} of every
+    file read).
     """
     if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
         counts, bad = {}, set()
