@@ -9,7 +9,9 @@ synced first, peak RSS of the slowest child), printed beside its baseline measur
 run: the plain-Python loop (json.loads per line, rows collected, one bulk insert into DuckDB) over
 the same files, or the clean twin for the bad line. The load average is printed beside each figure
 (the machine may be shared).
-Usage: python benchmarks/ingest_layouts.py [--only steps,tiny,bad] [--repeat 3]
+`--where` also runs one ingest of each chosen many-file layout under cProfile and prints where its
+time goes (profiling slows the Python parts a little; DuckDB's parts are timed as they are).
+Usage: python benchmarks/ingest_layouts.py [--only steps,tiny,bad] [--repeat 3] [--where]
 """
 
 from __future__ import annotations
@@ -128,10 +130,49 @@ def show(name: str, mb: float, result: dict) -> None:
           f"peak RSS {result['rss_mb']:5.0f} MB  (runs {runs}; load avg {loads})")
 
 
+# Phases of one ingest, as the functions that carry them out (cumulative seconds under cProfile).
+PHASES = [
+    ("walk the folder", "files.py", "walk"),
+    ("sniff, read and hash each file", "runner.py", "_batch_member"),
+    ("skip unchanged files", "runner.py", "_drop_unchanged"),
+    ("batch read and type check (DuckDB)", "jsonl.py", "load_batch_records"),
+    ("write rows, files rows, commit", "runner.py", "_store_batch"),
+    ("  of which the rows' INSERT (DuckDB)", "polytrace_packed.py", "write"),
+    ("open and close the store (checkpoint)", "ingest.py", "_ingest_into_store"),
+]
+
+
+def where_time_goes(folder: Path) -> None:
+    """One profiled ingest of `folder`: the process's wall time and each phase's share of it."""
+    import pstats
+
+    store, profile = OUT / "where.duckdb", OUT / "where.prof"
+    for stale in (store, store.with_name(store.name + ".wal")):
+        stale.unlink(missing_ok=True)
+    took, _ = run_measured([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "polytrace_cli.cli", "ingest",
+                            str(folder), "--db", str(store)])
+    stats = pstats.Stats(str(profile)).stats
+    print(f"  where the time goes (one profiled run, {took:.2f} s wall):")
+    def cumulative(file_name: str, function: str) -> float:
+        return sum(value[3] for (path, _, name), value in stats.items() if path.endswith(file_name) and name == function)
+
+    accounted = 0.0
+    for label, file_name, function in PHASES:
+        seconds = cumulative(file_name, function)
+        if function == "_ingest_into_store":
+            seconds -= cumulative("runner.py", "ingest_paths")
+        if not label.startswith(" "):
+            accounted += seconds
+        print(f"    {label:40s} {seconds:6.2f} s")
+    print(f"    {'the rest (interpreter, imports, output)':40s} {took - accounted:6.2f} s")
+    store.unlink(missing_ok=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="steps,tiny,bad", help="comma-separated: steps, tiny, bad")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--where", action="store_true", help="also print where one ingest's time goes")
     args = parser.parse_args()
     layouts = generate()
     polytrace = [sys.executable, "-m", "polytrace_cli.cli", "ingest"]
@@ -154,6 +195,8 @@ def main() -> None:
         loop = timed(plain(folder), args.repeat)
         show("plain-Python loop", mb, loop)
         print(f"  polytrace vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster")
+        if args.where:
+            where_time_goes(folder)
     if "bad" in chosen:
         mb = folder_mb(layouts["clean"])
         print(f"one {mb:.0f} MB file, one bad line in the middle:")

@@ -116,9 +116,6 @@ def test_step_time_without_overheads_still_counts_them(tmp_path):
     assert [c["cause"] for c in row["causes"][:2]] == ["validation", "checkpoint"]
 
 
-@pytest.mark.xfail(strict=True, reason="a resume at a checkpoint step leaves no mark in the store: the validation "
-                   "line of the loaded step merges into that step, and the 'Load from checkpoint folder' line is "
-                   "ignored, so no segment or `resumed` flag tells explain that warm-up starts again")
 def test_warmup_after_a_resume_is_named(tmp_path):
     truth = _synth(tmp_path, "--resume-after", "150")
     from polytrace_cli.store import open_store

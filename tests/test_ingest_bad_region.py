@@ -20,6 +20,8 @@ BAD_LINES = [
     ("Traceback (most recent call last):", "invalid-json"),
     ('{"step": 3, "input": 10, "output": [5], "note": "cut in a str', "invalid-json"),
     ("[1, 2, 3]", "not-an-object"),
+    ("null", "not-an-object"),
+    ("5", "not-an-object"),
     ('{"step": 3, "output": [5]}', "missing-field"),
     ('{"step": null, "input": 4, "output": [5]}', "missing-field"),
     ('{"step": 3.5, "input": 4, "output": [5]}', "type-error"),

@@ -71,15 +71,22 @@ def batch_reads(monkeypatch) -> list[int]:
     sizes = []
     read = jsonl.load_batch_records
 
-    def counting(con, paths, *args):
+    def counting(con, paths, *args, **options):
         sizes.append(len(paths))
-        return read(con, paths, *args)
+        return read(con, paths, *args, **options)
 
     monkeypatch.setattr(runner, "load_batch_records", counting)
     return sizes
 
 
-def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_reads):
+@pytest.fixture(params=["as text lines", "as JSON records"])
+def read_kind(request, monkeypatch) -> str:
+    """Each test runs with batches read both ways (the choice is by the files' mean size)."""
+    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 1 << 40 if request.param == "as text lines" else 0)
+    return request.param
+
+
+def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_reads, read_kind):
     write_run(tmp_path / "run_a")
     batched = open_store(tmp_path / "batched.duckdb")
     alone = open_store(tmp_path / "alone.duckdb")
@@ -100,7 +107,7 @@ def test_a_batch_stores_exactly_what_file_by_file_ingest_stores(tmp_path, batch_
         alone.close()
 
 
-def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_reads):
+def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_reads, read_kind):
     paths = write_run(tmp_path / "run_b")
     out_of_range = paths[3]
     out_of_range.write_text(packed_line(3, 0) + "\n" + packed_line(3, 1, outputs=(5, 2**40)) + "\n")
@@ -124,15 +131,32 @@ def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_
     assert untouched.fetchone()[0] == sum(3 + step % 4 for step in range(24) if step not in (3, 9))
 
 
-def test_a_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads):
+def test_a_small_file_that_is_not_utf8_is_read_alone_without_failing_the_batch(store, tmp_path, batch_reads,
+                                                                              read_kind):
     paths = write_run(tmp_path / "run_c", steps=20)
     latin = paths[11]
     latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n')
     reports = ingest_paths(store, [tmp_path / "run_c"])
     assert not any(r.failed for r in reports)
+    assert batch_reads == [12, 3, 16]  # the packed steps sort 0, 1, 10, 11 (read alone), 12 ... 19, 2 ... 9
+    assert store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)"
+                         ).fetchall() == [(str(latin.resolve()), 2, "encoding-error")]
+    assert store.execute("SELECT count(*) FROM files WHERE rejected = 0").fetchone()[0] == len(paths) - 1
+
+
+def test_a_large_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tmp_path, batch_reads, read_kind):
+    paths = write_run(tmp_path / "run_c", steps=20)
+    latin = paths[11]
+    good = "".join(packed_line(11, index) + "\n" for index in range(1, 600))
+    assert len(good) > runner.BATCH_TEXT_KEEP_BYTES
+    latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n' + good.encode())
+    reports = ingest_paths(store, [tmp_path / "run_c"])
+    assert not any(r.failed for r in reports)
     assert batch_reads[:2] == [12, 20] and len(batch_reads) > 2  # the failed read was split
     assert store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)"
                          ).fetchall() == [(str(latin.resolve()), 2, "encoding-error")]
+    assert store.execute("SELECT lines, stored, rejected FROM files WHERE path = ?",
+                         [str(latin.resolve())]).fetchall() == [(601, 600, 1)]
     assert store.execute("SELECT count(*) FROM files WHERE rejected = 0").fetchone()[0] == len(paths) - 1
 
 
@@ -181,3 +205,58 @@ def test_the_command_summarises_many_files_per_run_format_and_status(tmp_path):
     assert "251 file(s), 750 rows, 1 rejected lines" in result.output
     listed = CliRunner().invoke(app, ["ingest", str(folder), "--db", str(tmp_path / "s.duckdb"), "--json"])
     assert len(json.loads(listed.stdout)) == 251
+
+
+@pytest.mark.parametrize("line, code", [("null", "not-an-object"), ("5", "not-an-object"), ("{}", "missing-field")])
+def test_a_line_that_is_no_record_is_rejected_whichever_way_the_batch_is_read(store, tmp_path, read_kind, line, code):
+    paths = write_run(tmp_path / "run_e", steps=8)
+    odd = paths[2]
+    odd.write_text(packed_line(2, 0) + "\n" + line + "\n" + packed_line(2, 1) + "\n")
+    reports = ingest_paths(store, [tmp_path / "run_e"])
+    assert not any(r.failed for r in reports)
+    assert store.execute("SELECT e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)").fetchall() == [
+        (2, code)]
+    assert store.execute("SELECT lines, stored, rejected FROM files WHERE path = ?",
+                         [str(odd.resolve())]).fetchall() == [(3, 2, 1)]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from polytrace_cli.ingest.formats.polytrace_packed import SPEC as PACKED_SPEC  # noqa: E402
+from polytrace_cli.ingest.jsonl import value_problem  # noqa: E402
+
+_ITEMS = st.one_of(st.integers(-5, 5), st.sampled_from([2**31 - 1, 2**31, -(2**31), 999_999_999, 10**9, 2**40]),
+                   st.sampled_from([5.0, 5.7, 1e2, -0.0, True, None, "7", [1]]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=st.one_of(st.integers(0, 3), st.sampled_from([2.0, 2.5, "2", True, 2**31, 10**9 - 1])),
+       output=st.lists(_ITEMS, min_size=1, max_size=3), json_read=st.booleans())
+def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_path_factory, monkeypatch, step, output,
+                                                                          json_read):
+    """Whichever way a batch is read, an odd line is stored as its values or its file is read alone
+    and the line rejected with the code `value_problem` gives (checks aside)."""
+    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0 if json_read else 1 << 40)
+    folder = tmp_path_factory.mktemp("agree") / "run"
+    folder.mkdir()
+    record = {"step": step, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 10, "output": output,
+              "n_sampling": len(output), "validate": False}
+    for index in range(3):
+        lines = [packed_line(index, 0), json.dumps(record) if index == 1 else packed_line(index, 1)]
+        (folder / f"packed_lengths_step_{index}.jsonl").write_text("\n".join(lines) + "\n")
+    con = open_store(folder.parent / "s.duckdb")
+    try:
+        ingest_paths(con, [folder])
+        odd = con.execute("SELECT g.step, g.response_lens FROM sample_groups g JOIN files f USING (file_id)"
+                          " WHERE f.path LIKE '%step_1.jsonl' AND g.prompt_idx = 0 AND g.prompt_len = 10"
+                          " AND g.response_lens <> [5, 6, 7]").fetchall()
+        codes = [code for (code,) in con.execute("SELECT code FROM ingest_errors").fetchall()]
+        assert con.execute("SELECT sum(stored + rejected) FROM files").fetchone()[0] == 6
+    finally:
+        con.close()
+    problem = value_problem(record, PACKED_SPEC, "")
+    if problem is None and None not in output and min(output) >= 0:
+        assert codes == [] and odd == [(int(step), [int(item) for item in output])]
+    elif problem is not None:
+        assert codes == [problem[0]] and odd == []

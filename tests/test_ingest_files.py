@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 from polytrace_cli.ingest.files import FileHashes, hash_and_count, walk
 
@@ -26,6 +27,22 @@ def test_walk_sorts_skips_hidden_and_store_files_and_names_problems(tmp_path):
     assert [(p.name, explicit, problem) for p, explicit, problem in found] == [
         ("a.jsonl", False, None), ("b.log", False, None), ("missing", True, "no such file or directory"),
     ]
+
+
+def test_walk_gives_files_in_folders_resolved_and_does_not_follow_linked_folders(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "inner").mkdir(parents=True)
+    (elsewhere / "target.jsonl").write_text("x\n")
+    (elsewhere / "inner" / "deep.jsonl").write_text("x\n")
+    run = tmp_path / "run"
+    (run / "sub").mkdir(parents=True)
+    (run / "sub" / "b.jsonl").write_text("x\n")
+    (run / "a.jsonl").symlink_to(elsewhere / "target.jsonl")
+    (run / "linked").symlink_to(elsewhere / "inner", target_is_directory=True)
+    given = tmp_path / "." / "run"
+    found = [path for path, _, _ in walk([given])]
+    assert found == [(elsewhere / "target.jsonl").resolve(), (run / "sub" / "b.jsonl").resolve()]
+    assert found == [Path(path).resolve() for path in found]
 
 
 def test_prefetched_hash_is_computed_once_and_shared(tmp_path):

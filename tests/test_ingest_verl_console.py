@@ -227,6 +227,30 @@ def test_v05_repr_values_restart_resume_and_rejections(store):
     assert "value_precision" not in meta
 
 
+def test_a_job_resumed_from_a_checkpoint_starts_a_segment_at_its_next_metric_line(store, tmp_path):
+    path = tmp_path / "resumed" / "train.log"
+    path.parent.mkdir()
+    path.write_text(
+        "step:0 - val-core/acc/mean@1:0.5\n"
+        "step:1 - timing_s/step:10.0 - timing_s/gen:6.0\n"
+        "step:2 - timing_s/step:11.0 - timing_s/gen:7.0\n"
+        "*** SIGTERM received at time=1767607200 on cpu 0 (pid 27182) ***\n"
+        "\x1b[36m(TaskRunner pid=31)\x1b[0m Load from checkpoint folder: checkpoints/global_step_2\n"
+        "step:2 - val-core/acc/mean@1:0.75\n"
+        "step:3 - timing_s/step:20.0 - timing_s/gen:16.0\n"
+    )
+    [report] = _ingest(store, path)
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (7, 5, 2, 0)
+    assert store.execute("SELECT rule, lines FROM ignored_lines ORDER BY rule").fetchall() == [
+        ("checkpoint-load", 1), ("other", 1)]
+    assert store.execute("SELECT segment, step, key, value FROM step_metrics WHERE key LIKE 'val%' OR key = 'timing_s/step'"
+                         " ORDER BY line_no").fetchall() == [
+        (0, 0, "val-core/acc/mean@1", 0.5), (0, 1, "timing_s/step", 10.0), (0, 2, "timing_s/step", 11.0),
+        (1, 2, "val-core/acc/mean@1", 0.75), (1, 3, "timing_s/step", 20.0)]
+    assert store.execute("SELECT segment, step, flag, detail, line_no FROM step_flags WHERE flag = 'restart'"
+                         ).fetchall() == [(1, 2, "restart", "resumed from a checkpoint after step 2", 6)]
+
+
 def test_global_step_mid_line_is_not_a_metric_line(store):
     _ingest(store, FIXTURES / "console_v05" / "train.log")
     assert store.execute("SELECT count(*) FROM step_metrics WHERE step = 102 AND key = 'to'").fetchall()[0][0] == 0

@@ -164,23 +164,43 @@ def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int
 def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]:
     """(file, named_explicitly, problem) for every file under the given paths, sorted.
 
-    Hidden files and folders below a given folder, and DuckDB store files, are left out.
+    A file met in a folder is given as its resolved path (the folder is resolved once; only a
+    file reached through a symbolic link is resolved on its own). Hidden files and folders below a
+    given folder, folders reached through a symbolic link, and DuckDB store files are left out.
     """
     for given in paths:
         path = Path(given)
         if not path.exists():
             yield path, True, "no such file or directory"
         elif path.is_dir():
-            for child in sorted(path.rglob("*")):
-                relative = child.relative_to(path)
-                if any(part.startswith(".") for part in relative.parts):
-                    continue
-                if child.is_file() and not child.name.endswith(STORE_SUFFIXES):
-                    yield child, False, None
+            root = path.resolve()
+            for relative, linked in sorted(_files_below(root, ())):
+                child = root.joinpath(*relative)
+                yield (child.resolve() if linked else child), False, None
         elif path.is_file():
             yield path, True, None
         else:
             yield path, True, "not a regular file"
+
+
+def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], bool]]:
+    """(relative parts, reached through a link) of every regular file below `folder` (not hidden,
+    not a store file), by one `scandir` per folder: no file is stat'ed unless it is a link."""
+    try:
+        entries = list(os.scandir(folder.joinpath(*parts)))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                yield from _files_below(folder, (*parts, name))
+            elif entry.is_file() and not name.endswith(STORE_SUFFIXES):
+                yield (*parts, name), entry.is_symlink()
+        except OSError:
+            continue
 
 
 class FileHashes:

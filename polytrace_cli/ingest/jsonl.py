@@ -174,6 +174,32 @@ def fits_sql(expr: str, spec, depth: int = 0) -> str:
     return f"({expr} IS NULL OR {kind} = 'NULL' OR ({fits}))"
 
 
+# Digits a plain integer literal may have and still surely fit its type (2^31 has ten digits).
+_SAFE_DIGITS = {"SMALLINT": 4, "INTEGER": 9, "BIGINT": 18}
+
+
+def plain_fit_sql(text: str, spec) -> str | None:
+    """A cheap SQL condition on a JSON value's text, true only when the value surely fits `spec`, or
+    None when the spec has no such rule.
+
+    An integer written as a plain literal short enough to be within its type, `true`/`false`, a
+    number with at most a two-digit exponent, or a list of such integers fits; most values are
+    written so. A value this rule does not vouch for is put to the exact rule (`fits_sql`).
+    """
+    if isinstance(spec, str):
+        if spec in _SAFE_DIGITS:
+            return f"regexp_full_match({text}, '-?[0-9]{{1,{_SAFE_DIGITS[spec]}}}')"
+        if spec == "BOOLEAN":
+            return f"{text} IN ('true', 'false')"
+        if spec == "DOUBLE":
+            return f"regexp_full_match({text}, '-?[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]{{1,2}})?')"
+        return None
+    if isinstance(spec, list) and isinstance(spec[0], str) and spec[0] in _SAFE_DIGITS:
+        item = f"-?[0-9]{{1,{_SAFE_DIGITS[spec[0]]}}}"
+        return f"regexp_full_match({text}, '\\[\\s*({item}(\\s*,\\s*{item})*)?\\s*\\]')"
+    return None
+
+
 def _json_field(expr: str, name: str) -> str:
     return f"json_extract({expr}, {_sql_string('$.' + json.dumps(name))})"
 
@@ -192,21 +218,12 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     as true and turn an out-of-range list item into NULL without a word.
     """
     con = ctx.con
-    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
-    try:
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE raw_records AS SELECT * FROM read_json(?, format='newline_delimited',"
-            f" columns={raw_columns})",
-            [str(ctx.path)],
-        )
-    except duckdb.Error:
+    if not _create_checked_from_json(con, [str(ctx.path)], spec, required, with_filename=False):
         return False
-    _create_checked(con, spec, required, "")
     if fetch_count(con, "SELECT count(*) FROM checked WHERE bad"):
         con.execute("DROP TABLE checked")
         return False
-    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
-    con.execute("DROP TABLE checked")
+    _checked_become_records(con)
     if checks:
         bad = con.execute(
             f"SELECT count(*) FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
@@ -310,14 +327,42 @@ def _create_raw_records(con: duckdb.DuckDBPyConnection, spec: Spec, keys: str) -
         con.execute(select.format(valid="starts_with(line, '{') AND json_valid(line)"))
 
 
-def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str) -> None:
-    """Temp table `checked`: `keys`, each field of `raw_records` typed by the spec, and `bad`: whether
-    the record misses a required field or holds a value that does not fit its type.
+def _create_checked_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
+                              required: Sequence[str], with_filename: bool) -> bool:
+    """`_create_checked` straight from DuckDB's `read_json` of the files (each field read as JSON,
+    with each record's `filename` when asked), in one statement; False when some line is not a
+    JSON object DuckDB can read. `read_json` reads a line `null` as a record with every field NULL:
+    such a record is counted bad, for the per-line rule to decide."""
+    raw_columns = "{" + ", ".join(f"{_sql_string(name)}: 'JSON'" for name in spec) + "}"
+    source = (f"read_json(?, format='newline_delimited', records=true, columns={raw_columns}"
+              f"{', filename=true' if with_filename else ''})")
+    try:
+        _create_checked(con, spec, required, "filename" if with_filename else "", source=source,
+                        parameters=[list(paths)], all_null_is_bad=True)
+    except duckdb.Error:
+        return False
+    return True
 
-    A value whose typed form (`json_transform`) writes back (`to_json`) to the very same JSON text
-    fits its type, and most values do; only the others are put to the exact rule `fits_sql`,
-    which costs far more (a whole number written 5.0, a struct with absent keys, a string with
-    escapes are such values, and may still fit).
+
+def _checked_become_records(con: duckdb.DuckDBPyConnection) -> None:
+    """Rename `checked`, every record of it good, to `records` (without its `bad` column)."""
+    con.execute("DROP TABLE IF EXISTS records")
+    con.execute("ALTER TABLE checked RENAME TO records")
+    con.execute("ALTER TABLE records DROP COLUMN bad")
+
+
+def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequence[str], keys: str,
+                    source: str = "raw_records", parameters: list | None = None,
+                    all_null_is_bad: bool = False) -> None:
+    """Temp table `checked`: `keys`, each field of `source` (by default the table `raw_records`,
+    dropped afterwards) typed by the spec, and `bad`: whether the record misses a required field or
+    holds a value that does not fit its type (or, with `all_null_is_bad`, has every field NULL).
+
+    A value whose text passes `plain_fit_sql` fits its type, and so does one whose typed form
+    (`json_transform`) writes back (`to_json`) to the very same JSON text; most values are one or
+    the other. Only the rest are put to the exact rule `fits_sql`, which costs far more (a whole
+    number written 5.0, a struct with absent keys, a string with escapes are such values, and may
+    still fit).
     """
     typed, outputs, conditions = [], [], []
     for name in required:
@@ -329,14 +374,20 @@ def _create_checked(con: duckdb.DuckDBPyConnection, spec: Spec, required: Sequen
         if sub == "JSON":
             continue
         written_back = f"to_json({typed_field})::VARCHAR = {field}::VARCHAR"
-        conditions.append(f"CASE WHEN {written_back} THEN false ELSE NOT {fits_sql(field, sub)} END")
+        plain = plain_fit_sql(f"{field}::VARCHAR", sub)
+        conditions.append(f"CASE {f'WHEN {plain} THEN false ' if plain else ''}WHEN {written_back} THEN false"
+                          f" ELSE NOT {fits_sql(field, sub)} END")
+    if all_null_is_bad:
+        conditions.append(" AND ".join(f"raw.{_quoted(name)} IS NULL" for name in spec))
     key_list = ", ".join(f"raw.{key.strip()}" for key in keys.split(",") if key.strip())
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {key_list + ', ' if key_list else ''}{', '.join(outputs)},"
         f" coalesce({' OR '.join(f'({c})' for c in conditions) or 'false'}, false) AS bad"
-        f" FROM (SELECT *, {', '.join(typed)} FROM raw_records raw) raw"
+        f" FROM (SELECT *, {', '.join(typed)} FROM {source} raw) raw",
+        parameters or [],
     )
-    con.execute("DROP TABLE raw_records")
+    if source == "raw_records":
+        con.execute("DROP TABLE raw_records")
 
 
 def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
@@ -382,8 +433,7 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
             verdicts.append((line_no, verdict))
         for line_no, verdict in verdicts:
             _account_for(ctx, line_no, verdict)
-        con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad) FROM checked")
-        con.execute("DROP TABLE checked")
+        _checked_become_records(con)
 
         def text_of(line_no: int) -> str:
             line = con.execute("SELECT line FROM raw_lines WHERE line_no = ?", [line_no]).fetchall()[0][0]
@@ -475,23 +525,66 @@ class BulkJsonlIngester(JsonlTraceIngester):
 
 
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
-                       required: Sequence[str] = (), checks: Sequence[Check] = ()) -> tuple[set[str], dict] | None:
+                       required: Sequence[str] = (), checks: Sequence[Check] = (),
+                       whole_json: bool = False, texts: dict[str, str] | None = None) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, with each record's `filename`.
 
-    The files are read as text (`read_text`, far cheaper per file than `read_json`) and split into
-    lines; a line is blank (skipped, as `read_json` skips it), or a JSON object whose fields fit
-    (`_create_raw_records`, `_create_checked`), or bad. Returns None when some file is not UTF-8
-    text (which one is unknown), else (the files holding a bad line or a record that fails a
-    check, whose records are removed for the caller to read those files alone; {filename:
-    (lines, blank lines)} of every file read).
+    With `whole_json`, the files are first read as JSON records (`read_json`, the cheaper read for
+    files of many lines); a file's count of lines is then its count of records, blank lines not
+    counted. Otherwise, or when that read fails (some line is not JSON), the files are read as text
+    (`read_text`, far cheaper per file than `read_json` for tiny files; `texts` holds the text of
+    files already read, which DuckDB then need not open) and split into lines; a line is blank
+    (skipped, as `read_json` skips it), or a JSON object whose fields fit (`_create_raw_records`,
+    `_create_checked`), or bad. Returns None when some file is not UTF-8 text (which one is
+    unknown), else (the files holding a bad line or a record that fails a check, whose records are
+    removed for the caller to read those files alone; {filename: (lines, blank lines)} of every
+    file read).
     """
+    if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
+        counts, bad = {}, set()
+        for name, records, bad_records in con.execute(
+                "SELECT filename, count(*), count(*) FILTER (WHERE bad) FROM checked GROUP BY filename").fetchall():
+            counts[name] = (records, 0)
+            if bad_records:
+                bad.add(name)
+        if bad:
+            con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
+        _checked_become_records(con)
+    else:
+        read = _read_batch_as_lines(con, paths, spec, required, texts or {})
+        if read is None:
+            return None
+        bad, counts = read
+        con.execute("DROP TABLE checked")
+    if checks:
+        failing = {name for (name,) in con.execute(
+            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+        ).fetchall()}
+        if failing:
+            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(failing)])
+            bad |= failing
+    return bad, counts
+
+
+def _read_batch_as_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
+                         required: Sequence[str], texts: dict[str, str]) -> tuple[set[str], dict] | None:
+    """Temp table `checked` of the files read as text and split into lines; (files with a bad line,
+    {filename: (lines, blank lines)}), or None when some file is not UTF-8 text."""
+    unread = [path for path in paths if path not in texts]
+    known = [path for path in paths if path in texts]
+    sources = []
+    if known:
+        sources.append("SELECT unnest(?::VARCHAR[]) AS filename, unnest(?::VARCHAR[]) AS content")
+    if unread:
+        sources.append("SELECT filename, content FROM read_text(?)")
+    parameters = ([known, [texts[path] for path in known]] if known else []) + ([unread] if unread else [])
     try:
         con.execute(
             "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT filename, unnest(range(1, len(parts) + 1)) AS line_no,"
             " unnest(parts) AS line FROM (SELECT filename, CASE WHEN ends_with(content, chr(10))"
             " THEN list_slice(pieces, 1, len(pieces) - 1) ELSE pieces END AS parts"
-            " FROM (SELECT filename, content, string_split(content, chr(10)) AS pieces FROM read_text(?)))",
-            [list(paths)],
+            f" FROM (SELECT filename, content, string_split(content, chr(10)) AS pieces FROM ({' UNION ALL '.join(sources)})))",
+            parameters,
         )
     except duckdb.Error:
         return None
@@ -509,13 +602,5 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     finally:
         con.execute("DROP TABLE IF EXISTS raw_lines")
     con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT * EXCLUDE (bad, line_no) FROM checked"
-                " WHERE filename NOT IN (SELECT unnest(?))", [sorted(bad)])
-    con.execute("DROP TABLE checked")
-    if checks:
-        failing = {name for (name,) in con.execute(
-            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
-        ).fetchall()}
-        if failing:
-            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?))", [sorted(failing)])
-            bad |= failing
+                " WHERE filename NOT IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
     return bad, counts

@@ -356,6 +356,10 @@ def ingest_paths(
 BATCH_FILE_MAX_BYTES = 4 << 20
 BATCH_MAX_FILES = 10_000
 BATCH_MAX_BYTES = 128 << 20
+# A batch whose files hold this many bytes on average is read as JSON records, fewer as text lines.
+BATCH_JSON_MIN_MEAN_BYTES = 64 << 10
+# The text of a file this small is kept from sniffing for the batch read (DuckDB need not open it).
+BATCH_TEXT_KEEP_BYTES = 64 << 10
 # A batch whose read fails (a line that does not parse, in a file unknown) is split in halves
 # until this many files remain, which are then read one by one.
 BATCH_SPLIT_MIN_FILES = 4
@@ -369,6 +373,7 @@ class _BatchMember:
     explicit: bool
     ingester: BulkJsonlIngester
     size: int
+    text: str | None = None  # a small file's text, kept from sniffing and hashing for the batch read
     run_id: int = 0
     run: str = ""
     file_id: int = 0
@@ -390,9 +395,17 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             data = head + handle.read()  # small: read once for sniffing, hashing and counting lines
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
-    resolved = path.resolve()
+    text = None
+    if len(data) <= BATCH_TEXT_KEEP_BYTES:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # loaded alone, which names the line that is not UTF-8 text
+        if "\0" in text:
+            return None
+    resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
     hashes.known(resolved, hash_and_count_bytes(data))
-    return _BatchMember(resolved, explicit, ingester, len(data))
+    return _BatchMember(resolved, explicit, ingester, len(data), text)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -417,8 +430,10 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
     if not changed:
         return
     try:
+        whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
         read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
-                                  ingester.checks)
+                                  ingester.checks, whole_json=whole_json,
+                                  texts={str(m.path): m.text for m in changed if m.text is not None})
     except duckdb.Error:
         read = None  # handled like a read that fails: the batch is split
     if read is None:
@@ -431,6 +446,21 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         _ingest_batch(con, changed[half:], resolver, hashes, done, load_alone)
         return
     bad, line_counts = read
+    uncounted = []
+    for member in changed:
+        name, lines = str(member.path), hashes.result(member.path)[2]
+        read_lines, blank = line_counts.get(name, (0, 0))
+        if name in bad or read_lines == lines:
+            continue
+        # Read as JSON records, a file's blank lines were skipped unseen: count them, else read it alone.
+        blank = _blank_lines(member.path)
+        if blank is not None and read_lines + blank == lines:
+            line_counts[name] = (lines, blank)
+        else:
+            uncounted.append(name)
+    if uncounted:
+        con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [uncounted])
+        bad |= set(uncounted)
     clean = [m for m in changed if str(m.path) not in bad]
     try:
         reports = _store_batch(con, clean, ingester, hashes, line_counts, started) if len(clean) > 1 else None
@@ -455,22 +485,25 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
             done(reports[member.file_id])
 
 
+def _blank_lines(path: Path) -> int | None:
+    """How many lines of a small file hold only white space, or None when it cannot be read again."""
+    try:
+        with open(path, "rb") as handle:
+            return sum(1 for line in handle if not line.strip())
+    except OSError:
+        return None
+
+
 def _drop_unchanged(con: duckdb.DuckDBPyConnection, members: list[_BatchMember],
                     hashes: FileHashes) -> tuple[list[_BatchMember], list[_BatchMember]]:
     """(changed or new, unchanged) members: a file the store holds read the same way (format, parser
     version, options, size) with the same sha256 is unchanged and is not read again. Notes each
     member's previous `file_id`, if any."""
-    import pyarrow as pa
-
-    wanted = pa.table({"run_id": pa.array([m.run_id for m in members], pa.int64()),
-                       "path": [path_text(m.path) for m in members]})
-    con.register("_wanted", wanted)
-    try:
-        known = {(run_id, path): rest for run_id, path, *rest in con.execute(
-            "SELECT f.run_id, f.path, f.file_id, f.sha256, f.format, f.parser_version, f.read_options, f.bytes"
-            " FROM files f JOIN _wanted w ON f.run_id = w.run_id AND f.path = w.path").fetchall()}
-    finally:
-        con.unregister("_wanted")
+    known = {(run_id, path): rest for run_id, path, *rest in con.execute(
+        "SELECT f.run_id, f.path, f.file_id, f.sha256, f.format, f.parser_version, f.read_options, f.bytes"
+        " FROM files f JOIN (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::VARCHAR[]) AS path) w"
+        " ON f.run_id = w.run_id AND f.path = w.path",
+        [[m.run_id for m in members], [path_text(m.path) for m in members]]).fetchall()}
     changed, unchanged = [], []
     for member in members:
         existing = known.get((member.run_id, path_text(member.path)))
@@ -491,23 +524,15 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
     and the records stored (else nothing is written and the files are loaded alone). A file's
     `seconds` is its share, by bytes, of the batch's time.
     """
-    import pyarrow as pa
-
     ids = fetch_first(con, "SELECT list(id ORDER BY id) FROM (SELECT nextval('file_id_seq') AS id FROM range(?))",
                       [len(members)])[0]
     for member, file_id in zip(members, ids):
         member.file_id = file_id
-    keys = pa.table({
-        "filename": [str(m.path) for m in members],
-        "file_id": pa.array([m.file_id for m in members], pa.int64()),
-        "run_id": pa.array([m.run_id for m in members], pa.int64()),
-        "file_rank": pa.array([ingester.file_rank(m.path) for m in members], pa.int32()),
-    })
-    con.register("_batch_files", keys)
-    try:
-        con.execute("CREATE OR REPLACE TEMP TABLE batch_files AS SELECT * FROM _batch_files")
-    finally:
-        con.unregister("_batch_files")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE batch_files AS SELECT unnest(?::VARCHAR[]) AS filename,"
+        " unnest(?::BIGINT[]) AS file_id, unnest(?::BIGINT[]) AS run_id, unnest(?::INTEGER[]) AS file_rank",
+        [[str(m.path) for m in members], [m.file_id for m in members], [m.run_id for m in members],
+         [ingester.file_rank(m.path) for m in members]])
     con.execute("CREATE OR REPLACE TEMP VIEW keyed AS SELECT f.file_id, f.run_id, f.file_rank,"
                 " r.* EXCLUDE (filename) FROM records r JOIN batch_files f USING (filename)")
     stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_files f USING (filename)"
@@ -561,15 +586,11 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
 
 
 def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[tuple]) -> None:
-    """Insert many rows in one statement (through Arrow), typed by the table's columns."""
-    import pyarrow as pa
-
-    frame = pa.table({name: [row[index] for row in rows] for index, name in enumerate(columns)})
-    con.register("_rows", frame)
-    try:
-        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _rows")
-    finally:
-        con.unregister("_rows")
+    """Insert many rows in one statement (each column passed as one list), typed by the table's columns."""
+    names = ", ".join(columns)
+    unnested = ", ".join(f"unnest(?) AS {name}" for name in columns)
+    con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM (SELECT {unnested})",
+                [[row[index] for row in rows] for index in range(len(columns))])
 
 
 @dataclass

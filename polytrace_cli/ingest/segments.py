@@ -6,6 +6,10 @@ increasing steps as its own segment means nothing is merged or dropped. The firs
 A step printed twice in a row is one step when the two lines name different keys (verl prints a
 validation line `step:0 - test_score/...` and then the training line of the same step); when
 they share a key, the step was logged again by a restarted job, and a new segment begins.
+
+A job resumed from a checkpoint counts on from the loaded step, so its steps do not go back: the
+line where it says so (verl's `Load from checkpoint folder: ...`) starts a new segment at the
+next metric line.
 """
 
 from __future__ import annotations
@@ -15,18 +19,21 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest.base import FileContext
 
 
-def line_segments(metrics: pl.DataFrame) -> pl.DataFrame:
+def line_segments(metrics: pl.DataFrame, resumes: list[int] = ()) -> pl.DataFrame:
     """One row per metric line of `metrics` (line_no, step, key; ordered by line_no): line_no,
-    step, previous, segment.
+    step, previous, resumed, segment.
 
     A line restarts when step(i) < step(i - 1), or step(i) = step(i - 1) and the two lines share a
-    key; segment(line) = number of restarting lines up to and including it.
+    key, or (`resumed`) a line of `resumes` (a checkpoint loaded) lies between line i - 1 and line
+    i; segment(line) = number of restarting lines up to and including it.
     """
     lines = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
     lines = lines.with_columns(previous=pl.col("step").shift(1), previous_line=pl.col("line_no").shift(1))
+    loads_before = pl.Series(sorted(resumes), dtype=pl.Int64).search_sorted(lines.get_column("line_no"))
+    lines = lines.with_columns(resumed=(loads_before > loads_before.shift(1)).fill_null(False))
     repeated = lines.filter(pl.col("step") == pl.col("previous"))
     shared = _lines_sharing_a_key(metrics, repeated) if repeated.height else []
-    restart = (pl.col("step") < pl.col("previous")) | pl.col("line_no").is_in(shared)
+    restart = (pl.col("step") < pl.col("previous")) | pl.col("line_no").is_in(shared) | pl.col("resumed")
     return lines.with_columns(segment=restart.fill_null(False).cast(pl.Int32).cum_sum()).drop("previous_line")
 
 
@@ -53,7 +60,10 @@ def insert_step_flags(ctx: FileContext, segments: str, extra_flags: str | None =
         INSERT INTO step_flags (run_id, segment, step, flag, detail, file_id, line_no)
         WITH found AS (
             {extra}
-            SELECT line_no, step, 'restart' AS flag, 'step went back from ' || previous || ' to ' || step AS detail
+            SELECT line_no, step, 'restart' AS flag,
+                   CASE WHEN resumed THEN 'resumed from a checkpoint after step ' || previous
+                        WHEN step = previous THEN 'step ' || step || ' logged again'
+                        ELSE 'step went back from ' || previous || ' to ' || step END AS detail
             FROM (SELECT *, lag(segment) OVER (ORDER BY line_no) AS previous_segment FROM {segments})
             WHERE segment > previous_segment
             UNION ALL

@@ -16,7 +16,8 @@
    (`type-error`) or lies outside STEP_MIN..STEP_MAX (`out-of-range`), or a value too large for
    a double, rejects its line;
 6. cut segments (`segments.line_segments`: a step going back, or repeated with the same keys,
-   starts a new one) and store `step_metrics` and `step_flags`;
+   or the first metric line after a line saying the job loaded a checkpoint, starts a new one)
+   and store `step_metrics` and `step_flags`;
 7. with no metric line, let the grammar find steps elsewhere (`grammar.fallback`, e.g. progress
    bars), reclaiming the ignored lines it stored;
 8. record run meta (`grammar.record_meta`).
@@ -146,7 +147,7 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     for rule, count in noise.sort("kind").iter_rows():
         ctx.ignore(rule, count)
     parsed = check_steps(ctx, grammar.parse(ctx, lines), lines)
-    ctx.stored = store_parsed(ctx, parsed)
+    ctx.stored = store_parsed(ctx, parsed, resume_lines(lines))
     if not ctx.stored:
         ctx.stored = grammar.fallback(ctx, lines)
         _reclaim(ctx, grammar.reclaimable, ctx.stored)
@@ -209,14 +210,19 @@ def _with_steps(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return frame.drop("step").join(checked, on="line_no", how="left", maintain_order="left").select(frame.columns)
 
 
-def store_parsed(ctx: FileContext, parsed: ParsedMetrics) -> int:
+def resume_lines(lines: pl.DataFrame) -> list[int]:
+    """The numbers of the lines (classified by `classify`) saying the job loaded a checkpoint."""
+    return lines.filter(pl.col("kind") == cl.CHECKPOINT_LOAD).get_column("line_no").to_list()
+
+
+def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = ()) -> int:
     """Write the pairs (each in its line's segment) and flags of `parsed` with the `restart` and
-    `resumed` flags of its segments (steps checked by `check_steps`); returns the number of lines
-    that produced pairs."""
+    `resumed` flags of its segments (steps checked by `check_steps`; `resumes`: the lines saying
+    the job loaded a checkpoint); returns the number of lines that produced pairs."""
     metrics = parsed.metrics
     if not metrics.height:
         return 0
-    segments = line_segments(metrics)
+    segments = line_segments(metrics, resumes)
     metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
     con = ctx.con
     con.register("console_metrics", ArrowStream(metrics))

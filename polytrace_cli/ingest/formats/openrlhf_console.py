@@ -43,7 +43,7 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
-from polytrace_cli.ingest.console.pipeline import check_steps, store_parsed
+from polytrace_cli.ingest.console.pipeline import check_steps, resume_lines, store_parsed
 from polytrace_cli.ingest.registry import register
 
 # The step is taken as printed; the pipeline checks it is a whole number in range (`check_steps`).
@@ -260,7 +260,8 @@ class OpenRLHFGrammar(ConsoleGrammar):
         if not step:
             return 0
         ctx.format_version = "tqdm"
-        stored = store_parsed(ctx, check_steps(ctx, ParsedMetrics.from_rows(records, flags), lines))
+        parsed = check_steps(ctx, ParsedMetrics.from_rows(records, flags), lines)
+        stored = store_parsed(ctx, parsed, resume_lines(lines))
         ctx.note(f"{step} step(s) estimated from tqdm postfixes (no Global step lines)")
         return stored
 
