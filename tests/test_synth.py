@@ -67,6 +67,20 @@ def test_drift_raises_mean_length_over_steps(tmp_path):
     assert abs(_lengths(tmp_path).mean() / (1000 * np.exp(0.045) * np.mean([1.02 ** (s - 14.5) for s in range(30)])) - 1) < 0.02
 
 
+def test_drift_far_from_the_middle_of_a_long_run_stays_within_one_and_the_cap():
+    from polytrace_cli.workload.synth import draw_step
+
+    model = LengthModel(prompt=Marginal("lognorm", {"s": 0.1, "scale": 100.0}),
+                        response=Marginal("lognorm", {"s": 0.3, "scale": 1000.0}))
+    for cap in (4096, None):
+        spec = WorkloadSpec(task="t", steps=200_000, batch=4, n=2, drift=0.01, max_response_len=cap)
+        assert drift_factor(spec, 0) == 0.0 and drift_factor(spec, spec.steps - 1) == float("inf")
+        _, first = draw_step(model, spec, np.random.default_rng(0), 0)
+        _, last = draw_step(model, spec, np.random.default_rng(0), spec.steps - 1)
+        assert first.tolist() == [[1, 1]] * 4
+        assert last.tolist() == [[cap or 2**31 - 1] * 2] * 4
+
+
 def test_groups_keep_the_response_marginal_and_correlate_within_a_prompt():
     model = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
                         response=Marginal("lognorm", {"s": 0.5, "scale": 1000.0}))

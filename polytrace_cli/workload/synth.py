@@ -49,7 +49,10 @@ def drift_factor(spec: WorkloadSpec, step: int) -> float:
     Centred on the middle step, so that a model fitted to a whole run (pooled over its steps) keeps
     its pooled lengths while the steps drift apart by the requested rate.
     """
-    return (1.0 + spec.drift) ** (step - (spec.steps - 1) / 2)
+    try:
+        return (1.0 + spec.drift) ** (step - (spec.steps - 1) / 2)
+    except OverflowError:  # far from the middle of a very long run
+        return float("inf")
 
 
 def draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +61,9 @@ def draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, 
     prompts, responses = model.sample_groups(rng, spec.batch, spec.n, spec.max_response_len)
     factor = drift_factor(spec, step)
     if factor != 1.0:
-        scaled = np.maximum(np.rint(responses * factor), 1).astype(np.int64)
+        # Far from the middle of a long run the factor may overflow to inf or underflow to 0.
+        ceiling = spec.max_response_len or np.iinfo(np.int32).max
+        scaled = np.clip(np.rint(responses * factor), 1, ceiling).astype(np.int64)
         if spec.max_response_len:
             scaled = np.where(responses >= spec.max_response_len, spec.max_response_len,
                               np.minimum(scaled, spec.max_response_len))
