@@ -4,11 +4,13 @@ samples, step aggregates and length caps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import duckdb
-import polars as pl
+from typing import TYPE_CHECKING
 
 from polytrace_cli.errors import PolytraceError
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
 
 TRAINING_SAMPLES = "coalesce(validate, false) = false"
 # A longest length shared by at least this share (and this many) of a run's responses marks a cap.
