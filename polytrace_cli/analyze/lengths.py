@@ -245,20 +245,16 @@ def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
     # A value seen c times whose last position in sorted order is `upto` holds positions
     # upto − c + 1 .. upto: its average rank is upto − (c − 1)/2.
     sql = f"""
-        WITH pairs AS MATERIALIZED (
+        WITH pairs AS (
             SELECT run_id, prompt_len AS p, response_len AS r, count(*)::DOUBLE AS c
             FROM ({training_samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
             GROUP BY ALL
-        ), pv AS (
-            SELECT run_id, p, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY p) - (sum(c) - 1) / 2 AS rp
-            FROM pairs GROUP BY run_id, p
-        ), rv AS (
-            SELECT run_id, r, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY r) - (sum(c) - 1) / 2 AS rr
-            FROM pairs GROUP BY run_id, r
         ), ranked AS (
-            SELECT pairs.run_id, c, p::DOUBLE AS p, r::DOUBLE AS r, rp, rr
-            FROM pairs JOIN pv USING (run_id, p) JOIN rv USING (run_id, r)
+            SELECT run_id, c, p::DOUBLE AS p, r::DOUBLE AS r,
+                   sum(c) OVER (PARTITION BY run_id ORDER BY p) - (sum(c) OVER (PARTITION BY run_id, p) - 1) / 2 AS rp,
+                   sum(c) OVER (PARTITION BY run_id ORDER BY r) - (sum(c) OVER (PARTITION BY run_id, r) - 1) / 2 AS rr
+            FROM pairs
         ), centred AS (
             SELECT run_id, c,
                    p - sum(c * p) OVER w / sum(c) OVER w AS dp, r - sum(c * r) OVER w / sum(c) OVER w AS dr,
