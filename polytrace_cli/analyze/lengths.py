@@ -272,11 +272,18 @@ def _correlation_sql(run_ids: list[int], steps: StepRange) -> str:
             FROM ({training_samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
             GROUP BY ALL
+        ), pv AS (
+            SELECT run_id, p, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY p) - (sum(c) - 1) / 2 AS rp
+            FROM pairs GROUP BY run_id, p
+        ), rv AS (
+            SELECT run_id, r, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY r) - (sum(c) - 1) / 2 AS rr
+            FROM pairs GROUP BY run_id, r
         ), ranked AS (
-            SELECT run_id, c, p::DOUBLE AS p, r::DOUBLE AS r,
-                   sum(c) OVER (PARTITION BY run_id ORDER BY p) - (sum(c) OVER (PARTITION BY run_id, p) - 1) / 2 AS rp,
-                   sum(c) OVER (PARTITION BY run_id ORDER BY r) - (sum(c) OVER (PARTITION BY run_id, r) - 1) / 2 AS rr
-            FROM pairs
+            -- Every pair finds its p in pv and its r in rv, so these are inner joins; as LEFT JOINs
+            -- the planner keeps their order (inner, it joined pv with rv on run_id first: a cross
+            -- product of the distinct prompt and response lengths).
+            SELECT pairs.run_id, c, p::DOUBLE AS p, r::DOUBLE AS r, rp, rr
+            FROM pairs LEFT JOIN pv USING (run_id, p) LEFT JOIN rv USING (run_id, r)
         ), centred AS (
             SELECT run_id, c,
                    p - sum(c * p) OVER w / sum(c) OVER w AS dp, r - sum(c * r) OVER w / sum(c) OVER w AS dr,
