@@ -83,7 +83,7 @@ def small_frame(con: duckdb.DuckDBPyConnection, sql: str, schema: dict[str, pl.D
     """Run SQL whose result is a few rows and return it as a polars DataFrame of the declared `schema`.
 
     The rows travel as Python values instead of through Arrow: for a summary of a few rows that
-    spares loading pyarrow (about 150 ms and 60 MB). The SQL must return the schema's columns in
+    spares loading pyarrow (about 150 ms and 45 MB). The SQL must return the schema's columns in
     its order, each already of the declared type (DOUBLE for Float64, BIGINT for Int64, ...).
     """
     import polars as pl
