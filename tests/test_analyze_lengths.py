@@ -132,6 +132,39 @@ def test_step_aggregate_run(store):
     assert s["estimate"] is True and not per_step["estimate"].any()
 
 
+def test_summary_of_sample_and_step_aggregate_runs_together(store):
+    # "z" has samples and a known cap; "console" has only logged step aggregates (and a cap in its
+    # metadata, which its rows must not show). Rows: runs by name, kinds prompt, response, total.
+    sampled = add_run(store, "z", meta={"max_response_len": 4})
+    add_samples(store, sampled, step=0, prompts=[1, 2, 3, 4], responses=[1, 2, 4, 4])
+    console = add_run(store, "console", meta={"max_response_len": 400})
+    add_step_metrics(store, console, 1, {"response_length/mean": 100, "response_length/max": 200,
+                                         "response_length/min": 10, "prompt_length/mean": 50})
+    summary = lengths.summary(store, [sampled, console], StepRange())
+    assert summary.columns == list(lengths.SUMMARY_COLUMNS)
+    assert summary.select("run", "kind").rows() == [
+        ("console", "prompt"), ("console", "response"), ("z", "prompt"), ("z", "response"), ("z", "total")]
+    logged = row(summary, run="console", kind="response")
+    assert (logged["basis"], logged["estimate"], logged["count"]) == ("step_aggregates", True, None)
+    assert (logged["cap_tokens"], logged["pearson"]) == (None, None)
+    assert logged["max_p50"] is None and logged["cv"] is None
+    z = row(summary, run="z", kind="response")
+    assert (z["basis"], z["estimate"], z["cap_tokens"], z["cap_source"]) == ("samples", False, 4, "known")
+    assert z["clip_ratio"] == pytest.approx(0.5)
+    assert z["p50_tokens"] == pytest.approx(3.0) and z["max_p50"] == pytest.approx(4 / 3)
+    # prompts 1..4 against responses 1, 2, 4, 4: ranks 1, 2, 3.5, 3.5
+    assert z["pearson"] == pytest.approx(np.corrcoef([1, 2, 3, 4], [1, 2, 4, 4])[0, 1])
+    assert z["spearman"] == pytest.approx(stats.spearmanr([1, 2, 3, 4], [1, 2, 4, 4]).statistic)
+    assert row(summary, run="z", kind="total")["cap_tokens"] is None
+
+
+def test_correlation_of_a_constant_length_is_null(store):
+    run = add_run(store, "flat")
+    add_samples(store, run, step=0, prompts=[5, 5, 5], responses=[1, 2, 3])
+    corr = row(lengths.correlation(store, [run]), run="flat")
+    assert corr["n"] == 3 and corr["pearson"] is None and corr["spearman"] is None
+
+
 def test_empty_run_gives_empty_frame_with_columns(store):
     run = add_run(store, "empty")
     summary = lengths.summary(store, [run], StepRange())

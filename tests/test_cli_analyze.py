@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,25 @@ def test_user_errors_are_one_line(two_runs, args, message):
     assert message in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def _modules_after(args: list[str]) -> set[str]:
+    """The heavy libraries a fresh `polytrace ARGS` process has loaded when it exits."""
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['polytrace', *{args!r}]\n"
+             "try:\n    runpy.run_module('polytrace_cli.cli', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('loaded:', *(m for m in ('polars', 'pyarrow', 'numpy', 'scipy') if m in sys.modules),"
+             " file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(done.stderr.strip().splitlines()[-1].split()[1:])
+
+
+def test_lengths_and_an_unknown_run_load_only_what_they_need(two_runs):
+    # The lengths summary comes back as a few Python rows (no Arrow) and needs no scipy; an unknown
+    # run fails before polars loads.
+    assert _modules_after(["analyze", "--only", "lengths", "--db", str(two_runs)]) == {"polars"}
+    assert _modules_after(["analyze", "nosuch", "--db", str(two_runs)]) == set()
 
 
 def test_compare_deltas(two_runs):

@@ -4,11 +4,13 @@ samples, step aggregates and length caps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import duckdb
-import polars as pl
+from typing import TYPE_CHECKING
 
 from polytrace_cli.errors import PolytraceError
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
 
 TRAINING_SAMPLES = "coalesce(validate, false) = false"
 # A longest length shared by at least this share (and this many) of a run's responses marks a cap.
@@ -75,6 +77,22 @@ def run_names(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[int, s
 def frame(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pl.DataFrame:
     """Run SQL and return a polars DataFrame."""
     return con.sql(sql, params=params or None).pl()
+
+
+def small_frame(con: duckdb.DuckDBPyConnection, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Run SQL whose result is a few rows and return it as a polars DataFrame of the declared `schema`.
+
+    The rows travel as Python values instead of through Arrow: for a summary of a few rows that
+    spares loading pyarrow (about 150 ms and 45 MB). The SQL must return the schema's columns in
+    its order, each already of the declared type (DOUBLE for Float64, BIGINT for Int64, ...).
+    """
+    import polars as pl
+
+    cursor = con.execute(sql)
+    columns = [column[0] for column in cursor.description]
+    if columns != list(schema):
+        raise ValueError(f"query returns columns {columns}, not the declared {list(schema)}")
+    return pl.DataFrame(cursor.fetchall(), schema=schema, orient="row")
 
 
 def ids_sql(run_ids: list[int]) -> str:

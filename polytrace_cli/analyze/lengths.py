@@ -27,7 +27,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import (
-    ALL_STEPS, StepRange, caps_sql, frame, step_aggregate_rows_sql, training_samples_sql,
+    ALL_STEPS, StepRange, caps_sql, frame, small_frame, step_aggregate_rows_sql, training_samples_sql,
 )
 from polytrace_cli.analyze.registry import register
 
@@ -47,6 +47,11 @@ def caps(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
     when >= 1% of its training responses and >= 3 of them equal it ('evident'); else null.
     """
     return frame(con, f"SELECT run, cap_tokens, cap_source FROM ({caps_sql(run_ids)}) ORDER BY run")
+
+
+def _ratio_sql(num: str, den: str) -> str:
+    """SQL of num / den as DOUBLE, null where the divisor is 0 or null (as `_with_ratios`)."""
+    return f"CASE WHEN {den} > 0 THEN ({num} / {den})::DOUBLE END"
 
 
 def _with_ratios(df: pl.DataFrame) -> pl.DataFrame:
@@ -91,8 +96,11 @@ def _sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
     return _with_ratios(frame(con, sql))
 
 
-def _pooled_sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
-    """The statistics of `_sample_stats` pooled over all selected steps, from a histogram.
+def _pooled_sample_stats_sql(run_ids: list[int], steps: StepRange) -> str:
+    """SQL of the statistics of `_sample_stats` pooled over all selected steps, from a histogram: one
+    row per run and kind (run_id, run, kind, basis, steps, count, mean_tokens, std_tokens, min_tokens,
+    p50/p90/p99_tokens, max_tokens, skewness, kurtosis, clip_ratio). It reads the runs' caps from a
+    relation `cap` (`caps_sql`) that the enclosing query defines.
 
     Lengths are integers, so each (run, kind) is first reduced to distinct values x with counts c
     (a hash aggregate instead of sorting every sample). Over the histogram, with n = Σc and
@@ -114,9 +122,8 @@ def _pooled_sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
         f"{name}_lo + ((n - 1) * {q} - floor((n - 1) * {q})) * ({name}_hi - {name}_lo) AS {name}_tokens"
         for name, q in quantiles.items()
     )
-    sql = f"""
-        WITH cap AS ({caps_sql(run_ids)}),
-        s AS ({training_samples_sql(run_ids, steps)}),
+    return f"""
+        WITH s AS ({training_samples_sql(run_ids, steps)}),
         long AS (
             SELECT run_id, 'prompt' AS kind, prompt_len AS len FROM s
             UNION ALL SELECT run_id, 'response', response_len FROM s
@@ -137,7 +144,7 @@ def _pooled_sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
             FROM w LEFT JOIN cap ON cap.run_id = w.run_id
             GROUP BY w.run_id, kind
         ), st AS (SELECT run_id, count(DISTINCT step) AS steps FROM s GROUP BY run_id)
-        SELECT r.name AS run, kind, 'samples' AS basis, st.steps, n::BIGINT AS count, mu AS mean_tokens,
+        SELECT run_id, r.name AS run, kind, 'samples' AS basis, st.steps, n::BIGINT AS count, mu AS mean_tokens,
                CASE WHEN n > 1 THEN sqrt(s2 / (n - 1)) END AS std_tokens, min_tokens, {interpolated}, max_tokens,
                CASE WHEN n > 2 AND s2 > 0 THEN (s3 / n) / pow(s2 / n, 1.5) * sqrt(n * (n - 1)) / (n - 2) END AS skewness,
                CASE WHEN n > 3 AND s2 > 0
@@ -145,21 +152,26 @@ def _pooled_sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
                clip_ratio
         FROM agg JOIN runs r USING (run_id) JOIN st USING (run_id)
     """
-    return _with_ratios(frame(con, sql))
 
 
-def _aggregate_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:
+def _aggregate_stats_sql(run_ids: list[int], steps: StepRange, by_step: bool) -> str:
+    """SQL of the step-aggregate rows: per run (and step) and kind, the mean of the logged means, the
+    min of the mins, the max of the maxes and the mean clip ratio (run_id, run, [step,] kind, basis,
+    steps, then the columns of `_sample_stats`, null where the aggregates cannot give them)."""
     step_col = "step, " if by_step else ""
-    sql = f"""
+    return f"""
         WITH a AS ({step_aggregate_rows_sql(run_ids, steps)})
-        SELECT r.name AS run, {step_col} kind, 'step_aggregates' AS basis, count(DISTINCT step) AS steps,
+        SELECT run_id, r.name AS run, {step_col} kind, 'step_aggregates' AS basis, count(DISTINCT step) AS steps,
                NULL::BIGINT AS count, avg(mean_tokens) AS mean_tokens, NULL::DOUBLE AS std_tokens,
                min(min_tokens) AS min_tokens, NULL::DOUBLE AS p50_tokens, NULL::DOUBLE AS p90_tokens,
                NULL::DOUBLE AS p99_tokens, max(max_tokens) AS max_tokens, NULL::DOUBLE AS skewness,
                NULL::DOUBLE AS kurtosis, avg(clip_ratio) AS clip_ratio
         FROM a JOIN runs r USING (run_id) GROUP BY ALL
     """
-    return _with_ratios(frame(con, sql))
+
+
+def _aggregate_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, by_step: bool) -> pl.DataFrame:
+    return _with_ratios(frame(con, _aggregate_stats_sql(run_ids, steps, by_step)).drop("run_id"))
 
 
 def _order(df: pl.DataFrame, by_step: bool) -> pl.DataFrame:
@@ -212,15 +224,31 @@ SUMMARY_COLUMNS = {
 def summary_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run and kind over all selected steps: the statistics of `per_step` pooled over samples, plus
     the run's response cap (tokens, source; on the response row only) and the prompt–response
-    Pearson and Spearman correlation."""
-    stats = _combine(_pooled_sample_stats(con, run_ids, steps), _aggregate_stats(con, run_ids, steps, False), False)
-    cap = caps(con, run_ids)
-    corr = correlation(con, run_ids, steps).select("run", "pearson", "spearman")
-    capped = (pl.col("basis") == "samples") & (pl.col("kind") == "response")
-    return stats.join(cap, on="run", how="left").join(corr, on="run", how="left").with_columns(
-        pl.when(capped).then(pl.col("cap_tokens")).otherwise(None).alias("cap_tokens"),
-        pl.when(capped).then(pl.col("cap_source")).otherwise(None).alias("cap_source"),
-    )
+    Pearson and Spearman correlation.
+
+    One query: the samples are reduced in DuckDB and only the few summary rows come back."""
+    kinds = " ".join(f"WHEN '{kind}' THEN {rank}" for rank, kind in enumerate(KINDS))
+    sql = f"""
+        WITH cap AS MATERIALIZED ({caps_sql(run_ids)}),
+        stats AS (
+            SELECT * FROM ({_pooled_sample_stats_sql(run_ids, steps)})
+            UNION ALL BY NAME
+            SELECT * FROM ({_aggregate_stats_sql(run_ids, steps, False)})
+        ), corr AS ({_correlation_sql(run_ids, steps)})
+        SELECT stats.run, kind, basis, basis = 'step_aggregates' AS estimate, steps::BIGINT AS steps,
+               count::BIGINT AS count, mean_tokens::DOUBLE AS mean_tokens, std_tokens::DOUBLE AS std_tokens,
+               min_tokens::DOUBLE AS min_tokens, p50_tokens::DOUBLE AS p50_tokens, p90_tokens::DOUBLE AS p90_tokens,
+               p99_tokens::DOUBLE AS p99_tokens, max_tokens::DOUBLE AS max_tokens,
+               {_ratio_sql("std_tokens", "mean_tokens")} AS cv,
+               skewness::DOUBLE AS skewness, kurtosis::DOUBLE AS kurtosis, clip_ratio::DOUBLE AS clip_ratio,
+               {_ratio_sql("p99_tokens", "p50_tokens")} AS {P99_P50}, {_ratio_sql("max_tokens", "p50_tokens")} AS max_p50,
+               CASE WHEN basis = 'samples' AND kind = 'response' THEN cap.cap_tokens END::BIGINT AS cap_tokens,
+               CASE WHEN basis = 'samples' AND kind = 'response' THEN cap.cap_source END AS cap_source,
+               corr.pearson, corr.spearman
+        FROM stats LEFT JOIN cap USING (run_id) LEFT JOIN corr USING (run_id)
+        ORDER BY stats.run, CASE kind {kinds} ELSE {len(KINDS)} END
+    """
+    return small_frame(con, sql, SUMMARY_COLUMNS)
 
 
 @register("lengths", "prompt/response/total length distribution per run: percentiles, CV, shape, clip ratio, tails")
@@ -234,18 +262,12 @@ CORRELATION_COLUMNS = {
 }
 
 
-def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
-    """Per run: n pairs, Pearson r of (prompt_len, response_len) and Spearman ρ = Pearson r of their
-    ranks, ties given the average rank ((first position + last position) / 2).
-
-    Computed over the histogram of distinct (p, r) pairs with counts c (packed traces repeat each
-    prompt length n times): with weighted means p̄ = Σc·p / Σc, r̄ likewise,
-        r = Σc(p − p̄)(r − r̄) / sqrt(Σc(p − p̄)² · Σc(r − r̄)²)
-    and the same over the pairs' average ranks for ρ."""
+def _correlation_sql(run_ids: list[int], steps: StepRange) -> str:
+    """SQL of run_id, n, pearson, spearman (see `correlation`); NaN and infinities are null."""
     # A value seen c times whose last position in sorted order is `upto` holds positions
     # upto − c + 1 .. upto: its average rank is upto − (c − 1)/2.
-    sql = f"""
-        WITH pairs AS MATERIALIZED (
+    return f"""
+        WITH pairs AS (
             SELECT run_id, prompt_len AS p, response_len AS r, count(*)::DOUBLE AS c
             FROM ({training_samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
@@ -257,8 +279,11 @@ def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
             SELECT run_id, r, sum(sum(c)) OVER (PARTITION BY run_id ORDER BY r) - (sum(c) - 1) / 2 AS rr
             FROM pairs GROUP BY run_id, r
         ), ranked AS (
+            -- Every pair finds its p in pv and its r in rv, so these are inner joins; as LEFT JOINs
+            -- the planner keeps their order (inner, it joined pv with rv on run_id first: a cross
+            -- product of the distinct prompt and response lengths).
             SELECT pairs.run_id, c, p::DOUBLE AS p, r::DOUBLE AS r, rp, rr
-            FROM pairs JOIN pv USING (run_id, p) JOIN rv USING (run_id, r)
+            FROM pairs LEFT JOIN pv USING (run_id, p) LEFT JOIN rv USING (run_id, r)
         ), centred AS (
             SELECT run_id, c,
                    p - sum(c * p) OVER w / sum(c) OVER w AS dp, r - sum(c * r) OVER w / sum(c) OVER w AS dr,
@@ -270,11 +295,25 @@ def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepR
                    sum(c * drp * drr) / sqrt(sum(c * drp * drp) * sum(c * drr * drr)) AS spearman
             FROM centred GROUP BY run_id
         )
-        SELECT runs.name AS run, c.n, c.pearson, c.spearman FROM c JOIN runs USING (run_id) ORDER BY run
+        SELECT run_id, n, CASE WHEN isfinite(pearson) THEN pearson END AS pearson,
+               CASE WHEN isfinite(spearman) THEN spearman END AS spearman
+        FROM c
     """
-    finite = [pl.when(pl.col(name).is_finite()).then(pl.col(name)).otherwise(None).alias(name)
-              for name in ("pearson", "spearman")]
-    return frame(con, sql).with_columns(finite)
+
+
+def correlation(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run: n pairs, Pearson r of (prompt_len, response_len) and Spearman ρ = Pearson r of their
+    ranks, ties given the average rank ((first position + last position) / 2).
+
+    Computed over the histogram of distinct (p, r) pairs with counts c (packed traces repeat each
+    prompt length n times): with weighted means p̄ = Σc·p / Σc, r̄ likewise,
+        r = Σc(p − p̄)(r − r̄) / sqrt(Σc(p − p̄)² · Σc(r − r̄)²)
+    and the same over the pairs' average ranks for ρ (null when a length is constant)."""
+    sql = f"""
+        SELECT runs.name AS run, c.n, c.pearson, c.spearman
+        FROM ({_correlation_sql(run_ids, steps)}) c JOIN runs USING (run_id) ORDER BY run
+    """
+    return small_frame(con, sql, CORRELATION_COLUMNS)
 
 
 CDF_COLUMNS = {

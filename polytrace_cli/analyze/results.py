@@ -70,14 +70,11 @@ def summaries(con: duckdb.DuckDBPyConnection, runs: list[str] | None, only: str 
               steps: StepRange | str | None = None) -> dict[str, pl.DataFrame]:
     """The summary frames of the analyses named in `only` (all by default) over the named runs
     (every run by default) and steps; an empty store, an unknown run or analysis is an error."""
-    from polytrace_cli.store.queries import run_ids
+    from polytrace_cli.store.queries import run_ids_to_analyze
 
     step_range = StepRange.of(steps)
-    # Runs are resolved before the analyses load (scipy, polars): a mistyped name fails at once.
-    ids = run_ids(con, runs)
-    if not ids:
-        raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
-    return run_analyses(con, ids, select_analyses(only), step_range)
+    # Runs are resolved before the analyses load (scipy): a mistyped name fails at once.
+    return run_analyses(con, run_ids_to_analyze(con, runs), select_analyses(only), step_range)
 
 
 def _finite(value: Any) -> Any:

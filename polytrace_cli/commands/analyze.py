@@ -25,27 +25,33 @@ OnlyOption = Annotated[
 
 
 def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, wait: float) -> dict:
-    from polytrace_cli.analyze.results import summaries
+    from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.store import open_store
+    from polytrace_cli.store.queries import run_ids_to_analyze
 
+    step_range = StepRange.of(steps)
     con = open_store(db, read_only=True, wait=wait)
     try:
-        return summaries(con, runs, only, steps)
+        # The runs are resolved before polars and the analyses load: a mistyped name fails in the
+        # time it takes to open the store.
+        ids = run_ids_to_analyze(con, runs)
+        from polytrace_cli.analyze.results import run_analyses, select_analyses
+
+        return run_analyses(con, ids, select_analyses(only), step_range)
     finally:
         con.close()
 
 
 def _fleet(db, runs: list[str] | None, by: str, steps: str | None, wait: float = 0):
     from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.analyze.fleet import by_group
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids
+    from polytrace_cli.store.queries import run_ids_to_analyze
 
     con = open_store(db, read_only=True, wait=wait)
     try:
-        ids = run_ids(con, runs)
-        if not ids:
-            raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
+        ids = run_ids_to_analyze(con, runs)
+        from polytrace_cli.analyze.fleet import by_group
+
         return by_group(con, ids, by, StepRange.parse(steps))
     finally:
         con.close()
@@ -78,10 +84,11 @@ def analyze(
 
         sys.stdout.write(results_json(results) + "\n" if as_json else results_csv(results))
         return
-    from polytrace_cli.analyze.registry import all_analyses
+    from polytrace_cli.analyze.registry import named_analyses
     from polytrace_cli.analyze.results import HEADLINE_COLUMNS, KEY_COLUMNS
 
-    analyses = all_analyses() if by is None else {}
+    # Only the analyses that ran: naming every one would import them all (and scipy).
+    analyses = named_analyses(list(results)) if by is None else {}
     for name, df in results.items():
         if not df.height:
             console.print(f"{name}: no rows: the selected runs and steps hold no data it can use", style="dim",

@@ -61,6 +61,14 @@ def run_ids(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int
     return [found[n] for n in names]
 
 
+def run_ids_to_analyze(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int]:
+    """`run_ids`, with a store that holds no run an error too (nothing to analyze)."""
+    ids = run_ids(con, names)
+    if not ids:
+        raise PolytraceError("the store holds no runs yet (polytrace ingest PATH first)")
+    return ids
+
+
 def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: int) -> pl.DataFrame:
     """Quarantined lines with their file, line number, error code, reason and raw excerpt."""
     ids = run_ids(con, [run] if run else None)
