@@ -46,6 +46,25 @@ def test_file_logger_nonfinite_null_strings_restart_and_rejections(store):
     assert meta["framework"] == "verl" and meta["verl_version"] == ">=0.6"
 
 
+def test_file_logger_pairs_keep_their_order_lists_objects_and_a_key_written_twice(store, tmp_path):
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text(
+        '{"step": 1, "data": {"z/last": 1, "a/first": 2.5, "n": null, "l": [1, 2], "o": {"x": 1}, "s": "q\\"t"}}\n'
+        '{"step": 2, "data": {"dup": 1, "other": 3, "dup": 2}}\n'
+        '{"step": 3, "data": {}}\n'
+    )
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.rejected) == (3, 3, 0)
+    rows = store.execute("SELECT step, key, value, text_value FROM step_metrics ORDER BY line_no, rowid").fetchall()
+    assert [row[:2] for row in rows] == [(1, "z/last"), (1, "a/first"), (1, "n"), (1, "l"), (1, "o"), (1, "s"),
+                                         (2, "dup"), (2, "other"), (2, "dup")]
+    values = {(step, key, value if value == value else "nan", text) for step, key, value, text in rows}
+    assert values == {(1, "z/last", 1.0, None), (1, "a/first", 2.5, None), (1, "n", "nan", None),
+                      (1, "l", None, "[1,2]"), (1, "o", None, '{"x":1}'), (1, "s", None, 'q"t'),
+                      (2, "dup", 1.0, None), (2, "other", 3.0, None), (2, "dup", 2.0, None)}
+
+
 def test_file_logger_sniffing_accepts_either_key_order(tmp_path):
     from polytrace_cli.ingest.registry import detect
 

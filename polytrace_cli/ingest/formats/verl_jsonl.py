@@ -42,12 +42,6 @@ _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
 _SNIFF_ANY_ORDER = re.compile(rb'^\s*\{.*"data"\s*:\s*\{.*"step"\s*:\s*-?\d+')
 
 
-def _step(line: str = "j") -> str:
-    """SQL for the step of the JSON line `line` (`base.step_sql`, the rule of every format: a whole
-    number such as 3 or 3.0 within STEP_MIN..STEP_MAX, else NULL)."""
-    return step_sql(f"json_extract_string({line}, '$.step')")
-
-
 def _first_line(head: bytes) -> bytes:
     for line in head.split(b"\n"):
         if line.strip():
@@ -77,53 +71,78 @@ class VerlJsonlIngester(Ingester):
             .str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}'))
         con.register("verl_jsonl_lines", ArrowStream(lines))
         try:
+            # Each line is parsed three times (valid? an object? its step and data), then only its data.
             con.execute(
-                f"""
-                CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS
-                SELECT line_no, raw, j,
-                    CASE WHEN NOT json_valid(j) THEN 'not JSON'
-                         WHEN json_type(j::JSON) <> 'OBJECT' THEN 'not a JSON object'
-                         WHEN json_type(j::JSON, '$.step') IS NULL OR json_type(j::JSON, '$.step') = 'NULL'
-                              THEN 'missing field step'
-                         WHEN json_type(j::JSON, '$.step') NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE')
-                              OR ({_step()} IS NULL AND {step_problem_sql("json_extract_string(j, '$.step')")} = 'type-error')
-                              THEN 'field step: expected an integer'
-                         WHEN {_step()} IS NULL
-                              THEN 'field step: ' || json_extract_string(j, '$.step') || ' is out of range for INTEGER'
-                         WHEN json_type(j::JSON, '$.data') IS NULL OR json_type(j::JSON, '$.data') = 'NULL'
-                              THEN 'missing field data'
-                         WHEN json_type(j::JSON, '$.data') <> 'OBJECT' THEN 'field data: expected an object'
-                    END AS problem
-                FROM verl_jsonl_lines
+                """
+                CREATE OR REPLACE TEMP TABLE verl_jsonl_parts AS
+                SELECT line_no, raw, j, kind,
+                       CASE WHEN kind = 'OBJECT' THEN json_extract(j, ['$.step', '$.data']) END AS parts
+                FROM (SELECT *, CASE WHEN json_valid(j) THEN json_type(j::JSON) END AS kind FROM verl_jsonl_lines)
                 """
             )
         finally:
             con.unregister("verl_jsonl_lines")
+        step_text = "json_extract_string(parts[1], '$')"
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS
+            SELECT line_no, raw, {step_sql(step_text)} AS step, parts[2] AS data,
+                CASE WHEN kind IS NULL THEN 'not JSON'
+                     WHEN kind <> 'OBJECT' THEN 'not a JSON object'
+                     WHEN json_type(parts[1]) IS NULL OR json_type(parts[1]) = 'NULL' THEN 'missing field step'
+                     WHEN json_type(parts[1]) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE')
+                          OR ({step_sql(step_text)} IS NULL AND {step_problem_sql(step_text)} = 'type-error')
+                          THEN 'field step: expected an integer'
+                     WHEN {step_sql(step_text)} IS NULL
+                          THEN 'field step: ' || {step_text} || ' is out of range for INTEGER'
+                     WHEN json_type(parts[2]) IS NULL OR json_type(parts[2]) = 'NULL' THEN 'missing field data'
+                     WHEN json_type(parts[2]) <> 'OBJECT' THEN 'field data: expected an object'
+                END AS problem
+            FROM verl_jsonl_parts
+            """
+        )
+        con.execute("DROP TABLE verl_jsonl_parts")
         for line_no, raw, problem in con.execute(
                 "SELECT line_no, raw, problem FROM verl_jsonl_checked WHERE problem IS NOT NULL ORDER BY line_no"
         ).fetchall():
             ctx.reject(line_no, _json_reason(raw) if problem == "not JSON" else problem, raw,
                        code=_problem_code(problem))
+        # Each data object is read as a MAP in one pass; an object with a key written twice (which a
+        # MAP cannot hold) is walked with json_each instead, keeping both pairs.
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE verl_jsonl_maps AS
+            SELECT line_no, step, data, json_transform(data, '"MAP(VARCHAR, JSON)"') AS pairs
+            FROM verl_jsonl_checked WHERE problem IS NULL
+            """
+        )
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE verl_jsonl_metrics AS
-            SELECT c.line_no, {_step("c.j")} AS step, e.key,
-                CASE WHEN e.type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN CAST(e.value AS DOUBLE)
-                     WHEN e.type = 'BOOLEAN' THEN CASE WHEN CAST(e.value AS BOOLEAN) THEN 1.0 ELSE 0.0 END
-                     WHEN e.type = 'NULL' THEN CAST('nan' AS DOUBLE)
-                     WHEN e.type = 'VARCHAR' AND starts_with(e.value ->> '$', '{_NONFINITE_MARK}') THEN
-                          CAST(replace(replace(e.value ->> '$', '{_NONFINITE_MARK}', ''), 'Infinity', 'inf') AS DOUBLE)
+            WITH pairs AS (
+                SELECT line_no, step, unnest(map_keys(pairs)) AS key, unnest(map_values(pairs)) AS value,
+                       unnest(range(1, cardinality(pairs)::BIGINT + 1)) AS pair_index
+                FROM verl_jsonl_maps WHERE pairs IS NOT NULL
+                UNION ALL
+                SELECT m.line_no, m.step, e.key, e.value, e.id FROM verl_jsonl_maps m, json_each(m.data) AS e
+                WHERE m.pairs IS NULL
+            ), typed AS (SELECT *, coalesce(json_type(value), 'NULL') AS type FROM pairs)
+            SELECT line_no, step, key,
+                CASE WHEN type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN CAST(value AS DOUBLE)
+                     WHEN type = 'BOOLEAN' THEN CASE WHEN CAST(value AS BOOLEAN) THEN 1.0 ELSE 0.0 END
+                     WHEN type = 'NULL' THEN CAST('nan' AS DOUBLE)
+                     WHEN type = 'VARCHAR' AND starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN
+                          CAST(replace(replace(value ->> '$', '{_NONFINITE_MARK}', ''), 'Infinity', 'inf') AS DOUBLE)
                 END AS value,
-                CASE WHEN e.type = 'BOOLEAN' THEN CASE WHEN CAST(e.value AS BOOLEAN) THEN 'True' ELSE 'False' END
-                     WHEN e.type = 'VARCHAR' AND NOT starts_with(e.value ->> '$', '{_NONFINITE_MARK}')
-                          THEN e.value ->> '$'
-                     WHEN e.type IN ('ARRAY', 'OBJECT') THEN CAST(e.value AS VARCHAR)
+                CASE WHEN type = 'BOOLEAN' THEN CASE WHEN CAST(value AS BOOLEAN) THEN 'True' ELSE 'False' END
+                     WHEN type = 'VARCHAR' AND NOT starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN value ->> '$'
+                     WHEN type IN ('ARRAY', 'OBJECT') THEN CAST(value AS VARCHAR)
                 END AS text_value,
-                row_number() OVER (PARTITION BY c.line_no ORDER BY e.id) AS pair_index
-            FROM verl_jsonl_checked c, json_each(c.j, '$.data') AS e
-            WHERE c.problem IS NULL
+                pair_index
+            FROM typed
             """
         )
+        con.execute("DROP TABLE verl_jsonl_maps")
         ctx.stored = con.execute("SELECT count(*) FROM verl_jsonl_checked WHERE problem IS NULL").fetchall()[0][0]
         _store(ctx)
         # The file logger writes full-precision JSON numbers and exists from verl 0.6.
@@ -172,8 +191,8 @@ def _store(ctx: FileContext) -> None:
     step_metrics and step_flags rows."""
     con = ctx.con
     keyed_lines = con.sql(
-        f"""
-        SELECT c.line_no, {_step("c.j")} AS step, m.key
+        """
+        SELECT c.line_no, c.step, m.key
         FROM verl_jsonl_checked c LEFT JOIN verl_jsonl_metrics m USING (line_no)
         WHERE c.problem IS NULL ORDER BY c.line_no, m.pair_index
         """
