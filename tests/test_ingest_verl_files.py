@@ -202,3 +202,46 @@ def test_file_logger_step_follows_the_step_rule_of_every_format(store, tmp_path,
     assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == ([] if code is None else [(2, code)])
     assert store.execute("SELECT line_no, step FROM step_metrics ORDER BY line_no").fetchall() == (
         [(1, 1)] + ([(2, step)] if code is None else []))
+
+
+@pytest.mark.parametrize("blank_line", [False, True])
+def test_file_logger_clean_file_read_whole_stores_what_the_line_by_line_path_stores(tmp_path, monkeypatch, blank_line):
+    from polytrace_cli.ingest.formats import verl_jsonl
+    from polytrace_cli.store import open_store
+
+    lines = [json.dumps({"step": step, "data": {"timing_s/step": 10.0 + step, "timing_s/gen": 4.0, "flag": step % 2 == 0,
+                                                 "mode": "sched", "lst": [1, step], "n": None, "big": 2**40}})
+             for step in (1, 2, 3, 2, 3, 4)]  # a restart at the fourth line
+    lines[1] = lines[1].replace('"timing_s/gen": 4.0', '"timing_s/gen": NaN, "inf": Infinity, "ninf": -Infinity')
+    lines[2] = lines[2].replace('"step": 3', '"step": 3.0')
+    if blank_line:
+        lines.insert(3, "")
+    contents, read_whole = [], []
+    original = verl_jsonl._read_clean_file
+    for whole in (True, False):
+        def choose(ctx, whole=whole):
+            read_whole.append(original(ctx) if whole else False)
+            return read_whole[-1]
+
+        monkeypatch.setattr(verl_jsonl, "_read_clean_file", choose)
+        folder = tmp_path / f"whole_{whole}" / "run"
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        con = open_store(folder.parent / "s.duckdb")
+        [report] = ingest_paths(con, [folder / "metrics.jsonl"])
+        contents.append((
+            (report.lines, report.stored, report.ignored, report.rejected, report.rows),
+            con.execute("SELECT segment, step, key, value, text_value, line_no FROM step_metrics"
+                        " ORDER BY line_no, key").fetchall(),
+            con.execute("SELECT segment, step, flag, detail, line_no FROM step_flags ORDER BY line_no").fetchall(),
+            con.execute("SELECT meta FROM runs").fetchall()))
+        con.close()
+    assert read_whole == [not blank_line, False]
+    assert str(contents[0]) == str(contents[1])  # NaN compares unequal to itself; its text does not
+    rows = contents[0][1]
+    assert len(rows) == 6 * 7 + 2 and contents[0][0][:4] == (6 + blank_line, 6, blank_line, 0)
+    step2 = {key: (value, text) for segment, step, key, value, text, _ in rows if (segment, step) == (0, 2)}
+    assert math.isnan(step2["timing_s/gen"][0]) and step2["inf"][0] == math.inf and step2["ninf"][0] == -math.inf
+    assert math.isnan(step2["n"][0]) and step2["flag"] == (1.0, "True") and step2["lst"] == (None, "[1,2]")
+    assert step2["big"] == (2.0**40, None) and step2["mode"] == (None, "sched")
+    assert contents[0][2] == [(1, 2, "restart", "step went back from 3 to 2", 4 + blank_line)]

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import re
+
+import duckdb
 from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
@@ -34,6 +36,7 @@ from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
+from polytrace_cli.store.connection import fetch_first
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
@@ -62,88 +65,11 @@ class VerlJsonlIngester(Ingester):
 
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
-        lines = _read_lines(ctx.path)
-        ctx.lines = lines.height
-        blank = lines.filter(pl.col("raw").str.strip_chars() == "")
-        ctx.ignore("blank", blank.height)
-        lines = lines.filter(pl.col("raw").str.strip_chars() != "").with_columns(
-            j=pl.col("raw").str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}')
-            .str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}'))
-        con.register("verl_jsonl_lines", ArrowStream(lines))
-        try:
-            # Each line is parsed three times (valid? an object? its step and data), then only its data.
-            con.execute(
-                """
-                CREATE OR REPLACE TEMP TABLE verl_jsonl_parts AS
-                SELECT line_no, raw, j, kind,
-                       CASE WHEN kind = 'OBJECT' THEN json_extract(j, ['$.step', '$.data']) END AS parts
-                FROM (SELECT *, CASE WHEN json_valid(j) THEN json_type(j::JSON) END AS kind FROM verl_jsonl_lines)
-                """
-            )
-        finally:
-            con.unregister("verl_jsonl_lines")
-        step_text = "json_extract_string(parts[1], '$')"
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS
-            SELECT line_no, raw, {step_sql(step_text)} AS step, parts[2] AS data,
-                CASE WHEN kind IS NULL THEN 'not JSON'
-                     WHEN kind <> 'OBJECT' THEN 'not a JSON object'
-                     WHEN json_type(parts[1]) IS NULL OR json_type(parts[1]) = 'NULL' THEN 'missing field step'
-                     WHEN json_type(parts[1]) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE')
-                          OR ({step_sql(step_text)} IS NULL AND {step_problem_sql(step_text)} = 'type-error')
-                          THEN 'field step: expected an integer'
-                     WHEN {step_sql(step_text)} IS NULL
-                          THEN 'field step: ' || {step_text} || ' is out of range for INTEGER'
-                     WHEN json_type(parts[2]) IS NULL OR json_type(parts[2]) = 'NULL' THEN 'missing field data'
-                     WHEN json_type(parts[2]) <> 'OBJECT' THEN 'field data: expected an object'
-                END AS problem
-            FROM verl_jsonl_parts
-            """
-        )
-        con.execute("DROP TABLE verl_jsonl_parts")
-        for line_no, raw, problem in con.execute(
-                "SELECT line_no, raw, problem FROM verl_jsonl_checked WHERE problem IS NOT NULL ORDER BY line_no"
-        ).fetchall():
-            ctx.reject(line_no, _json_reason(raw) if problem == "not JSON" else problem, raw,
-                       code=_problem_code(problem))
-        # Each data object is read as a MAP in one pass; an object with a key written twice (which a
-        # MAP cannot hold) is walked with json_each instead, keeping both pairs.
-        con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE verl_jsonl_maps AS
-            SELECT line_no, step, data, json_transform(data, '"MAP(VARCHAR, JSON)"') AS pairs
-            FROM verl_jsonl_checked WHERE problem IS NULL
-            """
-        )
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE verl_jsonl_metrics AS
-            WITH pairs AS (
-                SELECT line_no, step, unnest(map_keys(pairs)) AS key, unnest(map_values(pairs)) AS value,
-                       unnest(range(1, cardinality(pairs)::BIGINT + 1)) AS pair_index
-                FROM verl_jsonl_maps WHERE pairs IS NOT NULL
-                UNION ALL
-                SELECT m.line_no, m.step, e.key, e.value, e.id FROM verl_jsonl_maps m, json_each(m.data) AS e
-                WHERE m.pairs IS NULL
-            ), typed AS (SELECT *, coalesce(json_type(value), 'NULL') AS type FROM pairs)
-            SELECT line_no, step, key,
-                CASE WHEN type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN CAST(value AS DOUBLE)
-                     WHEN type = 'BOOLEAN' THEN CASE WHEN CAST(value AS BOOLEAN) THEN 1.0 ELSE 0.0 END
-                     WHEN type = 'NULL' THEN CAST('nan' AS DOUBLE)
-                     WHEN type = 'VARCHAR' AND starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN
-                          CAST(replace(replace(value ->> '$', '{_NONFINITE_MARK}', ''), 'Infinity', 'inf') AS DOUBLE)
-                END AS value,
-                CASE WHEN type = 'BOOLEAN' THEN CASE WHEN CAST(value AS BOOLEAN) THEN 'True' ELSE 'False' END
-                     WHEN type = 'VARCHAR' AND NOT starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN value ->> '$'
-                     WHEN type IN ('ARRAY', 'OBJECT') THEN CAST(value AS VARCHAR)
-                END AS text_value,
-                pair_index
-            FROM typed
-            """
-        )
-        con.execute("DROP TABLE verl_jsonl_maps")
-        ctx.stored = con.execute("SELECT count(*) FROM verl_jsonl_checked WHERE problem IS NULL").fetchall()[0][0]
+        if _read_clean_file(ctx):
+            ctx.lines = ctx.stored = ctx.text_lines
+        else:
+            _read_line_by_line(ctx)
+        _store_pairs(con)
         _store(ctx)
         # The file logger writes full-precision JSON numbers and exists from verl 0.6.
         meta = {"framework": "verl", "verl_version": ">=0.6", "value_precision": None}
@@ -152,6 +78,126 @@ class VerlJsonlIngester(Ingester):
             meta.update(run_metadata.step_time_inclusion(con, ctx.run_id))
         ctx.run_meta.update(meta)
         ctx.format_version = "verl>=0.6 file logger"
+
+
+def _read_clean_file(ctx: FileContext) -> bool:
+    """Temp table `verl_jsonl_maps` (line_no, step, data NULL, pairs) straight from DuckDB's
+    `read_json`, which also reads bare NaN and ±Infinity; False (nothing left behind) unless every
+    line is a record with a valid step and a data object whose keys are unique, with no blank line
+    (a record's line is then its place in the file: the table keeps read order, rowid from 0)."""
+    con = ctx.con
+    try:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE verl_jsonl_read AS SELECT step, data FROM read_json(?,"
+            " format='newline_delimited', records=true, columns={'step': 'JSON', 'data': 'MAP(VARCHAR, JSON)'})",
+            [str(ctx.path)],
+        )
+    except duckdb.Error:
+        return False
+    step_text = "json_extract_string(step, '$')"
+    clean = fetch_first(con, f"SELECT count(*) = ? AND bool_and(json_type(step) IN ('BIGINT', 'UBIGINT', 'DOUBLE')"
+                             f" AND {step_sql(step_text)} IS NOT NULL AND data IS NOT NULL) FROM verl_jsonl_read",
+                        [ctx.text_lines])[0]
+    if clean:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE verl_jsonl_maps AS SELECT rowid + 1 AS line_no,"
+                    f" {step_sql(step_text)} AS step, NULL::JSON AS data, data AS pairs FROM verl_jsonl_read")
+        con.execute("CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS"
+                    " SELECT line_no, step, NULL::VARCHAR AS problem FROM verl_jsonl_maps")
+    con.execute("DROP TABLE verl_jsonl_read")
+    return bool(clean)
+
+
+def _read_line_by_line(ctx: FileContext) -> None:
+    """Temp tables `verl_jsonl_checked` (every non-blank line, its step and problem) and
+    `verl_jsonl_maps` (line_no, step, data, pairs) of the lines without a problem; blank and
+    rejected lines accounted on `ctx`."""
+    con = ctx.con
+    lines = _read_lines(ctx.path)
+    ctx.lines = lines.height
+    blank = lines.filter(pl.col("raw").str.strip_chars() == "")
+    ctx.ignore("blank", blank.height)
+    lines = lines.filter(pl.col("raw").str.strip_chars() != "").with_columns(
+        j=pl.col("raw").str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}')
+        .str.replace_all(_BARE_NONFINITE, f'${{1}}"{_NONFINITE_MARK}${{2}}"${{3}}'))
+    con.register("verl_jsonl_lines", ArrowStream(lines))
+    try:
+        # Each line is parsed three times (valid? an object? its step and data), then only its data.
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE verl_jsonl_parts AS
+            SELECT line_no, raw, j, kind,
+                   CASE WHEN kind = 'OBJECT' THEN json_extract(j, ['$.step', '$.data']) END AS parts
+            FROM (SELECT *, CASE WHEN json_valid(j) THEN json_type(j::JSON) END AS kind FROM verl_jsonl_lines)
+            """
+        )
+    finally:
+        con.unregister("verl_jsonl_lines")
+    step_text = "json_extract_string(parts[1], '$')"
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS
+        SELECT line_no, raw, {step_sql(step_text)} AS step, parts[2] AS data,
+            CASE WHEN kind IS NULL THEN 'not JSON'
+                 WHEN kind <> 'OBJECT' THEN 'not a JSON object'
+                 WHEN json_type(parts[1]) IS NULL OR json_type(parts[1]) = 'NULL' THEN 'missing field step'
+                 WHEN json_type(parts[1]) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE')
+                      OR ({step_sql(step_text)} IS NULL AND {step_problem_sql(step_text)} = 'type-error')
+                      THEN 'field step: expected an integer'
+                 WHEN {step_sql(step_text)} IS NULL
+                      THEN 'field step: ' || {step_text} || ' is out of range for INTEGER'
+                 WHEN json_type(parts[2]) IS NULL OR json_type(parts[2]) = 'NULL' THEN 'missing field data'
+                 WHEN json_type(parts[2]) <> 'OBJECT' THEN 'field data: expected an object'
+            END AS problem
+        FROM verl_jsonl_parts
+        """
+    )
+    con.execute("DROP TABLE verl_jsonl_parts")
+    for line_no, raw, problem in con.execute(
+            "SELECT line_no, raw, problem FROM verl_jsonl_checked WHERE problem IS NOT NULL ORDER BY line_no"
+    ).fetchall():
+        ctx.reject(line_no, _json_reason(raw) if problem == "not JSON" else problem, raw,
+                   code=_problem_code(problem))
+    # Each data object is read as a MAP in one pass; an object with a key written twice (which a
+    # MAP cannot hold) is walked with json_each instead, keeping both pairs.
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE verl_jsonl_maps AS
+        SELECT line_no, step, data, json_transform(data, '"MAP(VARCHAR, JSON)"') AS pairs
+        FROM verl_jsonl_checked WHERE problem IS NULL
+        """
+    )
+    ctx.stored = con.execute("SELECT count(*) FROM verl_jsonl_maps").fetchall()[0][0]
+
+
+def _store_pairs(con) -> None:
+    """Temp table `verl_jsonl_metrics`: one row per key/value pair of `verl_jsonl_maps`, typed."""
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE verl_jsonl_metrics AS
+        WITH pairs AS (
+            SELECT line_no, step, unnest(map_keys(pairs)) AS key, unnest(map_values(pairs)) AS value,
+                   unnest(range(1, cardinality(pairs)::BIGINT + 1)) AS pair_index
+            FROM verl_jsonl_maps WHERE pairs IS NOT NULL
+            UNION ALL
+            SELECT m.line_no, m.step, e.key, e.value, e.id FROM verl_jsonl_maps m, json_each(m.data) AS e
+            WHERE m.pairs IS NULL
+        ), typed AS (SELECT *, coalesce(json_type(value), 'NULL') AS type FROM pairs)
+        SELECT line_no, step, key,
+            CASE WHEN type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN CAST(value AS DOUBLE)
+                 WHEN type = 'BOOLEAN' THEN CASE WHEN CAST(value AS BOOLEAN) THEN 1.0 ELSE 0.0 END
+                 WHEN type = 'NULL' THEN CAST('nan' AS DOUBLE)
+                 WHEN type = 'VARCHAR' AND starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN
+                      CAST(replace(replace(value ->> '$', '{_NONFINITE_MARK}', ''), 'Infinity', 'inf') AS DOUBLE)
+            END AS value,
+            CASE WHEN type = 'BOOLEAN' THEN CASE WHEN CAST(value AS BOOLEAN) THEN 'True' ELSE 'False' END
+                 WHEN type = 'VARCHAR' AND NOT starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN value ->> '$'
+                 WHEN type IN ('ARRAY', 'OBJECT') THEN CAST(value AS VARCHAR)
+            END AS text_value,
+            pair_index
+        FROM typed
+        """
+    )
+    con.execute("DROP TABLE verl_jsonl_maps")
 
 
 def _read_lines(path: Path) -> pl.DataFrame:
