@@ -7,7 +7,8 @@ Generates once (cached under benchmarks/out/ingest_layouts/) and times, in this 
 Each figure is the whole `polytrace ingest` process into a new on-disk store (median of 3, disk
 synced first, peak RSS of the slowest child), printed beside its baseline measured in the same
 run: the plain-Python loop (json.loads per line, rows collected, one bulk insert into DuckDB) over
-the same files, or the clean twin for the bad line. The load average is printed beside each figure
+the same files, or the clean twin for the bad line. The step files are also read by DuckDB alone
+(`read_json` with typed columns, no value checks, same layout): the floor of a read in DuckDB. The load average is printed beside each figure
 (the machine may be shared).
 `--where` also runs one ingest of each chosen many-file layout under cProfile and prints where its
 time goes (profiling slows the Python parts a little; DuckDB's parts are timed as they are).
@@ -97,6 +98,24 @@ BASELINE = textwrap.dedent(
     con = duckdb.connect(db)
     rows = pa.table(cols)
     con.execute("CREATE TABLE sample_groups AS SELECT * FROM rows")
+    con.close()
+    """
+)
+
+
+# DuckDB alone, reading the files into the same one-row-per-line layout with its own lax typing
+# (5.7 rounded into an integer, "5" read as 5): the floor a checked read is measured against.
+DUCKDB_ALONE = textwrap.dedent(
+    """
+    import sys, duckdb
+    from pathlib import Path
+    folder, db = Path(sys.argv[1]), sys.argv[2]
+    files = sorted(str(p) for p in folder.glob("*.jsonl"))
+    con = duckdb.connect(db)
+    con.execute("CREATE TABLE sample_groups AS SELECT * FROM read_json(?, format='newline_delimited', filename=true,"
+                " columns={'step': 'INTEGER', 'rank': 'INTEGER', 'dp_rank': 'INTEGER', 'tp_rank': 'INTEGER',"
+                " 'local_index': 'INTEGER', 'input': 'INTEGER', 'output': 'INTEGER[]', 'n_sampling': 'INTEGER',"
+                " 'validate': 'BOOLEAN'})", [files])
     con.close()
     """
 )
@@ -195,6 +214,10 @@ def main() -> None:
         loop = timed(plain(folder), args.repeat)
         show("plain-Python loop", mb, loop)
         print(f"  polytrace vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster")
+        if name == "steps":
+            alone = timed(lambda store: [sys.executable, "-c", DUCKDB_ALONE, str(folder), str(store)], args.repeat)
+            show("DuckDB alone, unchecked (floor)", mb, alone)
+            print(f"  polytrace vs DuckDB alone: {ours['seconds'] / alone['seconds']:.2f}x its time")
         if args.where:
             where_time_goes(folder)
     if "bad" in chosen:

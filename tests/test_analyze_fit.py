@@ -102,7 +102,9 @@ def test_params_file_round_trips_into_the_generator(store, tmp_path):
     assert (document["n_sampling"], document["dp_ranks"], document["max_response_len"]) == (8, 2, None)
     assert document["multiturn"] is None
     assert document["joint"]["space"] == "log" and len(document["joint"]["weights"]) in fit.JOINT_COMPONENTS
-    assert isinstance(document["drift_per_step"], float)
+    # Four steps are too few for a trend: no drift is made up from them, and the notes say why.
+    assert document["drift_per_step"] is None
+    assert "drift_per_step is null: trend withheld: 4 steps with data, at least 5 needed" in document["notes"]
     model = load_params(path)
     drawn_prompts, drawn_responses = model.sample(np.random.default_rng(0), 1000)
     assert len(drawn_prompts) == 1000 and drawn_responses.min() >= 1
@@ -163,3 +165,16 @@ def test_runs_for_task(store):
     assert fit.runs_for_task(store, "code") == [1]
     with pytest.raises(PolytraceError):
         fit.runs_for_task(store, "video")
+
+
+def test_params_carry_the_drift_of_a_run_long_enough_for_a_trend(store, tmp_path):
+    from polytrace_cli.workload.distributions import LengthModel, Marginal
+    from polytrace_cli.workload.synth import WorkloadSpec, synthesize
+
+    model = LengthModel(prompt=Marginal("lognorm", {"s": 0.1, "scale": 100.0}),
+                        response=Marginal("lognorm", {"s": 0.2, "scale": 1000.0}))
+    synthesize(model, WorkloadSpec(task="t", steps=12, batch=64, n=4, drift=0.03, seed=2), tmp_path / "drifting")
+    ingest_paths(store, [tmp_path / "drifting"])
+    document = fit.params_document(store, [ids_of(store, "drifting")])
+    # Lengths grow by 1.03 a step: the least-squares slope over the mean is about ln 1.03 = 0.0296.
+    assert document["drift_per_step"] == pytest.approx(0.0296, rel=0.15)

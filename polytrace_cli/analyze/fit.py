@@ -313,7 +313,8 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
     `prompt`/`response` hold the best scipy family by AIC (so any scipy-based sampler can draw from
     them); `candidates` every fit including the Gaussian mixture; `joint` a 2-D mixture over
     (ln prompt, ln response); `empirical` 1,001 quantiles; `drift_per_step` the mean over the runs of the
-    drift analysis' relative slope (slope / mean response length); `notes` what was skipped (e.g.
+    drift analysis' relative slope (slope / mean response length), null when no run has enough steps
+    with data for a trend; `notes` what was skipped (e.g.
     the mixtures without scikit-learn, when `joint` is null and the marginals are sampled); absent
     parts are null.
     """
@@ -351,10 +352,13 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         dp = [counted] if counted else []
     document["dp_ranks"] = max(dp) if dp else None
     document["multiturn"] = _multiturn(con, run_ids, steps)
-    # The generator's drift keeps using any fitted slope (2+ steps), as before the report withheld short trends.
-    trends = drift.summary(con, run_ids, steps, min_trend_steps=2)
+    # A drift is fitted only where the drift analysis shows a trend (enough steps with data).
+    trends = drift.summary(con, run_ids, steps)
     slopes = [s for s in trends["relative_slope_per_step"].to_list() if s is not None]
     document["drift_per_step"] = float(np.mean(slopes)) if slopes else None
+    if not slopes and trends.height:
+        withheld = [f"drift_per_step is null: {note}" for note in trends["note"].to_list() if note]
+        document["notes"] = sorted({*(document["notes"] or []), *withheld}) or document["notes"]
     return document
 
 
