@@ -212,6 +212,54 @@ def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
     assert np.array_equal(before, after)
 
 
+def test_shared_computes_each_frame_once_per_report_only(tmp_path):
+    from polytrace_cli.report.shared_frames import once_per_report, shared
+
+    calls = []
+
+    def frame(con, run_ids, steps):
+        calls.append((tuple(run_ids), steps))
+        return pl.DataFrame({"run": [str(run_ids)]})
+
+    first = shared(frame, None, [1, 2], ALL_STEPS)
+    assert shared(frame, None, [1, 2], ALL_STEPS) is not first and len(calls) == 2  # outside: no sharing
+    with once_per_report():
+        inside = shared(frame, None, [1, 2], ALL_STEPS)
+        assert shared(frame, None, [1, 2], ALL_STEPS) is inside  # equal run-id lists share one frame
+        assert shared(frame, None, [2], ALL_STEPS) is not inside
+    assert calls == [((1, 2), ALL_STEPS)] * 3 + [((2,), ALL_STEPS)]
+    with once_per_report():  # a new report computes afresh
+        assert shared(frame, None, [1, 2], ALL_STEPS) is not inside
+
+
+def test_a_report_reads_each_runs_workload_once(tmp_path, monkeypatch):
+    """explain (findings), whatif and the backtest (what would help) all model run a; the report reads its
+    workload frame once, and the frame is the one read_workload gives outside a report."""
+    from polytrace_cli.model import read_workload, shared_workloads
+    from polytrace_cli.model import workload as workload_module
+    from polytrace_cli.store.queries import run_ids
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "a" / "train.log", 12, 10.0, 6)
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "a"), "--run", "a", "--db", str(db)]).exit_code == 0
+    reads = []
+    real = workload_module._workload_frame
+    monkeypatch.setattr(workload_module, "_workload_frame", lambda con, info: reads.append(info.run_id) or real(con, info))
+    con = open_store(db, read_only=True)
+    try:
+        (run_id,) = run_ids(con, ["a"])
+        alone = read_workload(con, "a")
+        report = build_report(con, [run_id], tmp_path / "out")
+        assert [f for f in report.findings if "at_steps" in f] and [h for h in report.help if h.get("backtest")]
+        assert reads == [run_id, run_id]  # once alone, once for the whole report
+        with shared_workloads():
+            assert read_workload(con, "a") is read_workload(con, run_id)
+            assert read_workload(con, "a").equals(alone)
+        assert read_workload(con, "a") is not alone
+    finally:
+        con.close()
+
+
 def test_default_name():
     assert default_name(["math", "code"]) == "math+code"
     assert default_name(["a b/c"]) == "a-b-c"

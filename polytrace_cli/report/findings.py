@@ -37,6 +37,7 @@ import polars as pl
 
 from polytrace_cli.analyze import filtering, imbalance, longtail, stages
 from polytrace_cli.analyze.common import StepRange, run_names
+from polytrace_cli.report.shared_frames import shared
 
 FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text")
 # A finding from explain also lists the steps it was found at.
@@ -96,10 +97,10 @@ def _imbalance(summary: pl.DataFrame) -> list[dict]:
 
 
 def _overheads(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> list[dict]:
-    detail = stages.per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
+    detail = shared(stages.per_step, con, run_ids, steps).filter(pl.col("step_s").is_not_null())
     if detail.height == 0:
         return []
-    inclusion = stages.step_time_inclusion(con, run_ids)
+    inclusion = shared(stages.step_time_inclusion, con, run_ids)
     out = []
     for cause, column, flag, name in (
             ("validation", "testing_s", "includes_testing", "validation"),

@@ -15,11 +15,13 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.model import shared_workloads
 from polytrace_cli.report import help as what_would_help
 from polytrace_cli.report import html, markdown, style
 from polytrace_cli.report.findings import build_findings
 from polytrace_cli.report.figures import figure_modules
 from polytrace_cli.report.figures.base import Omitted
+from polytrace_cli.report.shared_frames import once_per_report
 from polytrace_cli.report.tables import t1_summary
 
 
@@ -137,15 +139,17 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     for stale in [*figures_dir.glob("*.png"), *figures_dir.glob("*.svg")]:
         stale.unlink()
     report.summaries, report.analysis_errors = _summaries(con, run_ids, steps)
-    for module in figure_modules():
-        report.figures.append(_draw(module, con, run_ids, steps, figures_dir, names, svg))
-    table = t1_summary.table(con, run_ids, steps, report.summaries)
-    if isinstance(table, Omitted):
-        report.table_omitted = table.reason
-    else:
-        report.table = table
-    report.findings = build_findings(con, run_ids, steps, report.summaries)
-    report.help = what_would_help.build_help(report.summaries, con, run_ids)
+    # Frames and workloads that several parts of the page read are computed once (see shared_frames).
+    with once_per_report(), shared_workloads():
+        for module in figure_modules():
+            report.figures.append(_draw(module, con, run_ids, steps, figures_dir, names, svg))
+        table = t1_summary.table(con, run_ids, steps, report.summaries)
+        if isinstance(table, Omitted):
+            report.table_omitted = table.reason
+        else:
+            report.table = table
+        report.findings = build_findings(con, run_ids, steps, report.summaries)
+        report.help = what_would_help.build_help(report.summaries, con, run_ids)
     return report
 
 
