@@ -62,8 +62,13 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 9.0, height: fl
 def save_png(figure: Figure, path) -> None:
     """Write the figure as a PNG at its own dpi in one drawing pass. `Figure.savefig` draws a figure that
     has a layout engine twice (once to lay it out, once to paint it); the Agg canvas lays it out while
-    painting, and the pixels are the same."""
-    FigureCanvasAgg(figure).print_png(path)
+    painting, and the pixels are the same. The figure keeps its own canvas afterwards, so the Agg
+    renderer's pixel buffer is freed once written."""
+    canvas = figure.canvas
+    try:
+        FigureCanvasAgg(figure).print_png(path)
+    finally:
+        figure.set_canvas(canvas)
 
 
 def _style_axes(ax) -> None:
