@@ -260,6 +260,32 @@ def test_a_report_reads_each_runs_workload_once(tmp_path, monkeypatch):
         con.close()
 
 
+def test_findings_run_explain_only_on_runs_it_models_in_seconds(tmp_path, monkeypatch):
+    """Run a logs step times (explain models it in seconds); run b has samples only, whose token-based
+    explanation the findings would not use, so explain is not run on it."""
+    from polytrace_cli import diagnose
+    from polytrace_cli.diagnose.explain import explained_in_seconds
+    from polytrace_cli.model import read_workload
+    from polytrace_cli.report.findings import build_findings
+    from polytrace_cli.store.queries import run_ids
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "a" / "train.log", 12, 10.0, 6)
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "a"), "--run", "a", "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    try:
+        b = _insert_samples(con, "b", "math", [(step, 0, i, 10, 100 + 50 * i) for step in range(12) for i in range(4)])
+        (a,) = run_ids(con, ["a"])
+        assert explained_in_seconds(read_workload(con, a)) and not explained_in_seconds(read_workload(con, b))
+        explained, real = [], diagnose.explain_run
+        monkeypatch.setattr(diagnose, "explain_run", lambda con, run, *args: explained.append(run) or real(con, run, *args))
+        findings = build_findings(con, [a, b], ALL_STEPS, {})
+    finally:
+        con.close()
+    assert explained == [a]
+    assert {f["run"] for f in findings if "at_steps" in f} == {"a"}
+
+
 def test_default_name():
     assert default_name(["math", "code"]) == "math+code"
     assert default_name(["a b/c"]) == "a-b-c"

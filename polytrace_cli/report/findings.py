@@ -154,11 +154,15 @@ def _filtering(summary: pl.DataFrame) -> list[dict]:
 def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[list[dict] | None, str | None]:
     """explain's findings of a run in this module's shape (`steps` the count, `at_steps` the list) and
     None, or None and the reason when explain fails; (None, None) when explain has nothing to model
-    (no steps, no step timings, too few steps)."""
+    (no steps, no step timings, too few steps: explain is not run, its token-based answer is not used)."""
     from polytrace_cli.diagnose import explain_run
+    from polytrace_cli.diagnose.explain import explained_in_seconds
     from polytrace_cli.errors import PolytraceError
+    from polytrace_cli.model import read_workload
 
     try:
+        if not explained_in_seconds(read_workload(con, run_id)):
+            return None, None
         explanation = explain_run(con, run_id)
     except PolytraceError:
         return None, None
