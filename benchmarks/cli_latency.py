@@ -1,8 +1,11 @@
 """Latency a person feels at the command line: whole `polytrace` processes, median of several runs.
 
-Builds (once; reused when present) two stores under benchmarks/out/cli_latency/ with the library:
-  demo.duckdb    the demo's three runs (math, code, search presets, demo seed);
-  lengths.duckdb one math run of 214 steps × 384 responses (82,176 responses, packed trace).
+Builds (once; reused when present) three stores under benchmarks/out/cli_latency/:
+  demo.duckdb    the demo's three runs (math, code, search presets, demo seed), with the library;
+  lengths.duckdb one math run of 214 steps × 384 responses (82,176 responses, packed trace), likewise;
+  make_demo/demo.duckdb  the store `make demo` builds (`polytrace demo`): those three runs and the
+                 300-step verl console run math-verl with stage times, which the report explains,
+                 prices with whatif and backtests.
 
 Then times each command as a child process (wall and CPU seconds, medians of --repeat runs; the
 largest peak RSS) and prints it beside its target:
@@ -10,6 +13,7 @@ largest peak RSS) and prints it beside its target:
                                       (`python -c "import duckdb; duckdb.connect(path)"`)
   analyze --only lengths (82k)        1 s and 400 MB
   analyze, fit, report (demo)         3 s each
+  report (make demo store)            3 s
 The stores are built in a child process so that this process stays small: on Linux a child's peak
 RSS starts at its parent's size at fork. `--before CHECKOUT` times an earlier checkout in turns with
 this one, so both columns see the same machine load.
@@ -33,11 +37,12 @@ ROOT = HERE.parent
 OUT = HERE / "out" / "cli_latency"
 DEMO_SEED = 7
 LENGTH_STEPS = 214
+MAKE_DEMO_DB = OUT / "make_demo" / "demo.duckdb"
 
 
 
 def build_stores() -> None:
-    """The demo store and the 82k-response store (each skipped when it exists)."""
+    """The demo store, the 82k-response store and the `make demo` store (each skipped when it exists)."""
     sys.path.insert(0, str(ROOT))
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
@@ -60,6 +65,11 @@ def build_stores() -> None:
         con = open_store(lengths_db)
         ingest_paths(con, [OUT / "lengths_logs" / "math82k"], task="math")
         con.close()
+    if not MAKE_DEMO_DB.exists():
+        # The demo command itself, so the store is the one `make demo` builds (it also writes a report).
+        subprocess.run([sys.executable, "-m", "polytrace_cli.cli", "demo", "--out", str(MAKE_DEMO_DB.parent),
+                        "--reports", str(MAKE_DEMO_DB.parent / "reports")],
+                       check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def run_once(argv: list[str], cwd: Path, root: Path) -> tuple[float, float, float]:
@@ -129,6 +139,8 @@ def main() -> None:
         ("fit math (demo)", lambda name: [*cli, "fit", "math", "--db", demo, flags[name], str(work / "math.params.json")],
          3.0, None),
         ("report (demo)", lambda _: [*cli, "report", "--db", demo, "--out", str(work / "reports")], 3.0, None),
+        ("report (make demo store)", lambda _: [*cli, "report", "--db", str(MAKE_DEMO_DB), "--out",
+                                                str(work / "reports")], 3.0, None),
     ]
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}; python opens the store in {opened[0]:.3f} s (CPU {opened[1]:.3f} s, "

@@ -44,9 +44,10 @@ def assert_non_blank_png(path: Path) -> None:
     assert float(pixels[..., :3].std()) > 0.02, f"{path.name} looks blank"
 
 
-def assert_report_complete(index: Path) -> dict:
-    """Every drawn figure exists as PNG and SVG, is non-blank and referenced by the HTML and summary.md;
-    every omitted one says why in both; nothing failed. Returns summary.json."""
+def assert_report_complete(index: Path, svg: bool = False) -> dict:
+    """Every drawn figure exists as PNG (and as SVG when the report was asked for `svg`, else no SVG is
+    written or linked), is non-blank and referenced by the HTML and summary.md; every omitted one says
+    why in both; nothing failed. Returns summary.json."""
     folder = index.parent
     html = index.read_text()
     markdown = (folder / "summary.md").read_text()
@@ -67,14 +68,19 @@ def assert_report_complete(index: Path) -> dict:
             assert set(data) == set(modules[figure["id"]].FRAMES)
             assert any(rows for rows in data.values())
             assert_non_blank_png(folder / "figures" / figure["png"])
-            svg = folder / "figures" / figure["svg"]
-            assert svg.stat().st_size > 5_000 and svg.read_text().lstrip().startswith("<?xml")
-            assert f"data-figure='{figure['png']}'" in html
-            assert f"figures/{figure['svg']}" in html and f"figures/{figure['png']}" in markdown
+            assert f"data-figure='{figure['png']}'" in html and f"figures/{figure['png']}" in markdown
+            if svg:
+                svg_file = folder / "figures" / figure["svg"]
+                assert svg_file.stat().st_size > 5_000 and svg_file.read_text().lstrip().startswith("<?xml")
+                assert f"figures/{figure['svg']}" in html and f"figures/{figure['svg']}" in markdown
+            else:
+                assert figure["svg"] is None
         else:
             assert figure["omitted"], f"{figure['id']} neither drawn nor explained"
             assert f"omitted: {figure['omitted']}" in markdown
             assert re.search(rf"<strong>{figure['id']} [^<]*</strong>: omitted: ", html)
+    if not svg:
+        assert not list((folder / "figures").glob("*.svg")) and ".svg" not in html and ".svg" not in markdown
     # Self-contained: figures inline, no network fetches.
     assert html.count("data:image/png;base64,") == len(drawn_files)
     assert not re.search(r"""(src|href)=['"]https?://""", html)
@@ -88,7 +94,7 @@ def sample_report(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("sample-report")
     db = folder / "store.duckdb"
     ingest_tasks(db, SAMPLE_LOGS, ["math", "code", "search"])
-    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "reports")])
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "reports"), "--svg"])
     assert result.exit_code == 0, result.output
     index = Path(result.output.strip().splitlines()[-1])
     assert index == folder / "reports" / "math+code+search" / "index.html"
@@ -96,7 +102,7 @@ def sample_report(tmp_path_factory) -> Path:
 
 
 def test_sample_logs_report_is_complete(sample_report):
-    summary = assert_report_complete(sample_report)
+    summary = assert_report_complete(sample_report, svg=True)
     drawn = {f["id"] for f in summary["figures"] if f["png"]}
     # The sample logs carry per-sample lengths on DP ranks, reward timings, DAPO batches and trajectories.
     assert {"F1", "F2", "F3", "F6", "F7", "F8", "F9", "F10"} <= drawn
@@ -138,9 +144,9 @@ def test_real_trace_report(tmp_path, trace):
         assert not [r for r in reports if r.failed]
     finally:
         con.close()
-    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r")])
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "r"), "--svg"])
     assert result.exit_code == 0, result.output
-    summary = assert_report_complete(tmp_path / "r" / trace / "index.html")
+    summary = assert_report_complete(tmp_path / "r" / trace / "index.html", svg=True)
     drawn = {f["id"] for f in summary["figures"] if f["png"]}
     assert {"F1", "F2", "F3", "F7"} <= drawn
     expected = {"verl": {"F6", "F10"}, "rllm": {"F6", "F9"}, "search_r1": {"F8"}}[trace]
@@ -167,6 +173,117 @@ def test_report_unknown_run_is_one_line_error(tmp_path):
     open_store(db).close()
     result = runner.invoke(app, ["report", "nope", "--db", str(db), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "no run named nope" in result.output
+
+
+def test_svg_is_opt_in_and_a_later_report_without_it_leaves_no_stale_svg(tmp_path):
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "a" / "train.log", 12, 10.0, 6)
+    result = runner.invoke(app, ["ingest", str(tmp_path / "logs" / "a"), "--run", "a", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    report = ["report", "--db", str(db), "--out", str(tmp_path / "r")]
+    assert runner.invoke(app, [*report, "--svg"]).exit_code == 0
+    summary = assert_report_complete(tmp_path / "r" / "a" / "index.html", svg=True)
+    assert {f["svg"] for f in summary["figures"] if f["png"]} == {p.name for p in (tmp_path / "r" / "a" / "figures").glob("*.svg")}
+    assert runner.invoke(app, report).exit_code == 0
+    assert_report_complete(tmp_path / "r" / "a" / "index.html")
+
+
+def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
+    """style.save_png paints a constrained-layout figure once; Figure.savefig lays it out in a draw of its
+    own first. The pixels must be the same (a colour bar and log axes exercise the layout)."""
+    import numpy as np
+
+    from polytrace_cli.report import style
+
+    def draw():
+        figure, axes = style.new_figure(2, 1)
+        art = axes[0].hexbin(np.geomspace(10, 5000, 400), np.geomspace(50, 9000, 400) ** 0.9, gridsize=20,
+                             xscale="log", yscale="log", bins="log", mincnt=1)
+        style.plain_colorbar(figure.colorbar(art, ax=axes[0], label="samples"))
+        style.plot_steps(axes[1], [1, 2, 3, 5, 6], [3.0, 4.0, 2.0, 5.0, 1.0], label="step")
+        axes[1].set_title("a title\non two lines")
+        figure.suptitle("Not shown (no data): b")
+        return figure
+
+    draw().savefig(tmp_path / "savefig.png")
+    style.save_png(draw(), tmp_path / "one_pass.png")
+    before, after = (matplotlib.image.imread(tmp_path / name) for name in ("savefig.png", "one_pass.png"))
+    assert before.shape == after.shape and before.shape[0] > 300
+    assert np.array_equal(before, after)
+
+
+def test_shared_computes_each_frame_once_per_report_only(tmp_path):
+    from polytrace_cli.report.shared_frames import once_per_report, shared
+
+    calls = []
+
+    def frame(con, run_ids, steps):
+        calls.append((tuple(run_ids), steps))
+        return pl.DataFrame({"run": [str(run_ids)]})
+
+    first = shared(frame, None, [1, 2], ALL_STEPS)
+    assert shared(frame, None, [1, 2], ALL_STEPS) is not first and len(calls) == 2  # outside: no sharing
+    with once_per_report():
+        inside = shared(frame, None, [1, 2], ALL_STEPS)
+        assert shared(frame, None, [1, 2], ALL_STEPS) is inside  # equal run-id lists share one frame
+        assert shared(frame, None, [2], ALL_STEPS) is not inside
+    assert calls == [((1, 2), ALL_STEPS)] * 3 + [((2,), ALL_STEPS)]
+    with once_per_report():  # a new report computes afresh
+        assert shared(frame, None, [1, 2], ALL_STEPS) is not inside
+
+
+def test_a_report_reads_each_runs_workload_once(tmp_path, monkeypatch):
+    """explain (findings), whatif and the backtest (what would help) all model run a; the report reads its
+    workload frame once, and the frame is the one read_workload gives outside a report."""
+    from polytrace_cli.model import read_workload, shared_workloads
+    from polytrace_cli.model import workload as workload_module
+    from polytrace_cli.store.queries import run_ids
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "a" / "train.log", 12, 10.0, 6)
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "a"), "--run", "a", "--db", str(db)]).exit_code == 0
+    reads = []
+    real = workload_module._workload_frame
+    monkeypatch.setattr(workload_module, "_workload_frame", lambda con, info: reads.append(info.run_id) or real(con, info))
+    con = open_store(db, read_only=True)
+    try:
+        (run_id,) = run_ids(con, ["a"])
+        alone = read_workload(con, "a")
+        report = build_report(con, [run_id], tmp_path / "out")
+        assert [f for f in report.findings if "at_steps" in f] and [h for h in report.help if h.get("backtest")]
+        assert reads == [run_id, run_id]  # once alone, once for the whole report
+        with shared_workloads():
+            assert read_workload(con, "a") is read_workload(con, run_id)
+            assert read_workload(con, "a").equals(alone)
+        assert read_workload(con, "a") is not alone
+    finally:
+        con.close()
+
+
+def test_findings_run_explain_only_on_runs_it_models_in_seconds(tmp_path, monkeypatch):
+    """Run a logs step times (explain models it in seconds); run b has samples only, whose token-based
+    explanation the findings would not use, so explain is not run on it."""
+    from polytrace_cli import diagnose
+    from polytrace_cli.diagnose.explain import explained_in_seconds
+    from polytrace_cli.model import read_workload
+    from polytrace_cli.report.findings import build_findings
+    from polytrace_cli.store.queries import run_ids
+
+    db = tmp_path / "store.duckdb"
+    _console_log(tmp_path / "logs" / "a" / "train.log", 12, 10.0, 6)
+    assert runner.invoke(app, ["ingest", str(tmp_path / "logs" / "a"), "--run", "a", "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    try:
+        b = _insert_samples(con, "b", "math", [(step, 0, i, 10, 100 + 50 * i) for step in range(12) for i in range(4)])
+        (a,) = run_ids(con, ["a"])
+        assert explained_in_seconds(read_workload(con, a)) and not explained_in_seconds(read_workload(con, b))
+        explained, real = [], diagnose.explain_run
+        monkeypatch.setattr(diagnose, "explain_run", lambda con, run, *args: explained.append(run) or real(con, run, *args))
+        findings = build_findings(con, [a, b], ALL_STEPS, {})
+    finally:
+        con.close()
+    assert explained == [a]
+    assert {f["run"] for f in findings if "at_steps" in f} == {"a"}
 
 
 def test_default_name():

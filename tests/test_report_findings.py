@@ -52,7 +52,7 @@ def mixed_report(tmp_path_factory) -> Path:
         _insert_samples(con, "b", "code", [(0, 0, 0, 50, 100), (0, 0, 1, 50, 100), (5, 0, 0, 50, 300)])
     finally:
         con.close()
-    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "r"), "--name", "mixed"])
+    result = runner.invoke(app, ["report", "--db", str(db), "--out", str(folder / "r"), "--name", "mixed", "--svg"])
     assert result.exit_code == 0, result.output
     return folder / "r" / "mixed" / "index.html"
 

@@ -23,6 +23,7 @@ def report(
     out: Annotated[Path, typer.Option(help="Folder the report folder is written into.")] = Path("reports"),
     name: Annotated[str | None, typer.Option(help="Report folder name (default: from the run names).")] = None,
     steps: StepsOption = None,
+    svg: Annotated[bool, typer.Option(help="Also save every figure as SVG beside its PNG.")] = False,
     db: DbOption = None,
     wait: WaitOption = 0,
 ) -> None:
@@ -35,7 +36,7 @@ def report(
     try:
         from polytrace_cli.report import write_runs_report  # matplotlib loads only when a report is drawn
 
-        index = write_runs_report(con, runs, out, name, steps)
+        index = write_runs_report(con, runs, out, name, steps, svg)
     finally:
         con.close()
     typer.echo(str(index))

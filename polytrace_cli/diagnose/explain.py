@@ -83,6 +83,12 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def explained_in_seconds(frame: pl.DataFrame) -> bool:
+    """Whether `explain_run` fits the run's step-time model (basis 'seconds'): its workload frame
+    (`read_workload`) has at least MIN_TRAINING_STEPS timed training steps (`training_mask`)."""
+    return int(training_mask(frame).sum()) >= MIN_TRAINING_STEPS
+
+
 def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None = None,
                 top: int | None = None) -> Explanation:
     """Explain a run (see the module docstring). `step` asks for that step alone (slow or not);
@@ -97,7 +103,7 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         first, last = frame["step"].min(), frame["step"].max()
         raise PolytraceError(f"run {info.name} has no step {step} (steps {first}–{last})")
     mask = training_mask(frame)
-    if int(mask.sum()) >= MIN_TRAINING_STEPS:
+    if explained_in_seconds(frame):
         return _explain_seconds(con, info, frame, mask, step, top)
     trained = int(mask.sum())
     few = (f"{trained} timed training step{'' if trained == 1 else 's'} (a step-time model needs "

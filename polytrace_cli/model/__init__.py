@@ -10,10 +10,11 @@
 from polytrace_cli.model.fit import STAGE_FEATURES, StageFit, StepTimeModel, fit_model, fit_stage, stage_seconds
 from polytrace_cli.model.workload import (
     FEATURES, MODELLED_STAGES, OVERHEADS, WORKLOAD_COLUMNS, overheads_included, read_workload, run_info,
-    training_mask,
+    shared_workloads, training_mask,
 )
 
 __all__ = [
     "FEATURES", "MODELLED_STAGES", "OVERHEADS", "STAGE_FEATURES", "WORKLOAD_COLUMNS", "StageFit", "StepTimeModel",
-    "fit_model", "fit_stage", "overheads_included", "read_workload", "run_info", "stage_seconds", "training_mask",
+    "fit_model", "fit_stage", "overheads_included", "read_workload", "run_info", "shared_workloads", "stage_seconds",
+    "training_mask",
 ]

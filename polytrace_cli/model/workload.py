@@ -29,6 +29,9 @@ flagged restart or resumed.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import duckdb
@@ -143,9 +146,35 @@ def _ranks_from_meta(meta: dict) -> int | None:
     return None
 
 
+# The frames `read_workload` read inside `shared_workloads()`, by (connection, run id); None outside.
+_SHARED_FRAMES: ContextVar[dict[tuple[int, int], pl.DataFrame] | None] = ContextVar("shared_workloads", default=None)
+
+
+@contextmanager
+def shared_workloads() -> Iterator[None]:
+    """Inside the block `read_workload` reads each run's frame once and hands every later caller that
+    frame: a report asks explain, whatif and the backtest about the same runs of a store it only reads."""
+    token = _SHARED_FRAMES.set({})
+    try:
+        yield
+    finally:
+        _SHARED_FRAMES.reset(token)
+
+
 def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFrame:
-    """The run's per-step workload frame (columns `WORKLOAD_COLUMNS`, see the module docstring)."""
+    """The run's per-step workload frame (columns `WORKLOAD_COLUMNS`, see the module docstring); read
+    once per run inside `shared_workloads()`."""
     info = run_info(con, run)
+    shared = _SHARED_FRAMES.get()
+    if shared is None:
+        return _workload_frame(con, info)
+    key = (id(con), info.run_id)
+    if key not in shared:
+        shared[key] = _workload_frame(con, info)
+    return shared[key]
+
+
+def _workload_frame(con: duckdb.DuckDBPyConnection, info: RunInfo) -> pl.DataFrame:
     raw = con.sql(_WORKLOAD_SQL, params={"run": info.run_id}).pl()
     meta_ranks = _ranks_from_meta(info.meta)
     ranks = meta_ranks or 1

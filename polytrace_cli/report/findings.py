@@ -37,6 +37,7 @@ import polars as pl
 
 from polytrace_cli.analyze import filtering, imbalance, longtail, stages
 from polytrace_cli.analyze.common import StepRange, run_names
+from polytrace_cli.report.shared_frames import shared
 
 FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text")
 # A finding from explain also lists the steps it was found at.
@@ -96,10 +97,10 @@ def _imbalance(summary: pl.DataFrame) -> list[dict]:
 
 
 def _overheads(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> list[dict]:
-    detail = stages.per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
+    detail = shared(stages.per_step, con, run_ids, steps).filter(pl.col("step_s").is_not_null())
     if detail.height == 0:
         return []
-    inclusion = stages.step_time_inclusion(con, run_ids)
+    inclusion = shared(stages.step_time_inclusion, con, run_ids)
     out = []
     for cause, column, flag, name in (
             ("validation", "testing_s", "includes_testing", "validation"),
@@ -153,11 +154,15 @@ def _filtering(summary: pl.DataFrame) -> list[dict]:
 def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[list[dict] | None, str | None]:
     """explain's findings of a run in this module's shape (`steps` the count, `at_steps` the list) and
     None, or None and the reason when explain fails; (None, None) when explain has nothing to model
-    (no steps, no step timings, too few steps)."""
+    (no steps, no step timings, too few steps: explain is not run, its token-based answer is not used)."""
     from polytrace_cli.diagnose import explain_run
+    from polytrace_cli.diagnose.explain import explained_in_seconds
     from polytrace_cli.errors import PolytraceError
+    from polytrace_cli.model import read_workload
 
     try:
+        if not explained_in_seconds(read_workload(con, run_id)):
+            return None, None
         explanation = explain_run(con, run_id)
     except PolytraceError:
         return None, None

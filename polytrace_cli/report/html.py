@@ -86,6 +86,10 @@ def _left_out(figure) -> str:
     return f" <span class='omitted'>Runs left out: {escape(text)}.</span>"
 
 
+def _svg_link(figure) -> str:
+    return f"<a href='figures/{escape(figure.svg.name)}'>SVG</a>, " if figure.svg else ""
+
+
 def _figure(figure) -> str:
     anchor = f"id='{escape(figure.id)}'"
     if figure.failed:
@@ -99,7 +103,7 @@ def _figure(figure) -> str:
             f"data-figure='{escape(figure.png.name)}'>"
             f"<figcaption><strong>{escape(figure.id)}</strong> {escape(figure.title)}. {escape(figure.caption)}"
             f"{_left_out(figure)} "
-            f"(<a href='figures/{escape(figure.svg.name)}'>SVG</a>, <a href='figures/{escape(figure.png.name)}'>PNG</a>)"
+            f"({_svg_link(figure)}<a href='figures/{escape(figure.png.name)}'>PNG</a>)"
             f"</figcaption></figure>")
 
 

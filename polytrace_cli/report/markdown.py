@@ -45,8 +45,9 @@ def render(report) -> str:
             out.append(f"- **{figure.id}** {figure.title}: omitted: {figure.omitted}")
         else:
             left_out = "; ".join(f"{run}: {reason}" for run, reason in figure.runs_left_out.items())
-            out.append(f"- **{figure.id}** {figure.title}: [png](figures/{figure.png.name}), "
-                       f"[svg](figures/{figure.svg.name})" + (f". Runs left out: {left_out}." if left_out else ""))
+            svg = f", [svg](figures/{figure.svg.name})" if figure.svg else ""
+            out.append(f"- **{figure.id}** {figure.title}: [png](figures/{figure.png.name}){svg}"
+                       + (f". Runs left out: {left_out}." if left_out else ""))
     out += ["", "## Analysis summaries", ""]
     for name, frame in report.summaries.items():
         out += [f"### {name}", ""]

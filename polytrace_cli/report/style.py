@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
@@ -56,6 +57,18 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 9.0, height: fl
     for ax in axes.flat:
         _style_axes(ax)
     return figure, axes.ravel()
+
+
+def save_png(figure: Figure, path) -> None:
+    """Write the figure as a PNG at its own dpi in one drawing pass. `Figure.savefig` draws a figure that
+    has a layout engine twice (once to lay it out, once to paint it); the Agg canvas lays it out while
+    painting, and the pixels are the same. The figure keeps its own canvas afterwards, so the Agg
+    renderer's pixel buffer is freed once written."""
+    canvas = figure.canvas
+    try:
+        FigureCanvasAgg(figure).print_png(path)
+    finally:
+        figure.set_canvas(canvas)
 
 
 def _style_axes(ax) -> None:

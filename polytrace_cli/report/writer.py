@@ -15,11 +15,13 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.model import shared_workloads
 from polytrace_cli.report import help as what_would_help
-from polytrace_cli.report import html, markdown
+from polytrace_cli.report import html, markdown, style
 from polytrace_cli.report.findings import build_findings
 from polytrace_cli.report.figures import figure_modules
 from polytrace_cli.report.figures.base import Omitted
+from polytrace_cli.report.shared_frames import once_per_report
 from polytrace_cli.report.tables import t1_summary
 
 
@@ -90,7 +92,7 @@ def shown_runs(data: dict[str, pl.DataFrame], runs: list[str]) -> list[str]:
     return [run for run in runs if run in present]
 
 
-def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str]) -> FigureResult:
+def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str], svg: bool = False) -> FigureResult:
     result = FigureResult(module.ID, module.TITLE, module.CAPTION)
     started = time.perf_counter()
     try:
@@ -115,16 +117,18 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str]) -> Fi
             drawn.suptitle("\n".join(textwrap.wrap(note, 150)), fontsize=8, color="#8a4b00")
         stem = f"{module.ID.lower()}_{module.__name__.rsplit('.', 1)[1].split('_', 1)[1]}"
         result.png = figures_dir / f"{stem}.png"
-        result.svg = figures_dir / f"{stem}.svg"
-        drawn.savefig(result.png)
-        drawn.savefig(result.svg)
+        style.save_png(drawn, result.png)
+        if svg:
+            result.svg = figures_dir / f"{stem}.svg"
+            drawn.savefig(result.svg)
     result.seconds = time.perf_counter() - started
     return result
 
 
 def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path, name: str | None = None,
-                 steps: StepRange = ALL_STEPS) -> Report:
-    """Draw every figure into `<out_dir>/<name>/figures` and collect the summaries; returns the Report."""
+                 steps: StepRange = ALL_STEPS, svg: bool = False) -> Report:
+    """Draw every figure into `<out_dir>/<name>/figures` (PNG, and SVG too with `svg`) and collect the
+    summaries; returns the Report."""
     if not run_ids:
         raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
     names_by_id = run_names(con, run_ids)
@@ -135,15 +139,17 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     for stale in [*figures_dir.glob("*.png"), *figures_dir.glob("*.svg")]:
         stale.unlink()
     report.summaries, report.analysis_errors = _summaries(con, run_ids, steps)
-    for module in figure_modules():
-        report.figures.append(_draw(module, con, run_ids, steps, figures_dir, names))
-    table = t1_summary.table(con, run_ids, steps, report.summaries)
-    if isinstance(table, Omitted):
-        report.table_omitted = table.reason
-    else:
-        report.table = table
-    report.findings = build_findings(con, run_ids, steps, report.summaries)
-    report.help = what_would_help.build_help(report.summaries, con, run_ids)
+    # Frames and workloads that several parts of the page read are computed once (see shared_frames).
+    with once_per_report(), shared_workloads():
+        for module in figure_modules():
+            report.figures.append(_draw(module, con, run_ids, steps, figures_dir, names, svg))
+        table = t1_summary.table(con, run_ids, steps, report.summaries)
+        if isinstance(table, Omitted):
+            report.table_omitted = table.reason
+        else:
+            report.table = table
+        report.findings = build_findings(con, run_ids, steps, report.summaries)
+        report.help = what_would_help.build_help(report.summaries, con, run_ids)
     return report
 
 
@@ -185,9 +191,10 @@ def summary_json(report: Report) -> str:
 
 
 def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path | str = "reports",
-                 name: str | None = None, steps: StepRange = ALL_STEPS) -> Path:
-    """Write `<out_dir>/<name>/index.html`, `summary.md`, `summary.json` and `figures/`; returns index.html."""
-    report = build_report(con, run_ids, Path(out_dir), name, steps)
+                 name: str | None = None, steps: StepRange = ALL_STEPS, svg: bool = False) -> Path:
+    """Write `<out_dir>/<name>/index.html`, `summary.md`, `summary.json` and `figures/` (each figure as PNG;
+    as SVG too with `svg`); returns index.html."""
+    report = build_report(con, run_ids, Path(out_dir), name, steps, svg)
     folder = Path(out_dir) / report.name
     (folder / "summary.json").write_text(summary_json(report))
     (folder / "summary.md").write_text(markdown.render(report))
@@ -197,7 +204,7 @@ def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
 
 
 def write_runs_report(con: duckdb.DuckDBPyConnection, runs: list[str] | None, out_dir: Path | str = "reports",
-                      name: str | None = None, steps: StepRange | str | None = None) -> Path:
+                      name: str | None = None, steps: StepRange | str | None = None, svg: bool = False) -> Path:
     """`write_report` for the named runs (every run by default); returns index.html. A name that is
     not a plain folder name, an empty store or an unwritable folder is an error."""
     from polytrace_cli.store.queries import run_ids
@@ -209,6 +216,6 @@ def write_runs_report(con: duckdb.DuckDBPyConnection, runs: list[str] | None, ou
     if not ids:
         raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
     try:
-        return write_report(con, ids, out_dir, name, step_range)
+        return write_report(con, ids, out_dir, name, step_range, svg)
     except OSError as error:
         raise PolytraceError(f"cannot write the report under {out_dir}: {error.strerror or error}") from None

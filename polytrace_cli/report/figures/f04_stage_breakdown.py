@@ -8,6 +8,7 @@ import polars as pl
 from polytrace_cli.report import style
 from polytrace_cli.analyze import stages as stage_analysis
 from polytrace_cli.report.figures.base import Omitted, empty, runs_of
+from polytrace_cli.report.shared_frames import shared
 
 ID = "F4"
 TITLE = "Step-time breakdown by stage"
@@ -34,8 +35,8 @@ LEGEND_NAMES = {"testing": "validation", "save_checkpoint": "checkpoint"}
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The stages analysis' per-step stage seconds, and per run whether its step time counts validation and
     checkpoint saving (only for the runs with per-step rows)."""
-    per_step = stage_analysis.per_step(con, run_ids, steps)
-    inclusion = stage_analysis.step_time_inclusion(con, run_ids)
+    per_step = shared(stage_analysis.per_step, con, run_ids, steps)
+    inclusion = shared(stage_analysis.step_time_inclusion, con, run_ids)
     return {"stages": per_step, "inclusion": inclusion.filter(pl.col("run").is_in(per_step["run"].unique().implode()))}
 
 

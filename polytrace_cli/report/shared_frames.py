@@ -1,0 +1,43 @@
+"""Analysis detail frames that more than one part of a report reads (F4 and the findings both read the
+stages analysis' per-step seconds and step-time inclusion): computed once per report.
+
+    with once_per_report():
+        shared(stages.per_step, con, run_ids, steps)   # computed
+        shared(stages.per_step, con, run_ids, steps)   # the same frame again
+
+Outside `once_per_report()`, `shared` just calls the function. The store is only read meanwhile, so
+the same call gives the same frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import duckdb
+import polars as pl
+
+_FRAMES: ContextVar[dict[tuple, pl.DataFrame] | None] = ContextVar("report_frames", default=None)
+
+
+@contextmanager
+def once_per_report() -> Iterator[None]:
+    """The block inside which `shared` computes each (function, arguments) once."""
+    token = _FRAMES.set({})
+    try:
+        yield
+    finally:
+        _FRAMES.reset(token)
+
+
+def shared(function: Callable[..., pl.DataFrame], con: duckdb.DuckDBPyConnection, *args) -> pl.DataFrame:
+    """`function(con, *args)`, computed once per function and arguments inside `once_per_report()` (list
+    arguments such as run ids are compared by value)."""
+    frames = _FRAMES.get()
+    if frames is None:
+        return function(con, *args)
+    key = (function, id(con), *(tuple(arg) if isinstance(arg, list) else arg for arg in args))
+    if key not in frames:
+        frames[key] = function(con, *args)
+    return frames[key]
