@@ -114,12 +114,12 @@ class Store:
         return summaries(self.connection, _names(runs), name, steps)[name]
 
     def report(self, runs: Runs = None, out: str | Path = "reports", name: str | None = None,
-               steps: Steps = None) -> Path:
-        """Write the HTML report of the runs under `out/name/`, as `polytrace report`; returns the
-        path of its index.html."""
+               steps: Steps = None, svg: bool = False) -> Path:
+        """Write the HTML report of the runs under `out/name/`, as `polytrace report` (each figure as
+        PNG; as SVG too with `svg`, as `--svg`); returns the path of its index.html."""
         from polytrace_cli.report import write_runs_report
 
-        return write_runs_report(self.connection, _names(runs), out, name, steps)
+        return write_runs_report(self.connection, _names(runs), out, name, steps, svg=svg)
 
     def steps(self, run: str, steps: Steps = None) -> pl.DataFrame:
         """One row per step of the run (stage seconds, lengths, load balance, flags, the model's

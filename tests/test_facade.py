@@ -53,6 +53,7 @@ def test_notebook_session_matches_the_command_line(traces, tmp_path, monkeypatch
         counted = store.query("SELECT count(*) AS n, avg(response_len) AS mean FROM samples "
                               "JOIN runs USING (run_id) WHERE name = 'math'")
         index = store.report(runs=["math"], out=tmp_path / "reports", name="nb")
+        with_svg = store.report(runs=["math"], out=tmp_path / "reports", name="nb_svg", svg=True)
 
     # Generated truth: every step holds BATCH prompts × N responses.
     math_row = runs.filter(runs["run"] == "math").to_dicts()[0]
@@ -64,6 +65,9 @@ def test_notebook_session_matches_the_command_line(traces, tmp_path, monkeypatch
     assert late["count"] == 2 * BATCH * N
     assert tools.height > 0 and set(tools["run"]) == {"search"}
     assert index == tmp_path / "reports" / "nb" / "index.html" and index.stat().st_size > 0
+    pngs = sorted(p.stem for p in (index.parent / "figures").glob("*.png"))
+    assert pngs and not list((index.parent / "figures").glob("*.svg"))
+    assert sorted(p.stem for p in (with_svg.parent / "figures").glob("*.svg")) == pngs
 
     # The same numbers from the command line, on the same store once the notebook closed it.
     assert _cli_json("runs", "--json", "--db", db) == json.loads(runs.write_json())
