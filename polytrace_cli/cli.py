@@ -84,12 +84,14 @@ def main() -> None:
     A command that loaded matplotlib, scipy or scikit-learn ends without the interpreter's module
     teardown, once its output is flushed: every store it opened is closed by then, and the
     teardown only frees memory the process is about to give back. Not after Ray was loaded, whose
-    exit handlers stop the cluster it started.
+    exit handlers stop the cluster it started, nor under a profiler or tracer, which writes its
+    results at exit.
     """
     try:
         app()
     except SystemExit as finished:
-        if "ray" in sys.modules or not any(name in sys.modules for name in _SLOW_TO_TEAR_DOWN):
+        if ("ray" in sys.modules or sys.getprofile() is not None or sys.gettrace() is not None
+                or not any(name in sys.modules for name in _SLOW_TO_TEAR_DOWN)):
             raise
         code = finished.code if isinstance(finished.code, int) else (0 if finished.code is None else 1)
         if not isinstance(finished.code, (int, type(None))):
