@@ -139,7 +139,7 @@ class Store:
                backtest: bool = False) -> WhatIfResult | BacktestResult:
         """The run's predicted wall time under the policies ("balance", "no-validation",
         "max-response-len=N", ...), a `WhatIfResult`; with backtest=True the model's accuracy on
-        held-out steps, a `BacktestResult`. `.to_json()` is `polytrace whatif --json`'s document."""
+        held-out steps, a `BacktestResult`. `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
         from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
 
         chosen = _names(policies) or []

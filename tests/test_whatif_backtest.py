@@ -62,7 +62,7 @@ def test_baselines_by_hand_on_six_steps(store, tmp_path):
     assert result.step.median_baseline == pytest.approx(step_median)
     assert result.step.previous_baseline == pytest.approx(100 * (1 - (6 / 28 + 10 / 18 + 8 / 26) / 3))
     assert result.step.accuracy == pytest.approx(step_median)
-    overall = result.to_json()["overall"]
+    overall = result.to_dict()["overall"]
     assert overall["accuracy"] == pytest.approx(gen_median) and overall["stages"] == 1
 
 

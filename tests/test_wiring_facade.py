@@ -69,8 +69,8 @@ def test_notebook_steps_explain_whatif_match_the_command_line(verl_log, tmp_path
     assert _cli_json("explain", "verl", "--step", 37, "--json", "--db", db) == json.loads(one_step.to_json())
     assert _cli_json("explain", "verl", "--top", 2, "--json", "--db", db) == json.loads(top.to_json())
     policy_args = [arg for policy in POLICIES for arg in ("--policy", policy)]
-    assert _cli_json("whatif", "verl", *policy_args, "--json", "--db", db) == _as_cli(whatif.to_json())
-    assert _cli_json("whatif", "verl", "--backtest", "--json", "--db", db) == _as_cli(backtest.to_json())
+    assert _cli_json("whatif", "verl", *policy_args, "--json", "--db", db) == json.loads(whatif.to_json()) == _as_cli(whatif.to_dict())
+    assert _cli_json("whatif", "verl", "--backtest", "--json", "--db", db) == json.loads(backtest.to_json()) == _as_cli(backtest.to_dict())
 
 
 def test_mistakes_are_polytrace_errors(verl_log, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
@@ -11,7 +10,6 @@ import typer
 from polytrace_cli.commands.common import (DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
                                            user_errors)
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.jsontext import json_default
 
 POLICY_OPTION_HELP = ("A policy to predict, repeatable: balance, no-validation, validate-every=K, checkpoint-every=K, "
                       "max-response-len=N, partial-rollout=F, one-step-off[=G].")
@@ -42,7 +40,7 @@ def whatif(
     finally:
         con.close()
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2, default=json_default) + "\n")
+        sys.stdout.write(result.to_json() + "\n")
         return
     if backtest:
         emit_frame(result.table(), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "

@@ -2,8 +2,8 @@
 would have cost under other policies.
 
     from polytrace_cli.simulate import backtest_run, whatif_run
-    backtest_run(con, "my_run").to_json()                          # accuracy per stage vs baselines
-    whatif_run(con, "my_run", ["balance", "no-validation"]).to_json()
+    backtest_run(con, "my_run").to_dict()                          # accuracy per stage vs baselines
+    whatif_run(con, "my_run", ["balance", "no-validation"]).to_dict()
 """
 
 from polytrace_cli.simulate.backtest import BacktestResult, accuracy, backtest_frame, backtest_run

@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import (
     MODELLED_STAGES, OVERHEADS, STAGE_FEATURES, fit_model, read_workload, run_info, training_mask,
 )
@@ -65,7 +66,7 @@ class StageAccuracy:
     previous_baseline: float | None
     extra: dict = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """The accuracies, the step count and any stage-specific extras."""
         return {"accuracy": self.accuracy, "median_baseline": self.median_baseline,
                 "previous_baseline": self.previous_baseline, "steps": self.steps, **self.extra}
@@ -105,17 +106,21 @@ class BacktestResult:
                   "previous_baseline": pl.Float64}
         return pl.DataFrame(rows, schema=schema, orient="row")
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """{"run", "split", "stages": {stage: {...}}, "step": {...}, "overall": {...}, "notes"}."""
         return {
             "run": self.run,
             "split": {"train_steps": self.train_steps, "test_steps": self.test_steps,
                       "first_test_step": self.first_test_step},
-            "stages": {name: s.to_json() for name, s in self.stages.items()},
-            "step": self.step.to_json(),
+            "stages": {name: s.to_dict() for name, s in self.stages.items()},
+            "step": self.step.to_dict(),
             "overall": self.overall,
             "notes": list(self.notes),
         }
+
+    def to_json(self) -> str:
+        """JSON text of `to_dict`, as `polytrace whatif --backtest --json` prints it."""
+        return json_text(self.to_dict())
 
 
 def _baselines(train: np.ndarray, test: np.ndarray, previous: np.ndarray) -> tuple[float | None, float | None]:

@@ -37,6 +37,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
 from polytrace_cli.model.fit import TRAINING_STAGES
 from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
@@ -111,7 +112,7 @@ class Scenario:
     note: str | None = None
     saving_se_s: float | None = None
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """{"policy", "predicted_s", "saving_s", "saving_share", "saving_se_s", "stages", "note"}."""
         return {"policy": self.policy, "predicted_s": self.predicted_s, "saving_s": self.saving_s,
                 "saving_share": self.saving_share, "saving_se_s": self.saving_se_s, "stages": self.stages,
@@ -138,10 +139,14 @@ class WhatIfResult:
                   "saving_share": pl.Float64, "note": pl.String}
         return pl.DataFrame(rows, schema=schema, orient="row")
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """{"run", "steps", "actual_s", "baseline_s", "stages", "scenarios": [...]}."""
         return {"run": self.run, "steps": self.steps, "actual_s": self.actual_s, "baseline_s": self.baseline_s,
-                "stages": self.stages, "scenarios": [s.to_json() for s in self.scenarios]}
+                "stages": self.stages, "scenarios": [s.to_dict() for s in self.scenarios]}
+
+    def to_json(self) -> str:
+        """JSON text of `to_dict`, as `polytrace whatif --json` prints it."""
+        return json_text(self.to_dict())
 
 
 @dataclass
