@@ -280,3 +280,12 @@ def test_progress_bar_step_times_get_one_whole_step_line(store, tmp_path):
     assert doc["expected_s"] == pytest.approx(62.0, abs=0.01)
     assert cause["seconds"] == pytest.approx(38.0, abs=0.01)
     assert any("progress bar" in note for note in doc["notes"])
+
+
+def test_a_finding_too_small_for_a_tenth_of_a_percent_says_so():
+    from polytrace_cli.diagnose.findings import _finding
+
+    assert _finding("weight_sync", 25.0, 150_000.0, [3], "weight sync ran slower")["text"] == (
+        "weight sync ran slower, under 0.1% of the run")
+    assert _finding("validation", 750.0, 150_000.0, [50], "validation took")["text"] == (
+        "validation took, 0.5% of the run")

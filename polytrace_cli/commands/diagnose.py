@@ -48,7 +48,8 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
         for name, justify in (("cause", "left"), ("seconds", "right"), ("share", "right"), ("steps", "right")):
             table.add_column(name, justify=justify)
         for finding in doc["findings"]:
-            share = "—" if finding["share"] is None else f"{finding['share']:.1%}"
+            share = "—" if finding["share"] is None else (
+                f"{finding['share']:.1%}" if finding["share"] >= 0.0005 else "<0.1%")
             name = f"{finding['cause']} (usual)" if finding.get("typical") else finding["cause"]
             table.add_row(name, _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
         out.print(table)

@@ -111,7 +111,7 @@ def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame,
 def _finding(cause: str, seconds: float, run_wall: float, steps: list[int], text: str) -> dict:
     share = seconds / run_wall if run_wall > 0 else None
     if share is not None:
-        text += f", {share:.1%} of the run"
+        text += f", {share:.1%} of the run" if share >= 0.0005 else ", under 0.1% of the run"
     return {"cause": cause, "seconds": seconds, "share": share, "steps": steps, "text": text}
 
 
