@@ -6,6 +6,7 @@ import compileall
 import functools
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,3 +30,25 @@ def run_measured(argv: list[str]) -> tuple[float, float]:
     if status != 0:
         raise SystemExit(f"{argv[:3]} failed: {process.stderr.read().decode()[-500:]}")
     return seconds, usage.ru_maxrss / 1024
+
+
+def ingest_runs(log: Path, store: Path, repeat: int, *options: str) -> list[tuple[float, float]]:
+    """(wall seconds, peak RSS MB) of `repeat` whole `polytrace ingest` processes of `log` (with
+    `options`), each into a new store at `store`, the disk synced before each."""
+    polytrace = Path(sys.executable).with_name("polytrace")
+    runs = []
+    for _ in range(repeat):
+        store.unlink(missing_ok=True)
+        os.sync()  # the previous store's removal is not left to the timed run
+        runs.append(run_measured([str(polytrace), "ingest", "--db", str(store), *options, str(log)]))
+    return runs
+
+
+def baseline_run(script: str, folder: Path, log: Path) -> tuple[float, float, Path]:
+    """(wall seconds, peak RSS MB, its store) of a plain-Python baseline `script` run on `log`; the
+    script is written to `folder` and takes the log and a new store's path as arguments."""
+    store, path = folder / "baseline.duckdb", folder / "baseline.py"
+    store.unlink(missing_ok=True)
+    path.write_text(script)
+    seconds, rss = run_measured([sys.executable, str(path), str(log), str(store)])
+    return seconds, rss, store

@@ -17,13 +17,12 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
-from _measure import run_measured
+from _measure import baseline_run, ingest_runs
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "ingest_console"
@@ -121,21 +120,12 @@ def main() -> None:
     size_mb = log.stat().st_size / 1e6
     print(f"log: {size_mb:.1f} MB, {lines:,} lines, {steps:,} metric lines x {len(KEYS)} keys")
 
-    polytrace = Path(sys.executable).with_name("polytrace")
     store = OUT / "store.duckdb"
-    runs = []
-    for _ in range(args.repeat):
-        store.unlink(missing_ok=True)
-        os.sync()  # the previous store's removal is not left to the timed run
-        runs.append(run_measured([str(polytrace), "ingest", "--db", str(store), "--format", "verl-console", str(log)]))
+    runs = ingest_runs(log, store, args.repeat, "--format", "verl-console")
     ours, ours_rss = statistics.median(s for s, _ in runs), max(r for _, r in runs)
     print("polytrace runs: " + ", ".join(f"{s:.2f} s" for s, _ in runs)
           + f"; best {min(s for s, _ in runs):.2f} s = {size_mb / min(s for s, _ in runs):.1f} MB/s; median below")
-    baseline_db = OUT / "baseline.duckdb"
-    baseline_db.unlink(missing_ok=True)
-    script = OUT / "baseline.py"
-    script.write_text(BASELINE)
-    theirs, theirs_rss = run_measured([sys.executable, str(script), str(log), str(baseline_db)])
+    theirs, theirs_rss, _ = baseline_run(BASELINE, OUT, log)
 
     import duckdb
 

@@ -18,13 +18,12 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
-from _measure import run_measured
+from _measure import baseline_run, ingest_runs
 from ingest_console import KEYS
 
 HERE = Path(__file__).resolve().parent
@@ -86,19 +85,10 @@ def main() -> None:
     size_mb = log.stat().st_size / 1e6
     print(f"log: {size_mb:.1f} MB, {steps:,} lines x ~{len(KEYS)} keys (load average {os.getloadavg()[0]:.1f})")
 
-    polytrace = Path(sys.executable).with_name("polytrace")
     store = OUT / "store.duckdb"
-    runs = []
-    for _ in range(args.repeat):
-        store.unlink(missing_ok=True)
-        os.sync()
-        runs.append(run_measured([str(polytrace), "ingest", "--db", str(store), str(log)]))
+    runs = ingest_runs(log, store, args.repeat)
     ours, ours_rss = statistics.median(s for s, _ in runs), max(r for _, r in runs)
-    baseline_db = OUT / "baseline.duckdb"
-    baseline_db.unlink(missing_ok=True)
-    script = OUT / "baseline.py"
-    script.write_text(BASELINE)
-    theirs, theirs_rss = run_measured([sys.executable, str(script), str(log), str(baseline_db)])
+    theirs, theirs_rss, baseline_db = baseline_run(BASELINE, OUT, log)
 
     import duckdb
 
