@@ -260,3 +260,25 @@ def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_pat
         assert codes == [] and odd == [(int(step), [int(item) for item in output])]
     elif problem is not None:
         assert codes == [problem[0]] and odd == []
+
+
+def test_line_endings_white_space_lines_and_a_bom_are_read_as_file_by_file_ingest_reads_them(tmp_path, read_kind):
+    run = tmp_path / "run_f"
+    run.mkdir()
+    for step in range(6):
+        lines = [packed_line(step, i) for i in range(4)]
+        text = {1: "\r\n".join(lines) + "\r\n",
+                2: "\n".join(lines[:2]) + "\n   \n\t\n" + "\n".join(lines[2:]) + "\n",
+                3: "\ufeff" + "\n".join(lines) + "\n",
+                4: "\n".join(lines)}.get(step, "\n".join(lines) + "\n")
+        (run / f"packed_lengths_step_{step}.jsonl").write_text(text)
+    stores = {}
+    for batch in (True, False):
+        con = open_store(tmp_path / f"batch_{batch}.duckdb")
+        reports = ingest_paths(con, [run], batch=batch)
+        stores[batch] = ([(Path(r.path).name, r.lines, r.stored, r.ignored, r.rejected) for r in reports],
+                         store_contents(con))
+        con.close()
+    assert stores[True] == stores[False]
+    assert stores[True][0][2] == ("packed_lengths_step_2.jsonl", 6, 4, 2, 0)  # two white-space lines ignored
+    assert stores[True][0][3] == ("packed_lengths_step_3.jsonl", 4, 3, 0, 1)  # a BOM is not JSON: one line rejected
