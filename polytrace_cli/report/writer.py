@@ -11,14 +11,16 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+from matplotlib.figure import Figure
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.model import shared_workloads
 from polytrace_cli.report import help as what_would_help
-from polytrace_cli.report import html, markdown, style
+from polytrace_cli.report import html, markdown
 from polytrace_cli.report.findings import build_findings
+from polytrace_cli.report.painting import paint_all
 from polytrace_cli.report.figures import figure_modules
 from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.shared_frames import once_per_report
@@ -92,7 +94,10 @@ def shown_runs(data: dict[str, pl.DataFrame], runs: list[str]) -> list[str]:
     return [run for run in runs if run in present]
 
 
-def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str], svg: bool = False) -> FigureResult:
+def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str],
+          svg: bool = False) -> tuple[FigureResult, Figure | None]:
+    """The figure's result and its drawn figure (None when it was left out or failed), whose files
+    are named in the result but not yet written (see `painting`)."""
     result = FigureResult(module.ID, module.TITLE, module.CAPTION)
     started = time.perf_counter()
     try:
@@ -103,10 +108,11 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str], svg: 
     except Exception as error:  # one broken figure must not cost the whole report; the page shows the failure
         result.failed = f"{type(error).__name__}: {_first_line(error)}"
         result.seconds = time.perf_counter() - started
-        return result
+        return result, None
     if isinstance(drawn, Omitted):
         result.omitted = drawn.reason
         result.runs_left_out = {run: module.LEFT_OUT for run in runs}
+        drawn = None
     else:
         result.data = data
         result.runs = shown_runs(data, runs)
@@ -117,12 +123,10 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str], svg: 
             drawn.suptitle("\n".join(textwrap.wrap(note, 150)), fontsize=8, color="#8a4b00")
         stem = f"{module.ID.lower()}_{module.__name__.rsplit('.', 1)[1].split('_', 1)[1]}"
         result.png = figures_dir / f"{stem}.png"
-        style.save_png(drawn, result.png)
         if svg:
             result.svg = figures_dir / f"{stem}.svg"
-            drawn.savefig(result.svg)
     result.seconds = time.perf_counter() - started
-    return result
+    return result, drawn
 
 
 def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path, name: str | None = None,
@@ -141,8 +145,15 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     report.summaries, report.analysis_errors = _summaries(con, run_ids, steps)
     # Frames and workloads that several parts of the page read are computed once (see shared_frames).
     with once_per_report(), shared_workloads():
+        drawn = []
         for module in figure_modules():
-            report.figures.append(_draw(module, con, run_ids, steps, figures_dir, names, svg))
+            result, figure = _draw(module, con, run_ids, steps, figures_dir, names, svg)
+            report.figures.append(result)
+            if figure is not None:
+                drawn.append((result, figure))
+        painted = paint_all([(figure, result.png, result.svg) for result, figure in drawn])
+        for (result, _), seconds in zip(drawn, painted):
+            result.seconds += seconds
         table = t1_summary.table(con, run_ids, steps, report.summaries)
         if isinstance(table, Omitted):
             report.table_omitted = table.reason

@@ -1,0 +1,56 @@
+"""Painting a report's figures on two cores writes exactly what painting them one by one writes."""
+
+from __future__ import annotations
+
+import os
+
+from polytrace_cli.report import painting, style
+
+
+def _figures(count: int):
+    figures = []
+    for index in range(count):
+        figure, (ax,) = style.new_figure(width=4.0, height=2.0)
+        ax.plot([0, 1, 2], [index, index + 1, index * 2])
+        ax.set_title(f"figure {index}")
+        figures.append(figure)
+    return figures
+
+
+def test_two_processes_write_the_same_files_as_one(tmp_path, monkeypatch):
+    figures = _figures(5)
+    serial = [(figure, tmp_path / f"serial_{i}.png", None) for i, figure in enumerate(figures)]
+    monkeypatch.setattr(painting.os, "cpu_count", lambda: 1)
+    painting.paint_all(serial)
+    monkeypatch.setattr(painting.os, "cpu_count", lambda: 2)
+    parent = os.getpid()
+    painted_by = tmp_path / "painted_by"
+    painted_by.mkdir()
+
+    def paint(figure, png, svg):
+        (painted_by / png.name).write_text(str(os.getpid()))
+        return painting.paint_file(figure, png, svg)
+
+    forked = [(figure, tmp_path / f"forked_{i}.png", tmp_path / f"forked_{i}.svg") for i, figure in enumerate(figures)]
+    seconds = painting.paint_all(forked, paint)
+    assert len(seconds) == 5 and all(s > 0 for s in seconds)
+    for index in range(5):
+        assert (tmp_path / f"forked_{index}.png").read_bytes() == (tmp_path / f"serial_{index}.png").read_bytes()
+        assert (tmp_path / f"forked_{index}.svg").stat().st_size > 0
+    painters = {(painted_by / f"forked_{i}.png").read_text() for i in range(5)}
+    assert str(parent) in painters and len(painters) == 2  # every second figure painted by the child
+
+
+def test_a_failing_child_leaves_its_share_to_the_parent(tmp_path, monkeypatch):
+    monkeypatch.setattr(painting.os, "cpu_count", lambda: 2)
+    parent = os.getpid()
+
+    def paint(figure, png, svg):
+        if os.getpid() != parent:
+            raise RuntimeError("the child cannot paint")
+        return painting.paint_file(figure, png, svg)
+
+    jobs = [(figure, tmp_path / f"f{i}.png", None) for i, figure in enumerate(_figures(4))]
+    seconds = painting.paint_all(jobs, paint)
+    assert len(seconds) == 4 and all(s > 0 for s in seconds)
+    assert all((tmp_path / f"f{i}.png").stat().st_size > 0 for i in range(4))
