@@ -129,6 +129,25 @@ def test_payloads_that_only_literal_eval_reads(store, tmp_path):
         (3, "Global step payload is not a Python dict literal: SyntaxError")]
 
 
+def test_a_job_resumed_from_a_checkpoint_starts_a_segment(store, tmp_path):
+    path = tmp_path / "orl" / "train.log"
+    path.parent.mkdir()
+    path.write_text(
+        "✨ Global step 1: {'policy_loss': 0.5}\n"
+        "✨ Global step 2: {'policy_loss': 0.4}\n"
+        "Loaded the checkpoint: ckpt/_actor, consumed_samples: 256\n"
+        "Loaded the checkpoint: ckpt/_critic\n"
+        "✨ Global step 3: {'policy_loss': 0.3}\n"
+    )
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (5, 3, 2, 0)
+    assert store.execute("SELECT rule, lines FROM ignored_lines").fetchall() == [("checkpoint-load", 2)]
+    assert store.execute("SELECT segment, step FROM step_metrics ORDER BY line_no").fetchall() == [
+        (0, 1), (0, 2), (1, 3)]
+    assert store.execute("SELECT segment, step, detail FROM step_flags WHERE flag = 'restart'").fetchall() == [
+        (1, 3, "resumed from a checkpoint after step 2")]
+
+
 def test_run_meta_from_the_command_line_and_content(store, tmp_path):
     path = tmp_path / "orl" / "train.log"
     path.parent.mkdir()

@@ -48,7 +48,8 @@ _PYTHON_WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\
 
 # Noise rules for lines that are not metrics, in the order they are tried. Each is (rule, regex
 # over the cleaned line). The polars and Python classifiers both use this table.
-# verl saying the job loaded a checkpoint to resume from: the next metric line starts a segment.
+# The noise rule of a line saying the job loaded a checkpoint to resume from (verl's `Load from
+# checkpoint folder:`, OpenRLHF's `Loaded the checkpoint:`): the next metric line starts a segment.
 CHECKPOINT_LOAD = "checkpoint-load"
 NOISE_RULES: tuple[tuple[str, str], ...] = (
     ("blank", r"^\s*$"),

@@ -177,7 +177,8 @@ class OpenRLHFGrammar(ConsoleGrammar):
 
     anchor = "✨"
     noise = NoiseRules(
-        (("blank line", r"^\s*$"), ("tqdm progress bar", TQDM_BAR), ("log or traceback line", LOG_LINE)),
+        (("blank line", r"^\s*$"), (cl.CHECKPOINT_LOAD, r"^Loaded the checkpoint:"), ("tqdm progress bar", TQDM_BAR),
+         ("log or traceback line", LOG_LINE)),
         default="other console output",
     )
     reclaimable = "tqdm progress bar"
