@@ -87,6 +87,9 @@ def main() -> None:
     exit handlers stop the cluster it started, nor under a profiler or tracer, which writes its
     results at exit.
     """
+    from polytrace_cli.report import side_process
+
+    side_process.mark_fresh()
     try:
         app()
     except SystemExit as finished:

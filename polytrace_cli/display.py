@@ -34,3 +34,12 @@ def cell(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
     return str(value)
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit a person reads best: '42 s', '12.5 min', '3.2 h'."""
+    if abs(seconds) < 120:
+        return f"{seconds:,.1f} s" if abs(seconds) < 10 else f"{seconds:,.0f} s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"

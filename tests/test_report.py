@@ -213,7 +213,7 @@ def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
 
 
 def test_shared_computes_each_frame_once_per_report_only(tmp_path):
-    from polytrace_cli.report.shared_frames import once_per_report, shared
+    from polytrace_cli.analyze.shared_frames import once_per_report, shared
 
     calls = []
 
@@ -437,3 +437,47 @@ def test_multi_panel_figures_draw_only_the_panels_with_data():
     f10 = f10_dapo_filtering.render({"batches": pl.DataFrame(), "trainer_steps": trainer})
     assert [ax.get_title() for ax in f10.axes] == ["Generation batches per trainer step"]
     assert len(f10.axes[0].patches) == 3  # three bars: few steps are drawn as bars
+
+
+def _without_timings(summary: dict) -> dict:
+    for figure in summary["figures"]:
+        figure.pop("seconds")
+    return summary
+
+
+def assert_same_numbers(left, right, path: str = "") -> None:
+    """Equal JSON documents, floats to 1e-9 relative: DuckDB sums floats in parallel, in an order that
+    can change the last digits from one query to the next."""
+    assert type(left) is type(right), path
+    if isinstance(left, dict):
+        assert left.keys() == right.keys(), path
+        for key in left:
+            assert_same_numbers(left[key], right[key], f"{path}/{key}")
+    elif isinstance(left, list):
+        assert len(left) == len(right), path
+        for index, (a, b) in enumerate(zip(left, right)):
+            assert_same_numbers(a, b, f"{path}[{index}]")
+    elif isinstance(left, float):
+        assert left == pytest.approx(right, rel=1e-9, abs=1e-12), path
+    else:
+        assert left == right, path
+
+
+def test_the_command_lines_two_process_report_equals_the_one_process_report(sample_report, tmp_path):
+    """`polytrace report` run as a command computes the numbers in a forked child; in-process (as the
+    fixture ran it) everything is computed in one process. The pages must be the same."""
+    import os
+    import subprocess
+    import sys
+
+    db = sample_report.parent.parent.parent / "store.duckdb"
+    completed = subprocess.run(
+        [sys.executable, "-m", "polytrace_cli.cli", "report", "--db", str(db), "--out", str(tmp_path), "--svg"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert completed.returncode == 0, completed.stderr
+    index = Path(completed.stdout.strip().splitlines()[-1])
+    forked = _without_timings(json.loads((index.parent / "summary.json").read_text()))
+    alone = _without_timings(json.loads((sample_report.parent / "summary.json").read_text()))
+    assert_same_numbers(forked, alone)
+    assert sorted(p.name for p in (index.parent / "figures").iterdir()) == \
+        sorted(p.name for p in (sample_report.parent / "figures").iterdir())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from polytrace_cli.report import painting, style
+from polytrace_cli.report import painting, side_process, style
 
 
 def _figures(count: int):
@@ -20,9 +20,9 @@ def _figures(count: int):
 def test_two_processes_write_the_same_files_as_one(tmp_path, monkeypatch):
     figures = _figures(5)
     serial = [(figure, tmp_path / f"serial_{i}.png", None) for i, figure in enumerate(figures)]
-    monkeypatch.setattr(painting.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(side_process.os, "cpu_count", lambda: 1)
     painting.paint_all(serial)
-    monkeypatch.setattr(painting.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(side_process.os, "cpu_count", lambda: 2)
     parent = os.getpid()
     painted_by = tmp_path / "painted_by"
     painted_by.mkdir()
@@ -42,7 +42,7 @@ def test_two_processes_write_the_same_files_as_one(tmp_path, monkeypatch):
 
 
 def test_a_failing_child_leaves_its_share_to_the_parent(tmp_path, monkeypatch):
-    monkeypatch.setattr(painting.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(side_process.os, "cpu_count", lambda: 2)
     parent = os.getpid()
 
     def paint(figure, png, svg):

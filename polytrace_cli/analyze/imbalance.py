@@ -37,7 +37,6 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import polars as pl
-from scipy.stats import binomtest
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
 from polytrace_cli.analyze.partition import kk_max_loads, lpt_max_loads
@@ -244,6 +243,8 @@ def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
         .with_columns(ranks=pl.len().over("run"))
         .sort("run", "dp_rank")
     )
+    from scipy.stats import binomtest  # scipy.stats takes 0.3 s to import; a report's figures never need it
+
     rows = []
     for run, dp_rank, n_steps, max_steps, n_ranks in counts.iter_rows():
         p_value = binomtest(int(max_steps), int(n_steps), 1 / n_ranks, alternative="greater").pvalue

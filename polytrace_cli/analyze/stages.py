@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 
 import duckdb
+import numpy as np
 import polars as pl
-from scipy.stats import linregress, pearsonr, spearmanr
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
+from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.ingest import run_metadata
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
@@ -54,7 +55,7 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> p
             "SELECT run_id, name, meta FROM runs WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id", [run_ids]).fetchall():
         meta = json.loads(meta or "{}")
         keys = run_metadata.EXTRA_TIMERS.values()
-        decided = meta if all(key in meta for key in keys) else run_metadata.step_time_inclusion(con, run_id)
+        decided = meta if all(key in meta for key in keys) else shared(run_metadata.step_time_inclusion, con, run_id)
         rows.append((name, decided.get("step_time_includes_testing"), decided.get("step_time_includes_checkpoint")))
     return pl.DataFrame(rows, schema=STEP_TIME_INCLUSION_COLUMNS, orient="row")
 
@@ -183,7 +184,7 @@ def series(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange 
     outlier = robust_z > 3.5, slow_outlier = outlier on the slow side (step_s > median), and reasons:
     the step's flags among testing, checkpoint, truncated_line, restart, validation_only,
     comma-separated ('' when none)."""
-    detail = per_step(con, run_ids, steps).filter(pl.col("step_s").is_not_null())
+    detail = shared(per_step, con, run_ids, steps).filter(pl.col("step_s").is_not_null())
     reason_columns = ("testing", "checkpoint", "truncated_line", "restart", "validation_only")
     median = pl.col("step_s").median().over("run")
     with_z = detail.with_columns(deviation=(pl.col("step_s") - median).abs()).with_columns(
@@ -209,7 +210,9 @@ def correlations(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
     """Per run × time (step_s, gen_s) × length (response_length_max, response_length_mean):
     n, Pearson r and p, Spearman ρ and p (scipy) over training steps where both are logged;
     left out below 3 points or when either side is constant."""
-    detail = per_step(con, run_ids, steps).filter(~pl.col("validation_only"))
+    detail = shared(per_step, con, run_ids, steps).filter(~pl.col("validation_only"))
+    from scipy.stats import pearsonr, spearmanr  # scipy.stats takes 0.3 s to import; a report's figures never need it
+
     rows = []
     for (run,), group in detail.group_by("run", maintain_order=True):
         for time in ("step_s", "gen_s"):
@@ -236,22 +239,32 @@ LENGTH_FIT_COLUMNS = {
 }
 
 
+def _least_squares_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """(slope, intercept, r) of the least-squares line y ≈ intercept + slope · x, r Pearson's
+    correlation (undefined, NaN, when y is constant); x must not be constant."""
+    dx, dy = x - x.mean(), y - y.mean()
+    sxx, syy, sxy = float(dx @ dx), float(dy @ dy), float(dx @ dy)
+    slope = sxy / sxx
+    r = sxy / np.sqrt(sxx * syy) if syy > 0 else float("nan")
+    return slope, float(y.mean()) - slope * float(x.mean()), float(np.clip(r, -1.0, 1.0))
+
+
 def length_fit(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """F11 points: per training step, response_length_max and step_s, with the run's least-squares
-    line step_s ≈ intercept_s + slope_s_per_token · response_length_max (scipy linregress),
-    fitted_step_s on it and r. Runs with under 3 points or a constant length are left out."""
-    detail = per_step(con, run_ids, steps).filter(~pl.col("validation_only"))
+    line step_s ≈ intercept_s + slope_s_per_token · response_length_max (ordinary least squares:
+    slope = cov(x, y) / var(x), intercept = ȳ − slope · x̄), fitted_step_s on it and Pearson's r.
+    Runs with under 3 points or a constant length are left out."""
+    detail = shared(per_step, con, run_ids, steps).filter(~pl.col("validation_only"))
     parts = []
     for (run,), group in detail.group_by("run", maintain_order=True):
         points = group.select("run", "segment", "step", "response_length_max", "step_s").drop_nulls()
         x = points["response_length_max"].to_numpy()
         if points.height < MIN_POINTS or x.min() == x.max():
             continue
-        fit = linregress(x, points["step_s"].to_numpy())
+        slope, intercept, r = _least_squares_line(x, points["step_s"].to_numpy())
         parts.append(points.with_columns(
-            slope_s_per_token=pl.lit(float(fit.slope)), intercept_s=pl.lit(float(fit.intercept)),
-            r=pl.lit(float(fit.rvalue)),
-            fitted_step_s=float(fit.intercept) + float(fit.slope) * pl.col("response_length_max"),
+            slope_s_per_token=pl.lit(slope), intercept_s=pl.lit(intercept), r=pl.lit(r),
+            fitted_step_s=intercept + slope * pl.col("response_length_max"),
         ))
     if not parts:
         return pl.DataFrame(schema={"run": pl.String, "segment": pl.Int64, "step": pl.Int64,
@@ -283,7 +296,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     length. basis 'step_aggregates'; a run without step metrics gets one row with basis
     'no_step_metrics' and no numbers."""
     stats = stage_stats(con, run_ids, steps)
-    detail = per_step(con, run_ids, steps)
+    detail = shared(per_step, con, run_ids, steps)
     unexplained = (
         detail.filter(pl.col("step_s").is_not_null())
         .group_by("run").agg(mean_unexplained_s=pl.col("unexplained_s").mean())

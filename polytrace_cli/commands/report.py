@@ -28,18 +28,11 @@ def report(
     wait: WaitOption = 0,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
-    from polytrace_cli.store import open_store
+    from polytrace_cli.report import write_store_report  # matplotlib loads only when a report is drawn
 
     if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
         raise fail(f"--name must be a plain folder name, not {name!r}")
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        from polytrace_cli.report import write_runs_report  # matplotlib loads only when a report is drawn
-
-        index = write_runs_report(con, runs, out, name, steps, svg)
-    finally:
-        con.close()
-    typer.echo(str(index))
+    typer.echo(str(write_store_report(db, runs, out, name, steps, svg, wait)))
 
 
 def _limit_option(help_text: str):

@@ -16,21 +16,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from polytrace_cli.display import duration
 from polytrace_cli.model import StepTimeModel
 from polytrace_cli.model.fit import GAP_OF
 
 # A cause is part of a slow step's story when it adds at least this share of the step's excess.
 MAJOR_SHARE = 0.25
 FINDING_COLUMNS = ("cause", "seconds", "share", "steps", "text")
-
-
-def duration(seconds: float) -> str:
-    """Seconds in the unit a person reads best: '42 s', '12.5 min', '3.2 h'."""
-    if abs(seconds) < 120:
-        return f"{seconds:,.1f} s" if abs(seconds) < 10 else f"{seconds:,.0f} s"
-    if abs(seconds) < 7200:
-        return f"{seconds / 60:,.1f} min"
-    return f"{seconds / 3600:,.1f} h"
 
 
 def cadence(steps: list[int]) -> str:

@@ -153,7 +153,11 @@ _SHARED_FRAMES: ContextVar[dict[tuple[int, int], pl.DataFrame] | None] = Context
 @contextmanager
 def shared_workloads() -> Iterator[None]:
     """Inside the block `read_workload` reads each run's frame once and hands every later caller that
-    frame: a report asks explain, whatif and the backtest about the same runs of a store it only reads."""
+    frame: a report asks explain, whatif and the backtest about the same runs of a store it only reads.
+    Inside another such block, the outer block's frames are kept and shared."""
+    if _SHARED_FRAMES.get() is not None:
+        yield
+        return
     token = _SHARED_FRAMES.set({})
     try:
         yield

@@ -37,7 +37,7 @@ import polars as pl
 
 from polytrace_cli.analyze import filtering, imbalance, longtail, stages
 from polytrace_cli.analyze.common import StepRange, run_names
-from polytrace_cli.report.shared_frames import shared
+from polytrace_cli.analyze.shared_frames import shared
 
 FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text")
 # A finding from explain also lists the steps it was found at.

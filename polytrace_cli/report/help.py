@@ -23,7 +23,7 @@ import polars as pl
 
 from polytrace_cli.analyze import imbalance
 from polytrace_cli.analyze.common import run_names
-from polytrace_cli.diagnose.findings import duration
+from polytrace_cli.display import duration
 
 WHATIF_NOTE = ("Runs with step timings are priced by their step-time model, as polytrace whatif RUN --policy P "
                "does (it also takes other policies and values); runs without timings get only the rebalancing "

@@ -108,9 +108,11 @@ def thin_step_ticks(ax, steps) -> None:
 
 def plain_log_ticks(ax, *axes: str, narrow_below: float = 2.5) -> None:
     """Log-scaled `axes` ("x", "y") labelled as plain numbers at 1, 2, 5 × 10^k (at 10^k when the axis
-    spans 2.5 decades or more), without minor labels
-    (matplotlib's default labels every minor tick in mathtext when the span is under a decade, and they overlap)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    spans `narrow_below` decades or more, with unlabelled minor ticks at 2 and 5 × 10^k so that an axis
+    with one label still reads as a scale). matplotlib's default minor ticks are left out: it labels them
+    in mathtext when the span is under a decade, and they overlap; and eight a decade cost a report
+    about a second of layout on two cores."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     for name in axes or ("x", "y"):
         axis = ax.xaxis if name == "x" else ax.yaxis
@@ -118,6 +120,7 @@ def plain_log_ticks(ax, *axes: str, narrow_below: float = 2.5) -> None:
         narrow = low > 0 and np.log10(high / low) < narrow_below  # 1, 2, 5 × 10^k fit; wider spans get decades only
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=12))
         axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+        axis.set_minor_locator(NullLocator() if narrow else LogLocator(base=10, subs=(2.0, 5.0), numticks=12))
         axis.set_minor_formatter(NullFormatter())
 
 
@@ -231,9 +234,9 @@ def label_points(ax, xs, ys, labels, *, colour: str = "#333333", levels: int = 3
 
 
 def plain_colorbar(colorbar) -> None:
-    """Colour-bar tick labels as plain numbers with thousands separators, no minor labels (a log-scaled bar
+    """Colour-bar tick labels as plain numbers with thousands separators, no minor ticks (a log-scaled bar
     otherwise mixes 10^1 with 4 × 10^0)."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter
 
     colorbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
-    colorbar.ax.yaxis.set_minor_formatter(NullFormatter())
+    colorbar.minorticks_off()

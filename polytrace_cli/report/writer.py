@@ -6,6 +6,7 @@ import json
 import re
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,17 +15,18 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, run_names
-from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.model import shared_workloads
 from polytrace_cli.report import help as what_would_help
 from polytrace_cli.report import html, markdown
-from polytrace_cli.report.findings import build_findings
-from polytrace_cli.report.painting import paint_all
 from polytrace_cli.report.figures import figure_modules
 from polytrace_cli.report.figures.base import Omitted
-from polytrace_cli.report.shared_frames import once_per_report
-from polytrace_cli.report.tables import t1_summary
+from polytrace_cli.report.numbers import ReportNumbers, compute_numbers, first_line
+from polytrace_cli.report.painting import paint_all
+from polytrace_cli.analyze.shared_frames import once_per_report
+from polytrace_cli.report.store_report import check_report_name
+
+# Where a report takes the numbers beside its figures from: (con, run_ids, steps) -> ReportNumbers.
+NumbersSource = Callable[[duckdb.DuckDBPyConnection, list[int], StepRange], ReportNumbers]
 
 
 @dataclass
@@ -67,23 +69,6 @@ def default_name(names: list[str]) -> str:
     return safe if len(safe) <= 80 else f"{safe[:70]}+{len(names)}runs"
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def _summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> tuple[dict, dict]:
-    frames, errors = {}, {}
-    for name, analysis in all_analyses().items():
-        try:
-            frames[name] = analysis.summary(con, run_ids, steps)
-        except PolytraceError:
-            raise
-        except Exception as error:  # one broken analysis must not cost the whole report
-            errors[name] = f"{type(error).__name__}: {_first_line(error)}"
-    return frames, errors
-
-
 def shown_runs(data: dict[str, pl.DataFrame], runs: list[str]) -> list[str]:
     """The report's runs that have rows in any of a drawn figure's per-run frames (those with a `run`
     column; a per-group frame names its runs in a frame of its own), in report order."""
@@ -106,7 +91,7 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str],
     except PolytraceError:
         raise
     except Exception as error:  # one broken figure must not cost the whole report; the page shows the failure
-        result.failed = f"{type(error).__name__}: {_first_line(error)}"
+        result.failed = f"{type(error).__name__}: {first_line(error)}"
         result.seconds = time.perf_counter() - started
         return result, None
     if isinstance(drawn, Omitted):
@@ -130,9 +115,9 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str],
 
 
 def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path, name: str | None = None,
-                 steps: StepRange = ALL_STEPS, svg: bool = False) -> Report:
-    """Draw every figure into `<out_dir>/<name>/figures` (PNG, and SVG too with `svg`) and collect the
-    summaries; returns the Report."""
+                 steps: StepRange = ALL_STEPS, svg: bool = False, numbers: NumbersSource = compute_numbers) -> Report:
+    """Draw every figure into `<out_dir>/<name>/figures` (PNG, and SVG too with `svg`), then take the
+    page's other numbers from `numbers(con, run_ids, steps)`; returns the Report."""
     if not run_ids:
         raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
     names_by_id = run_names(con, run_ids)
@@ -142,9 +127,8 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     figures_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*figures_dir.glob("*.png"), *figures_dir.glob("*.svg")]:
         stale.unlink()
-    report.summaries, report.analysis_errors = _summaries(con, run_ids, steps)
-    # Frames and workloads that several parts of the page read are computed once (see shared_frames).
-    with once_per_report(), shared_workloads():
+    # Frames that figures and findings both read are computed once (see shared_frames).
+    with once_per_report():
         drawn = []
         for module in figure_modules():
             result, figure = _draw(module, con, run_ids, steps, figures_dir, names, svg)
@@ -154,13 +138,10 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
         painted = paint_all([(figure, result.png, result.svg) for result, figure in drawn])
         for (result, _), seconds in zip(drawn, painted):
             result.seconds += seconds
-        table = t1_summary.table(con, run_ids, steps, report.summaries)
-        if isinstance(table, Omitted):
-            report.table_omitted = table.reason
-        else:
-            report.table = table
-        report.findings = build_findings(con, run_ids, steps, report.summaries)
-        report.help = what_would_help.build_help(report.summaries, con, run_ids)
+        computed = numbers(con, run_ids, steps)
+    report.summaries, report.analysis_errors = computed.summaries, computed.analysis_errors
+    report.table, report.table_omitted = computed.table, computed.table_omitted
+    report.findings, report.help = computed.findings, computed.help
     return report
 
 
@@ -202,10 +183,11 @@ def summary_json(report: Report) -> str:
 
 
 def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path | str = "reports",
-                 name: str | None = None, steps: StepRange = ALL_STEPS, svg: bool = False) -> Path:
+                 name: str | None = None, steps: StepRange = ALL_STEPS, svg: bool = False,
+                 numbers: NumbersSource = compute_numbers) -> Path:
     """Write `<out_dir>/<name>/index.html`, `summary.md`, `summary.json` and `figures/` (each figure as PNG;
     as SVG too with `svg`); returns index.html."""
-    report = build_report(con, run_ids, Path(out_dir), name, steps, svg)
+    report = build_report(con, run_ids, Path(out_dir), name, steps, svg, numbers)
     folder = Path(out_dir) / report.name
     (folder / "summary.json").write_text(summary_json(report))
     (folder / "summary.md").write_text(markdown.render(report))
@@ -215,18 +197,18 @@ def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
 
 
 def write_runs_report(con: duckdb.DuckDBPyConnection, runs: list[str] | None, out_dir: Path | str = "reports",
-                      name: str | None = None, steps: StepRange | str | None = None, svg: bool = False) -> Path:
+                      name: str | None = None, steps: StepRange | str | None = None, svg: bool = False,
+                      numbers: NumbersSource = compute_numbers) -> Path:
     """`write_report` for the named runs (every run by default); returns index.html. A name that is
     not a plain folder name, an empty store or an unwritable folder is an error."""
     from polytrace_cli.store.queries import run_ids
 
     step_range = StepRange.of(steps)
-    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
-        raise PolytraceError(f"--name must be a plain folder name, not {name!r}")
+    check_report_name(name)
     ids = run_ids(con, runs)
     if not ids:
         raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
     try:
-        return write_report(con, ids, out_dir, name, step_range, svg)
+        return write_report(con, ids, out_dir, name, step_range, svg, numbers)
     except OSError as error:
         raise PolytraceError(f"cannot write the report under {out_dir}: {error.strerror or error}") from None

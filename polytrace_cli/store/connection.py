@@ -91,13 +91,23 @@ def _is_lock_error(error: Exception) -> bool:
     return bool(re.search(r"could not set lock|conflicting lock|\block(ed)?\b", str(error).lower()))
 
 
+_OPENED = 0
+
+
+def connections_opened() -> int:
+    """How many store connections this process has opened (a forked child must not inherit one)."""
+    return _OPENED
+
+
 def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     """duckdb.connect, retried while another process holds the lock, for up to `wait` seconds
     (pauses of 0.05 s doubling up to 1 s)."""
+    global _OPENED
     deadline = time.monotonic() + wait
     pause = 0.05
     while True:
         try:
+            _OPENED += 1
             return duckdb.connect(str(path), read_only=read_only)
         except (duckdb.Error, OSError) as error:
             left = deadline - time.monotonic()

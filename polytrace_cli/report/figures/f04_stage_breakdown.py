@@ -8,7 +8,7 @@ import polars as pl
 from polytrace_cli.report import style
 from polytrace_cli.analyze import stages as stage_analysis
 from polytrace_cli.report.figures.base import Omitted, empty, runs_of
-from polytrace_cli.report.shared_frames import shared
+from polytrace_cli.analyze.shared_frames import shared
 
 ID = "F4"
 TITLE = "Step-time breakdown by stage"

@@ -1,5 +1,6 @@
-"""Analysis detail frames that more than one part of a report reads (F4 and the findings both read the
-stages analysis' per-step seconds and step-time inclusion): computed once per report.
+"""Analysis results that more than one part of a report reads (the stages analysis' per-step seconds
+feed its summary, three of its detail frames, F4 and the findings; each run's step-time inclusion is
+decided from its numbers by all of them): computed once per report.
 
     with once_per_report():
         shared(stages.per_step, con, run_ids, steps)   # computed
@@ -14,16 +15,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any, TypeVar
 
 import duckdb
-import polars as pl
 
-_FRAMES: ContextVar[dict[tuple, pl.DataFrame] | None] = ContextVar("report_frames", default=None)
+T = TypeVar("T")
+_FRAMES: ContextVar[dict[tuple, Any] | None] = ContextVar("report_frames", default=None)
 
 
 @contextmanager
 def once_per_report() -> Iterator[None]:
-    """The block inside which `shared` computes each (function, arguments) once."""
+    """The block inside which `shared` computes each (function, arguments) once (inside another such
+    block, the outer block's frames are kept and shared)."""
+    if _FRAMES.get() is not None:
+        yield
+        return
     token = _FRAMES.set({})
     try:
         yield
@@ -31,9 +37,9 @@ def once_per_report() -> Iterator[None]:
         _FRAMES.reset(token)
 
 
-def shared(function: Callable[..., pl.DataFrame], con: duckdb.DuckDBPyConnection, *args) -> pl.DataFrame:
+def shared(function: Callable[..., T], con: duckdb.DuckDBPyConnection, *args) -> T:
     """`function(con, *args)`, computed once per function and arguments inside `once_per_report()` (list
-    arguments such as run ids are compared by value)."""
+    arguments such as run ids are compared by value). The result is shared: it must not be changed."""
     frames = _FRAMES.get()
     if frames is None:
         return function(con, *args)

@@ -1,0 +1,65 @@
+"""A report written straight from a store file, on two cores: what `polytrace report` runs.
+
+The page has two halves that share nothing but the store: the figures (matplotlib) and the numbers
+beside them (every analysis' summary, T1, the findings and what would help: scipy, scikit-learn and
+the step-time model). Before this process opens the store or loads either library, it forks
+(`side_process`): the child opens the store read-only on its own connection and computes the
+numbers while this process draws and paints the figures. Each half imports only its own libraries.
+When there is no second core, or the child fails, this process computes the numbers itself, so
+the page is the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from polytrace_cli.analyze.common import StepRange
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.report import side_process
+
+
+def check_report_name(name: str | None) -> None:
+    """Refuse a report folder name that is not a plain folder name."""
+    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
+        raise PolytraceError(f"--name must be a plain folder name, not {name!r}")
+
+
+def write_store_report(db: str | os.PathLike | None, runs: list[str] | None = None, out_dir: Path | str = "reports",
+                       name: str | None = None, steps: StepRange | str | None = None, svg: bool = False,
+                       wait: float = 0) -> Path:
+    """`writer.write_runs_report` on the store at `db` (opened read-only, waiting up to `wait` seconds
+    for a writer), with the numbers computed in a second process; returns index.html."""
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.connection import connections_opened
+
+    check_report_name(name)
+    step_range = StepRange.of(steps)
+
+    def numbers_from_own_connection():
+        from polytrace_cli.report.numbers import compute_numbers
+        from polytrace_cli.store.queries import run_ids
+
+        con = open_store(db, read_only=True, wait=wait)
+        try:
+            return compute_numbers(con, run_ids(con, runs), step_range)
+        finally:
+            con.close()
+
+    fork = side_process.fresh() and not connections_opened()
+    pending = side_process.start(numbers_from_own_connection) if fork else None
+    try:
+        con = open_store(db, read_only=True, wait=wait)
+        try:
+            from polytrace_cli.report.numbers import compute_numbers
+            from polytrace_cli.report.writer import write_runs_report
+
+            def numbers(con, run_ids, steps):
+                return side_process.finish(pending, lambda: compute_numbers(con, run_ids, steps))
+
+            return write_runs_report(con, runs, out_dir, name, step_range, svg, numbers)
+        finally:
+            con.close()
+    finally:
+        if pending is not None:
+            pending.cancel()
