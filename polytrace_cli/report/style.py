@@ -6,7 +6,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -51,7 +50,7 @@ def colour(index: int) -> str:
 
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 9.0, height: float = 4.2) -> tuple[Figure, np.ndarray]:
     """A figure in the report style and its axes as a flat array (not attached to pyplot's state)."""
-    with plt.rc_context(RC):
+    with matplotlib.rc_context(RC):
         figure = Figure(figsize=(width, height), layout="constrained")
         axes = figure.subplots(nrows, ncols, squeeze=False)
     for ax in axes.flat:
