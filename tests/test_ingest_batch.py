@@ -281,4 +281,30 @@ def test_line_endings_white_space_lines_and_a_bom_are_read_as_file_by_file_inges
         con.close()
     assert stores[True] == stores[False]
     assert stores[True][0][2] == ("packed_lengths_step_2.jsonl", 6, 4, 2, 0)  # two white-space lines ignored
-    assert stores[True][0][3] == ("packed_lengths_step_3.jsonl", 4, 3, 0, 1)  # a BOM is not JSON: one line rejected
+    assert stores[True][0][3] == ("packed_lengths_step_3.jsonl", 4, 4, 0, 0)  # a BOM before line 1 is not part of it
+
+
+@pytest.mark.parametrize("dirt", ["clean", "bad line", "not UTF-8"])
+def test_a_bom_before_a_files_first_line_costs_no_line(tmp_path, dirt):
+    """Every single-file path (DuckDB's whole-file read, the bad-region search, the per-line
+    fallback for a file that is not all UTF-8) stores the first line of a file that starts with a
+    UTF-8 byte order mark, as it stores its twin without one."""
+    lines = [packed_line(1, i).encode() for i in range(5)]
+    if dirt == "bad line":
+        lines[2] = b'{"step": 1, "truncated'
+    elif dirt == "not UTF-8":
+        lines[2] = b"\xff\xfe not text"
+    stores = {}
+    for bom in (b"", b"\xef\xbb\xbf"):
+        folder = tmp_path / ("bom" if bom else "plain")
+        folder.mkdir()
+        (folder / "packed_lengths_step_1.jsonl").write_bytes(bom + b"\n".join(lines) + b"\n")
+        con = open_store(tmp_path / f"{folder.name}.duckdb")
+        [report] = ingest_paths(con, [folder])
+        stores[bool(bom)] = ((report.lines, report.stored, report.rejected),
+                             con.execute("SELECT * EXCLUDE (file_id) FROM sample_groups ORDER BY ALL").fetchall(),
+                             con.execute("SELECT line_no, code FROM ingest_errors ORDER BY line_no").fetchall())
+        con.close()
+    assert stores[True] == stores[False]
+    assert stores[True][0] == ((5, 5, 0) if dirt == "clean" else (5, 4, 1))
+    assert len(stores[True][1]) == stores[True][0][1]

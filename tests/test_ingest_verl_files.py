@@ -245,3 +245,12 @@ def test_file_logger_clean_file_read_whole_stores_what_the_line_by_line_path_sto
     assert math.isnan(step2["n"][0]) and step2["flag"] == (1.0, "True") and step2["lst"] == (None, "[1,2]")
     assert step2["big"] == (2.0**40, None) and step2["mode"] == (None, "sched")
     assert contents[0][2] == [(1, 2, "restart", "step went back from 3 to 2", 4 + blank_line)]
+
+
+def test_file_logger_with_a_bom_keeps_its_first_line(store, tmp_path):
+    text = (FIXTURES / "file_logger" / "metrics.jsonl").read_bytes()
+    bom_file = tmp_path / "metrics.jsonl"
+    bom_file.write_bytes(b"\xef\xbb\xbf" + text)
+    [report] = ingest_paths(store, [bom_file])
+    assert report.format == "verl-jsonl"
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (7, 3, 1, 3)

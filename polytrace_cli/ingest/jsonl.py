@@ -17,6 +17,8 @@ any bad line is left to the per-file paths above (see `runner`).
 
 from __future__ import annotations
 
+import codecs
+
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -204,10 +206,14 @@ def _json_field(expr: str, name: str) -> str:
     return f"json_extract({expr}, {_sql_string('$.' + json.dumps(name))})"
 
 
+# A UTF-8 byte order mark before a file's first line (written by some editors) is not part of the line.
+_DROP_BOM_SQL = "UPDATE raw_lines SET line = substr(line, 2) WHERE line_no = 1 AND starts_with(line, chr(65279))"
+
+
 def _iter_lines(path) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
-            yield line_no, raw
+            yield line_no, raw.removeprefix(codecs.BOM_UTF8) if line_no == 1 else raw
 
 
 def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Sequence[Check]) -> bool:
@@ -410,6 +416,7 @@ def _region_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: 
     try:
         # A file ending in a newline splits into one empty piece after it, which is not a line.
         con.execute("DELETE FROM raw_lines WHERE line_no > ? AND line = ''", [ctx.text_lines])
+        con.execute(_DROP_BOM_SQL)
         if fetch_count(con, "SELECT count(*) FROM raw_lines") != ctx.text_lines:
             return False
         try:
@@ -589,6 +596,7 @@ def _read_batch_as_lines(con: duckdb.DuckDBPyConnection, paths: Sequence[str], s
     except duckdb.Error:
         return None
     try:
+        con.execute(_DROP_BOM_SQL)
         counts = {name: (lines, blank) for name, lines, blank in con.execute(
             "SELECT filename, count(*), count(*) FILTER (WHERE regexp_full_match(line, '\\s*')) FROM raw_lines"
             " GROUP BY filename").fetchall()}

@@ -7,6 +7,8 @@ ones (any text log).
 
 from __future__ import annotations
 
+import codecs
+
 from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
@@ -72,7 +74,9 @@ def is_binary(head: bytes) -> bool:
 
 
 def detect(path: Path, head: bytes) -> Ingester | None:
-    """The first registered ingester that accepts the file, or None."""
+    """The first registered ingester that accepts the file, or None. A UTF-8 byte order mark before
+    the first line is not shown to the sniffers: it is not part of the line."""
+    head = head.removeprefix(codecs.BOM_UTF8)
     for ingester in all_ingesters():
         if ingester.sniff(path, head):
             return ingester

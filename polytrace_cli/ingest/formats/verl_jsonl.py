@@ -23,6 +23,8 @@ How a file is read (FORMATS.md, section 2):
 
 from __future__ import annotations
 
+import codecs
+
 import json
 import re
 
@@ -201,8 +203,9 @@ def _store_pairs(con) -> None:
 
 
 def _read_lines(path: Path) -> pl.DataFrame:
-    """The file's lines numbered from 1 (columns line_no, raw); a final newline starts no line."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    """The file's lines numbered from 1 (columns line_no, raw); a final newline starts no line, a
+    UTF-8 byte order mark before the first line is not part of it."""
+    text = path.read_bytes().removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
     parts = text.split("\n")
     if parts[-1] == "":
         parts.pop()
