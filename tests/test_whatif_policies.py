@@ -205,6 +205,13 @@ def test_cli_policy_json(store, known, db_path):
         assert sum(scenario["stages"].values()) == pytest.approx(scenario["predicted_s"])
     table = runner.invoke(app, ["whatif", "known", "--policy", "balance", "--db", str(db_path)])
     assert table.exit_code == 0 and "balance" in table.stdout
+    # Printed for people: whole seconds from 100 s on, the share as a percentage with one decimal.
+    [balance] = [s for s in document["scenarios"] if s["policy"] == "balance"]
+    row = next(line for line in table.stdout.splitlines() if "balance" in line)
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    predicted = round(balance["predicted_s"]) if abs(balance["predicted_s"]) >= 100 else round(balance["predicted_s"], 1)
+    assert cells[1] == f"{predicted:,}".removesuffix(".0")
+    assert cells[-1] == f"{balance['saving_share'] * 100:.1f}".removesuffix(".0")
 
 
 def test_partial_rollout_by_hand():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
+import polars as pl
 import typer
 
 from polytrace_cli.commands.common import (DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
@@ -43,14 +44,27 @@ def whatif(
         sys.stdout.write(result.to_json() + "\n")
         return
     if backtest:
-        emit_frame(result.table(), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
+        accuracy = ["accuracy", "median_baseline", "previous_baseline"]
+        emit_frame(result.table().with_columns(pl.col(accuracy).round(1)), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
                    f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)",
                    identity=["stage"], wide=wide)
         notes = list(result.notes)
     else:
         table = result.table()
-        emit_frame(table.drop("note"), title=f"{result.run}: predicted wall time over {result.steps} steps",
-                   identity=["policy"], wide=wide)
+        emit_frame(_scenarios_for_people(table.drop("note")),
+                   title=f"{result.run}: predicted wall time over {result.steps} steps", identity=["policy"], wide=wide)
         notes = [f"{policy}: {note}" for policy, note in table.select("policy", "note").iter_rows() if note]
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False)
+
+
+def _scenarios_for_people(table: pl.DataFrame) -> pl.DataFrame:
+    """The what-if table as printed: seconds whole from 100 s on and to 0.1 s below (the model's
+    error is far larger than a tenth of a second), the saving's standard error as `saving_±_s` and
+    its share of the replay as a percentage with one decimal."""
+    seconds = ["predicted_s", "saving_s", "saving_se_s"]
+    return table.with_columns(
+        pl.when(pl.col(name).abs() >= 100).then(pl.col(name).round(0)).otherwise(pl.col(name).round(1)).alias(name)
+        for name in seconds
+    ).with_columns((pl.col("saving_share") * 100).round(1).alias("saving_%")).drop("saving_share").rename(
+        {"saving_se_s": "saving_±_s"})
