@@ -25,6 +25,7 @@ def test_synth_writes_verl_logs_with_schedule_injections_and_truth(tmp_path):
     console = runner.invoke(app, [*args, "--format", "verl-console", "--out", str(tmp_path / "c"),
                                   "--truth", str(tmp_path / "truth.json")])
     assert console.exit_code == 0, console.output
+    assert "note:" not in console.output  # both injections took effect
     log = (tmp_path / "c" / "train.log").read_text()
     assert log.count(") step:") == 13 and "timing_s/testing" in log  # step 0 validates before training
     truth = json.loads((tmp_path / "truth.json").read_text())
@@ -88,3 +89,16 @@ def test_demo_ingests_the_verl_run_and_draws_the_step_time_figures(tmp_path):
         assert drawn[figure_id]["png"], drawn[figure_id]["omitted"]
         rows = next(iter(summary["figure_data"][figure_id].values()))
         assert {row["run"] for row in rows} == {VERL_DEMO_RUN}
+
+
+def test_a_long_tail_at_a_step_already_at_the_cap_is_named_as_no_effect(tmp_path):
+    """The math preset's longest response reaches its 20,480-token cap on every step, so a long tail
+    of the cap's length adds nothing; the truth says 0 s and the command says so."""
+    args = ["synth", "--task", "math", "--num-steps", "6", "--format", "verl-jsonl", "--inject", "3:long_tail",
+            "--inject", "4:unexplained:2", "--out", str(tmp_path / "j"), "--truth", str(tmp_path / "truth.json")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    by_step = {row["step"]: row for row in json.loads((tmp_path / "truth.json").read_text())["steps"]}
+    assert by_step[3]["r_max"] == 20480 and by_step[3]["cause_long_tail_s"] == 0
+    notes = [line for line in result.output.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and notes[0].startswith("note: step 3: long_tail added no time")

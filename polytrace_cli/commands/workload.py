@@ -89,6 +89,8 @@ def synth(
         written = write_step_log(model, spec, step_model, out, (log_format,), style=style, truth=truth)
         console.print(f"wrote {', '.join(str(p) for p in written.files)}: {written.steps} steps of verl "
                       f"{verl_version} logs", highlight=False)
+        for note in written.notes:
+            console.print(f"note: {note}", highlight=False, markup=False)
         return
     verl_only = [name for name, value in (("--validate-every", validate_every), ("--checkpoint-every", checkpoint_every),
                                           ("--inject", inject), ("--truth", truth),

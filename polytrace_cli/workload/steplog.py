@@ -378,6 +378,7 @@ class StepLogResult:
     files: list[Path] = field(default_factory=list)
     steps: int = 0
     frame: pl.DataFrame | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def _learning_curves(steps: int, seed: int) -> dict[str, np.ndarray]:
@@ -571,6 +572,20 @@ def truth_document(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel
             "steps": frame.to_dicts()}
 
 
+def ineffective_injections(frame: pl.DataFrame, model: StepTimeModel) -> list[str]:
+    """A note for each injected cause whose truth is 0 s at its step: it changed nothing there (a
+    long tail no longer than the step's longest response, which the cap may already reach)."""
+    notes = []
+    for injection in model.injections:
+        rows = frame.filter(pl.col("step") == injection.step)
+        column = f"cause_{injection.cause}_s"
+        if rows.height and column in rows.columns and not rows[column][0]:
+            why = (": the step's longest response is already that long (the cap, when no size is given);"
+                   " give a larger size or a higher --max-response-len" if injection.cause == "long_tail" else "")
+            notes.append(f"step {injection.step}: {injection.cause} added no time{why}")
+    return notes
+
+
 def write_step_log(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeModel, out_dir: str | Path,
                    formats: tuple[str, ...] = ("verl-console",), style: str = "repr",
                    truth: str | Path | None = None) -> StepLogResult:
@@ -585,7 +600,7 @@ def write_step_log(length_model: LengthModel, spec: WorkloadSpec, model: StepTim
     frame = step_table(length_model, spec, model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result = StepLogResult(steps=frame.height, frame=frame)
+    result = StepLogResult(steps=frame.height, frame=frame, notes=ineffective_injections(frame, model))
     if "verl-console" in formats:
         path = out / CONSOLE_NAME
         path.write_text(console_text(frame, spec, model, style), encoding="utf-8")
