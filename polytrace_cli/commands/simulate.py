@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 
 from polytrace_cli.commands.common import (DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
                                            user_errors)
 from polytrace_cli.errors import PolytraceError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 POLICY_OPTION_HELP = ("A policy to predict, repeatable: balance, no-validation, validate-every=K, checkpoint-every=K, "
                       "max-response-len=N, partial-rollout=F, one-step-off[=G].")
@@ -43,6 +45,8 @@ def whatif(
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
+    import polars as pl
+
     if backtest:
         accuracy = ["accuracy", "median_baseline", "previous_baseline"]
         emit_frame(result.table().with_columns(pl.col(accuracy).round(1)), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
@@ -62,6 +66,8 @@ def _scenarios_for_people(table: pl.DataFrame) -> pl.DataFrame:
     """The what-if table as printed: seconds whole from 100 s on and to 0.1 s below (the model's
     error is far larger than a tenth of a second), the saving's standard error as `saving_±_s` and
     its share of the replay as a percentage with one decimal."""
+    import polars as pl
+
     seconds = ["predicted_s", "saving_s", "saving_se_s"]
     return table.with_columns(
         pl.when(pl.col(name).abs() >= 100).then(pl.col(name).round(0)).otherwise(pl.col(name).round(1)).alias(name)
