@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import duckdb
 import pytest
 
@@ -190,3 +192,43 @@ def test_a_full_disk_is_named_and_leaves_no_empty_store(full_disk):
     with pytest.raises(StoreError, match="is full"):
         open_store(db)
     assert not db.exists() and not (full_disk / "new.duckdb.wal").exists()
+
+
+def test_a_reader_that_may_not_upgrade_an_older_store_says_so(db_path):
+    con = duckdb.connect(str(db_path))
+    migrate(con, "old store", up_to=3)
+    con.close()
+    with pytest.raises(StoreError, match="older store"):
+        open_store(db_path, read_only=True, upgrade=False)
+    assert schema_version(duckdb.connect(str(db_path), read_only=True)) == 3  # left as it was
+
+
+def test_the_command_lines_report_upgrades_an_older_store(tmp_path):
+    """`polytrace report` forks a second process that opens the store too: on an older store it bows
+    out and the command upgrades the store and writes the page alone."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import PROJECT_ROOT
+    from polytrace_cli.ingest.runner import ingest_paths
+
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    migrate(con, "old store", up_to=3)
+    con.close()
+    con = open_store(db)  # upgraded, then filled
+    trace = tmp_path / "run" / "packed_lengths_step_0.jsonl"
+    trace.parent.mkdir()
+    trace.write_text('{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 5, '
+                     '"output": [1, 2], "n_sampling": 2, "validate": false}\n')
+    ingest_paths(con, [trace])
+    con.execute("DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)")
+    con.close()
+    assert schema_version(duckdb.connect(str(db), read_only=True)) == SCHEMA_VERSION - 1
+    completed = subprocess.run([sys.executable, "-m", "polytrace_cli.cli", "report", "--db", str(db), "--out",
+                                str(tmp_path / "reports")], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert completed.returncode == 0, completed.stderr
+    assert Path(completed.stdout.strip().splitlines()[-1]).exists()
+    assert schema_version(duckdb.connect(str(db), read_only=True)) == SCHEMA_VERSION

@@ -40,7 +40,8 @@ def write_store_report(db: str | os.PathLike | None, runs: list[str] | None = No
         from polytrace_cli.report.numbers import compute_numbers
         from polytrace_cli.store.queries import run_ids
 
-        con = open_store(db, read_only=True, wait=wait)
+        # An older store is left to this process's parent to upgrade; the child then bows out.
+        con = open_store(db, read_only=True, wait=wait, upgrade=False)
         try:
             return compute_numbers(con, run_ids(con, runs), step_range)
         finally:

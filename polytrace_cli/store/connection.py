@@ -92,6 +92,9 @@ def _is_lock_error(error: Exception) -> bool:
 
 
 _OPENED = 0
+# How long an upgrade waits for another reader at least (a report's second process looks at the
+# store and lets go of an older one at once).
+UPGRADE_WAIT_S = 2.0
 
 
 def connections_opened() -> int:
@@ -118,11 +121,13 @@ def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnect
 
 
 def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
-               wait: float = 0) -> duckdb.DuckDBPyConnection:
+               wait: float = 0, upgrade: bool = True) -> duckdb.DuckDBPyConnection:
     """Open (and for writers create and migrate) the store.
 
     Read-only opens never create a store: a missing one is an error that tells the user what to
-    run. An older store is upgraded first, whichever way it is opened. A DuckDB file that is not a
+    run. An older store is upgraded first, whichever way it is opened (with `upgrade=False`, a
+    read-only open of an older store is an error instead); the upgrade waits at least
+    `UPGRADE_WAIT_S` for readers to let go of the store. A DuckDB file that is not a
     polytrace store is refused, never altered; a store this call creates and cannot finish (a full
     disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
     another process holds the store's lock, the open is retried for up to `wait` seconds.
@@ -163,10 +168,12 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             if version == 0 and not has_ledger(con):
                 raise StoreError(f"{path} is not a polytrace store (no schema ledger)")
             if version < SCHEMA_VERSION:
+                if not upgrade:
+                    raise StoreError(f"{path} is an older store; open it once without upgrade=False to upgrade it")
                 # An older store is upgraded in place before it is read.
                 con.close()
-                open_store(path, wait=wait).close()
-                return open_store(path, read_only=True, wait=wait)
+                open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
+                return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S))
         else:
             if not has_ledger(con) and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"
