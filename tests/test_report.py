@@ -481,3 +481,11 @@ def test_the_command_lines_two_process_report_equals_the_one_process_report(samp
     assert_same_numbers(forked, alone)
     assert sorted(p.name for p in (index.parent / "figures").iterdir()) == \
         sorted(p.name for p in (sample_report.parent / "figures").iterdir())
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", " "])
+def test_a_report_name_that_is_not_a_plain_folder_name_is_one_line_error(tmp_path, name):
+    result = runner.invoke(app, ["report", "--db", str(tmp_path / "none.duckdb"), "--name", name])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith("error: --name must be a plain folder name")
+    assert len(result.output.strip().splitlines()) == 1

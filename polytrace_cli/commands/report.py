@@ -30,8 +30,6 @@ def report(
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
     from polytrace_cli.report import write_store_report  # matplotlib loads only when a report is drawn
 
-    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
-        raise fail(f"--name must be a plain folder name, not {name!r}")
     typer.echo(str(write_store_report(db, runs, out, name, steps, svg, wait)))
 
 

@@ -36,7 +36,11 @@ def paint_all(jobs: Sequence[tuple[Figure, Path, Path | None]],
     after the other. A child that fails leaves its share to this process.
     """
     theirs = list(range(1, len(jobs), 2))
-    pending = side_process.start(lambda: [paint(*jobs[index]) for index in theirs]) if len(jobs) >= 2 else None
+
+    def paint_theirs() -> list[float]:
+        return [paint(*jobs[index]) for index in theirs]
+
+    pending = side_process.start(paint_theirs) if len(jobs) >= 2 else None
     if pending is None:
         return [paint(*job) for job in jobs]
     seconds = [0.0] * len(jobs)
@@ -46,6 +50,6 @@ def paint_all(jobs: Sequence[tuple[Figure, Path, Path | None]],
     except BaseException:
         pending.cancel()
         raise
-    for index, took in zip(theirs, side_process.finish(pending, lambda: [paint(*jobs[index]) for index in theirs])):
+    for index, took in zip(theirs, side_process.finish(pending, paint_theirs)):
         seconds[index] = took
     return seconds
