@@ -189,8 +189,8 @@ def test_svg_is_opt_in_and_a_later_report_without_it_leaves_no_stale_svg(tmp_pat
 
 
 def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
-    """style.save_png paints a constrained-layout figure once; Figure.savefig lays it out in a draw of its
-    own first. The pixels must be the same (a colour bar and log axes exercise the layout)."""
+    """style.save_png paints a figure in one draw, which lays it out (`layout.MeasuredGrid`); Figure.savefig
+    may draw it twice. The pixels must be the same (a colour bar and log axes exercise the layout)."""
     import numpy as np
 
     from polytrace_cli.report import style
@@ -199,7 +199,7 @@ def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
         figure, axes = style.new_figure(2, 1)
         art = axes[0].hexbin(np.geomspace(10, 5000, 400), np.geomspace(50, 9000, 400) ** 0.9, gridsize=20,
                              xscale="log", yscale="log", bins="log", mincnt=1)
-        style.plain_colorbar(figure.colorbar(art, ax=axes[0], label="samples"))
+        style.plain_colorbar(style.add_colorbar(figure, art, [axes[0]], label="samples"))
         style.plot_steps(axes[1], [1, 2, 3, 5, 6], [3.0, 4.0, 2.0, 5.0, 1.0], label="step")
         axes[1].set_title("a title\non two lines")
         figure.suptitle("Not shown (no data): b")

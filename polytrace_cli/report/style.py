@@ -10,6 +10,8 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from polytrace_cli.report.layout import MeasuredGrid, add_colorbar  # noqa: E402, F401 - figures add colour bars through style
+
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
 OKABE_ITO = [
     "#0072B2",  # blue
@@ -49,9 +51,10 @@ def colour(index: int) -> str:
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 9.0, height: float = 4.2) -> tuple[Figure, np.ndarray]:
-    """A figure in the report style and its axes as a flat array (not attached to pyplot's state)."""
+    """A figure in the report style and its axes as a flat array (not attached to pyplot's state), laid out by
+    `layout.MeasuredGrid` when first painted; colour bars are added with `add_colorbar`."""
     with matplotlib.rc_context(RC):
-        figure = Figure(figsize=(width, height), layout="constrained")
+        figure = Figure(figsize=(width, height), layout=MeasuredGrid())
         axes = figure.subplots(nrows, ncols, squeeze=False)
     for ax in axes.flat:
         _style_axes(ax)

@@ -41,7 +41,7 @@ def render(data: dict[str, pl.DataFrame]):
         art = ax.hexbin(part[x].to_numpy(), part[y].to_numpy(), C=counts,
                         reduce_C_function=np.sum, gridsize=40, xscale="log", yscale="log",
                         bins="log", cmap=style.SEQUENTIAL_CMAP, mincnt=1, linewidths=0)
-        style.plain_colorbar(figure.colorbar(art, ax=ax, label="samples"))
+        style.plain_colorbar(style.add_colorbar(figure, art, [ax], label="samples"))
         ax.grid(False)
         style.plain_log_ticks(ax, "x", "y", narrow_below=1.0)  # narrow panels: 1-2-5 labels would collide
         ax.set_xlabel("prompt length (tokens, log)")

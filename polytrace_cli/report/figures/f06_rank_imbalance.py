@@ -90,5 +90,5 @@ def render(data: dict[str, pl.DataFrame]):
         if step_range is not None:
             line_ax.set_xlim(*step_range)
     if image is not None:
-        figure.colorbar(image, ax=heat_axes, label="load / mean load", shrink=0.6, aspect=40)
+        style.add_colorbar(figure, image, heat_axes, label="load / mean load", shrink=0.6, aspect=40)
     return figure

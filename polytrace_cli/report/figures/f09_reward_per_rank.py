@@ -54,7 +54,7 @@ def render(data: dict[str, pl.DataFrame]):
                               extent=(steps.min() - 0.5, steps.max() + 0.5, -0.5, len(ranks) - 0.5))
             ax.grid(False)
             ax.set_ylabel("DP rank")
-            figure.colorbar(image, ax=ax, label="reward seconds")
+            style.add_colorbar(figure, image, [ax], label="reward seconds")
         ax.set_xlabel(style.WORKLOAD_STEP)
         ax.set_title(f"{run}: reward seconds per rank" if run else "reward seconds per rank")
         style.thin_step_ticks(ax, None)
