@@ -243,11 +243,11 @@ def stragglers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
         .with_columns(ranks=pl.len().over("run"))
         .sort("run", "dp_rank")
     )
-    from scipy.stats import binomtest  # scipy.stats takes 0.3 s to import; a report's figures never need it
+    from polytrace_cli.analyze.significance import binomial_upper_tail
 
     rows = []
     for run, dp_rank, n_steps, max_steps, n_ranks in counts.iter_rows():
-        p_value = binomtest(int(max_steps), int(n_steps), 1 / n_ranks, alternative="greater").pvalue
+        p_value = binomial_upper_tail(int(max_steps), int(n_steps), 1 / n_ranks)
         rows.append((run, dp_rank, n_steps, max_steps, n_steps / n_ranks, p_value, p_value < STRAGGLER_ALPHA / n_ranks))
     return pl.DataFrame(rows, schema=columns, orient="row")
 

@@ -31,6 +31,9 @@ class Analysis:
 # Module names under polytrace_cli.analyze, in output order. They are imported on first use so that
 # commands which need no analysis start without scipy.
 ANALYSES = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools", "filtering")
+# Those whose module imports scipy.stats (0.6 s), and for fit scikit-learn, when it is imported. A report
+# computes them in its second process, beside the step-time model (see report/numbers.py).
+SCIPY_STATS_ANALYSES = ("drift", "fit")
 
 _ANALYSES: dict[str, Analysis] = {}
 

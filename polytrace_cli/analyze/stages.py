@@ -208,10 +208,11 @@ def outliers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
 
 def correlations(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run × time (step_s, gen_s) × length (response_length_max, response_length_mean):
-    n, Pearson r and p, Spearman ρ and p (scipy) over training steps where both are logged;
-    left out below 3 points or when either side is constant."""
+    n, Pearson r and p, Spearman ρ and p (`significance.pearson` and `spearman`) over training steps
+    where both are logged; left out below 3 points or when either side is constant."""
+    from polytrace_cli.analyze.significance import pearson, spearman
+
     detail = shared(per_step, con, run_ids, steps).filter(~pl.col("validation_only"))
-    from scipy.stats import pearsonr, spearmanr  # scipy.stats takes 0.3 s to import; a report's figures never need it
 
     rows = []
     for (run,), group in detail.group_by("run", maintain_order=True):
@@ -221,9 +222,7 @@ def correlations(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
                 x, y = pair[length].to_numpy(), pair[time].to_numpy()
                 if pair.height < MIN_POINTS or x.min() == x.max() or y.min() == y.max():
                     continue
-                pearson, spearman = pearsonr(x, y), spearmanr(x, y)
-                rows.append((run, time.removesuffix("_s"), length, pair.height, float(pearson.statistic),
-                             float(pearson.pvalue), float(spearman.statistic), float(spearman.pvalue)))
+                rows.append((run, time.removesuffix("_s"), length, pair.height, *pearson(x, y), *spearman(x, y)))
     return pl.DataFrame(
         rows,
         schema={"run": pl.String, "time": pl.String, "length": pl.String, "n": pl.Int64, "pearson_r": pl.Float64,

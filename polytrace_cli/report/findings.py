@@ -180,23 +180,34 @@ def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[l
     return out, None
 
 
+Explained = dict[int, tuple[list[dict] | None, str | None]]
+
+
+def explained_by_run(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> Explained:
+    """run id -> explain's findings of the run and the reason it failed (see `_explained`)."""
+    return {run_id: _explained(con, run_id, run) for run_id, run in run_names(con, run_ids).items()}
+
+
 def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange,
-                   summaries: dict[str, pl.DataFrame]) -> list[dict]:
+                   summaries: dict[str, pl.DataFrame], explained: Explained | None = None) -> list[dict]:
     """The findings of the runs: per run explain can model, explain's findings (largest seconds first) then
     the analyses' entries explain does not cover; the other runs' findings from the analyses, largest share
     first; then a `not-measured` finding per run the analyses could say nothing about (so the list is never
-    empty). See the module docstring for each share."""
+    empty). See the module docstring for each share. `explained` is `explained_by_run` when computed
+    already (the report's second process computes it)."""
     analysed = [
         *_longtail(summaries.get("longtail")), *_imbalance(summaries.get("imbalance")),
         *_overheads(con, run_ids, steps), *_largest_stage(summaries.get("stages")),
         *_filtering(summaries.get("filtering")),
     ]
     analysed.sort(key=lambda f: (-(f["share"] or 0.0), f["run"], f["cause"]))
-    explained: list[dict] = []
+    from_explain: list[dict] = []
     modelled: set[str] = set()
     failures: list[dict] = []
+    if explained is None:
+        explained = explained_by_run(con, run_ids)
     for run_id, run in run_names(con, run_ids).items():
-        found, error = _explained(con, run_id, run)
+        found, error = explained[run_id]
         if error is not None:
             failures.append(_finding(
                 run, "not-modelled", None, None, 0,
@@ -204,8 +215,8 @@ def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
         if not found:
             continue
         modelled.add(run)
-        explained += found + [f for f in analysed if f["run"] == run and f["cause"] in NOT_IN_EXPLAIN]
-    measured = explained + [f for f in analysed if f["run"] not in modelled]
+        from_explain += found + [f for f in analysed if f["run"] == run and f["cause"] in NOT_IN_EXPLAIN]
+    measured = from_explain + [f for f in analysed if f["run"] not in modelled]
     covered = {f["run"] for f in measured}
     names = list(run_names(con, run_ids).values())
     unmeasured = [

@@ -128,15 +128,24 @@ def backtest_lines(entries: list[dict]) -> dict[str, str]:
     return {e["run"]: backtest_sentence(e["run"], e["backtest"]) for e in entries if e.get("backtest")}
 
 
+def model_help_by_run(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[int, list[dict] | None]:
+    """run id -> the run's `model_help` entries."""
+    return {run_id: model_help(con, run_id, run) for run_id, run in run_names(con, run_ids).items()}
+
+
 def build_help(summaries: dict[str, pl.DataFrame], con: duckdb.DuckDBPyConnection | None = None,
-               run_ids: list[int] | None = None) -> list[dict]:
+               run_ids: list[int] | None = None, modelled_entries: dict[int, list[dict] | None] | None = None
+               ) -> list[dict]:
     """The step-time model's entries for each run with step timings (when `con` is given), then one
-    rebalancing entry per other run with imbalance data (see the module docstring); empty when none has."""
+    rebalancing entry per other run with imbalance data (see the module docstring); empty when none has.
+    `modelled_entries` is `model_help_by_run` when computed already (the report's second process does)."""
     out: list[dict] = []
     modelled: set[str] = set()
     if con is not None:
+        if modelled_entries is None:
+            modelled_entries = model_help_by_run(con, run_ids or [])
         for run_id, run in run_names(con, run_ids or []).items():
-            entries = model_help(con, run_id, run)
+            entries = modelled_entries[run_id]
             if entries:
                 out += entries
                 if entries[0]["policy"] != "not-modelled":

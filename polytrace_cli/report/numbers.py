@@ -1,25 +1,29 @@
 """A report's numbers, apart from its figures: every analysis' summary, table T1, the findings and what
 would help.
 
-They need scipy, scikit-learn and the step-time model but never matplotlib, and the figures need
-matplotlib but none of those, so `writer.write_store_report` computes them in a second process
-while the first one draws (see `side_process`). Nothing here imports matplotlib.
+They come in two parts. The modelled part (`ModelledNumbers`) needs scipy.stats, scikit-learn and the
+step-time model: the summaries of `SCIPY_STATS_ANALYSES` and each run's explain findings and what-if
+entries. The rest needs only polars, DuckDB and scipy.special, and reads frames the figures read too.
+`store_report.write_store_report` computes the modelled part in a second process while the first one
+draws, then the rest in the first, where the figures' frames are at hand (`shared_frames`). Nothing
+here imports matplotlib.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.analyze.registry import all_analyses
+from polytrace_cli.analyze.registry import ANALYSES, SCIPY_STATS_ANALYSES, named_analyses
+from polytrace_cli.analyze.shared_frames import once_per_report
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import help as what_would_help
 from polytrace_cli.report.figures.base import Omitted
-from polytrace_cli.report.findings import build_findings
-from polytrace_cli.analyze.shared_frames import once_per_report
+from polytrace_cli.report.findings import Explained, build_findings, explained_by_run
 from polytrace_cli.report.tables import t1_summary
 
 
@@ -35,18 +39,30 @@ class ReportNumbers:
     help: list[dict] = field(default_factory=list)
 
 
+@dataclass
+class ModelledNumbers:
+    """The numbers that need scipy.stats, scikit-learn or the step-time model: the summaries of
+    `SCIPY_STATS_ANALYSES` (and their errors), explain's findings and the what-if entries per run id."""
+
+    summaries: dict[str, pl.DataFrame] = field(default_factory=dict)
+    analysis_errors: dict[str, str] = field(default_factory=dict)
+    explained: Explained = field(default_factory=dict)
+    model_help: dict[int, list[dict] | None] = field(default_factory=dict)
+
+
 def first_line(error: Exception) -> str:
     """The first line of the error's message ('' when it has none)."""
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
 
 
-def summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int],
-              steps: StepRange) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
-    """Every registered analysis' summary frame, and `{analysis: "Error: first line"}` for those that
-    failed: one broken analysis must not cost the whole report (a user error still stops it)."""
+def summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange,
+              names: tuple[str, ...] = ANALYSES) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
+    """The named analyses' summary frames (every registered one by default), and `{analysis: "Error:
+    first line"}` for those that failed: one broken analysis must not cost the whole report (a user error
+    still stops it). Only the named analyses' modules are imported."""
     frames, errors = {}, {}
-    for name, analysis in all_analyses().items():
+    for name, analysis in named_analyses(list(names)).items():
         try:
             frames[name] = analysis.summary(con, run_ids, steps)
         except PolytraceError:
@@ -56,19 +72,38 @@ def summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int],
     return frames, errors
 
 
-def compute_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> ReportNumbers:
-    """The report's numbers for the runs: summaries, T1 (or why it is left out), findings and what
-    would help. Frames and workloads that several of them read are read once."""
+def modelled_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> ModelledNumbers:
+    """The modelled part of the report's numbers (see ModelledNumbers)."""
     from polytrace_cli.model import shared_workloads
 
-    numbers = ReportNumbers()
+    numbers = ModelledNumbers()
     with once_per_report(), shared_workloads():
-        numbers.summaries, numbers.analysis_errors = summaries(con, run_ids, steps)
+        numbers.summaries, numbers.analysis_errors = summaries(con, run_ids, steps, SCIPY_STATS_ANALYSES)
+        numbers.explained = explained_by_run(con, run_ids)
+        numbers.model_help = what_would_help.model_help_by_run(con, run_ids)
+    return numbers
+
+
+def compute_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange,
+                    modelled: Callable[[], ModelledNumbers] | None = None) -> ReportNumbers:
+    """The report's numbers for the runs: summaries, T1 (or why it is left out), findings and what
+    would help. The modelled part comes from `modelled()` when it is computed elsewhere (called once the
+    other summaries are done, so that they are computed while it is awaited). Frames and workloads that
+    several of them read are read once."""
+    numbers = ReportNumbers()
+    with once_per_report():
+        rest = tuple(name for name in ANALYSES if name not in SCIPY_STATS_ANALYSES)
+        frames, errors = summaries(con, run_ids, steps, rest)
+        modelled = modelled() if modelled is not None else modelled_numbers(con, run_ids, steps)
+        frames |= modelled.summaries
+        errors |= modelled.analysis_errors
+        numbers.summaries = {name: frames[name] for name in ANALYSES if name in frames}
+        numbers.analysis_errors = {name: errors[name] for name in ANALYSES if name in errors}
         table = t1_summary.table(con, run_ids, steps, numbers.summaries)
         if isinstance(table, Omitted):
             numbers.table_omitted = table.reason
         else:
             numbers.table = table
-        numbers.findings = build_findings(con, run_ids, steps, numbers.summaries)
-        numbers.help = what_would_help.build_help(numbers.summaries, con, run_ids)
+        numbers.findings = build_findings(con, run_ids, steps, numbers.summaries, modelled.explained)
+        numbers.help = what_would_help.build_help(numbers.summaries, con, run_ids, modelled.model_help)
     return numbers

@@ -28,12 +28,15 @@ def paint_file(figure: Figure, png: Path, svg: Path | None) -> float:
 
 
 def paint_all(jobs: Sequence[tuple[Figure, Path, Path | None]],
-              paint: Callable[[Figure, Path, Path | None], float] = paint_file) -> list[float]:
-    """Paint every (figure, png, svg) job; returns each job's seconds, in order.
+              paint: Callable[[Figure, Path, Path | None], float] = paint_file,
+              alongside: Callable[[], None] | None = None) -> list[float]:
+    """Paint every (figure, png, svg) job and run `alongside` (other work of this process); returns each
+    job's seconds, in order.
 
     With two jobs or more and a second process to spare (`side_process.can_fork`), a forked child
-    paints every second job while this process paints the others; otherwise they are painted one
-    after the other. A child that fails leaves its share to this process.
+    paints every second job while this process paints the others and then runs `alongside`; otherwise
+    the jobs are painted one after the other, then `alongside` runs. A child that fails leaves its
+    share to this process.
     """
     theirs = list(range(1, len(jobs), 2))
 
@@ -42,11 +45,16 @@ def paint_all(jobs: Sequence[tuple[Figure, Path, Path | None]],
 
     pending = side_process.start(paint_theirs) if len(jobs) >= 2 else None
     if pending is None:
-        return [paint(*job) for job in jobs]
+        seconds = [paint(*job) for job in jobs]
+        if alongside is not None:
+            alongside()
+        return seconds
     seconds = [0.0] * len(jobs)
     try:
         for index in range(0, len(jobs), 2):
             seconds[index] = paint(*jobs[index])
+        if alongside is not None:
+            alongside()
     except BaseException:
         pending.cancel()
         raise

@@ -1,12 +1,13 @@
 """A report written straight from a store file, on two cores: what `polytrace report` runs.
 
-The page has two halves that share nothing but the store: the figures (matplotlib) and the numbers
-beside them (every analysis' summary, T1, the findings and what would help: scipy, scikit-learn and
-the step-time model). Before this process opens the store or loads either library, it forks
+The page's work has two halves that share nothing but the store: the figures with the numbers that
+read the same frames (matplotlib, polars, scipy.special), and the modelled numbers (`numbers.
+ModelledNumbers`: the analyses that need scipy.stats and scikit-learn, explain and what-if on the
+step-time model). Before this process opens the store or loads any of those libraries, it forks
 (`side_process`): the child opens the store read-only on its own connection and computes the
-numbers while this process draws and paints the figures. Each half imports only its own libraries.
-When there is no second core, or the child fails, this process computes the numbers itself, so
-the page is the same either way.
+modelled numbers while this process draws and paints the figures and computes the other numbers.
+Each half imports only its own libraries. When there is no second core, or the child fails, this
+process computes the modelled numbers itself, so the page is the same either way.
 """
 
 from __future__ import annotations
@@ -29,34 +30,35 @@ def write_store_report(db: str | os.PathLike | None, runs: list[str] | None = No
                        name: str | None = None, steps: StepRange | str | None = None, svg: bool = False,
                        wait: float = 0) -> Path:
     """`writer.write_runs_report` on the store at `db` (opened read-only, waiting up to `wait` seconds
-    for a writer), with the numbers computed in a second process; returns index.html."""
+    for a writer), with the modelled numbers computed in a second process; returns index.html."""
     from polytrace_cli.store import open_store
     from polytrace_cli.store.connection import connections_opened
 
     check_report_name(name)
     step_range = StepRange.of(steps)
 
-    def numbers_from_own_connection():
-        from polytrace_cli.report.numbers import compute_numbers
+    def modelled_on_own_connection():
+        from polytrace_cli.report.numbers import modelled_numbers
         from polytrace_cli.store.queries import run_ids
 
         # An older store is left to this process's parent to upgrade; the child then bows out.
         con = open_store(db, read_only=True, wait=wait, upgrade=False)
         try:
-            return compute_numbers(con, run_ids(con, runs), step_range)
+            return modelled_numbers(con, run_ids(con, runs), step_range)
         finally:
             con.close()
 
     fork = side_process.fresh() and not connections_opened()
-    pending = side_process.start(numbers_from_own_connection) if fork else None
+    pending = side_process.start(modelled_on_own_connection) if fork else None
     try:
         con = open_store(db, read_only=True, wait=wait)
         try:
-            from polytrace_cli.report.numbers import compute_numbers
+            from polytrace_cli.report.numbers import compute_numbers, modelled_numbers
             from polytrace_cli.report.writer import write_runs_report
 
             def numbers(con, run_ids, steps):
-                return side_process.finish(pending, lambda: compute_numbers(con, run_ids, steps))
+                return compute_numbers(con, run_ids, steps, lambda: side_process.finish(
+                    pending, lambda: modelled_numbers(con, run_ids, steps)))
 
             return write_runs_report(con, runs, out_dir, name, step_range, svg, numbers)
         finally:

@@ -116,7 +116,7 @@ def _draw(module, con, run_ids, steps, figures_dir: Path, runs: list[str],
 
 def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Path, name: str | None = None,
                  steps: StepRange = ALL_STEPS, svg: bool = False, numbers: NumbersSource = compute_numbers) -> Report:
-    """Draw every figure into `<out_dir>/<name>/figures` (PNG, and SVG too with `svg`), then take the
+    """Draw every figure into `<out_dir>/<name>/figures` (PNG, and SVG too with `svg`) and take the
     page's other numbers from `numbers(con, run_ids, steps)`; returns the Report."""
     if not run_ids:
         raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
@@ -135,10 +135,13 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
             report.figures.append(result)
             if figure is not None:
                 drawn.append((result, figure))
-        painted = paint_all([(figure, result.png, result.svg) for result, figure in drawn])
+        # The numbers are computed while a second process paints (see painting.paint_all).
+        computed_numbers: list[ReportNumbers] = []
+        painted = paint_all([(figure, result.png, result.svg) for result, figure in drawn],
+                            alongside=lambda: computed_numbers.append(numbers(con, run_ids, steps)))
         for (result, _), seconds in zip(drawn, painted):
             result.seconds += seconds
-        computed = numbers(con, run_ids, steps)
+    computed = computed_numbers[0]
     report.summaries, report.analysis_errors = computed.summaries, computed.analysis_errors
     report.table, report.table_omitted = computed.table, computed.table_omitted
     report.findings, report.help = computed.findings, computed.help
