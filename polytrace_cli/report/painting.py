@@ -2,13 +2,15 @@
 
 Painting a figure into a PNG is single-threaded CPU work in matplotlib's Agg renderer and takes
 most of a report's time. Once every figure is drawn, the process forks (`side_process`): the child
-paints every second figure while the parent paints the others, so no figure is drawn twice and no
-figure is pickled (the child has them already; it sends back only its seconds). The child only
-paints and writes files; if it fails, the parent paints the child's share itself.
+paints figures while the parent does its other work, then both paint what is left, so no figure is
+drawn twice and no figure is pickled (the child has them already; it sends back only its seconds).
+The child only paints and writes files; if it fails, the parent paints the child's share itself.
 """
 
 from __future__ import annotations
 
+import os
+import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,30 +36,59 @@ def paint_all(jobs: Sequence[tuple[Figure, Path, Path | None]],
     job's seconds, in order.
 
     With two jobs or more and a second process to spare (`side_process.can_fork`), a forked child
-    paints every second job while this process paints the others and then runs `alongside`; otherwise
-    the jobs are painted one after the other, then `alongside` runs. A child that fails leaves its
-    share to this process.
+    starts painting at once while this process runs `alongside`; then both take the jobs left, one at
+    a time, from a shared queue (a pipe holding the jobs' indices, which the two read in turn), so
+    neither waits for the other while jobs remain. Otherwise `alongside` runs, then the jobs are
+    painted one after the other (also beyond QUEUE_LIMIT jobs). Jobs a failing child took are painted
+    by this process.
     """
-    theirs = list(range(1, len(jobs), 2))
-
-    def paint_theirs() -> list[float]:
-        return [paint(*jobs[index]) for index in theirs]
-
-    pending = side_process.start(paint_theirs) if len(jobs) >= 2 else None
-    if pending is None:
-        seconds = [paint(*job) for job in jobs]
+    if len(jobs) < 2 or len(jobs) > QUEUE_LIMIT or not side_process.can_fork():
         if alongside is not None:
             alongside()
-        return seconds
-    seconds = [0.0] * len(jobs)
+        return [paint(*job) for job in jobs]
+    queue = _job_queue(len(jobs))
+
+    def paint_from_queue() -> dict[int, float]:
+        done = {}
+        while (index := _take(queue)) is not None:
+            done[index] = paint(*jobs[index])
+        return done
+
+    pending = side_process.start(paint_from_queue)
     try:
-        for index in range(0, len(jobs), 2):
-            seconds[index] = paint(*jobs[index])
         if alongside is not None:
             alongside()
+        seconds = paint_from_queue()
     except BaseException:
-        pending.cancel()
+        if pending is not None:
+            pending.cancel()
         raise
-    for index, took in zip(theirs, side_process.finish(pending, paint_theirs)):
-        seconds[index] = took
-    return seconds
+    finally:
+        os.close(queue)
+    seconds |= side_process.finish(pending, dict)
+    for index, job in enumerate(jobs):
+        if index not in seconds:
+            seconds[index] = paint(*job)
+    return [seconds[index] for index in range(len(jobs))]
+
+
+_INDEX = struct.Struct("<H")
+# A pipe holds at least PIPE_BUF (512) bytes before a write blocks (POSIX): the most jobs the queue takes.
+QUEUE_LIMIT = 512 // _INDEX.size
+
+
+def _job_queue(count: int) -> int:
+    """The read end of a pipe holding 0 .. count − 1, its write end closed (a read past them is EOF).
+    Every index is written before anyone reads, and each read takes one whole index: a pipe serves
+    concurrent reads one at a time."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"".join(_INDEX.pack(index) for index in range(count)))
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def _take(queue: int) -> int | None:
+    data = os.read(queue, _INDEX.size)
+    return _INDEX.unpack(data)[0] if data else None
