@@ -41,7 +41,7 @@ def test_two_processes_write_the_same_files_as_one(tmp_path, monkeypatch):
         assert (tmp_path / f"forked_{index}.svg").stat().st_size > 0
     painters = [(painted_by / f"forked_{i}.png").read_text() for i in range(5)]
     # The child paints from the start, while this process sleeps in `alongside`: the first figure is its.
-    assert painters[0] != str(parent) and len(set(painters)) <= 2
+    assert painters[0] != str(parent)
 
 
 def test_the_two_processes_share_the_jobs_without_painting_one_twice(tmp_path, monkeypatch):

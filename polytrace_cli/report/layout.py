@@ -95,7 +95,7 @@ class MeasuredGrid(LayoutEngine):
         grid_spec = panels[0].get_subplotspec().get_gridspec()
         panels = [ax for ax in panels if ax.get_subplotspec().get_gridspec() is grid_spec]
         shape = grid_spec.get_geometry()
-        width, height = size
+        height = size[1]
 
         notes = [text for text in fig.texts if text.get_visible() and text.get_text()]
         for text in notes:
@@ -140,16 +140,16 @@ class MeasuredGrid(LayoutEngine):
             row_tops.append(y)
             y -= panel_height + grid.bottom[row] + GAP
 
-        bar_widths = {}
+        bar_places = []  # (bar, width, length, vertical middle, column it sits right of), in inches
         for bar in self.bars:
-            parent_rows = [cells[ax].rowspan for ax in bar.parents if ax in cells]
-            if not parent_rows:
+            parent_cells = [cells[ax] for ax in bar.parents if ax in cells]
+            if not parent_cells:
                 continue
-            top = max(row_tops[span.start] for span in parent_rows)
-            bottom = min(row_tops[span.stop - 1] - panel_height for span in parent_rows)
+            top = max(row_tops[cell.rowspan.start] for cell in parent_cells)
+            bottom = min(row_tops[cell.rowspan.stop - 1] - panel_height for cell in parent_cells)
             length = bar.shrink * (top - bottom)
-            bar_widths[id(bar.axes)] = (length / bar.aspect, length, (top + bottom) / 2)
-            column = max(cells[ax].colspan.stop - 1 for ax in bar.parents if ax in cells)
+            column = max(cell.colspan.stop - 1 for cell in parent_cells)
+            bar_places.append((bar, length / bar.aspect, length, (top + bottom) / 2, column))
             sides = bar_sizes.get(id(bar.axes), Decorations(right=PROVISIONAL[2]))
             grid.bar_block[column] = max(grid.bar_block[column], GAP + length / bar.aspect + sides.right)
 
@@ -168,11 +168,7 @@ class MeasuredGrid(LayoutEngine):
             y0 = row_tops[cell.rowspan.stop - 1] - panel_height
             ax.set_position(Bbox.from_extents(x0 / width, y0 / height, x1 / width, y1 / height))
 
-        for bar in self.bars:
-            if id(bar.axes) not in bar_widths:
-                continue
-            bar_width, length, middle = bar_widths[id(bar.axes)]
-            column = max(cells[ax].colspan.stop - 1 for ax in bar.parents if ax in cells)
+        for bar, bar_width, length, middle, column in bar_places:
             x0 = col_lefts[column] + panel_width + grid.right[column] + GAP
             y0 = middle - length / 2
             bar.axes.set_position(Bbox.from_bounds(x0 / width, y0 / height, bar_width / width, length / height))
