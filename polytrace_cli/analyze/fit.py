@@ -25,6 +25,7 @@ chosen the same way.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -144,19 +145,34 @@ def _fit_scipy(family: str, hist: Histogram, sample: np.ndarray) -> Candidate:
     return Candidate(family, params, hist.ks(frozen.cdf), aic, hist.n)
 
 
+@functools.cache
+def _thread_pools():
+    """threadpoolctl's handle on the BLAS and OpenMP pools loaded in this process, found once (after
+    scikit-learn is imported): finding them walks every loaded library, a few milliseconds a time."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def _one_thread():
+    """A context in which BLAS and OpenMP run one thread: on these small matrices more threads only
+    spin (a mixture fit took 2.5x as long with two on two cores)."""
+    return _thread_pools().limit(limits=1)
+
+
 def _fit_mixture(hist: Histogram, sample: np.ndarray) -> Candidate:
     try:
         from sklearn.mixture import GaussianMixture
-        from threadpoolctl import threadpool_limits
     except ImportError:
         return Candidate("gaussian_mixture", {}, None, None, hist.n,
                          note="scikit-learn is not installed (pip install 'polytrace[fit]'): mixture skipped")
     best: Candidate | None = None
     column = sample.reshape(-1, 1)
+    distinct = len(np.unique(sample))
     for components in MIXTURE_COMPONENTS:
-        if len(np.unique(sample)) <= components:
+        if distinct <= components:
             continue
-        with threadpool_limits(1):  # BLAS threads only spin on these tiny matrices (2.5x slower on 2 cores)
+        with _one_thread():
             model = GaussianMixture(components, init_params="k-means++", random_state=SEED).fit(column)
         log_likelihood = float(np.sum(hist.counts * model.score_samples(hist.values.reshape(-1, 1))))
         aic = 2 * (3 * components - 1) - 2 * log_likelihood
@@ -237,7 +253,6 @@ def _joint_mixture(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
     Log space keeps drawn lengths positive and follows the long right tail of response lengths."""
     try:
         from sklearn.mixture import GaussianMixture
-        from threadpoolctl import threadpool_limits
     except ImportError:
         return None
     sql = f"""
@@ -252,7 +267,7 @@ def _joint_mixture(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
     for components in JOINT_COMPONENTS:
         if len(pairs) < 10 * components:
             break
-        with threadpool_limits(1):
+        with _one_thread():
             model = GaussianMixture(components, covariance_type="full", random_state=SEED).fit(pairs)
         aic = float(model.aic(pairs))
         if best is None or aic < best[0]:

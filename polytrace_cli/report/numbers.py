@@ -1,9 +1,9 @@
 """A report's numbers, apart from its figures: every analysis' summary, table T1, the findings and what
 would help.
 
-They come in two parts. The modelled part (`ModelledNumbers`) needs scipy.stats, scikit-learn and the
-step-time model: the summaries of `SCIPY_STATS_ANALYSES` and each run's explain findings and what-if
-entries. The rest needs only polars, DuckDB and scipy.special, and reads frames the figures read too.
+They come in two parts. The modelled part (`ModelledNumbers`) needs scipy, scikit-learn and the
+step-time model: the summaries of `SCIPY_ANALYSES` and each run's explain findings and what-if
+entries. The rest needs only polars and DuckDB, and reads frames the figures read too.
 `store_report.write_store_report` computes the modelled part in a second process while the first one
 draws, then the rest in the first, where the figures' frames are at hand (`shared_frames`). Nothing
 here imports matplotlib.
@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.analyze.registry import ANALYSES, SCIPY_STATS_ANALYSES, named_analyses
+from polytrace_cli.analyze.registry import ANALYSES, SCIPY_ANALYSES, named_analyses
 from polytrace_cli.analyze.shared_frames import once_per_report
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import help as what_would_help
@@ -41,8 +41,8 @@ class ReportNumbers:
 
 @dataclass
 class ModelledNumbers:
-    """The numbers that need scipy.stats, scikit-learn or the step-time model: the summaries of
-    `SCIPY_STATS_ANALYSES` (and their errors), explain's findings and the what-if entries per run id."""
+    """The numbers that need scipy, scikit-learn or the step-time model: the summaries of
+    `SCIPY_ANALYSES` (and their errors), explain's findings and the what-if entries per run id."""
 
     summaries: dict[str, pl.DataFrame] = field(default_factory=dict)
     analysis_errors: dict[str, str] = field(default_factory=dict)
@@ -78,7 +78,7 @@ def modelled_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: 
 
     numbers = ModelledNumbers()
     with once_per_report(), shared_workloads():
-        numbers.summaries, numbers.analysis_errors = summaries(con, run_ids, steps, SCIPY_STATS_ANALYSES)
+        numbers.summaries, numbers.analysis_errors = summaries(con, run_ids, steps, SCIPY_ANALYSES)
         numbers.explained = explained_by_run(con, run_ids)
         numbers.model_help = what_would_help.model_help_by_run(con, run_ids)
     return numbers
@@ -92,7 +92,7 @@ def compute_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
     several of them read are read once."""
     numbers = ReportNumbers()
     with once_per_report():
-        rest = tuple(name for name in ANALYSES if name not in SCIPY_STATS_ANALYSES)
+        rest = tuple(name for name in ANALYSES if name not in SCIPY_ANALYSES)
         frames, errors = summaries(con, run_ids, steps, rest)
         modelled = modelled() if modelled is not None else modelled_numbers(con, run_ids, steps)
         frames |= modelled.summaries

@@ -1,9 +1,8 @@
 """A report written straight from a store file, on two cores: what `polytrace report` runs.
 
 The page's work has two halves that share nothing but the store: the figures with the numbers that
-read the same frames (matplotlib, polars, scipy.special), and the modelled numbers (`numbers.
-ModelledNumbers`: the analyses that need scipy.stats and scikit-learn, explain and what-if on the
-step-time model). Before this process opens the store or loads any of those libraries, it forks
+read the same frames (matplotlib, polars), and the modelled numbers (`numbers.ModelledNumbers`: the
+analyses that need scipy and scikit-learn, explain and what-if on the step-time model). Before this process opens the store or loads any of those libraries, it forks
 (`side_process`): the child opens the store read-only on its own connection and computes the
 modelled numbers while this process draws and paints the figures and computes the other numbers.
 Each half imports only its own libraries. When there is no second core, or the child fails, this
