@@ -214,6 +214,31 @@ def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
     assert np.array_equal(before[..., :3], after)
 
 
+def test_a_report_runs_without_automatic_gc_and_leaves_it_as_it_found_it(sample_report, tmp_path, monkeypatch):
+    import gc
+
+    from polytrace_cli.report import store_report
+    from polytrace_cli.report import writer
+
+    seen = []
+    real = writer.write_runs_report
+
+    def spying(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_runs_report", spying)
+    db = sample_report.parent.parent.parent / "store.duckdb"
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            store_report.write_store_report(db, out_dir=tmp_path, name=f"gc-{enabled}")
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+    assert seen == [False, False]
+
+
 def test_a_figure_with_transparent_pixels_keeps_its_alpha_channel(tmp_path):
     from polytrace_cli.report import style
 
