@@ -70,8 +70,16 @@ COMMANDS: dict[str, Callable] = {
 app = typer.Typer(name="polytrace", help=HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 app.callback()(_options)
+
+
+def _first_paragraph(command: Callable) -> str:
+    """The first paragraph of the command's docstring on one line: the command list prints a short help
+    as it is, so a docstring's line breaks would break its lines mid-sentence."""
+    return " ".join((command.__doc__ or "").split("\n\n")[0].split())
+
+
 for _name, _command in COMMANDS.items():
-    app.command(_name)(_command)
+    app.command(_name, short_help=_first_paragraph(_command))(_command)
 
 
 # Libraries whose teardown at interpreter exit takes a noticeable time (0.3-0.4 s together).

@@ -213,6 +213,18 @@ def test_version_and_short_help():
     assert _invoke("rm", "-h").exit_code == 0
 
 
+def test_the_command_list_breaks_no_description_mid_sentence():
+    """On a terminal wide enough for every description, each command takes one line of the list."""
+    from polytrace_cli.cli import COMMANDS
+
+    listing = runner.invoke(app, ["--help"], env={"COLUMNS": "400"}).stdout
+    panel = listing[listing.index("Commands"):]
+    rows = [line.strip("│ ") for line in panel.splitlines()[1:] if line.startswith("│")]
+    assert [row.split()[0] for row in rows] == list(COMMANDS)
+    steps_row = next(row for row in rows if row.startswith("steps "))
+    assert "clip ratio, tokens, DP load λ" in steps_row
+
+
 def test_json_and_csv_wherever_there_is_output(two_runs):
     assert json.loads(_invoke("formats", "--json").stdout)[0]["format"]
     assert next(csv.reader(io.StringIO(_invoke("formats", "--csv").stdout))) == ["format", "framework", "reads"]
