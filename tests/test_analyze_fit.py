@@ -78,6 +78,26 @@ def test_responses_at_the_cap_are_left_out_and_counted(store):
     assert hist.values.max() < 3000
 
 
+def test_histograms_of_every_run_read_at_once_equal_each_run_read_alone(store):
+    capped, _, _ = seeded_run(store, "capped", meta={"max_response_len": 3000}, cap=3000)
+    plain, _, _ = seeded_run(store, "plain", n=400)
+    odd = add_run(store, "odd")
+    add_samples(store, odd, step=0, prompts=[0, 5, 5, 9], responses=[-1, 0, 12, 12])
+    empty = add_run(store, "empty")
+    runs = [capped, plain, odd, empty]
+    together = fit.run_histograms(store, runs, StepRange(0, 2))
+    assert set(together) == {(run, kind) for run in runs for kind in ("prompt", "response")}
+    for (run, kind), hist in together.items():
+        alone = fit.histogram(store, [run], StepRange(0, 2), kind)
+        assert np.array_equal(hist.values, alone.values) and hist.values.dtype == alone.values.dtype
+        assert np.array_equal(hist.counts, alone.counts) and hist.counts.dtype == alone.counts.dtype
+        assert (hist.excluded_at_cap, hist.excluded_nonpositive, hist.cap) == (
+            alone.excluded_at_cap, alone.excluded_nonpositive, alone.cap)
+    assert together[(capped, "response")].excluded_at_cap > 0 and together[(capped, "response")].cap == 3000
+    assert together[(odd, "response")].excluded_nonpositive == 2 and together[(odd, "prompt")].excluded_nonpositive == 1
+    assert together[(empty, "prompt")].n == 0
+
+
 def test_mixture_skipped_with_a_note_without_scikit_learn(store, monkeypatch):
     run, _, _ = seeded_run(store, n=200)
     monkeypatch.setitem(sys.modules, "sklearn.mixture", None)

@@ -132,6 +132,39 @@ def histogram(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
         excluded_nonpositive=sum(n for what, _, n in rows if what == "nonpositive"), cap=cap)
 
 
+def run_histograms(con: duckdb.DuckDBPyConnection, run_ids: list[int],
+                   steps: StepRange = ALL_STEPS) -> dict[tuple[int, str], Histogram]:
+    """`histogram(con, [run_id], steps, kind)` for every run and kind, keyed (run_id, kind), read in one
+    query (the per-run reads each scanned the samples again for the run's cap)."""
+    sql = f"""
+        WITH c AS ({caps_sql(run_ids)}), s AS ({training_samples_sql(run_ids, steps)}),
+        v AS (
+            SELECT s.run_id, 'prompt' AS kind, s.prompt_len AS value, false AS at_cap
+            FROM s JOIN c ON s.run_id = c.run_id
+            UNION ALL
+            SELECT s.run_id, 'response', s.response_len, coalesce(s.response_len >= c.cap_tokens, false)
+            FROM s JOIN c ON s.run_id = c.run_id
+        )
+        SELECT run_id, kind, CASE WHEN at_cap THEN 'cap' WHEN value <= 0 THEN 'nonpositive' ELSE 'ok' END AS what,
+               value, count(*) AS n
+        FROM v WHERE value IS NOT NULL GROUP BY ALL ORDER BY run_id, kind, value
+    """
+    rows = con.execute(sql).fetchnumpy()
+    caps = dict(con.execute(f"SELECT run_id, cap_tokens FROM ({caps_sql(run_ids)})").fetchall())
+    out = {}
+    for run_id in run_ids:
+        for kind in ("prompt", "response"):
+            mine = (rows["run_id"] == run_id) & (rows["kind"] == kind)
+            what, values, counts = rows["what"][mine], rows["value"][mine], rows["n"][mine]
+            ok = what == "ok"
+            out[(run_id, kind)] = Histogram(
+                values=values[ok].astype(float), counts=counts[ok].astype(np.int64),
+                excluded_at_cap=int(counts[what == "cap"].sum()),
+                excluded_nonpositive=int(counts[what == "nonpositive"].sum()),
+                cap=caps.get(run_id) if kind == "response" else None)
+    return out
+
+
 def _fit_scipy(family: str, hist: Histogram, sample: np.ndarray) -> Candidate:
     distribution = getattr(stats, family)
     with warnings.catch_warnings():
@@ -207,9 +240,10 @@ def best_of(candidates: list[Candidate], families: tuple[str, ...] | None = None
 def candidates(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per run and kind: every fitted candidate with its parameters (JSON), KS, AIC and whether it is best."""
     rows = []
+    histograms = run_histograms(con, run_ids, steps)
     for run_id, name in sorted(run_names(con, run_ids).items()):
         for kind in ("prompt", "response"):
-            fitted = fit_histogram(histogram(con, [run_id], steps, kind))
+            fitted = fit_histogram(histograms[(run_id, kind)])
             best = best_of(fitted)
             rows += [{"run": name, "kind": kind, "family": c.family, "params": json.dumps(c.params), "n_fitted": c.n_fitted,
                       "ks": c.ks, "aic": c.aic, "best": c is best, "note": c.note} for c in fitted]
@@ -221,9 +255,10 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     """One row per run × kind: the best candidate by AIC with its parameters, KS and AIC, the number of
     values fitted, those excluded at the cap or as non-positive, the cap and clip ratio."""
     rows = []
+    histograms = run_histograms(con, run_ids, steps)
     for run_id, name in sorted(run_names(con, run_ids).items()):
         for kind in ("prompt", "response"):
-            hist = histogram(con, [run_id], steps, kind)
+            hist = histograms[(run_id, kind)]
             fitted = fit_histogram(hist)
             best = best_of(fitted)
             if best is None:
