@@ -225,6 +225,15 @@ def test_the_command_list_breaks_no_description_mid_sentence():
     assert "clip ratio, tokens, DP load λ" in steps_row
 
 
+def test_the_command_runs_one_blas_thread_unless_the_user_says_otherwise(monkeypatch):
+    from polytrace_cli import cli
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    cli._one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "3"
+
+
 def test_json_and_csv_wherever_there_is_output(two_runs):
     assert json.loads(_invoke("formats", "--json").stdout)[0]["format"]
     assert next(csv.reader(io.StringIO(_invoke("formats", "--csv").stdout))) == ["format", "framework", "reads"]
