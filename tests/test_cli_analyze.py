@@ -75,6 +75,20 @@ def test_tables_for_people_and_empty_analyses_explained(two_runs):
     assert "lengths:" in result.stdout and "tools: no rows" in result.stdout
 
 
+def test_rows_without_numbers_are_named_with_their_basis_not_shown_as_dashes(two_runs):
+    narrow = invoke("analyze", "--db", two_runs, "--only", "stages,lengths")
+    assert narrow.exit_code == 0, narrow.output
+    stages_part = narrow.stdout[narrow.stdout.index("stages:"):narrow.stdout.index("lengths:")]
+    assert "no values for: a (no_step_metrics), b (no_step_metrics)" in stages_part
+    assert "┃" not in stages_part  # no table of dashes
+    lengths_part = narrow.stdout[narrow.stdout.index("lengths:"):]
+    assert "┃" in lengths_part and "no values for" not in lengths_part
+    wide = invoke("analyze", "--db", two_runs, "--only", "stages", "--wide")
+    assert "no_step_metrics" in wide.stdout and "no values for" not in wide.stdout
+    as_json = json.loads(invoke("analyze", "--db", two_runs, "--only", "stages", "--json").stdout)
+    assert {row["run"] for row in as_json["stages"]} == {"a", "b"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["analyze", "nosuch"], "no run named nosuch"),
     (["analyze", "--only", "lengths,bogus"], "unknown analysis bogus"),

@@ -96,8 +96,37 @@ def analyze(
             continue
         description = analyses[name].description if name in analyses else f"runs grouped by {by}"
         identity = [column for column in ("run", by, *KEY_COLUMNS) if column and column in df.columns]
-        emit_frame(df, title=f"{name}: {description}", identity=identity,
-                   order=None if wide else HEADLINE_COLUMNS.get(name), wide=wide)
+        headline = HEADLINE_COLUMNS.get(name)
+        without_numbers = None
+        if not wide:
+            df, without_numbers = split_rows_without_numbers(df, headline or df.columns, identity)
+        if df.height:
+            emit_frame(df, title=f"{name}: {description}", identity=identity,
+                       order=None if wide else headline, wide=wide)
+        else:
+            console.print(f"{name}: {description}", style="italic", highlight=False, markup=False)
+        if without_numbers:
+            console.print(without_numbers, style="dim", highlight=False, markup=False)
+
+
+def split_rows_without_numbers(df, columns, identity):
+    """The rows that hold at least one value in `columns` (apart from `identity` and basis), and a line
+    naming the runs whose rows hold none, with their basis (e.g. stages of runs that log no stage
+    times): a narrow table shows such rows as dashes alone, without the basis that says why. The line
+    is None when every row holds a value."""
+    import polars as pl
+
+    values = [c for c in columns if c in df.columns and c not in identity and c != "basis"]
+    if not values or "run" not in df.columns:
+        return df, None
+    has_value = pl.any_horizontal(pl.col(c).is_not_null() for c in values)
+    empty = df.filter(~has_value)
+    if not empty.height:
+        return df, None
+    bases = empty.select("run", *(["basis"] if "basis" in df.columns else [])).unique(maintain_order=True)
+    said = ", ".join(f"{row['run']} ({row['basis']})" if row.get("basis") else row["run"]
+                     for row in bases.iter_rows(named=True))
+    return df.filter(has_value), f"no values for: {said}"
 
 
 @user_errors
