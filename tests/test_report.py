@@ -270,6 +270,32 @@ def test_shared_computes_each_frame_once_per_report_only(tmp_path):
         assert shared(frame, None, [1, 2], ALL_STEPS) is not inside
 
 
+def test_a_report_computes_imbalance_per_step_and_longtail_per_rank_once(sample_report, tmp_path, monkeypatch):
+    """F6, F12 and the imbalance summary read one per-step λ frame (with its balanced counterfactual);
+    F7 and the longtail summary one per-rank frame."""
+    from polytrace_cli.analyze import imbalance, longtail
+    from polytrace_cli.store.queries import run_ids
+
+    calls = []
+
+    def counting(function):
+        def counted(*args):
+            calls.append(function.__name__)
+            return function(*args)
+        return counted
+
+    monkeypatch.setattr(imbalance, "per_step", counting(imbalance.per_step))
+    monkeypatch.setattr(longtail, "per_rank", counting(longtail.per_rank))
+    con = open_store(sample_report.parent.parent.parent / "store.duckdb", read_only=True)
+    try:
+        report = build_report(con, run_ids(con, None), tmp_path / "out")
+    finally:
+        con.close()
+    drawn = {figure.id for figure in report.figures if figure.png}
+    assert {"F6", "F7", "F12"} <= drawn and {"imbalance", "longtail"} <= set(report.summaries)
+    assert sorted(calls) == ["per_rank", "per_step"]
+
+
 def test_a_report_reads_each_runs_workload_once(tmp_path, monkeypatch):
     """explain (findings), whatif and the backtest (what would help) all model run a; the report reads its
     workload frame once, and the frame is the one read_workload gives outside a report."""

@@ -25,6 +25,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, training_samples_sql
+from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.errors import PolytraceError
 
 GROUPINGS = {
@@ -98,7 +99,7 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_ids: list[int], groups: pl.Da
     from polytrace_cli.analyze.imbalance import per_step
 
     return (
-        per_step(con, run_ids, steps).filter(pl.col("lambda").is_not_null())
+        shared(per_step, con, run_ids, steps).filter(pl.col("lambda").is_not_null())
         .join(groups.select("run", "group"), on="run")
         .group_by("group")
         .agg(imbalance_runs=pl.col("run").n_unique(), imbalance_steps=pl.len(),

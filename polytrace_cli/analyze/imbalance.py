@@ -41,6 +41,7 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
 from polytrace_cli.analyze.partition import kk_max_loads, lpt_max_loads
 from polytrace_cli.analyze.registry import register
+from polytrace_cli.analyze.shared_frames import shared
 
 STRAGGLER_ALPHA = 0.05
 
@@ -322,7 +323,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     significant binomial excess of max-load steps); reward-stage max/mean and max − min seconds
     across ranks, averaged over steps. basis: samples, global_seqlen, or rank_timings (reward only)."""
     loads = (
-        per_step(con, run_ids, steps)
+        shared(per_step, con, run_ids, steps)
         .group_by("run")
         .agg(
             basis=pl.col("basis").first(), steps=pl.len(), ranks=pl.col("ranks").max(),

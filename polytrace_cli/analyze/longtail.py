@@ -24,6 +24,7 @@ import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql
 from polytrace_cli.analyze.registry import register
+from polytrace_cli.analyze.shared_frames import shared
 
 
 PER_RANK_COLUMNS = {
@@ -71,7 +72,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     """Per run and step: the mean over the step's DP-rank batches of slot idle and straggler share,
     and the worst rank's slot idle."""
     return (
-        per_rank(con, run_ids, steps)
+        shared(per_rank, con, run_ids, steps)
         .group_by(["run", "step", "basis", "estimate"], maintain_order=True)
         .agg(pl.len().alias("batches"), pl.col("slot_idle").mean(), pl.col("straggler_share").mean(),
              pl.col("slot_idle").max().alias("max_slot_idle"))
@@ -90,7 +91,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     """One row per run: batches, steps, mean slot idle and straggler share over all (step, rank)
     batches, and the largest slot idle of any batch."""
     return (
-        per_rank(con, run_ids, steps)
+        shared(per_rank, con, run_ids, steps)
         .group_by(["run", "basis", "estimate"], maintain_order=True)
         .agg(pl.col("step").n_unique().alias("steps"), pl.len().alias("batches"),
              pl.col("slot_idle").mean().alias("mean_slot_idle"),

@@ -1,6 +1,7 @@
-"""Analysis results that more than one part of a report reads (the stages analysis' per-step seconds
-feed its summary, three of its detail frames, F4 and the findings; each run's step-time inclusion is
-decided from its numbers by all of them): computed once per report.
+"""Analysis results that more than one part of a report reads, computed once per report: the stages
+analysis' per-step seconds (its summary, three of its detail frames, F4 and the findings) and each
+run's step-time inclusion decided from them; imbalance's per-step λ with its balanced counterfactual
+(F6, F12 and the imbalance summary); longtail's per-rank batches (F7 and the longtail summary).
 
     with once_per_report():
         shared(stages.per_step, con, run_ids, steps)   # computed

@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze import imbalance
+from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.report import style
 from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
@@ -23,7 +24,7 @@ LEFT_OUT = "no per-rank samples and no verl global_seqlen metrics"
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
     """The imbalance analysis' per step × rank loads and per-step λ."""
     return {"ranks": imbalance.per_rank(con, run_ids, steps),
-            "steps": imbalance.per_step(con, run_ids, steps)}
+            "steps": shared(imbalance.per_step, con, run_ids, steps)}
 
 
 def render(data: dict[str, pl.DataFrame]):
