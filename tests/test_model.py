@@ -140,6 +140,19 @@ def test_workload_frame_reads_the_logged_workload(store, tmp_path):
     assert frame.filter(~mask)["step"].to_list() == [1, 5, 10]
 
 
+def test_a_run_without_step_metrics_has_no_timed_step_and_says_so_cheaply(store, tmp_path):
+    from polytrace_cli.model import logs_step_metrics, run_info
+    from tests.test_analyze_lengths import add_run, add_samples
+
+    timed = run_info(store, ingest_known(store, write_known_log(tmp_path / "train.log", steps=6))).run_id
+    sampled = add_run(store, "sampled")
+    add_samples(store, sampled, step=0, prompts=[5, 6], responses=[40, 50], dp_rank=0)
+    add_samples(store, sampled, step=1, prompts=[5, 6], responses=[30, 70], dp_rank=1)
+    assert logs_step_metrics(store, timed) and not logs_step_metrics(store, sampled)
+    frame = read_workload(store, sampled)  # the connection is free for the next query
+    assert frame.height == 2 and frame["wall_s"].is_null().all() and not training_mask(frame).any()
+
+
 def test_fit_recovers_known_coefficients(store, tmp_path):
     inject = {12: "unexplained", 30: "long_tail", 47: "dp_imbalance", 61: "weight_sync"}
     log = write_known_log(tmp_path / "train.log", steps=100, seed=3, inject=inject, validation_every=10,

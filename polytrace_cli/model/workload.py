@@ -38,6 +38,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store.connection import fetch_first
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
 MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
@@ -231,6 +232,13 @@ def overheads_included(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[boo
 
     row = step_time_inclusion(con, [run_id]).row(0, named=True)
     return row["includes_testing"], row["includes_checkpoint"]
+
+
+def logs_step_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Whether the run logged any step metric. When it logged none (a per-sample trace), its workload
+    frame has no timed step, since every step or stage time comes from the `steps` view, which only
+    step metrics feed: no step-time model can be fitted, and this says so without reading the frame."""
+    return bool(fetch_first(con, "SELECT EXISTS (SELECT 1 FROM step_metrics WHERE run_id = ?)", [run_id])[0])
 
 
 def training_mask(df: pl.DataFrame) -> pl.Series:

@@ -158,10 +158,10 @@ def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[l
     from polytrace_cli.diagnose import explain_run
     from polytrace_cli.diagnose.explain import explained_in_seconds
     from polytrace_cli.errors import PolytraceError
-    from polytrace_cli.model import read_workload
+    from polytrace_cli.model import logs_step_metrics, read_workload
 
     try:
-        if not explained_in_seconds(read_workload(con, run_id)):
+        if not logs_step_metrics(con, run_id) or not explained_in_seconds(read_workload(con, run_id)):
             return None, None
         explanation = explain_run(con, run_id)
     except PolytraceError:

@@ -103,8 +103,11 @@ def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[di
     """The entries of a run with step timings (see the module docstring), ranked by predicted saving;
     None when the run has no step-time model; a `not-modelled` entry with the reason when whatif fails."""
     from polytrace_cli.errors import PolytraceError
+    from polytrace_cli.model import logs_step_metrics
     from polytrace_cli.simulate import whatif_run
 
+    if not logs_step_metrics(con, run_id):
+        return None
     try:
         result = whatif_run(con, run_id, _policies(con, run_id))
     except PolytraceError:
