@@ -11,13 +11,17 @@ as many of the analysis' headline numbers as fit (`--wide`: every column). Outpu
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, StepsOption, WaitOption, WideOption,
                                           console, emit_frame, user_errors)
 from polytrace_cli.errors import PolytraceError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 OnlyOption = Annotated[
     str | None, typer.Option("--only", help="Comma-separated analyses to run (default: all; see the list in --help).")
@@ -99,7 +103,7 @@ def analyze(
         headline = HEADLINE_COLUMNS.get(name)
         without_numbers = None
         if not wide:
-            df, without_numbers = split_rows_without_numbers(df, headline or df.columns, identity)
+            df, without_numbers = _split_rows_without_numbers(df, headline or df.columns, identity)
         if df.height:
             emit_frame(df, title=f"{name}: {description}", identity=identity,
                        order=None if wide else headline, wide=wide)
@@ -109,7 +113,8 @@ def analyze(
             console.print(without_numbers, style="dim", highlight=False, markup=False)
 
 
-def split_rows_without_numbers(df, columns, identity):
+def _split_rows_without_numbers(df: pl.DataFrame, columns: Sequence[str],
+                                identity: Sequence[str]) -> tuple[pl.DataFrame, str | None]:
     """The rows that hold at least one value in `columns` (apart from `identity` and basis), and a line
     naming the runs whose rows hold none, with their basis (e.g. stages of runs that log no stage
     times): a narrow table shows such rows as dashes alone, without the basis that says why. The line

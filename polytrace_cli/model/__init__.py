@@ -15,6 +15,6 @@ from polytrace_cli.model.workload import (
 
 __all__ = [
     "FEATURES", "MODELLED_STAGES", "OVERHEADS", "STAGE_FEATURES", "WORKLOAD_COLUMNS", "StageFit", "StepTimeModel",
-    "fit_model", "fit_stage", "logs_step_metrics", "overheads_included", "read_workload", "run_info", "shared_workloads", "stage_seconds",
-    "training_mask",
+    "fit_model", "fit_stage", "logs_step_metrics", "overheads_included", "read_workload", "run_info",
+    "shared_workloads", "stage_seconds", "training_mask",
 ]
