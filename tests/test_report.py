@@ -299,7 +299,8 @@ def test_a_report_computes_imbalance_per_step_and_longtail_per_rank_once(sample_
 def test_a_report_reads_each_runs_workload_once(tmp_path, monkeypatch):
     """explain (findings), whatif and the backtest (what would help) all model run a; the report reads its
     workload frame once, and the frame is the one read_workload gives outside a report."""
-    from polytrace_cli.model import read_workload, shared_workloads
+    from polytrace_cli.analyze.shared_frames import once_per_report
+    from polytrace_cli.model import read_workload
     from polytrace_cli.model import workload as workload_module
     from polytrace_cli.store.queries import run_ids
 
@@ -316,7 +317,7 @@ def test_a_report_reads_each_runs_workload_once(tmp_path, monkeypatch):
         report = build_report(con, [run_id], tmp_path / "out")
         assert [f for f in report.findings if "at_steps" in f] and [h for h in report.help if h.get("backtest")]
         assert reads == [run_id, run_id]  # once alone, once for the whole report
-        with shared_workloads():
+        with once_per_report():
             assert read_workload(con, "a") is read_workload(con, run_id)
             assert read_workload(con, "a").equals(alone)
         assert read_workload(con, "a") is not alone

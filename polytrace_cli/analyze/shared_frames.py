@@ -1,7 +1,8 @@
 """Analysis results that more than one part of a report reads, computed once per report: the stages
 analysis' per-step seconds (its summary, three of its detail frames, F4 and the findings) and each
 run's step-time inclusion decided from them; imbalance's per-step λ with its balanced counterfactual
-(F6, F12 and the imbalance summary); longtail's per-rank batches (F7 and the longtail summary).
+(F6, F12 and the imbalance summary); longtail's per-rank batches (F7 and the longtail summary);
+each run's workload frame (`model.read_workload`: explain, whatif and the backtest).
 
     with once_per_report():
         shared(stages.per_step, con, run_ids, steps)   # computed

@@ -10,11 +10,11 @@
 from polytrace_cli.model.fit import STAGE_FEATURES, StageFit, StepTimeModel, fit_model, fit_stage, stage_seconds
 from polytrace_cli.model.workload import (
     FEATURES, MODELLED_STAGES, OVERHEADS, WORKLOAD_COLUMNS, logs_step_metrics, overheads_included, read_workload,
-    run_info, shared_workloads, training_mask,
+    run_info, training_mask,
 )
 
 __all__ = [
     "FEATURES", "MODELLED_STAGES", "OVERHEADS", "STAGE_FEATURES", "WORKLOAD_COLUMNS", "StageFit", "StepTimeModel",
     "fit_model", "fit_stage", "logs_step_metrics", "overheads_included", "read_workload", "run_info",
-    "shared_workloads", "stage_seconds", "training_mask",
+    "stage_seconds", "training_mask",
 ]

@@ -29,14 +29,12 @@ flagged restart or resumed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import duckdb
 import polars as pl
 
+from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import fetch_first
 
@@ -147,36 +145,15 @@ def _ranks_from_meta(meta: dict) -> int | None:
     return None
 
 
-# The frames `read_workload` read inside `shared_workloads()`, by (connection, run id); None outside.
-_SHARED_FRAMES: ContextVar[dict[tuple[int, int], pl.DataFrame] | None] = ContextVar("shared_workloads", default=None)
-
-
-@contextmanager
-def shared_workloads() -> Iterator[None]:
-    """Inside the block `read_workload` reads each run's frame once and hands every later caller that
-    frame: a report asks explain, whatif and the backtest about the same runs of a store it only reads.
-    Inside another such block, the outer block's frames are kept and shared."""
-    if _SHARED_FRAMES.get() is not None:
-        yield
-        return
-    token = _SHARED_FRAMES.set({})
-    try:
-        yield
-    finally:
-        _SHARED_FRAMES.reset(token)
-
-
 def read_workload(con: duckdb.DuckDBPyConnection, run: str | int) -> pl.DataFrame:
     """The run's per-step workload frame (columns `WORKLOAD_COLUMNS`, see the module docstring); read
-    once per run inside `shared_workloads()`."""
-    info = run_info(con, run)
-    shared = _SHARED_FRAMES.get()
-    if shared is None:
-        return _workload_frame(con, info)
-    key = (id(con), info.run_id)
-    if key not in shared:
-        shared[key] = _workload_frame(con, info)
-    return shared[key]
+    once per run inside `analyze.shared_frames.once_per_report()`, where a report asks explain, whatif
+    and the backtest about the same runs."""
+    return shared(_run_frame, con, run_info(con, run).run_id)
+
+
+def _run_frame(con: duckdb.DuckDBPyConnection, run_id: int) -> pl.DataFrame:
+    return _workload_frame(con, run_info(con, run_id))
 
 
 def _workload_frame(con: duckdb.DuckDBPyConnection, info: RunInfo) -> pl.DataFrame:

@@ -74,10 +74,8 @@ def summaries(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
 
 def modelled_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> ModelledNumbers:
     """The modelled part of the report's numbers (see ModelledNumbers)."""
-    from polytrace_cli.model import shared_workloads
-
     numbers = ModelledNumbers()
-    with once_per_report(), shared_workloads():
+    with once_per_report():
         numbers.summaries, numbers.analysis_errors = summaries(con, run_ids, steps, SCIPY_ANALYSES)
         numbers.explained = explained_by_run(con, run_ids)
         numbers.model_help = what_would_help.model_help_by_run(con, run_ids)
