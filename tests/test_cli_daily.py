@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import textwrap
 import json
 import os
 import subprocess
@@ -17,7 +18,8 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.commands import common
-from polytrace_cli.commands.tables import cell, fit_columns, print_table
+from polytrace_cli.commands.tables import cell, fit_columns, print_item, print_table
+from polytrace_cli.display import column_cells
 from polytrace_cli.store import open_store
 from tests.conftest import PROJECT_ROOT
 
@@ -307,3 +309,48 @@ def test_wide_prints_every_column_whole(two_runs, monkeypatch):
     assert "more column" not in text and "spearman" in text and "kurtosis" in text
     assert max(len(line) for line in text.splitlines()) > 80
     assert len(_body_lines(text)) == 6
+
+
+def test_a_columns_floats_share_the_decimals_of_its_median_value():
+    # Median 5,078 (between 501.688 and 9,654.957): 4 significant digits there is no decimal.
+    assert column_cells([501.688, 10234.0, 143.41, 9654.957, None]) == ["502", "10,234", "143", "9,655", "—"]
+    # Median 755 (between 501.688 and 1,010.38): 1 decimal.
+    assert column_cells([501.688, 10234.0, 143.41, 1010.38]) == ["501.7", "10,234.0", "143.4", "1,010.4"]
+    # Median 16.16: 2 decimals; 0.2999 would keep 2 significant digits at 2 decimals, so it is shown on its own.
+    assert column_cells([425.489, 7.13, 16.14, 16.18, 0.2999]) == ["425.49", "7.13", "16.14", "16.18", "0.3"]
+    # At 3 decimals (the most) small values keep the column's decimals; zeros too; below 0.001 stays scientific.
+    assert column_cells([0.128, 0.03, 0.0, 0.00058]) == ["0.128", "0.030", "0.000", "0.00058"]
+    # Thousands: 12.34 would be "12", so it keeps its own digits; nan, ∞ and integers are as `cell` writes them.
+    assert column_cells([5000.0, 4000.0, 12.34, float("nan"), float("inf")]) == ["5,000", "4,000", "12.34", "nan", "∞"]
+    assert column_cells([1, 22, 333]) == ["1", "22", "333"] and column_cells(["a", None]) == ["a", "—"]
+    assert column_cells([-0.0, 881.008, 519.971]) == ["0.0", "881.0", "520.0"]
+    # Whole numbers held as floats (counts in a frame of floats) print as whole numbers.
+    assert column_cells([6.0, 5.0, -1.0, None]) == ["6", "5", "-1", "—"]
+    # Values already rounded (to 1 decimal here) get no decimals they do not have.
+    assert column_cells([2.7, 1.5, 0.0]) == ["2.7", "1.5", "0.0"]
+    assert column_cells([2.75, 1.5]) == ["2.75", "1.50"]
+
+
+def test_a_narrow_table_lines_up_each_columns_decimals():
+    rows = [("a", 881.008), ("b", 519.971), ("c", 503.04)]
+    fitted = fit_columns(["run", "step_s"], rows, 80, ["run"])
+    assert [row[1] for row in fitted.rows] == ["881.0", "520.0", "503.0"]
+    # compare's rows are quantities (one metric of two runs and their delta): a row's numbers share decimals.
+    rows = [("count", 2304.0, 640.0, -1664.0), ("cv", 0.454, 0.616, 0.162), ("mean", 143.41, 501.688, 358.278)]
+    fitted = fit_columns(["metric", "a", "b", "delta"], rows, 80, ["metric"], shared_decimals="row")
+    assert fitted.rows == [["count", "2,304", "640", "-1,664"], ["cv", "0.454", "0.616", "0.162"],
+                           ["mean", "143.4", "501.7", "358.3"]]
+
+
+def test_a_list_item_wraps_under_its_first_word_and_keeps_numbers_with_units():
+    text = "batches with more tokens than usual slowed 2 steps by 68 s, under 0.1% of the run [kind=x]"
+    # A width at which plain wrapping would end a line with "68" and start the next with "s,".
+    width = next(w for w in range(30, 90) if any(line.endswith(" 68") for line in textwrap.wrap(
+        text, w, initial_indent="- ", subsequent_indent="  ")))
+    buffer = io.StringIO()
+    print_item(Console(file=buffer, width=width, color_system=None), text)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) > 1 and lines[0].startswith("- batches") and all(line.startswith("  ") for line in lines[1:])
+    assert max(len(line) for line in lines) <= width
+    assert " ".join(line[2:] for line in lines) == text  # nothing lost; markup-like text kept as written
+    assert not any(line.endswith(" 68") for line in lines)

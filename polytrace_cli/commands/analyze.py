@@ -157,7 +157,7 @@ def compare(
     frame = compare_frame(run_a, run_b, results)
     if as_json or as_csv or wide:
         emit_frame(frame, as_json=as_json, as_csv=as_csv, wide=wide, identity=["analysis", "metric", "key"],
-                   title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})")
+                   title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})", shared_decimals="row")
         return
     _print_compare(frame, run_a, run_b)
 
@@ -180,4 +180,5 @@ def _print_compare(frame, run_a: str, run_b: str) -> None:
             pl.col(run_a), pl.col(run_b), pl.col("delta"),
             pl.col("relative_delta").map_elements(percent, return_dtype=pl.String).alias("relative"),
         )
-        emit_frame(shown, title=analysis, identity=["metric", run_a, run_b, "delta", "relative"], right=["relative"])
+        emit_frame(shown, title=analysis, identity=["metric", run_a, run_b, "delta", "relative"], right=["relative"],
+                   shared_decimals="row")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polytrace_cli.commands.common import DbOption, JsonOption, WaitOption, console, user_errors
+from polytrace_cli.commands.tables import print_item
 
 # People get tables that fit 100 columns; the JSON has every number.
 TABLE_WIDTH = 100
@@ -42,7 +43,7 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
     what = "slow" if doc["basis"] == "seconds" else "unusual"
     out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} {what} step(s), in {unit}", highlight=False)
     for note in doc["notes"]:
-        out.print(f"  {note}", highlight=False)
+        print_item(out, note, first="  ", rest="    ")
     if doc["findings"] and doc["basis"] == "seconds":
         table = Table(title="Where the time went, ranked", title_justify="left", header_style="bold")
         for name, justify in (("cause", "left"), ("seconds", "right"), ("share", "right"), ("steps", "right")):
@@ -54,7 +55,7 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
             table.add_row(name, _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
         out.print(table)
     for finding in doc["findings"]:
-        out.print(f"- {finding['text']}", highlight=False)
+        print_item(out, finding["text"])
     steps = doc["steps"] if shown_steps is None else doc["steps"][:shown_steps]
     if steps and doc["basis"] == "tokens":
         _print_token_steps(out, steps)

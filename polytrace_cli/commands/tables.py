@@ -1,10 +1,12 @@
 """Values and tables for people: every number and boolean the command line prints is formatted here,
 and tables are cut to the terminal's width instead of wrapping their cells.
 
-Formatting (`cell`, from `polytrace_cli.display`, which the report shares): null is "—", booleans
-"yes"/"no", integers with thousands separators, floats with at most 3 decimals (trailing zeros
-dropped), no decimals from 10,000 on, 3 significant digits below 0.001 or from 10 million on, NaN as
-"nan" and infinities as "∞"/"−∞".
+Formatting (`polytrace_cli.display`, which the report shares): null is "—", booleans "yes"/"no",
+integers with thousands separators, NaN "nan" and infinities "∞"/"−∞". A table column's floats share
+one number of decimals, set by the column's typical magnitude, so they line up (`column_cells`); a
+single value, and a float the column's decimals would cut below 3 significant digits, has at most 3
+decimals (trailing zeros dropped), none from 10,000 on, and 3 significant digits below 0.001 or from
+10 million on (`cell`).
 
 Fitting (`fit_columns`): a table spends 3 characters per column on padding and rule plus 1 for the
 closing rule. The identity columns (run, kind, ...) always stay; the other columns are kept in the
@@ -17,6 +19,8 @@ cut with "…"; `--wide` prints them whole.
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +29,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from polytrace_cli.display import cell
+from polytrace_cli.display import cell, column_cells
 
 MAX_TEXT = 40
+_NUMBER_AND_UNIT = re.compile(r"(\d) (?=(?:s|ms|min|h|tokens?|steps?)\b)")
 COLUMN_OVERHEAD = 3
 TABLE_OVERHEAD = 1
 
@@ -37,6 +42,16 @@ def percent(value: float | None) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     return f"{value * 100:+.1f}%"
+
+
+def print_item(console: Console, text: str, first: str = "- ", rest: str = "  ") -> None:
+    """Print plain text (no markup) as a list item wrapped to the console's width, its continuation
+    lines indented under the item's first word; a number and its unit ("68 s") stay on one line."""
+    kept_together = _NUMBER_AND_UNIT.sub("\\1\0", text)
+    lines = textwrap.wrap(kept_together, width=max(console.width, len(first) + 20), initial_indent=first,
+                          subsequent_indent=rest, break_long_words=False, break_on_hyphens=False)
+    console.print("\n".join(lines).replace("\0", " ") or first.rstrip(), highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 def _short(text: str, limit: int | None) -> str:
@@ -58,14 +73,24 @@ class Fitted:
 
 
 def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: int | None,
-                identity: Sequence[str] = (), order: Sequence[str] | None = None) -> Fitted:
+                identity: Sequence[str] = (), order: Sequence[str] | None = None,
+                shared_decimals: str = "column") -> Fitted:
     """Format the rows and keep the columns that fit in `width` characters (all when None).
 
-    `identity` columns always stay; the others are tried in `order` (default: as given), and a
-    column in neither is left out of a narrow table. Text is cut to MAX_TEXT characters only when
-    a width is given."""
+    The floats of a column share their decimals (`column_cells`); with `shared_decimals="row"`, those
+    of a row do, for tables whose rows are quantities and whose columns are runs. `identity` columns
+    always stay; the others are tried in `order` (default: as given), and a column in neither is left
+    out of a narrow table. Text is cut to MAX_TEXT characters only when a width is given."""
+    if shared_decimals not in ("column", "row"):
+        raise ValueError(f"shared_decimals is 'column' or 'row', not {shared_decimals!r}")
     limit = None if width is None else MAX_TEXT
-    texts = [[_short(cell(value), limit) for value in row] for row in rows]
+    rows = [tuple(row) for row in rows]
+    if shared_decimals == "row":
+        formatted = [column_cells(row) for row in rows]
+    else:
+        by_column = [column_cells([row[i] for row in rows]) for i in range(len(columns))]
+        formatted = [[by_column[i][r] for i in range(len(columns))] for r in range(len(rows))]
+    texts = [[_short(text, limit) for text in row] for row in formatted]
     position = {name: i for i, name in enumerate(columns)}
     widths = {}
     for name, i in position.items():
@@ -102,14 +127,14 @@ def build_table(fitted: Fitted, numeric: set[str], title: str | None = None) -> 
 
 def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[str], *,
                 title: str | None = None, identity: Sequence[str] = (), order: Sequence[str] | None = None,
-                wide: bool = False, more: str = "--wide or --json") -> None:
+                wide: bool = False, more: str = "--wide or --json", shared_decimals: str = "column") -> None:
     """Print a table fitted to the console's width; with `wide`, every column at full width
-    (lines may then run past the terminal, but cells stay whole)."""
+    (lines may then run past the terminal, but cells stay whole). `shared_decimals` as in `fit_columns`."""
     rows = list(rows)
     if title:
         console.print(Text(title, style="italic"))
     if wide:
-        fitted = fit_columns(columns, rows, None, identity, order)
+        fitted = fit_columns(columns, rows, None, identity, order, shared_decimals)
         table = build_table(fitted, numeric)
         needed = TABLE_OVERHEAD + sum(fitted.widths[n] + COLUMN_OVERHEAD for n in fitted.columns)
         # rich caps print(width=...) at the console's width, so widen the console for this table.
@@ -120,7 +145,7 @@ def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequenc
         finally:
             console.width = width
         return
-    fitted = fit_columns(columns, rows, console.width, identity, order)
+    fitted = fit_columns(columns, rows, console.width, identity, order, shared_decimals)
     console.print(build_table(fitted, numeric))
     if fitted.left_out:
         note = f"{len(fitted.left_out)} more column(s) with {more}: {', '.join(fitted.left_out)}"
