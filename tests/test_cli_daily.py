@@ -354,3 +354,13 @@ def test_a_list_item_wraps_under_its_first_word_and_keeps_numbers_with_units():
     assert max(len(line) for line in lines) <= width
     assert " ".join(line[2:] for line in lines) == text  # nothing lost; markup-like text kept as written
     assert not any(line.endswith(" 68") for line in lines)
+
+
+def test_a_narrow_runs_table_keeps_the_step_range_before_the_formats(two_runs, monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=buffer, width=100, color_system=None))
+    result = _invoke("runs", "--db", two_runs)
+    assert result.exit_code == 0, result.output
+    header = " ".join(line for line in buffer.getvalue().splitlines() if line.startswith("┃"))
+    assert "last" in header and "steps" in header
+    assert "formats" not in header and buffer.getvalue().rstrip().endswith("formats")

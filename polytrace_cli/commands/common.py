@@ -154,10 +154,11 @@ def _text(value: Any) -> str:
 
 def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] | None = None, *,
               as_json: bool = False, as_csv: bool = False, title: str | None = None, identity: Sequence[str] = (),
-              wide: bool = False) -> None:
+              order: Sequence[str] | None = None, wide: bool = False) -> None:
     """Print Python rows (any DuckDB type: lists, structs, maps, blobs, dates, intervals, NaN) as a table
     fitted to the terminal, JSON records or CSV, for commands that need no polars. Without `numeric`, the
-    columns holding numbers are right-aligned."""
+    columns holding numbers are right-aligned. A narrow table keeps the `identity` columns, then the others
+    in `order` (default: as given) while they fit."""
     if as_json:
         records = [dict(zip(columns, (_finite_json(plain(v)) for v in row))) for row in rows]
         sys.stdout.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
@@ -173,7 +174,7 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] |
         numeric = {name for i, name in enumerate(columns)
                    if any(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows)}
     shown = [[_text(v) if isinstance(v, (list, tuple, dict, set)) else plain(v) for v in row] for row in rows]
-    print_table(console, columns, shown, numeric, title=title, identity=identity, wide=wide)
+    print_table(console, columns, shown, numeric, title=title, identity=identity, order=order, wide=wide)
 
 
 def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None,

@@ -13,6 +13,11 @@ from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, Wait
 from polytrace_cli.commands.tables import cell
 
 
+# What a narrow `runs` table keeps first, after the run's name: what the run is, then how much it holds.
+RUNS_ORDER = ("framework", "task", "samples", "steps", "first_step", "last_step", "files", "rejected", "segments",
+              "formats")
+
+
 @user_errors
 def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False, wide: WideOption = False,
          wait: WaitOption = 0) -> None:
@@ -25,7 +30,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
         columns, rows = runs_rows(con)
     finally:
         con.close()
-    emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], wide=wide)
+    emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], order=RUNS_ORDER,
+              wide=wide)
 
 
 @user_errors
