@@ -74,6 +74,10 @@ def test_step_range_and_single_rank_steps(packed_run):
     # One rank: no balance to speak of, but the slot idle of that rank still holds.
     assert row["dp_ranks"] == 1 and row["lambda_tokens"] is None and row["lambda_makespan"] is None
     assert row["slot_idle"] == pytest.approx(1 - 24 / 42)
+    # Samples that name no rank (multi-turn trajectories): the rank count is unknown, not 0.
+    packed_run.execute("UPDATE sample_groups SET dp_rank = NULL, rank = NULL")
+    [row] = per_step(packed_run, run_ids(packed_run, ["packed"]), StepRange.parse("0")).to_dicts()
+    assert row["dp_ranks"] is None and row["lambda_tokens"] is None and row["response_max"] == 7
 
 
 CONSOLE_LOG = """\

@@ -109,7 +109,7 @@ def _from_samples(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
                         THEN 1 - sum(response_len)::DOUBLE / (count(response_len) * max(response_len)) END AS slot_idle
             FROM s GROUP BY ALL
         ), balance AS (
-            SELECT run_id, step, count(dp_rank) AS dp_ranks,
+            SELECT run_id, step, nullif(count(dp_rank), 0) AS dp_ranks,
                    CASE WHEN count(dp_rank) >= 2 AND avg(load_tokens) > 0
                         THEN max(load_tokens) / avg(load_tokens) END AS lambda_tokens,
                    CASE WHEN count(dp_rank) >= 2 AND avg(max_response) > 0
