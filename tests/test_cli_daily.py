@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-import textwrap
 import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -364,3 +364,25 @@ def test_a_narrow_runs_table_keeps_the_step_range_before_the_formats(two_runs, m
     header = " ".join(line for line in buffer.getvalue().splitlines() if line.startswith("┃"))
     assert "last" in header and "steps" in header
     assert "formats" not in header and buffer.getvalue().rstrip().endswith("formats")
+
+
+def test_errors_says_when_nothing_was_rejected_and_how_many_it_left_out(two_runs, tmp_path, monkeypatch):
+    from polytrace_cli.commands import store as store_commands
+
+    buffer = io.StringIO()
+    for module in (common, store_commands):
+        monkeypatch.setattr(module, "console", Console(file=buffer, width=100, color_system=None))
+    assert _invoke("errors", "--db", two_runs).exit_code == 0
+    assert buffer.getvalue().strip() == "no rejected lines in the store"
+    dirty = tmp_path / "a-folder-with-a-rather-long-name" / "dirty"
+    dirty.mkdir(parents=True)
+    (dirty / "packed_lengths_step_0.jsonl").write_text(GROUP % (0, 0, 0, 10, "[5, 6, 7]") + "not json\n{\"step\": 0\nxx\n")
+    assert _invoke("ingest", dirty, "--db", two_runs, "--run", "dirty").exit_code == 0
+    buffer.truncate(0), buffer.seek(0)
+    assert _invoke("errors", "--db", two_runs, "--limit", "2").exit_code == 0
+    text = buffer.getvalue()
+    rows = _body_lines(text)
+    assert len(rows) == 2  # one line per rejected line: the raw text's line break does not open a second
+    assert all("…" in row and "packed_lengths_step_0.jsonl" in row for row in rows)  # the path keeps its file name
+    assert "2 of 3 rejected lines in the store shown" in text
+    assert len(json.loads(_invoke("errors", "dirty", "--db", two_runs, "--json").stdout)) == 3

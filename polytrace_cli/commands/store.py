@@ -80,14 +80,22 @@ def errors(
 ) -> None:
     """Show quarantined lines: file, line, reason and the raw text."""
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import ingest_errors_frame
+    from polytrace_cli.store.queries import ingest_errors_count, ingest_errors_frame
 
     con = open_store(db, read_only=True, wait=wait)
     try:
-        emit_frame(ingest_errors_frame(con, run, limit), as_json=as_json, as_csv=as_csv, title="rejected lines",
-                   wide=wide)
+        frame = ingest_errors_frame(con, run, limit)
+        total = ingest_errors_count(con, run) if not (as_json or as_csv) else frame.height
     finally:
         con.close()
+    where = f"run {run}" if run else "the store"
+    if total == 0 and not (as_json or as_csv):
+        console.print(f"no rejected lines in {where}", highlight=False, markup=False)
+        return
+    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="rejected lines", wide=wide)
+    if total > frame.height:
+        console.print(f"{frame.height:,} of {total:,} rejected lines in {where} shown; --limit N shows more",
+                      style="dim", highlight=False, markup=False)
 
 
 @user_errors

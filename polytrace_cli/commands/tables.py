@@ -12,8 +12,9 @@ Fitting (`fit_columns`): a table spends 3 characters per column on padding and r
 closing rule. The identity columns (run, kind, ...) always stay; the other columns are kept in the
 order given while the table still fits, and the rest are named in a note under the table. A kept
 column is as wide as its widest cell and the longest word of its header, so no cell ever wraps
-(only headers may break between words). In a fitted table, text cells longer than `MAX_TEXT` are
-cut with "…"; `--wide` prints them whole.
+(only headers may break between words). A cell is one line: line breaks in text show as "↵". In a
+fitted table, text cells longer than `MAX_TEXT` are cut with "…", a path at its start (so the file
+name stays), other text at its end; `--wide` prints them whole.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ def print_item(console: Console, text: str, first: str = "- ", rest: str = "  ")
 
 
 def _short(text: str, limit: int | None) -> str:
-    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+    """The text on one line (a line break shown as ↵, a trailing one dropped), cut to `limit` characters
+    with "…": a path (a "/" and no space) loses its start, so its file name stays; other text its end."""
+    text = text.rstrip("\r\n").replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵")
+    if limit is None or len(text) <= limit:
+        return text
+    if "/" in text and " " not in text:
+        return "…" + text[len(text) - limit + 1:]
+    return text[: limit - 1] + "…"
 
 
 def _header_word(name: str) -> int:

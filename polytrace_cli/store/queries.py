@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store.connection import fetch_first
 
 if TYPE_CHECKING:
     import polars as pl
@@ -80,6 +81,14 @@ def ingest_errors_frame(con: duckdb.DuckDBPyConnection, run: str | None, limit: 
         """,
         params=[ids, limit],
     ).pl()
+
+
+def ingest_errors_count(con: duckdb.DuckDBPyConnection, run: str | None) -> int:
+    """How many lines the store quarantined, for one run or all."""
+    ids = run_ids(con, [run] if run else None)
+    return fetch_first(con, """
+        SELECT count(*) FROM ingest_errors e JOIN files f USING (file_id) WHERE f.run_id IN (SELECT unnest(?))
+        """, [ids])[0]
 
 
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
