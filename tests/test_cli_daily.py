@@ -386,3 +386,10 @@ def test_errors_says_when_nothing_was_rejected_and_how_many_it_left_out(two_runs
     assert all("…" in row and "packed_lengths_step_0.jsonl" in row for row in rows)  # the path keeps its file name
     assert "2 of 3 rejected lines in the store shown" in text
     assert len(json.loads(_invoke("errors", "dirty", "--db", two_runs, "--json").stdout)) == 3
+
+
+def test_ingest_of_a_folder_without_files_is_one_error_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = _invoke("ingest", tmp_path / "empty", "--db", tmp_path / "s.duckdb")
+    assert result.exit_code == 1
+    assert "0 file(s)" not in result.output and "no files found under the given paths" in result.output

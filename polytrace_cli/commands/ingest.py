@@ -109,7 +109,8 @@ def ingest(
             err_console.print(f"skipped {len(skipped)} file(s) of unknown format: {names}", highlight=False,
                               markup=False)
         totals = sum(r.rows for r in reports), sum(r.rejected for r in reports), sum(r.seconds for r in reports)
-        console.print(f"{len(shown)} file(s), {totals[0]:,} rows, {totals[1]:,} rejected lines, {totals[2]:.2f} s")
+        if reports:
+            console.print(f"{len(shown)} file(s), {totals[0]:,} rows, {totals[1]:,} rejected lines, {totals[2]:.2f} s")
     failed = [r for r in reports if r.failed]
     if failed:
         raise fail(f"{len(failed)} file(s) could not be ingested", 1)
