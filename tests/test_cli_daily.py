@@ -393,3 +393,13 @@ def test_ingest_of_a_folder_without_files_is_one_error_line(tmp_path):
     result = _invoke("ingest", tmp_path / "empty", "--db", tmp_path / "s.duckdb")
     assert result.exit_code == 1
     assert "0 file(s)" not in result.output and "no files found under the given paths" in result.output
+
+
+def test_an_on_off_flag_is_one_flag_unless_its_default_comes_from_elsewhere():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    paired = {(name, param.name) for name, command in group.commands.items() for param in command.params
+              if getattr(param, "secondary_opts", None)}
+    # synth's --multiturn/--no-multiturn overrides its preset either way; every other switch is off until given.
+    assert paired == {("synth", "multiturn")}

@@ -60,7 +60,7 @@ def ingest(
     run: Annotated[str | None, typer.Option(help="Name the run instead of deriving it from the folder.")] = None,
     task: Annotated[str | None, typer.Option(help="Label the run's task: math, code, search, tool, ...")] = None,
     format: Annotated[str | None, typer.Option("--format", help="Skip sniffing; read every file as this format.")] = None,
-    strict: Annotated[bool, typer.Option(help="Exit non-zero when any line is rejected.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero when any line is rejected.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-file results as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print the per-file results as CSV.")] = False,
     tokenizer: Annotated[str | None, typer.Option(

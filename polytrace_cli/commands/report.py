@@ -23,7 +23,7 @@ def report(
     out: Annotated[Path, typer.Option(help="Folder the report folder is written into.")] = Path("reports"),
     name: Annotated[str | None, typer.Option(help="Report folder name (default: from the run names).")] = None,
     steps: StepsOption = None,
-    svg: Annotated[bool, typer.Option(help="Also save every figure as SVG beside its PNG.")] = False,
+    svg: Annotated[bool, typer.Option("--svg", help="Also save every figure as SVG beside its PNG.")] = False,
     db: DbOption = None,
     wait: WaitOption = 0,
 ) -> None:
@@ -47,7 +47,7 @@ def check(
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
     allow_unmeasurable: Annotated[bool, typer.Option(
-        help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
+        "--allow-unmeasurable", help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
     steps: StepsOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
