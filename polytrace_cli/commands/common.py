@@ -152,6 +152,11 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+# What a narrow table of runs keeps first, after the run's name: what the run is, then how much it holds.
+RUNS_ORDER = ("framework", "task", "samples", "steps", "first_step", "last_step", "files", "rejected", "segments",
+              "formats")
+
+
 def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] | None = None, *,
               as_json: bool = False, as_csv: bool = False, title: str | None = None, identity: Sequence[str] = (),
               order: Sequence[str] | None = None, wide: bool = False) -> None:

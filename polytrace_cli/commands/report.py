@@ -47,7 +47,8 @@ def check(
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
     allow_unmeasurable: Annotated[bool, typer.Option(
-        "--allow-unmeasurable", help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
+        "--allow-unmeasurable",
+        help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
     steps: StepsOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,

@@ -8,14 +8,9 @@ from typing import Annotated
 
 import typer
 
-from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
-                                          emit_rows, user_errors)
+from polytrace_cli.commands.common import (RUNS_ORDER, CsvOption, DbOption, JsonOption, WaitOption, WideOption, console,
+                                          emit_frame, emit_rows, user_errors)
 from polytrace_cli.commands.tables import cell
-
-
-# What a narrow `runs` table keeps first, after the run's name: what the run is, then how much it holds.
-RUNS_ORDER = ("framework", "task", "samples", "steps", "first_step", "last_step", "files", "rejected", "segments",
-              "formats")
 
 
 @user_errors

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, fail,
-                                          json_default, user_errors)
+from polytrace_cli.commands.common import (RUNS_ORDER, CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame,
+                                          fail, json_default, user_errors)
 from polytrace_cli.errors import PolytraceError
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def demo(
             if failed:
                 raise fail(f"demo logs for {folder} did not ingest: {failed[0].message}", 1)
             names.extend(run for run in dict.fromkeys(r.run for r in ingested if r.run) if run not in names)
-        emit_frame(runs_frame(con), title="runs in the store")
+        emit_frame(runs_frame(con), title="runs in the store", identity=["run"], order=RUNS_ORDER)
         from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
 
         try:
