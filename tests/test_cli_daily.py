@@ -395,6 +395,17 @@ def test_ingest_of_a_folder_without_files_is_one_error_line(tmp_path):
     assert "0 file(s)" not in result.output and "no files found under the given paths" in result.output
 
 
+def test_ingest_of_a_missing_path_is_its_error_line_not_a_table_row(tmp_path):
+    result = _invoke("ingest", tmp_path / "missing", _write_run(tmp_path / "alpha"), "--db", tmp_path / "s.duckdb")
+    assert result.exit_code == 1
+    assert "missing: no such file or directory" in result.output
+    table_rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert len(table_rows) == 3 and not any("missing" in row for row in table_rows)  # the three files read
+    assert "3 file(s)" in result.output
+    alone = _invoke("ingest", tmp_path / "missing", "--db", tmp_path / "s.duckdb")
+    assert alone.exit_code == 1 and "│" not in alone.output and "file(s)," not in alone.output
+
+
 def test_an_on_off_flag_is_one_flag_unless_its_default_comes_from_elsewhere():
     import typer.main
 

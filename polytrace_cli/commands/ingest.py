@@ -94,7 +94,9 @@ def ingest(
     elif as_json:
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
     else:
-        shown = [r for r in reports if r.status != "skipped"]
+        # A path that could not be opened has nothing for the table; its error line below says why.
+        shown = [r for r in reports if r.status != "skipped" and not (r.status == "error" and r.format is None
+                                                                     and r.lines == 0)]
         if shown:
             _print_summary(shown)
         for report in reports:
@@ -109,7 +111,7 @@ def ingest(
             err_console.print(f"skipped {len(skipped)} file(s) of unknown format: {names}", highlight=False,
                               markup=False)
         totals = sum(r.rows for r in reports), sum(r.rejected for r in reports), sum(r.seconds for r in reports)
-        if reports:
+        if shown:
             console.print(f"{len(shown)} file(s), {totals[0]:,} rows, {totals[1]:,} rejected lines, {totals[2]:.2f} s")
     failed = [r for r in reports if r.failed]
     if failed:
