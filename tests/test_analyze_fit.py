@@ -198,3 +198,18 @@ def test_params_carry_the_drift_of_a_run_long_enough_for_a_trend(store, tmp_path
     document = fit.params_document(store, [ids_of(store, "drifting")])
     # Lengths grow by 1.03 a step: the least-squares slope over the mean is about ln 1.03 = 0.0296.
     assert document["drift_per_step"] == pytest.approx(0.0296, rel=0.15)
+
+
+def test_too_few_values_give_a_reason_not_a_fit(store):
+    few = add_run(store, "few")
+    add_samples(store, few, step=0, prompts=[100, 120, 130, 150, 170], responses=[900, 1200, 800, 2000, 1500])
+    enough, _, _ = seeded_run(store, name="enough", n=fit.MIN_FIT_VALUES)
+    assert fit.fit_histogram(fit.histogram(store, [few], StepRange(), "response")) == []
+    assert fit.fit_histogram(fit.histogram(store, [enough], StepRange(), "response"))  # 20 values are enough
+    rows = {(r["run"], r["kind"]): r for r in fit.summary(store, [few, enough]).to_dicts()}
+    short = rows[("few", "response")]
+    assert short["family"] is None and short["ks"] is None and short["n_fitted"] == 5
+    assert short["note"] == "too few values to fit: 5 (a fit needs 20)"
+    assert rows[("enough", "response")]["family"] is not None
+    with pytest.raises(PolytraceError, match="too few values to fit: 5"):
+        fit.params_document(store, [few])

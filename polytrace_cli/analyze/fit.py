@@ -11,6 +11,9 @@ Each candidate gets:
 
 and the best candidate is the one with the lowest AIC.
 
+A kind with fewer than `MIN_FIT_VALUES` (20) values is not fitted: its summary row has no family and
+says why, and `polytrace fit` refuses a run whose responses are that few.
+
 Censoring: when the run has a response length cap (`lengths.caps`: known or evident), responses at
 or above it are excluded from the response fit and their share is reported as `clip_ratio`. Lengths
 <= 0 cannot be fitted by these families and are left out (`excluded_nonpositive`).
@@ -48,6 +51,9 @@ SCIPY_FAMILIES = ("lognorm", "gamma", "weibull_min")
 MIXTURE_COMPONENTS = (2, 3, 4)
 JOINT_COMPONENTS = tuple(range(2, 9))
 SEED = 0
+# Fewer values than this and nothing is fitted: 10 per parameter of the two-parameter families. Below
+# it a KS statistic cannot tell the families apart (its 5% critical value at n = 20 is already 0.29).
+MIN_FIT_VALUES = 20
 
 CANDIDATE_SCHEMA = {
     "run": pl.String, "kind": pl.String, "family": pl.String, "params": pl.String, "n_fitted": pl.Int64,
@@ -222,9 +228,15 @@ def _fit_mixture(hist: Histogram, sample: np.ndarray) -> Candidate:
     return best or Candidate("gaussian_mixture", {}, None, None, hist.n, note="too few distinct values for a mixture")
 
 
+def too_few_note(count: int) -> str:
+    """Why a kind with `count` values has no fit."""
+    return f"too few values to fit: {count} (a fit needs {MIN_FIT_VALUES})"
+
+
 def fit_histogram(hist: Histogram) -> list[Candidate]:
-    """Every candidate fitted to a histogram (see module docstring); empty when no values."""
-    if hist.n < 2 or len(hist.values) < 2:
+    """Every candidate fitted to a histogram (see module docstring); empty with fewer than
+    MIN_FIT_VALUES values or fewer than two distinct ones."""
+    if hist.n < MIN_FIT_VALUES or len(hist.values) < 2:
         return []
     sample = hist.systematic_sample()
     return [*(_fit_scipy(family, hist, sample) for family in SCIPY_FAMILIES),
@@ -253,7 +265,8 @@ def candidates(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
 @register("fit", "MLE fits of prompt/response lengths (lognormal, gamma, Weibull, Gaussian mixture): KS, AIC, best")
 def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """One row per run × kind: the best candidate by AIC with its parameters, KS and AIC, the number of
-    values fitted, those excluded at the cap or as non-positive, the cap and clip ratio."""
+    values fitted, those excluded at the cap or as non-positive, the cap and clip ratio. A kind with
+    values but fewer than MIN_FIT_VALUES has a row without a family, its note saying so."""
     rows = []
     histograms = run_histograms(con, run_ids, steps)
     for run_id, name in sorted(run_names(con, run_ids).items()):
@@ -261,6 +274,12 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
             hist = histograms[(run_id, kind)]
             fitted = fit_histogram(hist)
             best = best_of(fitted)
+            if best is None and 0 < hist.n < MIN_FIT_VALUES:
+                rows.append({"run": name, "kind": kind, "basis": "samples", "n_fitted": hist.n,
+                             "excluded_at_cap": hist.excluded_at_cap, "excluded_nonpositive": hist.excluded_nonpositive,
+                             "cap_tokens": hist.cap, "clip_ratio": hist.clip_ratio, "candidates": 0,
+                             "note": too_few_note(hist.n)})
+                continue
             if best is None:
                 continue
             notes = [c.note for c in fitted if c.note]
@@ -386,6 +405,8 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         best = best_of(fitted[kind], SCIPY_FAMILIES)
         document[kind] = best.as_json() if best else None
     if not fitted["response"]:
+        if 0 < hists["response"].n < MIN_FIT_VALUES:
+            raise PolytraceError(f"run {document['source_run']}: {too_few_note(hists['response'].n)} response lengths")
         raise PolytraceError(f"run {document['source_run']} has no per-sample lengths to fit")
     document["candidates"] = {kind: [c.as_json() for c in fitted[kind] if c.aic is not None] for kind in fitted}
     document["joint"] = _joint_mixture(con, run_ids, steps)
