@@ -209,7 +209,7 @@ def test_too_few_values_give_a_reason_not_a_fit(store):
     rows = {(r["run"], r["kind"]): r for r in fit.summary(store, [few, enough]).to_dicts()}
     short = rows[("few", "response")]
     assert short["family"] is None and short["ks"] is None and short["n_fitted"] == 5
-    assert short["note"] == "too few values to fit: 5 (a fit needs 20)"
+    assert short["note"] == "too few values to fit: 5 (needs 20)"
     assert rows[("enough", "response")]["family"] is not None
-    with pytest.raises(PolytraceError, match="too few values to fit: 5"):
+    with pytest.raises(PolytraceError, match="has 5 response lengths, too few to fit"):
         fit.params_document(store, [few])

@@ -230,7 +230,7 @@ def _fit_mixture(hist: Histogram, sample: np.ndarray) -> Candidate:
 
 def too_few_note(count: int) -> str:
     """Why a kind with `count` values has no fit."""
-    return f"too few values to fit: {count} (a fit needs {MIN_FIT_VALUES})"
+    return f"too few values to fit: {count} (needs {MIN_FIT_VALUES})"
 
 
 def fit_histogram(hist: Histogram) -> list[Candidate]:
@@ -406,7 +406,8 @@ def params_document(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
         document[kind] = best.as_json() if best else None
     if not fitted["response"]:
         if 0 < hists["response"].n < MIN_FIT_VALUES:
-            raise PolytraceError(f"run {document['source_run']}: {too_few_note(hists['response'].n)} response lengths")
+            raise PolytraceError(f"run {document['source_run']} has {hists['response'].n} response lengths, too few "
+                                 f"to fit (a fit needs {MIN_FIT_VALUES})")
         raise PolytraceError(f"run {document['source_run']} has no per-sample lengths to fit")
     document["candidates"] = {kind: [c.as_json() for c in fitted[kind] if c.aic is not None] for kind in fitted}
     document["joint"] = _joint_mixture(con, run_ids, steps)

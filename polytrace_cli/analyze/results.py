@@ -32,7 +32,7 @@ HEADLINE_COLUMNS = {
     "drift": ("steps", "mean_tokens", "slope_tokens_per_step", "slope_ci_low", "slope_ci_high", "r_squared",
               "spearman_p", "relative_slope_per_step", "basis"),
     "longtail": ("steps", "mean_slot_idle", "max_slot_idle", "mean_straggler_share", "estimate", "basis"),
-    "fit": ("family", "ks", "aic", "n_fitted", "excluded_at_cap", "note", "basis"),
+    "fit": ("family", "ks", "aic", "note", "n_fitted", "excluded_at_cap", "basis"),
     "imbalance": ("steps", "ranks", "mean_lambda", "max_lambda", "mean_makespan_lambda", "mean_lambda_balanced",
                   "mean_saving", "straggler_ranks", "mean_reward_spread_s", "basis"),
     "stages": ("steps", "mean_s", "share", "cv", "max_over_min", "p95_over_p50", "outlier_steps",
