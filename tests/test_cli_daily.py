@@ -197,11 +197,13 @@ def test_renamed_flags_refuse_the_old_spelling_clearly(two_runs, tmp_path):
 
 def test_fit_out_is_a_folder_and_output_a_file(two_runs, tmp_path):
     pytest.importorskip("polytrace_cli.analyze.fit")
-    folder = _invoke("fit", "alpha", "--out", tmp_path / "fits", "--db", two_runs)
+    # A fit needs 20 lengths: eight steps of six responses, less those at the evident cap.
+    assert _invoke("ingest", _write_run(tmp_path / "longer", steps=8), "--db", two_runs).exit_code == 0
+    folder = _invoke("fit", "longer", "--out", tmp_path / "fits", "--db", two_runs)
     assert folder.exit_code == 0, folder.output
-    assert json.loads((tmp_path / "fits" / "alpha.params.json").read_text())["format"] == "polytrace-params/1"
+    assert json.loads((tmp_path / "fits" / "longer.params.json").read_text())["format"] == "polytrace-params/1"
     assert "params" not in folder.stdout.split("┃")  # no raw parameter column in the table
-    as_csv = _invoke("fit", "alpha", "--output", tmp_path / "a.json", "--db", two_runs, "--csv")
+    as_csv = _invoke("fit", "longer", "--output", tmp_path / "a.json", "--db", two_runs, "--csv")
     header = next(csv.reader(io.StringIO(as_csv.stdout)))
     assert header == ["kind", "family", "KS", "AIC", "best", "sampled"] and (tmp_path / "a.json").exists()
 
