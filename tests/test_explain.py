@@ -3,6 +3,8 @@ per-sample drill-down, lengths-only runs and the command line."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -200,6 +202,15 @@ def test_cli_explain_json_table_and_errors(tmp_path):
     assert [row["step"] for row in one["steps"]] == [5]
     top = json.loads(_cli("explain", "known", "--top", "2", "--json", "--db", db).stdout)
     assert len(top["steps"]) == 2 and len(top["findings"]) <= 2
+    as_csv = _cli("explain", "known", "--csv", "--db", db)
+    assert as_csv.exit_code == 0, as_csv.output
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    # One row per step and cause, the same numbers as the JSON.
+    assert len(rows) == sum(max(1, len(step["causes"])) for step in doc["steps"])
+    first = doc["steps"][0]
+    assert [(int(r["step"]), r["cause"]) for r in rows[:len(first["causes"])]] == \
+        [(first["step"], c["cause"]) for c in first["causes"]]
+    assert float(rows[0]["cause_seconds"]) == pytest.approx(first["causes"][0]["seconds"])
     table = _cli("explain", "known", "--db", db)
     assert table.exit_code == 0
     assert "validation every 10 steps took" in table.stdout

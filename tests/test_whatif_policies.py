@@ -3,6 +3,8 @@ generator), savings against the truth the generator knows, and pipelines compute
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -212,6 +214,12 @@ def test_cli_policy_json(store, known, db_path):
     predicted = round(balance["predicted_s"]) if abs(balance["predicted_s"]) >= 100 else round(balance["predicted_s"], 1)
     assert cells[1] == f"{predicted:,}".removesuffix(".0")
     assert cells[-1] == f"{balance['saving_share'] * 100:.1f}".removesuffix(".0")
+    # For scripts, CSV: the table's rows with every digit.
+    as_csv = runner.invoke(app, ["whatif", "known", "--policy", "balance", "--csv", "--db", str(db_path)])
+    assert as_csv.exit_code == 0, as_csv.output
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert [r["policy"] for r in rows] == ["as logged (replay)", "balance"]
+    assert float(rows[1]["predicted_s"]) == pytest.approx(balance["predicted_s"])
 
 
 def test_partial_rollout_by_hand():

@@ -9,12 +9,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from polytrace_cli.commands.common import DbOption, JsonOption, WaitOption, console, user_errors
+from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, WaitOption, console, emit_rows, user_errors
 from polytrace_cli.commands.tables import print_item
+from polytrace_cli.errors import PolytraceError
 
 # People get tables that fit 100 columns; the JSON has every number.
 TABLE_WIDTH = 100
 DEFAULT_TABLE_STEPS = 10
+# --csv: one row per step and cause (a step without causes has one row, its cause empty); the causes'
+# details (ranks, samples) are in --json.
+CSV_COLUMNS = ("step", "segment", "seconds", "expected_s", "excess_s", "slow", "cause", "cause_seconds",
+               "cause_tokens", "stage", "stands_out")
 
 
 def _seconds(value: float | None) -> str:
@@ -76,6 +81,18 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
         out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
 
 
+def _cause_rows(steps: list[dict]) -> list[tuple]:
+    """The --csv rows (CSV_COLUMNS) of the explanation's steps."""
+    rows = []
+    for step in steps:
+        head = (step["step"], step.get("segment"), step.get("seconds"), step.get("expected_s"), step.get("excess_s"),
+                step.get("slow"))
+        for cause in step.get("causes") or [{}]:
+            rows.append((*head, cause.get("cause"), cause.get("seconds"), cause.get("tokens"), cause.get("stage"),
+                         cause.get("stands_out")))
+    return rows
+
+
 def _print_token_steps(out: Console, steps: list[dict]) -> None:
     table = Table(title="Steps (tokens)", title_justify="left", header_style="bold")
     for name in ("step", "longest response", "busiest rank", "mean rank", "busiest/mean", "unusual"):
@@ -94,11 +111,14 @@ def explain(
     step: Annotated[int | None, typer.Option("--step", help="Explain this step, slow or not.")] = None,
     top: Annotated[int | None, typer.Option("--top", help="Keep the K largest findings and K slowest steps.")] = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
     db: DbOption = None,
     wait: WaitOption = 0,
 ) -> None:
     """Why steps were slow: each step's excess over the run's model split into causes, and the run's
     findings ranked by seconds."""
+    if as_json and as_csv:
+        raise PolytraceError("choose one of --json and --csv")
     from polytrace_cli.diagnose import explain_run
     from polytrace_cli.store import open_store
 
@@ -109,5 +129,7 @@ def explain(
         con.close()
     if as_json:
         sys.stdout.write(explanation.to_json() + "\n")
+    elif as_csv:
+        emit_rows(list(CSV_COLUMNS), _cause_rows(explanation.to_dict()["steps"]), as_csv=True)
     else:
         _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS, one_step=step is not None)

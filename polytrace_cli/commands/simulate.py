@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from polytrace_cli.commands.common import (DbOption, JsonOption, WaitOption, WideOption, console, emit_frame,
-                                           user_errors)
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console,
+                                           emit_frame, user_errors)
 from polytrace_cli.errors import PolytraceError
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ def whatif(
     policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
+    as_csv: CsvOption = False,
     wide: WideOption = False,
     wait: WaitOption = 0,
 ) -> None:
@@ -33,6 +34,8 @@ def whatif(
     (--policy P ...) against the model's replay of the run as it was."""
     if backtest == bool(policy):
         raise PolytraceError("give either --backtest or at least one --policy")
+    if as_json and as_csv:
+        raise PolytraceError("choose one of --json and --csv")
     from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
     from polytrace_cli.store import open_store
 
@@ -44,6 +47,9 @@ def whatif(
         con.close()
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
+        return
+    if as_csv:  # the table's numbers unrounded, notes included
+        emit_frame(result.table(), as_csv=True)
         return
     import polars as pl
 
