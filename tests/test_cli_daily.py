@@ -416,3 +416,21 @@ def test_an_on_off_flag_is_one_flag_unless_its_default_comes_from_elsewhere():
               if getattr(param, "secondary_opts", None)}
     # synth's --multiturn/--no-multiturn overrides its preset either way; every other switch is off until given.
     assert paired == {("synth", "multiturn")}
+
+
+def test_query_shows_people_the_first_rows_and_scripts_every_row(two_runs, monkeypatch):
+    from polytrace_cli.commands import store as store_commands
+
+    buffer = io.StringIO()
+    for module in (common, store_commands):
+        monkeypatch.setattr(module, "console", Console(file=buffer, width=100, color_system=None))
+    many = f"SELECT range AS i FROM range({store_commands.TABLE_ROWS + 5})"
+    assert _invoke("query", many, "--db", two_runs).exit_code == 0
+    text = buffer.getvalue()
+    assert len(_body_lines(text)) == store_commands.TABLE_ROWS
+    assert f"the first {store_commands.TABLE_ROWS:,} rows; more follow" in text
+    as_csv = _invoke("query", many, "--db", two_runs, "--csv")
+    assert len(as_csv.stdout.splitlines()) == store_commands.TABLE_ROWS + 6  # header and every row
+    buffer.truncate(0), buffer.seek(0)
+    assert _invoke("query", "EXPLAIN SELECT * FROM runs", "--db", two_runs).exit_code == 0
+    assert "┏" not in buffer.getvalue() and "SCAN" in buffer.getvalue().upper()  # the plan as drawn

@@ -29,6 +29,10 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
               wide=wide)
 
 
+# A table for people shows at most this many rows (a rich table of 230,000 rows took two minutes).
+TABLE_ROWS = 1_000
+
+
 @user_errors
 def query(
     sql: Annotated[str, typer.Argument(help="A read-only SQL statement over the store's tables.")],
@@ -50,10 +54,21 @@ def query(
     con = confine(open_store(db, read_only=True, wait=wait))
     try:
         relation = read_only_relation(con, sql)
-        emit_rows(relation.columns, relation.fetchall(), _numeric_columns(relation),
+        for_people = not (as_json or as_csv)
+        if for_people and relation.columns == ["explain_key", "explain_value"]:
+            # A plan is drawn text: printed as it is, not squeezed into a table's cell.
+            for _, plan in relation.fetchall():
+                console.print(plan, highlight=False, markup=False, crop=False, soft_wrap=True)
+            return
+        rows = relation.limit(TABLE_ROWS + 1).fetchall() if for_people else relation.fetchall()
+        more = for_people and len(rows) > TABLE_ROWS
+        emit_rows(relation.columns, rows[:TABLE_ROWS] if more else rows, _numeric_columns(relation),
                   as_json=as_json, as_csv=as_csv, wide=wide)
     finally:
         con.close()
+    if more:
+        console.print(f"the first {TABLE_ROWS:,} rows; more follow (--csv or --json print every row)",
+                      style="dim", highlight=False, markup=False)
 
 
 def _numeric_columns(relation) -> set[str]:
