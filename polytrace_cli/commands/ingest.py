@@ -95,8 +95,7 @@ def ingest(
         sys.stdout.write(json.dumps([{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports], indent=2) + "\n")
     else:
         # A path that could not be opened has nothing for the table; its error line below says why.
-        shown = [r for r in reports if r.status != "skipped" and not (r.status == "error" and r.format is None
-                                                                     and r.lines == 0)]
+        shown = [r for r in reports if r.status != "skipped" and not r.unread]
         if shown:
             _print_summary(shown)
         for report in reports:

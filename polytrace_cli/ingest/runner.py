@@ -64,6 +64,11 @@ class FileReport:
     def failed(self) -> bool:
         return self.status in ("rejected", "error")
 
+    @property
+    def unread(self) -> bool:
+        """True when the file could not be opened at all (missing, unreadable): nothing of it was read."""
+        return self.status == "error" and self.format is None and self.lines == 0
+
 
 def derive_run(file: Path, resolved: bool = False) -> tuple[str, Path]:
     """A run's name and root folder from a file's location.
