@@ -136,17 +136,18 @@ class Store:
         return explain_run(self.connection, run, step=step, top=top)
 
     def whatif(self, run: str, policies: str | Iterable[str] | None = None,
-               backtest: bool = False) -> WhatIfResult | BacktestResult:
+               backtest: bool = False, walk_forward: bool = False) -> WhatIfResult | BacktestResult:
         """The run's predicted wall time under the policies ("balance", "no-validation",
         "max-response-len=N", ...), a `WhatIfResult`; with backtest=True the model's accuracy on
-        held-out steps, a `BacktestResult`. `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
+        held-out steps, a `BacktestResult` (walk_forward=True adds the walk-forward accuracies).
+        `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
         from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
 
         chosen = _names(policies) or []
         if backtest == bool(chosen):
             raise PolytraceError("give either backtest=True or at least one policy")
         if backtest:
-            return backtest_run(self.connection, run)
+            return backtest_run(self.connection, run, walk_forward=walk_forward)
         return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
 
     def query(self, sql: str) -> pl.DataFrame:

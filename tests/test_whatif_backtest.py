@@ -147,7 +147,8 @@ def test_a_stage_worse_than_its_median_is_named(store, tmp_path):
     result = backtest_run(store, _ingest(store, path))
     gen = result.stages["gen"]
     assert gen.accuracy < gen.median_baseline
-    assert any("less accurate than the median baseline on: gen" in note for note in result.notes)
+    assert any("less accurate than the better of the median and recent baselines on: gen" in note
+               for note in result.notes)
 
 
 @pytest.mark.realdata

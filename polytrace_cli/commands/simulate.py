@@ -22,7 +22,14 @@ POLICY_OPTION_HELP = ("A policy to predict, repeatable: balance, no-validation, 
 def whatif(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     backtest: Annotated[bool, typer.Option("--backtest", help="Fit on the first half of the steps and report "
-                                           "the accuracy on the rest, beside two baselines.")] = False,
+                                           "the accuracy on the rest, beside the median, recent and previous "
+                                           "baselines.")] = False,
+    walk_forward: Annotated[bool, typer.Option("--walk-forward", help="With --backtest: also predict each held-out "
+                                               "step from every step before it, refitting as a live monitor "
+                                               "would, beside the fixed split.")] = False,
+    refit_every: Annotated[int | None, typer.Option("--refit-every", min=1, help="With --walk-forward: refit every "
+                                                    "K steps (default: every step up to 60 held-out steps, "
+                                                    "else at most 60 refits).")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -36,13 +43,17 @@ def whatif(
         raise PolytraceError("give either --backtest or at least one --policy")
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
+    if (walk_forward or refit_every) and not backtest:
+        raise PolytraceError("--walk-forward and --refit-every go with --backtest")
+    if refit_every and not walk_forward:
+        raise PolytraceError("--refit-every goes with --walk-forward")
     from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
     from polytrace_cli.store import open_store
 
     parsed = [parse_policy(text) for text in policy or []]
     con = open_store(db, read_only=True, wait=wait)
     try:
-        result = backtest_run(con, run) if backtest else whatif_run(con, run, parsed)
+        result = backtest_run(con, run, walk_forward, refit_every) if backtest else whatif_run(con, run, parsed)
     finally:
         con.close()
     if as_json:
@@ -54,8 +65,11 @@ def whatif(
     import polars as pl
 
     if backtest:
-        accuracy = ["accuracy", "median_baseline", "previous_baseline"]
-        emit_frame(result.table().with_columns(pl.col(accuracy).round(1)), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
+        table = result.table()
+        if not walk_forward:
+            table = table.drop([name for name in table.columns if name.startswith("walk_")])
+        numbers = [name for name in table.columns if name not in ("stage", "steps", "method")]
+        emit_frame(table.with_columns(pl.col(numbers).round(1)), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
                    f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)",
                    identity=["stage"], wide=wide)
         notes = list(result.notes)

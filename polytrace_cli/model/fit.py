@@ -219,6 +219,17 @@ def choose_busiest(df: pl.DataFrame, train: np.ndarray, actual: dict[str, np.nda
     return min(GAP_OF, key=lambda feature: (spread[feature], feature != "busiest_rank_tokens"))
 
 
+def stage_feature_names(df: pl.DataFrame, stage: str, busiest: str) -> tuple[str, ...]:
+    """The features a stage's line uses in this frame: `STAGE_FEATURES` (STEP_ONLY_FEATURES for
+    whole_step; the busiest rank for `other` when no training stage is logged), busiest_rank_tokens
+    read as the `busiest` column, features the frame never logs left out."""
+    names = STEP_ONLY_FEATURES if stage == "whole_step" else STAGE_FEATURES[stage]
+    if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
+        names = ("busiest_rank_tokens",)
+    names = tuple(busiest if n == "busiest_rank_tokens" else n for n in names)
+    return tuple(n for n in names if df[n].is_not_null().any())
+
+
 def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     """Fit every stage the run logs on the steps where `mask` is true (see the module docstring)."""
     typical = typical_workload(df, mask)
@@ -227,10 +238,6 @@ def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     busiest = choose_busiest(df, train, actual)
     stages: dict[str, StageFit] = {}
     for stage, seconds in actual.items():
-        names = STEP_ONLY_FEATURES if stage == "whole_step" else STAGE_FEATURES[stage]
-        if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
-            names = ("busiest_rank_tokens",)
-        names = tuple(busiest if n == "busiest_rank_tokens" else n for n in names)
-        names = tuple(n for n in names if df[n].is_not_null().any())
+        names = stage_feature_names(df, stage, busiest)
         stages[stage] = fit_stage(stage, _design(df, names)[train], names, seconds[train])
     return StepTimeModel(stages, typical, df, mask, busiest)

@@ -1,0 +1,318 @@
+"""A step-time forecaster that chooses, per stage, between the workload model and the stage's recent level.
+
+The fixed-form model (`model.fit`) fits each stage once on every training step with equal weight. A
+stage's cost per token can drift over a run, or shift level for no workload reason, and a line fitted
+on old steps then extrapolates the wrong way. For each stage the forecaster therefore has candidates:
+
+    workload   the model's line (intercept + Σ b_f · x_f, the features of `STAGE_FEATURES`), every
+               history step weighted alike
+    recency    the same line fitted with weights w = 0.5^(age / H), age in fitted steps counted back
+               from the newest, half-life H = max(RECENT_STEPS, n / 4): drifting costs follow the
+               recent steps
+    shifted    the line fitted on the steps after the last level shift of the stage (below), or, when
+               fewer than `MIN_SEGMENT` steps follow it, the workload line with its intercept moved by
+               the median residual after the shift
+    recent     the median of the stage over the last RECENT_STEPS fitted steps (its recent level)
+    median     the median of the stage over every fitted step
+
+The lines are fitted by iteratively reweighted non-negative least squares (Huber weights at
+1.345 · σ, σ = 1.4826 · MAD of the residuals, 4 rounds): coefficients ≥ 0 as in `model.fit`, cheap
+enough to refit at every step. A feature that does not vary is dropped as there.
+
+Level shift: on the workload line's residuals r_1..r_n (step order), the split k minimising
+Σ_{i≤k} (r_i − mean_left)² + Σ_{i>k} (r_i − mean_right)² with at least MIN_SEGMENT steps on each side;
+it is a shift when |median_right − median_left| > SHIFT_Z · σ · √(1/k + 1/(n − k)) (σ the pooled
+robust scale of the residuals around their segment medians) and above MIN_SHIFT_SHARE of the stage's
+median.
+
+Choice (time-series cross-validation inside the history): with n fitted steps, origins
+o_j = ⌊n · (½ + ½ · j / CV_FOLDS)⌋, j = 0..CV_FOLDS − 1; each candidate is fitted on the steps before o_j
+and predicts the steps o_j..o_{j+1} − 1 (o_CV_FOLDS = n); its error is the mean |predicted − real| / real
+over every predicted step. The candidate with the smallest error is used; on a tie the level
+candidates (median, then recent) win. A history shorter than MIN_CV_STEPS keeps the workload line.
+
+Overheads (testing, save_checkpoint) are not forecast from the workload: a step that logs one gets
+the median of its logged seconds over the history (`overheads`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+from scipy.optimize import nnls
+
+from polytrace_cli.model.fit import (
+    MAD_SCALE, MIN_RELATIVE_RANGE, StageFit, choose_busiest, stage_feature_names, stage_seconds, typical_workload,
+    _design,
+)
+from polytrace_cli.model.workload import OVERHEADS
+
+CANDIDATES = ("median", "recent", "workload", "recency", "shifted")
+LEVEL_CANDIDATES = ("median", "recent")
+RECENT_STEPS = 10
+CV_FOLDS = 4
+MIN_CV_STEPS = 12
+MIN_SEGMENT = 5
+SHIFT_Z = 4.0
+MIN_SHIFT_SHARE = 0.02
+HUBER_K = 1.345
+IRLS_ROUNDS = 4
+
+
+def _mad_scale(residuals: np.ndarray) -> float:
+    if residuals.size == 0:
+        return 0.0
+    return float(MAD_SCALE * np.median(np.abs(residuals - np.median(residuals))))
+
+
+def _varying(x: np.ndarray, names: tuple[str, ...]) -> tuple[list[int], list[str]]:
+    varying, dropped = [], []
+    for j, name in enumerate(names):
+        column = x[:, j]
+        span = np.ptp(column) if column.size else 0.0
+        if column.size and span > MIN_RELATIVE_RANGE * max(np.max(np.abs(column)), 1e-12):
+            varying.append(j)
+        else:
+            dropped.append(name)
+    return varying, dropped
+
+
+def fit_line(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray,
+             weights: np.ndarray | None = None) -> StageFit:
+    """y ≈ a + Σ b_j x_j with a, b_j ≥ 0 by weighted Huber IRLS on non-negative least squares (see the
+    module docstring); the median of y when no feature varies or fewer than terms + 2 rows remain."""
+    weights = np.ones(y.size) if weights is None else np.asarray(weights, dtype=float)
+    keep = np.isfinite(y) & (np.all(np.isfinite(x), axis=1) if x.size else True)
+    x, y, weights = x[keep], y[keep], weights[keep]
+    if y.size == 0:
+        return StageFit(stage, 0.0, {}, tuple(names), 0, 0.0)
+    varying, dropped = _varying(x, names)
+    if not varying or y.size < len(varying) + 2:
+        constant = float(np.median(y))
+        return StageFit(stage, constant, {}, tuple(names), int(y.size), _mad_scale(y - constant))
+    scales = np.array([max(np.max(np.abs(x[:, j])), 1e-12) for j in varying])
+    design = np.column_stack([np.ones(y.size), *(x[:, j] / s for j, s in zip(varying, scales))])
+    robust = np.ones(y.size)
+    theta = np.zeros(design.shape[1])
+    for _ in range(IRLS_ROUNDS):
+        root = np.sqrt(weights * robust)
+        theta, _ = nnls(design * root[:, None], y * root)
+        residuals = y - design @ theta
+        sigma = max(_mad_scale(residuals), 1e-9 * max(float(np.median(np.abs(y))), 1e-9))
+        u = np.abs(residuals) / (HUBER_K * sigma)
+        robust = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+    coefficients = {names[j]: float(theta[i + 1] / s) for i, (j, s) in enumerate(zip(varying, scales))}
+    residuals = y - design @ theta
+    return StageFit(stage, float(theta[0]), coefficients, tuple(dropped), int(y.size), _mad_scale(residuals))
+
+
+def _level(stage: str, y: np.ndarray, names: tuple[str, ...]) -> StageFit:
+    finite = y[np.isfinite(y)]
+    constant = float(np.median(finite)) if finite.size else float("nan")
+    return StageFit(stage, constant, {}, names, int(finite.size), _mad_scale(finite - constant))
+
+
+def level_shift(residuals: np.ndarray, typical: float) -> int | None:
+    """The index k (first row of the new level) of the last level shift in a residual series, or None
+    (see the module docstring for the test)."""
+    r = residuals[np.isfinite(residuals)]
+    n = r.size
+    if n < 2 * MIN_SEGMENT:
+        return None
+    cumulative, squares = np.cumsum(r), np.cumsum(r * r)
+    k = np.arange(MIN_SEGMENT, n - MIN_SEGMENT + 1)
+    left_sse = squares[k - 1] - cumulative[k - 1] ** 2 / k
+    right_sum = cumulative[-1] - cumulative[k - 1]
+    right_sse = (squares[-1] - squares[k - 1]) - right_sum ** 2 / (n - k)
+    best = int(k[np.argmin(left_sse + right_sse)])
+    left, right = r[:best], r[best:]
+    spread = np.concatenate([left - np.median(left), right - np.median(right)])
+    sigma = max(_mad_scale(spread), 1e-12)
+    jump = abs(float(np.median(right) - np.median(left)))
+    if jump > SHIFT_Z * sigma * np.sqrt(1.0 / best + 1.0 / (n - best)) and jump > MIN_SHIFT_SHARE * abs(typical):
+        return best
+    return None
+
+
+def _candidate(method: str, stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) -> StageFit | None:
+    """One candidate fitted on a history (rows in step order, x one column per name)."""
+    finite = np.isfinite(y)
+    if not finite.any():
+        return None
+    if method == "median":
+        return _level(stage, y, names)
+    if method == "recent":
+        return _level(stage, y[finite][-RECENT_STEPS:], names)
+    if method == "workload":
+        return fit_line(stage, x, names, y)
+    if method == "recency":
+        n = y.size
+        half_life = max(RECENT_STEPS, n / 4.0)
+        age = (n - 1 - np.arange(n)).astype(float)
+        return fit_line(stage, x, names, y, 0.5 ** (age / half_life))
+    if method == "shifted":
+        base = fit_line(stage, x, names, y)
+        residuals = y - base.intercept - (x @ np.array([base.coefficients.get(name, 0.0) for name in names])
+                                          if names else 0.0)
+        rows = np.flatnonzero(np.isfinite(residuals))
+        start = level_shift(residuals[rows], float(np.median(y[finite])))
+        if start is None:
+            return None
+        after = rows[start:]
+        if after.size >= MIN_SEGMENT and after.size >= len(base.coefficients) + 2 + MIN_SEGMENT:
+            return fit_line(stage, x[after], names, y[after])
+        offset = float(np.median(residuals[after]))
+        return StageFit(stage, base.intercept + offset, base.coefficients, base.dropped, base.steps, base.scale_s)
+    raise ValueError(method)
+
+
+def _predict(fit: StageFit, x: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    out = np.full(x.shape[0], fit.intercept, dtype=float)
+    for j, name in enumerate(names):
+        if name in fit.coefficients:
+            out += fit.coefficients[name] * x[:, j]
+    return out
+
+
+def cross_validated_errors(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) -> dict[str, float]:
+    """Each candidate's mean |relative error| over the rolling-origin folds (see the module docstring);
+    a candidate that cannot be fitted on some fold (no level shift found) is left out."""
+    rows = np.flatnonzero(np.isfinite(y) & (y > 0) & (np.all(np.isfinite(x), axis=1) if x.size else True))
+    x, y = x[rows], y[rows]
+    n = y.size
+    origins = [int(n * (0.5 + 0.5 * j / CV_FOLDS)) for j in range(CV_FOLDS)] + [n]
+    errors: dict[str, list[float]] = {method: [] for method in CANDIDATES}
+    failed: set[str] = set()
+    for start, stop in zip(origins[:-1], origins[1:]):
+        if stop <= start:
+            continue
+        for method in CANDIDATES:
+            fit = _candidate(method, stage, x[:start], names, y[:start])
+            if fit is None:
+                failed.add(method)
+                continue
+            predicted = _predict(fit, x[start:stop], names)
+            errors[method].extend(np.abs(predicted - y[start:stop]) / y[start:stop])
+    return {method: float(np.mean(values)) for method, values in errors.items() if values and method not in failed}
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """A stage's forecast: the chosen candidate (`method`), its line, the cross-validated error of every
+    candidate (None when the history was too short to cross-validate), and where a level shift was
+    found (the step number of the new level's first step, None when none)."""
+
+    stage: str
+    method: str
+    fit: StageFit
+    features: tuple[str, ...]
+    cv_errors: dict[str, float] | None = None
+    shift_step: int | None = None
+
+    @property
+    def is_baseline(self) -> bool:
+        """Whether the stage fell back to a level (median or recent) rather than a workload line."""
+        return self.method in LEVEL_CANDIDATES
+
+
+@dataclass
+class Forecaster:
+    """Per stage the chosen forecast (`choices`), the history's typical workload, the busiest-rank
+    column the training stages follow, and the median seconds of each overhead over the history."""
+
+    choices: dict[str, StageChoice]
+    typical: dict[str, float]
+    busiest_feature: str
+    overheads: dict[str, float]
+    recent_workload: dict[str, float] = field(default_factory=dict)
+
+    def predict(self, df: pl.DataFrame) -> pl.DataFrame:
+        """Per row of a workload frame: segment, step, `<stage>_s` for each forecast stage (`other` the
+        rest), step_s = Σ of them (overheads not included)."""
+        columns = {}
+        for stage, choice in self.choices.items():
+            columns[f"{stage}_s"] = choice.fit.predict(df, self.typical)
+        total = np.sum(list(columns.values()), axis=0) if columns else np.zeros(df.height)
+        return df.select("segment", "step").with_columns(
+            *[pl.Series(name, values) for name, values in columns.items()], step_s=pl.Series(total))
+
+    def predict_wall(self, df: pl.DataFrame) -> np.ndarray:
+        """step_s of `predict` plus, on each row that logs testing (a checkpoint), the history's median
+        testing (checkpoint) seconds: the step's wall time as the schedule has it; NaN on a row that logs
+        an overhead the history never saw."""
+        total = self.predict(df)["step_s"].to_numpy().copy()
+        for overhead in OVERHEADS:
+            logged = df[f"{overhead}_s"].is_not_null().to_numpy()
+            typical = self.overheads.get(overhead, float("nan"))
+            total = total + np.where(logged, typical, 0.0)
+        return total
+
+    def predict_next(self) -> dict[str, float]:
+        """Each stage's seconds at the recent workload (the median of each feature over the last
+        RECENT_STEPS fitted steps), and `step` = their sum: the next step's forecast before its
+        workload is known."""
+        one = pl.DataFrame({name: [value] for name, value in self.recent_workload.items()} or {"row": [0.0]})
+        values = {stage: float(choice.fit.predict(one, self.typical)[0]) for stage, choice in self.choices.items()}
+        values["step"] = sum(values.values())
+        return values
+
+    def methods(self) -> dict[str, str]:
+        """stage → the chosen candidate."""
+        return {stage: choice.method for stage, choice in self.choices.items()}
+
+
+def fit_forecaster(df: pl.DataFrame, mask: pl.Series) -> Forecaster:
+    """Fit the forecaster on the steps where `mask` is true, in the frame's row order (see the module
+    docstring). Overheads: the medians of testing_s and save_checkpoint_s over every row before the
+    last masked one that logs them."""
+    train = mask.fill_null(False).to_numpy()
+    typical = typical_workload(df, mask)
+    actual = stage_seconds(df)
+    busiest = choose_busiest(df, train, actual)
+    choices: dict[str, StageChoice] = {}
+    steps = df["step"].to_numpy()
+    for stage, seconds in actual.items():
+        names = stage_feature_names(df, stage, busiest)
+        x, y = _design(df, names)[train], seconds[train]
+        errors = None
+        usable = int(np.sum(np.isfinite(y) & (y > 0)))
+        if usable >= MIN_CV_STEPS:
+            errors = cross_validated_errors(stage, x, names, y)
+        if errors:
+            order = {method: rank for rank, method in enumerate(CANDIDATES)}
+            method = min(errors, key=lambda m: (errors[m], order[m]))
+        else:
+            method = "workload"
+        fit = _candidate(method, stage, x, names, y) or fit_line(stage, x, names, y)
+        shift_step = None
+        if method == "shifted" or (errors and "shifted" in errors):
+            base = fit_line(stage, x, names, y)
+            residuals = y - _predict(base, x, names)
+            rows = np.flatnonzero(np.isfinite(residuals))
+            start = level_shift(residuals[rows], float(np.nanmedian(y)) if np.isfinite(y).any() else 0.0)
+            if start is not None:
+                shift_step = int(steps[train][rows[start]])
+        choices[stage] = StageChoice(stage, method, fit, names, errors, shift_step)
+    last = int(np.flatnonzero(train)[-1]) + 1 if train.any() else 0
+    overheads = {}
+    for overhead in OVERHEADS:
+        logged = df[f"{overhead}_s"].cast(pl.Float64).fill_null(np.nan).to_numpy()[:last]
+        logged = logged[np.isfinite(logged)]
+        if logged.size:
+            overheads[overhead] = float(np.median(logged))
+    recent = df.filter(mask.fill_null(False)).tail(RECENT_STEPS)
+    recent_workload = {name: float(recent[name].median()) for name in typical
+                       if name in recent.columns and recent[name].median() is not None}
+    recent_workload = {**typical, **recent_workload}
+    return Forecaster(choices, typical, busiest, overheads, recent_workload)
+
+
+def forecast_next(df: pl.DataFrame, mask: pl.Series | None = None) -> dict[str, float]:
+    """Fit on the frame's steps so far (`training_mask` unless `mask` is given) and forecast the next
+    step's stages at the recent workload (`Forecaster.predict_next`); what a live monitor calls after
+    each step."""
+    from polytrace_cli.model.workload import training_mask
+
+    return fit_forecaster(df, training_mask(df) if mask is None else mask).predict_next()
