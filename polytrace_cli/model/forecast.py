@@ -11,7 +11,10 @@ on old steps then extrapolates the wrong way. For each stage the forecaster ther
                recent steps
     shifted    the line fitted on the steps after the last level shift of the stage (below), or, when
                fewer than `MIN_SEGMENT` steps follow it, the workload line with its intercept moved by
-               the median residual after the shift
+               the median residual after the shift; the workload line when no shift is found
+    trend      the workload line times a drift m(s) = α + β · (s − s_last) in the step number s, α and β
+               fitted (Huber IRLS) to the ratio seconds / line over the history, m kept within
+               [TREND_FLOOR, TREND_CEILING]: a cost per token that keeps drifting
     recent     the median of the stage over the last RECENT_STEPS fitted steps (its recent level)
     median     the median of the stage over every fitted step
 
@@ -28,8 +31,12 @@ median.
 Choice (time-series cross-validation inside the history): with n fitted steps, origins
 o_j = ⌊n · (½ + ½ · j / CV_FOLDS)⌋, j = 0..CV_FOLDS − 1; each candidate is fitted on the steps before o_j
 and predicts the steps o_j..o_{j+1} − 1 (o_CV_FOLDS = n); its error is the mean |predicted − real| / real
-over every predicted step. The candidate with the smallest error is used; on a tie the level
-candidates (median, then recent) win. A history shorter than MIN_CV_STEPS keeps the workload line.
+over every predicted step. The simpler candidate stands unless a more elaborate one's error is
+CHOICE_MARGIN below it (`choose_candidate`): a level (median, else recent) unless the workload line
+or a variant of it beats it, the plain line unless a variant (recency, shifted, trend) beats it. A
+stage with no varying feature chooses between its levels and its level after a shift: its time is
+not explained by the workload, and it gets no slope. A history shorter than MIN_CV_STEPS keeps the
+workload line.
 
 Overheads (testing, save_checkpoint) are not forecast from the workload: a step that logs one gets
 the median of its logged seconds over the history (`overheads`).
@@ -49,8 +56,11 @@ from polytrace_cli.model.fit import (
 )
 from polytrace_cli.model.workload import OVERHEADS
 
-CANDIDATES = ("median", "recent", "workload", "recency", "shifted")
+CANDIDATES = ("median", "recent", "workload", "recency", "shifted", "trend")
 LEVEL_CANDIDATES = ("median", "recent")
+ADAPTIVE_CANDIDATES = ("recency", "shifted", "trend")
+# A more elaborate candidate is chosen only when its cross-validated error is this share below the simpler one's.
+CHOICE_MARGIN = 0.02
 RECENT_STEPS = 10
 CV_FOLDS = 4
 MIN_CV_STEPS = 12
@@ -58,6 +68,7 @@ MIN_SEGMENT = 5
 SHIFT_Z = 4.0
 MIN_SHIFT_SHARE = 0.02
 HUBER_K = 1.345
+TREND_FLOOR, TREND_CEILING = 0.5, 2.0
 IRLS_ROUNDS = 4
 
 
@@ -136,51 +147,95 @@ def level_shift(residuals: np.ndarray, typical: float) -> int | None:
     return None
 
 
-def _candidate(method: str, stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) -> StageFit | None:
-    """One candidate fitted on a history (rows in step order, x one column per name)."""
+@dataclass(frozen=True)
+class Trend:
+    """A drift multiplier m(s) = alpha + beta · (s − anchor), clipped to [TREND_FLOOR, TREND_CEILING]."""
+
+    anchor: float
+    alpha: float
+    beta: float
+
+    def factor(self, steps: np.ndarray) -> np.ndarray:
+        """m at each step number."""
+        return np.clip(self.alpha + self.beta * (np.asarray(steps, dtype=float) - self.anchor), TREND_FLOOR,
+                       TREND_CEILING)
+
+
+def _trend(ratio: np.ndarray, steps: np.ndarray) -> Trend:
+    """Huber IRLS line of ratio on (step − last step)."""
+    keep = np.isfinite(ratio)
+    ratio, steps = ratio[keep], steps[keep].astype(float)
+    anchor = float(steps[-1])
+    design = np.column_stack([np.ones(ratio.size), steps - anchor])
+    robust = np.ones(ratio.size)
+    theta = np.array([1.0, 0.0])
+    for _ in range(IRLS_ROUNDS):
+        root = np.sqrt(robust)
+        theta, *_ = np.linalg.lstsq(design * root[:, None], ratio * root, rcond=None)
+        residuals = ratio - design @ theta
+        u = np.abs(residuals) / (HUBER_K * max(_mad_scale(residuals), 1e-9))
+        robust = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+    return Trend(anchor, float(theta[0]), float(theta[1]))
+
+
+def _candidate(method: str, stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray,
+               steps: np.ndarray) -> tuple[StageFit, Trend | None] | None:
+    """One candidate fitted on a history (rows in step order, x one column per name, `steps` their step
+    numbers): its line and, for `trend`, its drift."""
     finite = np.isfinite(y)
     if not finite.any():
         return None
     if method == "median":
-        return _level(stage, y, names)
+        return _level(stage, y, names), None
     if method == "recent":
-        return _level(stage, y[finite][-RECENT_STEPS:], names)
+        return _level(stage, y[finite][-RECENT_STEPS:], names), None
     if method == "workload":
-        return fit_line(stage, x, names, y)
-    if method == "recency":
+        return fit_line(stage, x, names, y), None
+    if method == "recency" and x.size:
         n = y.size
         half_life = max(RECENT_STEPS, n / 4.0)
         age = (n - 1 - np.arange(n)).astype(float)
-        return fit_line(stage, x, names, y, 0.5 ** (age / half_life))
+        return fit_line(stage, x, names, y, 0.5 ** (age / half_life)), None
+    base = fit_line(stage, x, names, y)
+    line = _predict(base, x, names)
+    if not base.coefficients and method in ("recency", "trend"):
+        return None
+    if method == "trend":
+        usable = finite & (line > 0)
+        if usable.sum() < 2 * MIN_SEGMENT:
+            return None
+        return base, _trend(np.where(usable, y / np.where(line > 0, line, 1.0), np.nan), steps)
     if method == "shifted":
-        base = fit_line(stage, x, names, y)
-        residuals = y - base.intercept - (x @ np.array([base.coefficients.get(name, 0.0) for name in names])
-                                          if names else 0.0)
+        residuals = y - line
         rows = np.flatnonzero(np.isfinite(residuals))
         start = level_shift(residuals[rows], float(np.median(y[finite])))
         if start is None:
-            return None
+            return base, None
         after = rows[start:]
         if after.size >= MIN_SEGMENT and after.size >= len(base.coefficients) + 2 + MIN_SEGMENT:
-            return fit_line(stage, x[after], names, y[after])
+            return fit_line(stage, x[after], names, y[after]), None
         offset = float(np.median(residuals[after]))
-        return StageFit(stage, base.intercept + offset, base.coefficients, base.dropped, base.steps, base.scale_s)
+        return StageFit(stage, base.intercept + offset, base.coefficients, base.dropped, base.steps, base.scale_s), None
     raise ValueError(method)
 
 
-def _predict(fit: StageFit, x: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+def _predict(fit: StageFit, x: np.ndarray, names: tuple[str, ...], trend: Trend | None = None,
+             steps: np.ndarray | None = None) -> np.ndarray:
     out = np.full(x.shape[0], fit.intercept, dtype=float)
     for j, name in enumerate(names):
         if name in fit.coefficients:
             out += fit.coefficients[name] * x[:, j]
+    if trend is not None and steps is not None:
+        out = out * trend.factor(steps)
     return out
 
 
-def cross_validated_errors(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) -> dict[str, float]:
+def cross_validated_errors(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray,
+                           steps: np.ndarray) -> dict[str, float]:
     """Each candidate's mean |relative error| over the rolling-origin folds (see the module docstring);
-    a candidate that cannot be fitted on some fold (no level shift found) is left out."""
+    a candidate that cannot be fitted on some fold (too short a history for a trend) is left out."""
     rows = np.flatnonzero(np.isfinite(y) & (y > 0) & (np.all(np.isfinite(x), axis=1) if x.size else True))
-    x, y = x[rows], y[rows]
+    x, y, steps = x[rows], y[rows], steps[rows]
     n = y.size
     origins = [int(n * (0.5 + 0.5 * j / CV_FOLDS)) for j in range(CV_FOLDS)] + [n]
     errors: dict[str, list[float]] = {method: [] for method in CANDIDATES}
@@ -189,13 +244,31 @@ def cross_validated_errors(stage: str, x: np.ndarray, names: tuple[str, ...], y:
         if stop <= start:
             continue
         for method in CANDIDATES:
-            fit = _candidate(method, stage, x[:start], names, y[:start])
-            if fit is None:
+            fitted = _candidate(method, stage, x[:start], names, y[:start], steps[:start])
+            if fitted is None:
                 failed.add(method)
                 continue
-            predicted = _predict(fit, x[start:stop], names)
+            predicted = _predict(fitted[0], x[start:stop], names, fitted[1], steps[start:stop])
             errors[method].extend(np.abs(predicted - y[start:stop]) / y[start:stop])
     return {method: float(np.mean(values)) for method, values in errors.items() if values and method not in failed}
+
+
+def choose_candidate(errors: dict[str, float]) -> str:
+    """The candidate a stage uses, from its cross-validated errors: the best level (median, else recent)
+    unless a workload candidate's error is below (1 − CHOICE_MARGIN) × the level's; among the workload
+    candidates the plain line unless a variant's error is below (1 − CHOICE_MARGIN) × the line's. A
+    stage whose line has no varying feature only chooses between the levels and the level after a
+    shift (`shifted`), never a trend."""
+    def better(challenger: str, incumbent: str) -> bool:
+        return challenger in errors and (incumbent not in errors
+                                         or errors[challenger] < (1.0 - CHOICE_MARGIN) * errors[incumbent])
+
+    level = "recent" if better("recent", "median") else "median"
+    model = "workload"
+    for variant in ADAPTIVE_CANDIDATES:
+        if better(variant, model):
+            model = variant
+    return model if better(model, level) else level
 
 
 @dataclass(frozen=True)
@@ -210,6 +283,15 @@ class StageChoice:
     features: tuple[str, ...]
     cv_errors: dict[str, float] | None = None
     shift_step: int | None = None
+    trend: Trend | None = None
+
+    def predict(self, df: pl.DataFrame, fill: dict[str, float]) -> np.ndarray:
+        """The line at each row's workload (a missing feature takes fill), times the drift at the row's
+        step for a trend."""
+        out = self.fit.predict(df, fill)
+        if self.trend is not None:
+            out = out * self.trend.factor(df["step"].cast(pl.Float64).to_numpy())
+        return out
 
     @property
     def is_baseline(self) -> bool:
@@ -227,13 +309,14 @@ class Forecaster:
     busiest_feature: str
     overheads: dict[str, float]
     recent_workload: dict[str, float] = field(default_factory=dict)
+    next_step: int = 0
 
     def predict(self, df: pl.DataFrame) -> pl.DataFrame:
         """Per row of a workload frame: segment, step, `<stage>_s` for each forecast stage (`other` the
         rest), step_s = Σ of them (overheads not included)."""
         columns = {}
         for stage, choice in self.choices.items():
-            columns[f"{stage}_s"] = choice.fit.predict(df, self.typical)
+            columns[f"{stage}_s"] = choice.predict(df, self.typical)
         total = np.sum(list(columns.values()), axis=0) if columns else np.zeros(df.height)
         return df.select("segment", "step").with_columns(
             *[pl.Series(name, values) for name, values in columns.items()], step_s=pl.Series(total))
@@ -251,10 +334,10 @@ class Forecaster:
 
     def predict_next(self) -> dict[str, float]:
         """Each stage's seconds at the recent workload (the median of each feature over the last
-        RECENT_STEPS fitted steps), and `step` = their sum: the next step's forecast before its
-        workload is known."""
-        one = pl.DataFrame({name: [value] for name, value in self.recent_workload.items()} or {"row": [0.0]})
-        values = {stage: float(choice.fit.predict(one, self.typical)[0]) for stage, choice in self.choices.items()}
+        RECENT_STEPS fitted steps) on the step after the last fitted one, and `step` = their sum: the
+        next step's forecast before its workload is known."""
+        one = pl.DataFrame({"step": [self.next_step], **{name: [value] for name, value in self.recent_workload.items()}})
+        values = {stage: float(choice.predict(one, self.typical)[0]) for stage, choice in self.choices.items()}
         values["step"] = sum(values.values())
         return values
 
@@ -275,26 +358,21 @@ def fit_forecaster(df: pl.DataFrame, mask: pl.Series) -> Forecaster:
     steps = df["step"].to_numpy()
     for stage, seconds in actual.items():
         names = stage_feature_names(df, stage, busiest)
-        x, y = _design(df, names)[train], seconds[train]
+        x, y, history_steps = _design(df, names)[train], seconds[train], steps[train]
         errors = None
         usable = int(np.sum(np.isfinite(y) & (y > 0)))
         if usable >= MIN_CV_STEPS:
-            errors = cross_validated_errors(stage, x, names, y)
-        if errors:
-            order = {method: rank for rank, method in enumerate(CANDIDATES)}
-            method = min(errors, key=lambda m: (errors[m], order[m]))
-        else:
-            method = "workload"
-        fit = _candidate(method, stage, x, names, y) or fit_line(stage, x, names, y)
+            errors = cross_validated_errors(stage, x, names, y, history_steps)
+        method = choose_candidate(errors) if errors else "workload"
+        fitted = _candidate(method, stage, x, names, y, history_steps) or (fit_line(stage, x, names, y), None)
         shift_step = None
-        if method == "shifted" or (errors and "shifted" in errors):
-            base = fit_line(stage, x, names, y)
-            residuals = y - _predict(base, x, names)
+        if method == "shifted":
+            residuals = y - _predict(fit_line(stage, x, names, y), x, names)
             rows = np.flatnonzero(np.isfinite(residuals))
             start = level_shift(residuals[rows], float(np.nanmedian(y)) if np.isfinite(y).any() else 0.0)
             if start is not None:
-                shift_step = int(steps[train][rows[start]])
-        choices[stage] = StageChoice(stage, method, fit, names, errors, shift_step)
+                shift_step = int(history_steps[rows[start]])
+        choices[stage] = StageChoice(stage, method, fitted[0], names, errors, shift_step, fitted[1])
     last = int(np.flatnonzero(train)[-1]) + 1 if train.any() else 0
     overheads = {}
     for overhead in OVERHEADS:
@@ -306,7 +384,8 @@ def fit_forecaster(df: pl.DataFrame, mask: pl.Series) -> Forecaster:
     recent_workload = {name: float(recent[name].median()) for name in typical
                        if name in recent.columns and recent[name].median() is not None}
     recent_workload = {**typical, **recent_workload}
-    return Forecaster(choices, typical, busiest, overheads, recent_workload)
+    next_step = int(steps[train][-1]) + 1 if train.any() else 0
+    return Forecaster(choices, typical, busiest, overheads, recent_workload, next_step)
 
 
 def forecast_next(df: pl.DataFrame, mask: pl.Series | None = None) -> dict[str, float]:

@@ -51,7 +51,7 @@ from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import MODELLED_STAGES, OVERHEADS, STAGE_FEATURES, read_workload, run_info, training_mask
 from polytrace_cli.model.fit import stage_seconds
-from polytrace_cli.model.forecast import RECENT_STEPS, Forecaster, fit_forecaster
+from polytrace_cli.model.forecast import RECENT_STEPS, Forecaster, StageChoice, fit_forecaster
 
 MIN_STEPS = 4
 MAX_REFITS = 60
@@ -319,12 +319,20 @@ def _choice_notes(forecaster: Forecaster, actual: dict[str, np.ndarray]) -> list
         notes.append(f"the workload model did not beat the stage's level in cross-validation inside the training "
                      f"half, so these stages are predicted by a baseline: "
                      + ", ".join(f"{s} ({forecaster.choices[s].method})" for s in levels))
-    adapted = [s for s, c in forecaster.choices.items() if c.method in ("recency", "shifted")]
+    adapted = [s for s, c in forecaster.choices.items() if c.method in ("recency", "shifted", "trend")]
     if adapted:
-        notes.append("drift or a level shift: " + ", ".join(
-            f"{s} ({'recency-weighted fit' if forecaster.choices[s].method == 'recency' else 'fitted after the level shift at step ' + str(forecaster.choices[s].shift_step)})"
-            for s in adapted))
+        notes.append("drift or a level shift: " + ", ".join(f"{s} ({_adaptation(forecaster.choices[s])})"
+                                                           for s in adapted))
     return notes
+
+
+def _adaptation(choice: StageChoice) -> str:
+    if choice.method == "recency":
+        return "recency-weighted fit"
+    if choice.method == "trend":
+        per_100 = 100 * choice.trend.beta / choice.trend.alpha if choice.trend and choice.trend.alpha else 0.0
+        return f"a drift of {per_100:+.1f}% per 100 steps"
+    return f"fitted after the level shift at step {choice.shift_step}"
 
 
 def _walk_forward(eligible: pl.DataFrame, n_train: int, refit_every: int | None) -> WalkForward:
