@@ -25,7 +25,7 @@ from polytrace_cli.workload.synth import with_overrides
 
 LOGS = {
     # per-token cost of update_actor drifting up 12 % while lengths drift down; old_log_prob shifting level
-    "math-drift": ("math", dict(steps=300, batch=32, n=8, dp_ranks=8, max_response_len=8192, drift=-0.002, seed=3),
+    "math-drift": ("math", dict(steps=300, batch=16, n=8, dp_ranks=8, max_response_len=16384, drift=-0.003, seed=3),
                    StepTimeModel(validate_every=25, checkpoint_every=100, cost_drift=(("update_actor", 1.12),),
                                  level_shifts=((100, "old_log_prob", -1.0),))),
     # generation slowing 15 % over the run; a weight-sync level shift

@@ -330,7 +330,7 @@ def _adaptation(choice: StageChoice) -> str:
     if choice.method == "recency":
         return "recency-weighted fit"
     if choice.method == "trend":
-        per_100 = 100 * choice.trend.beta / choice.trend.alpha if choice.trend and choice.trend.alpha else 0.0
+        per_100 = 1e4 * choice.trend.beta / choice.trend.alpha if choice.trend and choice.trend.alpha else 0.0
         return f"a drift of {per_100:+.1f}% per 100 steps"
     return f"fitted after the level shift at step {choice.shift_step}"
 
