@@ -23,7 +23,9 @@ Drift and level shifts, for runs whose costs move for no workload reason:
                    a negative shift is floored so that the stage keeps at least 10 % of its time)
     rank_dispatch  which rank loads set the token stages' time: "contiguous" (verl's dispatch, logged as
                    global_seqlen/max), "balanced" (after verl's balance_batch, logged as
-                   global_seqlen/balanced_max) or "even" (every rank at the mean: ideal balance) Warm-up multiplies
+                   global_seqlen/balanced_max) or "even" (every rank at the mean: ideal balance)
+    truncate_responses_at  every drawn response cut at this many tokens (the same draws as without it:
+                   two logs that differ only in it differ only by the cut) Warm-up multiplies
 generation on the first `warmup_steps` steps, by `warmup_slowdown` on step 1 falling linearly to 1,
 and again from the first step after `resume_after` (the job stops after saving a checkpoint at that
 step and is started again from it).
@@ -129,6 +131,7 @@ class StepTimeModel:
     cost_drift: tuple[tuple[str, float], ...] = ()
     level_shifts: tuple[tuple[int, str, float], ...] = ()
     rank_dispatch: str = "contiguous"
+    truncate_responses_at: int | None = None  # every response cut at this many tokens after it is drawn
 
     def coefficients(self) -> dict:
         """The model as a JSON-able dict (what truth.json records)."""
@@ -259,6 +262,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         prompts, responses = draw_step(length_model, spec, workload_rng, step - 1)
         prompts = np.minimum(prompts, model.max_prompt_length)
         responses = responses.astype(np.int64)
+        if model.truncate_responses_at is not None:
+            responses = np.minimum(responses, model.truncate_responses_at)
         noise = np.exp(noise_rng.normal(0.0, model.noise_sigma, len(STAGES) + 1))
         eps = dict(zip((*STAGES, "rest"), noise.tolist()))
         injected = {i.cause: i.size for i in by_step.get(step, [])}
