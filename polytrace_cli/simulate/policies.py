@@ -8,9 +8,9 @@ predicts the run again, and saving_s = baseline_s − predicted_s. A saving ther
 from a quantity in the model of a stage that sets the step's time: generation waits for the
 longest response (b_tail · r_max) and for the token volume (b_vol · response_tokens); the forward
 and update stages wait for the busiest DP rank (b_k · busiest_rank_tokens). `saving_se_s` is the
-standard error of a workload policy's saving from the noise of the fitted coefficients
-(`simulate.uncertainty`; 0 for the exact no-validation, none for schedules and pipelines); a term
-the fit could not see bounds the saving instead (`RunContext.predict`).
+bootstrap standard error of the saving: the fitted steps and the logged overheads resampled, the
+model refitted and the policy priced again on each draw (`simulate.uncertainty`; 0 for the exact
+no-validation); a term the fit could not see bounds the saving instead (`RunContext.predict`).
 
 The policies (their assumptions are the docstrings of the functions named `_policy_<name>`):
 
@@ -41,7 +41,7 @@ from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
 from polytrace_cli.model.fit import TRAINING_STAGES
 from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
-from polytrace_cli.simulate.uncertainty import saving_standard_error
+from polytrace_cli.simulate.uncertainty import bootstrap_contexts, bootstrap_standard_error
 
 POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, max-response-len=N, "
                "partial-rollout=F, one-step-off[=G]")
@@ -481,6 +481,7 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
     ctx, name, actual, steps = _context(con, run)
     baseline = ctx.plan.total
     scenarios = []
+    draws: list[RunContext] | None = None
     for policy in parsed:
         ctx.predicted_workload, ctx.caveats = None, []
         try:
@@ -491,11 +492,25 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
         note = "; ".join([*([note] if note else []), *ctx.caveats]) or None
         predicted = plan.total
         saving = baseline - predicted
-        error = None
         if policy.name == "no-validation":
             error = 0.0
-        elif policy.name != "one-step-off" and ctx.predicted_workload is not None:
-            error = saving_standard_error(ctx.model, ctx.frame, ctx.predicted_workload)
+        else:
+            draws = bootstrap_contexts(ctx) if draws is None else draws
+            error = bootstrap_standard_error(_draw_savings(draws, ctx, policy))
         scenarios.append(Scenario(policy.text, predicted, saving, saving / baseline if baseline else None,
                                   plan.by_stage(), note, error))
     return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios)
+
+
+def _draw_savings(draws: list[RunContext], ctx: RunContext, policy: Policy) -> list[float]:
+    """The policy's saving on each bootstrap draw against the draw's own replay (a draw the policy
+    cannot price is left out)."""
+    savings = []
+    for draw in draws:
+        draw._lengths, draw.predicted_workload, draw.caveats = ctx._lengths, None, []
+        try:
+            plan, _ = POLICIES[policy.name](draw, policy)
+        except NotSupported:
+            continue
+        savings.append(draw.plan.total - plan.total)
+    return savings
