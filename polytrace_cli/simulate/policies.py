@@ -450,7 +450,9 @@ POLICIES: dict[str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]] 
 }
 
 
-def _context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:
+def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:
+    """The run's policy context (training steps, fitted model, replay), its name, its logged wall time
+    and its step count."""
     info = run_info(con, run)
     full = read_workload(con, info.run_id)
     timed = full.filter(pl.col("wall_s").is_not_null())
@@ -478,7 +480,7 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
     parsed = [p if isinstance(p, Policy) else parse_policy(p) for p in policies]
     if not parsed:
         raise PolytraceError(f"name at least one --policy: {POLICY_HELP}")
-    ctx, name, actual, steps = _context(con, run)
+    ctx, name, actual, steps = run_context(con, run)
     baseline = ctx.plan.total
     scenarios = []
     draws: list[RunContext] | None = None
