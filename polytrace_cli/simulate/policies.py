@@ -395,17 +395,35 @@ def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, s
     return ctx.plan.with_stages(ctx.predict(changed)), note
 
 
+def pipelined_wall(gen: np.ndarray, train: np.ndarray) -> float:
+    """One-step-off over a run of T steps, rollout of step t+1 beside training of step t:
+    gen_1 + Σ_{t<T} max(gen_{t+1}, train_t) + train_T (the serial parts not included)."""
+    if not gen.size:
+        return 0.0
+    return float(gen[0] + np.maximum(gen[1:], train[:-1]).sum() + train[-1])
+
+
+def split_generation(fixed: np.ndarray, tail: np.ndarray, volume: np.ndarray, switch: np.ndarray,
+                     share: float) -> np.ndarray:
+    """Generation on a share G of the GPUs, no longer colocated with training:
+    fixed − switch + tail + volume / G. The tail (b_tail · r_max: the longest response decodes one
+    token after another) does not shorten with more GPUs and does not lengthen with fewer; the volume
+    (b_vol · response_tokens) is throughput-bound; the colocated engine's switch (waking, resharding,
+    offloading: gen_s − generate_sequences_s) disappears."""
+    return np.maximum(fixed - switch, 0.0) + tail + volume / share
+
+
 def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
     """One-step-off pipeline: rollout of step t+1 runs during training of step t, on split GPUs: a
-    share G generates (default 0.5) and 1 − G trains. Split assumption: throughput-bound work
-    scales inversely with the GPUs it gets and latency-bound work does not, so generation becomes
-    a_gen + b_tail · r_max + b_vol · response_tokens / G (the longest response decodes as fast on
-    fewer GPUs) and each token stage a_k + b_k · busiest_rank_tokens / (1 − G) (each training
-    rank holds 1/(1 − G) times the tokens); reward and advantage are unchanged. The weight sync,
-    the rest, validation and checkpoints stay serial. Over the run:
-        wall = gen_1 + Σ_{t<T} max(gen_{t+1}, train_t) + train_T + Σ serial,
-    train_t = Σ of the training-side stages. The one-step staleness of the rollout is not
-    modelled."""
+    share G generates (default 0.5) and 1 − G trains. Generation becomes
+    `split_generation` of the model's terms: a_gen − switch + b_tail · r_max + b_vol · response_tokens / G,
+    the switch being the logged gen_s − generate_sequences_s when verl logs generate_sequences (else
+    kept, and the note says so). Each token stage becomes a_k + b_k · busiest_rank_tokens / (1 − G): each
+    training rank holds 1/(1 − G) times the tokens, an assumption (the run cannot measure its training
+    on fewer GPUs; less than linear scaling makes the pipeline faster than predicted). Reward and
+    advantage are unchanged; the weight sync, the rest, validation and checkpoints stay serial.
+    Over the run: wall = `pipelined_wall` + Σ serial, train_t = Σ of the training-side stages. The
+    one-step staleness of the rollout is not modelled."""
     model = ctx.model
     if "gen" not in model.stages:
         raise NotSupported("the run logs no generation time: the pipeline cannot be modelled")
@@ -423,7 +441,9 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     stages = {name: values.copy() for name, values in ctx.plan.stages.items()}
     volume = gen_fit.coefficients.get("response_tokens", 0.0) * frame["response_tokens"].fill_null(
         model.typical.get("response_tokens", 0.0)).to_numpy()
-    stages["gen"] = stages["gen"] + volume * (1.0 / share - 1.0)
+    logged_switch = (frame["gen_s"] - frame["generate_sequences_s"]).cast(pl.Float64).fill_null(np.nan).to_numpy()
+    switch = np.where(np.isfinite(logged_switch), np.maximum(logged_switch, 0.0), 0.0)
+    stages["gen"] = split_generation(stages["gen"] - volume, np.zeros(frame.height), volume, switch, share)
     training_side = [s for s in ("reward", *TRAINING_STAGES, "adv") if s in stages]
     for stage in TRAINING_STAGES:
         if stage in stages:
@@ -433,10 +453,19 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
             stages[stage] = stages[stage] + busy * (1.0 / (1.0 - share) - 1.0)
     gen = stages["gen"]
     train = np.sum([stages[s] for s in training_side], axis=0) if training_side else np.zeros(frame.height)
-    pipelined = gen[0] + np.maximum(gen[1:], train[:-1]).sum() + train[-1] if frame.height else 0.0
     stages["overlap"] = np.zeros(frame.height)
-    stages["overlap"][0] = pipelined - gen.sum() - train.sum()
-    return ctx.plan.with_stages(stages), f"{share:g} of the GPUs generate, {1 - share:g} train"
+    stages["overlap"][0] = pipelined_wall(gen, train) - gen.sum() - train.sum()
+    tail = gen_fit.coefficients.get("r_max", 0.0) * frame["r_max"].fill_null(model.typical.get("r_max", 0.0)).to_numpy()
+    decoding = float(tail.sum() + volume.sum())
+    note = (f"{share:g} of the GPUs generate, {1 - share:g} train; the longest-response term is "
+            f"{tail.sum() / decoding:.0%} of the fitted decoding and is not shortened, the token volume is "
+            f"scaled by 1/{share:g}" if decoding > 0 else f"{share:g} of the GPUs generate, {1 - share:g} train")
+    if np.isfinite(logged_switch).any():
+        note += f"; the colocation switch ({float(switch.sum()):,.0f} s logged over the run) disappears"
+    else:
+        note += "; verl's generate_sequences is not logged, so the colocation switch inside gen is kept"
+    note += f"; the training stages' token terms scaled by 1/{1 - share:g} (assumed, not measured)"
+    return ctx.plan.with_stages(stages), note
 
 
 POLICIES: dict[str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]] = {
