@@ -3,6 +3,8 @@ cross-validation, walk-forward, and the next-step forecast a live monitor calls.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -119,3 +121,33 @@ def test_the_next_step_forecast_is_the_truth_at_the_recent_workload(store, tmp_p
     # the shift is in the forecast: the level after step 30, not the run's median
     assert forecast["update_actor"] == pytest.approx(a + 8.0 + b * busiest, rel=0.02)
     assert forecast["step"] == pytest.approx(sum(v for k, v in forecast.items() if k != "step"))
+
+
+def test_cli_backtest_with_walk_forward_matches_its_schema(store, tmp_path, db_path):
+    import json
+
+    import jsonschema
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    _write(store, tmp_path, "cli", StepTimeModel(validate_every=10, level_shifts=((20, "gen", 10.0),)), steps=60)
+    store.close()
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "whatif.schema.json").read_text())
+    runner = CliRunner()
+    result = runner.invoke(app, ["whatif", "cli", "--backtest", "--walk-forward", "--refit-every", "3", "--json",
+                                 "--db", str(db_path)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    jsonschema.validate(document, schema)
+    assert document["walk_forward"]["refit_every"] == 3
+    assert document["step"]["best_baseline"] == max(document["step"]["median_baseline"],
+                                                    document["step"]["recent_baseline"])
+    policies = runner.invoke(app, ["whatif", "cli", "--policy", "balance", "--policy", "one-step-off", "--json",
+                                   "--db", str(db_path)])
+    assert policies.exit_code == 0, policies.output
+    jsonschema.validate(json.loads(policies.stdout), schema)
+    table = runner.invoke(app, ["whatif", "cli", "--backtest", "--walk-forward", "--db", str(db_path), "--wide"])
+    assert table.exit_code == 0 and "walk" in table.stdout and "refitted every 1 step(s)" in table.stdout
+    refit_alone = runner.invoke(app, ["whatif", "cli", "--backtest", "--refit-every", "3", "--db", str(db_path)])
+    assert refit_alone.exit_code == 2 and "--refit-every goes with --walk-forward" in refit_alone.stderr
