@@ -51,8 +51,8 @@ import polars as pl
 from scipy.optimize import nnls
 
 from polytrace_cli.model.fit import (
-    MAD_SCALE, MIN_RELATIVE_RANGE, StageFit, choose_busiest, stage_feature_names, stage_seconds, typical_workload,
-    _design,
+    StageFit, _design, choose_busiest, robust_scale, stage_feature_names, stage_seconds, typical_workload,
+    varying_features,
 )
 from polytrace_cli.model.workload import OVERHEADS
 
@@ -72,24 +72,6 @@ TREND_FLOOR, TREND_CEILING = 0.5, 2.0
 IRLS_ROUNDS = 4
 
 
-def _mad_scale(residuals: np.ndarray) -> float:
-    if residuals.size == 0:
-        return 0.0
-    return float(MAD_SCALE * np.median(np.abs(residuals - np.median(residuals))))
-
-
-def _varying(x: np.ndarray, names: tuple[str, ...]) -> tuple[list[int], list[str]]:
-    varying, dropped = [], []
-    for j, name in enumerate(names):
-        column = x[:, j]
-        span = np.ptp(column) if column.size else 0.0
-        if column.size and span > MIN_RELATIVE_RANGE * max(np.max(np.abs(column)), 1e-12):
-            varying.append(j)
-        else:
-            dropped.append(name)
-    return varying, dropped
-
-
 def fit_line(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray,
              weights: np.ndarray | None = None) -> StageFit:
     """y ≈ a + Σ b_j x_j with a, b_j ≥ 0 by weighted Huber IRLS on non-negative least squares (see the
@@ -99,10 +81,10 @@ def fit_line(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray,
     x, y, weights = x[keep], y[keep], weights[keep]
     if y.size == 0:
         return StageFit(stage, 0.0, {}, tuple(names), 0, 0.0)
-    varying, dropped = _varying(x, names)
+    varying, dropped = varying_features(x, names)
     if not varying or y.size < len(varying) + 2:
         constant = float(np.median(y))
-        return StageFit(stage, constant, {}, tuple(names), int(y.size), _mad_scale(y - constant))
+        return StageFit(stage, constant, {}, tuple(names), int(y.size), robust_scale(y - constant))
     scales = np.array([max(np.max(np.abs(x[:, j])), 1e-12) for j in varying])
     design = np.column_stack([np.ones(y.size), *(x[:, j] / s for j, s in zip(varying, scales))])
     robust = np.ones(y.size)
@@ -111,18 +93,18 @@ def fit_line(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray,
         root = np.sqrt(weights * robust)
         theta, _ = nnls(design * root[:, None], y * root)
         residuals = y - design @ theta
-        sigma = max(_mad_scale(residuals), 1e-9 * max(float(np.median(np.abs(y))), 1e-9))
+        sigma = max(robust_scale(residuals), 1e-9 * max(float(np.median(np.abs(y))), 1e-9))
         u = np.abs(residuals) / (HUBER_K * sigma)
         robust = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
     coefficients = {names[j]: float(theta[i + 1] / s) for i, (j, s) in enumerate(zip(varying, scales))}
     residuals = y - design @ theta
-    return StageFit(stage, float(theta[0]), coefficients, tuple(dropped), int(y.size), _mad_scale(residuals))
+    return StageFit(stage, float(theta[0]), coefficients, tuple(dropped), int(y.size), robust_scale(residuals))
 
 
 def _level(stage: str, y: np.ndarray, names: tuple[str, ...]) -> StageFit:
     finite = y[np.isfinite(y)]
     constant = float(np.median(finite)) if finite.size else float("nan")
-    return StageFit(stage, constant, {}, names, int(finite.size), _mad_scale(finite - constant))
+    return StageFit(stage, constant, {}, names, int(finite.size), robust_scale(finite - constant))
 
 
 def level_shift(residuals: np.ndarray, typical: float) -> int | None:
@@ -140,7 +122,7 @@ def level_shift(residuals: np.ndarray, typical: float) -> int | None:
     best = int(k[np.argmin(left_sse + right_sse)])
     left, right = r[:best], r[best:]
     spread = np.concatenate([left - np.median(left), right - np.median(right)])
-    sigma = max(_mad_scale(spread), 1e-12)
+    sigma = max(robust_scale(spread), 1e-12)
     jump = abs(float(np.median(right) - np.median(left)))
     if jump > SHIFT_Z * sigma * np.sqrt(1.0 / best + 1.0 / (n - best)) and jump > MIN_SHIFT_SHARE * abs(typical):
         return best
@@ -173,7 +155,7 @@ def _trend(ratio: np.ndarray, steps: np.ndarray) -> Trend:
         root = np.sqrt(robust)
         theta, *_ = np.linalg.lstsq(design * root[:, None], ratio * root, rcond=None)
         residuals = ratio - design @ theta
-        u = np.abs(residuals) / (HUBER_K * max(_mad_scale(residuals), 1e-9))
+        u = np.abs(residuals) / (HUBER_K * max(robust_scale(residuals), 1e-9))
         robust = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
     return Trend(anchor, float(theta[0]), float(theta[1]))
 
