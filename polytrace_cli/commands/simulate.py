@@ -69,7 +69,8 @@ def whatif(
         if not walk_forward:
             table = table.drop([name for name in table.columns if name.startswith("walk_")])
         numbers = [name for name in table.columns if name not in ("stage", "steps", "method")]
-        emit_frame(table.with_columns(pl.col(numbers).round(1)), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
+        emit_frame(table.with_columns(pl.col(numbers).round(1)),
+                   title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
                    f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)",
                    identity=["stage"], wide=wide)
         notes = list(result.notes)

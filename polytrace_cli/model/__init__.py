@@ -18,6 +18,6 @@ from polytrace_cli.model.workload import (
 
 __all__ = [
     "FEATURES", "MODELLED_STAGES", "OVERHEADS", "STAGE_FEATURES", "WORKLOAD_COLUMNS", "Forecaster", "StageChoice",
-    "StageFit", "StepTimeModel", "fit_forecaster", "fit_model", "forecast_next", "fit_stage", "logs_step_metrics", "overheads_included", "read_workload", "run_info",
-    "stage_seconds", "training_mask",
+    "StageFit", "StepTimeModel", "fit_forecaster", "fit_model", "fit_stage", "forecast_next", "logs_step_metrics",
+    "overheads_included", "read_workload", "run_info", "stage_seconds", "training_mask",
 ]

@@ -318,7 +318,8 @@ class Forecaster:
         """Each stage's seconds at the recent workload (the median of each feature over the last
         RECENT_STEPS fitted steps) on the step after the last fitted one, and `step` = their sum: the
         next step's forecast before its workload is known."""
-        one = pl.DataFrame({"step": [self.next_step], **{name: [value] for name, value in self.recent_workload.items()}})
+        workload = {name: [value] for name, value in self.recent_workload.items()}
+        one = pl.DataFrame({"step": [self.next_step], **workload})
         values = {stage: float(choice.predict(one, self.typical)[0]) for stage, choice in self.choices.items()}
         values["step"] = sum(values.values())
         return values

@@ -340,7 +340,8 @@ def _walk_forward(eligible: pl.DataFrame, n_train: int, refit_every: int | None)
     held = n - n_train
     every = refit_every or (1 if held <= MAX_REFITS else math.ceil(held / MAX_REFITS))
     mask_all = training_mask(eligible).to_numpy()
-    stage_names = [s for s in (*MODELLED_STAGES, *OVERHEADS) if np.isfinite(_column(eligible, f"{s}_s")[n_train:]).any()]
+    stage_names = [s for s in (*MODELLED_STAGES, *OVERHEADS)
+                   if np.isfinite(_column(eligible, f"{s}_s")[n_train:]).any()]
     reals = {s: _column(eligible, f"{s}_s") for s in stage_names}
     wall = _column(eligible, "wall_s")
     predictions = {s: np.full(n, np.nan) for s in [*stage_names, "step"]}
