@@ -36,7 +36,7 @@ CHOICE_MARGIN below it (`choose_candidate`): a level (median, else recent) unles
 or a variant of it beats it, the plain line unless a variant (recency, shifted, trend) beats it. A
 stage with no varying feature chooses between its levels and its level after a shift: its time is
 not explained by the workload, and it gets no slope. A history shorter than MIN_CV_STEPS keeps the
-workload line.
+workload line (the median for a stage without features).
 
 Overheads (testing, save_checkpoint) are not forecast from the workload: a step that logs one gets
 the median of its logged seconds over the history (`overheads`).
@@ -346,7 +346,7 @@ def fit_forecaster(df: pl.DataFrame, mask: pl.Series) -> Forecaster:
         usable = int(np.sum(np.isfinite(y) & (y > 0)))
         if usable >= MIN_CV_STEPS:
             errors = cross_validated_errors(stage, x, names, y, history_steps)
-        method = choose_candidate(errors) if errors else "workload"
+        method = choose_candidate(errors) if errors else "workload" if names else "median"
         fitted = _candidate(method, stage, x, names, y, history_steps) or (fit_line(stage, x, names, y), None)
         shift_step = None
         if method == "shifted":
