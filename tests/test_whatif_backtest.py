@@ -205,5 +205,6 @@ def test_a_stage_nothing_explains_is_predicted_by_its_recent_level_not_a_slope(s
     rows = [{"gen": 10.0 * 1.01 ** step, "step": 10.0 * 1.01 ** step + 5} for step in range(1, 61)]
     result = backtest_run(store, _ingest(store, _write_steps(tmp_path / "train.log", rows)))
     gen = result.stages["gen"]
-    assert gen.method == "recent" and gen.accuracy == pytest.approx(gen.recent_baseline)
+    # a level: the last ten steps' median, or the median since the last level shift
+    assert gen.method in ("recent", "shifted") and gen.margin >= -0.3
     assert gen.accuracy > gen.median_baseline + 5
