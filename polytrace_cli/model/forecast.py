@@ -11,7 +11,9 @@ on old steps then extrapolates the wrong way. For each stage the forecaster ther
                recent steps
     shifted    the line fitted on the steps after the last level shift of the stage (below), or, when
                fewer than `MIN_SEGMENT` steps follow it, the workload line with its intercept moved by
-               the median residual after the shift; the workload line when no shift is found
+               the median residual after the shift; the workload line when no shift is found. For a
+               stage without a varying feature: the median of the steps after the shift, at most the
+               last RECENT_STEPS of them
     trend      the workload line times a drift m(s) = α + β · (s − s_last) in the step number s, α and β
                fitted (Huber IRLS) to the ratio seconds / line over the history, m kept within
                [TREND_FLOOR, TREND_CEILING]: a cost per token that keeps drifting
@@ -194,6 +196,8 @@ def _candidate(method: str, stage: str, x: np.ndarray, names: tuple[str, ...], y
         if start is None:
             return base, None
         after = rows[start:]
+        if not base.coefficients:
+            return _level(stage, y[after][-RECENT_STEPS:], names), None
         if after.size >= MIN_SEGMENT and after.size >= len(base.coefficients) + 2 + MIN_SEGMENT:
             return fit_line(stage, x[after], names, y[after]), None
         offset = float(np.median(residuals[after]))
