@@ -150,6 +150,14 @@ class Store:
             return backtest_run(self.connection, run, walk_forward=walk_forward)
         return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
 
+    def forecast(self, run: str) -> dict[str, float]:
+        """The next step's seconds per stage (and `step`, their sum) from the run's steps so far, at the
+        recent workload: the step-time forecaster a live monitor calls after each step
+        (`model.forecast_next`)."""
+        from polytrace_cli.model import forecast_next, read_workload
+
+        return forecast_next(read_workload(self.connection, run))
+
     def query(self, sql: str) -> pl.DataFrame:
         """The rows of read-only SQL over the store's tables and views, as `polytrace query`."""
         from polytrace_cli.store.queries import query_frame

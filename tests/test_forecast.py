@@ -123,6 +123,18 @@ def test_the_next_step_forecast_is_the_truth_at_the_recent_workload(store, tmp_p
     assert forecast["step"] == pytest.approx(sum(v for k, v in forecast.items() if k != "step"))
 
 
+def test_the_store_forecasts_the_next_step(store, tmp_path, db_path):
+    from polytrace_cli import Store
+
+    _write(store, tmp_path, "live", StepTimeModel(noise_sigma=0.001), steps=30)
+    store.close()
+    with Store.open(db_path, read_only=True) as facade:
+        forecast = facade.forecast("live")
+    truth = StepTimeModel()
+    assert forecast["adv"] == pytest.approx(truth.a_adv, rel=0.01)
+    assert forecast["update_weights"] == pytest.approx(truth.weight_sync_s, rel=0.01)
+
+
 def test_cli_backtest_with_walk_forward_matches_its_schema(store, tmp_path, db_path):
     import json
 
