@@ -31,6 +31,9 @@ def whatif(
                                                     "K steps (default: every step up to 60 held-out steps, "
                                                     "else at most 60 refits).")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
+    training_scale: Annotated[float | None, typer.Option("--training-scale", help="For one-step-off: the measured "
+                                                         "slowdown of the training stages on their share of the "
+                                                         "GPUs (default 1/(1 − G), assumed).")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
@@ -47,13 +50,16 @@ def whatif(
         raise PolytraceError("--walk-forward and --refit-every go with --backtest")
     if refit_every and not walk_forward:
         raise PolytraceError("--refit-every goes with --walk-forward")
+    if training_scale is not None and not any(text.strip().startswith("one-step-off") for text in policy or []):
+        raise PolytraceError("--training-scale goes with --policy one-step-off")
     from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
     from polytrace_cli.store import open_store
 
     parsed = [parse_policy(text) for text in policy or []]
     con = open_store(db, read_only=True, wait=wait)
     try:
-        result = backtest_run(con, run, walk_forward, refit_every) if backtest else whatif_run(con, run, parsed)
+        result = (backtest_run(con, run, walk_forward, refit_every) if backtest
+                  else whatif_run(con, run, parsed, training_scale))
     finally:
         con.close()
     if as_json:

@@ -196,6 +196,7 @@ class RunContext:
     _lengths: StepLengths | None = None
     predicted_workload: pl.DataFrame | None = None
     caveats: list[str] = field(default_factory=list)
+    training_scale: float | None = None
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
         """Per-stage seconds of the model at a modified workload frame.
@@ -418,9 +419,11 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     share G generates (default 0.5) and 1 − G trains. Generation becomes
     `split_generation` of the model's terms: a_gen − switch + b_tail · r_max + b_vol · response_tokens / G,
     the switch being the logged gen_s − generate_sequences_s when verl logs generate_sequences (else
-    kept, and the note says so). Each token stage becomes a_k + b_k · busiest_rank_tokens / (1 − G): each
-    training rank holds 1/(1 − G) times the tokens, an assumption (the run cannot measure its training
-    on fewer GPUs; less than linear scaling makes the pipeline faster than predicted). Reward and
+    kept, and the note says so). Each token stage becomes a_k + b_k · busiest_rank_tokens · S with S =
+    `training_scale` when it is given (measured: the training stages' seconds on 1 − G of the GPUs over
+    their seconds on all of them), else 1/(1 − G): each training rank holds 1/(1 − G) times the tokens,
+    an assumption (the run cannot measure its training on fewer GPUs; less than linear scaling makes
+    the pipeline faster than predicted). Reward and
     advantage are unchanged; the weight sync, the rest, validation and checkpoints stay serial.
     Over the run: wall = `pipelined_wall` + Σ serial, train_t = Σ of the training-side stages. The
     one-step staleness of the rollout is not modelled."""
@@ -445,12 +448,13 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     switch = np.where(np.isfinite(logged_switch), np.maximum(logged_switch, 0.0), 0.0)
     stages["gen"] = split_generation(stages["gen"] - volume, np.zeros(frame.height), volume, switch, share)
     training_side = [s for s in ("reward", *TRAINING_STAGES, "adv") if s in stages]
+    scale = ctx.training_scale if ctx.training_scale is not None else 1.0 / (1.0 - share)
     for stage in TRAINING_STAGES:
         if stage in stages:
             fit = model.stages[stage]
             busy = fit.coefficients.get(busiest_feature, 0.0) * frame[busiest_feature].fill_null(
                 model.typical.get(busiest_feature, 0.0)).to_numpy()
-            stages[stage] = stages[stage] + busy * (1.0 / (1.0 - share) - 1.0)
+            stages[stage] = stages[stage] + busy * (scale - 1.0)
     gen = stages["gen"]
     train = np.sum([stages[s] for s in training_side], axis=0) if training_side else np.zeros(frame.height)
     stages["overlap"] = np.zeros(frame.height)
@@ -464,7 +468,10 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
         note += f"; the colocation switch ({float(switch.sum()):,.0f} s logged over the run) disappears"
     else:
         note += "; verl's generate_sequences is not logged, so the colocation switch inside gen is kept"
-    note += f"; the training stages' token terms scaled by 1/{1 - share:g} (assumed, not measured)"
+    if ctx.training_scale is None:
+        note += f"; the training stages' token terms scaled by 1/{1 - share:g} (assumed, not measured)"
+    else:
+        note += f"; the training stages' token terms scaled by {scale:g} (as measured and given)"
     return ctx.plan.with_stages(stages), note
 
 
@@ -504,12 +511,18 @@ def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunCont
     return ctx, info.name, float(timed["wall_s"].sum()), steps.height
 
 
-def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[str | Policy]) -> WhatIfResult:
-    """Predict the run's wall time under each policy against the replay (see the module docstring)."""
+def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[str | Policy],
+               training_scale: float | None = None) -> WhatIfResult:
+    """Predict the run's wall time under each policy against the replay (see the module docstring);
+    `training_scale` is one-step-off's measured slowdown of the training stages' token terms on their
+    share of the GPUs (1/(1 − G) when not given)."""
     parsed = [p if isinstance(p, Policy) else parse_policy(p) for p in policies]
     if not parsed:
         raise PolytraceError(f"name at least one --policy: {POLICY_HELP}")
+    if training_scale is not None and not training_scale > 0:
+        raise PolytraceError(f"the training scale is a positive factor, not {training_scale}")
     ctx, name, actual, steps = run_context(con, run)
+    ctx.training_scale = training_scale
     baseline = ctx.plan.total
     scenarios = []
     draws: list[RunContext] | None = None
