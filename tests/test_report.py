@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import jsonschema
 import matplotlib.image
 import polars as pl
 import pytest
@@ -20,6 +21,7 @@ from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.report.figures import FIGURE_MODULES, figure_modules
 from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.writer import build_report, default_name
+from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 
 SAMPLE_LOGS = PROJECT_ROOT / "sample_logs"
@@ -53,6 +55,7 @@ def assert_report_complete(index: Path, svg: bool = False) -> dict:
     markdown = (folder / "summary.md").read_text()
     summary = json.loads((folder / "summary.json").read_text(),
                          parse_constant=lambda token: pytest.fail(f"summary.json holds {token}, which is not JSON"))
+    jsonschema.validate(summary, json_schema("summary"), cls=jsonschema.Draft202012Validator)
     assert set(summary["analyses"]) == set(all_analyses())
     assert summary["analysis_errors"] == {}
     assert len(summary["figures"]) == len(FIGURE_MODULES)
