@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,13 +159,19 @@ class Ingester:
 
     Subclasses set `name` (the --format value), `version` (bumped when parsing changes, stored
     in `files.parser_version`), `framework` (the run's framework when this file creates it) and
-    implement `sniff` and `load`.
+    implement `sniff` and `load`. A format whose logs name step metrics declares what they mean:
+    `metric_aliases` maps a logged key to a canonical name (a column of the `steps` view, such as
+    `gen_s`, or a name analyses look up), and `validation_prefixes` are the key prefixes of metrics
+    logged by validation only. The store's `metric_aliases` rows and its `steps` view are generated
+    from every registered format's declarations when a store is opened (`store/catalog.py`).
     """
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
     framework: ClassVar[str | None] = None
     description: ClassVar[str] = ""
+    metric_aliases: ClassVar[Mapping[str, str]] = {}
+    validation_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def sniff(self, path: Path, head: bytes) -> bool:
         """True when the file at `path`, whose first bytes are `head`, is of this format."""

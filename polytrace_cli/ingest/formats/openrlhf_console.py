@@ -44,6 +44,7 @@ from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import check_steps, resume_lines, store_parsed
+from polytrace_cli.ingest import openrlhf_names
 from polytrace_cli.ingest.registry import register
 
 # The step is taken as printed; the pipeline checks it is a whole number in range (`check_steps`).
@@ -158,6 +159,8 @@ class OpenRLHFConsoleIngester(Ingester):
     version = "2"
     framework = "openrlhf"
     description = "OpenRLHF console log (✨ Global step N: {...}, evaluation lines, tqdm postfixes)"
+    metric_aliases = openrlhf_names.METRIC_ALIASES
+    validation_prefixes = openrlhf_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if path.suffix in (".json", ".jsonl", ".csv", ".yaml", ".yml", ".py"):

@@ -43,6 +43,7 @@ from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_sc
                                           printed_step_schema)
 from polytrace_cli.ingest.console.pipeline import in_slices, int64_step
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
+from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import is_binary, register
 
 WANDB_LINE_LIMIT = 4096
@@ -124,6 +125,8 @@ class VerlConsoleIngester(Ingester):
     version = "2"
     framework = "verl"
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
+    metric_aliases = verl_names.METRIC_ALIASES
+    validation_prefixes = verl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if is_binary(head):

@@ -36,6 +36,7 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
+from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 from polytrace_cli.store.connection import fetch_first
@@ -60,6 +61,8 @@ class VerlJsonlIngester(Ingester):
     version = "3"
     framework = "verl"
     description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
+    metric_aliases = verl_names.METRIC_ALIASES
+    validation_prefixes = verl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         first = _first_line(head)
