@@ -60,13 +60,28 @@ class Store:
         self.read_only = read_only
 
     @classmethod
-    def open(cls, path: str | Path | None = None, read_only: bool = False) -> Store:
+    def open(cls, path: str | Path | None = None, read_only: bool = False, wait: float = 0,
+             upgrade: bool = True) -> Store:
         """Open (creating and migrating when needed) the store at `path`; by default, as the CLI,
-        $POLYTRACE_DB or ./polytrace.duckdb."""
+        $POLYTRACE_DB or ./polytrace.duckdb. While another process holds it, retry for up to `wait`
+        seconds; with upgrade=False, a read-only open of an older store is an error instead of an upgrade."""
         from polytrace_cli.store import open_store, resolve_db_path
 
         resolved = resolve_db_path(path)
-        return cls(open_store(resolved, read_only=read_only), resolved, read_only)
+        return cls(open_store(resolved, read_only=read_only, wait=wait, upgrade=upgrade), resolved, read_only)
+
+    @classmethod
+    def write_report(cls, path: str | Path | None = None, runs: Runs = None, out: str | Path = "reports",
+                     name: str | None = None, steps: Steps = None, svg: bool = False, wait: float = 0) -> Path:
+        """`polytrace report`: the report of the runs of the store at `path`, opened read-only for it, with
+        the modelled numbers computed in a second process opening the store on its own (when this process
+        has opened no store yet); returns the path of index.html."""
+        from polytrace_cli.report.store_report import write_forked_report
+        from polytrace_cli.store.connection import connections_opened
+
+        may_fork = not connections_opened()
+        return write_forked_report(lambda upgrade: cls.open(path, read_only=True, wait=wait, upgrade=upgrade),
+                                   _names(runs), out, name, steps, svg, may_fork=may_fork)
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -119,7 +134,7 @@ class Store:
         PNG; as SVG too with `svg`, as `--svg`); returns the path of its index.html."""
         from polytrace_cli.report import write_runs_report
 
-        return write_runs_report(self.connection, _names(runs), out, name, steps, svg=svg)
+        return write_runs_report(self.connection, self.run_ids(runs), out, name, steps, svg=svg)
 
     def steps(self, run: str, steps: Steps = None) -> pl.DataFrame:
         """One row per step of the run (stage seconds, lengths, load balance, flags, the model's

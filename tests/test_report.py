@@ -220,7 +220,7 @@ def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
 def test_a_report_runs_without_automatic_gc_and_leaves_it_as_it_found_it(sample_report, tmp_path, monkeypatch):
     import gc
 
-    from polytrace_cli.report import store_report
+    from polytrace_cli.facade import Store
     from polytrace_cli.report import writer
 
     seen = []
@@ -235,7 +235,7 @@ def test_a_report_runs_without_automatic_gc_and_leaves_it_as_it_found_it(sample_
     for enabled in (True, False):
         (gc.enable if enabled else gc.disable)()
         try:
-            store_report.write_store_report(db, out_dir=tmp_path, name=f"gc-{enabled}")
+            Store.write_report(db, out=tmp_path, name=f"gc-{enabled}")
             assert gc.isenabled() is enabled
         finally:
             gc.enable()

@@ -28,9 +28,9 @@ def report(
     wait: WaitOption = 0,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
-    from polytrace_cli.report import write_store_report  # matplotlib loads only when a report is drawn
+    from polytrace_cli.facade import Store  # matplotlib loads only when a report is drawn
 
-    typer.echo(str(write_store_report(db, runs, out, name, steps, svg, wait)))
+    typer.echo(str(Store.write_report(db, runs, out, name, steps, svg, wait)))
 
 
 def _limit_option(help_text: str):

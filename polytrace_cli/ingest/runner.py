@@ -26,7 +26,7 @@ from polytrace_cli.ingest.files import (
 )
 from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
-from polytrace_cli.ingest.run_metadata import NULL_MEANS_CANNOT_TELL
+from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first
 
 # Folder names that say what a folder holds rather than which run it is.

@@ -45,6 +45,7 @@ from polytrace_cli.ingest.console.pipeline import in_slices, int64_step
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
 from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import is_binary, register
+from polytrace_cli.store.step_timers import step_time_inclusion
 
 WANDB_LINE_LIMIT = 4096
 STEP_PREFIX = r"^step:(-?\d+)"
@@ -349,7 +350,7 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
         ctx.format_version = {"<=0.4": "verl<=0.4 (.3f values)", ">=0.5": "verl>=0.5 (repr values)"}.get(version)
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
         meta.update(_step_time_logged(ctx, metrics))
-        meta.update(run_metadata.step_time_inclusion(ctx.con, ctx.run_id))
+        meta.update(step_time_inclusion(ctx.con, ctx.run_id))
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
     ctx.run_meta.update(meta)
