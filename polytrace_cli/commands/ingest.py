@@ -150,10 +150,14 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
 
 
 def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ingest_paths):
-    from polytrace_cli.ingest.formats import verl_rollout
+    from polytrace_cli.ingest.base import counting_tokens_with, load_tokenizer
     from polytrace_cli.store import open_store
 
-    verl_rollout.set_tokenizer(tokenizer)
+    with counting_tokens_with(load_tokenizer(tokenizer) if tokenizer else None):
+        return _ingest_opened(paths, db, wait, run, task, format_name, as_json, hashes, ingest_paths, open_store)
+
+
+def _ingest_opened(paths, db, wait, run, task, format_name, as_json, hashes, ingest_paths, open_store):
     con = open_store(db, wait=wait)
     try:
         options = {"run_name": run, "task": task, "format_name": format_name, "hashes": hashes}
@@ -173,7 +177,6 @@ def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, ha
             return ingest_paths(con, paths, on_file=advance, **options)
     finally:
         con.close()
-        verl_rollout.set_tokenizer(None)
 
 
 def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:

@@ -26,6 +26,7 @@ from polytrace_cli.ingest.files import (
 )
 from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
+from polytrace_cli.ingest.unchanged import is_unchanged, stored_file, stored_files
 from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first
 
@@ -231,31 +232,26 @@ def ingest_file(
     path = path.resolve()
     source = source or Readable(path, path, False)
     started = time.perf_counter()
-    existing = fetch_first(
-        con, "SELECT file_id, sha256, format, parser_version, read_options, bytes FROM files"
-        " WHERE run_id = ? AND path = ?",
-        [run_id, path_text(path)],
-    )
+    stored = stored_file(con, run_id, path_text(path))
     options = ingester.read_options()
     report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name,
                         bytes=path.stat().st_size)
-    if existing and tuple(existing[2:]) == (ingester.name, ingester.version, options, report.bytes):
-        sha, _, _ = hashes.result(path)
-        if existing[1] == sha:
-            report.status = "unchanged"
-            report.seconds = time.perf_counter() - started
-            return report
+    if is_unchanged(stored, ingester, report.bytes, lambda: hashes.result(path)[0]):
+        report.status = "unchanged"
+        report.seconds = time.perf_counter() - started
+        return report
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
     counting = hashes.future(source.path) if source.compressed else None
-    return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
+    return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id,
+                                stored.file_id if stored else None,
                                 hashes.future(path), counting, report, started, options)
 
 
 def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing, hashing, counting,
                          report, started, options) -> FileReport:
     def replace_previous_version() -> None:
-        if existing:
-            delete_file_rows(con, existing[0])
+        if existing is not None:
+            delete_file_rows(con, existing)
             report.status = "replaced"
 
     # Lines are counted on the text the ingester reads; the hash is of the input file's bytes.
@@ -504,19 +500,13 @@ def _drop_unchanged(con: duckdb.DuckDBPyConnection, members: list[_BatchMember],
     """(changed or new, unchanged) members: a file the store holds read the same way (format, parser
     version, options, size) with the same sha256 is unchanged and is not read again. Notes each
     member's previous `file_id`, if any."""
-    known = {(run_id, path): rest for run_id, path, *rest in con.execute(
-        "SELECT f.run_id, f.path, f.file_id, f.sha256, f.format, f.parser_version, f.read_options, f.bytes"
-        " FROM files f JOIN (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::VARCHAR[]) AS path) w"
-        " ON f.run_id = w.run_id AND f.path = w.path",
-        [[m.run_id for m in members], [path_text(m.path) for m in members]]).fetchall()}
+    known = stored_files(con, [(m.run_id, path_text(m.path)) for m in members])
     changed, unchanged = [], []
     for member in members:
-        existing = known.get((member.run_id, path_text(member.path)))
-        member.existing = existing[0] if existing else None
-        ingester = member.ingester
-        same_reading = existing and tuple(existing[2:]) == (ingester.name, ingester.version, ingester.read_options(),
-                                                             member.size)
-        (unchanged if same_reading and existing[1] == hashes.result(member.path)[0] else changed).append(member)
+        stored = known.get((member.run_id, path_text(member.path)))
+        member.existing = stored.file_id if stored else None
+        same = is_unchanged(stored, member.ingester, member.size, lambda m=member: hashes.result(m.path)[0])
+        (unchanged if same else changed).append(member)
     return changed, unchanged
 
 
