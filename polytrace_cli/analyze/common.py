@@ -74,6 +74,10 @@ def run_names(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[int, s
     return dict(rows)
 
 
+# The columns of `run_facts`, for its consumers.
+RUN_FACTS_COLUMNS = ("run", "task", "samples")
+
+
 def run_facts(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
     """One row per run, by name: run (String), task (String), samples (Int64, its count of responses)."""
     import polars as pl

@@ -22,9 +22,13 @@ _plugins_loaded = False
 # The entry-point group through which another package adds formats: each entry point names a module
 # whose import registers its ingesters with `@register` (or an `Ingester` subclass, registered here).
 ENTRY_POINT_GROUP = "polytrace.formats"
-# Modules that declare a built-in framework's metric names and load nothing else: opening a store
-# checks its `steps` view against them without loading every format (see `declared_metric_names`).
-METRIC_NAME_MODULES = ("polytrace_cli.ingest.verl_names", "polytrace_cli.ingest.openrlhf_names")
+
+
+def metric_name_modules() -> list[str]:
+    """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
+    (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
+    view against them without loading every format (see `declared_metric_names`)."""
+    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(Path(__file__).parent.glob("*_names.py"))]
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
@@ -87,13 +91,13 @@ def _merged_names(sources: list[tuple[str, dict[str, str], tuple[str, ...]]]) ->
 
 
 def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
-    """(aliases, validation prefixes) of every format: the built-in frameworks' `METRIC_NAME_MODULES` and
+    """(aliases, validation prefixes) of every format: the built-in frameworks' `metric_name_modules()` and
     the plugins' `metric_aliases` and `validation_prefixes`. Aliases map a logged key to its canonical name,
     in key order; a key mapped to two names is an error (the steps view could not say which)."""
     import importlib
 
     sources = []
-    for name in METRIC_NAME_MODULES:
+    for name in metric_name_modules():
         module = importlib.import_module(name)
         sources.append((name, module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
     sources += [(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes)) for i in plugin_ingesters()]
@@ -102,7 +106,7 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
 
 def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
-    `declared_metric_names` when each built-in framework's names sit in a `METRIC_NAME_MODULES` module."""
+    `declared_metric_names` when each built-in framework's names sit in an `ingest/<framework>_names.py` module."""
     return _merged_names([(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes))
                           for i in all_ingesters()])
 
