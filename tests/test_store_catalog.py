@@ -101,3 +101,21 @@ def test_two_formats_that_disagree_on_a_key_are_an_error(monkeypatch):
 def test_the_cheap_declarations_are_those_of_the_registered_formats():
     # Opening a store reads the names modules only; every registered format must declare through them.
     assert declared_metric_names() == registered_metric_names()
+
+
+def test_only_the_formats_name_framework_metrics():
+    # Analyses, the model and the report read canonical names (through metric_aliases or the steps view).
+    # The synthetic log writers (workload/) write logs in the frameworks' own names, as the formats read
+    # them. Keys that are plain words (OpenRLHF's `reward`) are also stage names, so only keys with a
+    # `/` are looked for.
+    keys = [key for key in declared_metric_names()[0] if "/" in key]
+    package = SCHEMAS.parent / "polytrace_cli"
+    named = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] in ("ingest", "workload"):
+            continue
+        text = path.read_text()
+        found = [key for key in keys if f"'{key}'" in text or f'"{key}"' in text]
+        if found:
+            named[str(path.relative_to(package))] = found
+    assert named == {}

@@ -41,6 +41,11 @@ METRIC_ALIASES = {
     "perf/total_num_tokens": "total_tokens",
     "perf/throughput": "throughput",
     "perf/time_per_step": "time_per_step",
+    # Tokens per data-parallel rank in the step: the busiest rank's, the mean, and the busiest after
+    # verl's sequence balancing (names analyses read; no `steps` view column).
+    "global_seqlen/max": "rank_tokens_max",
+    "global_seqlen/mean": "rank_tokens_mean",
+    "global_seqlen/balanced_max": "rank_tokens_balanced_max",
     # A console log without metric lines still yields step times from its tqdm progress bar; the rows
     # carry the step flag `tqdm_estimate`, so the estimate stays visible in the steps view.
     "tqdm/step_s": "step_s",
