@@ -119,3 +119,20 @@ def test_only_the_formats_name_framework_metrics():
         if found:
             named[str(path.relative_to(package))] = found
     assert named == {}
+
+
+def test_a_lake_reads_with_the_codes_aliases_not_those_it_was_written_with(verl_store, tmp_path, monkeypatch):
+    from polytrace_cli.store.lake import open_lake, write_lake
+
+    con = open_store(verl_store, read_only=True)
+    try:
+        write_lake(con, tmp_path / "lake")
+    finally:
+        con.close()
+    monkeypatch.setattr(verl_names, "METRIC_ALIASES", {**verl_names.METRIC_ALIASES,
+                                                       "timing_s/generate_sequences": "gen_s"})
+    lake = open_lake(tmp_path / "lake")
+    try:
+        assert lake.execute("SELECT step, gen_s FROM steps ORDER BY step").fetchall() == [(1, 12.5), (2, 14.0), (3, None)]
+    finally:
+        lake.close()

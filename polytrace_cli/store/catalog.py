@@ -118,3 +118,13 @@ def install_catalog(con: duckdb.DuckDBPyConnection, in_transaction: bool = False
             con.execute("ROLLBACK")
         raise
     return True
+
+
+def install_catalog_views(con: duckdb.DuckDBPyConnection) -> None:
+    """For a read-only copy of a store (a lake read back): `metric_aliases` and `steps` as views of the
+    code's declarations, whatever the copy was written with."""
+    aliases, view, _ = declared_catalog()
+    rows = ", ".join(f"({_text(key)}, {_text(canonical)})" for key, canonical in aliases.items())
+    source = f"(VALUES {rows}) AS a(key, canonical)" if rows else "(SELECT NULL::VARCHAR, NULL::VARCHAR WHERE false) AS a(key, canonical)"
+    con.execute(f"CREATE OR REPLACE VIEW metric_aliases AS SELECT key, canonical FROM {source}")
+    con.execute(view)
