@@ -164,6 +164,141 @@ class Store:
             return backtest_run(self.connection, run)
         return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
 
+    def run_rows(self) -> tuple[list[str], list[tuple]]:
+        """The rows of `runs()` as column names and tuples, without loading polars (`polytrace runs`)."""
+        from polytrace_cli.store.queries import runs_rows
+
+        return runs_rows(self.connection)
+
+    def summaries(self, runs: Runs = None, only: str | None = None, steps: Steps = None) -> dict[str, pl.DataFrame]:
+        """{analysis: summary} of the analyses named in `only` ("lengths,imbalance"; every one when None) over
+        the runs, as `polytrace analyze --json`. A store without runs is an error."""
+        from polytrace_cli.store.queries import run_ids_to_analyze
+
+        step_range = self.step_range(steps)
+        # The runs are resolved before polars and the analyses load: a mistyped name fails at once.
+        ids = run_ids_to_analyze(self.connection, _names(runs))
+        from polytrace_cli.analyze.results import run_analyses, select_analyses
+
+        return run_analyses(self.connection, ids, select_analyses(only), step_range)
+
+    def by_group(self, by: str, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+        """One row per task (by="task") or model over the runs, as `polytrace analyze --by`."""
+        from polytrace_cli.store.queries import run_ids_to_analyze
+
+        step_range = self.step_range(steps)
+        ids = run_ids_to_analyze(self.connection, _names(runs))
+        from polytrace_cli.analyze.fleet import by_group
+
+        return by_group(self.connection, ids, by, step_range)
+
+    def compare(self, run_a: str, run_b: str, only: str | None = None, steps: Steps = None) -> pl.DataFrame:
+        """Every summary number of the two runs side by side with run_b − run_a, as `polytrace compare`."""
+        from polytrace_cli.analyze.results import compare_frame
+
+        if run_a == run_b:
+            raise PolytraceError("compare needs two different runs")
+        return compare_frame(run_a, run_b, self.summaries([run_a, run_b], only, steps))
+
+    def has_step_data(self, run: str, steps: Steps = None) -> bool:
+        """Whether the run holds any data (samples or step metrics) in the step range."""
+        from polytrace_cli.check import has_step_data
+
+        (run_id,) = self.run_ids(run)
+        return has_step_data(self.connection, run_id, self.step_range(steps))
+
+    def check(self, run: str, limits: dict[str, float], steps: Steps = None) -> list:
+        """Each threshold ({"max_imbalance": 1.2, ...}) against the run's measured value: a list of verdicts
+        (`.as_dict()`), as `polytrace check`."""
+        from polytrace_cli.check import check_run, validate_limits
+
+        validate_limits(limits)
+        (run_id,) = self.run_ids(run)
+        return check_run(self.connection, run_id, run, limits, self.step_range(steps))
+
+    def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
+        """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""
+        from polytrace_cli.store.queries import ingest_errors_frame
+
+        return ingest_errors_frame(self.connection, run, limit)
+
+    def errors_count(self, run: str | None = None) -> int:
+        """How many lines the store (or the run) quarantined."""
+        from polytrace_cli.store.queries import ingest_errors_count
+
+        return ingest_errors_count(self.connection, run)
+
+    def remove(self, runs: str | Iterable[str]) -> list:
+        """Remove the runs and every row they hold, in one transaction, as `polytrace rm`; one result per run
+        (`.name`, `.rows` by table)."""
+        from polytrace_cli.store.runs import remove_runs
+
+        return remove_runs(self.connection, list(dict.fromkeys(_names(runs) or [])))
+
+    def rename(self, old: str, new: str) -> None:
+        """Give a run a new name, as `polytrace rename`."""
+        from polytrace_cli.store.runs import rename_run
+
+        rename_run(self.connection, old, new)
+
+    def write_lake(self, out: str | Path, runs: Runs = None, prune: bool = False):
+        """Write the store (or the runs) as a Parquet lake under `out`, as `polytrace lake`."""
+        from polytrace_cli.store.lake import write_lake
+
+        return write_lake(self.connection, out, _names(runs), prune=prune)
+
+    def fit_lengths(self, run: str) -> dict:
+        """The run's fitted prompt and response length distributions, a polytrace-params/1 document, as
+        `polytrace fit --json`."""
+        from polytrace_cli.workload.export import resolve_run
+        from polytrace_cli.workload.fidelity import fitted_params
+
+        return fitted_params(self.connection, resolve_run(self.connection, run))
+
+    def fidelity(self, run: str, params: dict | None = None, seed: int = 0,
+                 samplers: tuple[str, ...] = ("parametric", "empirical")) -> pl.DataFrame:
+        """KS and mean/p50/p99/clip errors of a synthetic workload drawn from the run's fit (or `params`)
+        against the run, as `polytrace fidelity`."""
+        from polytrace_cli.workload.export import resolve_run
+        from polytrace_cli.workload.fidelity import fidelity, fitted_params
+
+        run_id = resolve_run(self.connection, run)
+        document = params if params is not None else fitted_params(self.connection, run_id)
+        return fidelity(self.connection, run_id, document, seed=seed, samplers=samplers)
+
+    def workload_of(self, run: str, sampler: str = "parametric", task: str | None = None):
+        """(length model, workload spec) shaped like the run, for `polytrace synth --from-run`."""
+        from polytrace_cli.workload.fidelity import workload_from_run
+
+        return workload_from_run(self.connection, run, sampler=sampler, task=task)
+
+    def export(self, run: str, out: str | Path, formats: Iterable[str] = ("polytrace-json",)):
+        """Write the run's samples as PolyTrace traces under `out`, as `polytrace export`."""
+        from polytrace_cli.workload.export import export_run
+
+        return export_run(self.connection, run, Path(out), list(formats))
+
+    def replay_check(self, benchmark: str | Path, formal: str | Path):
+        """A benchmark replay's per-stage error against the formal run (logs ingested into this store, or run
+        names), as `polytrace replay-check`."""
+        from polytrace_cli.workload.replay import replay_check
+
+        return replay_check(self.connection, benchmark, formal)
+
+    def confined(self) -> Store:
+        """This store with its connection locked to it: no file read or written, no extension loaded, as
+        `polytrace query` runs SQL. Returns the store."""
+        from polytrace_cli.store.connection import confine
+
+        confine(self.connection)
+        return self
+
+    def query_relation(self, sql: str) -> duckdb.DuckDBPyRelation:
+        """The relation of one read-only statement (SELECT or EXPLAIN), without loading polars."""
+        from polytrace_cli.store.queries import read_only_relation
+
+        return read_only_relation(self.connection, sql)
+
     def query(self, sql: str) -> pl.DataFrame:
         """The rows of read-only SQL over the store's tables and views, as `polytrace query`."""
         from polytrace_cli.store.queries import query_frame
