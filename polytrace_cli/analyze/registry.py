@@ -63,19 +63,12 @@ def plugin_analyses() -> list[str]:
     A plugin that cannot be loaded is an error naming it."""
     global _plugins_loaded
     if not _plugins_loaded:
-        from importlib.metadata import entry_points
-
-        from polytrace_cli.errors import PolytraceError
+        from polytrace_cli.plugins import load_plugins
 
         _plugins_loaded = True
-        for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
-            before = set(_ANALYSES)
-            try:
-                point.load()
-            except Exception as error:  # a broken plugin is named, never a traceback
-                raise PolytraceError(f"analysis plugin {point.name} ({point.value}) cannot be loaded: "
-                                     f"{type(error).__name__}: {error}") from None
-            _PLUGINS.extend(name for name in _ANALYSES if name not in before and name not in ANALYSES)
+        before = set(_ANALYSES)
+        load_plugins(ENTRY_POINT_GROUP, "analysis", lambda module: None)
+        _PLUGINS.extend(name for name in _ANALYSES if name not in before and name not in ANALYSES)
     return list(_PLUGINS)
 
 

@@ -50,23 +50,20 @@ def plugin_ingesters() -> list[Ingester]:
     point name order. A plugin that cannot be loaded is an error naming it."""
     global _plugins_loaded
     if not _plugins_loaded:
-        from importlib.metadata import entry_points
-
-        from polytrace_cli.errors import PolytraceError
+        from polytrace_cli.plugins import load_plugins
 
         _plugins_loaded = True
-        for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
-            before = len(_REGISTRY)
-            try:
-                loaded = point.load()
-                if isinstance(loaded, type) and issubclass(loaded, Ingester) and not any(
-                        type(i) is loaded for i in (*_PLUGINS, *_REGISTRY)):
-                    register(loaded)
-            except Exception as error:  # a broken plugin is named, never a traceback
-                raise PolytraceError(f"format plugin {point.name} ({point.value}) cannot be loaded: "
-                                     f"{type(error).__name__}: {error}") from None
-            _PLUGINS.extend(_REGISTRY[before:])
-            del _REGISTRY[before:]
+
+        def add(loaded: object) -> None:
+            # A module registers its ingesters as it is imported; an Ingester class is registered here.
+            if isinstance(loaded, type) and issubclass(loaded, Ingester) and not any(
+                    type(i) is loaded for i in (*_PLUGINS, *_REGISTRY)):
+                register(loaded)
+
+        load_plugins(ENTRY_POINT_GROUP, "format", add)
+        # A plugin may import built-in formats as it loads: only the ingesters defined outside polytrace move.
+        _PLUGINS.extend(i for i in _REGISTRY if not type(i).__module__.startswith("polytrace_cli."))
+        _REGISTRY[:] = [i for i in _REGISTRY if i not in _PLUGINS]
     return list(_PLUGINS)
 
 
