@@ -72,11 +72,14 @@ LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
 
 
 def declared_catalog() -> tuple[dict[str, str], str, str]:
-    """(aliases, steps view statement, fingerprint) from the registered formats' declarations."""
-    # The declarations belong to the formats; the store only writes what they say.
-    from polytrace_cli.ingest.registry import declared_metric_names
+    """(aliases, steps view statement, fingerprint) from the formats' declarations: the function the
+    package root names in `METRIC_NAMES_SOURCE` returns (aliases, validation prefixes)."""
+    import importlib
 
-    aliases, prefixes = declared_metric_names()
+    from polytrace_cli import METRIC_NAMES_SOURCE
+
+    module, function = METRIC_NAMES_SOURCE.split(":")
+    aliases, prefixes = getattr(importlib.import_module(module), function)()
     view = steps_view_sql(prefixes)
     digest = hashlib.sha256(json.dumps([aliases, view], sort_keys=True).encode()).hexdigest()[:16]
     return aliases, view, digest
