@@ -24,7 +24,7 @@ the store's connection, the run ids and the step range, e.g.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.diagnose import Explanation
+    from polytrace_cli.ingest.files import FileHashes
+    from polytrace_cli.ingest.ray_engine import RaySettings
     from polytrace_cli.ingest.runner import FileReport
     from polytrace_cli.simulate import BacktestResult, WhatIfResult
 
@@ -104,15 +106,32 @@ class Store:
         return StepRange.of(steps)
 
     def ingest(self, paths: str | Path | Iterable[str | Path], run: str | None = None, task: str | None = None,
-               format: str | None = None) -> list[FileReport]:
+               format: str | None = None, *, tokenizer: str | object | None = None,
+               on_file: Callable[[FileReport], None] | None = None, hashes: FileHashes | None = None,
+               ray: RaySettings | None = None) -> list[FileReport]:
         """Read files and folders into the store, one transaction per file, as `polytrace ingest`.
-        Returns one report per file: path, run, format, status, lines, rows, ignored, rejected, ..."""
-        from polytrace_cli.ingest.runner import ingest_paths
+        Returns one report per file: path, run, format, status, lines, rows, ignored, rejected, ...
+        `tokenizer`: a local Hugging Face tokenizer (its name or path, or the loaded tokenizer) that counts
+        rollout-dump lengths for this ingest; `on_file`: called with each file's report as it is done;
+        `hashes`: files' hashes already computed or computing; `ray`: parse on the Ray session these
+        settings describe (`polytrace ingest --ray`)."""
+        from polytrace_cli.ingest.base import counting_tokens_with, load_tokenizer
 
         if self.read_only:
             raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to ingest")
-        targets = [paths] if isinstance(paths, (str, Path)) else list(paths)
-        return ingest_paths(self.connection, [Path(p) for p in targets], run_name=run, task=task, format_name=format)
+        targets = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+        loaded = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        options = {"run_name": run, "task": task, "format_name": format, "on_file": on_file, "hashes": hashes}
+        with counting_tokens_with(loaded):
+            if ray is None:
+                from polytrace_cli.ingest.runner import ingest_paths
+
+                return ingest_paths(self.connection, targets, **options)
+            from polytrace_cli.ingest.ray_engine import ingest_paths_ray
+
+            # Ray's workers load the tokenizer again, by the name or path it was loaded from.
+            name = tokenizer if isinstance(tokenizer, str) else getattr(loaded, "name_or_path", None)
+            return ingest_paths_ray(self.connection, targets, settings=ray, tokenizer=name, **options)
 
     def runs(self) -> pl.DataFrame:
         """One row per run with its files, samples, steps and rejected lines, as `polytrace runs`."""
