@@ -139,19 +139,22 @@ class ConsoleGrammar:
         ctx.note("zero steps: no metric lines")
 
     def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
-        """Fill ctx.run_meta (and ctx.format_version) from the lines and the stored pairs."""
+        """Fill ctx.run_meta (and ctx.format_version) from the lines (metric lines without their
+        text) and a digest of the stored pairs: the first pair of each key and the first
+        `printed_values_read` pairs of `printed_sample` with their printed text, in line order."""
 
 
 def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     """Read ctx.path with `grammar` into the store, accounting for every line (see the module).
 
-    Steps 1 to 5 run on one block of lines at a time (`reading.read_console_blocks`), so the file's
-    text is never held whole: a block's metric lines keep their pairs and lose their text, the other
-    lines are kept for the steps that read the whole log (run meta, the fallback).
+    Steps 1 to 6 run on one block of lines at a time (`reading.read_console_blocks`), so neither the
+    file's text nor its pairs are ever held whole: each block's pairs are stored in their segments
+    (`BlockWriter`) before the next block is read; its metric lines lose their text, the other lines
+    are kept for the steps that read the whole log (run meta, the fallback).
     """
     ctx.lines = 0
-    kept, parts, resumes = [], [], []
-    sampled = 0
+    kept, resumes = [], []
+    writer = BlockWriter(ctx, grammar.printed_values_read)
     for block in read_console_blocks(ctx.path):
         lines = classify(block, grammar)
         ctx.lines += lines.height
@@ -159,22 +162,15 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
         noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
         for rule, count in noise.sort("kind").iter_rows():
             ctx.ignore(rule, count)
-        part = check_steps(ctx, grammar.parse(ctx, lines), lines)
-        if grammar.printed_values_read is not None:
-            part, kept_text = _drop_printed_text(part, grammar.printed_values_read - sampled)
-            sampled += kept_text
-        parts.append(part)
         resumes.extend(resume_lines(lines))
+        writer.write(check_steps(ctx, grammar.parse(ctx, lines), lines), resumes)
         parsed_text = pl.col("kind").is_in([METRIC, DIRTY])
         kept.append(lines.with_columns(raw=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("raw")),
                                        c=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("c"))))
         del lines, block
     lines = pl.concat(kept) if len(kept) > 1 else kept[0]
     del kept
-    parsed = ParsedMetrics(*(pl.concat([getattr(part, name) for part in parts]) if len(parts) > 1
-                             else getattr(parts[0], name) for name in ("metrics", "flags", "printed")))
-    del parts
-    ctx.stored = store_parsed(ctx, parsed, resumes)
+    ctx.stored = writer.finish()
     if not ctx.stored:
         # No pairs: the whole log is small enough to read again, with the text of its metric lines.
         lines = _mark_bad_text(classify(read_console_lines(ctx.path), grammar))
@@ -182,7 +178,93 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
         _reclaim(ctx, grammar.reclaimable, ctx.stored)
         if not ctx.stored:
             grammar.zero_steps(ctx, lines)
-    grammar.record_meta(ctx, lines, parsed.metrics)
+    grammar.record_meta(ctx, lines, writer.digest())
+
+
+class BlockWriter:
+    """Stores the checked pairs of a log block by block, as `store_parsed` stores them all at once.
+
+    A line's segment depends only on the metric line before it (`segments.line_segments`): each
+    block is cut into segments together with the last metric line of the block before (and its
+    pairs), numbered on from that line's segment. The segments of every line (one row per metric
+    line) and the flags are kept, and the step flags written at the end. What `record_meta` reads
+    of the pairs is kept too (`digest`).
+    """
+
+    def __init__(self, ctx: FileContext, printed_values_read: int | None):
+        self.ctx = ctx
+        self.printed_values_read = printed_values_read
+        self.sampled = 0
+        self.segments: list[pl.DataFrame] = []
+        self.flags: list[pl.DataFrame] = []
+        self.digests: list[pl.DataFrame] = []
+        self.last_line = None  # the pairs of the last metric line written, and its segment
+
+    def write(self, parsed: ParsedMetrics, resumes: list[int]) -> None:
+        """Store one block's pairs (`check_steps` done; `resumes`: every checkpoint-load line so far)."""
+        if self.printed_values_read is not None:
+            parsed, kept = _drop_printed_text(parsed, self.printed_values_read - self.sampled)
+            self.sampled += kept
+        self.flags.append(parsed.flags)
+        metrics = parsed.metrics
+        if not metrics.height:
+            return
+        before, offset = (self.last_line if self.last_line is not None
+                          else (metrics.clear(), 0))
+        segments = line_segments(pl.concat([before, metrics]), resumes)
+        if before.height:
+            segments = segments.slice(1)
+        segments = segments.with_columns(pl.col("segment") + offset)
+        self.segments.append(segments)
+        last = segments.get_column("line_no")[-1]
+        self.last_line = (_detached(metrics.filter(pl.col("line_no") == last)), segments.get_column("segment")[-1])
+        metrics = metrics.with_columns(segment=pl.col("line_no").replace_strict(
+            segments.get_column("line_no"), segments.get_column("segment"), default=None, return_dtype=pl.Int32))
+        con = self.ctx.con
+        con.register("console_metrics", ArrowStream(metrics))
+        try:
+            self.ctx.insert(
+                """
+                INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+                SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+                """,
+                [self.ctx.run_id, self.ctx.file_id],
+            )
+        finally:
+            con.unregister("console_metrics")
+        self.digests.append(_detached(metrics.drop("segment").filter(
+            pl.col("raw_value").is_not_null() | pl.col("key").is_first_distinct())))
+
+    def finish(self) -> int:
+        """Write the step flags; return the number of lines that produced pairs."""
+        if not self.segments:
+            return 0
+        segments = pl.concat(self.segments)
+        flags = pl.concat(self.flags)
+        con = self.ctx.con
+        con.register("console_segments", ArrowStream(segments))
+        con.register("console_flags", ArrowStream(flags))
+        try:
+            insert_step_flags(self.ctx, "console_segments", extra_flags="console_flags")
+        finally:
+            for view in ("console_segments", "console_flags"):
+                con.unregister(view)
+        return segments.height
+
+    def digest(self) -> pl.DataFrame:
+        """Of the stored pairs (`metric_schema`, in line and pair order): the first pair of each key
+        and the pairs whose printed text was kept (see `ConsoleGrammar.printed_values_read`)."""
+        if not self.digests:
+            return pl.DataFrame(schema=metric_schema())
+        pairs = pl.concat(self.digests)
+        return pairs.filter(pl.col("raw_value").is_not_null() | pl.col("key").is_first_distinct())
+
+
+def _detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with its text columns copied: rows filtered out of a block still point into the
+    block's text buffers, which would stay in memory as long as any of them is kept."""
+    return frame.with_columns(pl.concat_str([pl.col(name), pl.lit("")]).alias(name)
+                              for name, dtype in frame.schema.items() if dtype == pl.String)
 
 
 def printed_sample() -> pl.Expr:
