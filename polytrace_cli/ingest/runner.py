@@ -21,7 +21,8 @@ import duckdb
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, Readable, UnreadableFile, is_compressed, path_text, readable, walk,
+    CorruptFile, FileHashes, Readable, UnreadableFile, hash_and_count_bytes, is_compressed, path_text, readable,
+    walk,
 )
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
@@ -412,7 +413,10 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
     if strict == NOT_JSON_LINES:
         return None  # loaded alone, which names the line that is not JSON
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
-    hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
+    if len(data) > BATCH_TEXT_KEEP_BYTES:
+        hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
+    else:
+        hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
     return _BatchMember(resolved, explicit, ingester, len(data), text, strict)
 
 
