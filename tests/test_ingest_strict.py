@@ -101,10 +101,17 @@ def _packed(step: int, index: int, outputs) -> str:
                        "output": outputs, "n_sampling": len(outputs), "validate": False})
 
 
-@pytest.mark.parametrize("many_files", [False, True])
-def test_a_clean_trace_is_read_with_column_types_and_never_as_json_text(tmp_path, monkeypatch, many_files):
-    """The typed read is what stores a clean trace: with the read of fields as JSON text made to fail,
-    clean files are still stored, alone and in a batch, and a file the decoder refuses is not."""
+def _trajectory(step: int, sample: int, completion) -> str:
+    return json.dumps({"step": step, "prompt_len": 20, "max_response_len": 64, "final_response_len": 30,
+                       "prompt_group_id": 0, "sample_id": sample,
+                       "turns": [{"turn": 0, "prompt_tokens": 20, "completion_tokens": completion,
+                                  "engine_latency_s": 0.5}],
+                       "tool_calls": [{"turn": 0, "tool_name": "search", "latency_s": 1.5}]})
+
+
+@pytest.fixture
+def json_text_reads(monkeypatch) -> list:
+    """The specs read as JSON text and checked (`_create_checked`), which is made to fail."""
     from polytrace_cli.ingest import runner
 
     monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
@@ -115,20 +122,46 @@ def test_a_clean_trace_is_read_with_column_types_and_never_as_json_text(tmp_path
         raise duckdb.InvalidInputException("the JSON-text read was used")
 
     monkeypatch.setattr(jsonl, "_create_checked", refuse)
+    return calls
+
+
+def test_clean_step_files_in_a_batch_are_read_with_column_types(tmp_path, json_text_reads):
+    """With the JSON-text read made to fail, clean files of a batch are still stored: the typed read
+    stored them."""
     folder = tmp_path / "run"
     folder.mkdir()
-    for step in range(3 if many_files else 1):
+    for step in range(3):
         lines = [_packed(step, i, [i, i + 1]) for i in range(4)]
         (folder / f"packed_lengths_step_{step}.jsonl").write_text("\n".join(lines) + "\n")
     con = open_store(tmp_path / "s.duckdb")
     try:
         reports = ingest_paths(con, [folder])
-        assert [r.status for r in reports] == ["ingested"] * len(reports) and not calls
-        assert con.execute("SELECT count(*), sum(len(response_lens)) FROM sample_groups").fetchone() == (
-            4 * len(reports), 8 * len(reports))
-        (folder / "packed_lengths_step_0.jsonl").write_text(_packed(0, 0, [1.0, 2]) + "\n")
-        ingest_paths(con, [folder / "packed_lengths_step_0.jsonl"])
-        assert calls  # 1.0 fits by the project's rule, not the decoder's: the JSON-text read was tried
+        assert [r.status for r in reports] == ["ingested"] * 3 and not json_text_reads
+        assert con.execute("SELECT count(*), sum(len(response_lens)) FROM sample_groups").fetchone() == (12, 24)
+    finally:
+        con.close()
+
+
+def test_one_multiturn_trace_is_read_with_column_types_and_a_packed_one_as_json_text(tmp_path, json_text_reads):
+    """A trace whose spec holds lists of objects is decoded strictly and read with its types; a
+    packed trace alone is read as JSON text (cheaper for one large file of scalars); a multi-turn
+    value the decoder refuses (a whole number written 3.0) sends the file to the JSON-text read."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    trace = folder / "multiturn_workload_step_0.jsonl"
+    trace.write_text("\n".join(_trajectory(0, sample, 10 + sample) for sample in range(4)) + "\n")
+    con = open_store(tmp_path / "s.duckdb")
+    try:
+        assert [r.status for r in ingest_paths(con, [trace])] == ["ingested"] and not json_text_reads
+        assert con.execute("SELECT count(*), sum(completion_tokens) FROM turns").fetchone() == (4, 46)
+        assert jsonl.holds_objects(MULTITURN_SPEC) and not jsonl.holds_objects(PACKED_SPEC)
+        packed = folder / "packed_lengths_step_0.jsonl"
+        packed.write_text(_packed(0, 0, [1, 2]) + "\n")
+        ingest_paths(con, [packed])
+        assert json_text_reads and all(spec is PACKED_SPEC for spec in json_text_reads)
+        trace.write_text(_trajectory(0, 0, 3.0) + "\n")
+        ingest_paths(con, [trace])
+        assert json_text_reads[-1] is MULTITURN_SPEC
     finally:
         con.close()
 
