@@ -6,8 +6,6 @@ import codecs
 import shutil
 from pathlib import Path
 
-import pytest
-
 from polytrace_cli.ingest.base import file_owned_tables
 from polytrace_cli.ingest.console import reading
 from polytrace_cli.ingest.runner import ingest_paths
@@ -57,8 +55,8 @@ def _damaged_logs(folder: Path) -> list[Path]:
     return [folder / name for name in logs]
 
 
-@pytest.mark.parametrize("block_bytes", [64, 1000])
-def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, block_bytes):
+def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, block_bytes=64):
+    """Blocks of 64 bytes cut every fixture in many places, in lines and between them."""
     logs = CONSOLE_LOGS + _damaged_logs(tmp_path / "damaged")
     assert len(logs) >= 10
     for index, log in enumerate(logs):

@@ -7,6 +7,8 @@ line, DuckDB's typed read must give the values `json_transform` gives the line's
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -49,21 +51,15 @@ def test_the_strict_decoder_accepts_only_values_that_fit_and_duckdb_types_them_a
     assert value_problem(record, spec, "") is None
     con = duckdb.connect()
     columns = "{" + ", ".join(f"'{name}': '{duckdb_type(sub)}'" for name, sub in spec.items()) + "}"
-    typed = con.execute(f"SELECT * FROM read_json_auto(?::VARCHAR, format='newline_delimited', columns={columns})"
-                        .replace("read_json_auto(?::VARCHAR", "read_json(?"), [_write(line)]).fetchall()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "line.jsonl"
+        path.write_bytes(line + b"\n")
+        typed = con.execute(f"SELECT * FROM read_json(?, format='newline_delimited', columns={columns})",
+                            [str(path)]).fetchall()
     transformed = con.execute(
         "SELECT " + ", ".join(f"json_transform(json_extract(?::JSON, '$.\"{name}\"'), ?)" for name in spec),
         [value for name, sub in spec.items() for value in (line.decode(), json.dumps(sub))]).fetchall()
     assert typed == transformed
-
-
-def _write(line: bytes) -> str:
-    import tempfile
-
-    handle = tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False)
-    with handle:
-        handle.write(line + b"\n")
-    return handle.name
 
 
 @pytest.mark.parametrize(("text", "expected"), [
