@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polytrace_cli.ingest import jsonl
