@@ -24,7 +24,7 @@ from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, Readable, UnreadableFile, hash_and_count_bytes, is_compressed, path_text, readable,
     walk,
 )
-from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
+from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_file, stored_files
 from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
@@ -375,6 +375,7 @@ class _BatchMember:
     ingester: BulkJsonlIngester
     size: int
     text: str | None = None  # a small file's text, kept from sniffing and hashing for the batch read
+    strict: int | None = None  # its records when the strict decoder accepts every line (`strict_records`)
     run_id: int = 0
     run: str = ""
     file_id: int = 0
@@ -404,9 +405,15 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             return None  # loaded alone, which names the line that is not UTF-8 text
         if "\0" in text:
             return None
+    strict = strict_records(data, ingester.spec)
+    if strict == NOT_JSON_LINES:
+        return None  # loaded alone, which names the line that is not JSON
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
-    hashes.known(resolved, hash_and_count_bytes(data))
-    return _BatchMember(resolved, explicit, ingester, len(data), text)
+    if len(data) > BATCH_TEXT_KEEP_BYTES:
+        hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
+    else:
+        hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
+    return _BatchMember(resolved, explicit, ingester, len(data), text, strict)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -434,7 +441,8 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
         read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
                                   ingester.checks, whole_json=whole_json,
-                                  texts={str(m.path): m.text for m in changed if m.text is not None})
+                                  texts={str(m.path): m.text for m in changed if m.text is not None},
+                                  strict_counts={str(m.path): m.strict for m in changed if m.strict is not None})
     except duckdb.Error:
         read = None  # handled like a read that fails: the batch is split
     if read is None:

@@ -178,6 +178,8 @@ class OpenRLHFGrammar(ConsoleGrammar):
     """OpenRLHF's metric lines: `Global step N: {dict}` and evaluation lines, read with
     `_literal_payload`; without them, the tqdm postfixes of completed training bars."""
 
+    printed_values_read = 0  # its run meta reads no printed value
+
     anchor = "✨"
     noise = NoiseRules(
         (("blank line", r"^\s*$"), (cl.CHECKPOINT_LOAD, r"^Loaded the checkpoint:"), ("tqdm progress bar", TQDM_BAR),
@@ -232,8 +234,9 @@ class OpenRLHFGrammar(ConsoleGrammar):
                 ctx.ignore("empty metrics dict")
             records.extend((line_no, step, index, key, val, text, None)
                            for index, (key, val, text) in enumerate(rows, start=1))
-        if records:
-            ctx.format_version = "0.9" if any(record[3].startswith("timing/") for record in records) else "0.8"
+        if records:  # a log read in blocks is 0.9 when any block holds a timing key
+            timed = ctx.format_version == "0.9" or any(record[3].startswith("timing/") for record in records)
+            ctx.format_version = "0.9" if timed else "0.8"
         return ParsedMetrics.from_rows(records)
 
     def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:

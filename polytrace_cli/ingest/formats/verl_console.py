@@ -41,7 +41,7 @@ from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema,
                                           printed_step_schema)
-from polytrace_cli.ingest.console.pipeline import in_slices, int64_step
+from polytrace_cli.ingest.console.pipeline import in_slices, int64_step, printed_sample
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
 from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import is_binary, register
@@ -141,11 +141,16 @@ class VerlConsoleIngester(Ingester):
         load_console(ctx, VerlGrammar())
 
 
+# How many printed values tell the verl version and the printed precision (`_record_meta`).
+PRINTED_SAMPLE_SIZE = 5000
+
+
 class VerlGrammar(ConsoleGrammar):
     """verl's metric lines: `step:N - key:value - ...`, parsed in bulk, dirty lines in Python."""
 
     anchor = "step:"
     reclaimable = "tqdm"
+    printed_values_read = PRINTED_SAMPLE_SIZE
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")
@@ -342,8 +347,7 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
     settings.update(_printed_config(lines))
     meta = {"framework": "verl", **settings}
     if metrics.height:
-        sample = metrics.filter(pl.col("value").is_not_null() & pl.col("text_value").is_null()
-                                & pl.col("value").is_finite()).head(5000).get_column("raw_value")
+        sample = metrics.filter(printed_sample()).head(PRINTED_SAMPLE_SIZE).get_column("raw_value")
         version, precision = run_metadata.verl_console_version(sample.to_list())
         meta["verl_version"] = version
         meta["value_precision"] = precision
