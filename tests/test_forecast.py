@@ -3,8 +3,6 @@ cross-validation, walk-forward, and the next-step forecast a live monitor calls.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import polars as pl
 import pytest
@@ -145,20 +143,22 @@ def test_cli_backtest_with_walk_forward_matches_its_schema(store, tmp_path, db_p
 
     _write(store, tmp_path, "cli", StepTimeModel(validate_every=10, level_shifts=((20, "gen", 10.0),)), steps=60)
     store.close()
-    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "whatif.schema.json").read_text())
+    from polytrace_cli.schemas import json_schema
+
+    schema = json_schema("whatif")
     runner = CliRunner()
     result = runner.invoke(app, ["whatif", "cli", "--backtest", "--walk-forward", "--refit-every", "3", "--json",
                                  "--db", str(db_path)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    jsonschema.validate(document, schema)
+    jsonschema.validate(document, schema, cls=jsonschema.Draft202012Validator)
     assert document["walk_forward"]["refit_every"] == 3
     assert document["step"]["best_baseline"] == max(document["step"]["median_baseline"],
                                                     document["step"]["recent_baseline"])
     policies = runner.invoke(app, ["whatif", "cli", "--policy", "balance", "--policy", "one-step-off", "--json",
                                    "--db", str(db_path)])
     assert policies.exit_code == 0, policies.output
-    jsonschema.validate(json.loads(policies.stdout), schema)
+    jsonschema.validate(json.loads(policies.stdout), schema, cls=jsonschema.Draft202012Validator)
     table = runner.invoke(app, ["whatif", "cli", "--backtest", "--walk-forward", "--db", str(db_path), "--wide"])
     assert table.exit_code == 0 and "walk" in table.stdout and "refitted every 1 step(s)" in table.stdout
     refit_alone = runner.invoke(app, ["whatif", "cli", "--backtest", "--refit-every", "3", "--db", str(db_path)])

@@ -52,16 +52,14 @@ def whatif(
         raise PolytraceError("--refit-every goes with --walk-forward")
     if training_scale is not None and not any(text.strip().startswith("one-step-off") for text in policy or []):
         raise PolytraceError("--training-scale goes with --policy one-step-off")
-    from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
+    from polytrace_cli.simulate import parse_policy
 
-    parsed = [parse_policy(text) for text in policy or []]
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        result = (backtest_run(con, run, walk_forward, refit_every) if backtest
-                  else whatif_run(con, run, parsed, training_scale))
-    finally:
-        con.close()
+    for text in policy or []:  # a malformed policy fails before the store is opened
+        parse_policy(text)
+    with Store.open(db, read_only=True, wait=wait) as store:
+        result = (store.whatif(run, backtest=True, walk_forward=walk_forward, refit_every=refit_every) if backtest
+                  else store.whatif(run, policy, training_scale=training_scale))
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
