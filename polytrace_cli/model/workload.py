@@ -66,11 +66,10 @@ WITH st AS (
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS seqlen_max,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seqlen_balanced_max,
-           max(sm.value) FILTER (WHERE sm.key = 'timing_s/generate_sequences') AS generate_sequences_s
-    FROM step_metrics sm LEFT JOIN metric_aliases a ON a.key = sm.key
-    WHERE sm.run_id = $run AND (a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_max',
-                                                'rank_tokens_mean', 'rank_tokens_balanced_max')
-                                OR sm.key = 'timing_s/generate_sequences')
+           max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s
+    FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+    WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_max',
+                                               'rank_tokens_mean', 'rank_tokens_balanced_max', 'generate_sequences_s')
     GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
