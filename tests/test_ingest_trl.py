@@ -174,3 +174,36 @@ def test_transformers_tensorboard_folder_names_the_output_folder(store, tmp_path
     events = write_trl_tensorboard(tmp_path / "grpo_qwen" / "runs" / "Nov26_15-55-36_node1")
     [report] = ingest_paths(store, [tmp_path / "grpo_qwen"])
     assert report.run == "grpo_qwen" and events.name in report.path
+
+
+def test_tokens_per_step_by_hand():
+    import polars as pl
+
+    from polytrace_cli.ingest.trl import tokens_per_step
+
+    frame = pl.DataFrame({
+        "group": [0, 0, 0, 1, 1, 1],
+        "step": [10, 20, 30, 60, 70, 80],
+        "key": ["num_tokens"] * 6,
+        # group 0 starts with training (first step = interval); group 1 is resumed at step 60,
+        # and its counter restarted at 80 (no growth: no row).
+        "value": [1000.0, 2500.0, 3100.0, 9000.0, 9500.0, 100.0],
+        "line_no": [1, 2, 3, 4, 5, 6],
+    })
+    derived = tokens_per_step(frame).sort("line_no")
+    assert derived.select("line_no", "value").rows() == [(1, 100.0), (2, 150.0), (3, 60.0), (5, 50.0)]
+    assert set(derived["key"]) == {"num_tokens/per_step"}
+
+
+def test_a_second_rl_bar_is_a_restart_and_an_overflowing_value_is_rejected(store, tmp_path):
+    text = (FIXTURES / "trl014_strings.log").read_text()
+    log = tmp_path / "restarted" / "train.log"
+    log.parent.mkdir()
+    log.write_text(text + text.replace("'kl': '0.005'", "'kl': 1e400"))
+    [report] = ingest_paths(store, [log])
+    assert report.rejected == 1 and report.stored == 5
+    [(reason, code)] = store.execute("SELECT reason, code FROM ingest_errors").fetchall()
+    assert code == "out-of-range" and "1e400" in reason
+    rows = store.execute("SELECT segment, step, flags FROM steps ORDER BY segment, step").fetchall()
+    assert rows == [(0, 1, ["tqdm_estimate"]), (0, 2, ["tqdm_estimate"]), (0, 3, ["tqdm_estimate"]),
+                    (1, 1, ["restart", "tqdm_estimate"]), (1, 2, ["tqdm_estimate"])]

@@ -35,6 +35,7 @@ and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest import trl
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, load_console
+from polytrace_cli.ingest.console.pipeline import flag_schema, metric_schema
 from polytrace_cli.ingest.formats.openrlhf_console import _literal_payload, _too_large_for_double
 from polytrace_cli.ingest.registry import is_binary, register
 
@@ -110,8 +112,7 @@ class TrlGrammar(ConsoleGrammar):
             self.meta["trl_sft_stage"] = {"dicts": len(sft), "last_loss": trl.scalar(last_loss)[0]}
             ctx.note(f"{len(sft)} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
         kept = [d for d in dicts if not has_rl or d["rl_stage"]]
-        records, flags = self._number(ctx, kept, logging_steps)
-        return ParsedMetrics.from_rows(records, flags)
+        return self._number(ctx, kept, logging_steps)
 
     def _read_dicts(self, ctx: FileContext, metric_lines: pl.DataFrame, bars: pl.DataFrame) -> list[dict]:
         """One entry per metrics dict, in line order, with its bar point; summary and other dicts
@@ -138,7 +139,8 @@ class TrlGrammar(ConsoleGrammar):
             if "epoch" not in payload and not trl.is_rl_dict(keys):
                 ctx.ignore(OTHER_DICT_RULE)
                 continue
-            too_large = _too_large_for_double(cleaned)
+            infinite = any(type(value) is float and math.isinf(value) for value in payload.values())
+            too_large = _too_large_for_double(cleaned) if infinite else None
             if too_large is not None:
                 ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code="out-of-range")
                 continue
@@ -179,16 +181,17 @@ class TrlGrammar(ConsoleGrammar):
         kept = [d["stage"] for d in dicts if d["rl_stage"] or not has_rl]
         self.summary = summaries.get(kept[-1]) if kept else None
 
-    def _number(self, ctx: FileContext, dicts: list[dict], logging_steps: int | None) -> tuple[list, list]:
-        """Steps, pairs and flags of the kept dicts (see the module for the rules)."""
-        records: list[tuple] = []
+    def _number(self, ctx: FileContext, dicts: list[dict], logging_steps: int | None) -> ParsedMetrics:
+        """Steps, pairs and flags of the kept dicts (see the module for the rules), built column by
+        column: most values are floats and pass through untouched."""
+        columns: dict[str, list] = {"line_no": [], "step": [], "pair_index": [], "key": [], "raw": []}
         flags: list[tuple] = []
         ordinal: dict[int, int] = {}
         previous: dict[int, tuple[int, float | None]] = {}
         last_train_step: dict[int, int] = {}
         sources: set[str] = set()
         for entry in dicts:
-            stage = entry["stage"]
+            stage, line_no = entry["stage"], entry["line_no"]
             if entry["eval"] and stage in last_train_step:
                 step = last_train_step[stage]
             elif entry["counter"] is not None:
@@ -200,38 +203,50 @@ class TrlGrammar(ConsoleGrammar):
                 sources.add("logging_steps" if logging_steps else "order")
                 detail = (f"no step printed: dict {ordinal[stage]} × logging_steps={logging_steps}" if logging_steps
                           else f"no step printed and no logging_steps: dict number {ordinal[stage]}")
-                flags.append((entry["line_no"], step, "step_estimated", detail))
+                flags.append((line_no, step, "step_estimated", detail))
             entry["step"] = step
-            pairs = [(trl.store_key(str(key), entry["eval"]), *trl.scalar(value))
-                     for key, value in entry["values"].items()]
+            keys = ([trl.store_key(str(key), True) for key in entry["values"]] if entry["eval"]
+                    else [key if type(key) is str and not key.startswith("eval_") else trl.store_key(str(key))
+                          for key in entry["values"]])
+            values = list(entry["values"].values())
             if not entry["eval"]:
                 last_train_step[stage] = step
                 if trl.STEP_TIME not in entry["values"] and entry["elapsed"] is not None:
                     before = previous.get(stage, (0, 0.0) if entry["bar_from_zero"] else None)
                     if before is not None and before[1] is not None and step > before[0]:
-                        seconds = (entry["elapsed"] - before[1]) / (step - before[0])
-                        pairs.append(("tqdm/step_s", seconds, None))
-                        flags.append((entry["line_no"], step, "tqdm_estimate",
+                        keys.append("tqdm/step_s")
+                        values.append((entry["elapsed"] - before[1]) / (step - before[0]))
+                        flags.append((line_no, step, "tqdm_estimate",
                                       f"step time from the progress bar's elapsed time, mean over {step - before[0]} step(s)"))
                 previous[stage] = (step, entry["elapsed"])
-            records.extend((entry["line_no"], step, index, key, value, text, None)
-                           for index, (key, value, text) in enumerate(pairs, start=1))
-        if records:
-            frame = pl.DataFrame([(d["stage"], d["step"], trl.CUMULATIVE_TOKENS,
-                                   trl.scalar(d["values"].get(trl.CUMULATIVE_TOKENS))[0], d["line_no"])
-                                  for d in dicts if trl.CUMULATIVE_TOKENS in d["values"] and not d["eval"]],
-                                 schema={"group": pl.Int64, "step": pl.Int64, "key": pl.String, "value": pl.Float64,
-                                         "line_no": pl.Int64}, orient="row")
-            derived = trl.tokens_per_step(frame.filter(pl.col("value").is_not_null()))
-            records.extend((line_no, step, 1000, key, value, None, None)
-                           for step, key, value, line_no in derived.select("step", "key", "value", "line_no").iter_rows())
-            records.sort(key=lambda row: (row[0], row[2]))
+            columns["line_no"].extend([line_no] * len(keys))
+            columns["step"].extend([step] * len(keys))
+            columns["pair_index"].extend(range(1, len(keys) + 1))
+            columns["key"].extend(keys)
+            columns["raw"].extend(values)
+        raw = columns.pop("raw")
+        metrics = pl.DataFrame({
+            **columns,
+            "value": [value if type(value) is float else trl.scalar(value)[0] for value in raw],
+            "text_value": [None if type(value) is float else trl.scalar(value)[1] for value in raw],
+            "raw_value": [None] * len(raw),
+        }, schema=metric_schema())
+        tokens = metrics.filter(pl.col("key") == trl.CUMULATIVE_TOKENS, pl.col("value").is_not_null()).join(
+            pl.DataFrame([(d["line_no"], d["stage"]) for d in dicts if not d["eval"]],
+                         schema={"line_no": pl.Int64, "group": pl.Int64}, orient="row"), on="line_no")
+        derived = trl.tokens_per_step(tokens).select(
+            "line_no", "step", pair_index=pl.lit(1000, pl.Int64), key="key", value="value",
+            text_value=pl.lit(None, pl.String), raw_value=pl.lit(None, pl.String))
+        metrics = pl.concat([metrics, derived]).sort("line_no", "pair_index")
+        flag_frame = pl.DataFrame(flags, schema=flag_schema(), orient="row")
+        printed = pl.concat([metrics.select("line_no", "step"), flag_frame.select("line_no", "step")]).unique(
+            "line_no", keep="first", maintain_order=True).select("line_no", printed=pl.col("step").cast(pl.String))
         if "order" in sources:
             ctx.note("no progress bar and no logging_steps printed: steps are the dicts' order (flag step_estimated)")
         elif "logging_steps" in sources:
             ctx.note(f"no progress bar: steps from logging_steps={logging_steps} (flag step_estimated)")
         self.dicts = dicts
-        return records, flags
+        return ParsedMetrics(metrics, flag_frame, printed.sort("line_no"))
 
     def zero_steps(self, ctx: FileContext, lines: pl.DataFrame) -> None:
         ctx.note("zero steps: no Trainer metrics dict in the log")
