@@ -196,10 +196,10 @@ def test_tokens_per_step_by_hand():
 
 
 def test_a_second_rl_bar_is_a_restart_and_an_overflowing_value_is_rejected(store, tmp_path):
-    text = (FIXTURES / "trl014_strings.log").read_text()
+    text = (FIXTURES / "trl014_strings.log").read_bytes()
     log = tmp_path / "restarted" / "train.log"
     log.parent.mkdir()
-    log.write_text(text + text.replace("'kl': '0.005'", "'kl': 1e400"))
+    log.write_bytes(text + text.replace(b"'kl': '0.005'", b"'kl': 1e400"))
     [report] = ingest_paths(store, [log])
     assert report.rejected == 1 and report.stored == 5
     [(reason, code)] = store.execute("SELECT reason, code FROM ingest_errors").fetchall()
@@ -207,3 +207,13 @@ def test_a_second_rl_bar_is_a_restart_and_an_overflowing_value_is_rejected(store
     rows = store.execute("SELECT segment, step, flags FROM steps ORDER BY segment, step").fetchall()
     assert rows == [(0, 1, ["tqdm_estimate"]), (0, 2, ["tqdm_estimate"]), (0, 3, ["tqdm_estimate"]),
                     (1, 1, ["restart", "tqdm_estimate"]), (1, 2, ["tqdm_estimate"])]
+
+
+def test_a_log_whose_first_dict_lies_beyond_the_sniffed_bytes(store, tmp_path):
+    noise = "INFO 11-26 15:55:36 [gpu_model_runner.py:1200] Loading weights took 3.25 seconds\n" * 1000
+    log = tmp_path / "late" / "train.log"
+    log.parent.mkdir()
+    log.write_bytes(("GRPOConfig(output_dir='out', logging_steps=2)\n" + noise).encode()
+                    + (FIXTURES / "trl014_strings.log").read_bytes())
+    [report] = ingest_paths(store, [log])
+    assert report.format == "trl-console" and report.stored == 3 and report.ignored == 1004

@@ -58,7 +58,9 @@ VERSION_PATTERNS = {
 }
 
 _SNIFF_DICT = re.compile(rb"\{'[^'\n]{1,80}': [^\n]{0,4000}'epoch': ")
-_SNIFF_BANNER = re.compile(rb"==\(\(====\)\)==\s+Unsloth|\b(?:GRPO|RLOO|PPO)Trainer\b")
+# Text only a TRL job prints before its first dict (vLLM and model loading can fill the first 64 KB):
+# Unsloth's banner, TRL's config reprs and trainer names. OpenRLHF's `PPOTrainer` is not one of them.
+_SNIFF_BANNER = re.compile(rb"==\(\(====\)\)==\s+Unsloth|\b(?:GRPO|RLOO)(?:Trainer|Config)\b|\btrl==\d")
 
 SFT_RULE = "SFT stage dict"
 SUMMARY_RULE = "end-of-training dict (run meta)"
@@ -75,7 +77,7 @@ class TrlConsoleIngester(Ingester):
     def sniff(self, path: Path, head: bytes) -> bool:
         if path.suffix in (".json", ".jsonl", ".csv", ".yaml", ".yml", ".py") or is_binary(head):
             return False
-        return bool(_SNIFF_DICT.search(head)) or bool(_SNIFF_BANNER.search(head) and b"{'" in head)
+        return bool(_SNIFF_DICT.search(head) or _SNIFF_BANNER.search(head))
 
     def load(self, ctx: FileContext) -> None:
         load_console(ctx, TrlGrammar())
