@@ -217,3 +217,25 @@ def test_a_log_whose_first_dict_lies_beyond_the_sniffed_bytes(store, tmp_path):
                     + (FIXTURES / "trl014_strings.log").read_bytes())
     [report] = ingest_paths(store, [log])
     assert report.format == "trl-console" and report.stored == 3 and report.ignored == 1004
+
+
+def test_ppo_trainer_dicts(store, tmp_path):
+    """PPOTrainer (and the older RLOOTrainer) log `objective/*`, `policy/*` and `val/*` keys, and no
+    step time: the bar gives it."""
+    dicts = [{"eps": 4, "objective/kl": 0.25, "objective/entropy": 40.5, "objective/rlhf_reward": -1.5,
+              "policy/clipfrac_avg": 0.0625, "val/ratio": 1.0, "lr": 3e-06, "episode": 64 * step, "epoch": 0.01 * step}
+             for step in (1, 2)]
+    lines = ["\r  0%|          | 0/2 [00:00<?, ?it/s]\r 50%|█████     | 1/2 [00:07<00:07, 7.00s/it]\r" + repr(dicts[0]),
+             "\r 50%|█████     | 1/2 [00:07<00:07, 7.00s/it]\r100%|██████████| 2/2 [00:15<00:00, 7.50s/it]\r" + repr(dicts[1])]
+    log = tmp_path / "ppo" / "train.log"
+    log.parent.mkdir()
+    log.write_bytes(("\n".join(lines) + "\n").encode())
+    [report] = ingest_paths(store, [log])
+    assert report.format == "trl-console" and (report.lines, report.stored) == (2, 2)
+    assert store.execute("SELECT step, step_s, is_validation_only FROM steps ORDER BY step").fetchall() == [
+        (1, 7.0, False), (2, 8.0, False)]
+    assert store.execute("SELECT framework FROM runs").fetchall() == [("trl",)]
+    aliases = dict(store.execute(
+        "SELECT key, canonical FROM metric_aliases WHERE key LIKE 'objective/%' ORDER BY key").fetchall())
+    assert aliases == {"objective/entropy": "entropy_mean", "objective/kl": "kl_mean",
+                       "objective/rlhf_reward": "reward_mean"}

@@ -38,16 +38,28 @@ for step in range(1, steps + 1):
     run.log(row, step=step)
 run.summary["best_reward"] = 0.35
 run.finish()
+# A TRL run as the Trainer's wandb callback logs it: `train/` keys, `train/global_step` beside `_step`.
+trl = wandb.init(project="polytrace-test", dir=sys.argv[4], settings=wandb.Settings(x_disable_stats=True))
+for step, (mean_length, tokens, reward) in json.loads(sys.argv[5]).items():
+    trl.log({"train/completions/mean_length": mean_length, "train/num_tokens": tokens, "train/reward": reward,
+             "train/global_step": int(step)}, step=int(step))
+trl.finish()
 """
 
 
+TRL_ROWS = {2: (312.5, 8192.0, 0.25), 4: (340.1, 17408.0, 0.375), 6: (298.7, 25600.0, 0.5)}
+
+
 def write_offline_run(tmp_path: Path, steps: int = 5) -> Path:
-    """An offline run folder written by wandb itself into tmp_path/wandb; returns its .wandb file."""
+    """Offline run folders written by wandb itself: a verl-style run in tmp_path/wandb (its .wandb
+    file is returned) and a TRL run in tmp_path/trl/wandb."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
            "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_API_KEY": "", "HOME": str(tmp_path)}
     history = {str(step): {key: (value if not math.isnan(value) else "NaN") for key, value in row.items()}
                for step, row in HISTORY.items()}
-    subprocess.run([sys.executable, "-c", WRITER, json.dumps(history), json.dumps(CONFIG), str(steps)],
+    (tmp_path / "trl").mkdir()
+    subprocess.run([sys.executable, "-c", WRITER, json.dumps(history), json.dumps(CONFIG), str(steps),
+                    str(tmp_path / "trl"), json.dumps(TRL_ROWS)],
                    env=env, check=True, timeout=120, capture_output=True)
     [log] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     return log
@@ -79,6 +91,18 @@ def test_history_config_and_summary_read_back_exactly(store, offline_run):
     assert meta["wandb_last_step"] == 5 and meta["wandb_project"] == "polytrace-test"
     ignored = dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall())
     assert all(rule.endswith(" record") for rule in ignored)
+
+
+def test_a_trl_run_loses_its_train_prefix_and_gets_tokens_per_step(store, offline_run):
+    [log] = (offline_run.parents[2] / "trl" / "wandb").glob("offline-run-*/run-*.wandb")
+    [report] = ingest_paths(store, [log], run_name="trl")
+    assert report.rejected == 0
+    assert store.execute("SELECT framework FROM runs").fetchall() == [("trl",)]
+    rows = store.execute("SELECT step, response_length_mean, total_tokens FROM steps ORDER BY step").fetchall()
+    # Tokens per step: 8192 / 2 (first step = the interval), then the growth over 2 steps.
+    assert rows == [(2, 312.5, 4096.0), (4, 340.1, 4608.0), (6, 298.7, 4096.0)]
+    keys = {key for (key,) in store.execute("SELECT DISTINCT key FROM step_metrics").fetchall()}
+    assert keys == {"completions/mean_length", "num_tokens", "reward", "global_step", "num_tokens/per_step"}
 
 
 def test_steps_view_of_an_offline_run(store, offline_run):
