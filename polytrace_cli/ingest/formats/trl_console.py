@@ -146,7 +146,7 @@ class TrlGrammar(ConsoleGrammar):
             if too_large is not None:
                 ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code="out-of-range")
                 continue
-            dicts.append({"summary": False, "line_no": line_no, "raw": raw, "values": payload, "counter": counter,
+            dicts.append({"summary": False, "line_no": line_no, "values": payload, "counter": counter,
                           "total": total, "elapsed": elapsed, "bar_stage": stage,
                           "bar_from_zero": bool(from_zero),
                           "eval": trl.is_eval_dict(keys)})
