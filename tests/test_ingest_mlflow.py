@@ -122,3 +122,14 @@ def test_sqlite_store_reads_back_every_run(store, tmp_path):
         assert framework == "verl"
         check_meta(json.loads(meta))
     assert [json.loads(meta)["mlflow_run_name"] for *_, meta in runs] == ["grpo-0", "grpo-1"]
+
+
+def test_an_artifact_of_a_file_store_run_belongs_to_the_run(store, file_store, tmp_path):
+    copy = tmp_path / "mlruns"
+    shutil.copytree(file_store, copy)
+    [run_folder] = [p for p in copy.glob("*/*") if (p / "metrics").is_dir()]
+    artifact = run_folder / "artifacts" / "logs" / "train.log"
+    artifact.parent.mkdir(parents=True)
+    artifact.write_text("step:1 - timing_s/step:12.5 - response_length/mean:300.0\n")
+    [report] = ingest_paths(store, [artifact])
+    assert (report.format, report.run) == ("verl-console", run_folder.name)

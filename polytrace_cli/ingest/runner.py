@@ -41,7 +41,7 @@ _TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
 _TRAINER_TIMESTAMP = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 _CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
 # The folders of an MLflow file-store run (`mlruns/<experiment>/<run>/metrics/<key>`) below the run's.
-_MLFLOW_RUN_PARTS = {"metrics", "params", "tags"}
+_MLFLOW_RUN_PARTS = {"metrics", "params", "tags", "artifacts"}
 
 
 @dataclass
@@ -85,7 +85,7 @@ def derive_run(file: Path, resolved: bool = False) -> tuple[str, Path]:
     `resolved` says `file` is already a resolved path. Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
     holds `media`: the key folders below it name a logged key, not a run. transformers' `checkpoint-N` folders are passed like generic ones
     and its TensorBoard `MonDD_HH-MM-SS_host` folders like timestamp folders, and the files of an
-    MLflow file-store run (`<run>/metrics/<key>`, `params/`, `tags/`) belong to the run's folder.
+    MLflow file-store run (`<run>/metrics/<key>`, `params/`, `tags/`, `artifacts/`) belong to the run's folder.
     """
     return _run_of_folder((file if resolved else file.resolve()).parent)
 
