@@ -35,7 +35,6 @@ and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps 
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -61,6 +60,18 @@ _SNIFF_DICT = re.compile(rb"\{'[^'\n]{1,80}': [^\n]{0,4000}'epoch': ")
 # Text only a TRL job prints before its first dict (vLLM and model loading can fill the first 64 KB):
 # Unsloth's banner, TRL's config reprs and trainer names. OpenRLHF's `PPOTrainer` is not one of them.
 _SNIFF_BANNER = re.compile(rb"==\(\(====\)\)==\s+Unsloth|\b(?:GRPO|RLOO)(?:Trainer|Config)\b|\btrl==\d")
+
+# A dict in the plain form the Trainer prints: 'key': value pairs whose values are numbers, nan,
+# inf, True, False, None, or quoted strings that are a plain number or hold no digit and no space
+# (so that a cast reads them as Python's float() would). Such lines are split in bulk.
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+_VALUE = rf"(?:{_NUMBER}|True|False|None|'{_NUMBER}'|'[^'\\0-9\s]*')"
+SIMPLE_DICT = rf"^\{{'[^'\\]*': {_VALUE}(?:, '[^'\\]*': {_VALUE})*\}}\s*$"
+# Within such a dict a pair ends at the next comma or brace outside quotes.
+SIMPLE_PAIR = r"'[^'\\]*': (?:'[^']*'|[^,}]*)"
+RL_KEY = "^(?:" + "|".join(re.escape(prefix) for prefix in trl.RL_PREFIXES) + ")"
+PAIR_SCHEMA = {"line_no": pl.Int64, "pair_index": pl.Int64, "key": pl.String, "value": pl.Float64,
+               "text_value": pl.String}
 
 SFT_RULE = "SFT stage dict"
 SUMMARY_RULE = "end-of-training dict (run meta)"
@@ -102,27 +113,57 @@ class TrlGrammar(ConsoleGrammar):
         """Pairs of the RL stage's dicts (or of every dict when the log has no RL stage), the
         derived `num_tokens/per_step` and `tqdm/step_s`, and the flags of estimated steps."""
         bars = _bar_points(lines)
-        dicts = self._read_dicts(ctx, lines.filter(pl.col("kind").is_in(["metric", "dirty"])), bars)
-        self._stage_kinds(dicts)
-        has_rl = any(d["rl_stage"] for d in dicts)
+        pairs, dicts = self._read_dicts(ctx, lines.filter(pl.col("kind").is_in(["metric", "dirty"])), bars)
+        self._stage_kinds(dicts, pairs)
+        has_rl = any(d["rl"] for d in dicts)
         logging_steps = _logging_steps(lines)
         self.meta = {"logging_steps": logging_steps}
-        sft = [d for d in dicts if has_rl and not d["rl_stage"]]
+        sft = [d["line_no"] for d in dicts if has_rl and not d["rl_stage"]]
         if sft:
             ctx.ignore(SFT_RULE, len(sft))
-            last_loss = next((d["values"]["loss"] for d in reversed(sft) if "loss" in d["values"]), None)
-            self.meta["trl_sft_stage"] = {"dicts": len(sft), "last_loss": trl.scalar(last_loss)[0]}
+            losses = pairs.filter(pl.col("line_no").is_in(sft) & (pl.col("key") == "loss")).get_column("value")
+            self.meta["trl_sft_stage"] = {"dicts": len(sft), "last_loss": losses[-1] if losses.len() else None}
             ctx.note(f"{len(sft)} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
         kept = [d for d in dicts if not has_rl or d["rl_stage"]]
-        return self._number(ctx, kept, logging_steps)
+        return self._number(ctx, kept, pairs, logging_steps)
 
-    def _read_dicts(self, ctx: FileContext, metric_lines: pl.DataFrame, bars: pl.DataFrame) -> list[dict]:
-        """One entry per metrics dict, in line order, with its bar point; summary and other dicts
-        are counted here and left out."""
+    def _read_dicts(self, ctx: FileContext, metric_lines: pl.DataFrame,
+                    bars: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
+        """(pairs: line_no, pair_index, key, value, text_value of every metrics dict; one entry per
+        metrics dict, in line order, with its bar point and what its keys say). Dicts in the plain
+        form the Trainer prints (`SIMPLE_DICT`) are split in bulk; the others are read one by one
+        with a Python literal parser. End-of-training and other dicts are counted here and left out."""
         rows = metric_lines.join(bars, on="line_no", how="left").sort("line_no")
+        simple = pl.col("c").str.contains(SIMPLE_DICT)
+        pairs = pl.concat([_simple_pairs(rows.filter(simple)), self._literal_pairs(ctx, rows.filter(~simple))])
+        pairs = _reject_overflow(ctx, pairs, rows).sort("line_no", "pair_index")
+        keys = pl.col("key")
+        per_line = pairs.group_by("line_no").agg(
+            summary=(keys == "train_runtime").any(),
+            epoch=(keys == "epoch").any(),
+            rl=keys.str.contains(RL_KEY).any(),
+            has_eval=keys.str.starts_with("eval_").any(),
+            only_eval=(keys.str.starts_with("eval_") | keys.is_in(["epoch", "step"])).all(),
+            step_time=(keys == trl.STEP_TIME).any(),
+        ).join(rows.select("line_no", "counter", "total", "elapsed", "bar_stage", "bar_from_zero"), on="line_no")
         dicts: list[dict] = []
-        for line_no, raw, cleaned, counter, total, elapsed, stage, from_zero in rows.select(
-                "line_no", "raw", "c", "counter", "total", "elapsed", "bar_stage", "bar_from_zero").iter_rows():
+        for entry in per_line.sort("line_no").iter_rows(named=True):
+            if entry["summary"]:
+                ctx.ignore(SUMMARY_RULE)
+            elif not entry["epoch"] and not entry["rl"]:
+                ctx.ignore(OTHER_DICT_RULE)
+                continue
+            entry["eval"] = entry["has_eval"] and entry["only_eval"]
+            entry["bar_from_zero"] = bool(entry["bar_from_zero"])
+            dicts.append(entry)
+        return pairs.filter(pl.col("line_no").is_in([d["line_no"] for d in dicts])), dicts
+
+    @staticmethod
+    def _literal_pairs(ctx: FileContext, rows: pl.DataFrame) -> pl.DataFrame:
+        """Pairs of the dicts not in the plain form, read with a Python literal parser (numpy
+        reprs, nested values, escaped strings); a line that does not read as a dict is rejected."""
+        records: list[tuple] = []
+        for line_no, raw, cleaned in rows.select("line_no", "raw", "c").iter_rows():
             try:
                 payload = _literal_payload(cleaned.strip())
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
@@ -132,36 +173,22 @@ class TrlGrammar(ConsoleGrammar):
             if not isinstance(payload, dict):
                 ctx.reject(line_no, f"payload is a {type(payload).__name__}, not a dict", raw, code="unparsable-line")
                 continue
-            keys = [str(key) for key in payload]
-            if trl.is_summary_dict(keys):
-                ctx.ignore(SUMMARY_RULE)
-                dicts.append({"summary": True, "line_no": line_no,
-                              "values": {key: trl.scalar(value)[0] for key, value in payload.items()}})
-                continue
-            if "epoch" not in payload and not trl.is_rl_dict(keys):
+            if not payload:
                 ctx.ignore(OTHER_DICT_RULE)
-                continue
-            infinite = any(type(value) is float and math.isinf(value) for value in payload.values())
-            too_large = _too_large_for_double(cleaned) if infinite else None
-            if too_large is not None:
-                ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code="out-of-range")
-                continue
-            dicts.append({"summary": False, "line_no": line_no, "values": payload, "counter": counter,
-                          "total": total, "elapsed": elapsed, "bar_stage": stage,
-                          "bar_from_zero": bool(from_zero),
-                          "eval": trl.is_eval_dict(keys)})
-        return dicts
+            records.extend((line_no, index, str(key), *trl.scalar(value))
+                           for index, (key, value) in enumerate(payload.items(), start=1))
+        return pl.DataFrame(records, schema=PAIR_SCHEMA, orient="row")
 
-    def _stage_kinds(self, dicts: list[dict]) -> None:
+    def _stage_kinds(self, dicts: list[dict], pairs: pl.DataFrame) -> None:
         """Cut the dicts into stages (a new bar, or the dict after an end-of-training dict, starts
         one), mark each `rl_stage`, and take out the end-of-training dicts: the last kept stage's
         becomes `self.summary`."""
         stage, last_bar_stage, current = 0, None, []
         stages: list[list[dict]] = [current]
-        summaries: dict[int, dict] = {}
+        summaries: dict[int, int] = {}
         for entry in dicts:
             if entry["summary"]:
-                summaries[stage] = entry["values"]
+                summaries[stage] = entry["line_no"]
                 stage += 1
                 current = []
                 stages.append(current)
@@ -175,18 +202,22 @@ class TrlGrammar(ConsoleGrammar):
             entry["stage"] = stage
             current.append(entry)
         for members in stages:
-            rl = any(trl.is_rl_dict(map(str, m["values"])) for m in members)
+            rl = any(m["rl"] for m in members)
             for member in members:
                 member["rl_stage"] = rl
         dicts[:] = [d for d in dicts if not d["summary"]]
         has_rl = any(d["rl_stage"] for d in dicts)
         kept = [d["stage"] for d in dicts if d["rl_stage"] or not has_rl]
-        self.summary = summaries.get(kept[-1]) if kept else None
+        summary_line = summaries.get(kept[-1]) if kept else None
+        if summary_line is not None:
+            self.summary = dict(pairs.filter(pl.col("line_no") == summary_line).select("key", "value").iter_rows())
 
-    def _number(self, ctx: FileContext, dicts: list[dict], logging_steps: int | None) -> ParsedMetrics:
-        """Steps, pairs and flags of the kept dicts (see the module for the rules), built column by
-        column: most values are floats and pass through untouched."""
-        columns: dict[str, list] = {"line_no": [], "step": [], "pair_index": [], "key": [], "raw": []}
+    def _number(self, ctx: FileContext, dicts: list[dict], pairs: pl.DataFrame,
+                logging_steps: int | None) -> ParsedMetrics:
+        """Steps, pairs and flags of the kept dicts (see the module for the rules): the step of
+        each dict is decided here, then joined to its pairs in bulk."""
+        steps: list[tuple] = []
+        step_times: list[tuple] = []
         flags: list[tuple] = []
         ordinal: dict[int, int] = {}
         previous: dict[int, tuple[int, float | None]] = {}
@@ -207,39 +238,31 @@ class TrlGrammar(ConsoleGrammar):
                           else f"no step printed and no logging_steps: dict number {ordinal[stage]}")
                 flags.append((line_no, step, "step_estimated", detail))
             entry["step"] = step
-            keys = ([trl.store_key(str(key), True) for key in entry["values"]] if entry["eval"]
-                    else [key if type(key) is str and not key.startswith("eval_") else trl.store_key(str(key))
-                          for key in entry["values"]])
-            values = list(entry["values"].values())
-            if not entry["eval"]:
-                last_train_step[stage] = step
-                if trl.STEP_TIME not in entry["values"] and entry["elapsed"] is not None:
-                    before = previous.get(stage, (0, 0.0) if entry["bar_from_zero"] else None)
-                    if before is not None and before[1] is not None and step > before[0]:
-                        keys.append("tqdm/step_s")
-                        values.append((entry["elapsed"] - before[1]) / (step - before[0]))
-                        flags.append((line_no, step, "tqdm_estimate",
-                                      f"step time from the progress bar's elapsed time, mean over {step - before[0]} step(s)"))
-                previous[stage] = (step, entry["elapsed"])
-            columns["line_no"].extend([line_no] * len(keys))
-            columns["step"].extend([step] * len(keys))
-            columns["pair_index"].extend(range(1, len(keys) + 1))
-            columns["key"].extend(keys)
-            columns["raw"].extend(values)
-        raw = columns.pop("raw")
-        metrics = pl.DataFrame({
-            **columns,
-            "value": [value if type(value) is float else trl.scalar(value)[0] for value in raw],
-            "text_value": [None if type(value) is float else trl.scalar(value)[1] for value in raw],
-            "raw_value": [None] * len(raw),
-        }, schema=metric_schema())
-        tokens = metrics.filter(pl.col("key") == trl.CUMULATIVE_TOKENS, pl.col("value").is_not_null()).join(
-            pl.DataFrame([(d["line_no"], d["stage"]) for d in dicts if not d["eval"]],
-                         schema={"line_no": pl.Int64, "group": pl.Int64}, orient="row"), on="line_no")
-        derived = trl.tokens_per_step(tokens).select(
-            "line_no", "step", pair_index=pl.lit(1000, pl.Int64), key="key", value="value",
-            text_value=pl.lit(None, pl.String), raw_value=pl.lit(None, pl.String))
-        metrics = pl.concat([metrics, derived]).sort("line_no", "pair_index")
+            steps.append((line_no, step, stage, entry["eval"]))
+            if entry["eval"]:
+                continue
+            last_train_step[stage] = step
+            if not entry["step_time"] and entry["elapsed"] is not None:
+                before = previous.get(stage, (0, 0.0) if entry["bar_from_zero"] else None)
+                if before is not None and before[1] is not None and step > before[0]:
+                    step_times.append((line_no, 999, "tqdm/step_s", (entry["elapsed"] - before[1]) / (step - before[0]),
+                                       None))
+                    flags.append((line_no, step, "tqdm_estimate",
+                                  f"step time from the progress bar's elapsed time, mean over {step - before[0]} step(s)"))
+            previous[stage] = (step, entry["elapsed"])
+        numbered = pl.DataFrame(steps, schema={"line_no": pl.Int64, "step": pl.Int64, "group": pl.Int64,
+                                               "eval": pl.Boolean}, orient="row")
+        key = pl.col("key")
+        metrics = pl.concat([pairs, pl.DataFrame(step_times, schema=PAIR_SCHEMA, orient="row")]).join(
+            numbered, on="line_no").with_columns(
+            key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
+            .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
+        tokens = metrics.filter(~pl.col("eval") & (key == trl.CUMULATIVE_TOKENS) & pl.col("value").is_not_null())
+        derived = trl.tokens_per_step(tokens).with_columns(pair_index=pl.lit(1000, pl.Int64),
+                                                           text_value=pl.lit(None, pl.String))
+        columns = ["line_no", "step", "pair_index", "key", "value", "text_value"]
+        metrics = pl.concat([metrics.select(columns), derived.select(columns)]).sort("line_no", "pair_index") \
+            .with_columns(raw_value=pl.lit(None, pl.String)).select(list(metric_schema()))
         flag_frame = pl.DataFrame(flags, schema=flag_schema(), orient="row")
         printed = pl.concat([metrics.select("line_no", "step"), flag_frame.select("line_no", "step")]).unique(
             "line_no", keep="first", maintain_order=True).select("line_no", printed=pl.col("step").cast(pl.String))
@@ -292,15 +315,16 @@ def _bar_points(lines: pl.DataFrame) -> pl.DataFrame:
     Other bars without a description (the evaluation loop's) are left out: only bars whose total
     is the one drawn last before some training dict count.
     """
-    matches = pl.col("raw").str.extract_all(TRAINING_BAR)
-    points = lines.select(
+    drawn = lines.select("line_no", "c", matches=pl.col("raw").str.extract_all(TRAINING_BAR)).with_columns(
+        last=pl.col("matches").list.last(), first=pl.col("matches").list.first()).drop("matches")
+    last = pl.col("last").str.extract_groups(TRAINING_BAR)
+    points = drawn.with_columns(groups=last).unnest("groups").select(
         "line_no", "c",
-        counter=matches.list.last().str.extract(TRAINING_BAR, 1).cast(pl.Int64),
-        total=matches.list.last().str.extract(TRAINING_BAR, 2).cast(pl.Int64),
-        elapsed=(matches.list.last().str.extract(TRAINING_BAR, 3).cast(pl.Float64).fill_null(0.0) * 3600
-                 + matches.list.last().str.extract(TRAINING_BAR, 4).cast(pl.Float64) * 60
-                 + matches.list.last().str.extract(TRAINING_BAR, 5).cast(pl.Float64)),
-        first_counter=matches.list.first().str.extract(TRAINING_BAR, 1).cast(pl.Int64),
+        counter=pl.col("1").cast(pl.Int64),
+        total=pl.col("2").cast(pl.Int64),
+        elapsed=(pl.col("3").cast(pl.Float64).fill_null(0.0) * 3600 + pl.col("4").cast(pl.Float64) * 60
+                 + pl.col("5").cast(pl.Float64)),
+        first_counter=pl.col("first").str.extract(TRAINING_BAR, 1).cast(pl.Int64),
     )
     seen = points.with_columns(seen_total=pl.col("total").forward_fill())
     training_totals = seen.filter(pl.col("c").str.starts_with("{'") & ~pl.col("c").str.starts_with("{'eval_")
@@ -313,6 +337,42 @@ def _bar_points(lines: pl.DataFrame) -> pl.DataFrame:
     drawn = drawn.with_columns(bar_from_zero=(pl.col("first_counter") == 0).any().over("bar_stage"))
     return (points.select("line_no").join(drawn.drop("c", "first_counter", "new_bar"), on="line_no", how="left")
             .sort("line_no").with_columns(pl.exclude("line_no").forward_fill()))
+
+
+def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:
+    """The pairs of dicts in the plain form (`SIMPLE_DICT`), in bulk: a quoted value is unquoted
+    and read as a number when it is one (as `trl.scalar` does), True and False are 1 and 0, None
+    is missing, and any other text is kept as text."""
+    pairs = rows.select("line_no", pair=pl.col("c").str.extract_all(SIMPLE_PAIR)).with_columns(
+        pair_index=pl.int_ranges(1, pl.col("pair").list.len() + 1, dtype=pl.Int64)).explode("pair", "pair_index")
+    pairs = pairs.filter(pl.col("pair").is_not_null()).with_columns(
+        parts=pl.col("pair").str.slice(1).str.split_exact("': ", 1)).unnest("parts").rename(
+        {"field_0": "key", "field_1": "text"})
+    quoted = pl.col("text").str.starts_with("'")
+    pairs = pairs.with_columns(
+        unquoted=pl.when(quoted).then(pl.col("text").str.slice(1, pl.col("text").str.len_chars() - 2))
+        .otherwise(pl.col("text")))
+    value = (pl.when(pl.col("text") == "True").then(1.0).when(pl.col("text") == "False").then(0.0)
+             .otherwise(pl.col("unquoted").cast(pl.Float64, strict=False)))
+    return pairs.with_columns(value=value).select(
+        "line_no", "pair_index", "key", "value",
+        text_value=pl.when(pl.col("value").is_null() & (pl.col("text") != "None")).then(pl.col("unquoted")))
+
+
+def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """`pairs` without the dicts holding a number too large for a double (read as ±inf from text
+    that does not say inf): each such line is rejected as out-of-range."""
+    suspect = pairs.filter(pl.col("value").is_infinite()).get_column("line_no").unique()
+    if not suspect.len():
+        return pairs
+    bad = []
+    for line_no, raw, cleaned in rows.filter(pl.col("line_no").is_in(suspect.implode())).select(
+            "line_no", "raw", "c").iter_rows():
+        too_large = _too_large_for_double(cleaned)
+        if too_large is not None:
+            ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code="out-of-range")
+            bad.append(line_no)
+    return pairs.filter(~pl.col("line_no").is_in(bad))
 
 
 def _logging_steps(lines: pl.DataFrame) -> int | None:
