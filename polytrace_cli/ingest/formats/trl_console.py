@@ -40,7 +40,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.ingest import trl
+from polytrace_cli.ingest import trl, trl_names
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import flag_schema, metric_schema
@@ -84,6 +84,8 @@ class TrlConsoleIngester(Ingester):
     version = "1"
     framework = "trl"
     description = "TRL / Unsloth console log (Trainer metric dicts under a tqdm bar: GRPO, RLOO, PPO)"
+    metric_aliases = trl_names.METRIC_ALIASES
+    validation_prefixes = trl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if path.suffix in (".json", ".jsonl", ".csv", ".yaml", ".yml", ".py") or is_binary(head):

@@ -21,7 +21,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest import trl
+from polytrace_cli.ingest import trl, trl_names
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard_events import claim_framework
 from polytrace_cli.ingest.registry import register
@@ -75,6 +75,8 @@ class TrainerStateIngester(Ingester):
     version = "1"
     framework = None
     description = "transformers/TRL trainer_state.json (log_history): the latest checkpoint's steps"
+    metric_aliases = trl_names.METRIC_ALIASES
+    validation_prefixes = trl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         return path.name == "trainer_state.json" and b'"log_history"' in head
