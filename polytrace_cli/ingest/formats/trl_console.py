@@ -70,8 +70,12 @@ SIMPLE_DICT = rf"^\{{'[^'\\]*': {_VALUE}(?:, '[^'\\]*': {_VALUE})*\}}\s*$"
 # Within such a dict a pair ends at the next comma or brace outside quotes.
 SIMPLE_PAIR = r"'[^'\\]*': (?:'[^']*'|[^,}]*)"
 RL_KEY = "^(?:" + "|".join(re.escape(prefix) for prefix in trl.RL_PREFIXES) + ")"
-PAIR_SCHEMA = {"line_no": pl.Int64, "pair_index": pl.Int64, "key": pl.String, "value": pl.Float64,
-               "text_value": pl.String}
+
+
+def pair_schema() -> dict:
+    """Columns of the pairs read from the dicts, before their steps are known."""
+    return {"line_no": pl.Int64, "pair_index": pl.Int64, "key": pl.String, "value": pl.Float64,
+            "text_value": pl.String}
 
 SFT_RULE = "SFT stage dict"
 SUMMARY_RULE = "end-of-training dict (run meta)"
@@ -179,7 +183,7 @@ class TrlGrammar(ConsoleGrammar):
                 ctx.ignore(OTHER_DICT_RULE)
             records.extend((line_no, index, str(key), *trl.scalar(value))
                            for index, (key, value) in enumerate(payload.items(), start=1))
-        return pl.DataFrame(records, schema=PAIR_SCHEMA, orient="row")
+        return pl.DataFrame(records, schema=pair_schema(), orient="row")
 
     def _stage_kinds(self, dicts: list[dict], pairs: pl.DataFrame) -> None:
         """Cut the dicts into stages (a new bar, or the dict after an end-of-training dict, starts
@@ -255,7 +259,7 @@ class TrlGrammar(ConsoleGrammar):
         numbered = pl.DataFrame(steps, schema={"line_no": pl.Int64, "step": pl.Int64, "group": pl.Int64,
                                                "eval": pl.Boolean}, orient="row")
         key = pl.col("key")
-        metrics = pl.concat([pairs, pl.DataFrame(step_times, schema=PAIR_SCHEMA, orient="row")]).join(
+        metrics = pl.concat([pairs, pl.DataFrame(step_times, schema=pair_schema(), orient="row")]).join(
             numbered, on="line_no").with_columns(
             key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
             .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
