@@ -28,6 +28,8 @@ and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps 
   meta (`trl_sft_stage`), never mixed into the RL steps.
 - With `logging_steps` > 1 the first logged step is `logging_steps`; a log whose bar starts at 0
   is not flagged `resumed` for it.
+- The dicts of a log are numbered together (bars, stages, the SFT stage before the RL one), so the
+  pipeline reads a TRL log as one block (`ConsoleGrammar.whole_log`), not block by block.
 - A log that stops mid-run (no end-of-training dict, bar below its total) keeps every step it
   has and says where it stops.
 - `eval_*` keys are stored as `eval/*` (validation), at the step of the training dict before.
@@ -104,6 +106,7 @@ class TrlGrammar(ConsoleGrammar):
     """The Trainer's dict lines, numbered by the training bar (see the module)."""
 
     anchor = "{'"
+    whole_log = True
 
     def __init__(self) -> None:
         self.meta: dict = {}
