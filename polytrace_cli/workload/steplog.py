@@ -37,6 +37,11 @@ the seconds it would have taken without it, the rest of the step (noise included
 `cause_<cause>_stage` names the stage holding it (for token_volume, which touches generation and
 every token stage, the one holding most of it). Scheduled validation, checkpoints and warm-up
 steps carry their truth too; natural variation of the workload carries none.
+
+Two settings change every step, to write runs that differ from another in one factor:
+`response_scale` multiplies every response (clipped at the cap) and `imbalance` deals every step's
+prompt groups so that the busiest rank holds `imbalance` × the mean rank's tokens (as a balancing
+that leaves that much imbalance would). They carry no per-step truth: they are the run's configuration.
 """
 
 from __future__ import annotations
@@ -114,6 +119,8 @@ class StepTimeModel:
     max_prompt_length: int = 2048
     injections: tuple[Injection, ...] = field(default_factory=tuple)
     resume_after: int | None = None    # the job stops after this step's checkpoint and resumes from it
+    response_scale: float = 1.0        # every response of every step × this (clipped at the cap): longer answers
+    imbalance: float | None = None     # every step: busiest rank / mean rank after balancing (None: verl's dispatch)
 
     def coefficients(self) -> dict:
         """The model as a JSON-able dict (what truth.json records)."""
@@ -137,6 +144,11 @@ def _check(model: StepTimeModel, spec: WorkloadSpec) -> None:
     if model.resume_after is not None and not 1 <= model.resume_after < spec.steps:
         raise PolytraceError(f"--resume-after must be a step before the last (1..{spec.steps - 1}), "
                              f"not {model.resume_after}")
+    if not model.response_scale > 0:
+        raise PolytraceError(f"response_scale is a positive multiplier, not {model.response_scale}")
+    if model.imbalance is not None and not (spec.dp_ranks >= 2 and 1.0 < model.imbalance <= spec.dp_ranks):
+        raise PolytraceError(f"imbalance is busiest/mean over at least 2 DP ranks, between 1 and {spec.dp_ranks}, "
+                             f"not {model.imbalance}")
     for injection in model.injections:
         if injection.cause not in CAUSES:
             raise PolytraceError(f"unknown cause {injection.cause!r} (known: {', '.join(CAUSES)})")
@@ -221,6 +233,9 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         prompts, responses = draw_step(length_model, spec, workload_rng, step - 1)
         prompts = np.minimum(prompts, model.max_prompt_length)
         responses = responses.astype(np.int64)
+        if model.response_scale != 1.0:
+            scaled_run = np.maximum(np.rint(responses * model.response_scale), 1).astype(np.int64)
+            responses = np.minimum(scaled_run, cap) if cap else scaled_run
         noise = np.exp(noise_rng.normal(0.0, model.noise_sigma, len(STAGES) + 1))
         eps = dict(zip((*STAGES, "rest"), noise.tolist()))
         injected = {i.cause: i.size for i in by_step.get(step, [])}
@@ -253,6 +268,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             before_tail = responses.copy()
             responses = responses.copy()
             responses.flat[int(np.argmax(responses))] = max(longest, int(responses.max()))
+        if model.imbalance is not None:
+            chunks = _imbalanced_chunks(prompts * spec.n + responses.sum(axis=1), spec.dp_ranks, model.imbalance)
         if "dp_imbalance" in injected:
             size = injected["dp_imbalance"] if injected["dp_imbalance"] is not None else 1.6
             group_tokens = prompts * spec.n + responses.sum(axis=1)
