@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.diagnose import Explanation
+    from polytrace_cli.diagnose.against import Comparison
     from polytrace_cli.ingest.runner import FileReport
     from polytrace_cli.simulate import BacktestResult, WhatIfResult
 
@@ -134,6 +135,15 @@ class Store:
         from polytrace_cli.diagnose import explain_run
 
         return explain_run(self.connection, run, step=step, top=top)
+
+    def explain_against(self, run: str, against: str | None = None, steps: Steps = None,
+                        against_steps: Steps = None) -> Comparison:
+        """Why the run's mean step (in `steps`) differs from `against`'s (in `against_steps`; the same
+        run when None): a `Comparison` whose causes sum to `delta_s`; `.to_json()` is `polytrace
+        explain RUN --against A --json`."""
+        from polytrace_cli.diagnose.against import explain_against
+
+        return explain_against(self.connection, run, against, self.step_range(steps), self.step_range(against_steps))
 
     def whatif(self, run: str, policies: str | Iterable[str] | None = None,
                backtest: bool = False) -> WhatIfResult | BacktestResult:

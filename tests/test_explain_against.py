@@ -1,0 +1,224 @@
+"""`explain --against` and `check --baseline --max-slowdown`: hand-computed decompositions, and pairs of
+verl logs the step-log generator writes from one known step-time model with one factor changed.
+
+The pairs: 60 steps of the math length model, 32 prompts × 8 responses over 4 DP ranks, a cap of
+16,384 tokens (the longest response reaches it on most steps), validation every 10 steps and a
+checkpoint every 30. Each variant changes one factor of that baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jsonschema
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from polytrace_cli.cli import app
+from polytrace_cli.diagnose.against import Side, compare_sides, explain_against
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.model import StageFit, StepTimeModel as FittedModel
+from polytrace_cli.store import open_store
+from polytrace_cli.workload.presets import preset
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, write_step_log
+from polytrace_cli.workload.synth import WorkloadSpec
+
+SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "explain_against.schema.json").read_text())
+runner = CliRunner()
+
+BASE_SPEC = WorkloadSpec(task="math", steps=60, batch=32, n=8, dp_ranks=4, max_response_len=16384, seed=1)
+BASE_MODEL = StepTimeModel(validate_every=10, checkpoint_every=30)
+# Variant: (spec, model, the cause that must come first, its stage or None for any).
+VARIANTS = {
+    "gen_cost": (BASE_SPEC, dataclasses.replace(BASE_MODEL, b_tail=0.012 * 1.3, b_vol=2.0e-5 * 1.3),
+                 "efficiency", "gen"),
+    "longer": (BASE_SPEC, dataclasses.replace(BASE_MODEL, response_scale=1.5), "token_volume", None),
+    "imbalanced": (BASE_SPEC, dataclasses.replace(BASE_MODEL, imbalance=1.5), "dp_imbalance", None),
+    "validate_often": (BASE_SPEC, dataclasses.replace(BASE_MODEL, validate_every=5), "validation", "testing"),
+    "eight_ranks": (dataclasses.replace(BASE_SPEC, dp_ranks=8), BASE_MODEL, "gpu_count", None),
+}
+# The same configuration, another seed.
+RESEEDED = (dataclasses.replace(BASE_SPEC, seed=2), BASE_MODEL)
+# One run whose generation runs 30% slower from step 31 on (a regression landing mid-run).
+REGRESSED = (BASE_SPEC, dataclasses.replace(BASE_MODEL, injections=tuple(
+    Injection(step, "unexplained", 1.3) for step in range(31, 61))))
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("against")
+    lengths, _ = preset("math")
+    db = root / "store.duckdb"
+    con = open_store(db)
+    runs = {"base": (BASE_SPEC, BASE_MODEL), "reseeded": RESEEDED, "regressed": REGRESSED,
+            **{name: variant[:2] for name, variant in VARIANTS.items()}}
+    frames = {}
+    for name, (spec, model) in runs.items():
+        frames[name] = write_step_log(lengths, spec, model, root / name).frame
+        ingest_paths(con, [root / name], run_name=name)
+    comparisons = {name: explain_against(con, name, "base") for name in (*VARIANTS, "reseeded")}
+    comparisons["window"] = explain_against(con, "regressed", steps="31:60", against_steps="1:30")
+    con.close()
+    return db, frames, comparisons
+
+
+def _side(name: str, stages: dict[str, StageFit], workload: dict[str, float], ranks: int = 4,
+          overheads: dict[str, tuple[float, float]] | None = None, step_s: float = 0.0) -> Side:
+    model = FittedModel(stages, {}, pl.DataFrame(), pl.Series(dtype=pl.Boolean))
+    spent = {"validation": (0.0, 0.0), "checkpoint": (0.0, 0.0), "weight_sync": (0.0, 0.0), "warmup": (0.0, 0.0)}
+    spent.update(overheads or {})
+    return Side(label=name, run=name, steps=10, step_s=step_s, wall_s=10 * step_s, model=model, workload=workload,
+                ranks=ranks, gpus=ranks, overheads=spent, unexplained_s=0.0, model_s=step_s)
+
+
+def _cause(comparison, cause: str, stage: str | None = None) -> dict:
+    return next(c for c in comparison.to_dict()["causes"] if c["cause"] == cause and stage in (None, c["stage"]))
+
+
+def test_a_changed_cost_per_token_splits_by_hand():
+    # A: gen = 10 + 0.001·tokens at 1,000 tokens = 11 s; B: gen = 10 + 0.002·tokens at 2,000 tokens = 14 s.
+    # Shapley: workload = (0.001 + 0.002)/2 · 1,000 = 1.5 s; efficiency = 0.001 · 1,500 = 1.5 s;
+    # the orders differ by Δb·ΔW = 0.001 · 1,000 = 1 s.
+    a = _side("a", {"gen": StageFit("gen", 10.0, {"response_tokens": 0.001}, (), 10, 0.0)},
+              {"response_tokens": 1000.0}, step_s=11.0)
+    b = _side("b", {"gen": StageFit("gen", 10.0, {"response_tokens": 0.002}, (), 10, 0.0)},
+              {"response_tokens": 2000.0}, step_s=14.0)
+    comparison = compare_sides(a, b)
+    assert _cause(comparison, "token_volume")["seconds"] == pytest.approx(1.5)
+    assert _cause(comparison, "efficiency", "gen")["seconds"] == pytest.approx(1.5)
+    assert _cause(comparison, "efficiency", "gen")["b_at_same_workload_s"] == pytest.approx(13.0)
+    assert comparison.interaction_s == pytest.approx(1.0)
+    assert sum(c["seconds"] for c in comparison.causes) == pytest.approx(3.0)
+    assert any("differ by 1.0 s" in text for text in comparison.findings)
+
+
+def test_the_busiest_rank_splits_into_imbalance_and_gpu_count_by_hand():
+    # update_actor = 0.01 s per busiest-rank token in both. A: mean rank 100, busiest 120 (λ 1.2) on 4 ranks;
+    # B: mean rank 50, busiest 75 (λ 1.5) on 8 ranks; all ranks hold 400 tokens in both.
+    # Δ = 0.01 · (75 − 120) = −0.45 s = imbalance 0.01 · 75 · 0.3 = 0.225 s
+    #   + gpu_count 0.01 · 1.35 · (1/8 − 1/4) · 400 = −0.675 s, token volume 0.
+    fit = {"update_actor": StageFit("update_actor", 1.0, {"busiest_rank_tokens": 0.01}, (), 10, 0.0)}
+    a = _side("a", fit, {"busiest_rank_tokens": 120.0, "mean_rank_tokens": 100.0}, ranks=4, step_s=2.2)
+    b = _side("b", fit, {"busiest_rank_tokens": 75.0, "mean_rank_tokens": 50.0}, ranks=8, step_s=1.75)
+    comparison = compare_sides(a, b)
+    assert _cause(comparison, "dp_imbalance")["seconds"] == pytest.approx(0.225)
+    assert _cause(comparison, "gpu_count")["seconds"] == pytest.approx(-0.675)
+    assert all(abs(c["seconds"]) < 1e-12 for c in comparison.causes if c["cause"] == "token_volume")
+    assert comparison.to_dict()["causes"][0]["cause"] == "gpu_count"
+
+
+def test_an_overhead_is_frequency_times_cost_by_hand():
+    # Validation once every 10 steps at 120 s (12 s per step) against once every 5 at 120 s (24 s per step).
+    fit = {"gen": StageFit("gen", 10.0, {}, (), 10, 0.0)}
+    a = _side("a", fit, {}, overheads={"validation": (0.1, 120.0)}, step_s=22.0)
+    b = _side("b", fit, {}, overheads={"validation": (0.2, 120.0)}, step_s=34.0)
+    validation = _cause(compare_sides(a, b), "validation")
+    assert validation["seconds"] == pytest.approx(12.0)
+    assert validation["from_frequency_s"] == pytest.approx(12.0)
+    assert validation["from_cost_s"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_changed_factor_is_named_first_and_carries_most_of_the_difference(pairs, name):
+    _, _, comparisons = pairs
+    _, _, cause, stage = VARIANTS[name]
+    doc = comparisons[name].to_dict()
+    first = doc["causes"][0]
+    assert first["cause"] == cause, doc["causes"][:3]
+    if stage is not None:
+        assert first["stage"] == stage
+    assert first["share"] >= 0.7, first
+
+
+def test_the_same_configuration_with_another_seed_shows_no_cause_above_3_percent(pairs):
+    doc = pairs[2]["reseeded"].to_dict()
+    assert max(abs(c["seconds"]) for c in doc["causes"]) < 0.03 * doc["a_step_s"], doc["causes"][:3]
+
+
+def test_the_causes_sum_to_the_delta_and_the_mean_step_is_the_logs(pairs):
+    _, frames, comparisons = pairs
+    base_mean = frames["base"]["step_s"].mean()  # verl 0.5: timing_s/step includes validation and checkpoints
+    for name, comparison in comparisons.items():
+        doc = comparison.to_dict()
+        assert sum(c["seconds"] for c in doc["causes"]) == pytest.approx(doc["delta_s"], rel=1e-9, abs=1e-9), name
+        jsonschema.validate(doc, SCHEMA)
+        if name != "window":
+            assert doc["a_step_s"] == pytest.approx(base_mean, rel=1e-6)
+            assert doc["b_step_s"] == pytest.approx(frames[name]["step_s"].mean(), rel=1e-6)
+    validation = _cause(comparisons["validate_often"], "validation")
+    assert (validation["frequency_a"], validation["frequency_b"]) == (pytest.approx(0.1), pytest.approx(0.2))
+    assert validation["cost_b_s"] == pytest.approx(120.0, rel=0.1)
+
+
+def test_more_gpus_say_which_stage_stopped_scaling(pairs):
+    scaling = pairs[2]["eight_ranks"].to_dict()["scaling"]
+    assert (scaling["fewer_gpus"], scaling["more_gpus"]) == (4, 8)
+    by_stage = {row["stage"]: row for row in scaling["stages"]}
+    # The generator's generation does not depend on the GPU count; the training stages follow the busiest rank.
+    assert scaling["stopped_scaling"] == "gen"
+    assert by_stage["gen"]["speedup"] == pytest.approx(1.0, abs=0.05)
+    assert by_stage["update_actor"]["speedup"] > 1.4
+    assert pairs[2]["gen_cost"].to_dict()["scaling"] is None
+
+
+def test_two_windows_of_one_run_find_the_regression(pairs):
+    doc = pairs[2]["window"].to_dict()
+    assert (doc["a"], doc["b"]) == ("regressed steps 1:30", "regressed steps 31:60")
+    first = doc["causes"][0]
+    assert (first["cause"], first["stage"]) == ("efficiency", "gen")
+    assert first["share"] >= 0.7
+    assert first["b_at_same_workload_s"] / first["a_at_same_workload_s"] == pytest.approx(1.3, abs=0.05)
+
+
+def test_cli_json_validates_and_the_table_names_the_cause(pairs):
+    db = pairs[0]
+    result = runner.invoke(app, ["explain", "gen_cost", "--against", "base", "--json", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["causes"][0]["cause"] == "efficiency"
+    result = runner.invoke(app, ["explain", "regressed", "--steps", "31:60", "--against-steps", "1:30", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "gen ran 3" in result.output and "slower at the same workload" in result.output
+    result = runner.invoke(app, ["explain", "base", "--steps", "1:30", "--db", str(db)])
+    assert result.exit_code != 0 and "--against" in result.output
+    result = runner.invoke(app, ["explain", "base", "--against", "base", "--db", str(db)])
+    assert result.exit_code != 0 and "compared with itself" in result.output
+
+
+def test_check_gates_on_the_slowdown_and_names_the_top_cause(pairs):
+    db = str(pairs[0])
+    result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--json", "--db", db])
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.output)
+    (verdict,) = doc["checks"]
+    assert (verdict["threshold"], verdict["status"]) == ("max_slowdown", "FAIL")
+    assert verdict["measured"] == pytest.approx(pairs[2]["gen_cost"].slowdown)
+    assert (doc["baseline"]["top_cause"]["cause"], doc["baseline"]["top_cause"]["stage"]) == ("efficiency", "gen")
+    result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--db", db])
+    assert result.exit_code == 1 and "top cause efficiency (gen)" in result.output
+    result = runner.invoke(app, ["check", "reseeded", "--baseline", "base", "--max-slowdown", "0.05", "--db", db])
+    assert result.exit_code == 0, result.output
+    # Faster is never a slowdown.
+    result = runner.invoke(app, ["check", "eight_ranks", "--baseline", "base", "--max-slowdown", "0%", "--db", db])
+    assert result.exit_code == 0, result.output
+
+
+def test_check_without_comparable_steps_is_not_measurable(pairs):
+    db = str(pairs[0])
+    args = ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--steps", "1:5", "--db", db]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 1
+    (verdict,) = json.loads(result.output)["checks"]
+    assert verdict["status"] == "not measurable" and "needs 8" in verdict["reason"]
+    assert runner.invoke(app, [*args, "--allow-unmeasurable"]).exit_code == 0
+    for bad in (["--max-slowdown", "5"], ["--max-slowdown", "fast"], ["--max-slowdown", "-1%"]):
+        result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", *bad, "--db", db])
+        assert result.exit_code == 2 and "--max-slowdown" in result.output, result.output
+    result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--db", db])
+    assert result.exit_code == 2 and "go together" in result.output
+    result = runner.invoke(app, ["check", "gen_cost", "--baseline", "nope", "--max-slowdown", "5%", "--db", db])
+    assert result.exit_code != 0 and "no run named nope" in result.output
