@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import Side, compare_sides, explain_against
 from polytrace_cli.ingest.runner import ingest_paths
@@ -58,7 +59,7 @@ def pairs(tmp_path_factory):
     frames = {}
     for name, (spec, model) in runs.items():
         frames[name] = write_step_log(lengths, spec, model, root / name).frame
-        ingest_paths(con, [root / name], run_name=name)
+        ingest_paths(con, [root / name], run_name=name, task="math")
     comparisons = {name: explain_against(con, name, "base") for name in (*VARIANTS, "reseeded")}
     comparisons["window"] = explain_against(con, "regressed", steps="31:60", against_steps="1:30")
     con.close()
@@ -222,3 +223,37 @@ def test_check_without_comparable_steps_is_not_measurable(pairs):
     assert result.exit_code == 2 and "go together" in result.output
     result = runner.invoke(app, ["check", "gen_cost", "--baseline", "nope", "--max-slowdown", "5%", "--db", db])
     assert result.exit_code != 0 and "no run named nope" in result.output
+
+
+def test_a_report_of_runs_of_one_task_compares_them(pairs, tmp_path):
+    from polytrace_cli.report import write_runs_report
+
+    con = open_store(pairs[0], read_only=True)
+    try:
+        index = write_runs_report(con, ["base", "validate_often", "gen_cost"], tmp_path, name="pair")
+    finally:
+        con.close()
+    summary = json.loads((index.parent / "summary.json").read_text())
+    compared = {(c["a"], c["b"]): c for c in summary["comparisons"]}
+    assert set(compared) == {("base", "validate_often"), ("base", "gen_cost")}
+    assert compared[("base", "validate_often")]["causes"][0]["cause"] == "validation"
+    assert compared[("base", "gen_cost")]["delta_s"] == pytest.approx(pairs[2]["gen_cost"].delta_s)
+    page = index.read_text()
+    assert "Runs of one task compared" in page and "gen_cost against base (task math)" in page
+    markdown = (index.parent / "summary.md").read_text()
+    assert "### validate_often against base (task math)" in markdown
+    assert "- validation (testing) +12" in markdown
+
+
+def test_runs_without_comparable_steps_are_listed_with_the_reason(pairs):
+    from polytrace_cli.report.comparison import html_section, run_comparisons
+
+    con = open_store(pairs[0], read_only=True)
+    try:
+        ids = [row[0] for row in con.execute("SELECT run_id FROM runs WHERE name IN ('base', 'longer') ORDER BY run_id")
+               .fetchall()]
+        (entry,) = run_comparisons(con, ids, StepRange(1, 5))
+    finally:
+        con.close()
+    assert entry["delta_s"] is None and "needs 8" in entry["omitted"]
+    assert "not compared" in html_section([entry])
