@@ -257,3 +257,23 @@ def test_runs_without_comparable_steps_are_listed_with_the_reason(pairs):
         con.close()
     assert entry["delta_s"] is None and "needs 8" in entry["omitted"]
     assert "not compared" in html_section([entry])
+
+
+def test_real_traces_without_step_timings_get_a_one_line_reason(db_path):
+    from tests.conftest import need_real_data
+
+    verl = need_real_data("polytrace", "verl")
+    rllm = need_real_data("polytrace", "rllm")
+    con = open_store(db_path)
+    try:
+        ingest_paths(con, [verl], run_name="verl_dapo", task="math")
+        ingest_paths(con, [rllm], run_name="rllm_code", task="code")
+    finally:
+        con.close()
+    result = runner.invoke(app, ["explain", "verl_dapo", "--against", "rllm_code", "--db", str(db_path)])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and "needs 8" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["check", "verl_dapo", "--baseline", "rllm_code", "--max-slowdown", "5%", "--json",
+                                 "--db", str(db_path)])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["checks"][0]["status"] == "not measurable"

@@ -42,7 +42,6 @@ speedup is below 1.05 stopped scaling.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +50,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS, decompose_run, explained_in_seconds
+from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS, _finite, decompose_run, explained_in_seconds
 from polytrace_cli.display import duration
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
@@ -134,18 +133,6 @@ class Comparison:
     def to_json(self) -> str:
         """Strict JSON text of `to_dict`."""
         return json.dumps(self.to_dict(), default=json_default, indent=2, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _window(frame: pl.DataFrame, steps: StepRange) -> pl.DataFrame:
