@@ -109,21 +109,26 @@ def _print_token_steps(out: Console, steps: list[dict]) -> None:
 
 
 def _print_comparison(comparison) -> None:
-    out = Console(width=TABLE_WIDTH) if not sys.stdout.isatty() else console
+    from rich.markup import escape
+
+    # No emoji codes: a window label such as "steps 1:100" must print as written.
+    out = Console(width=TABLE_WIDTH if not sys.stdout.isatty() else None, emoji=False)
     doc = comparison.to_dict()
-    out.print(f"[bold]{doc['b']}[/] against [bold]{doc['a']}[/]: mean step {_seconds(doc['b_step_s'])} s against "
+    out.print(f"[bold]{escape(doc['b'])}[/] against [bold]{escape(doc['a'])}[/]: mean step {_seconds(doc['b_step_s'])} s against "
               f"{_seconds(doc['a_step_s'])} s, {doc['delta_s']:+,.1f} s per step", highlight=False)
     table = Table(title="Causes, largest first (s per step, B − A)", title_justify="left",
                   header_style="bold")
     for name, justify in (("cause", "left"), ("stage", "left"), ("seconds", "right"), ("share", "right")):
         table.add_column(name, justify=justify)
     shown = [c for c in doc["causes"] if abs(c["seconds"]) >= 0.005 * abs(doc["a_step_s"] or 0)] or doc["causes"][:1]
+    measurable = abs(doc["delta_s"]) >= 0.01 * abs(doc["a_step_s"] or 0)
     for cause in shown:
-        share = "—" if cause["share"] is None else f"{cause['share']:.0%}"
+        # A share of a difference near 0 is noise: shown only when the difference is 1% of A's step or more.
+        share = "—" if cause["share"] is None or not measurable else f"{cause['share']:.0%}"
         table.add_row(cause["cause"], cause["stage"] or "", f"{cause['seconds']:+,.2f}", share)
     hidden = len(doc["causes"]) - len(shown)
     table.add_row("sum" if not hidden else f"sum (with {hidden} smaller)", "", f"{doc['delta_s']:+,.2f}",
-                  "100%" if doc["delta_s"] else "—", style="dim")
+                  "100%" if measurable else "—", style="dim")
     out.print(table)
     for finding in doc["findings"]:
         print_item(out, finding)

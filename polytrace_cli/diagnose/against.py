@@ -331,7 +331,8 @@ def _every(frequency: float) -> str:
 def _percent(new: float, old: float) -> str:
     if not old:
         return ""
-    return f" ({(new - old) / abs(old):+.0%})".replace("-", "−")
+    change = (new - old) / abs(old)
+    return f" ({change:+.1%})".replace("-", "−") if abs(change) < 0.1 else f" ({change:+.0%})".replace("-", "−")
 
 
 def _cause_text(row: dict, a: Side, b: Side, busiest: str) -> str:

@@ -1,7 +1,8 @@
 """The report's comparison section: when a report holds several runs of one task, why each run's mean
 step differs from the first run of that task (`diagnose.against.explain_against` over the report's
-steps). Runs without a task are not compared: nothing says they ran the same job. A pair whose runs
-cannot be compared (too few timed steps for a step-time model) is listed with the reason."""
+steps). Runs without a task are not compared: nothing says they ran the same job; nor are runs that
+log no step metrics (per-sample traces alone: no step time to compare). A pair whose runs cannot be
+compared (too few timed steps in the range for a step-time model) is listed with the reason."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ COMPARISON_KEYS = ("task", "a", "b", "a_step_s", "b_step_s", "delta_s", "slowdow
 
 
 def runs_by_task(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, list[str]]:
-    """Task -> the report's runs of that task, in report order; only tasks with two or more runs."""
+    """Task -> the report's runs of that task that log step times (`model.logs_step_metrics`), in report
+    order; only tasks with two or more such runs."""
+    from polytrace_cli.model import logs_step_metrics
+
     rows = con.execute("SELECT run_id, name, task FROM runs WHERE run_id IN (SELECT unnest(?)) AND task IS NOT NULL",
                        [run_ids]).fetchall()
     order = {run_id: index for index, run_id in enumerate(run_ids)}
     grouped: dict[str, list[str]] = {}
     for run_id, name, task in sorted(rows, key=lambda row: order[row[0]]):
-        grouped.setdefault(task, []).append(name)
+        if logs_step_metrics(con, run_id):
+            grouped.setdefault(task, []).append(name)
     return {task: names for task, names in grouped.items() if len(names) > 1}
 
 
