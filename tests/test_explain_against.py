@@ -280,3 +280,23 @@ def test_real_traces_without_step_timings_get_a_one_line_reason(db_path):
                                  "--db", str(db_path)])
     assert result.exit_code == 1
     assert json.loads(result.output)["checks"][0]["status"] == "not measurable"
+
+
+def test_the_store_facade_answers_the_same(pairs):
+    from polytrace_cli import Store
+
+    with Store.open(pairs[0], read_only=True) as store:
+        comparison = store.explain_against("regressed", steps="31:60", against_steps="1:30")
+    assert comparison.to_dict() == pairs[2]["window"].to_dict()
+
+
+def test_synth_writes_a_run_with_one_factor_changed(tmp_path):
+    args = ["synth", "--task", "math", "--num-steps", "3", "--batch", "8", "--dp-ranks", "4", "--seed", "5"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "traces"), "--imbalance", "1.5"])
+    assert result.exit_code == 2 and "--imbalance applies to verl logs" in result.output
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run"), "--format", "verl-jsonl", "--imbalance", "1.5",
+                                 "--response-scale", "1.2"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line)["data"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ratios = [d["global_seqlen/max"] / d["global_seqlen/mean"] for d in lines if "global_seqlen/max" in d]
+    assert len(ratios) == 3 and all(1.3 < r < 1.7 for r in ratios)
