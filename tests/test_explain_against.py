@@ -94,6 +94,9 @@ def test_a_changed_cost_per_token_splits_by_hand():
     assert comparison.interaction_s == pytest.approx(1.0)
     assert sum(c["seconds"] for c in comparison.causes) == pytest.approx(3.0)
     assert any("differ by 1.0 s" in text for text in comparison.findings)
+    # At the mean workload 1,500 tokens: 10 + 3 = 13 s against 10 + 1.5 = 11.5 s, 13% slower.
+    assert any("gen ran 13% slower at the same workload" in text and "+100% seconds per response token" in text
+               for text in comparison.findings), comparison.findings
 
 
 def test_the_busiest_rank_splits_into_imbalance_and_gpu_count_by_hand():

@@ -65,6 +65,10 @@ CAUSES = (*WORKLOAD_CAUSES, "efficiency", *OVERHEAD_CAUSES, "unexplained")
 OVERHEAD_STAGE = {"validation": "testing", "checkpoint": "save_checkpoint", "weight_sync": "update_weights",
                   "warmup": None}
 VOLUME_FEATURES = ("response_tokens", "n_responses", "total_tokens")
+# What one unit of a feature is, for "gen took 30% more per response token".
+FEATURE_UNIT = {"r_max": "token of the longest response", "response_tokens": "response token",
+                "n_responses": "response", "total_tokens": "token", "busiest_rank_tokens": "token of the busiest rank",
+                "balanced_busiest_tokens": "token of the busiest rank after balancing"}
 # The interaction of the two orders is named when above this share of |delta_s| and of A's step.
 INTERACTION_SHARE, INTERACTION_STEP_SHARE = 0.05, 0.01
 # A stage holding at least this share of the larger side's step stopped scaling below this speedup.
@@ -259,7 +263,8 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
             if stage in side.model.stages:
                 features |= set(side.model.stages[stage].coefficients)
         efficiency = _coefficient(b, stage, None) - _coefficient(a, stage, None)
-        at_mean = {"a": _coefficient(a, stage, None), "b": _coefficient(b, stage, None)}
+        at_mean = {"a": _coefficient(a, stage, None), "b": _coefficient(b, stage, None), "per_unit": None}
+        largest = 0.0
         for feature in sorted(features):
             wa, wb = a.workload.get(feature, np.nan), b.workload.get(feature, np.nan)
             wa, wb = (wb, wb) if not np.isfinite(wa) else (wa, wa if not np.isfinite(wb) else wb)
@@ -268,6 +273,9 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
             efficiency += (cb - ca) * mean_w
             at_mean["a"] += ca * mean_w
             at_mean["b"] += cb * mean_w
+            if ca > 0 and cb > 0 and (ca + cb) * mean_w > largest:
+                largest = (ca + cb) * mean_w
+                at_mean["per_unit"] = (feature, ca, cb)
             interaction += (cb - ca) * (wb - wa)
             workload = (ca + cb) / 2 * (wb - wa)
             if feature == "r_max":
@@ -335,7 +343,7 @@ def _percent(new: float, old: float) -> str:
     return f" ({change:+.1%})".replace("-", "−") if abs(change) < 0.1 else f" ({change:+.0%})".replace("-", "−")
 
 
-def _cause_text(row: dict, a: Side, b: Side, busiest: str) -> str:
+def _cause_text(row: dict, a: Side, b: Side, busiest: str, detail: dict[str, dict]) -> str:
     seconds = row["seconds"]
     head = f"{row['cause']} {'+' if seconds >= 0 else '−'}{duration(abs(seconds))} per step"
     cause = row["cause"]
@@ -363,8 +371,13 @@ def _cause_text(row: dict, a: Side, b: Side, busiest: str) -> str:
         ta, tb = row["a_at_same_workload_s"], row["b_at_same_workload_s"]
         change = f"{abs(tb - ta) / ta:.0%} {'slower' if tb > ta else 'faster'}" if ta > 0 else (
             "slower" if tb > ta else "faster")
-        return (f"{head}: {row['stage']} ran {change} at the same workload ({duration(tb)} against {duration(ta)} "
+        text = (f"{head}: {row['stage']} ran {change} at the same workload ({duration(tb)} against {duration(ta)} "
                 f"at the two runs' mean workload)")
+        per_unit = detail.get(row["stage"], {}).get("per_unit")
+        if per_unit:
+            feature, ca, cb = per_unit
+            text += f"; {(cb - ca) / ca:+.0%} seconds per {FEATURE_UNIT.get(feature, feature)}".replace("-", "−")
+        return text
     if cause in OVERHEAD_CAUSES:
         frequency, cost = row["from_frequency_s"], row["from_cost_s"]
         if not row["frequency_a"] or not row["frequency_b"]:
@@ -433,7 +446,7 @@ def compare_sides(a: Side, b: Side) -> Comparison:
                 f"over {b.steps:,} and {a.steps:,} steps"]
     for row in causes:
         if abs(row["seconds"]) >= max(FINDING_SHARE * abs(delta), FINDING_STEP_SHARE * a.step_s):
-            findings.append(_cause_text(row, a, b, busiest))
+            findings.append(_cause_text(row, a, b, busiest, detail))
     notes = ["workload and efficiency average the two orders of the decomposition (A's model at B's workload "
              "first, and B's model at A's workload first); the causes sum to the difference of the mean steps"]
     if abs(interaction) > max(INTERACTION_SHARE * abs(delta), INTERACTION_STEP_SHARE * a.step_s):
