@@ -353,7 +353,11 @@ def _cause_text(row: dict, a: Side, b: Side, busiest: str, detail: dict[str, dic
         said = []
         if np.isfinite(ra) and np.isfinite(rb):
             said.append(f"response tokens per step {rb:,.0f} against {ra:,.0f}{_percent(rb, ra)}")
-        if np.isfinite(ma) and np.isfinite(mb):
+        if np.isfinite(ma) and np.isfinite(mb) and a.ranks and b.ranks and a.ranks != b.ranks:
+            # The mean rank's change from the rank count is gpu_count's; the volume is all ranks' tokens.
+            ta, tb = ma * a.ranks, mb * b.ranks
+            said.append(f"all DP ranks together held {tb:,.0f} tokens against {ta:,.0f}{_percent(tb, ta)}")
+        elif np.isfinite(ma) and np.isfinite(mb):
             said.append(f"the mean rank held {mb:,.0f} tokens against {ma:,.0f}{_percent(mb, ma)}")
         return f"{head}: {'; '.join(said) or 'more tokens per step'}"
     if cause == "long_tail":
