@@ -40,6 +40,8 @@ VARIANTS = {
     "imbalanced": (BASE_SPEC, dataclasses.replace(BASE_MODEL, imbalance=1.5), "dp_imbalance", None),
     "validate_often": (BASE_SPEC, dataclasses.replace(BASE_MODEL, validate_every=5), "validation", "testing"),
     "eight_ranks": (dataclasses.replace(BASE_SPEC, dp_ranks=8), BASE_MODEL, "gpu_count", None),
+    # The baseline's longest response sits at its 16,384-token cap on every step; this one's cap is twice that.
+    "higher_cap": (dataclasses.replace(BASE_SPEC, max_response_len=32768), BASE_MODEL, "long_tail", "gen"),
 }
 # The same configuration, another seed.
 RESEEDED = (dataclasses.replace(BASE_SPEC, seed=2), BASE_MODEL)
@@ -114,6 +116,18 @@ def test_the_busiest_rank_splits_into_imbalance_and_gpu_count_by_hand():
     assert comparison.to_dict()["causes"][0]["cause"] == "gpu_count"
 
 
+def test_a_term_one_side_cannot_fit_takes_the_other_sides_coefficient_by_hand():
+    # A's longest response is 16,384 on every step: its gen line is the constant 20 + 0.012 · 16,384 = 216.608 s.
+    # B: gen = 20 + 0.012 · r_max at a mean r_max of 20,000 = 260 s. Borrowing b_tail = 0.012 for A
+    # (intercept 216.608 − 0.012 · 16,384 = 20), the whole 43.392 s is the long tail, none of it efficiency.
+    a = _side("a", {"gen": StageFit("gen", 216.608, {}, ("r_max",), 10, 0.0)}, {"r_max": 16384.0}, step_s=216.608)
+    b = _side("b", {"gen": StageFit("gen", 20.0, {"r_max": 0.012}, (), 10, 0.0)}, {"r_max": 20000.0}, step_s=260.0)
+    comparison = compare_sides(a, b)
+    assert _cause(comparison, "long_tail")["seconds"] == pytest.approx(43.392)
+    assert all(abs(c["seconds"]) < 1e-9 for c in comparison.causes if c["cause"] == "efficiency")
+    assert any("r_max did not vary over a's steps" in note for note in comparison.notes)
+
+
 def test_an_overhead_is_frequency_times_cost_by_hand():
     # Validation once every 10 steps at 120 s (12 s per step) against once every 5 at 120 s (24 s per step).
     fit = {"gen": StageFit("gen", 10.0, {}, (), 10, 0.0)}
@@ -140,6 +154,8 @@ def test_the_changed_factor_is_named_first_and_carries_most_of_the_difference(pa
 def test_the_same_configuration_with_another_seed_shows_no_cause_above_3_percent(pairs):
     doc = pairs[2]["reseeded"].to_dict()
     assert max(abs(c["seconds"]) for c in doc["causes"]) < 0.03 * doc["a_step_s"], doc["causes"][:3]
+    # A difference this small (under 1% of the step) gets no shares: they would be ratios of noise.
+    assert abs(doc["delta_s"]) < 0.01 * doc["a_step_s"] and all(c["share"] is None for c in doc["causes"])
 
 
 def test_the_causes_sum_to_the_delta_and_the_mean_step_is_the_logs(pairs):
@@ -155,6 +171,17 @@ def test_the_causes_sum_to_the_delta_and_the_mean_step_is_the_logs(pairs):
     validation = _cause(comparisons["validate_often"], "validation")
     assert (validation["frequency_a"], validation["frequency_b"]) == (pytest.approx(0.1), pytest.approx(0.2))
     assert validation["cost_b_s"] == pytest.approx(120.0, rel=0.1)
+
+
+def test_a_longer_tail_against_a_capped_baseline_is_the_tail_cost_of_the_truth(pairs):
+    _, frames, comparisons = pairs
+    # The generator's gen_s = 20 + 0.012 · r_max + 2e-5 · response_tokens (times noise and warm-up).
+    truth = 0.012 * (frames["higher_cap"]["r_max"].mean() - frames["base"]["r_max"].mean())
+    # The slope is fitted on the higher-cap run alone, where it trades off against the intercept: within 15%,
+    # and the gen-stage total of tail and efficiency within 5%.
+    long_tail = _cause(comparisons["higher_cap"], "long_tail")["seconds"]
+    assert long_tail == pytest.approx(truth, rel=0.15)
+    assert long_tail + _cause(comparisons["higher_cap"], "efficiency", "gen")["seconds"] == pytest.approx(truth, rel=0.05)
 
 
 def test_more_gpus_say_which_stage_stopped_scaling(pairs):

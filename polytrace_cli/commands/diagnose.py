@@ -121,14 +121,12 @@ def _print_comparison(comparison) -> None:
     for name, justify in (("cause", "left"), ("stage", "left"), ("seconds", "right"), ("share", "right")):
         table.add_column(name, justify=justify)
     shown = [c for c in doc["causes"] if abs(c["seconds"]) >= 0.005 * abs(doc["a_step_s"] or 0)] or doc["causes"][:1]
-    measurable = abs(doc["delta_s"]) >= 0.01 * abs(doc["a_step_s"] or 0)
     for cause in shown:
-        # A share of a difference near 0 is noise: shown only when the difference is 1% of A's step or more.
-        share = "—" if cause["share"] is None or not measurable else f"{cause['share']:.0%}"
+        share = "—" if cause["share"] is None else f"{cause['share']:.0%}"
         table.add_row(cause["cause"], cause["stage"] or "", f"{cause['seconds']:+,.2f}", share)
     hidden = len(doc["causes"]) - len(shown)
     table.add_row("sum" if not hidden else f"sum (with {hidden} smaller)", "", f"{doc['delta_s']:+,.2f}",
-                  "100%" if measurable else "—", style="dim")
+                  "—" if all(c["share"] is None for c in doc["causes"]) else "100%", style="dim")
     out.print(table)
     for finding in doc["findings"]:
         print_item(out, finding)

@@ -26,6 +26,12 @@ feature f, 0 where the side's model has no such term; Δ = B − A; x̄ = (x_A +
   the N steps that have it, cost = its mean seconds there): Δ(f·c) = c̄·Δf + f̄·Δc, the two parts
   telling which of the two changed;
 - unexplained: the change of the mean residual on the steps that are not warm-up.
+A cause's share = seconds / delta_s, given when |delta_s| is at least 1% of A's step (null otherwise).
+
+A term one side's model lacks because its feature did not vary over that side's steps (the longest
+response at the cap on every step) is not 0 s per unit: it takes the other side's coefficient b and
+the side's intercept becomes a − b · W̄_f, so the side's line is unchanged at its own mean workload
+(a note names each such term).
 
 Workload and efficiency are the average of the two orders of the decomposition (Shapley): A's model at
 B's workload first (the interaction Σ Δb · ΔW then counts as efficiency), or B's model at A's workload
@@ -73,6 +79,8 @@ FEATURE_UNIT = {"r_max": "token of the longest response", "response_tokens": "re
 INTERACTION_SHARE, INTERACTION_STEP_SHARE = 0.05, 0.01
 # A stage holding at least this share of the larger side's step stopped scaling below this speedup.
 SCALING_STAGE_SHARE, STOPPED_SPEEDUP = 0.05, 1.05
+# A share of the difference is given when |delta_s| is at least this share of A's step (else it is noise).
+SHARE_MIN_DELTA = 0.01
 # Findings name the causes above this share of |delta_s| (and of A's step).
 FINDING_SHARE, FINDING_STEP_SHARE = 0.05, 0.01
 CAUSE_COLUMNS = ("cause", "stage", "seconds", "share", "of_step")
@@ -94,6 +102,14 @@ class Side:
     overheads: dict[str, tuple[float, float]]   # cause -> (frequency, cost_s)
     unexplained_s: float
     model_s: float
+    # stage -> (intercept, {feature: seconds per unit}, features the fit dropped as not varying); the
+    # model's lines, with terms borrowed from the other side (`_borrow_terms`).
+    lines: dict[str, tuple[float, dict[str, float], tuple[str, ...]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.lines:
+            self.lines = {stage: (fit.intercept, dict(fit.coefficients), tuple(fit.dropped))
+                          for stage, fit in self.model.stages.items()}
 
 
 @dataclass
@@ -218,10 +234,33 @@ def _side(label: str, run: str, frame: pl.DataFrame, gpus: int | None) -> Side:
 
 
 def _coefficient(side: Side, stage: str, feature: str | None) -> float:
-    fit = side.model.stages.get(stage)
-    if fit is None:
+    line = side.lines.get(stage)
+    if line is None:
         return 0.0
-    return fit.intercept if feature is None else fit.coefficients.get(feature, 0.0)
+    return line[0] if feature is None else line[1].get(feature, 0.0)
+
+
+def _borrow_terms(a: Side, b: Side) -> list[str]:
+    """A term one side's steps cannot fit, its feature not varying there (the longest response at
+    the cap on every step, say), takes the other side's coefficient, and the side's intercept gives
+    it back at the side's mean workload: the side's line is unchanged at its own workload, and its
+    seconds per unit are not taken as 0 where the other side's workload differs. Returns a note per
+    borrowed term."""
+    notes = []
+    for side, other in ((a, b), (b, a)):
+        for stage, (intercept, coefficients, dropped) in list(side.lines.items()):
+            if stage not in other.lines:
+                continue
+            for feature, coefficient in other.lines[stage][1].items():
+                level = side.workload.get(feature, np.nan)
+                if feature in coefficients or feature not in dropped or not np.isfinite(level):
+                    continue
+                coefficients[feature] = coefficient
+                intercept -= coefficient * level
+                notes.append(f"{feature} did not vary over {side.label}'s steps (about {level:,.0f}), so {stage}'s "
+                             f"seconds per {FEATURE_UNIT.get(feature, feature)} there are {other.label}'s")
+            side.lines[stage] = (intercept, coefficients, dropped)
+    return notes
 
 
 def _busiest_split(a: Side, b: Side, busiest: str) -> dict[str, float] | None:
@@ -248,7 +287,7 @@ def _busiest_split(a: Side, b: Side, busiest: str) -> dict[str, float] | None:
 def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], float, dict[str, dict]]:
     """Per (cause, stage) seconds, the interaction Σ Δb·ΔW, and per stage the efficiency detail."""
     busiest = a.model.busiest_feature
-    stages = [s for s in dict.fromkeys([*a.model.stages, *b.model.stages]) if s != "update_weights"]
+    stages = [s for s in dict.fromkeys([*a.lines, *b.lines]) if s != "update_weights"]
     split = _busiest_split(a, b, busiest)
     parts: dict[tuple[str, str | None], float] = {}
     detail: dict[str, dict] = {}
@@ -260,8 +299,8 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
     for stage in stages:
         features = set()
         for side in (a, b):
-            if stage in side.model.stages:
-                features |= set(side.model.stages[stage].coefficients)
+            if stage in side.lines:
+                features |= set(side.lines[stage][1])
         efficiency = _coefficient(b, stage, None) - _coefficient(a, stage, None)
         at_mean = {"a": _coefficient(a, stage, None), "b": _coefficient(b, stage, None), "per_unit": None}
         largest = 0.0
@@ -322,8 +361,9 @@ def _cause_rows(a: Side, b: Side, parts: dict, overheads: dict[str, dict], detai
             rows.append({"cause": cause, "group": "overhead", "stage": OVERHEAD_STAGE[cause], **part})
     rows.append({"cause": "unexplained", "group": "unexplained", "stage": None,
                  "seconds": b.unexplained_s - a.unexplained_s})
+    shared = abs(delta) >= SHARE_MIN_DELTA * abs(a.step_s)
     for row in rows:
-        row["share"] = row["seconds"] / delta if delta else None
+        row["share"] = row["seconds"] / delta if shared and delta else None
         row["of_step"] = row["seconds"] / a.step_s if a.step_s else None
     rows.sort(key=lambda row: abs(row["seconds"]), reverse=True)
     return rows
@@ -416,9 +456,9 @@ def _scaling(a: Side, b: Side, busiest: str) -> dict | None:
     def seconds(side: Side) -> dict[str, float]:
         w = at_common(side)
         out = {}
-        for stage, fit in side.model.stages.items():
-            out[stage] = fit.intercept + sum(b_f * w.get(f, side.model.typical.get(f, 0.0))
-                                             for f, b_f in fit.coefficients.items())
+        for stage, (intercept, coefficients, _) in side.lines.items():
+            out[stage] = intercept + sum(b_f * w.get(f, side.model.typical.get(f, 0.0))
+                                         for f, b_f in coefficients.items())
         return out
 
     t_fewer, t_more = seconds(fewer), seconds(more)
@@ -441,6 +481,7 @@ def _scaling(a: Side, b: Side, busiest: str) -> dict | None:
 def compare_sides(a: Side, b: Side) -> Comparison:
     """The decomposition of the module docstring for two prepared sides."""
     busiest = a.model.busiest_feature
+    borrowed = _borrow_terms(a, b)
     parts, interaction, detail = _decompose(a, b)
     overheads = _overhead_parts(a, b)
     causes = _cause_rows(a, b, parts, overheads, detail)
@@ -452,7 +493,8 @@ def compare_sides(a: Side, b: Side) -> Comparison:
         if abs(row["seconds"]) >= max(FINDING_SHARE * abs(delta), FINDING_STEP_SHARE * a.step_s):
             findings.append(_cause_text(row, a, b, busiest, detail))
     notes = ["workload and efficiency average the two orders of the decomposition (A's model at B's workload "
-             "first, and B's model at A's workload first); the causes sum to the difference of the mean steps"]
+             "first, and B's model at A's workload first); the causes sum to the difference of the mean steps",
+             *borrowed]
     if abs(interaction) > max(INTERACTION_SHARE * abs(delta), INTERACTION_STEP_SHARE * a.step_s):
         findings.append(f"the two orders differ by {duration(abs(interaction))} per step (the interaction Σ Δb·ΔW: "
                         "the stages' cost per token changed where the workload changed too); each got half")
