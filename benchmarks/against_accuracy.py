@@ -4,7 +4,8 @@ difference, the largest cause of same-configuration pairs, and the seconds a com
 For each seed, a baseline verl log (math lengths, 32 prompts × 8 responses, 4 DP ranks, a 16,384-token
 cap, validation every 10 steps, a checkpoint every 30; `polytrace_cli.workload.steplog`) and one log
 per factor with that factor changed: generation 30% slower per token, responses × 1.5, busiest rank
-1.5 × the mean, validation every 5 steps, 8 DP ranks; and the baseline drawn with another seed.
+1.5 × the mean, validation every 5 steps, 8 DP ranks, a cap twice as high (the baseline's longest
+response sits at its cap); and the baseline drawn with another seed.
 Prints per factor: pairs where the factor came first, the smallest share it carried (the tests ask
 ≥ 70%), and for same-configuration pairs the largest |cause| as a share of the step (the tests ask
 < 3%); then the seconds of one `explain_against` on two runs of --long-steps steps (in process, the
@@ -36,6 +37,7 @@ FACTORS = {
     "imbalance 1.5": ("model", dict(imbalance=1.5), "dp_imbalance"),
     "validation every 5": ("model", dict(validate_every=5), "validation"),
     "8 DP ranks": ("spec", dict(dp_ranks=8), "gpu_count"),
+    "cap 32,768 (longer tail)": ("spec", dict(max_response_len=32768), "long_tail"),
 }
 
 

@@ -306,7 +306,9 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
         largest = 0.0
         for feature in sorted(features):
             wa, wb = a.workload.get(feature, np.nan), b.workload.get(feature, np.nan)
-            wa, wb = (wb, wb) if not np.isfinite(wa) else (wa, wa if not np.isfinite(wb) else wb)
+            # A feature one side lacks counts as unchanged; one both lack as 0, as the model fills it.
+            wa, wb = (wa if np.isfinite(wa) else wb), (wb if np.isfinite(wb) else wa)
+            wa, wb = (wa, wb) if np.isfinite(wa) else (0.0, 0.0)
             ca, cb = _coefficient(a, stage, feature), _coefficient(b, stage, feature)
             mean_w = (wa + wb) / 2
             efficiency += (cb - ca) * mean_w
