@@ -48,7 +48,7 @@ speedup is below 1.05 stopped scaling.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -240,15 +240,18 @@ def _coefficient(side: Side, stage: str, feature: str | None) -> float:
     return line[0] if feature is None else line[1].get(feature, 0.0)
 
 
-def _borrow_terms(a: Side, b: Side) -> list[str]:
-    """A term one side's steps cannot fit, its feature not varying there (the longest response at
-    the cap on every step, say), takes the other side's coefficient, and the side's intercept gives
-    it back at the side's mean workload: the side's line is unchanged at its own workload, and its
-    seconds per unit are not taken as 0 where the other side's workload differs. Returns a note per
-    borrowed term."""
+def _borrow_terms(a: Side, b: Side) -> tuple[Side, Side, list[str]]:
+    """Copies of the sides where a term one side's steps cannot fit, its feature not varying there (the
+    longest response at the cap on every step, say), takes the other side's coefficient, and the side's
+    intercept gives it back at the side's mean workload: the side's line is unchanged at its own
+    workload, and its seconds per unit are not taken as 0 where the other side's workload differs.
+    Also a note per borrowed term."""
     notes = []
+    lines = {id(side): {stage: (line[0], dict(line[1]), line[2]) for stage, line in side.lines.items()}
+             for side in (a, b)}
     for side, other in ((a, b), (b, a)):
-        for stage, (intercept, coefficients, dropped) in list(side.lines.items()):
+        mine = lines[id(side)]
+        for stage, (intercept, coefficients, dropped) in list(mine.items()):
             if stage not in other.lines:
                 continue
             for feature, coefficient in other.lines[stage][1].items():
@@ -259,8 +262,8 @@ def _borrow_terms(a: Side, b: Side) -> list[str]:
                 intercept -= coefficient * level
                 notes.append(f"{feature} did not vary over {side.label}'s steps (about {level:,.0f}), so {stage}'s "
                              f"seconds per {FEATURE_UNIT.get(feature, feature)} there are {other.label}'s")
-            side.lines[stage] = (intercept, coefficients, dropped)
-    return notes
+            mine[stage] = (intercept, coefficients, dropped)
+    return replace(a, lines=lines[id(a)]), replace(b, lines=lines[id(b)]), notes
 
 
 def _busiest_split(a: Side, b: Side, busiest: str) -> dict[str, float] | None:
@@ -483,7 +486,7 @@ def _scaling(a: Side, b: Side, busiest: str) -> dict | None:
 def compare_sides(a: Side, b: Side) -> Comparison:
     """The decomposition of the module docstring for two prepared sides."""
     busiest = a.model.busiest_feature
-    borrowed = _borrow_terms(a, b)
+    a, b, borrowed = _borrow_terms(a, b)
     parts, interaction, detail = _decompose(a, b)
     overheads = _overhead_parts(a, b)
     causes = _cause_rows(a, b, parts, overheads, detail)
