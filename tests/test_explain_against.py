@@ -214,6 +214,9 @@ def test_cli_json_validates_and_the_table_names_the_cause(pairs):
     result = runner.invoke(app, ["explain", "regressed", "--steps", "31:60", "--against-steps", "1:30", "--db", str(db)])
     assert result.exit_code == 0, result.output
     assert "gen ran 3" in result.output and "slower at the same workload" in result.output
+    result = runner.invoke(app, ["explain", "eight_ranks", "--against", "base", "--db", str(db)])
+    assert result.exit_code == 0 and "Scaling per stage, 4 → 8 GPUs" in result.output
+    assert "gen stopped scaling" in result.output
     # A label is printed as written ("1:100" is also an emoji code).
     result = runner.invoke(app, ["explain", "regressed", "--steps", "31:60", "--against-steps", "1:100", "--db", str(db)])
     assert result.exit_code == 0 and "against regressed steps 1:100:" in result.output, result.output

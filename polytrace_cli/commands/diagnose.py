@@ -130,6 +130,20 @@ def _print_comparison(comparison) -> None:
     out.print(table)
     for finding in doc["findings"]:
         print_item(out, finding)
+    scaling = doc["scaling"]
+    if scaling:
+        table = Table(title=f"Scaling per stage, {scaling['fewer_gpus']} → {scaling['more_gpus']} GPUs (ideal speedup "
+                            f"{scaling['ideal_speedup']:.2f}×)", title_justify="left", header_style="bold")
+        for name, justify in (("stage", "left"), (f"s at {scaling['fewer_gpus']}", "right"),
+                              (f"s at {scaling['more_gpus']}", "right"), ("speedup", "right"),
+                              ("efficiency", "right"), ("", "left")):
+            table.add_column(name, justify=justify)
+        for row in scaling["stages"]:
+            speedup = "—" if row["speedup"] is None else f"{row['speedup']:.2f}×"
+            efficiency = "—" if row["efficiency"] is None else f"{row['efficiency']:.0%}"
+            table.add_row(row["stage"], f"{row['fewer_gpus_s']:,.1f}", f"{row['more_gpus_s']:,.1f}", speedup,
+                          efficiency, "stopped scaling" if row["stopped"] else "")
+        out.print(table)
     for note in doc["notes"]:
         out.print(f"[dim]{note}[/]", highlight=False)
 

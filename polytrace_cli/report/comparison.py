@@ -15,7 +15,8 @@ from polytrace_cli.errors import PolytraceError
 
 # Causes listed per pair on the page (every cause is in summary.json).
 SHOWN_CAUSES = 3
-COMPARISON_KEYS = ("task", "a", "b", "a_step_s", "b_step_s", "delta_s", "slowdown", "causes", "findings", "omitted")
+COMPARISON_KEYS = ("task", "a", "b", "a_step_s", "b_step_s", "delta_s", "slowdown", "causes", "findings", "scaling",
+                   "omitted")
 
 
 def runs_by_task(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, list[str]]:
@@ -65,7 +66,8 @@ def _lines(entry: dict) -> tuple[str, list[str]]:
     head = f"{entry['b']} against {entry['a']} (task {entry['task']})"
     if entry["omitted"]:
         return head, [f"not compared: {entry['omitted']}"]
-    return head, [entry["findings"][0], *(_cause_line(c) for c in entry["causes"][:SHOWN_CAUSES])]
+    scaled = [text for text in entry["findings"] if "stopped scaling" in text]
+    return head, [entry["findings"][0], *(_cause_line(c) for c in entry["causes"][:SHOWN_CAUSES]), *scaled]
 
 
 def html_section(comparisons: list[dict]) -> str:
