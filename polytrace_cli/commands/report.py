@@ -125,7 +125,8 @@ def check(
                      f"{top['seconds']:+,.1f} s per step" if top else "")
             console.print(f"mean step {headline['b_step_s']:,.1f} s against {headline['a_step_s']:,.1f} s for "
                           f"{escape(headline['baseline'])} ({headline['slowdown']:+.1%}){escape(named)}; "
-                          f"polytrace explain {escape(run)} --against {escape(baseline)} tells the rest", highlight=False)
+                          f"polytrace explain {escape(run)} --against {escape(baseline)}"
+                          f"{' --steps ' + escape(steps) if steps else ''} tells the rest", highlight=False)
         unmeasured = [v for v in verdicts if v.status == NOT_MEASURABLE]
         if unmeasured and not allow_unmeasurable:
             names = ", ".join("--" + v.threshold.replace("_", "-") for v in unmeasured)
