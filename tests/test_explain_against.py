@@ -57,12 +57,13 @@ def pairs(tmp_path_factory):
     db = root / "store.duckdb"
     con = open_store(db)
     runs = {"base": (BASE_SPEC, BASE_MODEL), "reseeded": RESEEDED, "regressed": REGRESSED,
+            "no_sync": (BASE_SPEC, dataclasses.replace(BASE_MODEL, weight_sync_s=None)),
             **{name: variant[:2] for name, variant in VARIANTS.items()}}
     frames = {}
     for name, (spec, model) in runs.items():
         frames[name] = write_step_log(lengths, spec, model, root / name).frame
         ingest_paths(con, [root / name], run_name=name, task="math")
-    comparisons = {name: explain_against(con, name, "base") for name in (*VARIANTS, "reseeded")}
+    comparisons = {name: explain_against(con, name, "base") for name in (*VARIANTS, "reseeded", "no_sync")}
     comparisons["window"] = explain_against(con, "regressed", steps="31:60", against_steps="1:30")
     con.close()
     return db, frames, comparisons
@@ -182,6 +183,16 @@ def test_a_longer_tail_against_a_capped_baseline_is_the_tail_cost_of_the_truth(p
     long_tail = _cause(comparisons["higher_cap"], "long_tail")["seconds"]
     assert long_tail == pytest.approx(truth, rel=0.15)
     assert long_tail + _cause(comparisons["higher_cap"], "efficiency", "gen")["seconds"] == pytest.approx(truth, rel=0.05)
+
+
+def test_a_timer_one_log_lacks_is_named(pairs):
+    # No weight sync at all in no_sync (the generator's weight_sync_s=None): 5 s per step less, and the
+    # note says where an untimed sync would have gone.
+    doc = pairs[2]["no_sync"].to_dict()
+    first = doc["causes"][0]
+    assert (first["cause"], first["frequency_a"], first["frequency_b"]) == ("weight_sync", 1.0, 0.0)
+    assert first["seconds"] == pytest.approx(-5.0, rel=0.05)
+    assert any("update_weights is timed in base's log only" in note for note in doc["notes"])
 
 
 def test_more_gpus_say_which_stage_stopped_scaling(pairs):

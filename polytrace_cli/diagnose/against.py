@@ -535,6 +535,12 @@ def explain_against(con: duckdb.DuckDBPyConnection, run: str, against: str | Non
         side_b = _side(label_b, run, frame_b.with_columns(balanced_busiest_tokens=pl.lit(None, pl.Float64)), gpus_b)
         notes.append("one run's training stages follow the busiest rank after balancing, the other's before it: "
                      "both are compared on the busiest rank before balancing (global_seqlen/max)")
+    for side, other in ((side_a, side_b), (side_b, side_a)):
+        only = [stage for stage in side.model.stages if stage not in other.model.stages and stage != "other"]
+        if only and "other" in other.model.stages:
+            notes.append(f"{', '.join(only)} {'is' if len(only) == 1 else 'are'} timed in {side.label}'s log only: "
+                         f"whatever time {other.label} spent on {'it' if len(only) == 1 else 'them'} is in its other "
+                         "stage, and so in other's efficiency")
     comparison = compare_sides(side_a, side_b)
     comparison.notes.extend(notes)
     return comparison
