@@ -175,14 +175,10 @@ def explain(
     if steps is not None:
         raise PolytraceError("--steps selects the window compared with --against or --against-steps; "
                              "to explain one step give --step N")
-    from polytrace_cli.diagnose import explain_run
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        explanation = explain_run(con, run, step=step, top=top)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        explanation = store.explain(run, step=step, top=top)
     if as_json:
         sys.stdout.write(explanation.to_json() + "\n")
     elif as_csv:
@@ -193,14 +189,11 @@ def explain(
 
 def _explain_against(run: str, against: str | None, steps: str | None, against_steps: str | None, as_json: bool,
                      as_csv: bool, db, wait: float) -> None:
-    from polytrace_cli.diagnose.against import CAUSE_COLUMNS, explain_against
-    from polytrace_cli.store import open_store
+    from polytrace_cli.diagnose.against import CAUSE_COLUMNS
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        comparison = explain_against(con, run, against, steps, against_steps)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        comparison = store.explain_against(run, against, steps, against_steps)
     if as_json:
         sys.stdout.write(comparison.to_json() + "\n")
     elif as_csv:
