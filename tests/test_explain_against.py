@@ -22,12 +22,13 @@ from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import Side, compare_sides, explain_against
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.model import StageFit, StepTimeModel as FittedModel
+from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 from polytrace_cli.workload.presets import preset
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, write_step_log
 from polytrace_cli.workload.synth import WorkloadSpec
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "explain_against.schema.json").read_text())
+SCHEMA = json_schema("explain_against")
 runner = CliRunner()
 
 BASE_SPEC = WorkloadSpec(task="math", steps=60, batch=32, n=8, dp_ranks=4, max_response_len=16384, seed=1)
@@ -242,6 +243,7 @@ def test_check_gates_on_the_slowdown_and_names_the_top_cause(pairs):
     result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--json", "--db", db])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.output)
+    jsonschema.validate(doc, json_schema("check"))
     (verdict,) = doc["checks"]
     assert (verdict["threshold"], verdict["status"]) == ("max_slowdown", "FAIL")
     assert verdict["measured"] == pytest.approx(pairs[2]["gen_cost"].slowdown)
@@ -260,8 +262,10 @@ def test_check_without_comparable_steps_is_not_measurable(pairs):
     args = ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--steps", "1:5", "--db", db]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 1
-    (verdict,) = json.loads(result.output)["checks"]
-    assert verdict["status"] == "not measurable" and "needs 8" in verdict["reason"]
+    doc = json.loads(result.output)
+    jsonschema.validate(doc, json_schema("check"))
+    (verdict,) = doc["checks"]
+    assert verdict["status"] == "not measurable" and "needs 8" in verdict["reason"] and doc["baseline"] is None
     assert runner.invoke(app, [*args, "--allow-unmeasurable"]).exit_code == 0
     for bad in (["--max-slowdown", "5"], ["--max-slowdown", "fast"], ["--max-slowdown", "-1%"]):
         result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", *bad, "--db", db])
@@ -273,14 +277,12 @@ def test_check_without_comparable_steps_is_not_measurable(pairs):
 
 
 def test_a_report_of_runs_of_one_task_compares_them(pairs, tmp_path):
-    from polytrace_cli.report import write_runs_report
+    from polytrace_cli import Store
 
-    con = open_store(pairs[0], read_only=True)
-    try:
-        index = write_runs_report(con, ["base", "validate_often", "gen_cost"], tmp_path, name="pair")
-    finally:
-        con.close()
+    with Store.open(pairs[0], read_only=True) as store:
+        index = store.report(["base", "validate_often", "gen_cost"], tmp_path, name="pair")
     summary = json.loads((index.parent / "summary.json").read_text())
+    jsonschema.validate(summary, json_schema("summary"))
     compared = {(c["a"], c["b"]): c for c in summary["comparisons"]}
     assert set(compared) == {("base", "validate_often"), ("base", "gen_cost")}
     assert compared[("base", "validate_often")]["causes"][0]["cause"] == "validation"
