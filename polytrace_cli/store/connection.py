@@ -102,6 +102,18 @@ def connections_opened() -> int:
     return _OPENED
 
 
+# Every connection polytrace opens: DuckDB never fetches or loads an extension on its own (a file
+# of another kind, a SQLite database say, would otherwise make it download one).
+CONNECTION_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+def connect_duckdb(database: str = ":memory:", read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect with `CONNECTION_CONFIG` and no progress bar (stdout belongs to the commands)."""
+    con = duckdb.connect(database, read_only=read_only, config=dict(CONNECTION_CONFIG))
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
 def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     """duckdb.connect, retried while another process holds the lock, for up to `wait` seconds
     (pauses of 0.05 s doubling up to 1 s)."""
@@ -111,7 +123,7 @@ def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnect
     while True:
         try:
             _OPENED += 1
-            return duckdb.connect(str(path), read_only=read_only)
+            return connect_duckdb(str(path), read_only=read_only)
         except (duckdb.Error, OSError) as error:
             left = deadline - time.monotonic()
             if not _is_lock_error(error) or left <= 0:
@@ -160,8 +172,6 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
         if creating and not read_only:
             _remove_new_store(path)
         raise _explain_open_failure(path, error) from None
-    # DuckDB draws a progress bar on stdout for long queries; stdout belongs to the commands.
-    con.execute("SET enable_progress_bar = false")
     try:
         if read_only:
             version = check_not_newer(con, str(path))
@@ -201,13 +211,16 @@ CONFINED_SETTINGS = (
 
 
 def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Lock `con` to the store it has open: no file access, no extensions, configuration frozen."""
+    """Lock `con` to the store it has open: no file access, no extensions, configuration frozen.
+    A connection already confined (a lake is opened confined) is returned as it is."""
+    if fetch_first(con, "SELECT current_setting('lock_configuration')")[0]:
+        return con
     for statement in CONFINED_SETTINGS:
         con.execute(statement)
     return con
 
 
-__all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "open_store", "resolve_db_path", "schema_version"]
+__all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "connect_duckdb", "open_store", "resolve_db_path", "schema_version"]
 
 
 def fetch_first(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple | None:
