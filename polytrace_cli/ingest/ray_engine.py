@@ -4,7 +4,7 @@ The shape, and why it stores exactly what the local ingest stores:
 
 - The driver walks the paths and sniffs each file's format. A file whose stored version has the
   same format, size, parser version, read options and sha256 is unchanged and is not dispatched;
-  files the tasks cannot take (unknown format, unreadable, compressed) are left to the local
+  files the tasks cannot take (unknown format, unreadable, compressed, a text to rewrite) are left to the local
   ingest's own `runner.ingest_one`, on the driver.
 - The remaining files go to Ray tasks in batches. A task runs the local ingester
   (`runner.ingest_file`) for each of its files into a private in-memory store (the same schema,
@@ -36,8 +36,8 @@ import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester, file_owned_tables
-from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, path_text, walk
-from polytrace_cli.ingest.registry import detect, get_ingester, read_head
+from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, needs_text_rewrite, path_text, walk
+from polytrace_cli.ingest.registry import detect_deep, get_ingester, read_head
 from polytrace_cli.ingest.runner import (
     FileReport,
     RunResolver,
@@ -50,7 +50,7 @@ from polytrace_cli.ingest.runner import (
     record_failures,
     reject_whole_file,
 )
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.connection import fetch_first, rollback
 
 # Files per Ray task: enough tasks to keep every worker busy (and balance uneven files), few enough
 # that the per-task cost (scheduling, a private store per worker) stays small.
@@ -218,7 +218,7 @@ def _store_parsed(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFi
         merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta))
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
 
 
@@ -319,7 +319,9 @@ def _ingest_paths_ray(ray, con, paths, *, run_name, task, format_name, tokenizer
             ingester = None
             if not problem and not is_compressed(path):
                 try:
-                    ingester = forced or detect(path, read_head(path))
+                    head = read_head(path)
+                    # A text the driver rewrites first (byte order mark, CR-only line ends) is read locally.
+                    ingester = None if needs_text_rewrite(head) else forced or detect_deep(path, path, head)
                 except OSError:
                     ingester = None
             if ingester is None:

@@ -49,6 +49,9 @@ def store_problem(path: Path | str, error: Exception, opening: bool = False) -> 
     if "corrupt database" in lower or re.search(r"checksum \d+ does not match", lower):
         return (f"{path} is damaged ({first_line}); restore it from a copy, or ingest the logs again into a new"
                 " store with --db")
+    if "could not read enough bytes" in lower:
+        return (f"{path} is cut short (damaged: {first_line}); restore it from a copy, or ingest the logs again"
+                " into a new store with --db")
     if "not a valid duckdb database file" in lower:
         return f"{path} is not a DuckDB database file (or it is damaged); point --db at a polytrace store"
     if opening and re.search(r"could not set lock|conflicting lock|\block(ed)?\b", lower):
@@ -56,6 +59,14 @@ def store_problem(path: Path | str, error: Exception, opening: bool = False) -> 
         holder = f" (held by process {pid.group(1)})" if pid else ""
         return f"{path} is locked by another process{holder}; wait for it or use --db"
     return None
+
+
+def stops_the_store(error: Exception) -> bool:
+    """True when a DuckDB error during an ingest is about the store rather than the file being read
+    (a full disk, a damaged or invalidated database): the command stops instead of going on."""
+    lower = str(error).lower()
+    return (store_problem("", error) is not None or "database has been invalidated" in lower
+            or "fatal error" in lower or type(error).__name__ == "FatalException")
 
 
 def _explain_open_failure(path: Path, error: Exception) -> StoreError:
@@ -85,6 +96,54 @@ def _has_foreign_tables(con: duckdb.DuckDBPyConnection) -> bool:
     ).fetchall()[0][0] + con.execute(
         "SELECT count(*) FROM duckdb_views() WHERE NOT internal AND NOT temporary AND database_name = current_database()"
     ).fetchall()[0][0])
+
+
+def _has_core_tables(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when the database has the `runs` and `files` tables every polytrace store has."""
+    return fetch_first(con, "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
+                            " AND schema_name = current_schema() AND table_name IN ('runs', 'files')")[0] == 2
+
+
+def _drop_runs_without_files(con: duckdb.DuckDBPyConnection) -> None:
+    """Remove runs that hold no file: left by an ingest killed between creating a run and committing
+    its first file (every file-owned row belongs to a file, so such a run holds nothing)."""
+    con.execute("DELETE FROM runs WHERE run_id NOT IN (SELECT run_id FROM files)")
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# A DuckDB file carries "DUCK" at bytes 8..12; its write-ahead log opens with a WAL_VERSION entry.
+DUCKDB_MAGIC, DUCKDB_MAGIC_AT = b"DUCK", 8
+WAL_START = b"d\x00b"
+
+
+def _check_store_file(path: Path) -> None:
+    """Refuse, before DuckDB opens it, a --db that is not a DuckDB file: a FIFO or device (opening it
+    would block), a folder that is no lake, a SQLite or other file, or a store whose write-ahead log
+    is not one (DuckDB would drop it without a word)."""
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise StoreError(f"{path} is a folder, neither a store file nor a lake (no manifest.json)")
+    if not path.is_file():
+        raise StoreError(f"{path} is not a regular file (a pipe, socket or device); point --db at a store file")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError as error:
+        raise StoreError(f"cannot read {path}: {error.strerror or error}") from None
+    if head.startswith(SQLITE_MAGIC):
+        raise StoreError(f"{path} is a SQLite database, not a polytrace store; point --db at a polytrace store")
+    if head and head[DUCKDB_MAGIC_AT:DUCKDB_MAGIC_AT + 4] != DUCKDB_MAGIC:
+        raise StoreError(f"{path} is not a DuckDB database file (or it is damaged); point --db at a polytrace store")
+    wal = Path(f"{path}.wal")
+    try:
+        with open(wal, "rb") as handle:
+            wal_head = handle.read(len(WAL_START))
+    except OSError:
+        return
+    if wal_head and wal_head != WAL_START:
+        raise StoreError(f"{wal} is not a DuckDB write-ahead log (damaged, or left by another file); move it"
+                         f" away to open {path} as it was last checkpointed")
 
 
 def _is_lock_error(error: Exception) -> bool:
@@ -153,6 +212,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             raise StoreError(f"{path} is a Parquet lake, which is read-only; write into a store file "
                              "and export it again with `polytrace lake`")
         return open_lake(path)
+    _check_store_file(path)
     empty_file = path.is_file() and path.stat().st_size == 0
     if read_only and (not path.exists() or empty_file):
         what = "an empty file" if empty_file else "no store"
@@ -177,6 +237,9 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             version = check_not_newer(con, str(path))
             if version == 0 and not has_ledger(con):
                 raise StoreError(f"{path} is not a polytrace store (no schema ledger)")
+            if not _has_core_tables(con):
+                raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
+                                 " names no runs and files tables); point --db at a polytrace store")
             if version < SCHEMA_VERSION:
                 if not upgrade:
                     raise StoreError(f"{path} is an older store; open it once without upgrade=False to upgrade it")
@@ -188,7 +251,11 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             if not has_ledger(con) and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"
                                  " refusing to change it: choose another --db")
+            if schema_version(con) and not _has_core_tables(con):
+                raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
+                                 " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
+            _drop_runs_without_files(con)
     except StoreError:
         con.close()
         raise
@@ -221,6 +288,15 @@ def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
 
 
 __all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "connect_duckdb", "open_store", "resolve_db_path", "schema_version"]
+
+
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction; when DuckDB has already ended it (a failed commit, a full
+    disk), there is nothing to roll back and the error that ended it is the one to report."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
 
 
 def fetch_first(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple | None:

@@ -93,6 +93,9 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
             )
         con.execute("COMMIT")
     except Exception:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # DuckDB ended the transaction itself; the error that ended it is the one to report
         raise
     return [m.version for m in pending]
