@@ -36,6 +36,20 @@ def path_text(path: str | os.PathLike) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+# Files whose names only logs carry: when their first block does not sniff, later blocks are sniffed
+# too (a job's start-up output can fill the first block), and one that is not read at all makes the
+# ingest fail instead of being skipped quietly.
+LOG_SUFFIXES = (".log", ".out", ".jsonl")
+
+
+def is_log_like(path: str | os.PathLike) -> bool:
+    """True for a file whose name says it is a log (`LOG_SUFFIXES`, before any compression suffix)."""
+    name = Path(path).name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name.endswith(LOG_SUFFIXES)
+
+
 def is_compressed(path: Path) -> bool:
     """True when the file name ends in a compression suffix (.gz, .bz2, .xz, .zst)."""
     return path.suffix.lower() in COMPRESSED_SUFFIXES
@@ -212,7 +226,8 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
 
     A file met in a folder is given as its resolved path (the folder is resolved once; only a
     file reached through a symbolic link is resolved on its own). Hidden files and folders below a
-    given folder, folders reached through a symbolic link, and DuckDB store files are left out.
+    given folder, folders reached through a symbolic link, and DuckDB store files are left out. A
+    folder below that cannot be listed is given as a path with its problem: what it holds was not read.
     """
     for given in paths:
         path = Path(given)
@@ -220,21 +235,23 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
             yield path, True, "no such file or directory"
         elif path.is_dir():
             root = path.resolve()
-            for relative, linked in sorted(_files_below(root, ())):
+            for relative, linked, problem in sorted(_files_below(root, ())):
                 child = root.joinpath(*relative)
-                yield (child.resolve() if linked else child), False, None
+                yield (child.resolve() if linked else child), False, problem
         elif path.is_file():
             yield path, True, None
         else:
             yield path, True, "not a regular file"
 
 
-def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], bool]]:
-    """(relative parts, reached through a link) of every regular file below `folder` (not hidden,
-    not a store file), by one `scandir` per folder: no file is stat'ed unless it is a link."""
+def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], bool, str | None]]:
+    """(relative parts, reached through a link, problem) of every regular file below `folder` (not
+    hidden, not a store file), by one `scandir` per folder: no file is stat'ed unless it is a link.
+    A folder that cannot be listed is itself given, with the reason as its problem."""
     try:
         entries = list(os.scandir(folder.joinpath(*parts)))
-    except OSError:
+    except OSError as error:
+        yield parts, False, f"cannot read folder: {error.strerror or error}"
         return
     for entry in entries:
         name = entry.name
@@ -244,9 +261,9 @@ def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[s
             if entry.is_dir(follow_symlinks=False):
                 yield from _files_below(folder, (*parts, name))
             elif entry.is_file() and not name.endswith(STORE_SUFFIXES):
-                yield (*parts, name), entry.is_symlink()
-        except OSError:
-            continue
+                yield (*parts, name), entry.is_symlink(), None
+        except OSError as error:
+            yield (*parts, name), False, f"cannot read: {error.strerror or error}"
 
 
 class FileHashes:

@@ -268,14 +268,40 @@ def _connect(ray, settings: RaySettings) -> tuple[bool, int]:
 
 @contextlib.contextmanager
 def ray_session(settings: RaySettings | None = None):
-    """Ray started (or joined) for the duration of the block; shut down after it if started here."""
+    """Ray started (or joined) for the duration of the block; shut down after it if started here.
+
+    Meanwhile file descriptor 1 points at stderr: what Ray and the processes it starts write to
+    stdout (a dead worker's report, the raylet's notes) must not mix with a command's --json."""
     ray = require_ray()
-    started_here, _ = _connect(ray, settings or RaySettings())
+    with stdout_to_stderr():
+        started_here, _ = _connect(ray, settings or RaySettings())
+        try:
+            yield ray
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send everything written to file descriptor 1 (by this process, its threads or its children) to
+    file descriptor 2 for the duration of the block."""
+    import sys
+
+    sys.stdout.flush()
     try:
-        yield ray
+        saved = os.dup(1)
+    except OSError:  # no stdout to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def ingest_paths_ray(

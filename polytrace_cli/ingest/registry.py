@@ -12,6 +12,7 @@ import codecs
 from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
+from polytrace_cli.ingest.files import is_log_like
 
 SNIFF_BYTES = 64 * 1024
 
@@ -88,20 +89,8 @@ def detect(path: Path, head: bytes) -> Ingester | None:
     return None
 
 
-# Files whose names only logs carry: when their first block does not sniff, later blocks are sniffed
-# too (a job's start-up output can fill the first block), and one that is not read at all is an
-# error of the ingest, not a quiet skip.
-LOG_SUFFIXES = (".log", ".out", ".jsonl")
-# How far into such a file sniffing looks for its first record.
+# How far into a log-like file (`files.is_log_like`) sniffing looks for its first record.
 DEEP_SNIFF_BYTES = 32 << 20
-
-
-def is_log_like(path: Path | str) -> bool:
-    """True for a file whose name says it is a log (`LOG_SUFFIXES`, after a compression suffix)."""
-    name = Path(path).name.lower()
-    for suffix in (".gz", ".bz2", ".xz", ".zst"):
-        name = name.removesuffix(suffix)
-    return name.endswith(LOG_SUFFIXES)
 
 
 def detect_deep(name_path: Path, text_path: Path, head: bytes) -> Ingester | None:

@@ -73,6 +73,7 @@ def save_png(figure: Figure, path) -> None:
     so the Agg renderer's pixel buffer is freed once written."""
     from PIL import Image
 
+    plain_labels(figure)
     canvas = figure.canvas
     try:
         agg = FigureCanvasAgg(figure)
@@ -82,6 +83,23 @@ def save_png(figure: Figure, path) -> None:
         Image.fromarray(pixels).save(path, format="png", compress_level=PNG_COMPRESSION, dpi=(figure.dpi, figure.dpi))
     finally:
         figure.set_canvas(canvas)
+
+
+def plain_labels(figure: Figure) -> None:
+    """Draw every label on the figure as written: a `$` in a run name or a key is text, never
+    mathtext (two of them would be parsed as a formula, and a bad one stops the drawing). Tick
+    labels and axis offsets, which matplotlib's own formatters write as mathtext, are left as they are."""
+    from matplotlib.text import Text
+
+    formatted = set()
+    for ax in figure.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatted.add(id(axis.offsetText))
+            for tick in [*axis.majorTicks, *axis.minorTicks]:
+                formatted.update((id(tick.label1), id(tick.label2)))
+    for text in figure.findobj(Text):
+        if id(text) not in formatted:
+            text.set_parse_math(False)
 
 
 def _style_axes(ax) -> None:

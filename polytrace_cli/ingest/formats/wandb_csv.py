@@ -80,6 +80,7 @@ class WandbCsvIngester(Ingester):
                               "constraint-error")
         ctx.lines = rows + 1
         ctx.ignore("CSV header")
+        _reject_rows_with_nul(ctx, columns)
         if not keys:
             ctx.ignore("row with no values", rows)
             return
@@ -132,6 +133,16 @@ class WandbCsvIngester(Ingester):
         )
         if runs:
             ctx.run_meta["wandb_run_name"] = runs[0]
+
+
+def _reject_rows_with_nul(ctx: FileContext, columns: list[str]) -> None:
+    """Reject (and drop from `wandb_csv`) each row with a NUL byte in a cell: a damaged line."""
+    holds_nul = " OR ".join(f"coalesce(contains({_ident(c)}, chr(0)), false)" for c in columns)
+    for row_no, *cells in ctx.con.execute(
+            f"SELECT row_no, * EXCLUDE (row_no) FROM wandb_csv WHERE {holds_nul} ORDER BY row_no").fetchall():
+        ctx.reject(row_no + 1, "holds a NUL byte", ",".join("" if c is None else c for c in cells),
+                   code="unparsable-line")
+    ctx.con.execute(f"DELETE FROM wandb_csv WHERE {holds_nul}")
 
 
 def _read_line_by_line(ctx: FileContext) -> int:
