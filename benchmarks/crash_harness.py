@@ -1,6 +1,6 @@
 """Crash harness: ingest many seeded damaged inputs (tests/hostile_inputs.py) and count what went wrong.
 
-    python benchmarks/crash_harness.py [--rounds N] [--seed S]
+    python benchmarks/crash_harness.py [--rounds N] [--seed S] [--kills K]
 
 Each round writes one variant of every case and ingests it with `polytrace ingest --json` in a
 subprocess, into a fresh store. Counted: inputs tried, tracebacks (any output holding one),
@@ -64,12 +64,57 @@ def _is_json(text: str) -> bool:
     return True
 
 
+def kill_rounds(kills: int, seed: int, polytrace: list[str]) -> dict:
+    """Ingest a folder of several runs, kill -9 the ingest after a random delay, and look at the
+    store: runs without files (a read command must show none), files whose line accounting does
+    not add up (a half-stored file), and a store that no longer opens."""
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    counts = {"kills": 0, "runs_without_files": 0, "half_stored_files": 0, "unopenable_stores": 0}
+    with tempfile.TemporaryDirectory(prefix="polytrace-kill-") as folder:
+        logs = Path(folder) / "logs"
+        for index in range(6):
+            subprocess.run([*polytrace, "synth", "--task", "math", "--out", str(logs / f"run{index}"),
+                            "--num-steps", "6", "--batch", "16", "--n", "4", "--seed", str(index)],
+                           capture_output=True, check=True)
+        for kill in range(kills):
+            db = Path(folder) / f"store{kill}.duckdb"
+            ingest = subprocess.Popen([*polytrace, "ingest", str(logs), "--db", str(db)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.8, 4.0))
+            ingest.send_signal(signal.SIGKILL)
+            ingest.wait()
+            counts["kills"] += 1
+            if not db.exists():
+                continue
+            shown = subprocess.run([*polytrace, "runs", "--db", str(db), "--json"], capture_output=True, text=True)
+            if shown.returncode != 0:
+                if not any(empty in shown.stderr for empty in ("no store", "empty file", "empty store")):
+                    counts["unopenable_stores"] += 1
+                    print(json.dumps({"kill": kill, "unopenable": shown.stderr.strip()[-300:]}), flush=True)
+                continue
+            counts["runs_without_files"] += sum(run["files"] == 0 for run in json.loads(shown.stdout))
+            check = subprocess.run([*polytrace, "query", "--db", str(db), "--json",
+                                    "select count(*) as n from files where lines <> stored + ignored + rejected"],
+                                   capture_output=True, text=True)
+            counts["half_stored_files"] += json.loads(check.stdout)[0]["n"] if check.returncode == 0 else 1
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kills", type=int, default=0, help="also kill -9 this many ingests (see kill_rounds)")
     args = parser.parse_args()
     polytrace = [sys.executable, "-m", "polytrace_cli.cli"]
+    if args.kills:
+        killed = kill_rounds(args.kills, args.seed, polytrace)
+        print(json.dumps(killed), flush=True)
+        if killed["runs_without_files"] or killed["half_stored_files"] or killed["unopenable_stores"]:
+            sys.exit(1)
     totals = {"inputs": 0, "tracebacks": 0, "lines_lost": 0, "escapes": 0, "stdout_not_json": 0}
     for round_no in range(args.rounds):
         for index, writer in enumerate(CASES):
@@ -84,6 +129,8 @@ def main() -> None:
             if outcome["traceback"] or outcome["lost"] or outcome["escaped"] or not outcome["stdout_is_json"]:
                 print(json.dumps(outcome), flush=True)
     print(json.dumps(totals))
+    if totals["tracebacks"] or totals["lines_lost"] or totals["escapes"] or totals["stdout_not_json"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -260,6 +260,12 @@ def test_a_run_left_without_files_is_removed_at_the_next_write(tmp_path):
     # What a kill between creating a run and committing its first file leaves behind.
     con.execute("INSERT INTO runs (run_id, name, source_dir, meta) VALUES (nextval('run_id_seq'), 'orphan', '/x', '{}')")
     con.close()
+    # A read command does not show it (the store is tidied before it is read) ...
+    assert json.loads(_invoke("runs", "--db", db, "--json").stdout) == []
+    con = open_store(db)
+    con.execute("INSERT INTO runs (run_id, name, source_dir, meta) VALUES (nextval('run_id_seq'), 'orphan', '/x', '{}')")
+    con.close()
+    # ... and an ingest removes it too.
     path = tmp_path / "run" / "metrics.jsonl"
     path.parent.mkdir()
     path.write_text(_verl_lines(2))

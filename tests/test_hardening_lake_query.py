@@ -7,31 +7,23 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from polytrace_cli.cli import app
-
-runner = CliRunner()
+from test_lake import _invoke, _ok
 
 
-def _invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _ok(*args):
-    result = _invoke(*args)
-    assert result.exit_code == 0, result.output
-    return result
-
-
-def _one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
+def one_line_error(result, *words):
+    """Assert a command failed with one line (no traceback) holding every word; return that line."""
+    assert result.exit_code != 0, result.output
     assert "Traceback" not in result.output
-    message = result.output.strip()
-    assert len(message.splitlines()) == 1, message
+    message = result.output.strip().splitlines()[-1]
     for word in words:
         assert word in message, message
     return message
+
+
+def _one_line_error(result, *words):
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    return one_line_error(result, *words)
 
 
 @pytest.fixture(scope="module")

@@ -17,21 +17,13 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.store import open_store
+from test_hardening_lake_query import one_line_error as _one_line_error
 
 runner = CliRunner()
 
 
 def _invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_line_error(result, *words):
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output
-    message = result.output.strip().splitlines()[-1]
-    for word in words:
-        assert word in message, message
-    return message
 
 
 @pytest.fixture(scope="module")
@@ -99,35 +91,6 @@ def test_a_junk_wal_is_named_and_kept(store, tmp_path):
 
 def test_a_folder_as_db_is_named(tmp_path):
     _one_line_error(_invoke("runs", "--db", tmp_path), "is a folder, neither a store file nor a lake")
-
-
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
-def test_a_full_disk_is_named_not_hidden_behind_a_rollback(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        small = tmp_path / "small"
-        assert _invoke("synth", "--task", "math", "--out", small, "--num-steps", 2, "--batch", 2, "--n", 2).exit_code == 0
-        assert _invoke("ingest", small, "--db", disk / "s.duckdb").exit_code == 0
-        with open(disk / "fill", "wb") as fill:
-            try:
-                while True:
-                    fill.write(b"\0" * 65536)
-                    fill.flush()
-            except OSError:
-                pass
-        big = tmp_path / "big"
-        assert _invoke("synth", "--task", "math", "--out", big, "--num-steps", 20, "--batch", 32, "--n", 8).exit_code == 0
-        result = _invoke("ingest", big, "--db", disk / "s.duckdb")
-        message = _one_line_error(result, "is full", "free space")
-        assert "rollback" not in message
-        os.unlink(disk / "fill")
-        runs = json.loads(_invoke("runs", "--db", disk / "s.duckdb", "--json").stdout)
-        assert [r["run"] for r in runs] == ["small"]
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 # --- 9: output

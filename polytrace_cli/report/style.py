@@ -86,19 +86,21 @@ def save_png(figure: Figure, path) -> None:
 
 
 def plain_labels(figure: Figure) -> None:
-    """Draw every label on the figure as written: a `$` in a run name or a key is text, never
-    mathtext (two of them would be parsed as a formula, and a bad one stops the drawing). Tick
-    labels and axis offsets, which matplotlib's own formatters write as mathtext, are left as they are."""
-    from matplotlib.text import Text
-
-    formatted = set()
+    """Draw the figure's own labels as written: a `$` in a run name or a key is text, never mathtext
+    (two of them would be parsed as a formula, and a bad one stops the drawing). Titles, axis
+    labels, legends and annotations are set so; tick labels and axis offsets, which matplotlib's
+    formatters write as mathtext, are not touched (nor created early)."""
+    texts = list(figure.texts)
+    legends = list(figure.legends)
     for ax in figure.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            formatted.add(id(axis.offsetText))
-            for tick in [*axis.majorTicks, *axis.minorTicks]:
-                formatted.update((id(tick.label1), id(tick.label2)))
-    for text in figure.findobj(Text):
-        if id(text) not in formatted:
+        texts += [ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None),
+                  ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        legends.append(ax.get_legend())
+    for legend in legends:
+        if legend is not None:
+            texts += [*legend.get_texts(), legend.get_title()]
+    for text in texts:
+        if text is not None:
             text.set_parse_math(False)
 
 

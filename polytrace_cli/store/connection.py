@@ -104,6 +104,10 @@ def _has_core_tables(con: duckdb.DuckDBPyConnection) -> bool:
                             " AND schema_name = current_schema() AND table_name IN ('runs', 'files')")[0] == 2
 
 
+def _has_runs_without_files(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(fetch_first(con, "SELECT count(*) FROM runs WHERE run_id NOT IN (SELECT run_id FROM files)")[0])
+
+
 def _drop_runs_without_files(con: duckdb.DuckDBPyConnection) -> None:
     """Remove runs that hold no file: left by an ingest killed between creating a run and committing
     its first file (every file-owned row belongs to a file, so such a run holds nothing)."""
@@ -199,8 +203,9 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
     run. An older store is upgraded first, whichever way it is opened (with `upgrade=False`, a
     read-only open of an older store is an error instead); the upgrade waits at least
     `UPGRADE_WAIT_S` for readers to let go of the store. A DuckDB file that is not a
-    polytrace store is refused, never altered; a store this call creates and cannot finish (a full
-    disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
+    polytrace store is refused, never altered; runs left without any file (an ingest killed between
+    creating a run and committing its first file) are removed at any open that may upgrade; a store
+    this call creates and cannot finish (a full disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
     another process holds the store's lock, the open is retried for up to `wait` seconds.
     """
     path = resolve_db_path(db)
@@ -236,6 +241,9 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
         if read_only:
             version = check_not_newer(con, str(path))
             if version == 0 and not has_ledger(con):
+                if not _has_foreign_tables(con):
+                    raise StoreError(f"an empty store at {path} (an ingest stopped before it stored anything);"
+                                     " run `polytrace ingest PATH` first (or pass --db)")
                 raise StoreError(f"{path} is not a polytrace store (no schema ledger)")
             if not _has_core_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
@@ -247,6 +255,14 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                 con.close()
                 open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
                 return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S))
+            if upgrade and _has_runs_without_files(con):
+                # Runs a killed ingest left without files are removed (by a writer's open) before reading.
+                con.close()
+                try:
+                    open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
+                except StoreError:
+                    pass  # a store that cannot be written is read as it is
+                return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S), upgrade=False)
         else:
             if not has_ledger(con) and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"
