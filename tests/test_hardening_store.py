@@ -109,3 +109,18 @@ def test_a_run_name_with_dollars_and_markup_is_drawn_and_written_as_text(tmp_pat
     assert r"\<img src=x onerror=alert(1)\>" in markdown
     summary = json.loads((tmp_path / "report" / "r" / "summary.json").read_text())
     assert all(figure["failed"] is None for figure in summary["figures"])
+
+
+def test_a_store_killed_before_its_first_commit_is_an_empty_store(tmp_path):
+    """What an ingest killed while creating the store leaves (an older polytrace wrote the ledger
+    before the tables): readers say the store is empty, the next ingest fills it."""
+    path = tmp_path / "s.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+                " applied_at TIMESTAMP DEFAULT current_timestamp)")
+    con.close()
+    _one_line_error(_invoke("runs", "--db", path), "an empty store", "polytrace ingest")
+    logs = tmp_path / "alpha"
+    assert _invoke("synth", "--task", "math", "--out", logs, "--num-steps", 2, "--batch", 2, "--n", 2).exit_code == 0
+    assert _invoke("ingest", logs, "--db", path).exit_code == 0
+    assert [run["run"] for run in json.loads(_invoke("runs", "--db", path, "--json").stdout)] == ["alpha"]

@@ -89,10 +89,12 @@ def _remove_new_store(path: Path) -> None:
             pass
 
 
-def _has_foreign_tables(con: duckdb.DuckDBPyConnection) -> bool:
-    """True when the database holds tables or views but no polytrace ledger: someone else's database."""
+def _has_foreign_tables(con: duckdb.DuckDBPyConnection, besides: tuple[str, ...] = ()) -> bool:
+    """True when the database holds tables or views (other than `besides`): with no polytrace ledger,
+    someone else's database."""
     return bool(con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND database_name = current_database()"
+        " AND table_name NOT IN (SELECT unnest(?::VARCHAR[]))", [list(besides)]
     ).fetchall()[0][0] + con.execute(
         "SELECT count(*) FROM duckdb_views() WHERE NOT internal AND NOT temporary AND database_name = current_database()"
     ).fetchall()[0][0])
@@ -240,10 +242,10 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
     try:
         if read_only:
             version = check_not_newer(con, str(path))
+            if version == 0 and not _has_foreign_tables(con, besides=("schema_migrations",)):
+                raise StoreError(f"an empty store at {path} (an ingest stopped before it stored anything);"
+                                 " run `polytrace ingest PATH` first (or pass --db)")
             if version == 0 and not has_ledger(con):
-                if not _has_foreign_tables(con):
-                    raise StoreError(f"an empty store at {path} (an ingest stopped before it stored anything);"
-                                     " run `polytrace ingest PATH` first (or pass --db)")
                 raise StoreError(f"{path} is not a polytrace store (no schema ledger)")
             if not _has_core_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
