@@ -106,14 +106,33 @@ def _has_core_tables(con: duckdb.DuckDBPyConnection) -> bool:
                             " AND schema_name = current_schema() AND table_name IN ('runs', 'files')")[0] == 2
 
 
-def _has_runs_without_files(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(fetch_first(con, "SELECT count(*) FROM runs WHERE run_id NOT IN (SELECT run_id FROM files)")[0])
+def _runs_holding_nothing(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Runs without any file and without a row in any table with a `run_id` column: what an ingest
+    killed between creating a run and committing its first file leaves (a file's rows are committed
+    with its `files` row). Cheap when every run has a file: only `files` is read."""
+    candidates = {run_id for (run_id,) in con.execute(
+        "SELECT run_id FROM runs WHERE run_id NOT IN (SELECT run_id FROM files WHERE run_id IS NOT NULL)").fetchall()}
+    if not candidates:
+        return []
+    tables = [name for (name,) in con.execute(
+        "SELECT DISTINCT c.table_name FROM duckdb_columns() c JOIN duckdb_tables() t"
+        " USING (database_name, schema_name, table_name) WHERE c.column_name = 'run_id'"
+        " AND c.table_name NOT IN ('runs', 'files') AND c.database_name = current_database()"
+        " AND c.schema_name = current_schema() ORDER BY 1").fetchall()]
+    for name in tables:
+        candidates -= {run_id for (run_id,) in con.execute(
+            f'SELECT DISTINCT run_id FROM "{name}" WHERE run_id IN (SELECT unnest(?::BIGINT[]))',
+            [sorted(candidates)]).fetchall()}
+        if not candidates:
+            break
+    return sorted(candidates)
 
 
 def _drop_runs_without_files(con: duckdb.DuckDBPyConnection) -> None:
-    """Remove runs that hold no file: left by an ingest killed between creating a run and committing
-    its first file (every file-owned row belongs to a file, so such a run holds nothing)."""
-    con.execute("DELETE FROM runs WHERE run_id NOT IN (SELECT run_id FROM files)")
+    """Remove the runs that hold nothing (`_runs_holding_nothing`)."""
+    empty = _runs_holding_nothing(con)
+    if empty:
+        con.execute("DELETE FROM runs WHERE run_id IN (SELECT unnest(?::BIGINT[]))", [empty])
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -257,7 +276,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                 con.close()
                 open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
                 return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S))
-            if upgrade and _has_runs_without_files(con):
+            if upgrade and _runs_holding_nothing(con):
                 # Runs a killed ingest left without files are removed (by a writer's open) before reading.
                 con.close()
                 try:
