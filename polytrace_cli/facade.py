@@ -170,18 +170,30 @@ class Store:
         return explain_run(self.connection, run, step=step, top=top)
 
     def whatif(self, run: str, policies: str | Iterable[str] | None = None,
-               backtest: bool = False) -> WhatIfResult | BacktestResult:
+               backtest: bool = False, walk_forward: bool = False, training_scale: float | None = None,
+               refit_every: int | None = None) -> WhatIfResult | BacktestResult:
         """The run's predicted wall time under the policies ("balance", "no-validation",
         "max-response-len=N", ...), a `WhatIfResult`; with backtest=True the model's accuracy on
-        held-out steps, a `BacktestResult`. `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
+        held-out steps, a `BacktestResult` (walk_forward=True adds the walk-forward accuracies, refitted
+        every `refit_every` steps);
+        training_scale is one-step-off's measured slowdown of the training stages (`--training-scale`).
+        `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
         from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
 
         chosen = _names(policies) or []
         if backtest == bool(chosen):
             raise PolytraceError("give either backtest=True or at least one policy")
         if backtest:
-            return backtest_run(self.connection, run)
-        return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
+            return backtest_run(self.connection, run, walk_forward=walk_forward, refit_every=refit_every)
+        return whatif_run(self.connection, run, [parse_policy(text) for text in chosen], training_scale)
+
+    def forecast(self, run: str) -> dict[str, float]:
+        """The next step's seconds per stage (and `step`, their sum) from the run's steps so far, at the
+        recent workload: the step-time forecaster a live monitor calls after each step
+        (`model.forecast_next`)."""
+        from polytrace_cli.model import forecast_next, read_workload
+
+        return forecast_next(read_workload(self.connection, run))
 
     def run_rows(self) -> tuple[list[str], list[tuple]]:
         """The rows of `runs()` as column names and tuples, without loading polars (`polytrace runs`)."""
