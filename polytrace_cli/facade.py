@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.diagnose import Explanation
+    from polytrace_cli.diagnose.against import Comparison
     from polytrace_cli.ingest.files import FileHashes
     from polytrace_cli.ingest.ray_engine import RaySettings
     from polytrace_cli.ingest.runner import FileReport
@@ -169,6 +170,15 @@ class Store:
 
         return explain_run(self.connection, run, step=step, top=top)
 
+    def explain_against(self, run: str, against: str | None = None, steps: Steps = None,
+                        against_steps: Steps = None) -> Comparison:
+        """Why the run's mean step (in `steps`) differs from `against`'s (in `against_steps`; the same
+        run when None): a `Comparison` whose causes sum to `delta_s`; `.to_json()` is `polytrace
+        explain RUN --against A --json`."""
+        from polytrace_cli.diagnose.against import explain_against
+
+        return explain_against(self.connection, run, against, self.step_range(steps), self.step_range(against_steps))
+
     def whatif(self, run: str, policies: str | Iterable[str] | None = None,
                backtest: bool = False, walk_forward: bool = False, training_scale: float | None = None,
                refit_every: int | None = None) -> WhatIfResult | BacktestResult:
@@ -246,6 +256,15 @@ class Store:
         validate_limits(limits)
         (run_id,) = self.run_ids(run)
         return check_run(self.connection, run_id, run, limits, self.step_range(steps))
+
+    def check_slowdown(self, run: str, baseline: str, limit: float, steps: Steps = None) -> tuple:
+        """The --max-slowdown verdict of the run (in `steps`) against `baseline` (limit 0.05 = 5% slower)
+        and the comparison's headline with its top cause (None when not measurable), as `polytrace check
+        RUN --baseline A --max-slowdown`."""
+        from polytrace_cli.check import check_slowdown
+
+        self.run_ids([run, baseline])
+        return check_slowdown(self.connection, run, baseline, limit, self.step_range(steps))
 
     def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
         """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""

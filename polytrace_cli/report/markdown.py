@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from polytrace_cli.report.comparison import markdown_lines
 from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
 from polytrace_cli.report.help import WHATIF_NOTE, backtest_lines
@@ -37,6 +38,15 @@ def table(frame, limit: int | None = SUMMARY_ROW_LIMIT) -> str:
     return "\n".join(lines)
 
 
+def _escaped_comparison_line(line: str) -> str:
+    """A line of the runs-compared section with the run names it holds escaped: headings name runs."""
+    if line.startswith("### "):
+        return "### " + md_name(line[4:])
+    if line.startswith("- "):
+        return "- " + md_text(line[2:])
+    return line
+
+
 def render(report) -> str:
     """The Markdown text of a Report; run names and other text from the logs are escaped."""
     out = [f"# polytrace report: {md_name(report.name)}", "", "## Findings", ""]
@@ -50,7 +60,9 @@ def render(report) -> str:
         ["No counterfactual could be computed: the runs have no data-parallel rank loads."]
     out += ["", *(md_text(line) for line in backtest_lines(report.help).values())] \
         if backtest_lines(report.help) else []
-    out += ["", WHATIF_NOTE, "", "## Runs", ""]
+    out += ["", WHATIF_NOTE, ""]
+    out += [_escaped_comparison_line(line) for line in markdown_lines(report.comparisons)]
+    out += ["## Runs", ""]
     out += [f"Runs: {', '.join(md_name(run) for run in report.runs)}"
             + (f"; steps {report.steps.first}:{report.steps.last}"
                if report.steps.first is not None or report.steps.last is not None else ""),

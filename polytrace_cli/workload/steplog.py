@@ -50,6 +50,11 @@ the seconds it would have taken without it, the rest of the step (noise included
 `cause_<cause>_stage` names the stage holding it (for token_volume, which touches generation and
 every token stage, the one holding most of it). Scheduled validation, checkpoints and warm-up
 steps carry their truth too; natural variation of the workload carries none.
+
+Two settings change every step, to write runs that differ from another in one factor:
+`response_scale` multiplies every response (clipped at the cap) and `imbalance` deals every step's
+prompt groups so that the busiest rank holds `imbalance` × the mean rank's tokens (as a balancing
+that leaves that much imbalance would). They carry no per-step truth: they are the run's configuration.
 """
 
 from __future__ import annotations
@@ -132,6 +137,8 @@ class StepTimeModel:
     level_shifts: tuple[tuple[int, str, float], ...] = ()
     rank_dispatch: str = "contiguous"
     truncate_responses_at: int | None = None  # every response cut at this many tokens after it is drawn
+    response_scale: float = 1.0        # every response of every step × this (clipped at the cap): longer answers
+    imbalance: float | None = None     # every step: busiest rank / mean rank after balancing (None: verl's dispatch)
 
     def coefficients(self) -> dict:
         """The model as a JSON-able dict (what truth.json records)."""
@@ -164,6 +171,13 @@ def _check(model: StepTimeModel, spec: WorkloadSpec) -> None:
     if drifting - {"gen", "reward", "adv", *TOKEN_STAGES}:
         raise PolytraceError(f"drift and level shifts apply to gen, reward, adv and the token stages, not "
                              f"{sorted(drifting - {'gen', 'reward', 'adv', *TOKEN_STAGES})}")
+    if not model.response_scale > 0:
+        raise PolytraceError(f"response_scale is a positive multiplier, not {model.response_scale}")
+    if model.imbalance is not None and model.rank_dispatch != "contiguous":
+        raise PolytraceError("imbalance sets the loads of verl's dispatch: it needs rank_dispatch 'contiguous'")
+    if model.imbalance is not None and not (spec.dp_ranks >= 2 and 1.0 < model.imbalance <= spec.dp_ranks):
+        raise PolytraceError(f"imbalance is busiest/mean over at least 2 DP ranks, between 1 and {spec.dp_ranks}, "
+                             f"not {model.imbalance}")
     for injection in model.injections:
         if injection.cause not in CAUSES:
             raise PolytraceError(f"unknown cause {injection.cause!r} (known: {', '.join(CAUSES)})")
@@ -264,6 +278,9 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         responses = responses.astype(np.int64)
         if model.truncate_responses_at is not None:
             responses = np.minimum(responses, model.truncate_responses_at)
+        if model.response_scale != 1.0:
+            scaled_run = np.maximum(np.rint(responses * model.response_scale), 1).astype(np.int64)
+            responses = np.minimum(scaled_run, cap) if cap else scaled_run
         noise = np.exp(noise_rng.normal(0.0, model.noise_sigma, len(STAGES) + 1))
         eps = dict(zip((*STAGES, "rest"), noise.tolist()))
         injected = {i.cause: i.size for i in by_step.get(step, [])}
@@ -299,6 +316,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             before_tail = responses.copy()
             responses = responses.copy()
             responses.flat[int(np.argmax(responses))] = max(longest, int(responses.max()))
+        if model.imbalance is not None:
+            chunks = _imbalanced_chunks(prompts * spec.n + responses.sum(axis=1), spec.dp_ranks, model.imbalance)
         if "dp_imbalance" in injected:
             size = injected["dp_imbalance"] if injected["dp_imbalance"] is not None else 1.6
             group_tokens = prompts * spec.n + responses.sum(axis=1)
