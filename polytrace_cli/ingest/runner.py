@@ -8,6 +8,7 @@ leaves the batch and is loaded alone, and a batch that fails as a whole is loade
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import re
@@ -25,10 +26,12 @@ from polytrace_cli.ingest.files import (
     walk,
 )
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
-from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
+from polytrace_cli.ingest.registry import (
+    DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
+)
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_file, stored_files
 from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.connection import fetch_first, rollback, stops_the_store
 
 # Folder names that say what a folder holds rather than which run it is.
 GENERIC_FOLDERS = {
@@ -226,7 +229,7 @@ def _record_whole_file_rejection(
                     [file_id, reason, code])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
 
 
@@ -253,7 +256,7 @@ def ingest_file(
         report.seconds = time.perf_counter() - started
         return report
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
-    counting = hashes.future(source.path) if source.compressed else None
+    counting = hashes.future(source.path) if source.rewritten else None
     return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id,
                                 stored.file_id if stored else None,
                                 hashes.future(path), counting, report, started, options)
@@ -291,7 +294,7 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
         con.execute("COMMIT")
     except BaseException:
         if ctx.in_transaction:
-            con.execute("ROLLBACK")
+            rollback(con)
         raise
     report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
     report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, ctx.notes
@@ -591,7 +594,7 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
             merge_run_meta(con, run_id, ingester.framework, meta)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
     finally:
         con.execute("DROP VIEW IF EXISTS keyed")
@@ -655,7 +658,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
 def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: str, hashes: FileHashes,
                   failed_whole: list[WholeFileFailure]) -> FileReport:
     sha, size, lines = hashes.result(path)
-    if source is not None and source.compressed:
+    if source is not None and source.rewritten:
         lines = hashes.result(source.path)[2]
     elif source is None and code == "corrupt-file":
         lines = 0  # the text of a damaged archive cannot be counted
@@ -672,6 +675,17 @@ def reject_whole_file(path: Path, fmt: str, reason: str, code: str, sha: str, si
     return report
 
 
+def skip_reason(name_path: Path, head: bytes, binary: bool) -> str:
+    """Why a file met in a folder was not read: empty, binary, or no record of a known format."""
+    if not head:
+        return "empty file"
+    if binary:
+        return "binary file of unknown format"
+    if is_log_like(name_path):
+        return f"log of unknown format: no line of a known format in its first {DEEP_SNIFF_BYTES >> 20} MB"
+    return "unknown format"
+
+
 def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: Ingester | None,
                    resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
     shown = path_text(path)
@@ -679,11 +693,11 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
         head = read_head(source.path)
     except OSError as error:
         return FileReport(path=shown, status="error", message=f"cannot read: {error.strerror or error}")
-    ingester = forced or detect(source.name_path, head)
+    ingester = forced or detect_deep(source.name_path, source.path, head)
     if ingester is None:
-        if not explicit:
-            return FileReport(path=shown, status="skipped", message="unknown format")
         binary = bool(head) and is_binary(head)
+        if not explicit:
+            return FileReport(path=shown, status="skipped", message=skip_reason(source.name_path, head, binary))
         reason = "empty file of unknown format" if not head else (
             "binary file of unknown format" if binary else "unknown format (use --format to name it)")
         return _reject_whole(path, source, "unknown", reason, "binary-file" if binary else "unknown-format", hashes,
@@ -695,9 +709,19 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
         resolver.drop_if_empty(run_id)
         return _reject_whole(path, source, ingester.name, str(error), error.code, hashes, failed_whole)
     except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise
         resolver.drop_if_empty(run_id)
         return FileReport(path=shown, status="error", format=ingester.name,
                           message=f"cannot read: {error.strerror or error}")
+    except Exception as error:
+        if isinstance(error, duckdb.Error) and stops_the_store(error):
+            raise
+        # Anything else this file raised (it should not) is this file's failure, not the command's.
+        resolver.drop_if_empty(run_id)
+        text = str(error).strip()
+        detail = f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+        return FileReport(path=shown, status="error", format=ingester.name, message=f"could not be read: {detail}")
     except BaseException:
         # The command stops (interrupt, full disk, a bug): leave no run that only this file created.
         try:
