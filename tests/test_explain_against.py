@@ -290,7 +290,7 @@ def test_a_report_of_runs_of_one_task_compares_them(pairs, tmp_path):
     page = index.read_text()
     assert "Runs of one task compared" in page and "gen_cost against base (task math)" in page
     markdown = (index.parent / "summary.md").read_text()
-    assert "### validate_often against base (task math)" in markdown
+    assert "### validate\\_often against base (task math)" in markdown  # run names are escaped Markdown
     assert "- validation (testing) +12" in markdown
 
 
