@@ -274,7 +274,7 @@ def _policy_balance(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | Non
                            "/mean, or per-sample DP ranks): the run's imbalance is unknown")
     balanced = frame.with_columns(**{name: pl.col("mean_rank_tokens")
                                      for name in {feature, "busiest_rank_tokens"}})
-    note = None if feature == "busiest_rank_tokens" else "from the busiest rank after verl's balancing"
+    note = "from the busiest rank after verl's balancing" if frame["busiest_after_balancing"].any() else None
     return ctx.plan.with_stages(ctx.predict(balanced)), note
 
 

@@ -34,12 +34,12 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(versions) + 1)):
-        raise RuntimeError(f"schema files are not numbered 1..N without gaps: {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+        raise RuntimeError(f"schema files must be numbered from 1, each number once: {versions}")
     return found
 
 
-SCHEMA_VERSION = len(available_migrations())
+SCHEMA_VERSION = max(m.version for m in available_migrations())
 
 
 def has_ledger(con: duckdb.DuckDBPyConnection) -> bool:
@@ -77,8 +77,9 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
             "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
             " applied_at TIMESTAMP DEFAULT current_timestamp)"
         )
+    applied = {row[0] for row in con.execute("SELECT version FROM schema_migrations").fetchall()}
     pending = [m for m in available_migrations()
-               if m.version > current and (up_to is None or m.version <= up_to)]
+               if m.version not in applied and (up_to is None or m.version <= up_to)]
     if not pending:
         return []
     # One transaction for every pending file: a store is upgraded completely or not at all, and

@@ -23,7 +23,7 @@ cuts segments and stores; this module is verl's grammar in it (FORMATS.md, secti
   the run has zero steps and a note says how the log ends.
 - Run meta: settings from Hydra overrides and the config dict printed at start, the version class
   and value precision, GPUs, whether a step total is logged and whether it includes the testing
-  and checkpoint timers.
+  and checkpoint timers, and the error the log ends with after its last step (`crash`).
 """
 
 from __future__ import annotations
@@ -347,6 +347,8 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
         meta.update(_step_time_logged(ctx, metrics))
         meta.update(run_metadata.step_time_inclusion(ctx.con, ctx.run_id))
+        lines = lines.filter(pl.col("line_no") > metrics.get_column("line_no").max())
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
+    meta["crash"] = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
     ctx.run_meta.update(meta)
