@@ -105,6 +105,22 @@ class Store:
 
         return runs_frame(self.connection)
 
+    def semantics(self, runs: Runs = None) -> pl.DataFrame:
+        """What each run's numbers mean, one row per run (`analyze.semantics.SEMANTICS_COLUMNS`):
+        step-time basis, balancing and the λ that sets time, responses per step and its source,
+        samples by split, cut lines, crash, partial steps, length collapse; as the `semantics`
+        object of `polytrace runs --json`."""
+        from polytrace_cli.analyze.semantics import semantics
+
+        return semantics(self.connection, self.run_ids(runs))
+
+    def step_frame(self, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+        """The canonical per-step frame every view of step time and λ reads
+        (`analyze.step_frame.STEP_FRAME_COLUMNS`)."""
+        from polytrace_cli.analyze.step_frame import step_frame
+
+        return step_frame(self.connection, self.run_ids(runs), self.step_range(steps))
+
     def analyze(self, name: str, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
         """The summary of one analysis (lengths, drift, longtail, fit, imbalance, stages, tools,
         filtering) over the runs and steps ("A:B", a step number or a StepRange), as

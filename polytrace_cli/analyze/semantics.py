@@ -268,3 +268,8 @@ def record_of(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
 def as_json(record: dict) -> dict:
     """A record as JSON-ready values (lists stay lists, the run name left out)."""
     return {name: record[name] for name in _STORED}
+
+
+def records_by_name(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, dict]:
+    """run name -> its record as JSON-ready values (`as_json`)."""
+    return {row["run"]: as_json(row) for row in semantics(con, run_ids).iter_rows(named=True)}

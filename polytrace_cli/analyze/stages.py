@@ -68,7 +68,8 @@ PER_STEP_COLUMNS = {
     "step_s": pl.Float64, "stage_sum_s": pl.Float64, "unexplained_s": pl.Float64, "timers_exceed_step": pl.Boolean,
     "response_length_mean": pl.Float64, "response_length_max": pl.Float64, "testing": pl.Boolean,
     "checkpoint": pl.Boolean, "truncated_line": pl.Boolean, "restart": pl.Boolean,
-    "validation_only": pl.Boolean,
+    "validation_only": pl.Boolean, "step_time_basis": pl.String, "step_s_counts_testing": pl.Boolean,
+    "step_s_counts_checkpoint": pl.Boolean,
 }
 
 
@@ -118,7 +119,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         [run_ids],
     )
     canonical = shared_step_frame(con, run_ids, steps).select(
-        "run", "segment", "step", "step_s", "step_s_counts_testing", "step_s_counts_checkpoint")
+        "run", "segment", "step", "step_s", "step_time_basis", "step_s_counts_testing", "step_s_counts_checkpoint")
     detail = detail.join(canonical, on=["run", "segment", "step"], how="left", maintain_order="left")
 
     def counted(timer: str, counts: str) -> pl.Expr:

@@ -23,6 +23,13 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
     con = open_store(db, read_only=True, wait=wait)
     try:
         columns, rows = runs_rows(con)
+        if as_json:
+            from polytrace_cli.analyze.semantics import records_by_name
+            from polytrace_cli.store.queries import run_ids
+
+            # What each run's numbers mean (`analyze.semantics`), for scripts.
+            records = records_by_name(con, run_ids(con, None))
+            columns, rows = [*columns, "semantics"], [(*row, records.get(row[0])) for row in rows]
     finally:
         con.close()
     emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], order=RUNS_ORDER,

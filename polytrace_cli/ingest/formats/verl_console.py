@@ -318,12 +318,13 @@ def _printed_config(lines: pl.DataFrame) -> dict:
 def _step_time_logged(ctx: FileContext, metrics: pl.DataFrame) -> dict:
     """`step_time_logged`: whether the log holds a step total (`timing_s/step`, or verl <= 0.1's
     `timing/step`). verl <= 0.1 logs `timing/<stage>` often without one; the stages are read and
-    no step time is derived from them, since the stages do not cover the whole step."""
+    every view takes the step time as their sum, labelled "derived from stage timers"
+    (`analyze.semantics`)."""
     keys = set(metrics.filter(pl.col("key").str.starts_with("timing")).get_column("key").unique().to_list())
     logged = bool(keys & {"timing_s/step", "timing/step"})
     if not logged and any(key.startswith("timing/") for key in keys):
-        ctx.note("verl <= 0.1 timers (timing/*) without a step total: stage seconds are read, "
-                 "the step time is not logged and none is derived")
+        ctx.note("verl <= 0.1 timers (timing/*) without a step total: the step time is derived from stage timers "
+                 "(their sum)")
     return {"step_time_logged": logged}
 
 
