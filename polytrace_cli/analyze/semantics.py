@@ -25,7 +25,9 @@ older than its newest file. One row per run (`SEMANTICS_COLUMNS`):
                        samples by split: validation samples never enter a training analysis
     truncated_steps    steps with a log line cut short (their timers may be lost)
     crash              the error the log ends with after its last step
-    partial_steps      steps holding fewer training samples than responses_per_step
+    partial_steps      steps holding fewer training samples than responses_per_step, or a prompt
+                       group with fewer responses than a group has (n_sampling, else the largest
+                       sample index + 1)
     collapse_step, collapse_length, collapse_typical_length
                        a length collapse: the first step k (at least 3 steps in, at least 3 steps
                        before the end) from which every step's mean response length stays at or
@@ -153,10 +155,29 @@ def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: 
             per_step, source = float(trained.mode().max()), FROM_SAMPLES
         else:
             per_step, source = None, None
-    partial = []
+    partial = set()
     if per_step is not None:
-        partial = counts.filter((pl.col("training") > 0) & (pl.col("training") < per_step))["step"].to_list()
-    return {"responses_per_step": per_step, "responses_per_step_source": source, "partial_steps": partial}
+        partial |= set(counts.filter((pl.col("training") > 0) & (pl.col("training") < per_step))["step"].to_list())
+    partial |= _short_group_steps(con, run_id, n if isinstance(n, int) and n > 1 else None)
+    return {"responses_per_step": per_step, "responses_per_step_source": source, "partial_steps": sorted(partial)}
+
+
+def _short_group_steps(con: duckdb.DuckDBPyConnection, run_id: int, group_size: int | None) -> set[int]:
+    """Steps holding a prompt group with fewer responses than a group has: n_sampling when printed,
+    else the largest sample index + 1 over the run's per-response rows (at least 2)."""
+    rows = con.execute(
+        """
+        WITH g AS (
+            SELECT step, coalesce(dp_rank, rank) AS dp_rank, prompt_idx, count(*) AS responses
+            FROM sample_rows
+            WHERE run_id = $1 AND NOT coalesce(validate, false) AND prompt_idx IS NOT NULL GROUP BY ALL
+        ), n AS (
+            SELECT coalesce($2, max(sample_idx) + 1) AS size FROM sample_rows
+            WHERE run_id = $1 AND NOT coalesce(validate, false)
+        )
+        SELECT DISTINCT step FROM g, n WHERE n.size >= 2 AND g.responses < n.size
+        """, [run_id, group_size]).fetchall()
+    return {row[0] for row in rows}
 
 
 def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,8 @@ samples that the view lacks (segment null). Columns (`STEP_FRAME_COLUMNS`):
                        every gate and saving uses
     lambda_basis       the run's `lambda_basis`; null (and every λ null) without per-rank data
     truncated          a log line of the step was cut short
-    partial            the step holds fewer training samples than the run's responses per step
+    partial            the step is one of the run's partial steps (`semantics`: fewer training samples
+                       than responses per step, or a prompt group short of responses)
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def step_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     if not run_ids:
         return pl.DataFrame(schema=STEP_FRAME_COLUMNS)
     records = sem.semantics(con, run_ids).select(
-        "run", "step_time_basis", "includes_testing", "includes_checkpoint", "lambda_basis", "responses_per_step")
+        "run", "step_time_basis", "includes_testing", "includes_checkpoint", "lambda_basis", "partial_steps")
     df = _raw(con, run_ids, steps).join(records, on="run", how="left")
     c = pl.col
     left_out_testing = c("includes_testing").eq(False)
@@ -139,7 +140,7 @@ def step_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
         busiest_rank_tokens_before_balancing=pl.when(by_samples).then(c("sample_max"))
         .when(by_seqlen).then(c("seq_max")),
         busiest_rank_tokens_balanced=pl.when(by_seqlen).then(c("seq_balanced")),
-        partial=(c("training_samples") > 0) & (c("training_samples") < c("responses_per_step")),
+        partial=c("partial_steps").list.contains(c("step")),
     ).with_columns(
         busiest_rank_tokens=pl.when(c("lambda_basis") == sem.BALANCED_MAX)
         .then(pl.coalesce("busiest_rank_tokens_balanced", "busiest_rank_tokens_before_balancing"))
