@@ -44,6 +44,7 @@ def synth(
     verl_version: Annotated[str, typer.Option(help="verl logs: 0.4 (values printed .3f), 0.5 (reprs) or 0.8 (reprs; timing_s/step without testing and checkpoint).")] = "0.5",
     truth: Annotated[Path | None, typer.Option(help="verl logs: also write the true per-step model here (.json, or .csv for the per-step table).")] = None,
     resume_after: Annotated[int | None, typer.Option(help="verl logs: the job stops after a checkpoint at this step and resumes from it (warm-up again).")] = None,
+    balance_batch: Annotated[bool, typer.Option("--balance-batch", help="verl logs: trainer.balance_batch=True, the training stages follow the busiest rank after balancing.")] = False,
     db: DbOption = None,
     wait: WaitOption = 0,
     old_steps: Annotated[str | None, typer.Option("--steps", hidden=True)] = None,
@@ -85,6 +86,7 @@ def synth(
         style, includes_overheads = VERL_VERSIONS[verl_version]
         step_model = StepTimeModel(validate_every=validate_every, checkpoint_every=checkpoint_every,
                                    step_includes_overheads=includes_overheads, resume_after=resume_after,
+                                   balance_batch=balance_batch,
                                    injections=tuple(parse_injection(text) for text in inject or []))
         written = write_step_log(model, spec, step_model, out, (log_format,), style=style, truth=truth)
         console.print(f"wrote {', '.join(str(p) for p in written.files)}: {written.steps} steps of verl "
@@ -94,7 +96,8 @@ def synth(
         return
     verl_only = [name for name, value in (("--validate-every", validate_every), ("--checkpoint-every", checkpoint_every),
                                           ("--inject", inject), ("--truth", truth),
-                                          ("--resume-after", resume_after)) if value]
+                                          ("--resume-after", resume_after), ("--balance-batch", balance_batch))
+                 if value]
     if verl_only:
         raise fail(f"{verl_only[0]} applies to verl logs: add --format verl-console or --format verl-jsonl")
     result = synthesize(model, spec, out)
