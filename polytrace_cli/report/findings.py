@@ -146,18 +146,18 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
         if row["crash"]:
             out.append(_finding(run, "crash", None, None, 0,
                                 f"{run}: the log ends with an error after its last step: {row['crash']}"))
-        if row["partial_steps"]:
-            count = len(row["partial_steps"])
-            out.append(_finding(
-                run, "partial-steps", None, None, count,
-                f"{run}: {count} step{'s' if count != 1 else ''} (first {row['partial_steps'][0]:,}) hold fewer than "
-                f"the {row['responses_per_step']:,.0f} responses of a step ({row['responses_per_step_source']})."))
-        if row["truncated_steps"]:
-            count = len(row["truncated_steps"])
-            out.append(_finding(
-                run, "truncated-lines", None, None, count,
-                f"{run}: {count} step{'s' if count != 1 else ''} (first {row['truncated_steps'][0]:,}) had a log line "
-                "cut short (wandb cuts output.log lines at 4,096 characters): timers printed after the cut are lost."))
+        per_step = (
+            ("partial-steps", row["partial_steps"],
+             f"hold fewer responses than a step has ({row['responses_per_step_source'] or 'prompt groups short'})"),
+            ("truncated-lines", row["truncated_steps"],
+             "had a log line cut short (wandb cuts output.log lines at 4,096 characters): timers printed after the "
+             "cut are lost"),
+        )
+        for cause, steps, what in per_step:
+            if steps:
+                out.append(_finding(run, cause, None, None, len(steps),
+                                    f"{run}: {len(steps)} step{'s' if len(steps) != 1 else ''} (first {steps[0]:,}) "
+                                    f"{what}."))
     return out
 
 

@@ -168,10 +168,10 @@ def summary_document(report: Report) -> dict:
     return {
         "report": report.name,
         "runs": report.runs,
-        "semantics": report.semantics,
         "findings": report.findings,
         "what_would_help": report.help,
         "what_would_help_note": what_would_help.WHATIF_NOTE,
+        "semantics": report.semantics,
         "analyses": {name: _rows(frame) for name, frame in report.summaries.items()},
         "analysis_errors": report.analysis_errors,
         "table_T1": _rows(report.table) if report.table is not None else None,
