@@ -100,10 +100,17 @@ class Store:
         return ingest_paths(self.connection, [Path(p) for p in targets], run_name=run, task=task, format_name=format)
 
     def runs(self) -> pl.DataFrame:
-        """One row per run with its files, samples, steps and rejected lines, as `polytrace runs`."""
+        """One row per run with its files, samples, steps and rejected lines, and `semantics` (a struct:
+        what the run's numbers mean), as `polytrace runs --json`."""
+        import polars as pl
+
+        from polytrace_cli.analyze.semantics import SEMANTICS_COLUMNS, records_by_name
         from polytrace_cli.store.queries import runs_frame
 
-        return runs_frame(self.connection)
+        frame = runs_frame(self.connection)
+        records = records_by_name(self.connection, self.run_ids())
+        fields = pl.Struct({name: dtype for name, dtype in SEMANTICS_COLUMNS.items() if name != "run"})
+        return frame.with_columns(pl.Series("semantics", [records.get(run) for run in frame["run"]], dtype=fields))
 
     def semantics(self, runs: Runs = None) -> pl.DataFrame:
         """What each run's numbers mean, one row per run (`analyze.semantics.SEMANTICS_COLUMNS`):

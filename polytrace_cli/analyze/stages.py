@@ -15,7 +15,7 @@ import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
-from polytrace_cli.analyze.shared_frames import shared
+from polytrace_cli.analyze.shared_frames import once_per_report, shared
 from polytrace_cli.ingest import run_metadata
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
@@ -301,6 +301,11 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     z > 3.5) and the Pearson/Spearman correlations of step and gen time with max and mean response
     length. basis 'step_aggregates'; a run without step metrics gets one row with basis
     'no_step_metrics' and no numbers."""
+    with once_per_report():  # the per-step frame below is read by four of the parts: computed once
+        return _summary(con, run_ids, steps)
+
+
+def _summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
     stats = stage_stats(con, run_ids, steps)
     detail = shared(per_step, con, run_ids, steps)
     unexplained = (

@@ -1,6 +1,6 @@
 -- What each run's numbers mean, decided once at ingest (and again when files are added to the run):
 -- every view of step time, DP imbalance and responses per step reads it (`analyze/semantics.py`).
-CREATE TABLE run_semantics (
+CREATE TABLE IF NOT EXISTS run_semantics (
     run_id                     INTEGER PRIMARY KEY,
     step_time_basis            VARCHAR,   -- logged / logged without overheads / derived from stage timers; NULL: no timer
     includes_testing           BOOLEAN,   -- the logged step time counts testing (NULL: cannot tell)
