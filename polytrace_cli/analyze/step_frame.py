@@ -97,7 +97,7 @@ def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -
                CASE WHEN {any_timer} THEN {timer_sum} END AS timers_sum_s,
                seq.seq_max, seq.seq_mean, seq.seq_balanced, sampled.sample_mean, sampled.sample_max,
                coalesce(st.is_validation_only, false) AS validation_only,
-               coalesce(st.truncated_line, false) AS truncated, trained.training_samples
+               coalesce(st.truncated_line, false) AS truncated
         FROM keys k JOIN runs r ON r.run_id = k.run_id
         LEFT JOIN st ON st.run_id = k.run_id AND st.segment = k.segment AND st.step = k.step
         LEFT JOIN seq ON seq.run_id = k.run_id AND seq.segment = k.segment AND seq.step = k.step

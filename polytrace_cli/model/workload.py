@@ -6,7 +6,8 @@ else its rank):
 
     r_max                longest response (tokens): response_length/max, else max response_len
     n_responses          responses in the batch: perf/total_num_tokens / (prompt_length/mean +
-                         response_length/mean) rounded to a count, else the count of samples
+                         response_length/mean) rounded to a count, else the count of samples, else
+                         the run's responses per step (`analyze.semantics`: train_batch_size × rollout.n)
     response_tokens      Σ response lengths = response_length/mean · n_responses, else Σ response_len;
                          response_length/mean alone when n_responses cannot be told (a fixed
                          batch: the seconds per token then absorb the batch size)
@@ -49,8 +50,6 @@ MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "upd
 OVERHEADS = ("testing", "save_checkpoint")
 FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses",
             "balanced_busiest_tokens")
-# The label of a step time summed from the stage timers, the same in every view.
-DERIVED_STEP_TIME = "derived from stage timers"
 
 WORKLOAD_COLUMNS = {
     "segment": pl.Int64, "step": pl.Int64,
