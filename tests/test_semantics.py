@@ -127,6 +127,8 @@ def test_a_log_without_a_step_total_has_its_step_time_derived_from_the_stage_tim
     assert _check(db, "v01", "--max-step-cv", "1")["status"] == "pass"
     notes = _json("explain", "v01", "--db", db)["notes"]
     assert any("derived from stage timers" in note for note in notes)
+    backtest = _json("whatif", "v01", "--backtest", "--db", db)
+    assert backtest["step"]["steps"] > 0 and backtest["overall"]["accuracy"] is not None
 
 
 # Case 3: lines cut at 4,096 characters.
