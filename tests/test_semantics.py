@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from polytrace_cli.analyze.semantics import length_collapse
+from polytrace_cli.store.semantics import length_collapse
 from polytrace_cli.cli import app
 from polytrace_cli.facade import Store
 from tests.conftest import need_real_data
@@ -187,11 +187,12 @@ def test_a_step_short_of_responses_is_flagged_partial(db):
 
 
 def test_length_collapse_rule():
-    steps = np.arange(1, 21)
-    means = np.r_[np.full(12, 900.0), np.full(8, 1.0)]
-    assert length_collapse(steps, means) == (13, 1.0, 900.0)
-    assert length_collapse(steps, np.r_[np.full(12, 900.0), np.full(8, 60.0)]) is None  # 6.7% > 5%
-    assert length_collapse(steps, np.r_[np.full(18, 900.0), np.full(2, 1.0)]) is None  # two steps are not a collapse
+    steps = list(range(1, 21))
+    assert length_collapse(steps, [900.0] * 12 + [1.0] * 8) == (13, 1.0, 900.0)
+    assert length_collapse(steps, [900.0] * 12 + [60.0] * 8) is None  # 60 is 6.7% of 900, above 5%
+    assert length_collapse(steps, [900.0] * 18 + [1.0] * 2) is None  # two steps are not a collapse
+    # the typical length is the median of the steps before: 45 ≤ 5% of 900 even after a slow decline
+    assert length_collapse(steps, [900.0] * 10 + [500.0, 300.0] + [45.0] * 8) == (13, 45.0, 900.0)
 
 
 # Case 7: per-step tool latency and prefix-cache hits.

@@ -359,8 +359,8 @@ def ingest_paths(
 
 def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
     """The end-of-ingest hook: decide again the semantics record of every run a file was added to or
-    replaced in (`analyze.semantics`)."""
-    from polytrace_cli.analyze.semantics import decide_runs
+    replaced in (`store.semantics`)."""
+    from polytrace_cli.store.semantics import decide_runs
 
     names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced")})
     if names:
