@@ -80,7 +80,7 @@ def test_global_seqlen_basis_balancing_on(loaded):
     """balanced_max is logged and no config says otherwise: verl balanced the batch, so the busiest
     rank after balancing sets the time; the λ before balancing is shown beside it."""
     row = imbalance.per_step(loaded, [3]).row(0, named=True)
-    assert row["basis"] == "global_seqlen" and row["lambda_basis"] == "global_seqlen/balanced_max"
+    assert row["basis"] == "global_seqlen" and row["lambda_basis"] == "rank_tokens_balanced_max"
     assert row["lambda"] == pytest.approx(1.05)
     assert row["lambda_before_balancing"] == pytest.approx(1.2)
     assert row["lambda_balanced"] == pytest.approx(1.05)
@@ -92,7 +92,7 @@ def test_global_seqlen_basis_balancing_on(loaded):
 def test_global_seqlen_basis_balancing_off(loaded):
     loaded.execute("""UPDATE runs SET meta = '{"balance_batch": false}' WHERE run_id = 3""")
     row = imbalance.per_step(loaded, [3]).row(0, named=True)
-    assert row["lambda_basis"] == "global_seqlen/max"
+    assert row["lambda_basis"] == "rank_tokens_max"
     assert row["lambda"] == pytest.approx(1.2) and row["lambda_before_balancing"] == pytest.approx(1.2)
     assert row["lambda_balanced"] == pytest.approx(1.05)
     assert row["idle_share"] == pytest.approx(1 - 100 / 120)

@@ -75,7 +75,7 @@ def _check(db: Path, run: str, *limits) -> dict:
 def test_balancing_is_read_from_the_overrides_and_gates_the_lambda_that_sets_time(db):
     record = _record(db, "balanced")
     assert record["balance_batch"] == "on" and "trainer.balance_batch" in record["balance_batch_source"]
-    assert record["lambda_basis"] == "global_seqlen/balanced_max"
+    assert record["lambda_basis"] == "rank_tokens_balanced_max"
     step = _json("steps", "balanced", "--steps", "1", "--db", db)[0]
     # step 1: mean 21,000 tokens (20,000 + 500 · (7 % 5)), max 1.10×, balanced_max int(21,000 × 1.0015)
     assert step["lambda_tokens"] == pytest.approx(int(21000 * 1.0015) / 21000)
@@ -89,7 +89,7 @@ def test_balancing_off_gates_the_lambda_before_balancing(tmp_path):
     (tmp_path / "train.log").write_text(text)
     db = tmp_path / "s.duckdb"
     _ok("ingest", tmp_path / "train.log", "--run", "off", "--db", db)
-    assert _record(db, "off")["lambda_basis"] == "global_seqlen/max"
+    assert _record(db, "off")["lambda_basis"] == "rank_tokens_max"
     gate = _check(db, "off", "--max-imbalance", "1.05")
     assert gate["status"] == "FAIL" and gate["measured"] == pytest.approx(1.10, abs=1e-4)
 

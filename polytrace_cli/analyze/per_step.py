@@ -23,7 +23,7 @@ record decides): step_s (the step's wall time), logged_step_s (the logged total)
 that sets the time over the mean rank: after verl's balancing when the run balances its batch; the
 per-rank samples' max_r T_r / mean_r T_r with T_r = Σ over rank r of (p_i + l_i)) and
 lambda_tokens_before_balancing (global_seqlen/max / mean), with lambda_basis (the run's choice of
-busiest rank: 'global_seqlen/balanced_max', 'global_seqlen/max', 'per-rank samples'). Multi-turn runs add, per step, the tool
+busiest rank: 'rank_tokens_balanced_max', 'rank_tokens_max', 'per-rank samples'). Multi-turn runs add, per step, the tool
 calls, their mean and p99 latency and the prefix-cache hit ratio (`tools.per_step`).
 
 Flags: partial (fewer training samples than the run's responses per step), validation (a validation step: testing time logged, a validation-only step, or validation

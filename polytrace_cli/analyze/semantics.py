@@ -45,3 +45,33 @@ def as_json(record: dict) -> dict:
 def records_by_name(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, dict]:
     """run name -> its record as JSON-ready values (`as_json`)."""
     return {record["run"]: as_json(record) for record in records(con, run_ids)}
+
+
+def semantics_notes(record: dict) -> list[str]:
+    """What the run's semantics record tells a reader of its numbers: a step
+    time derived from the stage timers or with overheads added back, lines cut short, no per-rank
+    data, a crash, partial steps and a length collapse."""
+    notes = []
+    if record["step_time_basis"] == DERIVED:
+        notes.append(f"the log has no step total: step time is {DERIVED} (their sum)")
+    elif record["step_time_basis"] == WITHOUT_OVERHEADS:
+        notes.append("timing_s/step leaves out testing or the checkpoint save: they are added back to the step time")
+    if record["truncated_steps"]:
+        notes.append(f"{_count_steps(record['truncated_steps'])} had a log line cut short (wandb cuts output.log "
+                     "lines at 4,096 characters): timers printed after the cut are lost")
+    if record["lambda_basis"] is None:
+        notes.append("no per-rank data (global_seqlen or per-rank samples): DP imbalance cannot be told")
+    if record["partial_steps"]:
+        notes.append(f"{_count_steps(record['partial_steps'])} hold fewer than the "
+                     f"{record['responses_per_step']:,.0f} responses per step ({record['responses_per_step_source']})")
+    if record["collapse_step"] is not None:
+        notes.append(f"response lengths collapsed from step {record['collapse_step']:,} on (mean "
+                     f"{record['collapse_length']:,.1f} tokens, typical {record['collapse_typical_length']:,.0f} before)")
+    if record["crash"]:
+        notes.append(f"the log ends with an error after its last step: {record['crash']}")
+    return notes
+
+
+def _count_steps(steps: list[int]) -> str:
+    shown = ", ".join(f"{step:,}" for step in steps[:5]) + (", ..." if len(steps) > 5 else "")
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} ({shown})"

@@ -39,7 +39,7 @@ import polars as pl
 from polytrace_cli.analyze import semantics as sem
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.shared_frames import shared
-from polytrace_cli.ingest import run_metadata
+from polytrace_cli.store import step_timers
 
 STEP_FRAME_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64,
@@ -55,7 +55,7 @@ STEP_FRAME_COLUMNS: dict[str, pl.DataType] = {
 
 
 def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
-    timers = [*run_metadata.stage_columns(con), "testing_s", "save_checkpoint_s"]
+    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
     timer_sum = " + ".join(f"coalesce(st.{column}, 0)" for column in timers)
     any_timer = " OR ".join(f"st.{column} IS NOT NULL" for column in timers)
     ids = ids_sql(run_ids)
@@ -65,13 +65,13 @@ def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -
         WITH st AS (
             SELECT * FROM steps WHERE run_id IN {ids} AND {steps.sql()}
         ), seq AS (
-            SELECT run_id, segment, step,
-                   max(value) FILTER (WHERE key = 'global_seqlen/max') AS seq_max,
-                   max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seq_mean,
-                   max(value) FILTER (WHERE key = 'global_seqlen/balanced_max') AS seq_balanced
-            FROM step_metrics
-            WHERE run_id IN {ids} AND {steps.sql()}
-              AND key IN ('global_seqlen/max', 'global_seqlen/mean', 'global_seqlen/balanced_max')
+            SELECT sm.run_id, sm.segment, sm.step,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS seq_max,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seq_mean,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seq_balanced
+            FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+            WHERE sm.run_id IN {ids} AND {steps.sql('sm.step')}
+              AND a.canonical IN ('rank_tokens_max', 'rank_tokens_mean', 'rank_tokens_balanced_max')
             GROUP BY ALL
         ), rank_loads AS (
             SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank,

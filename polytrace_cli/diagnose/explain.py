@@ -27,7 +27,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import DERIVED, WITHOUT_OVERHEADS, record_of
+from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -114,36 +114,6 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     if frame["r_max"].is_null().all():
         raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
     return _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id)))
-
-
-def semantics_notes(record: dict) -> list[str]:
-    """What the run's semantics record (`analyze.semantics`) tells a reader of its numbers: a step
-    time derived from the stage timers or with overheads added back, lines cut short, no per-rank
-    data, a crash, partial steps and a length collapse."""
-    notes = []
-    if record["step_time_basis"] == DERIVED:
-        notes.append(f"the log has no step total: step time is {DERIVED} (their sum)")
-    elif record["step_time_basis"] == WITHOUT_OVERHEADS:
-        notes.append("timing_s/step leaves out testing or the checkpoint save: they are added back to the step time")
-    if record["truncated_steps"]:
-        notes.append(f"{_count_steps(record['truncated_steps'])} had a log line cut short (wandb cuts output.log "
-                     "lines at 4,096 characters): timers printed after the cut are lost")
-    if record["lambda_basis"] is None:
-        notes.append("no per-rank data (global_seqlen or per-rank samples): DP imbalance cannot be told")
-    if record["partial_steps"]:
-        notes.append(f"{_count_steps(record['partial_steps'])} hold fewer than the "
-                     f"{record['responses_per_step']:,.0f} responses per step ({record['responses_per_step_source']})")
-    if record["collapse_step"] is not None:
-        notes.append(f"response lengths collapsed from step {record['collapse_step']:,} on (mean "
-                     f"{record['collapse_length']:,.1f} tokens, typical {record['collapse_typical_length']:,.0f} before)")
-    if record["crash"]:
-        notes.append(f"the log ends with an error after its last step: {record['crash']}")
-    return notes
-
-
-def _count_steps(steps: list[int]) -> str:
-    shown = ", ".join(f"{step:,}" for step in steps[:5]) + (", ..." if len(steps) > 5 else "")
-    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} ({shown})"
 
 
 @dataclass

@@ -24,9 +24,10 @@ from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, Readable, UnreadableFile, hash_and_count_bytes, is_compressed, path_text, readable,
     walk,
 )
-from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
+from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
-from polytrace_cli.ingest.run_metadata import NULL_MEANS_CANNOT_TELL
+from polytrace_cli.ingest.unchanged import is_unchanged, stored_file, stored_files
+from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first
 
 # Folder names that say what a folder holds rather than which run it is.
@@ -231,31 +232,26 @@ def ingest_file(
     path = path.resolve()
     source = source or Readable(path, path, False)
     started = time.perf_counter()
-    existing = fetch_first(
-        con, "SELECT file_id, sha256, format, parser_version, read_options, bytes FROM files"
-        " WHERE run_id = ? AND path = ?",
-        [run_id, path_text(path)],
-    )
+    stored = stored_file(con, run_id, path_text(path))
     options = ingester.read_options()
     report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name,
                         bytes=path.stat().st_size)
-    if existing and tuple(existing[2:]) == (ingester.name, ingester.version, options, report.bytes):
-        sha, _, _ = hashes.result(path)
-        if existing[1] == sha:
-            report.status = "unchanged"
-            report.seconds = time.perf_counter() - started
-            return report
+    if is_unchanged(stored, ingester, report.bytes, lambda: hashes.result(path)[0]):
+        report.status = "unchanged"
+        report.seconds = time.perf_counter() - started
+        return report
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
     counting = hashes.future(source.path) if source.compressed else None
-    return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
+    return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id,
+                                stored.file_id if stored else None,
                                 hashes.future(path), counting, report, started, options)
 
 
 def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing, hashing, counting,
                          report, started, options) -> FileReport:
     def replace_previous_version() -> None:
-        if existing:
-            delete_file_rows(con, existing[0])
+        if existing is not None:
+            delete_file_rows(con, existing)
             report.status = "replaced"
 
     # Lines are counted on the text the ingester reads; the hash is of the input file's bytes.
@@ -391,6 +387,7 @@ class _BatchMember:
     ingester: BulkJsonlIngester
     size: int
     text: str | None = None  # a small file's text, kept from sniffing and hashing for the batch read
+    strict: int | None = None  # its records when the strict decoder accepts every line (`strict_records`)
     run_id: int = 0
     run: str = ""
     file_id: int = 0
@@ -420,9 +417,15 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             return None  # loaded alone, which names the line that is not UTF-8 text
         if "\0" in text:
             return None
+    strict = strict_records(data, ingester.spec)
+    if strict == NOT_JSON_LINES:
+        return None  # loaded alone, which names the line that is not JSON
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
-    hashes.known(resolved, hash_and_count_bytes(data))
-    return _BatchMember(resolved, explicit, ingester, len(data), text)
+    if len(data) > BATCH_TEXT_KEEP_BYTES:
+        hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
+    else:
+        hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
+    return _BatchMember(resolved, explicit, ingester, len(data), text, strict)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -450,7 +453,8 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
         read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
                                   ingester.checks, whole_json=whole_json,
-                                  texts={str(m.path): m.text for m in changed if m.text is not None})
+                                  texts={str(m.path): m.text for m in changed if m.text is not None},
+                                  strict_counts={str(m.path): m.strict for m in changed if m.strict is not None})
     except duckdb.Error:
         read = None  # handled like a read that fails: the batch is split
     if read is None:
@@ -516,19 +520,13 @@ def _drop_unchanged(con: duckdb.DuckDBPyConnection, members: list[_BatchMember],
     """(changed or new, unchanged) members: a file the store holds read the same way (format, parser
     version, options, size) with the same sha256 is unchanged and is not read again. Notes each
     member's previous `file_id`, if any."""
-    known = {(run_id, path): rest for run_id, path, *rest in con.execute(
-        "SELECT f.run_id, f.path, f.file_id, f.sha256, f.format, f.parser_version, f.read_options, f.bytes"
-        " FROM files f JOIN (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::VARCHAR[]) AS path) w"
-        " ON f.run_id = w.run_id AND f.path = w.path",
-        [[m.run_id for m in members], [path_text(m.path) for m in members]]).fetchall()}
+    known = stored_files(con, [(m.run_id, path_text(m.path)) for m in members])
     changed, unchanged = [], []
     for member in members:
-        existing = known.get((member.run_id, path_text(member.path)))
-        member.existing = existing[0] if existing else None
-        ingester = member.ingester
-        same_reading = existing and tuple(existing[2:]) == (ingester.name, ingester.version, ingester.read_options(),
-                                                             member.size)
-        (unchanged if same_reading and existing[1] == hashes.result(member.path)[0] else changed).append(member)
+        stored = known.get((member.run_id, path_text(member.path)))
+        member.existing = stored.file_id if stored else None
+        same = is_unchanged(stored, member.ingester, member.size, lambda m=member: hashes.result(m.path)[0])
+        (unchanged if same else changed).append(member)
     return changed, unchanged
 
 

@@ -65,12 +65,12 @@ _WORKLOAD_SQL = """
 WITH st AS (
     SELECT * FROM steps WHERE run_id = $run
 ), extra AS (
-    SELECT segment, step,
-           max(value) FILTER (WHERE key IN ('timing_s/update_weights', 'timing/broadcast')) AS update_weights_s,
-           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean
-    FROM step_metrics
-    WHERE run_id = $run AND key IN ('timing_s/update_weights', 'timing/broadcast', 'global_seqlen/mean')
-    GROUP BY segment, step
+    SELECT sm.segment, sm.step,
+           max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
+           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean
+    FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+    WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_mean')
+    GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
            sum(response_len) AS response_tokens, sum(coalesce(prompt_len, 0) + response_len) AS tokens,

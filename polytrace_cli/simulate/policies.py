@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import record_of
+from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
@@ -507,7 +507,5 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
             error = saving_standard_error(ctx.model, ctx.frame, ctx.predicted_workload)
         scenarios.append(Scenario(policy.text, predicted, saving, saving / baseline if baseline else None,
                                   plan.by_stage(), note, error))
-    from polytrace_cli.diagnose.explain import semantics_notes
-
     return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios,
                         semantics_notes(record_of(con, ctx.run_id)))

@@ -12,13 +12,14 @@ One record per run (`FIELDS`):
                        timers); the basis of most timed training steps; null when nothing is timed
     includes_testing, includes_checkpoint
                        whether the logged step time counts the testing / checkpoint timers (run
-                       meta `step_time_includes_*`, else `run_metadata.step_time_inclusion`)
+                       meta `step_time_includes_*`, else `step_timers.step_time_inclusion`)
     balance_batch      'on' / 'off' / 'unknown': trainer.balance_batch from the printed config or
                        overrides; else 'on' when global_seqlen/balanced_max is logged, which verl
                        logs only when it balances the batch
     lambda_basis       the busiest rank that sets the training stages' time: 'per-rank samples',
-                       'global_seqlen/balanced_max' (balancing on: the batch is trained as balanced),
-                       'global_seqlen/max'; null without per-rank data
+                       'rank_tokens_balanced_max' (verl's global_seqlen/balanced_max: balancing on,
+                       the batch is trained as balanced), 'rank_tokens_max' (global_seqlen/max);
+                       null without per-rank data
     responses_per_step and its source: train_batch_size × rollout.n when both are printed, else the
                        median logged count perf/total_num_tokens / (prompt_length/mean +
                        response_length/mean), else the most common count of training samples a step
@@ -44,12 +45,13 @@ import statistics
 
 import duckdb
 
-from polytrace_cli.ingest import run_metadata
+from polytrace_cli.store import step_timers
 
 LOGGED, WITHOUT_OVERHEADS, DERIVED = "logged", "logged without overheads", "derived from stage timers"
 ON, OFF, UNKNOWN = "on", "off", "unknown"
-PER_RANK_SAMPLES, BALANCED_MAX, PRE_BALANCING_MAX = ("per-rank samples", "global_seqlen/balanced_max",
-                                                     "global_seqlen/max")
+# The λ bases name the canonical metrics (`metric_aliases`) that set the busiest rank.
+PER_RANK_SAMPLES, BALANCED_MAX, PRE_BALANCING_MAX = "per-rank samples", "rank_tokens_balanced_max", "rank_tokens_max"
+RANK_TOKENS_MEAN = "rank_tokens_mean"
 FROM_CONFIG = "train_batch_size × rollout.n"
 FROM_LOGGED_COUNTS = "perf/total_num_tokens / (prompt_length/mean + response_length/mean)"
 FROM_SAMPLES = "training samples per step (most common count)"
@@ -68,7 +70,7 @@ def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
 
 
 def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
-    timers = [*run_metadata.stage_columns(con), "testing_s", "save_checkpoint_s"]
+    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
     any_timer = " OR ".join(f"{column} IS NOT NULL" for column in timers)
     logged, derived, testing, checkpoint = con.execute(
         f"""
@@ -77,8 +79,8 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
                bool_or(has_testing), bool_or(has_checkpoint)
         FROM steps WHERE run_id = ?
         """, [run_id]).fetchall()[0]
-    keys = run_metadata.EXTRA_TIMERS.values()
-    decided = meta if all(key in meta for key in keys) else run_metadata.step_time_inclusion(con, run_id)
+    keys = step_timers.EXTRA_TIMERS.values()
+    decided = meta if all(key in meta for key in keys) else step_timers.step_time_inclusion(con, run_id)
     testing_in, checkpoint_in = (decided.get(key) for key in keys)
     if not logged and not derived:
         basis = None
@@ -92,11 +94,13 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
 
 def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
     seqlen = set(row[0] for row in con.execute(
-        "SELECT DISTINCT key FROM step_metrics WHERE run_id = ? AND key LIKE 'global_seqlen/%'", [run_id]).fetchall())
+        "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
+        " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)",
+        [run_id, PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX]).fetchall())
     told = meta.get("balance_batch")
     if isinstance(told, bool):
         balance, source = (ON if told else OFF), "trainer.balance_batch (printed config or overrides)"
-    elif "global_seqlen/balanced_max" in seqlen:
+    elif BALANCED_MAX in seqlen:
         balance, source = ON, "global_seqlen/balanced_max is logged (verl logs it only when it balances the batch)"
     else:
         balance, source = UNKNOWN, None
@@ -108,8 +112,8 @@ def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
         """, [run_id]).fetchall()[0][0]
     if ranked:
         basis = PER_RANK_SAMPLES
-    elif {"global_seqlen/max", "global_seqlen/mean"} <= seqlen:
-        basis = BALANCED_MAX if balance == ON and "global_seqlen/balanced_max" in seqlen else PRE_BALANCING_MAX
+    elif {PRE_BALANCING_MAX, RANK_TOKENS_MEAN} <= seqlen:
+        basis = BALANCED_MAX if balance == ON and BALANCED_MAX in seqlen else PRE_BALANCING_MAX
     else:
         basis = None
     return {"balance_batch": balance, "balance_batch_source": source, "lambda_basis": basis}

@@ -2,7 +2,8 @@
 
 `load_console(ctx, grammar)`:
 
-1. read the file's lines (`reading.read_console_lines`);
+1. read the file's lines, a block at a time (`reading.read_console_blocks`; steps 2 to 5 run
+   per block);
 2. clean each line (`console_lines.clean_columns`: ANSI colours, Ray prefixes, the Ray repeat
    suffix, progress-bar redraws, keeping the last carriage-return piece that starts with the
    grammar's anchor) and classify it: the grammar's `metric_kind` says 'metric' (its bulk parse
@@ -38,7 +39,7 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_problem_sql, step_sql
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
-from polytrace_cli.ingest.console.reading import read_console_lines
+from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 
 # Kinds of line that are not noise.
@@ -110,6 +111,9 @@ class ConsoleGrammar:
     anchor: ClassVar[str]
     noise: ClassVar[NoiseRules] = CONSOLE_NOISE
     reclaimable: ClassVar[str | None] = None
+    # How many leading pairs with a finite number (`printed_sample`) `record_meta` reads the printed
+    # text (`raw_value`) of; None: all. The pipeline keeps no other printed text once steps are checked.
+    printed_values_read: ClassVar[int | None] = None
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         """Per line, from its cleaned text and the raw line's length in characters (without a final
@@ -135,25 +139,148 @@ class ConsoleGrammar:
         ctx.note("zero steps: no metric lines")
 
     def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
-        """Fill ctx.run_meta (and ctx.format_version) from the lines and the stored pairs."""
+        """Fill ctx.run_meta (and ctx.format_version) from the lines (metric lines without their
+        text) and a digest of the stored pairs: the first pair of each key and the first
+        `printed_values_read` pairs of `printed_sample` with their printed text, in line order."""
 
 
 def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
-    """Read ctx.path with `grammar` into the store, accounting for every line (see the module)."""
-    lines = classify(read_console_lines(ctx.path), grammar)
-    ctx.lines = lines.height
-    lines = _reject_bad_text(ctx, lines)
-    noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
-    for rule, count in noise.sort("kind").iter_rows():
-        ctx.ignore(rule, count)
-    parsed = check_steps(ctx, grammar.parse(ctx, lines), lines)
-    ctx.stored = store_parsed(ctx, parsed, resume_lines(lines))
+    """Read ctx.path with `grammar` into the store, accounting for every line (see the module).
+
+    Steps 1 to 6 run on one block of lines at a time (`reading.read_console_blocks`), so neither the
+    file's text nor its pairs are ever held whole: each block's pairs are stored in their segments
+    (`BlockWriter`) before the next block is read; its metric lines lose their text, the other lines
+    are kept for the steps that read the whole log (run meta, the fallback).
+    """
+    ctx.lines = 0
+    kept, resumes = [], []
+    writer = BlockWriter(ctx, grammar.printed_values_read)
+    for block in read_console_blocks(ctx.path):
+        lines = classify(block, grammar)
+        ctx.lines += lines.height
+        lines = _reject_bad_text(ctx, lines)
+        noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
+        for rule, count in noise.sort("kind").iter_rows():
+            ctx.ignore(rule, count)
+        resumes.extend(resume_lines(lines))
+        writer.write(check_steps(ctx, grammar.parse(ctx, lines), lines), resumes)
+        parsed_text = pl.col("kind").is_in([METRIC, DIRTY])
+        kept.append(lines.with_columns(raw=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("raw")),
+                                       c=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("c"))))
+        del lines, block
+    lines = pl.concat(kept) if len(kept) > 1 else kept[0]
+    del kept
+    ctx.stored = writer.finish()
     if not ctx.stored:
+        # No pairs: the whole log is small enough to read again, with the text of its metric lines.
+        lines = _mark_bad_text(classify(read_console_lines(ctx.path), grammar))
         ctx.stored = grammar.fallback(ctx, lines)
         _reclaim(ctx, grammar.reclaimable, ctx.stored)
         if not ctx.stored:
             grammar.zero_steps(ctx, lines)
-    grammar.record_meta(ctx, lines, parsed.metrics)
+    grammar.record_meta(ctx, lines, writer.digest())
+
+
+class BlockWriter:
+    """Stores the checked pairs of a log block by block, as `store_parsed` stores them all at once.
+
+    A line's segment depends only on the metric line before it (`segments.line_segments`): each
+    block is cut into segments together with the last metric line of the block before (and its
+    pairs), numbered on from that line's segment. The segments of every line (one row per metric
+    line) and the flags are kept, and the step flags written at the end. What `record_meta` reads
+    of the pairs is kept too (`digest`).
+    """
+
+    def __init__(self, ctx: FileContext, printed_values_read: int | None):
+        self.ctx = ctx
+        self.printed_values_read = printed_values_read
+        self.sampled = 0
+        self.segments: list[pl.DataFrame] = []
+        self.flags: list[pl.DataFrame] = []
+        self.digests: list[pl.DataFrame] = []
+        self.last_line = None  # the pairs of the last metric line written, and its segment
+
+    def write(self, parsed: ParsedMetrics, resumes: list[int]) -> None:
+        """Store one block's pairs (`check_steps` done; `resumes`: every checkpoint-load line so far)."""
+        if self.printed_values_read is not None:
+            parsed, kept = _drop_printed_text(parsed, self.printed_values_read - self.sampled)
+            self.sampled += kept
+        self.flags.append(parsed.flags)
+        metrics = parsed.metrics
+        if not metrics.height:
+            return
+        before, offset = (self.last_line if self.last_line is not None
+                          else (metrics.clear(), 0))
+        segments = line_segments(pl.concat([before, metrics]), resumes)
+        if before.height:
+            segments = segments.slice(1)
+        segments = segments.with_columns(pl.col("segment") + offset)
+        self.segments.append(segments)
+        last = segments.get_column("line_no")[-1]
+        self.last_line = (_detached(metrics.filter(pl.col("line_no") == last)), segments.get_column("segment")[-1])
+        metrics = metrics.with_columns(segment=pl.col("line_no").replace_strict(
+            segments.get_column("line_no"), segments.get_column("segment"), default=None, return_dtype=pl.Int32))
+        con = self.ctx.con
+        con.register("console_metrics", ArrowStream(metrics))
+        try:
+            self.ctx.insert(
+                """
+                INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+                SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+                """,
+                [self.ctx.run_id, self.ctx.file_id],
+            )
+        finally:
+            con.unregister("console_metrics")
+        self.digests.append(_detached(metrics.drop("segment").filter(
+            pl.col("raw_value").is_not_null() | pl.col("key").is_first_distinct())))
+
+    def finish(self) -> int:
+        """Write the step flags; return the number of lines that produced pairs."""
+        if not self.segments:
+            return 0
+        segments = pl.concat(self.segments)
+        flags = pl.concat(self.flags)
+        con = self.ctx.con
+        con.register("console_segments", ArrowStream(segments))
+        con.register("console_flags", ArrowStream(flags))
+        try:
+            insert_step_flags(self.ctx, "console_segments", extra_flags="console_flags")
+        finally:
+            for view in ("console_segments", "console_flags"):
+                con.unregister(view)
+        return segments.height
+
+    def digest(self) -> pl.DataFrame:
+        """Of the stored pairs (`metric_schema`, in line and pair order): the first pair of each key
+        and the pairs whose printed text was kept (see `ConsoleGrammar.printed_values_read`)."""
+        if not self.digests:
+            return pl.DataFrame(schema=metric_schema())
+        pairs = pl.concat(self.digests)
+        return pairs.filter(pl.col("raw_value").is_not_null() | pl.col("key").is_first_distinct())
+
+
+def _detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with its text columns copied: rows filtered out of a block still point into the
+    block's text buffers, which would stay in memory as long as any of them is kept."""
+    return frame.with_columns(pl.concat_str([pl.col(name), pl.lit("")]).alias(name)
+                              for name, dtype in frame.schema.items() if dtype == pl.String)
+
+
+def printed_sample() -> pl.Expr:
+    """The pairs whose printed text tells how values were printed: a finite number, no text value."""
+    return pl.col("value").is_not_null() & pl.col("text_value").is_null() & pl.col("value").is_finite()
+
+
+def _drop_printed_text(parsed: ParsedMetrics, wanted: int) -> tuple[ParsedMetrics, int]:
+    """`parsed` keeping the printed text of its first `wanted` pairs of `printed_sample` only, and
+    how many it kept."""
+    wanted = max(wanted, 0)
+    sample = printed_sample()
+    keep = sample & (sample.cast(pl.Int64).cum_sum() <= wanted)
+    metrics = parsed.metrics.with_columns(raw_value=pl.when(keep).then(pl.col("raw_value")))
+    kept = min(wanted, parsed.metrics.select(sample.sum()).item())
+    return ParsedMetrics(metrics, parsed.flags, parsed.printed), kept
 
 
 def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) -> ParsedMetrics:
@@ -223,7 +350,9 @@ def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (
     if not metrics.height:
         return 0
     segments = line_segments(metrics, resumes)
-    metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
+    # A column looked up by line, not a join: the pairs' other columns are shared, not copied.
+    metrics = metrics.with_columns(segment=pl.col("line_no").replace_strict(
+        segments.get_column("line_no"), segments.get_column("segment"), default=None, return_dtype=pl.Int32))
     con = ctx.con
     con.register("console_metrics", ArrowStream(metrics))
     con.register("console_segments", ArrowStream(segments))
@@ -272,6 +401,15 @@ def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:
     bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
     for line_no, reason, raw in lines.filter(bad).select("line_no", "encoding", "raw").iter_rows():
         ctx.reject(line_no, reason, raw, code="encoding-error")
+    return _mark_bad_text(lines)
+
+
+def _mark_bad_text(lines: pl.DataFrame) -> pl.DataFrame:
+    """`lines` with the kind 'encoding' on the damaged lines that are not metric lines (those
+    `_reject_bad_text` rejects), without the `encoding` column."""
+    if "encoding" not in lines.columns:
+        return lines
+    bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
     return lines.with_columns(kind=pl.when(bad).then(pl.lit(ENCODING)).otherwise(pl.col("kind"))).drop("encoding")
 
 
