@@ -37,6 +37,12 @@ GENERIC_FOLDERS = {
     "validation_data_dir", "tensorboard", "tensorboard_log", "tb", "events", "runs", "wandb",
 }
 _TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
+# transformers' TensorBoard folder `runs/Nov26_15-55-36_host` names a start time, and its
+# `checkpoint-N` folders a point of the run in its output folder.
+_TRAINER_TIMESTAMP = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
+_CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+# The folders of an MLflow file-store run (`mlruns/<experiment>/<run>/metrics/<key>`) below the run's.
+_MLFLOW_RUN_PARTS = {"metrics", "params", "tags", "artifacts"}
 
 
 @dataclass
@@ -78,7 +84,9 @@ def derive_run(file: Path, resolved: bool = False) -> tuple[str, Path]:
     timestamp folders; the first other folder names the run. The deepest timestamp folder passed
     on the way, if any, is the run's root, so two timestamped runs under one folder stay apart.
     `resolved` says `file` is already a resolved path. Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
-    holds `media`: the key folders below it name a logged key, not a run.
+    holds `media`: the key folders below it name a logged key, not a run. transformers' `checkpoint-N` folders are passed like generic ones
+    and its TensorBoard `MonDD_HH-MM-SS_host` folders like timestamp folders, and the files of an
+    MLflow file-store run (`<run>/metrics/<key>`, `params/`, `tags/`, `artifacts/`) belong to the run's folder.
     """
     return _run_of_folder((file if resolved else file.resolve()).parent)
 
@@ -88,15 +96,19 @@ def _run_of_folder(folder: Path) -> tuple[str, Path]:
     media = next((current for current in (folder, *folder.parents) if current.name.lower() == "media"), None)
     if media is not None:
         folder = media.parent
+    mlflow = next((current for current in (folder, *folder.parents)
+                   if current.name in _MLFLOW_RUN_PARTS and (current.parent / "meta.yaml").is_file()), None)
+    if mlflow is not None:
+        return mlflow.parent.name, mlflow.parent
     timestamp_root = None
     for current in (folder, *folder.parents):
         name = current.name
         if not name:
             break
-        if _TIMESTAMP_LIKE.fullmatch(name):
+        if _TIMESTAMP_LIKE.fullmatch(name) or _TRAINER_TIMESTAMP.fullmatch(name):
             timestamp_root = timestamp_root or current
             continue
-        if name.lower() in GENERIC_FOLDERS:
+        if name.lower() in GENERIC_FOLDERS or _CHECKPOINT_FOLDER.fullmatch(name):
             continue
         return name, timestamp_root or current
     return (folder.name or "run"), folder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from polytrace_cli.report.comparison import markdown_lines
 from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
 from polytrace_cli.report.help import WHATIF_NOTE, backtest_lines
@@ -32,7 +33,9 @@ def render(report) -> str:
     out += [f"- {h['text']}" for h in report.help] or \
         ["No counterfactual could be computed: the runs have no data-parallel rank loads."]
     out += ["", *backtest_lines(report.help).values()] if backtest_lines(report.help) else []
-    out += ["", WHATIF_NOTE, "", "## Runs", ""]
+    out += ["", WHATIF_NOTE, ""]
+    out += markdown_lines(report.comparisons)
+    out += ["## Runs", ""]
     out += [f"Runs: {', '.join(report.runs)}" + (f"; steps {report.steps.first}:{report.steps.last}"
                                                  if report.steps.first is not None or report.steps.last is not None else ""),
            "", "## T1: cross-run summary", ""]

@@ -61,6 +61,7 @@ class Report:
     findings: list[dict] = field(default_factory=list)
     help: list[dict] = field(default_factory=list)
     semantics: dict[str, dict] = field(default_factory=dict)  # run -> what its numbers mean (`analyze.semantics`)
+    comparisons: list[dict] = field(default_factory=list)
 
 
 def default_name(names: list[str]) -> str:
@@ -149,6 +150,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     from polytrace_cli.analyze.semantics import records_by_name
 
     report.semantics = records_by_name(con, run_ids)
+    report.comparisons = computed.comparisons
     return report
 
 
@@ -161,8 +163,8 @@ def _rows(frame: pl.DataFrame) -> list[dict]:
 
 
 def summary_document(report: Report) -> dict:
-    """Each run's semantics record, the findings and what would help, `{analysis: rows}` for every
-    registered analysis, T1, the figures
+    """Each run's semantics record, the findings and what would help, the comparisons of runs of one task,
+    `{analysis: rows}` for every registered analysis, T1, the figures
     drawn and left out (each with the runs it shows and the runs it left out with the reason), and per drawn
     figure the rows of the analysis frames it was drawn from (`figure_data: {figure id: {frame: rows}}`)."""
     return {
@@ -172,6 +174,7 @@ def summary_document(report: Report) -> dict:
         "what_would_help": report.help,
         "what_would_help_note": what_would_help.WHATIF_NOTE,
         "semantics": report.semantics,
+        "comparisons": report.comparisons,
         "analyses": {name: _rows(frame) for name, frame in report.summaries.items()},
         "analysis_errors": report.analysis_errors,
         "table_T1": _rows(report.table) if report.table is not None else None,

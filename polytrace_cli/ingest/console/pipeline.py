@@ -114,6 +114,9 @@ class ConsoleGrammar:
     # How many leading pairs with a finite number (`printed_sample`) `record_meta` reads the printed
     # text (`raw_value`) of; None: all. The pipeline keeps no other printed text once steps are checked.
     printed_values_read: ClassVar[int | None] = None
+    # True for a grammar whose parse needs the whole log at once (TRL numbers its dicts from the
+    # progress bars and stages of the whole log): the log is then read as one block.
+    whole_log: ClassVar[bool] = False
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         """Per line, from its cleaned text and the raw line's length in characters (without a final
@@ -155,7 +158,8 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     ctx.lines = 0
     kept, resumes = [], []
     writer = BlockWriter(ctx, grammar.printed_values_read)
-    for block in read_console_blocks(ctx.path):
+    whole = ctx.path.stat().st_size + 1 if grammar.whole_log else None
+    for block in read_console_blocks(ctx.path, whole):
         lines = classify(block, grammar)
         ctx.lines += lines.height
         lines = _reject_bad_text(ctx, lines)
