@@ -573,6 +573,7 @@ def _tqdm_line(done: int, total: int, elapsed: float, per_step: float) -> str:
 def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[str]:
     """What a verl job prints before its first step: the command line, Ray's start, the resolved config
     (pprinted), a warning from a worker."""
+    balancing = model.balance_batch or model.rank_dispatch == "balanced"  # verl's balance_batch ran
     settings = [
         "algorithm.adv_estimator=grpo", f"data.train_batch_size={spec.batch}",
         f"data.max_prompt_length={model.max_prompt_length}",
@@ -581,7 +582,7 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
         "actor_rollout_ref.rollout.name=vllm", f"trainer.n_gpus_per_node={spec.dp_ranks * spec.tp_size}",
         "trainer.nnodes=1", f"trainer.test_freq={model.validate_every or -1}",
         f"trainer.save_freq={model.checkpoint_every or -1}", f"trainer.total_training_steps={spec.steps}",
-        f"trainer.experiment_name=synthetic-{spec.task}", f"trainer.balance_batch={model.balance_batch}",
+        f"trainer.experiment_name=synthetic-{spec.task}", f"trainer.balance_batch={balancing}",
     ]
     prefix = RAY_PREFIX if style == "repr" else "(main_task pid=27182) "
     return [
@@ -592,7 +593,7 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
         f"{prefix} 'data': {{'max_prompt_length': {model.max_prompt_length},",
         f"{prefix}          'max_response_length': {spec.max_response_len or 'None'},",
         f"{prefix}          'train_batch_size': {spec.batch}}},",
-        f"{prefix} 'trainer': {{'balance_batch': {model.balance_batch}, 'n_gpus_per_node': {spec.dp_ranks * spec.tp_size},",
+        f"{prefix} 'trainer': {{'balance_batch': {balancing}, 'n_gpus_per_node': {spec.dp_ranks * spec.tp_size},",
         f"{prefix}             'nnodes': 1}}}}",
         f"{WORKER_PREFIX}/usr/local/lib/python3.10/dist-packages/torch/utils/checkpoint.py:92: UserWarning: "
         "None of the inputs have requires_grad=True. Gradients will be None",
