@@ -49,6 +49,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from polytrace_cli.analyze.semantics import DERIVED
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import MODELLED_STAGES, OVERHEADS, STAGE_FEATURES, read_workload, run_info, training_mask
@@ -300,6 +301,8 @@ def backtest_frame(frame: pl.DataFrame, run: str = "", walk_forward: bool = Fals
     if worse:
         notes.append(f"the model is less accurate than the better of the median and recent baselines on: "
                      f"{', '.join(worse)}")
+    if "step_time_basis" in eligible.columns and (eligible["step_time_basis"] == DERIVED).any():
+        notes.append(f"the log has no step total: step time is {DERIVED} (their sum)")
     first_test = int(eligible["step"][n_train])
     warm = int((eligible["segment_start"] | eligible["restart"]).filter(pl.Series(test_rows)).sum())
     if warm:
