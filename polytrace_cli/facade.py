@@ -291,10 +291,15 @@ class Store:
         """The --max-slowdown verdict of the run (in `steps`) against `baseline` (limit 0.05 = 5% slower)
         and the comparison's headline with its top cause (None when not measurable), as `polytrace check
         RUN --baseline A --max-slowdown`."""
-        from polytrace_cli.check import check_slowdown
+        from polytrace_cli.check import slowdown_verdict
+        from polytrace_cli.diagnose.against import explain_against
 
         self.run_ids([run, baseline])
-        return check_slowdown(self.connection, run, baseline, limit, self.step_range(steps))
+        try:
+            comparison = explain_against(self.connection, run, baseline, self.step_range(steps), None)
+        except PolytraceError as error:
+            return slowdown_verdict(None, limit, str(error))
+        return slowdown_verdict(comparison, limit)
 
     def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
         """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""
