@@ -188,20 +188,15 @@ def parse_share(text: str, option: str = "--max-slowdown") -> float:
     return value
 
 
-def check_slowdown(con: duckdb.DuckDBPyConnection, run: str, baseline: str, limit: float,
-                   steps: StepRange = ALL_STEPS) -> tuple[Verdict, dict | None]:
-    """The --max-slowdown verdict of `run` (in `steps`) against `baseline`, and the comparison's
-    headline (mean steps, delta_s, the top cause) when measured. slowdown = delta_s / A's mean step
-    (`diagnose.against.explain_against`); FAIL when above `limit`. When either run has too few timed
-    training steps for a step-time model, the slowdown is not measurable, with the reason."""
-    from polytrace_cli.diagnose.against import explain_against
-    from polytrace_cli.errors import PolytraceError
-
+def slowdown_verdict(comparison, limit: float, error: str | None = None) -> tuple[Verdict, dict | None]:
+    """The --max-slowdown verdict of a comparison of the run against its baseline
+    (`diagnose.against.explain_against`, which the caller runs), and its headline (mean steps, delta_s,
+    the top cause); slowdown = delta_s / A's mean step, FAIL when above `limit`. With no comparison
+    (either run has too few timed training steps for a step-time model) the slowdown is not
+    measurable, `error` saying why."""
     threshold = Threshold(SLOWDOWN_OPTION, "against", "slowdown", True, SLOWDOWN_METRIC)
-    try:
-        comparison = explain_against(con, run, baseline, steps, None)
-    except PolytraceError as error:
-        return verdict(limit, None, threshold, str(error)), None
+    if comparison is None:
+        return verdict(limit, None, threshold, error), None
     top = comparison.top_cause
     headline = {"baseline": comparison.a.label, "a_step_s": comparison.a.step_s, "b_step_s": comparison.b.step_s,
                 "delta_s": comparison.delta_s, "slowdown": comparison.slowdown,

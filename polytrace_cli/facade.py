@@ -135,10 +135,33 @@ class Store:
             return ingest_paths_ray(self.connection, targets, settings=ray, tokenizer=name, **options)
 
     def runs(self) -> pl.DataFrame:
-        """One row per run with its files, samples, steps and rejected lines, as `polytrace runs`."""
+        """One row per run with its files, samples, steps and rejected lines, and `semantics` (a struct:
+        what the run's numbers mean), as `polytrace runs --json`."""
+        import polars as pl
+
+        from polytrace_cli.analyze.semantics import SEMANTICS_COLUMNS, records_by_name
         from polytrace_cli.store.queries import runs_frame
 
-        return runs_frame(self.connection)
+        frame = runs_frame(self.connection)
+        records = records_by_name(self.connection, self.run_ids())
+        fields = pl.Struct({name: dtype for name, dtype in SEMANTICS_COLUMNS.items() if name != "run"})
+        return frame.with_columns(pl.Series("semantics", [records.get(run) for run in frame["run"]], dtype=fields))
+
+    def semantics(self, runs: Runs = None) -> pl.DataFrame:
+        """What each run's numbers mean, one row per run (`analyze.semantics.SEMANTICS_COLUMNS`):
+        step-time basis, balancing and the λ that sets time, responses per step and its source,
+        samples by split, cut lines, crash, partial steps, length collapse; as the `semantics`
+        object of `polytrace runs --json`."""
+        from polytrace_cli.analyze.semantics import semantics
+
+        return semantics(self.connection, self.run_ids(runs))
+
+    def step_frame(self, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+        """The canonical per-step frame every view of step time and λ reads
+        (`analyze.step_frame.STEP_FRAME_COLUMNS`)."""
+        from polytrace_cli.analyze.step_frame import step_frame
+
+        return step_frame(self.connection, self.run_ids(runs), self.step_range(steps))
 
     def analyze(self, name: str, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
         """The summary of one analysis (lengths, drift, longtail, fit, imbalance, stages, tools,
@@ -205,11 +228,18 @@ class Store:
 
         return forecast_next(read_workload(self.connection, run))
 
-    def run_rows(self) -> tuple[list[str], list[tuple]]:
-        """The rows of `runs()` as column names and tuples, without loading polars (`polytrace runs`)."""
+    def run_rows(self, with_semantics: bool = False) -> tuple[list[str], list[tuple]]:
+        """The rows of `runs()` as column names and tuples, without loading polars (`polytrace runs`);
+        with `with_semantics`, a last column `semantics` holds each run's record as JSON-ready values."""
         from polytrace_cli.store.queries import runs_rows
 
-        return runs_rows(self.connection)
+        columns, rows = runs_rows(self.connection)
+        if not with_semantics:
+            return columns, rows
+        from polytrace_cli.analyze.semantics import records_by_name
+
+        records = records_by_name(self.connection, self.run_ids())
+        return [*columns, "semantics"], [(*row, records.get(row[0])) for row in rows]
 
     def summaries(self, runs: Runs = None, only: str | None = None, steps: Steps = None) -> dict[str, pl.DataFrame]:
         """{analysis: summary} of the analyses named in `only` ("lengths,imbalance"; every one when None) over
@@ -261,10 +291,15 @@ class Store:
         """The --max-slowdown verdict of the run (in `steps`) against `baseline` (limit 0.05 = 5% slower)
         and the comparison's headline with its top cause (None when not measurable), as `polytrace check
         RUN --baseline A --max-slowdown`."""
-        from polytrace_cli.check import check_slowdown
+        from polytrace_cli.check import slowdown_verdict
+        from polytrace_cli.diagnose.against import explain_against
 
         self.run_ids([run, baseline])
-        return check_slowdown(self.connection, run, baseline, limit, self.step_range(steps))
+        try:
+            comparison = explain_against(self.connection, run, baseline, self.step_range(steps), None)
+        except PolytraceError as error:
+            return slowdown_verdict(None, limit, str(error))
+        return slowdown_verdict(comparison, limit)
 
     def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
         """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""

@@ -76,14 +76,27 @@ def test_per_step_lambda_idle_and_balanced(loaded):
     assert three["lambda_balanced"] == pytest.approx(40 / 30)  # one group per rank: nothing to move
 
 
-def test_global_seqlen_basis(loaded):
+def test_global_seqlen_basis_balancing_on(loaded):
+    """balanced_max is logged and no config says otherwise: verl balanced the batch, so the busiest
+    rank after balancing sets the time; the λ before balancing is shown beside it."""
     row = imbalance.per_step(loaded, [3]).row(0, named=True)
-    assert row["basis"] == "global_seqlen"
-    assert row["lambda"] == pytest.approx(1.2)
+    assert row["basis"] == "global_seqlen" and row["lambda_basis"] == "rank_tokens_balanced_max"
+    assert row["lambda"] == pytest.approx(1.05)
+    assert row["lambda_before_balancing"] == pytest.approx(1.2)
+    assert row["lambda_balanced"] == pytest.approx(1.05)
+    assert row["idle_share"] == pytest.approx(1 - 100 / 105)
+    assert row["saving"] == pytest.approx(0.0)
+    assert row["lambda_kk"] is None
+
+
+def test_global_seqlen_basis_balancing_off(loaded):
+    loaded.execute("""UPDATE runs SET meta = '{"balance_batch": false}' WHERE run_id = 3""")
+    row = imbalance.per_step(loaded, [3]).row(0, named=True)
+    assert row["lambda_basis"] == "rank_tokens_max"
+    assert row["lambda"] == pytest.approx(1.2) and row["lambda_before_balancing"] == pytest.approx(1.2)
     assert row["lambda_balanced"] == pytest.approx(1.05)
     assert row["idle_share"] == pytest.approx(1 - 100 / 120)
     assert row["saving"] == pytest.approx(1 - 105 / 120)
-    assert row["lambda_kk"] is None
 
 
 def test_stragglers_binomial(loaded):
@@ -168,6 +181,10 @@ def test_saving_is_computed_on_what_sets_the_step_time(loaded):
     assert one["saving_basis"] == "makespan" and "longest response" in one["saving_basis_reason"]
     assert one["makespan_lambda"] == pytest.approx(30 / (55 / 3)) and one["lambda"] == pytest.approx(2.0)
     assert one["step_saving"] == 0.0 and one["saving"] == pytest.approx(1 - 1.75 / 2)
+    console = imbalance.per_step(loaded, [3]).row(0, named=True)
+    # verl balanced the batch (balanced_max is logged): nothing is left for balancing to save.
+    assert console["saving_basis"] == "tokens" and console["step_saving"] == pytest.approx(0.0)
+    loaded.execute("""UPDATE runs SET meta = '{"balance_batch": false}' WHERE run_id = 3""")
     console = imbalance.per_step(loaded, [3]).row(0, named=True)
     assert console["saving_basis"] == "tokens" and console["step_saving"] == pytest.approx(1 - 105 / 120)
     rows = {row["run"]: row for row in imbalance.summary(loaded, [1, 3]).to_dicts()}

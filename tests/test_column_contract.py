@@ -50,7 +50,7 @@ STORE_RUN_COLUMNS = {"run", "task", "steps", "samples"}
 
 
 # Analysis modules figures may draw from: the registered analyses and fleet (F12's groups).
-DETAIL_MODULES = (*BUILT_IN, "fleet")
+DETAIL_MODULES = (*BUILT_IN, "fleet", "semantics", "step_frame")
 
 
 def analysis_modules() -> dict[str, object]:

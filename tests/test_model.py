@@ -61,11 +61,13 @@ def write_known_log(path: Path, steps: int = 80, seed: int = 0, inject: dict[int
     length linearly by that share over the run. The log starts at `first_step` (its first step is
     the warm-up step) and prints the timers of `log_stages` only (default: all; step time always).
     global_seqlen/balanced_max is the mean rank + 0.2–2%; with `balanced` the training stages follow
-    it instead of global_seqlen/max, as they do when verl balances the batch."""
+    it instead of global_seqlen/max, as they do when verl balances the batch, and the command line
+    says `trainer.balance_batch=True` (else False)."""
     rng = np.random.default_rng(seed)
     inject = dict(inject or {})
     log = KnownLog(path)
-    lines = ["(TaskRunner pid=1) Training from scratch", "some unrelated line"]
+    lines = [f"+ python3 -m verl.trainer.main_ppo trainer.balance_batch={balanced}",
+             "(TaskRunner pid=1) Training from scratch", "some unrelated line"]
     for step in range(first_step, first_step + steps):
         n = 512.0 if fixed_batch else float(round(512 + spread * rng.uniform(-128, 128)))
         mean_len = (1000 + spread * float(rng.uniform(-500, 500))) * (1 + drift * (step - first_step) / steps)
@@ -204,9 +206,13 @@ def test_training_stages_follow_the_busiest_rank_that_sets_their_time(store, tmp
     log = write_known_log(tmp_path / "train.log", steps=80, seed=21, spread=0.5, balanced=balanced)
     frame = read_workload(store, ingest_known(store, log))
     model = fit_model(frame, training_mask(frame))
-    feature = "balanced_busiest_tokens" if balanced else "busiest_rank_tokens"
-    assert model.busiest_feature == feature
-    assert model.stages["update_actor"].coefficients[feature] == pytest.approx(8e-5, rel=0.05)
+    # The run's semantics record names the busiest rank that sets the time: the frame carries it
+    # as busiest_rank_tokens, after verl's balancing when the run balances its batch.
+    timed = "balanced_busiest_tokens" if balanced else "busiest_rank_tokens"
+    step = frame.filter(pl.col("step") == 10).row(0, named=True)
+    assert step["busiest_rank_tokens"] == pytest.approx(log.workload[10][timed], rel=1e-4)
+    assert step["busiest_after_balancing"] is balanced
+    assert model.stages["update_actor"].coefficients[model.busiest_feature] == pytest.approx(8e-5, rel=0.05)
 
 
 def test_validation_before_training_does_not_hide_the_first_step(store, tmp_path):

@@ -50,7 +50,7 @@ def frames(tmp_path_factory):
 
 
 def _stacked(frames, run: str, step: int) -> dict[str, float]:
-    drawn = f04_stage_breakdown.drawn_stages(frames["stages"], frames["inclusion"])
+    drawn = f04_stage_breakdown.drawn_stages(frames["stages"])
     part = drawn.filter((pl.col("run") == run) & (pl.col("step") == step))
     return dict(zip(part["stage"].to_list(), part["seconds"].to_list()))
 
@@ -62,13 +62,16 @@ def test_weight_sync_and_counted_validation_are_stages_not_unexplained(frames):
         {"gen": 10.0, "update_weights": 3.0, "update_actor": 2.0, "testing": 5.0, "unexplained": 1.0})
 
 
-def test_validation_outside_the_step_time_is_not_stacked_into_it(frames):
+def test_validation_outside_the_logged_step_total_is_added_back(frames):
+    # The step time is the wall time: the validation the logged total leaves out is stacked onto it.
     assert _stacked(frames, "outside", 3) == pytest.approx(
-        {"gen": 10.0, "update_weights": 3.0, "update_actor": 2.0, "unexplained": 1.0})
+        {"gen": 10.0, "update_weights": 3.0, "update_actor": 2.0, "testing": 5.0, "unexplained": 1.0})
+    step = frames["stages"].filter((pl.col("run") == "outside") & (pl.col("step") == 3)).row(0, named=True)
+    assert step["step_s"] == pytest.approx(21.0) and step["step_time_basis"] == "logged without overheads"
 
 
 def test_the_stage_order_is_the_analysis_order(frames):
-    drawn = f04_stage_breakdown.drawn_stages(frames["stages"], frames["inclusion"])
+    drawn = f04_stage_breakdown.drawn_stages(frames["stages"])
     order = drawn.sort("order")["stage"].unique(maintain_order=True).to_list()
     assert order == ["gen", "update_actor", "update_weights", "testing", "unexplained"]
     figure = f04_stage_breakdown.render(frames)

@@ -68,7 +68,7 @@ def test_explain_fits_a_whole_step_model_and_names_the_slow_step(trl_store):
 def test_whatif_says_what_a_trl_log_lacks(trl_store):
     result = CliRunner().invoke(app, ["whatif", "grpo_run", "--db", trl_store, "--backtest"])
     assert result.exit_code != 0
-    assert "needs at least 4 steps logging both a step time and a generation time" in result.output
+    assert "needs at least 4 steps with both a step time and a generation time" in result.output
 
 
 def test_check_measures_the_clip_ratio_and_cannot_measure_imbalance(trl_store):

@@ -150,12 +150,15 @@ def caps_sql(run_ids: list[int]) -> str:
 
 
 def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
-    """Per step of step-aggregate runs (no samples): logged response and prompt mean/min/max/clip ratio."""
+    """Per step of step-aggregate runs (no training samples: validation samples, e.g. a wandb
+    validation table, are their own split and never replace the logged training aggregates): logged
+    response and prompt mean/min/max/clip ratio."""
     ids = ids_sql(run_ids)
     return f"""
         WITH st AS (
             SELECT * FROM steps
-            WHERE run_id IN {ids} AND run_id NOT IN (SELECT DISTINCT run_id FROM samples WHERE run_id IN {ids})
+            WHERE run_id IN {ids}
+              AND run_id NOT IN (SELECT DISTINCT run_id FROM samples WHERE run_id IN {ids} AND {TRAINING_SAMPLES})
               AND NOT coalesce(is_validation_only, false) AND {steps.sql('step')}
             QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY segment DESC) = 1
         )

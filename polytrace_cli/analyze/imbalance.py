@@ -28,8 +28,13 @@ Which quantity sets the step's time (`saving_basis`, with the reason in `saving_
   compute grows with tokens, so the token-load saving applies (`step_saving` = `saving`).
 
 Console-only verl runs log `global_seqlen/{max,mean,balanced_max}` (per-DP-rank token sums before
-and after verl's own balancing): λ = max / mean and λ_balanced = balanced_max / mean
-(basis 'global_seqlen'). Steps with fewer than two ranks carry no imbalance and are left out.
+and after verl's own balancing; basis 'global_seqlen'). λ is the canonical step frame's
+`lambda_tokens` (`analyze.step_frame`), the busiest rank that sets the time over the mean: with
+`trainer.balance_batch` on, the batch is trained as balanced and λ = balanced_max / mean (then
+λ_balanced = λ and the saving is 0: the run already balances); otherwise λ = max / mean and
+λ_balanced = balanced_max / mean. lambda_before_balancing = max / mean is shown beside it, and
+lambda_basis names the run's choice (`analyze.semantics`). The per-rank samples' λ is read from the
+same frame. Steps with fewer than two ranks carry no imbalance and are left out.
 """
 
 from __future__ import annotations
@@ -70,10 +75,10 @@ _RANK_LOADS = f"""
 PER_STEP_COLUMNS = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "ranks": pl.Int64,
     "mean_load_tokens": pl.Float64, "max_load_tokens": pl.Float64, "max_rank": pl.Int64,
-    "lambda": pl.Float64, "idle_share": pl.Float64, "makespan_lambda": pl.Float64,
-    "lambda_kk": pl.Float64, "lambda_lpt": pl.Float64, "lambda_balanced": pl.Float64,
+    "lambda": pl.Float64, "lambda_before_balancing": pl.Float64, "idle_share": pl.Float64,
+    "makespan_lambda": pl.Float64, "lambda_kk": pl.Float64, "lambda_lpt": pl.Float64, "lambda_balanced": pl.Float64,
     "saving_kk": pl.Float64, "saving_lpt": pl.Float64, "saving": pl.Float64, "basis": pl.String,
-    "saving_basis": pl.String, "saving_basis_reason": pl.String, "step_saving": pl.Float64,
+    "lambda_basis": pl.String, "saving_basis": pl.String, "saving_basis_reason": pl.String, "step_saving": pl.Float64,
 }
 
 MAKESPAN_REASON = ("a rank's rollout ends with its longest response, so the step waits for the rank holding the "
@@ -140,32 +145,30 @@ def _balanced(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
 
 
 def _global_seqlen_steps(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
-    return frame(
-        con,
-        f"""
-        WITH m AS (
-            SELECT sm.run_id, sm.segment, sm.step,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS max_load,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS mean_load,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS balanced_max
-            FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-            WHERE sm.run_id IN (SELECT unnest(?)) AND {steps.sql('sm.step')}
-              AND a.canonical IN ('rank_tokens_max', 'rank_tokens_mean', 'rank_tokens_balanced_max')
-            GROUP BY sm.run_id, sm.segment, sm.step
+    """The steps whose λ comes from verl's global_seqlen keys, read from the canonical step frame."""
+    from polytrace_cli.analyze.semantics import BALANCED_MAX, PRE_BALANCING_MAX
+    from polytrace_cli.analyze.step_frame import shared_step_frame
+
+    c = pl.col
+    return (
+        shared_step_frame(con, run_ids, steps)
+        .filter(c("lambda_basis").is_in([BALANCED_MAX, PRE_BALANCING_MAX]) & (c("mean_rank_tokens") > 0)
+                & (c("busiest_rank_tokens") > 0))
+        .select(
+            "run", "segment", "step", ranks=pl.lit(None, dtype=pl.Int64), mean_load_tokens="mean_rank_tokens",
+            max_load_tokens="busiest_rank_tokens", max_rank=pl.lit(None, dtype=pl.Int64), lambda_="lambda_tokens",
+            lambda_before_balancing="lambda_tokens_before_balancing",
+            idle_share=1 - c("mean_rank_tokens") / c("busiest_rank_tokens"),
+            makespan_lambda=pl.lit(None, dtype=pl.Float64), lambda_kk=pl.lit(None, dtype=pl.Float64),
+            lambda_lpt=pl.lit(None, dtype=pl.Float64), lambda_balanced="lambda_tokens_balanced",
+            saving_kk=pl.lit(None, dtype=pl.Float64), saving_lpt=pl.lit(None, dtype=pl.Float64),
+            saving=1 - c("lambda_tokens_balanced") / c("lambda_tokens"), basis=pl.lit("global_seqlen"),
+            lambda_basis="lambda_basis",
         )
-        SELECT runs.name AS run, m.segment::BIGINT AS segment, m.step::BIGINT AS step, NULL::BIGINT AS ranks,
-               m.mean_load AS mean_load_tokens, m.max_load AS max_load_tokens, NULL::BIGINT AS max_rank,
-               m.max_load / m.mean_load AS lambda, 1 - m.mean_load / m.max_load AS idle_share,
-               NULL::DOUBLE AS makespan_lambda, NULL::DOUBLE AS lambda_kk, NULL::DOUBLE AS lambda_lpt,
-               m.balanced_max / m.mean_load AS lambda_balanced,
-               NULL::DOUBLE AS saving_kk, NULL::DOUBLE AS saving_lpt,
-               1 - m.balanced_max / m.max_load AS saving, 'global_seqlen' AS basis
-        FROM m JOIN runs USING (run_id)
-        WHERE m.max_load > 0 AND m.mean_load > 0
-        ORDER BY run, segment, step
-        """,
-        [run_ids],
-    ).with_columns(saving_basis=pl.lit("tokens"), saving_basis_reason=pl.lit(TOKENS_REASON), step_saving=pl.col("saving"))
+        .rename({"lambda_": "lambda"})
+        .with_columns(saving_basis=pl.lit("tokens"), saving_basis_reason=pl.lit(TOKENS_REASON),
+                      step_saving=pl.col("saving"))
+    )
 
 
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -190,15 +193,22 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         )
         SELECT run_id, runs.name AS run, NULL::BIGINT AS segment, step::BIGINT AS step, ranks::BIGINT AS ranks,
                mean_load AS mean_load_tokens, max_load AS max_load_tokens, max_rank::BIGINT AS max_rank,
-               max_load / nullif(mean_load, 0) AS lambda, 1 - mean_load / nullif(max_load, 0) AS idle_share,
+               max_load / nullif(mean_load, 0) AS lambda, NULL::DOUBLE AS lambda_before_balancing,
+               1 - mean_load / nullif(max_load, 0) AS idle_share,
                makespan_lambda
         FROM top JOIN runs USING (run_id)
         """,
         [run_ids],
     )
     if sampled.height:
+        from polytrace_cli.analyze.step_frame import shared_step_frame
+
+        canonical = (shared_step_frame(con, run_ids, steps).filter(pl.col("lambda_basis") == "per-rank samples")
+                     .group_by("run", "step", maintain_order=True)
+                     .agg(pl.col("lambda_tokens").first(), pl.col("lambda_basis").first()))
         sampled = (
-            sampled.join(_balanced(con, run_ids, steps), on=["run_id", "step"], how="left")
+            sampled.drop("lambda").join(canonical.rename({"lambda_tokens": "lambda"}), on=["run", "step"], how="left")
+            .join(_balanced(con, run_ids, steps), on=["run_id", "step"], how="left")
             .with_columns(lambda_balanced=pl.min_horizontal("lambda_kk", "lambda_lpt"))
             .with_columns(
                 saving_kk=1 - pl.col("lambda_kk") / pl.col("lambda"),
@@ -306,7 +316,8 @@ def reward_per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
 MEAN_LAMBDA = "mean_lambda"  # read by `polytrace check`
 SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, "steps": pl.Int64, "ranks": pl.Int64,
-    MEAN_LAMBDA: pl.Float64, "max_lambda": pl.Float64, "mean_idle_share": pl.Float64,
+    MEAN_LAMBDA: pl.Float64, "max_lambda": pl.Float64, "mean_lambda_before_balancing": pl.Float64,
+    "lambda_basis": pl.String, "mean_idle_share": pl.Float64,
     "mean_makespan_lambda": pl.Float64, "mean_lambda_kk": pl.Float64, "mean_lambda_lpt": pl.Float64,
     "mean_lambda_balanced": pl.Float64, "mean_saving": pl.Float64, "saving_basis": pl.String,
     "saving_basis_reason": pl.String, "mean_step_saving": pl.Float64, "straggler_ranks": pl.String,
@@ -328,6 +339,8 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
         .agg(
             basis=pl.col("basis").first(), steps=pl.len(), ranks=pl.col("ranks").max(),
             mean_lambda=pl.col("lambda").mean(), max_lambda=pl.col("lambda").max(),
+            mean_lambda_before_balancing=pl.col("lambda_before_balancing").mean(),
+            lambda_basis=pl.col("lambda_basis").first(),
             mean_idle_share=pl.col("idle_share").mean(), mean_makespan_lambda=pl.col("makespan_lambda").mean(),
             mean_lambda_kk=pl.col("lambda_kk").mean(), mean_lambda_lpt=pl.col("lambda_lpt").mean(),
             mean_lambda_balanced=pl.col("lambda_balanced").mean(), mean_saving=pl.col("saving").mean(),

@@ -2,24 +2,31 @@
 
 The `polytrace steps` view. A run's rows come from one basis:
 
-- `step_aggregates` (console, JSONL, wandb, TensorBoard logs: the run has step metrics): stage and
-  step seconds, logged response/prompt length mean and max, clip ratio and tokens
-  (`perf/total_num_tokens`) from the `steps` view; token λ = global_seqlen/max / global_seqlen/mean
-  (verl's per-DP-rank token sums); slot idle = 1 − mean/max response length over the whole step
-  (all ranks as one batch, as `longtail` does for these runs). Makespan λ needs each rank's longest
-  response and is left null.
+- `step_aggregates` (console, JSONL, wandb, TensorBoard logs: the run has step metrics): stage
+  seconds, logged response/prompt length mean and max, clip ratio and tokens
+  (`perf/total_num_tokens`) from the `steps` view; slot idle = 1 − mean/max response length over
+  the whole step (all ranks as one batch, as `longtail` does for these runs). Makespan λ needs each
+  rank's longest response and is left null.
 - `samples` (per-sample traces: PolyTrace packed or multi-turn): computed from the step's training
   samples (validate not true, tensor-parallel rank 0). With a step's DP ranks r, each holding
   responses l_1..l_N with prompts p_i:
       tokens          = Σ (p_i + l_i) over the step
-      token λ         = max_r T_r / mean_r T_r,  T_r = Σ over rank r of (p_i + l_i)
       makespan λ      = max_r M_r / mean_r M_r,  M_r = max over rank r of l_i
       slot idle       = mean over ranks of 1 − Σ l / (N · max l)   (the `longtail` figure)
       clip ratio      = share of responses with l >= the run's cap (`lengths.caps`; null without a cap)
   λ needs at least two ranks and is null otherwise. reward_s is the slowest rank's reward seconds
   (`rank_timings`), since the stage ends when the last rank finishes; other stages are not logged.
 
-Flags: validation (a validation step: testing time logged, a validation-only step, or validation
+On both bases, from the canonical step frame (`analyze.step_frame`, which the run's semantics
+record decides): step_s (the step's wall time), logged_step_s (the logged total), step_time_basis
+('logged', 'logged without overheads', 'derived from stage timers'), lambda_tokens (the busiest rank
+that sets the time over the mean rank: after verl's balancing when the run balances its batch; the
+per-rank samples' max_r T_r / mean_r T_r with T_r = Σ over rank r of (p_i + l_i)) and
+lambda_tokens_before_balancing (global_seqlen/max / mean), with lambda_basis (the run's choice of
+busiest rank: 'rank_tokens_balanced_max', 'rank_tokens_max', 'per-rank samples'). Multi-turn runs add, per step, the tool
+calls, their mean and p99 latency and the prefix-cache hit ratio (`tools.per_step`).
+
+Flags: partial (fewer training samples than the run's responses per step), validation (a validation step: testing time logged, a validation-only step, or validation
 samples), checkpoint (checkpoint time logged), restart (first step after a restart or resume),
 truncated (a log line cut short). Flags a basis cannot observe are null, not false.
 
@@ -41,11 +48,16 @@ STAGE_COLUMNS = ("gen_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "ad
 COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "basis": pl.String,
     **{name: pl.Float64 for name in STAGE_COLUMNS},
-    "step_s": pl.Float64,
+    "step_s": pl.Float64, "logged_step_s": pl.Float64, "step_time_basis": pl.String,
     "response_mean": pl.Float64, "response_max": pl.Float64, "prompt_mean": pl.Float64, "prompt_max": pl.Float64,
     "clip_ratio": pl.Float64, "tokens": pl.Float64, "dp_ranks": pl.Int64,
-    "lambda_tokens": pl.Float64, "lambda_makespan": pl.Float64, "slot_idle": pl.Float64,
+    "lambda_tokens": pl.Float64, "lambda_tokens_before_balancing": pl.Float64, "lambda_basis": pl.String,
+    "lambda_makespan": pl.Float64,
+    "slot_idle": pl.Float64,
+    "tool_calls": pl.Int64, "tool_latency_mean_s": pl.Float64, "tool_latency_p99_s": pl.Float64,
+    "prefix_cache_hit_ratio": pl.Float64,
     "validation": pl.Boolean, "checkpoint": pl.Boolean, "restart": pl.Boolean, "truncated": pl.Boolean,
+    "partial": pl.Boolean,
     # Filled by diagnose.per_step.steps_with_causes; null here.
     "expected_step_s": pl.Float64, "top_cause": pl.String,
 }
@@ -65,20 +77,11 @@ def _from_step_aggregates(con: duckdb.DuckDBPyConnection, run_ids: list[int], st
         WITH st AS (
             SELECT *, segment > 0 AND step = min(step) OVER (PARTITION BY run_id, segment) AS first_after_restart
             FROM steps WHERE run_id IN {ids_sql(run_ids)} AND {steps.sql()}
-        ), seqlen AS (
-            SELECT sm.run_id, sm.segment, sm.step,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS max_load,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS mean_load
-            FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-            WHERE sm.run_id IN {ids_sql(run_ids)} AND {steps.sql('sm.step')}
-              AND a.canonical IN ('rank_tokens_max', 'rank_tokens_mean')
-            GROUP BY ALL
         )
-        SELECT r.name AS run, st.segment, st.step, 'step_aggregates' AS basis, {stages}, st.step_s,
+        SELECT r.name AS run, st.segment, st.step, 'step_aggregates' AS basis, {stages},
                st.response_length_mean AS response_mean, st.response_length_max AS response_max,
                st.prompt_length_mean AS prompt_mean, st.prompt_length_max AS prompt_max,
                st.clip_ratio, st.total_tokens AS tokens, NULL AS dp_ranks,
-               CASE WHEN q.mean_load > 0 THEN q.max_load / q.mean_load END AS lambda_tokens,
                NULL AS lambda_makespan,
                CASE WHEN st.response_length_max > 0
                     THEN 1 - st.response_length_mean / st.response_length_max END AS slot_idle,
@@ -86,9 +89,8 @@ def _from_step_aggregates(con: duckdb.DuckDBPyConnection, run_ids: list[int], st
                st.first_after_restart OR list_has_any(st.flags, ['restart', 'resumed']) AS restart,
                st.truncated_line AS truncated
         FROM st JOIN runs r USING (run_id)
-        LEFT JOIN seqlen q ON q.run_id = st.run_id AND q.segment = st.segment AND q.step = st.step
         """,
-    )
+    ).with_columns(segment=pl.col("segment").cast(pl.Int64), step=pl.col("step").cast(pl.Int64))
 
 
 def _from_samples(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
@@ -110,8 +112,6 @@ def _from_samples(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
             FROM s GROUP BY ALL
         ), balance AS (
             SELECT run_id, step, nullif(count(dp_rank), 0) AS dp_ranks,
-                   CASE WHEN count(dp_rank) >= 2 AND avg(load_tokens) > 0
-                        THEN max(load_tokens) / avg(load_tokens) END AS lambda_tokens,
                    CASE WHEN count(dp_rank) >= 2 AND avg(max_response) > 0
                         THEN max(max_response) / avg(max_response) END AS lambda_makespan,
                    avg(slot_idle) AS slot_idle
@@ -134,7 +134,7 @@ def _from_samples(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
         )
         SELECT r.name AS run, NULL AS segment, a.step, 'samples' AS basis, w.reward_s,
                l.response_mean, l.response_max, l.prompt_mean, l.prompt_max, l.clip_ratio, l.tokens,
-               b.dp_ranks, b.lambda_tokens, b.lambda_makespan, b.slot_idle,
+               b.dp_ranks, b.lambda_makespan, b.slot_idle,
                a.validation, NULL AS checkpoint, NULL AS restart, NULL AS truncated
         FROM all_steps a JOIN runs r USING (run_id)
         LEFT JOIN lengths l USING (run_id, step) LEFT JOIN balance b USING (run_id, step)
@@ -150,11 +150,23 @@ def _conform(df: pl.DataFrame) -> pl.DataFrame:
     ])
 
 
+def _canonical(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
+    """The canonical frame's columns this view shows, keyed by run, segment, step."""
+    from polytrace_cli.analyze.step_frame import shared_step_frame
+
+    return shared_step_frame(con, run_ids, steps).select(
+        "run", "segment", "step", "step_s", "logged_step_s", "step_time_basis", "lambda_tokens",
+        "lambda_tokens_before_balancing", "lambda_basis", "partial")
+
+
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """One row per (run, segment, step) with COLUMNS; formulas and bases in the module docstring.
 
     A run with step metrics is read from them (`step_aggregates`); a run without them from its
-    samples (`samples`). Rows are ordered by run, segment, step."""
+    samples (`samples`). Step time and token λ come from the canonical step frame
+    (`analyze.step_frame`), the tool columns from `tools.per_step`. Rows are ordered by run,
+    segment, step."""
+    from polytrace_cli.analyze.tools import per_step as tools_per_step
     with_metrics = {row[0] for row in con.execute(
         f"SELECT DISTINCT run_id FROM step_metrics WHERE run_id IN {ids_sql(run_ids)}").fetchall()}
     parts = []
@@ -163,7 +175,15 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     sampled = [run_id for run_id in run_ids if run_id not in with_metrics]
     if sampled:
         parts.append(_from_samples(con, sampled, steps))
-    parts = [_conform(part) for part in parts if part.height]
+    parts = [part for part in parts if part.height]
     if not parts:
         return pl.DataFrame(schema=COLUMNS)
-    return pl.concat(parts).sort("run", "segment", "step", nulls_last=False)
+    canonical = _canonical(con, run_ids, steps)
+    tools = tools_per_step(con, run_ids, steps)
+    keys = ["run", "segment", "step"]
+    joined = [part.drop([name for name in canonical.columns if name in part.columns and name not in keys])
+              .with_columns(pl.col("segment").cast(pl.Int64), pl.col("step").cast(pl.Int64))
+              .join(canonical, on=keys, how="left", nulls_equal=True, maintain_order="left")
+              .join(tools, on=["run", "step"], how="left", maintain_order="left")
+              for part in parts]
+    return pl.concat([_conform(part) for part in joined]).sort("run", "segment", "step", nulls_last=False)

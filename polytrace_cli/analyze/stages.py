@@ -15,7 +15,7 @@ import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
-from polytrace_cli.analyze.shared_frames import shared
+from polytrace_cli.analyze.shared_frames import once_per_report, shared
 from polytrace_cli.store import step_timers
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
@@ -68,7 +68,8 @@ PER_STEP_COLUMNS = {
     "step_s": pl.Float64, "stage_sum_s": pl.Float64, "unexplained_s": pl.Float64, "timers_exceed_step": pl.Boolean,
     "response_length_mean": pl.Float64, "response_length_max": pl.Float64, "testing": pl.Boolean,
     "checkpoint": pl.Boolean, "truncated_line": pl.Boolean, "restart": pl.Boolean,
-    "validation_only": pl.Boolean,
+    "validation_only": pl.Boolean, "step_time_basis": pl.String, "step_s_counts_testing": pl.Boolean,
+    "step_s_counts_checkpoint": pl.Boolean,
 }
 
 
@@ -86,16 +87,19 @@ def stage_columns_of(per_step_frame: pl.DataFrame) -> list[str]:
 
 
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
-    """Per (run, segment, step), F4: each stage's seconds (`<stage>_s`), step_s, testing_s,
-    save_checkpoint_s, stage_sum_s = Σ stage timers + the extra timers (testing, checkpoint) that
-    the run's step time includes (`step_time_inclusion`), unexplained_s = step_s − stage_sum_s,
-    the response-length aggregates, and the reason flags (testing, checkpoint, truncated_line,
-    restart, validation_only).
+    """Per (run, segment, step), F4: each stage's seconds (`<stage>_s`), testing_s,
+    save_checkpoint_s, step_s = the canonical step time (`analyze.step_frame`: the logged total with
+    the overheads it leaves out added back, or Σ the timers when no total is logged),
+    stage_sum_s = Σ stage timers + the extra timers (testing, checkpoint) that step_s counts,
+    unexplained_s = step_s − stage_sum_s, the response-length aggregates, and the reason flags
+    (testing, checkpoint, truncated_line, restart, validation_only).
 
     unexplained_s is null where it cannot be told: the step holds an extra timer whose inclusion
     is unknown, or the timers exceed the step time by more than the rounding tolerance (then
     timers_exceed_step is true); a shortfall within the tolerance counts as 0. It is never negative.
     """
+    from polytrace_cli.analyze.step_frame import shared_step_frame
+
     names = stages(con)
     stage_sum = " + ".join(f"coalesce({name}_s, 0)" for name in names) or "0"
     stage_columns = ", ".join(f"{name}_s" for name in (*names, *EXTRA_TIMERS))
@@ -103,7 +107,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         con,
         f"""
         WITH s AS ({_STEPS.format(steps=steps.sql('st.step'))})
-        SELECT run, segment::BIGINT AS segment, step::BIGINT AS step, {stage_columns}, step_s,
+        SELECT run, segment::BIGINT AS segment, step::BIGINT AS step, {stage_columns},
                {stage_sum} AS stages_only_s,
                response_length_mean, response_length_max,
                has_testing AS testing, has_checkpoint AS checkpoint, truncated_line,
@@ -114,24 +118,25 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         """,
         [run_ids],
     )
-    decided = step_time_inclusion(con, run_ids)
-    detail = detail.join(decided, on="run", how="left")
+    canonical = shared_step_frame(con, run_ids, steps).select(
+        "run", "segment", "step", "step_s", "step_time_basis", "step_s_counts_testing", "step_s_counts_checkpoint")
+    detail = detail.join(canonical, on=["run", "segment", "step"], how="left", maintain_order="left")
 
-    def counted(timer: str, includes: str) -> pl.Expr:
+    def counted(timer: str, counts: str) -> pl.Expr:
         seconds = pl.col(f"{timer}_s")
         return (pl.when(seconds.is_null() | (seconds == 0)).then(pl.lit(0.0))
-                .when(pl.col(includes)).then(seconds)
-                .when(~pl.col(includes)).then(pl.lit(0.0)))
+                .when(pl.col(counts)).then(seconds)
+                .when(~pl.col(counts)).then(pl.lit(0.0)))
 
     raw = pl.col("step_s") - pl.col("stage_sum_s")
     detail = detail.with_columns(
-        stage_sum_s=pl.col("stages_only_s") + counted("testing", "includes_testing")
-        + counted("save_checkpoint", "includes_checkpoint")
+        stage_sum_s=pl.col("stages_only_s") + counted("testing", "step_s_counts_testing")
+        + counted("save_checkpoint", "step_s_counts_checkpoint")
     ).with_columns(
         unexplained_s=pl.when(raw < -ROUNDING_TOLERANCE_S).then(None).when(raw < 0).then(pl.lit(0.0)).otherwise(raw),
         timers_exceed_step=(raw < -ROUNDING_TOLERANCE_S).fill_null(False),
     )
-    return detail.select(per_step_columns(con))
+    return detail.select(per_step_columns(con)).cast({name: dtype for name, dtype in PER_STEP_COLUMNS.items()})
 
 
 STAGE_STATS_COLUMNS = {
@@ -142,33 +147,35 @@ STAGE_STATS_COLUMNS = {
 
 
 def stage_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
-    """Per run × stage (the `steps` view's stages and 'step') over the steps that logged the stage:
-    mean_s, std_s (sample), cv = std/mean, min_s, max_s, max_over_min = max/min,
-    p95_over_p50 = p95/p50 (linear quantiles), and share = Σ stage / Σ step_s over the steps with
-    a step time (a stage missing in such a step counts 0; null when no step logs a step time)."""
-    value_columns = ", ".join(f"{name}_s" for name in (*stages(con), "step"))
-    order = ", ".join(f"'{name}'" for name in (*stages(con), "step"))
-    return frame(
-        con,
-        f"""
-        WITH s AS ({_STEPS.format(steps=steps.sql('st.step'))}),
-        long AS (
-            UNPIVOT (SELECT run, segment, step, step_s AS total_s, {value_columns} FROM s WHERE NOT is_validation_only)
-            ON {value_columns} INTO NAME stage VALUE seconds
-        ),
-        totals AS (SELECT run, sum(step_s) AS step_total FROM s WHERE step_s IS NOT NULL GROUP BY run)
-        SELECT long.run, regexp_replace(stage, '_s$', '') AS stage, count(*)::BIGINT AS steps,
-               avg(seconds) AS mean_s, stddev_samp(seconds) AS std_s,
-               stddev_samp(seconds) / nullif(avg(seconds), 0) AS cv,
-               min(seconds) AS min_s, max(seconds) AS max_s, max(seconds) / nullif(min(seconds), 0) AS max_over_min,
-               quantile_cont(seconds, 0.95) / nullif(quantile_cont(seconds, 0.5), 0) AS p95_over_p50,
-               sum(seconds) FILTER (WHERE total_s IS NOT NULL) / nullif(any_value(totals.step_total), 0) AS share
-        FROM long LEFT JOIN totals USING (run)
-        GROUP BY long.run, stage
-        ORDER BY long.run, list_position([{order}], regexp_replace(stage, '_s$', ''))
-        """,
-        [run_ids],
+    """Per run × stage (the `steps` view's stages and 'step', the canonical step time of `per_step`)
+    over the training steps that logged the stage: mean_s, std_s (sample), cv = std/mean, min_s,
+    max_s, max_over_min = max/min, p95_over_p50 = p95/p50 (linear quantiles), and share = Σ stage /
+    Σ step_s over the steps with a step time (a stage missing in such a step counts 0; null when no
+    step has a step time)."""
+    names = [f"{name}_s" for name in (*stages(con), "step")]
+    detail = shared(per_step, con, run_ids, steps)
+    totals = detail.filter(pl.col("step_s").is_not_null()).group_by("run").agg(step_total=pl.col("step_s").sum())
+    long = (detail.filter(~pl.col("validation_only"))
+            .unpivot(index=["run", "step_s"], on=names, variable_name="stage", value_name="seconds")
+            .filter(pl.col("seconds").is_not_null()))
+    seconds = pl.col("seconds")
+    stats = (
+        long.join(totals, on="run", how="left")
+        .group_by("run", "stage", maintain_order=True)
+        .agg(steps=pl.len(), mean_s=seconds.mean(), std_s=seconds.std(), min_s=seconds.min(), max_s=seconds.max(),
+             p95=seconds.quantile(0.95, "linear"), p50=seconds.quantile(0.5, "linear"),
+             timed=seconds.filter(pl.col("step_s").is_not_null()).sum(), step_total=pl.col("step_total").first())
+        .with_columns(
+            cv=pl.col("std_s") / pl.when(pl.col("mean_s") != 0).then(pl.col("mean_s")),
+            max_over_min=pl.col("max_s") / pl.when(pl.col("min_s") != 0).then(pl.col("min_s")),
+            p95_over_p50=pl.col("p95") / pl.when(pl.col("p50") != 0).then(pl.col("p50")),
+            share=pl.col("timed") / pl.when(pl.col("step_total") != 0).then(pl.col("step_total")),
+            order=pl.col("stage").replace_strict(names, list(range(len(names))), return_dtype=pl.Int64),
+            stage=pl.col("stage").str.strip_suffix("_s"),
+        )
+        .sort("run", "order")
     )
+    return stats.select(list(STAGE_STATS_COLUMNS)).cast(STAGE_STATS_COLUMNS)
 
 
 SERIES_COLUMNS = {
@@ -294,6 +301,11 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     z > 3.5) and the Pearson/Spearman correlations of step and gen time with max and mean response
     length. basis 'step_aggregates'; a run without step metrics gets one row with basis
     'no_step_metrics' and no numbers."""
+    with once_per_report():  # the per-step frame below is read by four of the parts: computed once
+        return _summary(con, run_ids, steps)
+
+
+def _summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
     stats = stage_stats(con, run_ids, steps)
     detail = shared(per_step, con, run_ids, steps)
     unexplained = (

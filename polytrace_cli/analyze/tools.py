@@ -166,6 +166,39 @@ def finish_reasons(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
     )
 
 
+PER_STEP_COLUMNS = {
+    "run": pl.String, "step": pl.Int64, "tool_calls": pl.Int64, "tool_latency_mean_s": pl.Float64,
+    "tool_latency_p99_s": pl.Float64, "prefix_cache_hit_ratio": pl.Float64,
+}
+
+
+def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
+    """Per run × step of a multi-turn run: tool_calls, tool_latency_mean_s and tool_latency_p99_s
+    (linear quantile) over the step's timed calls, and prefix_cache_hit_ratio = Σ cached_tokens /
+    Σ prompt_tokens over the step's turns that logged both (the `cache_by_turn` ratio, per step)."""
+    return frame(
+        con,
+        f"""
+        WITH calls AS (
+            SELECT run_id, step, count(*)::BIGINT AS tool_calls, avg(latency_s) AS tool_latency_mean_s,
+                   quantile_cont(latency_s, 0.99) AS tool_latency_p99_s
+            FROM tool_calls WHERE run_id IN (SELECT unnest($runs)) AND {steps.sql()} GROUP BY ALL
+        ), cache AS (
+            SELECT run_id, step, sum(cached_tokens) / nullif(sum(prompt_tokens), 0) AS prefix_cache_hit_ratio
+            FROM turns
+            WHERE run_id IN (SELECT unnest($runs)) AND {steps.sql()}
+              AND prompt_tokens IS NOT NULL AND cached_tokens IS NOT NULL
+            GROUP BY ALL
+        )
+        SELECT runs.name AS run, step::BIGINT AS step, coalesce(calls.tool_calls, 0)::BIGINT AS tool_calls,
+               calls.tool_latency_mean_s, calls.tool_latency_p99_s, cache.prefix_cache_hit_ratio
+        FROM calls FULL JOIN cache USING (run_id, step) JOIN runs USING (run_id)
+        ORDER BY run, step
+        """,
+        {"runs": run_ids},
+    ).cast(PER_STEP_COLUMNS)
+
+
 P99_S = "p99_s"  # read by `polytrace check`
 SUMMARY_COLUMNS = {
     "run": pl.String, "basis": pl.String, "tool": pl.String, "calls": pl.Int64, "mean_s": pl.Float64,

@@ -12,10 +12,13 @@ from polytrace_cli.errors import PolytraceError
 
 # The narrow table's columns, most telling first; flags are shown as one text column.
 TABLE_ORDER = ("step", "step_s", "gen_s", "reward_s", "update_actor_s", "response_mean", "response_max", "clip_ratio",
-               "lambda_tokens", "lambda_makespan", "slot_idle", "flags", "expected_step_s", "top_cause", "tokens",
+               "lambda_tokens", "lambda_makespan", "slot_idle", "flags", "expected_step_s", "top_cause",
+               "tool_latency_mean_s", "tool_latency_p99_s", "prefix_cache_hit_ratio", "tokens", "step_time_basis",
+               "lambda_tokens_before_balancing", "logged_step_s",
                "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_critic_s", "update_weights_s", "testing_s",
                "save_checkpoint_s", "prompt_mean", "prompt_max", "dp_ranks", "segment", "basis")
-FLAG_LABELS = {"validation": "val", "checkpoint": "ckpt", "restart": "restart", "truncated": "trunc"}
+FLAG_LABELS = {"validation": "val", "checkpoint": "ckpt", "restart": "restart", "truncated": "trunc",
+               "partial": "partial"}
 
 
 @user_errors

@@ -20,7 +20,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
     from polytrace_cli.facade import Store
 
     with Store.open(db, read_only=True, wait=wait) as store:
-        columns, rows = store.run_rows()
+        # What each run's numbers mean (`analyze.semantics`), for scripts.
+        columns, rows = store.run_rows(with_semantics=as_json)
     emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], order=RUNS_ORDER,
               wide=wide)
 

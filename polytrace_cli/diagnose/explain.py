@@ -27,6 +27,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -112,7 +113,7 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
         raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
-    return _explain_tokens(con, info, frame, step, top, notes)
+    return _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id)))
 
 
 @dataclass
@@ -183,9 +184,10 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
         if told is None and present:
             notes.append(f"whether timing_s/step includes timing_s/{timer} cannot be told from this log; "
                          "taken as included (verl up to 0.7)")
-    if model.busiest_feature == "balanced_busiest_tokens":
-        notes.append("the training stages follow global_seqlen/balanced_max (the batch as verl balanced it across "
-                     "ranks) better than global_seqlen/max: the imbalance before balancing does not set their time")
+    if frame["busiest_after_balancing"].any():
+        notes.append("verl balanced the batch across ranks: the training stages follow global_seqlen/balanced_max, "
+                     "not global_seqlen/max; the imbalance before balancing does not set their time")
+    notes += semantics_notes(record_of(con, info.run_id))
     if frame["workload_basis"].is_null().all():
         notes.append("the log has no response lengths or token counts: every stage is fitted as a constant, so "
                      "long_tail, token_volume and dp_imbalance cannot be told apart from unexplained time")
@@ -257,7 +259,7 @@ def _explain_tokens(con, info, frame: pl.DataFrame, step: int | None, top: int |
                 causes[1]["rank"] = more["busiest_rank"]
         causes.sort(key=lambda c: c["tokens"], reverse=True)
         slow = bool(flagged[(lengths["step"] == row["step"]).to_numpy()].any())
-        ranked = row["ranks"] is not None and row["ranks"] > 1
+        ranked = bool(row["per_rank_data"])
         step_rows.append({"step": row["step"], "segment": row["segment"], "seconds": None, "expected_s": None,
                           "excess_s": None, "slow": slow, "r_max": row["r_max"],
                           "busiest_rank_tokens": row["busiest_rank_tokens"] if ranked else None,

@@ -57,7 +57,7 @@ def typical_imbalance(steps: pl.DataFrame, model: StepTimeModel, run_wall: float
     stage = max(slopes, key=slopes.get)
     ratio = model.typical[feature] / model.typical["mean_rank_tokens"]
     step_list = steps["step"].to_list()
-    balanced = " after balancing" if feature == "balanced_busiest_tokens" else ""
+    balanced = " after balancing" if model.frame["busiest_after_balancing"].any() else ""
     finding = _finding("dp_imbalance", per_step * len(step_list), run_wall, step_list,
                        f"DP imbalance at its usual level (busiest rank{balanced} {ratio:.2f}× the mean) costs "
                        f"{duration(per_step)} of every step, mostly in {stage}: {duration(per_step * len(step_list))}")

@@ -39,7 +39,9 @@ TENSOR_WRAPPED_PATTERN = r"^tensor\(([^,()]*)(?:,.*)?\)$"
 _NUMPY_WRAPPED = re.compile(NUMPY_WRAPPED_PATTERN, re.DOTALL)
 _TENSOR_WRAPPED = re.compile(TENSOR_WRAPPED_PATTERN)
 _BOOLEANS = {"true": 1.0, "false": 0.0, "np.true_": 1.0, "np.false_": 0.0}
-_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
+# ASCII digits only ([0-9], not \d): polars' float cast reads no other digits, so both paths leave them as text.
+_NUMBER = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)$",
+                     re.IGNORECASE)
 
 # What Python's str.strip() removes: Unicode White_Space plus the separators \x1c-\x1f, which
 # polars' strip_chars() keeps.
@@ -243,8 +245,8 @@ def scalar_columns(frame: pl.DataFrame, raw: str, value: str = "value", text: st
     unwrapped, number = pl.col("_unwrapped"), pl.col("_number")
     values = unwrap_series(frame.get_column(raw))
     floats = values.cast(pl.Float64, strict=False)
-    # What polars parses as a float is a subset of what `_NUMBER` accepts (it also accepts
-    # non-ASCII digits), so the regex only decides the values the cast left null. Those are first
+    # What polars parses as a float is a subset of what `_NUMBER` accepts, so the regex only decides
+    # the values the cast left null. Those are first
     # stripped of what Python's strip also removes (the separators \x1c-\x1f).
     numbers = floats.is_not_null()
     undecided = (~numbers & values.is_not_null()).arg_true()

@@ -27,7 +27,10 @@ VERL_OVERRIDES: dict[str, str] = {
     "trainer.project_name": "project_name",
     "trainer.experiment_name": "experiment_name",
     "trainer.total_training_steps": "total_training_steps",
+    "trainer.balance_batch": "balance_batch",
 }
+# Overrides whose value is a switch (`trainer.balance_batch=False`): stored as true / false.
+VERL_SWITCHES = frozenset({"balance_batch"})
 # The same settings as printed by verl's pprint of its resolved config (`'max_response_length': 1024`);
 # used only when no command-line override names them. `rollout.n` is not among them: `'n'` is ambiguous.
 VERL_CONFIG_KEYS: dict[str, str] = {
@@ -63,6 +66,11 @@ def _typed(text: str):
     return text.strip("'\"")
 
 
+def _switch(text: str) -> bool | None:
+    """A printed switch value (`True`, `false`, `1`) as a bool; None when it is not one."""
+    return {"true": True, "false": False, "1": True, "0": False}.get(text.strip("'\"").lower())
+
+
 def verl_settings(lines: list[str]) -> dict:
     """verl settings named in a log's lines: Hydra overrides (`data.max_response_length=2048`)
     and, for settings no override names, the pprinted resolved config (`'max_response_length':
@@ -75,7 +83,12 @@ def verl_settings(lines: list[str]) -> dict:
     for line in lines:
         for key, value in _OVERRIDE.findall(line):
             if key in VERL_OVERRIDES and not is_shell_variable(value):
-                settings[VERL_OVERRIDES[key]] = _typed(value)
+                name = VERL_OVERRIDES[key]
+                switch = _switch(value) if name in VERL_SWITCHES else None
+                if name not in VERL_SWITCHES:
+                    settings[name] = _typed(value)
+                elif switch is not None:
+                    settings[name] = switch
         for key, value in _CONFIG.findall(line):
             from_config[VERL_CONFIG_KEYS[key]] = int(value)
     for key, value in from_config.items():
@@ -91,7 +104,11 @@ VERL_CONFIG_PATHS: dict[str, tuple[str, ...]] = {
     "adv_estimator": ("algorithm", "adv_estimator"),
     "project_name": ("trainer", "project_name"),
     "experiment_name": ("trainer", "experiment_name"),
+    "n_sampling": ("actor_rollout_ref", "rollout", "n"),
+    "train_batch_size": ("data", "train_batch_size"),
 }
+# Switches read from the same dict, kept only when they are true or false.
+VERL_CONFIG_SWITCHES: dict[str, tuple[str, ...]] = {"balance_batch": ("trainer", "balance_batch")}
 # The first line of that pprint, once cleaned: a dict opening on one of verl's top-level keys.
 VERL_CONFIG_START = r"^\{'(?:actor_rollout_ref|algorithm|critic|data|reward_model|trainer)': "
 _CONFIG_BLOCK_MAX_LINES = 5000
@@ -149,7 +166,23 @@ def verl_config_settings(config: dict) -> dict:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool) \
                 and not (isinstance(value, str) and (not value.strip() or is_shell_variable(value))):
             found[meta_key] = value
+    for meta_key, path in VERL_CONFIG_SWITCHES.items():
+        value = config
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, bool):
+            found[meta_key] = value
     return found
+
+
+_ERROR_LINE = re.compile(r"(?:Error|Exception)\b")
+
+
+def crash_after_last_step(texts: list[str]) -> str | None:
+    """The error a log ends with: the last line naming an `...Error` or `...Exception` among the
+    lines after its last metric line (`texts`, in order), cut to 160 characters; None without one."""
+    errors = [text.strip() for text in texts if _ERROR_LINE.search(text)]
+    return errors[-1][:160] if errors else None
 
 
 # OpenRLHF command-line flags (`--n_samples_per_prompt 8` or `--n_samples_per_prompt=8`) and the meta

@@ -364,7 +364,19 @@ def ingest_paths(
     if pending:
         _ingest_batch(con, pending, resolver, hashes, done, load_alone)
     record_failures(con, resolver, failed_whole)
+    decide_semantics(con, reports)
     return reports
+
+
+def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
+    """The end-of-ingest hook: decide again the semantics record of every run a file was added to or
+    replaced in (`store.semantics`)."""
+    from polytrace_cli.store.semantics import decide_runs
+
+    names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced")})
+    if names:
+        rows = con.execute("SELECT run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall()
+        decide_runs(con, [row[0] for row in rows])
 
 
 # A batch holds files of at most BATCH_FILE_MAX_BYTES each, up to BATCH_MAX_FILES files or

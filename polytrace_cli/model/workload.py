@@ -6,26 +6,32 @@ else its rank):
 
     r_max                longest response (tokens): response_length/max, else max response_len
     n_responses          responses in the batch: perf/total_num_tokens / (prompt_length/mean +
-                         response_length/mean) rounded to a count, else the count of samples
+                         response_length/mean) rounded to a count, else the count of samples, else
+                         the run's responses per step (`analyze.semantics`: train_batch_size × rollout.n)
     response_tokens      Σ response lengths = response_length/mean · n_responses, else Σ response_len;
                          response_length/mean alone when n_responses cannot be told (a fixed
                          batch: the seconds per token then absorb the batch size)
     total_tokens         Σ (prompt + response) lengths: perf/total_num_tokens, else from samples
-    mean_rank_tokens     per-DP-rank token sums, their mean: global_seqlen/mean, else the samples'
-                         per-rank sums, else total_tokens / ranks (ranks = run meta n_gpus, else 1)
-    busiest_rank_tokens  their max: global_seqlen/max, else the samples', else mean_rank_tokens
-    balanced_busiest_tokens  the busiest rank after verl's balancing of the batch across ranks:
-                         global_seqlen/balanced_max (null when not logged)
+    mean_rank_tokens     per-DP-rank token sums, their mean, from the canonical step frame
+                         (`analyze.step_frame`: global_seqlen/mean or the per-rank samples), else
+                         total_tokens / ranks (ranks = run meta n_gpus, else 1)
+    busiest_rank_tokens  the busiest rank that sets the training stages' time, from the canonical
+                         frame (after verl's balancing when the run balances its batch), else
+                         mean_rank_tokens
+    balanced_busiest_tokens  the busiest rank after verl's balancing (global_seqlen/balanced_max),
+                         only when the run balances its batch; null otherwise
+    per_rank_data        the step's busiest and mean rank come from per-rank data, not total / ranks
+    busiest_after_balancing  busiest_rank_tokens is the busiest rank after verl's balancing
 
 Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
 OpenRLHF `timing/broadcast`); generate_sequences_s is verl's `timing_s/generate_sequences`, the
 decoding inside gen_s (the rest of gen_s is the colocated engine's switch: waking, resharding and
-offloading). wall_s is the step's wall time: step_s (Σ logged timers when step_s
-is missing) plus testing_s and save_checkpoint_s when the step time does not include them (`overheads_included`:
-run meta `step_time_includes_testing` / `_checkpoint`, else the run's numbers; when they cannot
-tell, included, as verl up to 0.7 logs it). segment_start marks each segment's first timed, not validation-only step
-(its first step when none is timed); restart marks the first step of a later segment and steps
-flagged restart or resumed.
+offloading). wall_s is the canonical frame's step_s (the run's semantics record decides it: the
+logged total, with testing and checkpoint added back when the total leaves them out, or Σ logged
+timers, 'derived from stage timers', when no total is logged) and step_time_basis says which.
+n_responses falls back on the record's responses per step. segment_start marks each segment's first
+timed, not validation-only step (its first step when none is timed); restart marks the first step of
+a later segment and steps flagged restart or resumed.
 """
 
 from __future__ import annotations
@@ -50,9 +56,9 @@ FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "
 WORKLOAD_COLUMNS = {
     "segment": pl.Int64, "step": pl.Int64,
     **{name: pl.Float64 for name in FEATURES},
-    "ranks": pl.Int64, "workload_basis": pl.String,
+    "ranks": pl.Int64, "workload_basis": pl.String, "per_rank_data": pl.Boolean, "busiest_after_balancing": pl.Boolean,
     **{f"{stage}_s": pl.Float64 for stage in (*MODELLED_STAGES, *OVERHEADS)},
-    "step_s": pl.Float64, "wall_s": pl.Float64, "generate_sequences_s": pl.Float64,
+    "step_s": pl.Float64, "wall_s": pl.Float64, "step_time_basis": pl.String, "generate_sequences_s": pl.Float64,
     "validation_only": pl.Boolean, "has_testing": pl.Boolean, "has_checkpoint": pl.Boolean,
     "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
 }
@@ -63,13 +69,11 @@ WITH st AS (
 ), extra AS (
     SELECT sm.segment, sm.step,
            max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
-           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS seqlen_max,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
-           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seqlen_balanced_max,
            max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s
     FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-    WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_max',
-                                               'rank_tokens_mean', 'rank_tokens_balanced_max', 'generate_sequences_s')
+    WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_mean',
+                                               'generate_sequences_s')
     GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
@@ -81,10 +85,7 @@ WITH st AS (
     GROUP BY ALL
 ), sampled AS (
     SELECT step, max(r_max) AS r_max, sum(response_tokens) AS response_tokens, sum(tokens) AS total_tokens,
-           sum(n) AS n_responses,
-           CASE WHEN count(dp_rank) > 0 THEN max(tokens) END AS busiest_rank_tokens,
-           CASE WHEN count(dp_rank) > 0 THEN avg(tokens) END AS mean_rank_tokens,
-           count(DISTINCT dp_rank) AS sample_ranks
+           sum(n) AS n_responses, count(DISTINCT dp_rank) AS sample_ranks
     FROM per_rank GROUP BY step
 ), keys AS (
     SELECT segment, step FROM st
@@ -93,10 +94,9 @@ WITH st AS (
 )
 SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
        st.response_length_max, st.response_length_mean, st.prompt_length_mean, st.total_tokens AS logged_total,
-       extra.seqlen_max, extra.seqlen_mean, extra.seqlen_balanced_max AS balanced_busiest_tokens,
+       extra.seqlen_mean,
        sampled.r_max AS sample_r_max, sampled.response_tokens AS sample_response_tokens,
        sampled.total_tokens AS sample_total_tokens, sampled.n_responses::DOUBLE AS sample_n,
-       sampled.busiest_rank_tokens::DOUBLE AS sample_busiest, sampled.mean_rank_tokens::DOUBLE AS sample_mean,
        sampled.sample_ranks,
        st.gen_s, st.reward_s, st.old_log_prob_s, st.ref_s, st.values_s, st.adv_s, st.update_actor_s,
        st.update_critic_s, extra.update_weights_s, extra.generate_sequences_s, st.testing_s, st.save_checkpoint_s,
@@ -161,23 +161,38 @@ def _run_frame(con: duckdb.DuckDBPyConnection, run_id: int) -> pl.DataFrame:
 
 
 def _workload_frame(con: duckdb.DuckDBPyConnection, info: RunInfo) -> pl.DataFrame:
+    from polytrace_cli.analyze.semantics import BALANCED_MAX, record_of
+    from polytrace_cli.analyze.step_frame import shared_step_frame
+
     raw = con.sql(_WORKLOAD_SQL, params={"run": info.run_id}).pl()
+    record = record_of(con, info.run_id)
+    canonical = (shared_step_frame(con, [info.run_id])
+                 .select("segment", "step", "step_s", "step_time_basis", "mean_rank_tokens", "busiest_rank_tokens",
+                         "busiest_rank_tokens_balanced")
+                 .rename({"step_s": "canonical_step_s", "mean_rank_tokens": "frame_mean",
+                          "busiest_rank_tokens": "frame_busiest"})
+                 .with_columns(pl.col("segment").fill_null(0)))
+    raw = raw.join(canonical, on=["segment", "step"], how="left", maintain_order="left")
     meta_ranks = _ranks_from_meta(info.meta)
     ranks = meta_ranks or 1
     c = pl.col
     per_token = c("prompt_length_mean") + c("response_length_mean")
     logged_n = pl.when(per_token > 0).then((c("logged_total") / per_token).round(0))
+    balanced = record["lambda_basis"] == BALANCED_MAX
     df = raw.with_columns(
         r_max=pl.coalesce(c("response_length_max"), c("sample_r_max")),
-        n_responses=pl.coalesce(logged_n, c("sample_n")),
+        n_responses=pl.coalesce(logged_n, c("sample_n"), pl.lit(record["responses_per_step"], dtype=pl.Float64)),
         total_tokens=pl.coalesce(c("logged_total"), c("sample_total_tokens")),
         logged_n=logged_n,
     ).with_columns(
-        response_tokens=pl.coalesce(c("response_length_mean") * c("logged_n"), c("sample_response_tokens"),
+        response_tokens=pl.coalesce(c("response_length_mean") * c("n_responses"), c("sample_response_tokens"),
                                     c("response_length_mean")),
-        mean_rank_tokens=pl.coalesce(c("seqlen_mean"), c("sample_mean"), c("total_tokens") / ranks),
+        mean_rank_tokens=pl.coalesce(c("frame_mean"), c("total_tokens") / ranks),
+        per_rank_data=c("frame_busiest").is_not_null() & c("frame_mean").is_not_null(),
+        busiest_after_balancing=pl.lit(balanced) & c("busiest_rank_tokens_balanced").is_not_null(),
+        balanced_busiest_tokens=c("busiest_rank_tokens_balanced") if balanced else pl.lit(None, dtype=pl.Float64),
     ).with_columns(
-        busiest_rank_tokens=pl.coalesce(c("seqlen_max"), c("sample_busiest"), c("mean_rank_tokens")),
+        busiest_rank_tokens=pl.coalesce(c("frame_busiest"), c("mean_rank_tokens")),
         ranks=pl.coalesce(
             pl.when(c("seqlen_mean") > 0).then((c("logged_total") / c("seqlen_mean")).round(0).cast(pl.Int64)),
             pl.when(c("sample_ranks") > 0).then(c("sample_ranks").cast(pl.Int64)),
@@ -186,17 +201,8 @@ def _workload_frame(con: duckdb.DuckDBPyConnection, info: RunInfo) -> pl.DataFra
         workload_basis=pl.when(c("response_length_max").is_not_null() | c("logged_total").is_not_null())
         .then(pl.lit("step_aggregates"))
         .when(c("sample_r_max").is_not_null()).then(pl.lit("samples")),
+        wall_s=c("canonical_step_s"),
     )
-    testing_in, checkpoint_in = (told is not False for told in overheads_included(con, info.run_id))
-    logged_sum = pl.sum_horizontal([pl.col(f"{s}_s").fill_null(0) for s in (*MODELLED_STAGES, *OVERHEADS)])
-    any_timer = pl.any_horizontal([pl.col(f"{s}_s").is_not_null() for s in (*MODELLED_STAGES, *OVERHEADS)])
-    base = pl.when(c("step_s").is_not_null()).then(c("step_s")).when(any_timer).then(logged_sum)
-    wall = (base
-            + pl.when(c("step_s").is_not_null() & pl.lit(not testing_in)).then(c("testing_s").fill_null(0))
-            .otherwise(0)
-            + pl.when(c("step_s").is_not_null() & pl.lit(not checkpoint_in)).then(c("save_checkpoint_s").fill_null(0))
-            .otherwise(0))
-    df = df.with_columns(wall_s=wall)
     # A segment's first step is its first timed training step (a validation-only step 0 is not it).
     trained = c("wall_s").is_not_null() & ~c("validation_only")
     first = c("step").filter(trained).min().over("segment")

@@ -16,11 +16,17 @@ The shares:
 - DP idle (imbalance) = 1 − 1/λ on the quantity that sets the step time (`saving_basis`: makespan λ for
   sampled runs, token λ for global_seqlen runs), averaged over steps: rank time spent waiting for the
   slowest rank;
-- validation / checkpoint = Σ testing_s (save_checkpoint_s) / Σ step time, over the steps with a step
-  time; when the step timer excludes them (`stages.step_time_inclusion`), over Σ (step_s + that timer);
+- validation / checkpoint = Σ testing_s (save_checkpoint_s) / Σ step_s, over the steps with a step
+  time (step_s the canonical step time, which adds back a timer the logged total leaves out);
 - stage:<name> = the largest stage's share of step time (stages summary `share`);
 - DAPO discarded = the filtering summary's discarded_token_share (tokens generated for prompts the
   filter dropped).
+
+Before them, what the run's semantics record (`analyze.semantics`) says about the numbers themselves,
+each with no seconds or share: `length-collapse` (responses collapsed to a few tokens and stayed
+there: comparisons against the run's typical step read a collapsed run), `crash` (the error the log
+ends with), `partial-steps` (steps holding fewer responses than a step has) and `truncated-lines`
+(steps whose log line was cut short, their timers lost).
 
 For a run with step timings that `polytrace explain` can model (`diagnose.explain_run`, basis
 'seconds'), the run's findings are explain's instead: seconds beyond the run's typical step per cause
@@ -113,13 +119,45 @@ def _overheads(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
             if not row["seconds"]:
                 continue
             inside = included.get(row["run"])
-            total = row["step_seconds"] + (0 if inside is not False else row["seconds"])
+            # step_s is the canonical step time: a timer the logged total leaves out is already added back.
+            total = row["step_seconds"]
             caveat = " (assuming the step timer includes it)" if inside is None else ""
             share = row["seconds"] / total if total else None
             out.append(_finding(
                 row["run"], cause, row["seconds"], share, row["steps"],
                 f"{row['run']}: {name} took {row['seconds']:,.0f} s in {row['steps']} of {row['all_steps']} trainer "
                 f"steps, {_percent(share)} of step time{caveat}."))
+    return out
+
+
+def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]:
+    """The findings of the runs' semantics records (see the module docstring)."""
+    from polytrace_cli.analyze.semantics import semantics
+
+    out = []
+    for row in semantics(con, run_ids).iter_rows(named=True):
+        run = row["run"]
+        if row["collapse_step"] is not None:
+            out.append(_finding(
+                run, "length-collapse", None, None, 0,
+                f"{run}: response lengths collapsed from step {row['collapse_step']:,} on (mean "
+                f"{row['collapse_length']:,.1f} tokens, against {row['collapse_typical_length']:,.0f} typical before) "
+                "and never recovered; comparisons with the run's typical step read a collapsed run."))
+        if row["crash"]:
+            out.append(_finding(run, "crash", None, None, 0,
+                                f"{run}: the log ends with an error after its last step: {row['crash']}"))
+        per_step = (
+            ("partial-steps", row["partial_steps"],
+             f"hold fewer responses than a step has ({row['responses_per_step_source'] or 'prompt groups short'})"),
+            ("truncated-lines", row["truncated_steps"],
+             "had a log line cut short (wandb cuts output.log lines at 4,096 characters): timers printed after the "
+             "cut are lost"),
+        )
+        for cause, steps, what in per_step:
+            if steps:
+                out.append(_finding(run, cause, None, None, len(steps),
+                                    f"{run}: {len(steps)} step{'s' if len(steps) != 1 else ''} (first {steps[0]:,}) "
+                                    f"{what}."))
     return out
 
 
@@ -231,4 +269,4 @@ def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
             ", ".join(untimed), "not-measured", None, None, 0,
             f"Seconds lost could not be measured for {', '.join(untimed)}: the logs carry no stage timings, "
             "so their findings are shares of slots, rank time or tokens, not of step time."))
-    return measured + failures + unmeasured
+    return _semantics(con, run_ids) + measured + failures + unmeasured

@@ -1,6 +1,7 @@
 """Backtest of the step-time forecaster on held-out steps, against baselines given the same information.
 
-The steps that log both a step time and a generation time are taken in step order; the first half
+The steps with both a step time (the canonical step frame's wall time, `analyze.step_frame`) and a
+generation time are taken in step order; the first half
 (⌊n/2⌋ steps) is the training half, the rest is held out. The forecaster (`model.forecast`: per stage
 the workload model, a recency-weighted or level-shifted fit, or the stage's recent level, chosen by
 cross-validation inside the training half) is fitted on the training half's steps that
@@ -8,7 +9,8 @@ cross-validation inside the training half) is fitted on the training half's step
 held-out step from that step's workload. Testing and checkpoint seconds follow the logged schedule:
 a held-out step that validated (checkpointed) gets the training half's median testing (checkpoint)
 seconds. The predicted step time is Σ predicted stages + the rest + those overheads, compared with
-the step's wall time (step_s, plus the overheads logged outside it).
+the step's wall time (the logged step time plus the overheads logged outside it, or derived from the
+stage timers when the log has no step total).
 
 Per stage, with the PolyTrace definition:
 
@@ -47,6 +49,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from polytrace_cli.analyze.semantics import DERIVED
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import MODELLED_STAGES, OVERHEADS, STAGE_FEATURES, read_workload, run_info, training_mask
@@ -213,11 +216,11 @@ def _previous(values: np.ndarray) -> np.ndarray:
 
 
 def _eligible(frame: pl.DataFrame, run: str) -> tuple[pl.DataFrame, int]:
-    eligible = frame.filter(pl.col("step_s").is_not_null() & pl.col("gen_s").is_not_null()
-                            & pl.col("wall_s").is_not_null())
+    # wall_s is the step time every view reads: logged, or derived from stage timers when no total is logged.
+    eligible = frame.filter(pl.col("gen_s").is_not_null() & pl.col("wall_s").is_not_null())
     n = eligible.height
     if n < MIN_STEPS:
-        raise PolytraceError(f"a backtest needs at least {MIN_STEPS} steps logging both a step time and a "
+        raise PolytraceError(f"a backtest needs at least {MIN_STEPS} steps with both a step time and a "
                              f"generation time; run {run!r} has {n}")
     return eligible, n // 2
 
@@ -298,6 +301,8 @@ def backtest_frame(frame: pl.DataFrame, run: str = "", walk_forward: bool = Fals
     if worse:
         notes.append(f"the model is less accurate than the better of the median and recent baselines on: "
                      f"{', '.join(worse)}")
+    if "step_time_basis" in eligible.columns and (eligible["step_time_basis"] == DERIVED).any():
+        notes.append(f"the log has no step total: step time is {DERIVED} (their sum)")
     first_test = int(eligible["step"][n_train])
     warm = int((eligible["segment_start"] | eligible["restart"]).filter(pl.Series(test_rows)).sum())
     if warm:

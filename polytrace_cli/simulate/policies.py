@@ -36,6 +36,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
@@ -130,19 +131,22 @@ class WhatIfResult:
     baseline_s: float
     stages: dict[str, float]
     scenarios: list[Scenario]
+    notes: list[str] = field(default_factory=list)  # what the run's semantics record says of its numbers
 
     def table(self) -> pl.DataFrame:
-        """One row per scenario (columns `SCENARIO_COLUMNS`), the replay first."""
-        rows = [("as logged (replay)", self.baseline_s, 0.0, 0.0, 0.0, f"logged wall time {self.actual_s:,.1f} s")]
+        """One row per scenario (columns `SCENARIO_COLUMNS`), the replay first; the replay's note
+        carries the run's notes."""
+        replay_note = "; ".join([f"logged wall time {self.actual_s:,.1f} s", *self.notes])
+        rows = [("as logged (replay)", self.baseline_s, 0.0, 0.0, 0.0, replay_note)]
         rows += [(s.policy, s.predicted_s, s.saving_s, s.saving_se_s, s.saving_share, s.note) for s in self.scenarios]
         schema = {"policy": pl.String, "predicted_s": pl.Float64, "saving_s": pl.Float64, "saving_se_s": pl.Float64,
                   "saving_share": pl.Float64, "note": pl.String}
         return pl.DataFrame(rows, schema=schema, orient="row")
 
     def to_dict(self) -> dict:
-        """{"run", "steps", "actual_s", "baseline_s", "stages", "scenarios": [...]}."""
+        """{"run", "steps", "actual_s", "baseline_s", "stages", "scenarios": [...], "notes": [...]}."""
         return {"run": self.run, "steps": self.steps, "actual_s": self.actual_s, "baseline_s": self.baseline_s,
-                "stages": self.stages, "scenarios": [s.to_dict() for s in self.scenarios]}
+                "stages": self.stages, "scenarios": [s.to_dict() for s in self.scenarios], "notes": self.notes}
 
     def to_json(self) -> str:
         """JSON text of `to_dict`, as `polytrace whatif --json` prints it."""
@@ -275,7 +279,7 @@ def _policy_balance(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | Non
                            "/mean, or per-sample DP ranks): the run's imbalance is unknown")
     balanced = frame.with_columns(**{name: pl.col("mean_rank_tokens")
                                      for name in {feature, "busiest_rank_tokens"}})
-    note = None if feature == "busiest_rank_tokens" else "from the busiest rank after verl's balancing"
+    note = "from the busiest rank after verl's balancing" if frame["busiest_after_balancing"].any() else None
     return ctx.plan.with_stages(ctx.predict(balanced)), note
 
 
@@ -283,6 +287,11 @@ def _policy_no_validation(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str
     """No validation: the logged testing seconds of every step and the validation-only steps are
     removed; nothing else changes. Exact from the log."""
     plan = ctx.plan
+    cut = record_of(ctx.con, ctx.run_id)["truncated_steps"]
+    if cut and not (plan.testing.any() or plan.validation_only_s):
+        raise NotSupported(f"no validation time survives: {len(cut)} step line(s) were cut short (wandb cuts "
+                           "output.log lines at 4,096 characters), so the validation timers printed after the cut "
+                           "are lost and the validation time is unknown")
     note = None if plan.testing.any() or plan.validation_only_s else "the run logs no validation"
     return RunPlan(plan.steps, plan.stages, np.zeros_like(plan.testing), plan.checkpoint, 0.0), note
 
@@ -543,7 +552,8 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
             error = bootstrap_standard_error(_draw_savings(draws, ctx, policy))
         scenarios.append(Scenario(policy.text, predicted, saving, saving / baseline if baseline else None,
                                   plan.by_stage(), note, error))
-    return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios)
+    return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios,
+                        semantics_notes(record_of(con, ctx.run_id)))
 
 
 def _draw_savings(draws: list[RunContext], ctx: RunContext, policy: Policy) -> list[float]:

@@ -38,12 +38,12 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(versions) + 1)):
-        raise RuntimeError(f"schema files are not numbered 1..N without gaps: {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+        raise RuntimeError(f"schema files must be numbered from 1, each number once: {versions}")
     return found
 
 
-SCHEMA_VERSION = len(available_migrations())
+SCHEMA_VERSION = max(m.version for m in available_migrations())
 
 
 def has_ledger(con: duckdb.DuckDBPyConnection) -> bool:
@@ -77,8 +77,10 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
     """Apply every schema file the store lacks (up to version `up_to`); return the versions applied."""
     current = check_not_newer(con, db_label)
     new_ledger = not has_ledger(con)
+    applied = set() if new_ledger else {
+        row[0] for row in con.execute("SELECT version FROM schema_migrations").fetchall()}
     pending = [m for m in available_migrations()
-               if m.version > current and (up_to is None or m.version <= up_to)]
+               if m.version not in applied and (up_to is None or m.version <= up_to)]
     if not pending and not new_ledger:
         if current:
             install_catalog(con)

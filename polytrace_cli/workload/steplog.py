@@ -4,7 +4,9 @@ The model (one `StepTimeModel`), per training step s with its drawn workload:
 
     gen_s          = (a_gen + b_tail · r_max + b_vol · response_tokens) · warm-up · ε
     k_s            = (a_k + b_k · busiest_rank_tokens) · ε          for each token stage k
-                     (old_log_prob, ref, update_actor; values, update_critic with a critic)
+                     (old_log_prob, ref, update_actor; values, update_critic with a critic);
+                     with `balance_batch` the batch is trained as verl balances it, and the
+                     busiest rank is the one after balancing (global_seqlen/balanced_max)
     reward_s       = (a_reward + b_reward · n_responses) · ε
     adv_s          = a_adv · ε
     update_weights_s = weight_sync_s · ε                             (every step, when set)
@@ -130,6 +132,7 @@ class StepTimeModel:
     checkpoint_every: int | None = None
     checkpoint_s: float = 60.0
     step_includes_overheads: bool = True  # verl <= 0.7: timing_s/step includes testing and save_checkpoint
+    balance_batch: bool = False        # trainer.balance_batch: the token stages follow the balanced busiest rank
     max_prompt_length: int = 2048
     injections: tuple[Injection, ...] = field(default_factory=tuple)
     resume_after: int | None = None    # the job stops after this step's checkpoint and resumes from it
@@ -175,6 +178,8 @@ def _check(model: StepTimeModel, spec: WorkloadSpec) -> None:
         raise PolytraceError(f"response_scale is a positive multiplier, not {model.response_scale}")
     if model.imbalance is not None and model.rank_dispatch != "contiguous":
         raise PolytraceError("imbalance sets the loads of verl's dispatch: it needs rank_dispatch 'contiguous'")
+    if model.balance_batch and (model.imbalance is not None or model.rank_dispatch == "even"):
+        raise PolytraceError("balance_batch trains the balanced loads: it takes neither imbalance nor rank_dispatch 'even'")
     if model.imbalance is not None and not (spec.dp_ranks >= 2 and 1.0 < model.imbalance <= spec.dp_ranks):
         raise PolytraceError(f"imbalance is busiest/mean over at least 2 DP ranks, between 1 and {spec.dp_ranks}, "
                              f"not {model.imbalance}")
@@ -332,10 +337,11 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
 
         loads = rank_loads(responses, chunks)
         busiest, mean_load = float(loads.max()), float(loads.sum()) / spec.dp_ranks
+        per_sequence = (np.repeat(prompts, spec.n) + responses.ravel()).astype(np.int64)
+        balanced = _snake_loads(per_sequence, spec.dp_ranks)
         timing_busiest = busiest
-        if "dp_imbalance" not in injected and model.rank_dispatch == "balanced":
-            timing_busiest = float(_snake_loads((np.repeat(prompts, spec.n) + responses.ravel()).astype(np.int64),
-                                                spec.dp_ranks).max())
+        if model.balance_batch or ("dp_imbalance" not in injected and model.rank_dispatch == "balanced"):
+            timing_busiest = float(max(balanced))
         elif "dp_imbalance" not in injected and model.rank_dispatch == "even":
             timing_busiest = mean_load
         seconds: dict[str, float | None] = {stage: None for stage in STAGES}
@@ -371,7 +377,7 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         if "long_tail" in injected:
             causes["long_tail"] = model.b_tail * float(responses.max() - before_tail.max()) * warm * slower * eps["gen"]
             stage_of["long_tail"] = "gen"
-        if "dp_imbalance" in injected:
+        if "dp_imbalance" in injected and not model.balance_batch:
             even = float(rank_loads(responses, balanced_chunks).max())
             by_stage = {name: b * _drift_factor(model, name, step, spec.steps) * (busiest - even) * eps[name]
                         for name, _, b in model.token_stages}
@@ -393,8 +399,6 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         if model.step_includes_overheads:
             step_s += (seconds["testing"] or 0.0) + (seconds["save_checkpoint"] or 0.0)
 
-        per_sequence = (np.repeat(prompts, spec.n) + responses.ravel()).astype(np.int64)
-        balanced = _snake_loads(per_sequence, spec.dp_ranks)
         row = {
             "step": step,
             "r_max": int(responses.max()),
@@ -569,6 +573,7 @@ def _tqdm_line(done: int, total: int, elapsed: float, per_step: float) -> str:
 def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[str]:
     """What a verl job prints before its first step: the command line, Ray's start, the resolved config
     (pprinted), a warning from a worker."""
+    balancing = model.balance_batch or model.rank_dispatch == "balanced"  # verl's balance_batch ran
     settings = [
         "algorithm.adv_estimator=grpo", f"data.train_batch_size={spec.batch}",
         f"data.max_prompt_length={model.max_prompt_length}",
@@ -577,7 +582,7 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
         "actor_rollout_ref.rollout.name=vllm", f"trainer.n_gpus_per_node={spec.dp_ranks * spec.tp_size}",
         "trainer.nnodes=1", f"trainer.test_freq={model.validate_every or -1}",
         f"trainer.save_freq={model.checkpoint_every or -1}", f"trainer.total_training_steps={spec.steps}",
-        f"trainer.experiment_name=synthetic-{spec.task}",
+        f"trainer.experiment_name=synthetic-{spec.task}", f"trainer.balance_batch={balancing}",
     ]
     prefix = RAY_PREFIX if style == "repr" else "(main_task pid=27182) "
     return [
@@ -588,7 +593,8 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
         f"{prefix} 'data': {{'max_prompt_length': {model.max_prompt_length},",
         f"{prefix}          'max_response_length': {spec.max_response_len or 'None'},",
         f"{prefix}          'train_batch_size': {spec.batch}}},",
-        f"{prefix} 'trainer': {{'n_gpus_per_node': {spec.dp_ranks * spec.tp_size}, 'nnodes': 1}}}}",
+        f"{prefix} 'trainer': {{'balance_batch': {balancing}, 'n_gpus_per_node': {spec.dp_ranks * spec.tp_size},",
+        f"{prefix}             'nnodes': 1}}}}",
         f"{WORKER_PREFIX}/usr/local/lib/python3.10/dist-packages/torch/utils/checkpoint.py:92: UserWarning: "
         "None of the inputs have requires_grad=True. Gradients will be None",
         f"{WORKER_PREFIX}  warnings.warn(",

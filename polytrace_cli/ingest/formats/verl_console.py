@@ -23,7 +23,7 @@ cuts segments and stores; this module is verl's grammar in it (FORMATS.md, secti
   the run has zero steps and a note says how the log ends.
 - Run meta: settings from Hydra overrides and the config dict printed at start, the version class
   and value precision, GPUs, whether a step total is logged and whether it includes the testing
-  and checkpoint timers.
+  and checkpoint timers, and the error the log ends with after its last step (`crash`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema,
                                           printed_step_schema)
-from polytrace_cli.ingest.console.pipeline import in_slices, int64_step, printed_sample
+from polytrace_cli.ingest.console.pipeline import DIRTY, METRIC, in_slices, int64_step, printed_sample
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
 from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import is_binary, register
@@ -327,12 +327,13 @@ def _printed_config(lines: pl.DataFrame) -> dict:
 def _step_time_logged(ctx: FileContext, metrics: pl.DataFrame) -> dict:
     """`step_time_logged`: whether the log holds a step total (`timing_s/step`, or verl <= 0.1's
     `timing/step`). verl <= 0.1 logs `timing/<stage>` often without one; the stages are read and
-    no step time is derived from them, since the stages do not cover the whole step."""
+    every view takes the step time as their sum, labelled "derived from stage timers"
+    (`analyze.semantics`)."""
     keys = set(metrics.filter(pl.col("key").str.starts_with("timing")).get_column("key").unique().to_list())
     logged = bool(keys & {"timing_s/step", "timing/step"})
     if not logged and any(key.startswith("timing/") for key in keys):
-        ctx.note("verl <= 0.1 timers (timing/*) without a step total: stage seconds are read, "
-                 "the step time is not logged and none is derived")
+        ctx.note("verl <= 0.1 timers (timing/*) without a step total: the step time is derived from stage timers "
+                 "(their sum)")
     return {"step_time_logged": logged}
 
 
@@ -355,6 +356,11 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
         meta.update(_step_time_logged(ctx, metrics))
         meta.update(step_time_inclusion(ctx.con, ctx.run_id))
+        # The lines after the last metric line (metric lines are kept without their text).
+        last_metric_line = lines.filter(pl.col("kind").is_in([METRIC, DIRTY])).get_column("line_no").max()
+        if last_metric_line is not None:
+            lines = lines.filter(pl.col("line_no") > last_metric_line)
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
+    meta["crash"] = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
     ctx.run_meta.update(meta)

@@ -7,15 +7,17 @@ import polars as pl
 
 from polytrace_cli.report import style
 from polytrace_cli.analyze import stages as stage_analysis
+from polytrace_cli.analyze.semantics import DERIVED
 from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 from polytrace_cli.analyze.shared_frames import shared
 
 ID = "F4"
 TITLE = "Step-time breakdown by stage"
 CAPTION = ("Seconds per stage for each step, stacked (bars, or stacked bands beyond 200 steps): every stage the "
-           "logs time, weight sync included, then validation and checkpoint saving where the step time counts them; "
-           "the remainder up to the logged step time (black marks) is unexplained.")
-FRAMES = ('stages', 'inclusion')
+           "logs time, weight sync included, then validation and checkpoint saving (added back when the logged step "
+           "total leaves them out); the remainder up to the step time (black marks; derived from stage timers when "
+           "the log has no step total) is unexplained.")
+FRAMES = ('stages',)
 # Why a run without this figure's data is left out of it.
 LEFT_OUT = "no per-step stage timings"
 
@@ -33,27 +35,23 @@ LEGEND_NAMES = {"testing": "validation", "save_checkpoint": "checkpoint"}
 
 
 def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
-    """The stages analysis' per-step stage seconds, and per run whether its step time counts validation and
-    checkpoint saving (only for the runs with per-step rows)."""
-    per_step = shared(stage_analysis.per_step, con, run_ids, steps)
-    inclusion = shared(stage_analysis.step_time_inclusion, con, run_ids)
-    return {"stages": per_step, "inclusion": inclusion.filter(pl.col("run").is_in(per_step["run"].unique().implode()))}
+    """The stages analysis' per-step stage seconds, with the canonical step time and whether it counts
+    validation and checkpoint saving."""
+    return {"stages": shared(stage_analysis.per_step, con, run_ids, steps)}
 
 
-def drawn_stages(per_step: pl.DataFrame, inclusion: pl.DataFrame) -> pl.DataFrame:
+def drawn_stages(per_step: pl.DataFrame) -> pl.DataFrame:
     """(run, segment, step, stage, seconds) of what each run's bars stack, in drawing order: the analysis'
     stages (`stages.stage_columns_of`), the validation and checkpoint timers (`testing`, `save_checkpoint`)
-    when the run's step time counts them (or cannot tell: then the analysis leaves the step's remainder
+    when the step time counts them (or cannot tell: then the analysis leaves the step's remainder
     unknown and none is drawn), then the unexplained remainder."""
     names = [column.removesuffix("_s") for column in stage_analysis.stage_columns_of(per_step)]
-    joined = per_step.join(inclusion, on="run", how="left")
     columns = [pl.col(f"{name}_s").alias(name) for name in names]
-    for timer in stage_analysis.EXTRA_TIMERS:
-        counted = pl.col(stage_analysis.INCLUSION_OF[timer]).fill_null(True)
-        columns.append(pl.when(counted).then(pl.col(f"{timer}_s")).alias(timer))
+    for timer, counts in (("testing", "step_s_counts_testing"), ("save_checkpoint", "step_s_counts_checkpoint")):
+        columns.append(pl.when(pl.col(counts).fill_null(True)).then(pl.col(f"{timer}_s")).alias(timer))
     columns.append(pl.col(UNEXPLAINED_COLUMN).alias(UNEXPLAINED))
     order = [*names, *stage_analysis.EXTRA_TIMERS, UNEXPLAINED]
-    return (joined.sort("run", "segment", "step", nulls_last=False).select("run", "segment", "step", *columns)
+    return (per_step.sort("run", "segment", "step", nulls_last=False).select("run", "segment", "step", *columns)
             .unpivot(index=["run", "segment", "step"], variable_name="stage", value_name="seconds")
             .filter(pl.col("seconds").is_not_null() & (pl.col("seconds") > 0))
             .with_columns(order=pl.col("stage").replace_strict(order, list(range(len(order))))))
@@ -64,7 +62,7 @@ def render(data: dict[str, pl.DataFrame]):
     per_step = data["stages"]
     if empty(per_step, "step"):
         return Omitted("the runs have no per-step stage timings (step-aggregate logs such as verl's timing_s/*)")
-    long = drawn_stages(per_step, data["inclusion"])
+    long = drawn_stages(per_step)
     if long.height == 0:
         return Omitted("the runs log no stage seconds")
     order = long.sort("order")["stage"].unique(maintain_order=True).to_list()
@@ -88,17 +86,19 @@ def render(data: dict[str, pl.DataFrame]):
                 style.fill_steps(ax, steps, bottom, bottom + values, step="mid", color=colours[stage],
                                  label=LEGEND_NAMES.get(stage, stage), linewidth=0)
             bottom += values
-        logged = (per_step.filter((pl.col("run") == run) & pl.col("step_s").is_not_null())
-                  .group_by("step").agg(pl.col("step_s").last()).sort("step"))
-        if logged.height:
-            ax.scatter(logged["step"].to_numpy(), logged["step_s"].to_numpy(), marker="_", color="black",
-                       s=60 if len(steps) <= MAX_BARS else 8, linewidths=1.2, label=STEP_TIME_LABEL, zorder=3)
+        timed = (per_step.filter((pl.col("run") == run) & pl.col("step_s").is_not_null())
+                 .group_by("step").agg(pl.col("step_s").last(), pl.col("step_time_basis").last()).sort("step"))
+        if timed.height:
+            derived = bool((timed["step_time_basis"] == DERIVED).all())
+            ax.scatter(timed["step"].to_numpy(), timed["step_s"].to_numpy(), marker="_", color="black",
+                       s=60 if len(steps) <= MAX_BARS else 8, linewidths=1.2, zorder=3,
+                       label=f"{STEP_TIME_LABEL} ({DERIVED})" if derived else STEP_TIME_LABEL)
         ax.set_xlabel(style.TRAINER_STEP)
         ax.set_ylabel("seconds")
         ax.set_title(f"{run}: stage seconds per step" if run else "stage seconds per step")
         style.thin_step_ticks(ax, steps)
         handles, labels = ax.get_legend_handles_labels()
         # Stages in stacking order, the step-time mark last (matplotlib lists bars after markers).
-        ordered = sorted(zip(handles, labels), key=lambda pair: pair[1] == STEP_TIME_LABEL)
+        ordered = sorted(zip(handles, labels), key=lambda pair: pair[1].startswith(STEP_TIME_LABEL))
         ax.legend(*zip(*ordered), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return figure

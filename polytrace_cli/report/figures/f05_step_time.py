@@ -10,7 +10,8 @@ from polytrace_cli.report.figures.base import Omitted, empty, runs_of
 
 ID = "F5"
 TITLE = "Step-time fluctuation"
-CAPTION = ("Step and generation seconds per trainer step. Marked: steps a robust rule calls slow (robust z > "
+CAPTION = ("Step and generation seconds per trainer step (the step's wall time: validation and checkpoint added "
+           "back when the logged step total leaves them out, derived from stage timers without one). Marked: steps a robust rule calls slow (robust z > "
            "3.5 above the run's median step time). Triangles are explained overheads (validation, checkpoint); "
            "crosses are anomalies (no such reason). The slowest few are labelled.")
 FRAMES = ('series',)

@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze import imbalance
+from polytrace_cli.analyze.semantics import BALANCED_MAX
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.report import style
 from polytrace_cli.report.figures.base import Omitted, empty, runs_of
@@ -15,7 +16,9 @@ TITLE = "Load imbalance across data-parallel ranks"
 CAPTION = ("Heat map: each rank's token load (prompt + response) over the step's mean rank load. "
            "Lines: token λ = max/mean of rank token loads, makespan λ = max/mean of the ranks' longest "
            "responses (what the rollout waits for), and token λ after repartitioning the prompt groups "
-           "(balanced). Runs with only verl's global_seqlen metrics have token λ lines and no heat map.")
+           "(balanced). Runs with only verl's global_seqlen metrics have token λ lines and no heat map; when verl "
+           "balanced the batch (trainer.balance_batch), token λ is the busiest rank after balancing, which sets the "
+           "time, with the λ before balancing beside it.")
 FRAMES = ('ranks', 'steps')
 # Why a run without this figure's data is left out of it.
 LEFT_OUT = "no per-rank samples and no verl global_seqlen metrics"
@@ -70,12 +73,16 @@ def render(data: dict[str, pl.DataFrame]):
         lines = per_step.filter(pl.col("run") == run).sort("step") if has_lines else per_step.clear()
         if lines.height:
             steps = lines["step"].to_numpy()
+            after_balancing = bool((lines["lambda_basis"] == BALANCED_MAX).any())
             style.plot_steps(line_ax, steps, lines["lambda"], color=style.colour(3), linewidth=1.4,
-                             label="token λ")
+                             label="token λ after verl's balancing" if after_balancing else "token λ")
+            if after_balancing and lines["lambda_before_balancing"].drop_nulls().len():
+                style.plot_steps(line_ax, steps, lines["lambda_before_balancing"], color=style.colour(5),
+                                 linewidth=1.0, linestyle="-.", label="token λ before balancing")
             if lines["makespan_lambda"].drop_nulls().len():
                 style.plot_steps(line_ax, steps, lines["makespan_lambda"], color=style.colour(0), linewidth=1.4,
                                  linestyle="--", label="makespan λ")
-            if lines["lambda_balanced"].drop_nulls().len():
+            if lines["lambda_balanced"].drop_nulls().len() and not after_balancing:
                 style.plot_steps(line_ax, steps, lines["lambda_balanced"], color=style.colour(2), linewidth=1.2,
                                  linestyle=":", label="token λ balanced")
             line_ax.axhline(1.0, color="#777777", linewidth=0.8, linestyle=":")

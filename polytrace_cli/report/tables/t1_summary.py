@@ -12,7 +12,7 @@ ID = "T1"
 TITLE = "Cross-run summary"
 
 COLUMNS = ["run", "task", "workload_steps", "trainer_steps", "samples", "mean_prompt_tokens", "mean_response_tokens", "response_p99_p50",
-           "clip_ratio", "lambda", "step_time_cv"]
+           "clip_ratio", "lambda", "lambda_before_balancing", "step_time_cv"]
 
 
 def _pick(summary: pl.DataFrame | None, schema: dict, value: pl.Expr, where: pl.Expr | None = None) -> pl.DataFrame:
@@ -26,8 +26,9 @@ def _pick(summary: pl.DataFrame | None, schema: dict, value: pl.Expr, where: pl.
 
 def table(con, run_ids: list[int], steps: StepRange, summaries: dict[str, pl.DataFrame]) -> pl.DataFrame | Omitted:
     """One row per run: task and sample count from `run_facts`; mean prompt/response tokens,
-    response p99/p50 and clip ratio from `lengths`; mean token λ from `imbalance`; step-time CV from
-    `stages`. Two step counts: workload_steps = rollout calls with samples (PolyTrace traces);
+    response p99/p50 and clip ratio from `lengths`; mean token λ (the busiest rank that sets the time)
+    and, when verl balanced the batch, the mean λ before balancing from `imbalance`; step-time CV (of
+    the canonical step time) from `stages`. Two step counts: workload_steps = rollout calls with samples (PolyTrace traces);
     trainer_steps = optimizer steps, from the DAPO filter batches, else from per-step logged lengths,
     else from logged step times (null when the run tells neither: a trace without DAPO batches)."""
     base = run_facts(con, run_ids)
@@ -46,6 +47,8 @@ def table(con, run_ids: list[int], steps: StepRange, summaries: dict[str, pl.Dat
         _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("p99_p50").alias("response_p99_p50"), is_response),
         _pick(length_rows, lengths.SUMMARY_COLUMNS, pl.col("clip_ratio"), is_response),
         _pick(summaries.get("imbalance"), imbalance.SUMMARY_COLUMNS, pl.col("mean_lambda").alias("lambda")),
+        _pick(summaries.get("imbalance"), imbalance.SUMMARY_COLUMNS,
+              pl.col("mean_lambda_before_balancing").alias("lambda_before_balancing")),
         _pick(stage_rows, stages.SUMMARY_COLUMNS, pl.col("cv").alias("step_time_cv"), pl.col("stage") == "step"),
     ]
     out = base
