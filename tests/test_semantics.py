@@ -195,6 +195,37 @@ def test_length_collapse_rule():
     assert length_collapse(steps, [900.0] * 10 + [500.0, 300.0] + [45.0] * 8) == (13, 45.0, 900.0)
 
 
+def test_findings_on_a_run_that_collapsed_for_most_of_its_steps_give_no_ratio_to_its_median(tmp_path):
+    # the collapse fixture's 12 steps before the collapse, then its last collapsed step repeated to step 40:
+    # the median workload is the collapsed one (1 token), so "typical longest" would read 1
+    lines = (CASES / "collapse_crash" / "train.log").read_text().splitlines()
+    steps = [line for line in lines if " step:" in line]
+    before = [line for line in steps if int(line.split(" step:")[1].split(" ")[0]) < 13]
+    collapsed = [steps[-1].replace(" step:20 ", f" step:{step} ") for step in range(13, 41)]
+    log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()
+    log.write_text("\n".join([lines[0], *before, *collapsed]) + "\n")
+    db = tmp_path / "store.duckdb"
+    _ok("ingest", log.parent, "--run", "long-collapse", "--db", db)
+    findings = {f["cause"]: f["text"] for f in _json("explain", "long-collapse", "--db", db)["findings"]}
+    assert "long_tail" in findings
+    assert "the run's responses collapsed from step 13" in findings["long_tail"]
+    assert not any("typical" in text or "×" in text for text in findings.values())
+
+
+def test_the_token_volume_sentence_names_the_collapse_instead_of_a_ratio():
+    from polytrace_cli.diagnose.findings import _sentence
+
+    at = pl.DataFrame({"response_tokens": [3000.0, 1500.0], "segment": [0, 0]})
+    rows = pl.DataFrame({"stage": ["gen"], "seconds": [30.0]})
+    typical = {"response_tokens": 2.0}
+    plain = _sentence("token_volume", 30.0, [3, 4], at, rows, typical, "busiest_rank_tokens")
+    assert "up to 1500.0× the typical response tokens" in plain
+    collapsed = _sentence("token_volume", 30.0, [3, 4], at, rows, typical, "busiest_rank_tokens", collapse_step=13)
+    assert collapsed == ("batches with more tokens than usual (up to 3,000 response tokens, the run's responses "
+                         "collapsed from step 13) slowed 2 steps by 30 s")
+
+
 # Case 7: per-step tool latency and prefix-cache hits.
 
 def test_multi_turn_steps_carry_tool_latency_and_cache_hits(db):

@@ -156,7 +156,8 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     model, mask, expected, steps, causes = run.model, run.mask, run.expected, run.steps, run.causes
     slow_rule = run.slow_rule
     slow = steps.filter(pl.Series(run.slow_flags))
-    findings = run_findings(steps, causes, frame, slow, model)
+    record = record_of(con, info.run_id)
+    findings = run_findings(steps, causes, frame, slow, model, record["collapse_step"])
     if step is not None:
         chosen = steps.filter(pl.col("step") == step)
         if chosen.height == 0:
@@ -187,7 +188,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     if frame["busiest_after_balancing"].any():
         notes.append("verl balanced the batch across ranks: the training stages follow global_seqlen/balanced_max, "
                      "not global_seqlen/max; the imbalance before balancing does not set their time")
-    notes += semantics_notes(record_of(con, info.run_id))
+    notes += semantics_notes(record)
     if frame["workload_basis"].is_null().all():
         notes.append("the log has no response lengths or token counts: every stage is fitted as a constant, so "
                      "long_tail, token_volume and dp_imbalance cannot be told apart from unexplained time")

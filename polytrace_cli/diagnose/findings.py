@@ -9,6 +9,9 @@ Per cause:
 - dp_imbalance at its usual level (`typical: true`): Σ_k b_k · median(busiest − mean rank
   tokens) per step over every timed step, the imbalance the per-step causes count as typical;
 share = seconds / Σ wall_s over the run's timed steps. Each finding carries one plain sentence.
+On a run whose responses collapsed (the semantics record's collapse_step), the run's typical workload
+is a median over both regimes: the long_tail and token_volume sentences then give the largest value
+and the step the run collapsed from, never a ratio against that median.
 """
 
 from __future__ import annotations
@@ -66,10 +69,11 @@ def typical_imbalance(steps: pl.DataFrame, model: StepTimeModel, run_wall: float
 
 
 def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame, slow: pl.DataFrame,
-                 model: StepTimeModel) -> list[dict]:
+                 model: StepTimeModel, collapse_step: int | None = None) -> list[dict]:
     """Findings ranked by seconds (see the module docstring). `steps` is the decomposition's step
     frame, `causes` its per step × cause frame with `stands_out`, `slow` the slow steps, `model` the
-    fitted model (typical workload and slopes)."""
+    fitted model (typical workload and slopes), `collapse_step` the step the run's responses
+    collapsed from (None: they did not)."""
     typical = model.typical
     run_wall = float(steps["seconds"].sum())
     findings = []
@@ -95,7 +99,8 @@ def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame,
         step_list = sorted(rows["step"].to_list())
         at = frame.filter(pl.col("step").is_in(step_list))
         findings.append(_finding(cause, seconds, run_wall, step_list,
-                                 _sentence(cause, seconds, step_list, at, rows, typical, model.busiest_feature)))
+                                 _sentence(cause, seconds, step_list, at, rows, typical, model.busiest_feature,
+                                           collapse_step)))
     findings.sort(key=lambda f: f["seconds"], reverse=True)
     return findings
 
@@ -108,16 +113,20 @@ def _finding(cause: str, seconds: float, run_wall: float, steps: list[int], text
 
 
 def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, rows: pl.DataFrame,
-              typical: dict[str, float], busiest: str) -> str:
+              typical: dict[str, float], busiest: str, collapse_step: int | None = None) -> str:
     count, lost = _count(steps), duration(seconds)
+    collapsed = f"the run's responses collapsed from step {collapse_step:,}" if collapse_step is not None else None
     if cause == "long_tail":
         longest = at["r_max"].max()
         usual = typical.get("r_max", float("nan"))
-        return (f"long responses (up to {longest:,.0f} tokens, typical longest {usual:,.0f})"
-                f" slowed {count} by {lost}")
+        against = collapsed or f"typical longest {usual:,.0f}"
+        return f"long responses (up to {longest:,.0f} tokens, {against}) slowed {count} by {lost}"
     if cause == "token_volume":
-        ratio = (at["response_tokens"] / typical["response_tokens"]).max() if "response_tokens" in typical else None
-        more = f" (up to {ratio:.1f}× the typical response tokens)" if ratio is not None else ""
+        if collapsed:
+            more = f" (up to {at['response_tokens'].max():,.0f} response tokens, {collapsed})"
+        else:
+            ratio = (at["response_tokens"] / typical["response_tokens"]).max() if "response_tokens" in typical else None
+            more = f" (up to {ratio:.1f}× the typical response tokens)" if ratio is not None else ""
         return f"batches with more tokens than usual{more} slowed {count} by {lost}"
     if cause == "dp_imbalance":
         worst = (at[busiest] / at["mean_rank_tokens"]).max()
