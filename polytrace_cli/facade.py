@@ -163,13 +163,14 @@ class Store:
 
         return step_frame(self.connection, self.run_ids(runs), self.step_range(steps))
 
-    def analyze(self, name: str, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+    def analyze(self, name: str, runs: Runs = None, steps: Steps = None, split: str | None = None) -> pl.DataFrame:
         """The summary of one analysis (lengths, drift, longtail, fit, imbalance, stages, tools,
-        filtering) over the runs and steps ("A:B", a step number or a StepRange), as
-        `polytrace analyze --only NAME --json`."""
+        filtering) over the runs, steps ("A:B", a step number or a StepRange) and split of the samples
+        ("training", the default, or "validation": lengths, drift, longtail and fit only), as
+        `polytrace analyze --only NAME --split SPLIT --json`."""
         from polytrace_cli.analyze.results import summaries
 
-        return summaries(self.connection, _names(runs), name, steps)[name]
+        return summaries(self.connection, _names(runs), name, steps, split)[name]
 
     def report(self, runs: Runs = None, out: str | Path = "reports", name: str | None = None,
                steps: Steps = None, svg: bool = False) -> Path:
@@ -241,17 +242,28 @@ class Store:
         records = records_by_name(self.connection, self.run_ids())
         return [*columns, "semantics"], [(*row, records.get(row[0])) for row in rows]
 
-    def summaries(self, runs: Runs = None, only: str | None = None, steps: Steps = None) -> dict[str, pl.DataFrame]:
+    def summaries(self, runs: Runs = None, only: str | None = None, steps: Steps = None,
+                  split: str | None = None) -> dict[str, pl.DataFrame]:
         """{analysis: summary} of the analyses named in `only` ("lengths,imbalance"; every one when None) over
-        the runs, as `polytrace analyze --json`. A store without runs is an error."""
+        the runs and the split of their samples ("training", the default, or "validation", where only the
+        analyses that read samples answer), as `polytrace analyze --json`. A store without runs is an
+        error, and so is a validation split with nothing to analyze."""
+        return self.summaries_with_notes(runs, only, steps, split)[0]
+
+    def summaries_with_notes(self, runs: Runs = None, only: str | None = None, steps: Steps = None,
+                             split: str | None = None) -> tuple[dict[str, pl.DataFrame], list[str]]:
+        """`summaries` and what the split leaves out, one line each (analyses that do not apply to the
+        validation split, runs without validation samples; none in the training split)."""
         from polytrace_cli.store.queries import run_ids_to_analyze
 
-        step_range = self.step_range(steps)
+        step_range = self.step_range(steps).of_split(split)
         # The runs are resolved before polars and the analyses load: a mistyped name fails at once.
         ids = run_ids_to_analyze(self.connection, _names(runs))
-        from polytrace_cli.analyze.results import run_analyses, select_analyses
+        from polytrace_cli.analyze.results import run_analyses, select_analyses, split_notes
 
-        return run_analyses(self.connection, ids, select_analyses(only), step_range)
+        analyses = select_analyses(only)
+        notes = split_notes(self.connection, ids, list(analyses), step_range)
+        return run_analyses(self.connection, ids, analyses, step_range), notes
 
     def by_group(self, by: str, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
         """One row per task (by="task") or model over the runs, as `polytrace analyze --by`."""

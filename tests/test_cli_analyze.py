@@ -183,3 +183,59 @@ def test_real_traces_and_a_console_log_steps_csv_and_compare(db_path):
                                           pytest.approx(imbalance["verl"]["mean_lambda"]))
     assert lam["delta"] == pytest.approx(lam["verl"] - lam["rllm"])
     assert lam["relative_delta"] == pytest.approx(lam["delta"] / lam["rllm"])
+
+
+@pytest.fixture
+def with_validation(db_path):
+    """Run 'tv': training responses [100, 200] at step 1, validation responses [10, 20, 30] at step 2;
+    run 'plain': training responses [5, 7] alone."""
+    con = open_store(db_path)
+    tv = add_run(con, "tv")
+    add_samples(con, tv, step=1, prompts=[50, 50], responses=[100, 200], dp_rank=0)
+    add_samples(con, tv, step=2, prompts=[40, 40, 40], responses=[10, 20, 30], dp_rank=0, validate=True)
+    plain = add_run(con, "plain")
+    add_samples(con, plain, step=1, prompts=[3, 3], responses=[5, 7], dp_rank=0)
+    con.close()
+    return db_path
+
+
+def test_the_validation_split_answers_on_the_validation_samples(with_validation):
+    from polytrace_cli.facade import Store
+    from tests.test_json_schemas import assert_valid
+
+    result = invoke("analyze", "tv", "--db", with_validation, "--only", "lengths", "--split", "validation", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert_valid(document, "analyze")
+    response = next(r for r in document["lengths"] if r["kind"] == "response")
+    # validation responses 10, 20, 30: mean 20, sample std 10, p50 20, max 30, one step
+    assert (response["count"], response["mean_tokens"], response["std_tokens"]) == (3, 20.0, pytest.approx(10.0))
+    assert (response["p50_tokens"], response["max_tokens"], response["steps"]) == (20.0, 30.0, 1)
+    # the default split is training: responses 100, 200 as before
+    training = json.loads(invoke("analyze", "tv", "--db", with_validation, "--only", "lengths", "--json").stdout)
+    response = next(r for r in training["lengths"] if r["kind"] == "response")
+    assert (response["count"], response["mean_tokens"], response["max_tokens"]) == (2, 150.0, 200.0)
+    with Store.open(with_validation, read_only=True) as store:
+        frame = store.analyze("lengths", runs="tv", split="validation")
+    assert frame.filter(frame["kind"] == "response")["mean_tokens"].to_list() == [20.0]
+
+
+def test_the_validation_split_says_what_it_leaves_out(with_validation):
+    # two runs, one without validation samples; lengths and stages asked: stages reads step metrics
+    result = invoke("analyze", "--db", with_validation, "--only", "lengths,stages", "--split", "validation")
+    assert result.exit_code == 0, result.output
+    assert "run plain has no validation samples (samples with validate true): left out" in result.stdout
+    assert "stages: does not apply to the validation split" in result.stdout
+    assert "tails (on the validation samples)" in result.stdout  # the table says which samples it holds
+    document = json.loads(invoke("analyze", "--db", with_validation, "--only", "lengths,stages",
+                                 "--split", "validation", "--json").stdout)
+    assert list(document) == ["lengths"] and {r["run"] for r in document["lengths"]} == {"tv"}
+    # nothing at all to analyze: one line and a non-zero exit
+    alone = invoke("analyze", "plain", "--db", with_validation, "--only", "lengths", "--split", "validation")
+    assert alone.exit_code != 0
+    assert alone.output.strip().splitlines() == [
+        "error: no validation samples (samples with validate true) in run plain"]
+    stages = invoke("analyze", "tv", "--db", with_validation, "--only", "stages", "--split", "validation")
+    assert stages.exit_code != 0 and "stages reads step metrics" in stages.output
+    assert "it does not apply to the validation split" in stages.output
+    assert invoke("analyze", "--db", with_validation, "--split", "test").exit_code != 0

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     import polars as pl
 
 TRAINING_SAMPLES = "coalesce(validate, false) = false"
+VALIDATION_SAMPLES = "coalesce(validate, false) = true"
+# The splits of a run's samples: training (validate not true) and validation (validate true).
+TRAINING, VALIDATION = "training", "validation"
+SPLITS = (TRAINING, VALIDATION)
+SPLIT_SAMPLES = {TRAINING: TRAINING_SAMPLES, VALIDATION: VALIDATION_SAMPLES}
 # A longest length shared by at least this share (and this many) of a run's responses marks a cap.
 EVIDENT_CAP_SHARE = 0.01
 EVIDENT_CAP_MIN_COUNT = 3
@@ -20,10 +25,23 @@ EVIDENT_CAP_MIN_COUNT = 3
 
 @dataclass(frozen=True)
 class StepRange:
-    """An inclusive range of steps; None on either side means unbounded."""
+    """An inclusive range of steps of one split of the samples; None on either side means unbounded.
+
+    `split` is the samples the sample-reading analyses read (`samples_sql`): 'training' (validate not
+    true, the default) or 'validation' (validate true). Step metrics are training steps in either.
+    """
 
     first: int | None = None
     last: int | None = None
+    split: str = TRAINING
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise PolytraceError(f"split takes {' or '.join(SPLITS)}, not {self.split!r}")
+
+    def of_split(self, split: str | None) -> "StepRange":
+        """The same steps of the named split (None: this range's split)."""
+        return self if split is None else StepRange(self.first, self.last, split)
 
     @classmethod
     def parse(cls, text: str | None) -> "StepRange":
@@ -119,8 +137,16 @@ def ids_sql(run_ids: list[int]) -> str:
 
 
 def training_samples_sql(run_ids: list[int], steps: StepRange = ALL_STEPS) -> str:
-    """SELECT of the training samples (validate not true) of the runs within the step range."""
+    """SELECT of the training samples (validate not true) of the runs within the step range, whatever
+    its split."""
     return f"SELECT * FROM samples WHERE run_id IN {ids_sql(run_ids)} AND {TRAINING_SAMPLES} AND {steps.sql('step')}"
+
+
+def samples_sql(run_ids: list[int], steps: StepRange = ALL_STEPS) -> str:
+    """SELECT of the samples of the range's split (training: validate not true; validation: validate
+    true) of the runs within the step range."""
+    return (f"SELECT * FROM samples WHERE run_id IN {ids_sql(run_ids)} AND {SPLIT_SAMPLES[steps.split]} "
+            f"AND {steps.sql('step')}")
 
 
 def caps_sql(run_ids: list[int]) -> str:
@@ -152,12 +178,14 @@ def caps_sql(run_ids: list[int]) -> str:
 def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
     """Per step of step-aggregate runs (no training samples: validation samples, e.g. a wandb
     validation table, are their own split and never replace the logged training aggregates): logged
-    response and prompt mean/min/max/clip ratio."""
+    response and prompt mean/min/max/clip ratio. None in the validation split: the logged aggregates
+    are the training batch's."""
     ids = ids_sql(run_ids)
+    training = "true" if steps.split == TRAINING else "false"
     return f"""
         WITH st AS (
             SELECT * FROM steps
-            WHERE run_id IN {ids}
+            WHERE {training} AND run_id IN {ids}
               AND run_id NOT IN (SELECT DISTINCT run_id FROM samples WHERE run_id IN {ids} AND {TRAINING_SAMPLES})
               AND NOT coalesce(is_validation_only, false) AND {steps.sql('step')}
             QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY segment DESC) = 1

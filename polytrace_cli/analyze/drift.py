@@ -1,8 +1,8 @@
 """drift: how response length moves over training.
 
-Per step: mean and p99 response length (training samples; for step-aggregate runs the logged
-`response_length/mean`, and no p99). Per run: the least-squares line mean(step) = a + b·step
-(scipy `linregress`), the slope b in tokens/step with its 95% confidence interval
+Per step: mean and p99 response length (the samples of the step range's split, training by default;
+for step-aggregate runs the logged `response_length/mean`, and no p99). Per run: the least-squares
+line mean(step) = a + b·step (scipy `linregress`), the slope b in tokens/step with its 95% confidence interval
 b ± t(0.975, n−2)·se(b), r², the relative slope b / (mean of the step means) per step, and the
 Spearman rank correlation of step vs mean with its two-sided p-value (a trend test that assumes no
 linearity). A trend from a few points is noise: below MIN_TREND_STEPS steps with data the slope and
@@ -16,7 +16,7 @@ import duckdb
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, samples_sql, step_aggregate_rows_sql
 from polytrace_cli.analyze.registry import register
 
 # Fewest steps with data for which a trend is reported.
@@ -41,7 +41,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     """Per run and step: samples, mean and p99 (`quantile_cont`) of the response length; for
     step-aggregate runs the logged mean with a null p99 (`basis` says which)."""
     sql = f"""
-        WITH s AS ({training_samples_sql(run_ids, steps)}),
+        WITH s AS ({samples_sql(run_ids, steps)}),
         from_samples AS (
             SELECT run_id, step, 'samples' AS basis, count(response_len) AS count,
                    avg(response_len) AS mean_tokens, quantile_cont(response_len, 0.99) AS p99_tokens

@@ -40,7 +40,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, caps_sql, ids_sql, run_names, training_samples_sql
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, caps_sql, ids_sql, run_names, samples_sql
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.errors import PolytraceError
 
@@ -115,14 +115,15 @@ class Candidate:
 
 
 def histogram(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange, kind: str) -> Histogram:
-    """Histogram of the training samples' prompt or response lengths; responses at or above the
+    """Histogram of the prompt or response lengths of the step range's split of the samples (training
+    by default); responses at or above the
     run's cap are counted in `excluded_at_cap` instead (each run judged against its own cap)."""
     if kind not in ("prompt", "response"):
         raise ValueError(f"kind must be prompt or response, not {kind!r}")
     column = "prompt_len" if kind == "prompt" else "response_len"
     at_cap = "s.response_len >= c.cap_tokens" if kind == "response" else "false"
     sql = f"""
-        WITH c AS ({caps_sql(run_ids)}), s AS ({training_samples_sql(run_ids, steps)})
+        WITH c AS ({caps_sql(run_ids)}), s AS ({samples_sql(run_ids, steps)})
         SELECT CASE WHEN coalesce({at_cap}, false) THEN 'cap' WHEN {column} <= 0 THEN 'nonpositive' ELSE 'ok' END AS what,
                {column} AS value, count(*) AS n
         FROM s JOIN c ON s.run_id = c.run_id
@@ -143,7 +144,7 @@ def run_histograms(con: duckdb.DuckDBPyConnection, run_ids: list[int],
     """`histogram(con, [run_id], steps, kind)` for every run and kind, keyed (run_id, kind), read in one
     query (the per-run reads each scanned the samples again for the run's cap)."""
     sql = f"""
-        WITH c AS ({caps_sql(run_ids)}), s AS ({training_samples_sql(run_ids, steps)}),
+        WITH c AS ({caps_sql(run_ids)}), s AS ({samples_sql(run_ids, steps)}),
         v AS (
             SELECT s.run_id, 'prompt' AS kind, s.prompt_len AS value, false AS at_cap
             FROM s JOIN c ON s.run_id = c.run_id
@@ -310,7 +311,7 @@ def _joint_mixture(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
     except ImportError:
         return None
     sql = f"""
-        WITH c AS ({caps_sql(run_ids)}), s AS ({training_samples_sql(run_ids, steps)})
+        WITH c AS ({caps_sql(run_ids)}), s AS ({samples_sql(run_ids, steps)})
         SELECT prompt_len, response_len FROM s JOIN c ON s.run_id = c.run_id
         WHERE prompt_len > 0 AND response_len > 0 AND NOT coalesce(response_len >= c.cap_tokens, false)
         ORDER BY hash(s.run_id, s.step, s.dp_rank, s.rank, s.prompt_idx, s.sample_idx, s.prompt_len, s.response_len)
@@ -340,7 +341,7 @@ def _empirical_quantiles(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
     grid = [i / 1000 for i in range(1001)]
     row = con.execute(
         f"SELECT quantile_cont(prompt_len, {grid}), quantile_cont(response_len, {grid}) "
-        f"FROM ({training_samples_sql(run_ids, steps)})"
+        f"FROM ({samples_sql(run_ids, steps)})"
     ).fetchall()[0]
     if row[0] is None or row[1] is None:
         return None
@@ -362,7 +363,7 @@ def _lognorm_node(values: np.ndarray) -> dict | None:
 def _multiturn(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> dict | None:
     """Turns-per-trajectory pmf, and lognormal fits of tool latency (s) and completion tokens per turn."""
     ids, step_sql = ids_sql(run_ids), steps.sql("step")
-    turns = con.execute(f"SELECT turns, count(*) FROM ({training_samples_sql(run_ids, steps)}) "
+    turns = con.execute(f"SELECT turns, count(*) FROM ({samples_sql(run_ids, steps)}) "
                         "WHERE turns IS NOT NULL AND turns > 0 GROUP BY turns ORDER BY turns").fetchall()
     if not turns:
         return None

@@ -6,7 +6,10 @@ estimators, as pandas' `skew`/`kurt` and scipy's `skew(bias=False)`/`kurtosis(bi
 ratio, and the tail ratios p99/p50 and max/p50. Also the whole-run CDF and the prompt–response
 correlation.
 
-Only training samples are counted: rows with `validate = true` are left out everywhere.
+The samples counted are the step range's split (`common.samples_sql`): the training samples by
+default (rows with `validate = true` left out everywhere), the validation samples (`validate =
+true`) alone in the validation split. The cap stays the run's in both (known, or evident from its
+training responses), and the step-aggregate fallback below is training only.
 
 The length cap of a run (`cap_tokens`) is `runs.meta.max_response_len` when the ingester recorded
 it (`cap_source = 'known'`); otherwise it is *evident* when the run's longest response length is
@@ -27,7 +30,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.analyze.common import (
-    ALL_STEPS, StepRange, caps_sql, frame, small_frame, step_aggregate_rows_sql, training_samples_sql,
+    ALL_STEPS, StepRange, caps_sql, frame, samples_sql, small_frame, step_aggregate_rows_sql,
 )
 from polytrace_cli.analyze.registry import register
 
@@ -71,7 +74,7 @@ def _sample_stats(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Ste
     step_col = "step, " if by_step else ""
     sql = f"""
         WITH cap AS ({caps_sql(run_ids)}),
-        s AS ({training_samples_sql(run_ids, steps)}),
+        s AS ({samples_sql(run_ids, steps)}),
         long AS (
             SELECT run_id, step, 'prompt' AS kind, prompt_len AS len, NULL::BOOLEAN AS at_cap FROM s
             UNION ALL
@@ -123,7 +126,7 @@ def _pooled_sample_stats_sql(run_ids: list[int], steps: StepRange) -> str:
         for name, q in quantiles.items()
     )
     return f"""
-        WITH s AS ({training_samples_sql(run_ids, steps)}),
+        WITH s AS ({samples_sql(run_ids, steps)}),
         long AS (
             SELECT run_id, 'prompt' AS kind, prompt_len AS len FROM s
             UNION ALL SELECT run_id, 'response', response_len FROM s
@@ -269,7 +272,7 @@ def _correlation_sql(run_ids: list[int], steps: StepRange) -> str:
     return f"""
         WITH pairs AS (
             SELECT run_id, prompt_len AS p, response_len AS r, count(*)::DOUBLE AS c
-            FROM ({training_samples_sql(run_ids, steps)})
+            FROM ({samples_sql(run_ids, steps)})
             WHERE prompt_len IS NOT NULL AND response_len IS NOT NULL
             GROUP BY ALL
         ), pv AS (
@@ -328,7 +331,7 @@ def cdf(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = A
         raise ValueError("points must be at least 2")
     grid = [i / (points - 1) for i in range(points)]
     sql = f"""
-        WITH s AS ({training_samples_sql(run_ids, steps)}),
+        WITH s AS ({samples_sql(run_ids, steps)}),
         long AS (
             SELECT run_id, 'prompt' AS kind, prompt_len AS len FROM s
             UNION ALL SELECT run_id, 'response', response_len FROM s
@@ -367,7 +370,7 @@ def joint_histogram(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
     sql = f"""
         WITH s AS (
             SELECT run_id, floor({k} * ln(prompt_len)) AS pb, floor({k} * ln(response_len)) AS rb
-            FROM ({training_samples_sql(run_ids, steps)})
+            FROM ({samples_sql(run_ids, steps)})
             WHERE prompt_len > 0 AND response_len > 0
         )
         SELECT r.name AS run, exp((pb + 0.5) / {k}) AS prompt_tokens, exp((rb + 0.5) / {k}) AS response_tokens,

@@ -14,6 +14,9 @@ Step-aggregate runs (console logs) log only the step's mean and max response len
 idle is 1 − mean / max over the whole step's batch (`basis = 'step_aggregates'`, one batch per
 step, not per rank), marked `estimate = true`: it treats all the step's ranks as one batch, so it
 is not the per-rank figure. Straggler share needs p90 and is left null.
+
+The summary reads the step range's split of the samples (`common.samples_sql`): training by default,
+the validation samples in the validation split (which has no step aggregates).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, step_aggregate_rows_sql, training_samples_sql
+from polytrace_cli.analyze.common import (
+    ALL_STEPS, StepRange, frame, ids_sql, samples_sql, step_aggregate_rows_sql, training_samples_sql,
+)
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.shared_frames import shared
 
@@ -39,7 +44,7 @@ def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     = 1 − sum/(N·max) and straggler share = (max − p90)/max. Step-aggregate runs: one row per step
     (dp_rank null) with slot idle = 1 − mean/max, null straggler share and estimate = true."""
     sql = f"""
-        WITH s AS ({training_samples_sql(run_ids, steps)}),
+        WITH s AS ({samples_sql(run_ids, steps)}),
         batches AS (
             SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank, 'samples' AS basis,
                    count(response_len) AS n, sum(response_len)::DOUBLE AS sum_tokens,

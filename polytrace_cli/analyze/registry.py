@@ -36,6 +36,9 @@ ANALYSES = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools
 # scipy.stats for the step-time model anyway, so its first process, which draws, loads no scipy at all
 # (see report/numbers.py).
 SCIPY_ANALYSES = ("drift", "fit", "imbalance", "stages")
+# Those that read the samples through `common.samples_sql` and so answer on either split of them
+# (training or validation); the others read step metrics or training batches and apply to training alone.
+SAMPLE_ANALYSES = ("lengths", "drift", "longtail", "fit")
 
 _ANALYSES: dict[str, Analysis] = {}
 # The entry-point group through which another package adds analyses: each entry point names a module

@@ -16,8 +16,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.analyze.registry import Analysis, all_analyses, named_analyses
+from polytrace_cli.analyze.common import TRAINING, VALIDATION, StepRange, ids_sql
+from polytrace_cli.analyze.registry import SAMPLE_ANALYSES, Analysis, all_analyses, named_analyses
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
 
@@ -63,19 +63,62 @@ def select_analyses(only: str | None) -> dict[str, Analysis]:
 
 def run_analyses(con: duckdb.DuckDBPyConnection, run_ids: list[int], analyses: dict[str, Analysis],
                  steps: StepRange) -> dict[str, pl.DataFrame]:
-    """Each analysis' summary frame for the runs and step range, in registry order."""
-    return {name: analysis.summary(con, run_ids, steps) for name, analysis in analyses.items()}
+    """Each analysis' summary frame for the runs and step range, in registry order: in the validation
+    split, only the analyses that apply to it (`applies_to_split`)."""
+    return {name: analysis.summary(con, run_ids, steps) for name, analysis in analyses.items()
+            if applies_to_split(name, steps.split)}
+
+
+def applies_to_split(name: str, split: str) -> bool:
+    """Whether the analysis answers on the split: every analysis on training, on validation those that
+    read samples (`registry.SAMPLE_ANALYSES`)."""
+    return split == TRAINING or name in SAMPLE_ANALYSES
+
+
+def split_notes(con: duckdb.DuckDBPyConnection, run_ids: list[int], names: list[str], steps: StepRange) -> list[str]:
+    """What the validation split leaves out, one line each: the named analyses that do not apply to it
+    and the runs with no validation sample in the step range (none in the training split). An error
+    when nothing could be analyzed: no named analysis applies, or no run holds a validation sample."""
+    if steps.split != VALIDATION:
+        return []
+    left_out = [name for name in names if not applies_to_split(name, VALIDATION)]
+    if len(left_out) == len(names):
+        one = len(left_out) == 1
+        raise PolytraceError(f"{', '.join(left_out)} {'reads' if one else 'read'} step metrics or training batches, "
+                             f"not samples: {'it does' if one else 'they do'} not apply to the validation split "
+                             f"(those that do: {', '.join(SAMPLE_ANALYSES)})")
+    rows = con.execute(
+        f"SELECT r.name, count(s.run_id) FROM runs r LEFT JOIN samples s ON s.run_id = r.run_id "
+        f"AND coalesce(s.validate, false) AND {steps.sql('s.step')} "
+        f"WHERE r.run_id IN {ids_sql(run_ids)} GROUP BY r.name ORDER BY r.name").fetchall()
+    without = [name for name, count in rows if count == 0]
+    if len(without) == len(rows):
+        raise PolytraceError(f"no validation samples (samples with validate true) in {_runs_named(without)}"
+                             f"{'' if steps == StepRange(split=VALIDATION) else ' within the step range'}")
+    notes = [f"{name}: does not apply to the validation split (it reads step metrics or training batches, "
+             "not samples)" for name in left_out]
+    notes += [f"run {name} has no validation samples (samples with validate true): left out" for name in without]
+    return notes
+
+
+def _runs_named(names: list[str]) -> str:
+    return f"run {names[0]}" if len(names) == 1 else f"runs {', '.join(names)}"
 
 
 def summaries(con: duckdb.DuckDBPyConnection, runs: list[str] | None, only: str | None = None,
-              steps: StepRange | str | None = None) -> dict[str, pl.DataFrame]:
+              steps: StepRange | str | None = None, split: str | None = None) -> dict[str, pl.DataFrame]:
     """The summary frames of the analyses named in `only` (all by default) over the named runs
-    (every run by default) and steps; an empty store, an unknown run or analysis is an error."""
+    (every run by default), steps and split (None: the step range's, training unless said); an
+    empty store, an unknown run or analysis is an error, and so is a validation split with nothing
+    to analyze (`split_notes`)."""
     from polytrace_cli.store.queries import run_ids_to_analyze
 
-    step_range = StepRange.of(steps)
+    step_range = StepRange.of(steps).of_split(split)
     # Runs are resolved before the analyses load (scipy): a mistyped name fails at once.
-    return run_analyses(con, run_ids_to_analyze(con, runs), select_analyses(only), step_range)
+    ids = run_ids_to_analyze(con, runs)
+    analyses = select_analyses(only)
+    split_notes(con, ids, list(analyses), step_range)
+    return run_analyses(con, ids, analyses, step_range)
 
 
 def _finite(value: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, StepsOption, WaitOption, WideOption,
-                                          console, emit_frame, user_errors)
+                                          console, emit_frame, err_console, user_errors)
 from polytrace_cli.errors import PolytraceError
 
 if TYPE_CHECKING:
@@ -28,11 +28,17 @@ OnlyOption = Annotated[
 ]
 
 
-def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, wait: float) -> dict:
+SplitOption = Annotated[str, typer.Option(
+    "--split", help="Samples to analyze: training (default) or validation (samples with validate true; "
+    "lengths, drift, longtail and fit).")]
+
+
+def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, split: str,
+               wait: float) -> tuple[dict, list[str]]:
     from polytrace_cli.facade import Store
 
     with Store.open(db, read_only=True, wait=wait) as store:
-        return store.summaries(runs, only, steps)
+        return store.summaries_with_notes(runs, only, steps, split)
 
 
 def _fleet(db, runs: list[str] | None, by: str, steps: str | None, wait: float = 0):
@@ -54,16 +60,23 @@ def analyze(
     wait: WaitOption = 0,
     by: Annotated[str | None, typer.Option(
         "--by", help="Aggregate across runs per task or per model (the fleet table) instead of per run.")] = None,
+    split: SplitOption = "training",
 ) -> None:
     """Run the characterization analyses (lengths, drift, longtail, stages, imbalance, tools, filtering, fit)."""
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
+    notes: list[str] = []
     if by is not None:
         if only:
             raise PolytraceError("--only picks per-run analyses; --by prints the fleet table alone")
+        if split != "training":
+            raise PolytraceError("--by aggregates the training samples; --split validation takes per-run analyses")
         results = {"fleet": _fleet(db, runs, by, steps, wait)}
     else:
-        results = _summaries(db, runs, only, steps, wait)
+        results, notes = _summaries(db, runs, only, steps, split, wait)
+    # What the validation split leaves out: on stderr beside JSON or CSV, above the tables otherwise.
+    for note in notes:
+        (err_console if as_json or as_csv else console).print(note, style="dim", highlight=False, markup=False)
     if as_json or as_csv:
         from polytrace_cli.analyze.results import results_csv, results_json
 
@@ -80,6 +93,8 @@ def analyze(
                           highlight=False, markup=False)
             continue
         description = analyses[name].description if name in analyses else f"runs grouped by {by}"
+        if split != "training":
+            description = f"{description} (on the {split} samples)"
         identity = [column for column in ("run", by, *KEY_COLUMNS) if column and column in df.columns]
         headline = HEADLINE_COLUMNS.get(name)
         without_numbers = None
