@@ -161,6 +161,93 @@ def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int
     return digest.hexdigest(), size, lines
 
 
+@dataclass(frozen=True)
+class RangeHashes:
+    """`hash_range` of a file: sha256 of its first `prefix` bytes (None when not asked), and of the
+    bytes read (the file up to `limit`), their size, lines (a last line without newline counts) and
+    `complete`, the bytes up to and including the last newline among them."""
+
+    prefix_sha: str | None
+    sha: str
+    size: int
+    lines: int
+    complete: int
+
+    @property
+    def counted(self) -> tuple[str, int, int]:
+        """(sha256, size, lines), as `hash_and_count` gives them."""
+        return self.sha, self.size, self.lines
+
+
+def hash_range(path: Path, prefix: int | None = None, limit: int | None = None,
+               chunk_size: int = 8 << 20) -> RangeHashes:
+    """One pass over the first `limit` bytes of `path` (all when None): their sha256, size, lines and
+    last newline, and the sha256 of the first `prefix` bytes on the way (what a file that only grew
+    since it was read still starts with)."""
+    digest = hashlib.sha256()
+    prefix_sha = None
+    size = newlines = complete = 0
+    last = b""
+    with open(path, "rb") as handle:
+        while limit is None or size < limit:
+            want = chunk_size if limit is None else min(chunk_size, limit - size)
+            if prefix is not None and prefix_sha is None and size < prefix:
+                want = min(want, prefix - size)
+            chunk = handle.read(want)
+            if not chunk:
+                break
+            digest.update(chunk)
+            newlines += chunk.count(b"\n")
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                complete = size + cut + 1
+            size += len(chunk)
+            last = chunk[-1:]
+            if prefix is not None and prefix_sha is None and size == prefix:
+                prefix_sha = digest.copy().hexdigest()
+    if prefix == 0:
+        prefix_sha = hashlib.sha256().hexdigest()
+    lines = newlines + (1 if size and last != b"\n" else 0)
+    return RangeHashes(prefix_sha, digest.hexdigest(), size, lines, complete)
+
+
+def last_newline_end(path: Path, size: int, window: int = 1 << 16) -> int:
+    """The bytes of `path` up to and including its last newline before `size` (0 when it has none)."""
+    with open(path, "rb") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - window)
+            handle.seek(start)
+            cut = handle.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+    return 0
+
+
+@contextmanager
+def byte_range_copy(path: Path, start: int, end: int) -> Iterator[Path]:
+    """A temporary file holding bytes start..end of `path` (the lines appended to a log, or its complete
+    lines), removed afterwards. Named like `path`, in a folder named like its parent, as sniffers see it."""
+    folder = Path(tempfile.mkdtemp(prefix="polytrace-part-"))
+    try:
+        parent = folder / (path_text(path.resolve().parent.name) or "input")
+        parent.mkdir()
+        target = parent / path_text(path.name)
+        with open(path, "rb") as source, open(target, "wb") as out:
+            source.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                chunk = source.read(min(remaining, 8 << 20))
+                if not chunk:
+                    break
+                out.write(chunk)
+                remaining -= len(chunk)
+        yield target
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]:
     """(file, named_explicitly, problem) for every file under the given paths, sorted.
 

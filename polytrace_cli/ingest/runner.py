@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +22,8 @@ import duckdb
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, Readable, UnreadableFile, hash_and_count_bytes, is_compressed, path_text, readable,
-    walk,
+    CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, byte_range_copy, hash_and_count_bytes, hash_range,
+    is_compressed, last_newline_end, path_text, readable, walk,
 )
 from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
@@ -43,7 +44,7 @@ class FileReport:
     """What happened to one input file."""
 
     path: str
-    status: str  # ingested, replaced, unchanged, rejected, skipped, error
+    status: str  # ingested, appended, replaced, truncated, unchanged, rejected, skipped, error
     format: str | None = None
     run: str | None = None
     bytes: int = 0
@@ -217,9 +218,13 @@ def _record_whole_file_rejection(
         raise
 
 
+class _ReadWhole(Exception):
+    """An appended read found that the file must be read whole after all (the reason is the message)."""
+
+
 def ingest_file(
     con: duckdb.DuckDBPyConnection, path: Path, ingester: Ingester, run_id: int, run_name: str, head: bytes,
-    hashes: FileHashes, source: Readable | None = None,
+    hashes: FileHashes, source: Readable | None = None, complete_lines: bool = False,
 ) -> FileReport:
     """Load one file in one transaction; a file read before the same way (same sha256, format, parser
     version and row-changing options) is skipped.
@@ -227,35 +232,157 @@ def ingest_file(
     `path` is the input file as given (its path and sha256 are its provenance); `source` what the
     ingester reads (the decompressed text of a compressed file), by default `path` itself. A new or
     changed file is hashed in `hashes`' thread while DuckDB parses it (hashlib releases the GIL).
+
+    A file of an appendable format (`Ingester.appendable`) that only grew since it was read (its
+    first `bytes` still hash to the stored sha256, and that read ended at a newline) is read from
+    there on (status `appended`); one that shrank is read whole (`truncated`), as is one whose
+    first bytes changed (`replaced`). With `complete_lines` (a log being written), the file is read
+    up to its last newline only: a line still being written is read once it is finished.
     """
     path = path.resolve()
+    plain = source is None or not source.compressed
     source = source or Readable(path, path, False)
     started = time.perf_counter()
-    existing = fetch_first(
-        con, "SELECT file_id, sha256, format, parser_version, read_options, bytes FROM files"
-        " WHERE run_id = ? AND path = ?",
+    row = fetch_first(
+        con, "SELECT file_id, sha256, format, parser_version, read_options, bytes, lines, complete_bytes,"
+        " resume_state, format_version FROM files WHERE run_id = ? AND path = ?",
         [run_id, path_text(path)],
     )
+    existing = None if row is None else dict(zip(
+        ("file_id", "sha256", "format", "parser_version", "read_options", "bytes", "lines", "complete_bytes",
+         "resume_state", "format_version"), row))
     options = ingester.read_options()
-    report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name,
-                        bytes=path.stat().st_size)
-    if existing and tuple(existing[2:]) == (ingester.name, ingester.version, options, report.bytes):
-        sha, _, _ = hashes.result(path)
-        if existing[1] == sha:
-            report.status = "unchanged"
+    size = path.stat().st_size
+    report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name, bytes=size)
+    same_reading = existing is not None and (existing["format"], existing["parser_version"],
+                                             existing["read_options"]) == (ingester.name, ingester.version, options)
+    limit = last_newline_end(path, size) if complete_lines and plain and ingester.appendable else size
+    if same_reading and existing["bytes"] == limit:
+        sha = hashes.result(path)[0] if limit == size else hash_range(path, limit=limit).sha
+        if existing["sha256"] == sha:
+            report.status, report.bytes = "unchanged", limit
             report.seconds = time.perf_counter() - started
             return report
+    whole_note = None
+    if existing is not None and limit < existing["bytes"]:
+        whole_note = f"truncated: {limit:,} bytes, {existing['bytes']:,} when last read; read again whole"
+    elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
+            and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"]:
+        ranges = hash_range(path, prefix=existing["bytes"], limit=limit)
+        if ranges.prefix_sha == existing["sha256"]:
+            try:
+                return _append_in_transaction(con, path, ingester, run_id, run_name, existing, ranges, report,
+                                              started)
+            except _ReadWhole as why:
+                whole_note = f"read again whole: {why}"
+        else:
+            whole_note = f"its first {existing['bytes']:,} bytes changed since it was read; read again whole"
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
-    counting = hashes.future(source.path) if source.compressed else None
-    return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
-                                hashes.future(path), counting, report, started, options)
+    if limit < size:
+        ranges = hash_range(path, limit=limit)
+        with byte_range_copy(path, 0, limit) as part:
+            report = _load_in_transaction(con, path, Readable(part, path, False), ingester, run_id, run_name, head,
+                                          file_id, existing, _done(ranges.counted), None, report, started, options,
+                                          limit)
+    else:
+        counting = hashes.future(source.path) if source.compressed else None
+        report = _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
+                                      hashes.future(path), counting, report, started, options,
+                                      _complete_bytes(path, size) if plain and ingester.appendable else None)
+    if whole_note:
+        report.status = "truncated" if whole_note.startswith("truncated") else "replaced"
+        report.notes.insert(0, whole_note)
+    return report
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _complete_bytes(path: Path, size: int) -> int | None:
+    """`size` when the file ends with a newline (an appended read may start there), else None."""
+    if not size:
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(size - 1)
+        return size if handle.read(1) == b"\n" else None
+
+
+def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, existing: dict,
+                           ranges: RangeHashes, report: FileReport, started: float) -> FileReport:
+    """Read the complete lines appended to a file since its last read (bytes `existing['bytes']` to
+    `ranges.complete`) and add them to its rows and counts, in one transaction.
+
+    The lines are numbered on from the file's stored lines, and the reader gets the state the last
+    read left (`files.resume_state`). The file's run metadata must come out as a whole read would
+    give it: when the new lines give a value that differs from the one the file gave before (a
+    restarted job printing other settings), the transaction is rolled back and `_ReadWhole` raised.
+    """
+    file_id, offset = existing["file_id"], existing["bytes"]
+    state = json.loads(existing["resume_state"])
+    previous_meta = state.pop("meta", {})
+    previous_version = state.pop("format_version", None)
+    added_lines = ranges.lines - existing["lines"]
+    with byte_range_copy(path, offset, ranges.complete) as part:
+        ctx = FileContext(con=con, path=part, run_id=run_id, file_id=file_id, run_name=run_name,
+                          line_count=added_lines, line_offset=existing["lines"], resume=state)
+        try:
+            ingester.load(ctx)
+            ctx.flush()
+            if ctx.lines != added_lines or ctx.lines != ctx.stored + ctx.ignored_total + ctx.rejected:
+                raise RuntimeError(
+                    f"{ingester.name} lost lines appended to {path}: {added_lines} appended, {ctx.lines} read,"
+                    f" {ctx.stored} stored, {ctx.ignored_total} ignored, {ctx.rejected} rejected")
+            changed = _changed_meta(previous_meta, ctx.run_meta)
+            if previous_version and ctx.format_version and ctx.format_version != previous_version:
+                changed.append("format version")
+            if changed or ctx.resume_state is None:
+                raise _ReadWhole(f"the appended lines change {', '.join(changed)}" if changed
+                                 else "the appended lines cannot follow the lines read before")
+            # Counts per rule: the appended lines' rows were added beside the file's earlier ones.
+            con.execute("CREATE OR REPLACE TEMP TABLE appended_ignored AS SELECT file_id, rule, sum(lines) AS lines"
+                        " FROM ignored_lines WHERE file_id = ? GROUP BY file_id, rule", [file_id])
+            con.execute("DELETE FROM ignored_lines WHERE file_id = ?", [file_id])
+            con.execute("INSERT INTO ignored_lines (file_id, rule, lines) SELECT file_id, rule, lines"
+                        " FROM appended_ignored ORDER BY rule")
+            con.execute("DROP TABLE appended_ignored")
+            meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None}}
+            version = ctx.format_version or previous_version
+            seconds = time.perf_counter() - started
+            con.execute(
+                "UPDATE files SET sha256 = ?, bytes = ?, complete_bytes = ?, format_version = ?, lines = lines + ?,"
+                " stored = stored + ?, ignored = ignored + ?, rejected = rejected + ?, rows = rows + ?,"
+                " seconds = seconds + ?, resume_state = ?, ingested_at = current_timestamp WHERE file_id = ?",
+                [ranges.sha, ranges.size, ranges.complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
+                 ctx.rejected, ctx.rows, seconds,
+                 json.dumps({**ctx.resume_state, "meta": meta, "format_version": version}, sort_keys=True), file_id])
+            merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
+            con.execute("COMMIT")
+        except BaseException:
+            if ctx.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+    report.status, report.bytes = "appended", ranges.size - offset
+    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
+    report.rejected, report.rows = ctx.rejected, ctx.rows
+    report.notes = [f"read from byte {offset:,} (line {existing['lines'] + 1:,}) on", *ctx.notes]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _changed_meta(before: dict, after: dict) -> list[str]:
+    """Keys whose value the appended lines give differently from the file's earlier lines."""
+    return sorted(key for key, value in after.items()
+                  if value is not None and before.get(key) is not None and before[key] != value)
 
 
 def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing, hashing, counting,
-                         report, started, options) -> FileReport:
+                         report, started, options, complete_bytes=None) -> FileReport:
     def replace_previous_version() -> None:
         if existing:
-            delete_file_rows(con, existing[0])
+            delete_file_rows(con, existing["file_id"])
             report.status = "replaced"
 
     # Lines are counted on the text the ingester reads; the hash is of the input file's bytes.
@@ -272,12 +399,17 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
         sha, size, _ = hashing.result()
         report.bytes = size
         seconds = time.perf_counter() - started
+        state = None
+        if ctx.resume_state is not None and complete_bytes is not None:
+            state = json.dumps({**ctx.resume_state, "meta": ctx.run_meta, "format_version": ctx.format_version},
+                               sort_keys=True)
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
-            " read_options, lines, stored, ignored, rejected, rows, seconds)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " read_options, lines, stored, ignored, rejected, rows, seconds, complete_bytes, resume_state)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [file_id, run_id, path_text(path), sha, size, ingester.name, ctx.format_version, ingester.version,
-             options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds],
+             options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds, complete_bytes,
+             state],
         )
         merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
         con.execute("COMMIT")
@@ -301,6 +433,7 @@ def ingest_paths(
     on_file: Callable[[FileReport], None] | None = None,
     hashes: FileHashes | None = None,
     batch: bool = True,
+    complete_lines: bool = False,
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
@@ -311,12 +444,13 @@ def ingest_paths(
     never creates a run. One bad file never stops the others.
     `hashes` may already hold (or be computing) files' hashes; by default each file is hashed as
     it is loaded. With `batch` (the default), small step files are read in batches (see the module
-    docstring); the store ends the same either way.
+    docstring); the store ends the same either way. With `complete_lines` (logs still being
+    written), a log of an appendable format is read up to its last newline (`ingest_file`).
     """
     if hashes is None:
         with FileHashes() as own:
             return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
-                                on_file=on_file, hashes=own, batch=batch)
+                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines)
     forced = None
     if format_name:
         forced = get_ingester(format_name)
@@ -332,7 +466,8 @@ def ingest_paths(
             on_file(report)
 
     def load_alone(member: _BatchMember) -> None:
-        done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole))
+        done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole,
+                        complete_lines))
 
     pending: list[_BatchMember] = []
     pending_bytes = 0
@@ -349,7 +484,7 @@ def ingest_paths(
         if pending:
             _ingest_batch(con, pending, resolver, hashes, done, load_alone)
             pending, pending_bytes = [], 0
-        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole))
+        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole, complete_lines))
     if pending:
         _ingest_batch(con, pending, resolver, hashes, done, load_alone)
     record_failures(con, resolver, failed_whole)
@@ -626,7 +761,8 @@ def record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, failu
 
 
 def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
-               resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
+               resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
+               complete_lines: bool = False) -> FileReport:
     """Load one file as `ingest_paths` does outside a batch: `problem` (from `walk`) makes it an error,
     an unknown format skips it (rejects it when `explicit`), a whole-file rejection is appended to
     `failed_whole` for `record_failures`, and a run that only this file created is dropped if it fails."""
@@ -635,7 +771,8 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
         return FileReport(path=shown, status="error", message=problem)
     try:
         with readable(path) as source:
-            return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole)
+            return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole,
+                                  complete_lines)
     except UnreadableFile as error:
         return FileReport(path=shown, status="error", message=f"cannot read: {error}")
     except CorruptFile as error:
@@ -663,7 +800,8 @@ def reject_whole_file(path: Path, fmt: str, reason: str, code: str, sha: str, si
 
 
 def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: Ingester | None,
-                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
+                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
+                   complete_lines: bool = False) -> FileReport:
     shown = path_text(path)
     try:
         head = read_head(source.path)
@@ -680,7 +818,7 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
                              failed_whole)
     run_id, run = resolver.resolve(path, ingester.framework)
     try:
-        return ingest_file(con, path, ingester, run_id, run, head, hashes, source)
+        return ingest_file(con, path, ingester, run_id, run, head, hashes, source, complete_lines)
     except IngestError as error:
         resolver.drop_if_empty(run_id)
         return _reject_whole(path, source, ingester.name, str(error), error.code, hashes, failed_whole)

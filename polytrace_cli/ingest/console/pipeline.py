@@ -139,21 +139,48 @@ class ConsoleGrammar:
 
 
 def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
-    """Read ctx.path with `grammar` into the store, accounting for every line (see the module)."""
+    """Read ctx.path with `grammar` into the store, accounting for every line (see the module).
+
+    An appended read (ctx.resume set) numbers its lines after ctx.line_offset and cuts segments on
+    from the last metric line stored before (`resume_segments_state`); the fallback and the zero-step
+    note belong to a whole read, since an appended read only follows a log that had metric lines.
+    """
     lines = classify(read_console_lines(ctx.path), grammar)
+    if ctx.line_offset:
+        lines = lines.with_columns(pl.col("line_no") + ctx.line_offset)
     ctx.lines = lines.height
     lines = _reject_bad_text(ctx, lines)
     noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
     for rule, count in noise.sort("kind").iter_rows():
         ctx.ignore(rule, count)
     parsed = check_steps(ctx, grammar.parse(ctx, lines), lines)
-    ctx.stored = store_parsed(ctx, parsed, resume_lines(lines))
-    if not ctx.stored:
+    resumes = resume_lines(lines)
+    ctx.stored = store_parsed(ctx, parsed, resumes, ctx.resume)
+    from_metrics = bool(ctx.stored) or ctx.resume is not None
+    if not ctx.stored and ctx.resume is None:
         ctx.stored = grammar.fallback(ctx, lines)
         _reclaim(ctx, grammar.reclaimable, ctx.stored)
         if not ctx.stored:
             grammar.zero_steps(ctx, lines)
-    grammar.record_meta(ctx, lines, parsed.metrics)
+    metrics = parsed.metrics
+    if ctx.resume is not None and not metrics.height:
+        # No new pairs: the facts a whole read takes from the pairs stay those of the last metric line
+        # (its keys; the printed value texts are not stored, so they decide nothing here).
+        metrics = _stored_line(ctx, ctx.resume["last_line"]).select(metrics.columns).with_columns(
+            value=pl.lit(None, dtype=pl.Float64))
+    grammar.record_meta(ctx, lines, metrics)
+    ctx.resume_state = resume_segments_state(parsed.metrics, resumes, ctx.resume) if from_metrics else None
+
+
+def resume_segments_state(metrics: pl.DataFrame, resumes: list[int], previous: dict | None) -> dict:
+    """What an appended read needs to cut segments as a whole read would: the last metric line
+    (`last_line`, whose stored pairs give its step, keys and segment) and the checkpoint loads after
+    it (`resumes_after`)."""
+    last_line = metrics.get_column("line_no").max() if metrics.height else None
+    if last_line is None:
+        last_line = previous["last_line"]
+        resumes = [*previous["resumes_after"], *resumes]
+    return {"last_line": last_line, "resumes_after": [line for line in resumes if line > last_line]}
 
 
 def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) -> ParsedMetrics:
@@ -215,14 +242,27 @@ def resume_lines(lines: pl.DataFrame) -> list[int]:
     return lines.filter(pl.col("kind") == cl.CHECKPOINT_LOAD).get_column("line_no").to_list()
 
 
-def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = ()) -> int:
+def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (),
+                 previous: dict | None = None) -> int:
     """Write the pairs (each in its line's segment) and flags of `parsed` with the `restart` and
     `resumed` flags of its segments (steps checked by `check_steps`; `resumes`: the lines saying
-    the job loaded a checkpoint); returns the number of lines that produced pairs."""
+    the job loaded a checkpoint); returns the number of lines that produced pairs.
+
+    `previous` (a `resume_segments_state` of the lines stored before, in an appended read) puts the
+    last stored metric line before these: segments count on from its segment, and a step going
+    back from it, or repeated with one of its keys, or after a checkpoint load, starts a new one."""
     metrics = parsed.metrics
     if not metrics.height:
         return 0
-    segments = line_segments(metrics, resumes)
+    seed_line, base_segment = None, 0
+    if previous is not None:
+        seed = _stored_line(ctx, previous["last_line"])
+        seed_line, base_segment = previous["last_line"], seed.get_column("segment")[0]
+        segments = line_segments(pl.concat([seed.select(metrics.columns), metrics], how="vertical_relaxed"),
+                                 [*previous["resumes_after"], *resumes])
+        segments = segments.with_columns(pl.col("segment") + base_segment)
+    else:
+        segments = line_segments(metrics, resumes)
     metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
     con = ctx.con
     con.register("console_metrics", ArrowStream(metrics))
@@ -236,11 +276,24 @@ def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (
             """,
             [ctx.run_id, ctx.file_id],
         )
-        insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
+        insert_step_flags(ctx, "console_segments", extra_flags="console_flags", after_line=seed_line)
     finally:
         for view in ("console_metrics", "console_segments", "console_flags"):
             con.unregister(view)
-    return segments.height
+    return segments.height - (seed_line is not None)
+
+
+def _stored_line(ctx: FileContext, line_no: int) -> pl.DataFrame:
+    """The pairs a metric line stored (`metric_schema` columns and its segment), read back from the store."""
+    rows = ctx.con.execute(
+        "SELECT line_no, step, key, value, text_value, segment FROM step_metrics WHERE file_id = ? AND line_no = ?",
+        [ctx.file_id, line_no]).fetchall()
+    if not rows:
+        raise RuntimeError(f"line {line_no} of {ctx.path} is not in the store")
+    frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String, "value": pl.Float64,
+                                       "text_value": pl.String, "segment": pl.Int64}, orient="row")
+    return frame.with_columns(pair_index=pl.int_range(1, frame.height + 1, dtype=pl.Int64),
+                              raw_value=pl.lit(None, dtype=pl.String))
 
 
 def classify(lines: pl.DataFrame, grammar: ConsoleGrammar) -> pl.DataFrame:

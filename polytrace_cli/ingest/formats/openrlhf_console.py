@@ -167,6 +167,8 @@ class OpenRLHFConsoleIngester(Ingester):
         # Older logs: only tqdm postfixes with OpenRLHF's short keys.
         return b"openrlhf" in head.lower() and bool(_SNIFF_TQDM.search(head))
 
+    appendable = True
+
     def load(self, ctx: FileContext) -> None:
         load_console(ctx, OpenRLHFGrammar())
 

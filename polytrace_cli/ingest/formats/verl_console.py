@@ -133,6 +133,8 @@ class VerlConsoleIngester(Ingester):
         # The first metric line may lie beyond the sniff window in a long job's stdout.
         return path.suffix in (".log", ".txt", ".out") and looks_like_verl_console(head) is not None
 
+    appendable = True
+
     def load(self, ctx: FileContext) -> None:
         load_console(ctx, VerlGrammar())
 
