@@ -258,7 +258,7 @@ def ingest_file(
                                              existing["read_options"]) == (ingester.name, ingester.version, options)
     limit = last_newline_end(path, size) if complete_lines and plain and ingester.appendable else size
     if same_reading and existing["bytes"] == limit:
-        sha = hashes.result(path)[0] if limit == size else hash_range(path, limit=limit).sha
+        sha = hash_range(path, limit=limit).sha if complete_lines else hashes.result(path)[0]
         if existing["sha256"] == sha:
             report.status, report.bytes = "unchanged", limit
             report.seconds = time.perf_counter() - started
@@ -278,7 +278,9 @@ def ingest_file(
         else:
             whole_note = f"its first {existing['bytes']:,} bytes changed since it was read; read again whole"
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
-    if limit < size:
+    if complete_lines and plain and ingester.appendable:
+        # A file being written is read from a copy of its complete lines: the hash, the counts and
+        # the rows then all see the same bytes.
         ranges = hash_range(path, limit=limit)
         with byte_range_copy(path, 0, limit) as part:
             report = _load_in_transaction(con, path, Readable(part, path, False), ingester, run_id, run_name, head,
@@ -312,8 +314,8 @@ def _complete_bytes(path: Path, size: int) -> int | None:
 
 def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, existing: dict,
                            ranges: RangeHashes, report: FileReport, started: float) -> FileReport:
-    """Read the complete lines appended to a file since its last read (bytes `existing['bytes']` to
-    `ranges.complete`) and add them to its rows and counts, in one transaction.
+    """Read the lines appended to a file since its last read (bytes `existing['bytes']` to
+    `ranges.size`) and add them to its rows and counts, in one transaction.
 
     The lines are numbered on from the file's stored lines, and the reader gets the state the last
     read left (`files.resume_state`). The file's run metadata must come out as a whole read would
@@ -325,7 +327,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
     previous_meta = state.pop("meta", {})
     previous_version = state.pop("format_version", None)
     added_lines = ranges.lines - existing["lines"]
-    with byte_range_copy(path, offset, ranges.complete) as part:
+    with byte_range_copy(path, offset, ranges.size) as part:
         ctx = FileContext(con=con, path=part, run_id=run_id, file_id=file_id, run_name=run_name,
                           line_count=added_lines, line_offset=existing["lines"], resume=state)
         try:
@@ -351,11 +353,12 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
             meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None}}
             version = ctx.format_version or previous_version
             seconds = time.perf_counter() - started
+            complete = ranges.size if ranges.complete == ranges.size else None
             con.execute(
                 "UPDATE files SET sha256 = ?, bytes = ?, complete_bytes = ?, format_version = ?, lines = lines + ?,"
                 " stored = stored + ?, ignored = ignored + ?, rejected = rejected + ?, rows = rows + ?,"
                 " seconds = seconds + ?, resume_state = ?, ingested_at = current_timestamp WHERE file_id = ?",
-                [ranges.sha, ranges.size, ranges.complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
+                [ranges.sha, ranges.size, complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
                  ctx.rejected, ctx.rows, seconds,
                  json.dumps({**ctx.resume_state, "meta": meta, "format_version": version}, sort_keys=True), file_id])
             merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)

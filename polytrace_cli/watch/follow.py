@@ -7,12 +7,14 @@ the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/wa
 
     step       every new step: seconds, expected_s, slow, causes
     alert      kind slow_step (a slow step), crash (an OOM, an NCCL timeout or a traceback in the
-               new lines; watching ends with EXIT_CRASH once the file stops growing), stall (no new
-               step for `stall_factor` × the usual time between steps)
+               new lines, named once the file stops growing, from the lines since its first sign;
+               watching then ends with EXIT_CRASH), stall (no new step for `stall_factor` × the
+               usual time between steps)
     truncated  the file shrank: it is read again whole
 
-The usual time between steps is the median wall-clock gap between steps as they landed, per step
-(at least STALL_MIN_GAPS such gaps, else the model's typical step seconds). With `idle_exit`,
+The usual time between steps is the median of the wall-clock gaps between steps as they landed
+over the last STALL_WINDOW steps (k steps landing together after a gap g count as k gaps of g / k);
+with fewer than STALL_MIN_GAPS such gaps, the model's typical step seconds. With `idle_exit`,
 watching ends (exit 0) after that many seconds without growth.
 """
 
@@ -29,12 +31,13 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.files import walk
+from polytrace_cli.ingest.files import last_newline_end, walk
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3
 # Gaps between steps needed before the stall rule uses them instead of the model's step time.
 STALL_MIN_GAPS = 3
+STALL_WINDOW = 20
 # The crash signs searched in new lines, in order: (cause, pattern).
 CRASH_SIGNS = (
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)),
@@ -42,7 +45,8 @@ CRASH_SIGNS = (
                                 re.IGNORECASE)),
     ("traceback", re.compile(r"Traceback \(most recent call last\)")),
 )
-_EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+[^)]*\) )?[\w.]*(?:Error|Exception|Interrupt)\b.*")
+_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+[^)]*\)\s*")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Interrupt)\b.*")
 
 
 @dataclass
@@ -70,14 +74,14 @@ class WatchResult:
 def crash_in(text: str) -> tuple[str, str] | None:
     """(cause, reason) of the first crash sign in `text` (see CRASH_SIGNS): for a traceback, its
     exception line (the last line naming an Error or Exception), else the matching line."""
-    lines = text.splitlines()
+    lines = [_RAY_PREFIX.sub("", line).strip() for line in text.splitlines()]
     for cause, pattern in CRASH_SIGNS:
         for index, line in enumerate(lines):
             if pattern.search(line):
                 if cause == "traceback":
-                    after = [l.strip() for l in lines[index + 1:] if _EXCEPTION_LINE.match(l.strip())]
-                    return cause, (after[-1] if after else line.strip())[:300]
-                return cause, line.strip()[:300]
+                    after = [later for later in lines[index + 1:] if _EXCEPTION_LINE.match(later)]
+                    return cause, (after[-1] if after else line)[:300]
+                return cause, line[:300]
     return None
 
 
@@ -129,7 +133,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
     last_growth = last_step_at = clock()
     gaps: list[float] = []
     stalled_at_step: int | None = None
-    crash: tuple[str, str] | None = None
+    crash_text: dict[Path, str] = {}  # per file, its text from the first crash sign on
     last_step: int | None = None
 
     def emit(event: dict) -> None:
@@ -140,7 +144,9 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
     while True:
         now = clock()
         sizes = files.current()
-        grown = {f: s for f, s in sizes.items() if s != files.sizes.get(f)}
+        # A file is read once it holds a complete line (its format is sniffed from its first bytes).
+        grown = {f: s for f, s in sizes.items() if s != files.sizes.get(f) and (s < files.sizes.get(f, 0) or (
+            s and last_newline_end(f, s)))}
         for file, size in grown.items():
             if size < files.sizes.get(file, 0):
                 emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
@@ -157,16 +163,16 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [run_name]).fetchall()
                 judge = StepJudge(con, run_id[0][0]) if run_id else None
             for file, size in grown.items():
-                found = crash_in(files.new_text(file, size))
-                if found and crash is None:
-                    crash = found
-                    emit({"event": "alert", "kind": "crash", "cause": found[0], "reason": found[1],
-                          "file": str(file), "step": last_step})
+                text = files.new_text(file, size)
+                if crash_text.get(file) is not None:
+                    crash_text[file] += text
+                elif crash_in(text):
+                    crash_text[file] = text
             files.sizes.update(grown)
             steps = judge.new_steps() if judge is not None else []
             if steps:
-                if last_step is not None:
-                    gaps.append((now - last_step_at) / len(steps))
+                if last_step is not None:  # k steps in one gap landed gap / k apart
+                    gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
                 last_step_at, stalled_at_step = now, None
             for record in steps:
                 last_step = record["step"]
@@ -175,11 +181,16 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 if record["slow"]:
                     emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
                           "expected_s": record["expected_s"], "causes": record["causes"]})
-        elif crash is not None:
-            result.exit_code, result.reason = EXIT_CRASH, f"{crash[0]}: {crash[1]}"
+        elif crash_text:
+            # The job's last lines have landed: the crash is named from all of them.
+            file, text = next(iter(crash_text.items()))
+            cause, reason = crash_in(text)
+            emit({"event": "alert", "kind": "crash", "cause": cause, "reason": reason, "file": str(file),
+                  "step": last_step})
+            result.exit_code, result.reason = EXIT_CRASH, f"{cause}: {reason}"
             return result
         if judge is not None and last_step is not None and stalled_at_step != last_step:
-            usual = statistics.median(gaps[-20:]) if len(gaps) >= STALL_MIN_GAPS else judge.typical_s
+            usual = statistics.median(gaps[-STALL_WINDOW:]) if len(gaps) >= STALL_MIN_GAPS else judge.typical_s
             if usual and now - last_step_at > settings.stall_factor * usual:
                 stalled_at_step = last_step
                 emit({"event": "alert", "kind": "stall", "step": last_step,

@@ -47,71 +47,82 @@ class StepJudge:
     fitted_steps: int = 0
     fits: int = 0
     typical_s: float | None = None
-    _run = None
-    _history_keys: list[tuple[int, int]] = field(default_factory=list)
+    _run: tuple | None = None  # (the fitted RunDecomposition, its fitted steps)
+    _model_of: dict[int, tuple | None] = field(default_factory=dict)
 
     def new_steps(self) -> list[dict]:
         """One record per step stored since the last call, in log order: step, segment, seconds,
         expected_s, model_s, slow, causes, stages (seconds per stage) and, before the model exists,
-        `note` saying why there is no expectation."""
+        `note` saying why there is no expectation.
+
+        A step is judged by the model fitted on the steps before it, refitted where the count of
+        timed training steps before a step reaches REFIT_GROWTH × the count the model was fitted
+        on: the same judgement whether the steps land one by one or all at once."""
         frame = read_workload(self.con, self.run_id)
         if not frame.height:
             return []
         keys = list(zip(frame["segment"].to_list(), frame["step"].to_list()))
-        new = np.array([key not in self.seen for key in keys])
-        if not new.any():
+        new = [index for index, key in enumerate(keys) if key not in self.seen]
+        if not new:
             return []
-        history = ~new
-        self._refit(frame, history)
-        judged = self._judge(frame, history) if self._run is not None else {}
+        training = training_mask(frame).to_numpy()
+        trained_before = np.cumsum(training) - training
+        chunks: list[list[int]] = []
+        for index in new:
+            trained = int(trained_before[index])
+            if trained >= MIN_TRAINING_STEPS and (self._run is None or trained >= self.fitted_steps * REFIT_GROWTH):
+                self._fit(frame.head(index), trained)
+                chunks.append([])
+            elif not chunks:
+                chunks.append([])
+            chunks[-1].append(index)
+            self._model_of[index] = self._run
+        judged: dict[int, dict] = {}
+        for chunk in chunks:
+            if self._model_of[chunk[0]] is not None:
+                judged.update(self._judge(frame.head(chunk[-1] + 1), chunk, *self._model_of[chunk[0]]))
         records = []
-        for index in np.flatnonzero(new):
-            row = frame.row(int(index), named=True)
-            key = (row["segment"], row["step"])
+        for index in new:
+            row = frame.row(index, named=True)
             record = {"step": row["step"], "segment": row["segment"], "seconds": _number(row["wall_s"]),
                       "stages": {c[:-2]: _number(row[c]) for c in STAGE_COLUMNS if c in row and _number(row[c])}}
-            if key in judged:
-                record.update(judged[key])
+            if index in judged:
+                record.update(judged[index])
             else:
-                trained = int((training_mask(frame) & pl.Series(history)).sum())
                 record.update(expected_s=None, model_s=None, slow=False, causes=[],
-                              note=(f"no model yet: {trained} of {MIN_TRAINING_STEPS} timed training steps"
-                                    if self._run is None else "no step time"))
+                              note=(f"no model yet: {int(trained_before[index])} of {MIN_TRAINING_STEPS} timed"
+                                    " training steps" if self._model_of[index] is None else "no step time"))
             records.append(record)
-            self.seen.add(key)
+            self.seen.add(keys[index])
+        self._model_of.clear()
         return records
 
-    def _refit(self, frame: pl.DataFrame, history: np.ndarray) -> None:
-        mask = training_mask(frame) & pl.Series(history)
-        trained = int(mask.sum())
-        if trained < MIN_TRAINING_STEPS or (self._run is not None and trained < self.fitted_steps * REFIT_GROWTH):
-            return
-        past = pl.Series(history)
-        self._run = decompose_run(frame.filter(past), mask.filter(past))
-        self._history = frame.filter(past)
+    def _fit(self, history: pl.DataFrame, trained: int) -> None:
+        run = decompose_run(history, training_mask(history))
+        self._run = (run, history.filter(run.mask))
         self.fitted_steps, self.fits = trained, self.fits + 1
-        self.typical_s = _number(self._run.expected)
+        self.typical_s = _number(run.expected)
 
-    def _judge(self, frame: pl.DataFrame, history: np.ndarray) -> dict[tuple[int, int], dict]:
-        run = self._run
-        model = run.model
-        steps, parts = decompose(frame, model, np.zeros(frame.height, dtype=bool))
+    def _judge(self, frame: pl.DataFrame, chunk: list[int], run, fitted: pl.DataFrame) -> dict[int, dict]:
+        """The records of the rows `chunk` of `frame` (the run up to them), by `run`'s model with the
+        thresholds of its `fitted` steps."""
+        steps, parts = decompose(frame, run.model, np.zeros(frame.height, dtype=bool))
         causes = step_causes(parts)
-        fitted = self._history.filter(run.mask)
         flags, standout, _ = slow_steps(steps, causes, fitted)
         causes = causes.join(standout, on=["segment", "step", "cause"], how="left") \
             .with_columns(pl.col("stands_out").fill_null(False))
-        judged = {}
         steps = steps.with_columns(slow=pl.Series(flags))
+        position = {(frame["segment"][i], frame["step"][i]): i for i in chunk}
+        judged = {}
         for row in steps.iter_rows(named=True):
-            key = (row["segment"], row["step"])
-            if key in self.seen:
+            index = position.get((row["segment"], row["step"]))
+            if index is None:
                 continue
             mine = causes.filter((pl.col("segment") == row["segment"]) & (pl.col("step") == row["step"]))
             listed = mine.filter(pl.col("stands_out")).sort("seconds", descending=True)
             if row["slow"] and not listed.height:
                 listed = mine.filter(pl.col("seconds") > 0).sort("seconds", descending=True).head(1)
-            judged[key] = {
+            judged[index] = {
                 "expected_s": _number(row["expected_s"]), "model_s": _number(row["model_s"]),
                 "slow": bool(row["slow"]),
                 "causes": [{"cause": c["cause"], "seconds": _number(c["seconds"]), "stage": c["stage"]}
