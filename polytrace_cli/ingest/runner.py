@@ -337,7 +337,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
                 raise RuntimeError(
                     f"{ingester.name} lost lines appended to {path}: {added_lines} appended, {ctx.lines} read,"
                     f" {ctx.stored} stored, {ctx.ignored_total} ignored, {ctx.rejected} rejected")
-            changed = _changed_meta(previous_meta, ctx.run_meta)
+            changed = _changed_meta(previous_meta, ctx.run_meta, set(state.get("recomputed_meta", ())))
             if previous_version and ctx.format_version and ctx.format_version != previous_version:
                 changed.append("format version")
             if changed or ctx.resume_state is None:
@@ -375,10 +375,11 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
     return report
 
 
-def _changed_meta(before: dict, after: dict) -> list[str]:
-    """Keys whose value the appended lines give differently from the file's earlier lines."""
-    return sorted(key for key, value in after.items()
-                  if value is not None and before.get(key) is not None and before[key] != value)
+def _changed_meta(before: dict, after: dict, recomputed: set[str]) -> list[str]:
+    """Keys whose value the appended lines give differently from the file's earlier lines (keys
+    `recomputed` from the whole file's stored rows may change: a whole read would change them too)."""
+    return sorted(key for key, value in after.items() if key not in recomputed
+                  and value is not None and before.get(key) is not None and before[key] != value)
 
 
 def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing, hashing, counting,

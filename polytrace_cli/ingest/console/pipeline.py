@@ -110,6 +110,9 @@ class ConsoleGrammar:
     anchor: ClassVar[str]
     noise: ClassVar[NoiseRules] = CONSOLE_NOISE
     reclaimable: ClassVar[str | None] = None
+    # Run meta keys `record_meta` computes from the rows stored for the whole file or run (not from
+    # the lines it is given): an appended read gives them as a whole read would, so they may change.
+    recomputed_meta: ClassVar[frozenset[str]] = frozenset()
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         """Per line, from its cleaned text and the raw line's length in characters (without a final
@@ -169,7 +172,9 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
         metrics = _stored_line(ctx, ctx.resume["last_line"]).select(metrics.columns).with_columns(
             value=pl.lit(None, dtype=pl.Float64))
     grammar.record_meta(ctx, lines, metrics)
-    ctx.resume_state = resume_segments_state(parsed.metrics, resumes, ctx.resume) if from_metrics else None
+    if from_metrics:
+        ctx.resume_state = {**resume_segments_state(parsed.metrics, resumes, ctx.resume),
+                            "recomputed_meta": sorted(grammar.recomputed_meta)}
 
 
 def resume_segments_state(metrics: pl.DataFrame, resumes: list[int], previous: dict | None) -> dict:

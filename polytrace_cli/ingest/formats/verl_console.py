@@ -144,6 +144,8 @@ class VerlGrammar(ConsoleGrammar):
 
     anchor = "step:"
     reclaimable = "tqdm"
+    recomputed_meta = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
+                                 "step_time_includes_checkpoint"})
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")
