@@ -41,6 +41,8 @@ def watch(
     from polytrace_cli.watch import EXIT_CRASH, WatchSettings, watch_log
     from polytrace_cli.watch.follow import event_json
 
+    if not path.exists():
+        raise fail(f"{path}: no such file or directory")
     settings = WatchSettings(poll=poll, idle_exit=idle_exit, stall_factor=stall_factor, run=run)
     con = open_store(db, wait=wait)
     view = None

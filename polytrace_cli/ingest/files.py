@@ -179,14 +179,18 @@ class RangeHashes:
         return self.sha, self.size, self.lines
 
 
-def hash_range(path: Path, prefix: int | None = None, limit: int | None = None,
+def hash_range(path: Path, prefix: int | None = None, limit: int | None = None, prefix_lines: int | None = None,
                chunk_size: int = 8 << 20) -> RangeHashes:
     """One pass over the first `limit` bytes of `path` (all when None): their sha256, size, lines and
     last newline, and the sha256 of the first `prefix` bytes on the way (what a file that only grew
-    since it was read still starts with)."""
+    since it was read still starts with). `prefix_lines`, the newlines known to be in the prefix,
+    spares counting them."""
     digest = hashlib.sha256()
     prefix_sha = None
     size = newlines = complete = 0
+    counted_from = 0 if prefix_lines is None or prefix is None else prefix
+    if counted_from:
+        newlines = prefix_lines
     last = b""
     with open(path, "rb") as handle:
         while limit is None or size < limit:
@@ -197,7 +201,8 @@ def hash_range(path: Path, prefix: int | None = None, limit: int | None = None,
             if not chunk:
                 break
             digest.update(chunk)
-            newlines += chunk.count(b"\n")
+            if size >= counted_from:
+                newlines += chunk.count(b"\n")
             cut = chunk.rfind(b"\n")
             if cut >= 0:
                 complete = size + cut + 1

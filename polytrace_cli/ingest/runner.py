@@ -268,7 +268,8 @@ def ingest_file(
         whole_note = f"truncated: {limit:,} bytes, {existing['bytes']:,} when last read; read again whole"
     elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
             and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"]:
-        ranges = hash_range(path, prefix=existing["bytes"], limit=limit)
+        # The last read ended at a newline, so its lines are the prefix's newlines.
+        ranges = hash_range(path, prefix=existing["bytes"], limit=limit, prefix_lines=existing["lines"])
         if ranges.prefix_sha == existing["sha256"]:
             try:
                 return _append_in_transaction(con, path, ingester, run_id, run_name, existing, ranges, report,
