@@ -264,7 +264,7 @@ def ingest_file(
             report.seconds = time.perf_counter() - started
             return report
     whole_note = None
-    if existing is not None and limit < existing["bytes"]:
+    if same_reading and plain and ingester.appendable and limit < existing["bytes"]:
         whole_note = f"truncated: {limit:,} bytes, {existing['bytes']:,} when last read; read again whole"
     elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
             and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"]:
