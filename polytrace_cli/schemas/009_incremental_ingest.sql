@@ -1,7 +1,7 @@
 -- What a file's next ingest needs to read only the bytes appended since this one.
---   complete_bytes: the bytes up to and including the last newline that were read (a line without
---                   its newline yet is read again whole when it is finished);
+--   complete_bytes: the bytes read, when they end with a newline (an appended read may start
+--                   there); NULL when the last line read had no newline yet;
 --   resume_state:   JSON the format's reader carries from one part of the file to the next (NULL
 --                   when the format is always read whole).
-ALTER TABLE files ADD COLUMN complete_bytes BIGINT;
-ALTER TABLE files ADD COLUMN resume_state JSON;
+ALTER TABLE files ADD COLUMN IF NOT EXISTS complete_bytes BIGINT;
+ALTER TABLE files ADD COLUMN IF NOT EXISTS resume_state JSON;
