@@ -103,12 +103,18 @@ def test_an_appended_ingest_reads_only_the_new_lines(tmp_path, log_text):
     con.close()
 
 
-def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, log_text):
+def ingested(tmp_path: Path, text: bytes) -> tuple[Path, duckdb.DuckDBPyConnection]:
+    """`text` written as run/train.log and ingested into a new store: (the log, the store)."""
     log = tmp_path / "run" / "train.log"
     log.parent.mkdir()
-    log.write_bytes(log_text)
+    log.write_bytes(text)
     con = open_store(tmp_path / "s.duckdb")
     ingest_paths(con, [log], run_name="r")
+    return log, con
+
+
+def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, log_text):
+    log, con = ingested(tmp_path, log_text)
     shorter = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 3) + 1]
     log.write_bytes(shorter)
     (shrunk,) = ingest_paths(con, [log], run_name="r")
@@ -124,11 +130,7 @@ def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, log_text):
 
 def test_new_lines_that_change_the_run_settings_are_read_whole(tmp_path, log_text):
     """A restarted job printing another config: the file's settings would differ from a whole read."""
-    log = tmp_path / "run" / "train.log"
-    log.parent.mkdir()
-    log.write_bytes(log_text)
-    con = open_store(tmp_path / "s.duckdb")
-    ingest_paths(con, [log], run_name="r")
+    log, con = ingested(tmp_path, log_text)
     spec, model = replace(SPEC, steps=3, batch=32), StepTimeModel()
     other = console_text(step_table(LENGTHS, spec, model), spec, model).encode()
     log.write_bytes(log_text + other)

@@ -362,18 +362,32 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
                 [ranges.sha, ranges.size, complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
                  ctx.rejected, ctx.rows, seconds,
                  json.dumps({**ctx.resume_state, "meta": meta, "format_version": version}, sort_keys=True), file_id])
-            merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
-            con.execute("COMMIT")
+            _commit(con, ctx, run_id, ingester.framework)
         except BaseException:
-            if ctx.in_transaction:
-                con.execute("ROLLBACK")
+            _roll_back(con, ctx)
             raise
     report.status, report.bytes = "appended", ranges.size - offset
-    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
-    report.rejected, report.rows = ctx.rejected, ctx.rows
-    report.notes = [f"read from byte {offset:,} (line {existing['lines'] + 1:,}) on", *ctx.notes]
-    report.seconds = time.perf_counter() - started
+    _count(report, ctx, started)
+    report.notes.insert(0, f"read from byte {offset:,} (line {existing['lines'] + 1:,}) on")
     return report
+
+
+def _commit(con, ctx: FileContext, run_id: int, framework: str | None) -> None:
+    """Merge the file's run facts into its run and commit its transaction."""
+    merge_run_meta(con, run_id, framework, ctx.run_meta)
+    con.execute("COMMIT")
+
+
+def _roll_back(con, ctx: FileContext) -> None:
+    if ctx.in_transaction:
+        con.execute("ROLLBACK")
+
+
+def _count(report: FileReport, ctx: FileContext, started: float) -> None:
+    """Fill `report` with what the file's read accounted for."""
+    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
+    report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, list(ctx.notes)
+    report.seconds = time.perf_counter() - started
 
 
 def _changed_meta(before: dict, after: dict, recomputed: set[str]) -> list[str]:
@@ -416,15 +430,11 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
              options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds, complete_bytes,
              state],
         )
-        merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
-        con.execute("COMMIT")
+        _commit(con, ctx, run_id, ingester.framework)
     except BaseException:
-        if ctx.in_transaction:
-            con.execute("ROLLBACK")
+        _roll_back(con, ctx)
         raise
-    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
-    report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, ctx.notes
-    report.seconds = time.perf_counter() - started
+    _count(report, ctx, started)
     return report
 
 
