@@ -66,35 +66,26 @@ def watch(
 
             from polytrace_cli.watch.view import WatchView
 
-            view = WatchView(str(path), _total_steps(con, run))
+            view = WatchView(str(path))
+
+            def on_run(name: str) -> None:
+                view.run, view.total_steps = name, _total_steps(con, name)
+
             with Live(view, console=console, auto_refresh=False, transient=False) as live:
-                result = watch_log(con, path, _naming(view, con, on_event), settings)
+                result = watch_log(con, path, on_event, settings, on_run=on_run)
     finally:
         con.close()
     if result.exit_code == EXIT_CRASH:
         raise fail(f"the job crashed: {result.reason}", EXIT_CRASH)
 
 
-def _naming(view, con, on_event):
-    """`on_event` that also names the run in the view (and its configured last step) once known."""
-
-    def named(event: dict) -> None:
-        if view.run is None and event["event"] == "step":
-            row = con.execute("SELECT r.name, r.meta->>'total_training_steps' FROM runs r JOIN files f USING (run_id)"
-                              " ORDER BY f.ingested_at DESC LIMIT 1").fetchall()
-            if row:
-                view.run = row[0][0]
-                view.total_steps = view.total_steps or (int(row[0][1]) if row[0][1] else None)
-        on_event(event)
-
-    return named
-
-
-def _total_steps(con, run: str | None) -> int | None:
-    if not run:
-        return None
+def _total_steps(con, run: str) -> int | None:
+    """The run's `total_training_steps` from its config, when it names one."""
     row = con.execute("SELECT meta->>'total_training_steps' FROM runs WHERE name = ?", [run]).fetchall()
-    return int(row[0][0]) if row and row[0][0] else None
+    try:
+        return int(row[0][0]) if row and row[0][0] else None
+    except ValueError:
+        return None
 
 
 def _run_alert_command(command: str, alert_json: str) -> None:

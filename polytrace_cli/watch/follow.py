@@ -25,7 +25,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -68,7 +68,6 @@ class WatchResult:
     steps: int = 0
     alerts: int = 0
     run: str | None = None
-    events: list[dict] = field(default_factory=list)
 
 
 def crash_in(text: str) -> tuple[str, str] | None:
@@ -119,10 +118,11 @@ class _Files:
 
 
 def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[dict], None],
-              settings: WatchSettings = WatchSettings(), clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+              settings: WatchSettings = WatchSettings(), on_run: Callable[[str], None] | None = None,
+              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
     """Follow `path` (a log file or a run folder) until it stays idle `settings.idle_exit` seconds
-    or a crash is seen in it; `on_event` gets each event as it happens (see the module)."""
+    or a crash is seen in it; `on_event` gets each event as it happens (see the module), `on_run`
+    the run's name once its first rows are stored."""
     from polytrace_cli.ingest.runner import ingest_paths
 
     if not path.exists():
@@ -162,6 +162,8 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 result.run = run_name
                 run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [run_name]).fetchall()
                 judge = StepJudge(con, run_id[0][0]) if run_id else None
+                if on_run is not None:
+                    on_run(run_name)
             for file, size in grown.items():
                 text = files.new_text(file, size)
                 if crash_text.get(file) is not None:

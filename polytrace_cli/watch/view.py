@@ -20,9 +20,9 @@ STAGE_STYLES = {"gen": "cyan", "reward": "yellow", "old_log_prob": "blue", "ref"
 class WatchView:
     """Collects events and draws them (a rich renderable for `rich.live.Live`)."""
 
-    def __init__(self, path: str, total_steps: int | None = None):
+    def __init__(self, path: str):
         self.path = path
-        self.total_steps = total_steps
+        self.total_steps: int | None = None
         self.steps: list[dict] = []
         self.alerts: list[dict] = []
         self.run: str | None = None
