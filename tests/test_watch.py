@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,8 +15,11 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
+from conftest import need_real_data
 from polytrace_cli.cli import app
+from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
+from polytrace_cli.watch import WatchSettings, watch_log
 from polytrace_cli.watch.follow import crash_in
 from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, step_table
@@ -171,3 +175,48 @@ def test_watch_a_missing_path_is_one_error_line(tmp_path):
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert f"{tmp_path / 'nothing.log'}: no such file or directory" in result.output
+
+
+def _all_rows(con) -> dict[str, list[tuple]]:
+    """Every file-owned table's rows (ids left out), sorted, with the files' and runs' rows."""
+    from polytrace_cli.ingest.base import file_owned_tables
+
+    tables = {table: con.execute(f"SELECT * EXCLUDE (file_id) FROM {table} ORDER BY ALL").fetchall()
+              for table in file_owned_tables(con)}
+    tables["files"] = con.execute("SELECT path, sha256, bytes, format, lines, stored, ignored, rejected, rows"
+                                  " FROM files ORDER BY path").fetchall()
+    tables["runs"] = con.execute("SELECT name, framework, meta FROM runs ORDER BY name").fetchall()
+    return tables
+
+
+def test_watching_a_real_trace_folder_as_its_step_files_land(tmp_path):
+    """PolyTrace step files copied into a run folder one by one, watched in this process."""
+    source = need_real_data("polytrace", "verl", "profile", "packed_length_log")
+    stamp = next(source.iterdir())
+    target = tmp_path / "verl" / "profile" / "packed_length_log" / stamp.name
+    target.mkdir(parents=True)  # the run folder exists, empty, when watching starts
+    files = sorted(stamp.iterdir(), key=lambda p: (p.name.split("_step_")[-1], p.name))
+
+    def copy_one_by_one():
+        for file in files:
+            shutil.copyfile(file, target / file.name)
+            time.sleep(0.15)
+
+    writer = threading.Thread(target=copy_one_by_one)
+    events: list[dict] = []
+    con = open_store(tmp_path / "watched.duckdb")
+    writer.start()
+    result = watch_log(con, tmp_path / "verl", events.append, WatchSettings(poll=0.05, idle_exit=1.0))
+    writer.join()
+    watched = _all_rows(con)
+    con.close()
+    assert result.exit_code == 0 and result.run == "verl"
+    steps = [e["step"] for e in events if e["event"] == "step"]
+    step_files = [f for f in files if f.name.startswith("packed_lengths_step_")]
+    assert sorted(steps) == sorted(int(f.stem.rsplit("_", 1)[1]) for f in step_files)
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+    once = open_store(tmp_path / "once.duckdb")
+    ingest_paths(once, [tmp_path / "verl"])
+    assert _all_rows(once) == watched
+    once.close()
