@@ -220,3 +220,33 @@ def test_watching_a_real_trace_folder_as_its_step_files_land(tmp_path):
     ingest_paths(once, [tmp_path / "verl"])
     assert _all_rows(once) == watched
     once.close()
+
+
+def test_a_traceback_the_job_survives_alerts_without_ending_the_watch(tmp_path, lines):
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text("")
+    step_lines = [i for i, line in enumerate(lines) if line.startswith("(TaskRunner pid=27182) step:")]
+    cut = step_lines[12]
+    traceback = ["Traceback (most recent call last):\n", '  File "reward.py", line 3, in score\n',
+                 "ValueError: could not parse the answer\n"]
+
+    def job():
+        write_lines(log, lines[:cut])
+        time.sleep(0.3)
+        write_lines(log, traceback)
+        time.sleep(0.2)
+        write_lines(log, lines[cut:step_lines[15]])
+
+    writer = threading.Thread(target=job)
+    events: list[dict] = []
+    con = open_store(tmp_path / "w.duckdb")
+    writer.start()
+    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=1.5))
+    writer.join()
+    con.close()
+    crashes = [e for e in events if e.get("kind") == "crash"]
+    assert result.exit_code == 0 and crashes == [
+        {"event": "alert", "kind": "crash", "cause": "traceback", "reason": "ValueError: could not parse the answer",
+         "file": str(log.resolve()), "step": 12}]
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 16))

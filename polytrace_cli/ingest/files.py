@@ -216,6 +216,20 @@ def hash_range(path: Path, prefix: int | None = None, limit: int | None = None, 
     return RangeHashes(prefix_sha, digest.hexdigest(), size, lines, complete)
 
 
+# The block before an appended read's start whose sha256 says the file only grew since it was read.
+GROWTH_BLOCK_BYTES = 1 << 16
+
+
+def block_sha(path: Path, end: int) -> str | None:
+    """sha256 of the GROWTH_BLOCK_BYTES bytes of `path` before byte `end` (fewer at the file's
+    start), or None when the file holds fewer than `end` bytes."""
+    start = max(0, end - GROWTH_BLOCK_BYTES)
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        data = handle.read(end - start)
+    return hashlib.sha256(data).hexdigest() if len(data) == end - start else None
+
+
 def last_newline_end(path: Path, size: int, window: int = 1 << 16) -> int:
     """The bytes of `path` up to and including its last newline before `size` (0 when it has none)."""
     with open(path, "rb") as handle:

@@ -22,8 +22,8 @@ import duckdb
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, byte_range_copy, hash_and_count_bytes, hash_range,
-    is_compressed, last_newline_end, path_text, readable, walk,
+    CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
+    hash_range, is_compressed, last_newline_end, path_text, readable, walk,
 )
 from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
@@ -233,10 +233,10 @@ def ingest_file(
     ingester reads (the decompressed text of a compressed file), by default `path` itself. A new or
     changed file is hashed in `hashes`' thread while DuckDB parses it (hashlib releases the GIL).
 
-    A file of an appendable format (`Ingester.appendable`) that only grew since it was read (its
-    first `bytes` still hash to the stored sha256, and that read ended at a newline) is read from
-    there on (status `appended`); one that shrank is read whole (`truncated`), as is one whose
-    first bytes changed (`replaced`). With `complete_lines` (a log being written), the file is read
+    A file of an appendable format (`Ingester.appendable`) that only grew since it was read (the
+    last 64 KB it read still hash the same, `block_sha` in `files.resume_state`, and that read
+    ended at a newline) is read from there on (status `appended`); one that shrank is read whole
+    (`truncated`), as is one whose last block read changed (`replaced`). With `complete_lines` (a log being written), the file is read
     up to its last newline only: a line still being written is read once it is finished.
     """
     path = path.resolve()
@@ -269,15 +269,20 @@ def ingest_file(
     elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
             and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"]:
         # The last read ended at a newline, so its lines are the prefix's newlines.
-        ranges = hash_range(path, prefix=existing["bytes"], limit=limit, prefix_lines=existing["lines"])
-        if ranges.prefix_sha == existing["sha256"]:
+        if json.loads(existing["resume_state"]).get("block_sha") == block_sha(path, existing["bytes"]):
+            counted = None if complete_lines else hashes.result(path)
+            if counted is None or counted[1] != limit:  # the file grew again since it was hashed
+                counted = hash_range(path, prefix=existing["bytes"], limit=limit,
+                                     prefix_lines=existing["lines"]).counted
+            ranges = RangeHashes(None, *counted, complete=limit if _ends_a_line(path, limit) else 0)
             try:
                 return _append_in_transaction(con, path, ingester, run_id, run_name, existing, ranges, report,
                                               started)
             except _ReadWhole as why:
                 whole_note = f"read again whole: {why}"
         else:
-            whole_note = f"its first {existing['bytes']:,} bytes changed since it was read; read again whole"
+            whole_note = (f"its bytes up to {existing['bytes']:,} changed since it was read (the last block read"
+                          " hashes differently); read again whole")
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
     if complete_lines and plain and ingester.appendable:
         # A file being written is read from a copy of its complete lines: the hash, the counts and
@@ -304,13 +309,18 @@ def _done(value) -> Future:
     return future
 
 
-def _complete_bytes(path: Path, size: int) -> int | None:
-    """`size` when the file ends with a newline (an appended read may start there), else None."""
+def _ends_a_line(path: Path, size: int) -> bool:
+    """Whether the first `size` bytes of the file end with a newline."""
     if not size:
-        return None
+        return False
     with open(path, "rb") as handle:
         handle.seek(size - 1)
-        return size if handle.read(1) == b"\n" else None
+        return handle.read(1) == b"\n"
+
+
+def _complete_bytes(path: Path, size: int) -> int | None:
+    """`size` when the file ends with a newline (an appended read may start there), else None."""
+    return size if _ends_a_line(path, size) else None
 
 
 def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, existing: dict,
@@ -327,6 +337,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
     state = json.loads(existing["resume_state"])
     previous_meta = state.pop("meta", {})
     previous_version = state.pop("format_version", None)
+    state.pop("block_sha", None)
     added_lines = ranges.lines - existing["lines"]
     with byte_range_copy(path, offset, ranges.size) as part:
         ctx = FileContext(con=con, path=part, run_id=run_id, file_id=file_id, run_name=run_name,
@@ -361,7 +372,9 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
                 " seconds = seconds + ?, resume_state = ?, ingested_at = current_timestamp WHERE file_id = ?",
                 [ranges.sha, ranges.size, complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
                  ctx.rejected, ctx.rows, seconds,
-                 json.dumps({**ctx.resume_state, "meta": meta, "format_version": version}, sort_keys=True), file_id])
+                 json.dumps({**ctx.resume_state, "meta": meta, "format_version": version,
+                             "block_sha": block_sha(path, ranges.size) if complete else None}, sort_keys=True),
+                 file_id])
             _commit(con, ctx, run_id, ingester.framework)
         except BaseException:
             _roll_back(con, ctx)
@@ -420,8 +433,8 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
         seconds = time.perf_counter() - started
         state = None
         if ctx.resume_state is not None and complete_bytes is not None:
-            state = json.dumps({**ctx.resume_state, "meta": ctx.run_meta, "format_version": ctx.format_version},
-                               sort_keys=True)
+            state = json.dumps({**ctx.resume_state, "meta": ctx.run_meta, "format_version": ctx.format_version,
+                                "block_sha": block_sha(path, complete_bytes)}, sort_keys=True)
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
             " read_options, lines, stored, ignored, rejected, rows, seconds, complete_bytes, resume_state)"

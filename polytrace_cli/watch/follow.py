@@ -7,9 +7,12 @@ the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/wa
 
     step       every new step: seconds, expected_s, slow, causes
     alert      kind slow_step (a slow step), crash (an OOM, an NCCL timeout or a traceback in the
-               new lines, named once the file stops growing, from the lines since its first sign;
-               watching then ends with EXIT_CRASH), stall (no new step for `stall_factor` × the
-               usual time between steps)
+               new lines, named once a poll sees no growth, from the lines since its first sign;
+               when CRASH_QUIET_POLLS polls in all pass without growth, watching ends with
+               EXIT_CRASH; a step logged after the crash's lines means the job lives on, and
+               watching goes on), stall (no new step for
+               `stall_factor` × the usual time between steps; none once the run reached its
+               configured last step)
     truncated  the file shrank: it is read again whole
 
 The usual time between steps is the median of the wall-clock gaps between steps as they landed
@@ -31,10 +34,12 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.files import last_newline_end, walk
+from polytrace_cli.ingest.files import last_newline_end, path_text, walk
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3
+# Polls without growth after a crash's lines (the first alerts it) before watching ends with EXIT_CRASH.
+CRASH_QUIET_POLLS = 5
 # Gaps between steps needed before the stall rule uses them instead of the model's step time.
 STALL_MIN_GAPS = 3
 STALL_WINDOW = 20
@@ -84,13 +89,32 @@ def crash_in(text: str) -> tuple[str, str] | None:
     return None
 
 
+def first_crash_sign(text: str) -> int | None:
+    """The index of the first line of `text` holding any crash sign, or None."""
+    for index, line in enumerate(text.splitlines()):
+        if any(pattern.search(line) for _, pattern in CRASH_SIGNS):
+            return index
+    return None
+
+
+@dataclass
+class _Crash:
+    """A crash's lines as they land: the file, its text from the first sign on, that sign's line."""
+
+    file: Path
+    text: str
+    line: int
+    alerted: bool = False
+    quiet_polls: int = 0
+
+
 class _Files:
-    """Sizes and the part already scanned for crash signs, per file followed."""
+    """Sizes, and the part already scanned for crash signs (bytes and lines), per file followed."""
 
     def __init__(self, path: Path):
         self.path = path
         self.sizes: dict[Path, int] = {}
-        self.scanned: dict[Path, int] = {}
+        self.scanned: dict[Path, tuple[int, int]] = {}
 
     def current(self) -> dict[Path, int]:
         files = [p for p, _, problem in walk([self.path]) if not problem] if self.path.exists() else []
@@ -102,19 +126,29 @@ class _Files:
                 continue
         return sizes
 
-    def new_text(self, file: Path, end: int) -> str:
-        """The complete lines of `file` after the part scanned so far (up to byte `end`)."""
-        start = self.scanned.get(file, 0)
+    def new_text(self, file: Path, end: int) -> tuple[str, int]:
+        """(the complete lines of `file` after the part scanned so far, up to byte `end`; the line
+        number of the first of them)."""
+        start, lines = self.scanned.get(file, (0, 0))
         if end <= start:
-            return ""
+            return "", lines + 1
         with open(file, "rb") as handle:
             handle.seek(start)
             data = handle.read(end - start)
         cut = data.rfind(b"\n")
         if cut < 0:
-            return ""
-        self.scanned[file] = start + cut + 1
-        return data[:cut + 1].decode("utf-8", errors="replace")
+            return "", lines + 1
+        self.scanned[file] = (start + cut + 1, lines + data.count(b"\n", 0, cut + 1))
+        return data[:cut + 1].decode("utf-8", errors="replace"), lines + 1
+
+
+def _metric_lines(con: duckdb.DuckDBPyConnection, file: Path, before: int) -> tuple[int | None, int | None]:
+    """(the last step logged before line `before` of `file`, the last line of `file` holding a step)."""
+    row = con.execute(
+        "SELECT max_by(sm.step, sm.line_no) FILTER (WHERE sm.line_no < ?), max(sm.line_no)"
+        " FROM step_metrics sm JOIN files f USING (file_id) WHERE f.path = ?",
+        [before, path_text(file.resolve())]).fetchall()
+    return row[0] if row else (None, None)
 
 
 def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[dict], None],
@@ -133,13 +167,22 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
     last_growth = last_step_at = clock()
     gaps: list[float] = []
     stalled_at_step: int | None = None
-    crash_text: dict[Path, str] = {}  # per file, its text from the first crash sign on
+    crash: _Crash | None = None
+    total_steps: int | None = None
     last_step: int | None = None
 
     def emit(event: dict) -> None:
         if event["event"] == "alert":
             result.alerts += 1
         on_event(event)
+
+    def alert_crash(crash: _Crash) -> None:
+        """Alert a crash whose lines have landed, named from all of them, with the last step before it."""
+        cause, reason = crash_in(crash.text)
+        step_before, _ = _metric_lines(con, crash.file, crash.line)
+        emit({"event": "alert", "kind": "crash", "cause": cause, "reason": reason, "file": str(crash.file),
+              "step": step_before if step_before is not None else last_step})
+        crash.alerted, result.reason = True, f"{cause}: {reason}"
 
     while True:
         now = clock()
@@ -150,7 +193,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
         for file, size in grown.items():
             if size < files.sizes.get(file, 0):
                 emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
-                files.scanned[file] = 0
+                files.scanned[file] = (0, 0)
         if grown:
             last_growth = now
             reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
@@ -162,14 +205,15 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 result.run = run_name
                 run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [run_name]).fetchall()
                 judge = StepJudge(con, run_id[0][0]) if run_id else None
+                total_steps = configured_steps(con, run_name)
                 if on_run is not None:
                     on_run(run_name)
             for file, size in grown.items():
-                text = files.new_text(file, size)
-                if crash_text.get(file) is not None:
-                    crash_text[file] += text
-                elif crash_in(text):
-                    crash_text[file] = text
+                text, first_line = files.new_text(file, size)
+                if crash is not None and crash.file == file:
+                    crash.text += text
+                elif crash is None and (sign := first_crash_sign(text)) is not None:
+                    crash = _Crash(file, "".join(text.splitlines(keepends=True)[sign:]), first_line + sign)
             files.sizes.update(grown)
             steps = judge.new_steps() if judge is not None else []
             if steps:
@@ -183,15 +227,20 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 if record["slow"]:
                     emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
                           "expected_s": record["expected_s"], "causes": record["causes"]})
-        elif crash_text:
-            # The job's last lines have landed: the crash is named from all of them.
-            file, text = next(iter(crash_text.items()))
-            cause, reason = crash_in(text)
-            emit({"event": "alert", "kind": "crash", "cause": cause, "reason": reason, "file": str(file),
-                  "step": last_step})
-            result.exit_code, result.reason = EXIT_CRASH, f"{cause}: {reason}"
-            return result
-        if judge is not None and last_step is not None and stalled_at_step != last_step:
+            if steps and crash is not None and (_metric_lines(con, crash.file, crash.line)[1] or 0) > crash.line:
+                # Steps logged after the crash's lines: the job lives on.
+                if not crash.alerted:
+                    alert_crash(crash)
+                crash, result.reason = None, ""
+        elif crash is not None:
+            if not crash.alerted:
+                alert_crash(crash)
+            crash.quiet_polls += 1
+            if crash.quiet_polls >= CRASH_QUIET_POLLS:
+                result.exit_code = EXIT_CRASH
+                return result
+        finished = total_steps is not None and last_step is not None and last_step >= total_steps
+        if judge is not None and last_step is not None and stalled_at_step != last_step and not finished:
             usual = statistics.median(gaps[-STALL_WINDOW:]) if len(gaps) >= STALL_MIN_GAPS else judge.typical_s
             if usual and now - last_step_at > settings.stall_factor * usual:
                 stalled_at_step = last_step
@@ -201,6 +250,15 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
             result.reason = f"no growth for {settings.idle_exit:g} s"
             return result
         sleep(settings.poll)
+
+
+def configured_steps(con: duckdb.DuckDBPyConnection, run: str) -> int | None:
+    """The run's `total_training_steps` from its config, when it names one."""
+    row = con.execute("SELECT meta->>'total_training_steps' FROM runs WHERE name = ?", [run]).fetchall()
+    try:
+        return int(row[0][0]) if row and row[0][0] else None
+    except ValueError:
+        return None
 
 
 def event_json(event: dict) -> str:
