@@ -139,3 +139,21 @@ def test_new_lines_that_change_the_run_settings_are_read_whole(tmp_path, log_tex
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, log_text + other)
+
+
+def test_a_progress_bar_still_being_drawn_is_read_with_its_file(tmp_path, log_text):
+    """New bytes without a newline (a bar redrawn by carriage returns) are read as the file's last line."""
+    log, con = ingested(tmp_path, log_text)
+    bar = b"Training Progress:  10%|#         | 3/30 [00:01<00:09]\rTraining Progress:  13%|#         | 4/30"
+    log.write_bytes(log_text + bar)
+    (drawing,) = ingest_paths(con, [log], run_name="r")
+    assert drawing.status == "replaced"
+    log.write_bytes(log_text + bar + b"\n" + BAD_LINE.encode())
+    (done,) = ingest_paths(con, [log], run_name="r")
+    assert done.status == "replaced"  # the last read ended inside a line: read whole again
+    log.write_bytes(log_text + bar + b"\n" + BAD_LINE.encode() * 2)
+    (grown,) = ingest_paths(con, [log], run_name="r")
+    assert grown.status == "appended"
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, log_text + bar + b"\n" + BAD_LINE.encode() * 2)

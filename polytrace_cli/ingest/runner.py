@@ -267,7 +267,10 @@ def ingest_file(
     if same_reading and plain and ingester.appendable and limit < existing["bytes"]:
         whole_note = f"truncated: {limit:,} bytes, {existing['bytes']:,} when last read; read again whole"
     elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
-            and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"]:
+            and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"] \
+            and last_newline_end(path, limit) > existing["bytes"]:
+        # (New bytes without a newline, say a progress bar redrawn by carriage returns, are read whole:
+        # alone they would read as lines ended by carriage returns.)
         # The last read ended at a newline, so its lines are the prefix's newlines.
         if json.loads(existing["resume_state"]).get("block_sha") == block_sha(path, existing["bytes"]):
             counted = None if complete_lines else hashes.result(path)
