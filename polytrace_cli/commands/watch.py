@@ -36,10 +36,10 @@ def watch(
 
     Each new step is stored and judged against the step-time model fitted on the steps before it;
     slow steps, a crash in the log and a stall are alerts. A crash exits 3 with its reason once the
-    file stops growing; --idle-exit exits 0."""
+    log stays still after it; --idle-exit exits 0."""
     from polytrace_cli.store import open_store
     from polytrace_cli.watch import EXIT_CRASH, WatchSettings, watch_log
-    from polytrace_cli.watch.follow import event_json
+    from polytrace_cli.watch.follow import configured_steps, event_json
 
     if not path.exists():
         raise fail(f"{path}: no such file or directory")
@@ -69,7 +69,7 @@ def watch(
             view = WatchView(str(path))
 
             def on_run(name: str) -> None:
-                view.run, view.total_steps = name, _total_steps(con, name)
+                view.run, view.total_steps = name, configured_steps(con, name)
 
             with Live(view, console=console, auto_refresh=False, transient=False) as live:
                 result = watch_log(con, path, on_event, settings, on_run=on_run)
@@ -77,15 +77,6 @@ def watch(
         con.close()
     if result.exit_code == EXIT_CRASH:
         raise fail(f"the job crashed: {result.reason}", EXIT_CRASH)
-
-
-def _total_steps(con, run: str) -> int | None:
-    """The run's `total_training_steps` from its config, when it names one."""
-    row = con.execute("SELECT meta->>'total_training_steps' FROM runs WHERE name = ?", [run]).fetchall()
-    try:
-        return int(row[0][0]) if row and row[0][0] else None
-    except ValueError:
-        return None
 
 
 def _run_alert_command(command: str, alert_json: str) -> None:
