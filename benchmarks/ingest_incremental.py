@@ -21,10 +21,12 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from _measure import run_measured
+from _measure import compile_package
 from ingest_console import write_log
 
 HERE = Path(__file__).resolve().parent
@@ -43,13 +45,27 @@ def grow(log: Path, megabytes: float, steps_before: int) -> int:
     return steps
 
 
-def timed(argv: list[str], repeat: int, before=None) -> list[float]:
+def run_cpu(argv: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one child process; exits when it fails. On a
+    shared machine the CPU seconds are the steadier figure: wall time includes waiting for a core."""
+    compile_package()
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"{argv[:3]} failed: {process.stderr.read().decode()[-500:]}")
+    return seconds, usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of `repeat` runs of `argv`, each after `before()` and a sync."""
     runs = []
     for _ in range(repeat):
         if before:
             before()
         os.sync()
-        runs.append(run_measured(argv)[0])
+        runs.append(run_cpu(argv))
     return runs
 
 
@@ -88,18 +104,21 @@ def main() -> None:
         con.close()
     print(f"log: {first_mb:.1f} MB, {steps:,} steps; grown by {grown_mb - first_mb:.2f} MB ({added:,} steps)"
           f" to {grown_mb:.1f} MB")
-    print(f"{'':28} {'median s':>9}  runs")
-    for name, runs in (("first ingest", first_runs), ("appended (re-ingest, grown)", appended_runs),
-                       ("whole re-read of grown log", whole_runs), ("start-up (polytrace runs)", startup_runs),
-                       ("ingest start-up (unchanged)", unchanged_runs)):
-        print(f"{name:28} {statistics.median(runs):9.2f}  " + ", ".join(f"{s:.2f}" for s in runs))
-    beyond = statistics.median(appended_runs) - statistics.median(startup_runs)
-    work = statistics.median(first_runs) - statistics.median(startup_runs)
-    print(f"appended beyond start-up: {beyond:.2f} s = {beyond / work:.1%} of the first ingest's {work:.2f} s"
-          " beyond start-up")
-    own = statistics.median(appended_runs) - statistics.median(unchanged_runs)
-    print(f"appended beyond the ingest start-up: {own:.2f} s = {own / work:.1%} of the first ingest's {work:.2f} s"
-          " beyond start-up")
+    print(f"{'':28} {'wall s':>7} {'CPU s':>7}  (medians; runs: wall/CPU)")
+    measured = (("first ingest", first_runs), ("appended (re-ingest, grown)", appended_runs),
+                ("whole re-read of grown log", whole_runs), ("start-up (polytrace runs)", startup_runs),
+                ("ingest start-up (unchanged)", unchanged_runs))
+    for name, runs in measured:
+        print(f"{name:28} {statistics.median(w for w, _ in runs):7.2f} {statistics.median(c for _, c in runs):7.2f}  "
+              + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs))
+    medians = {name: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+               for name, runs in measured}
+    for index, unit in ((0, "wall"), (1, "CPU")):
+        work = medians["first ingest"][index] - medians["start-up (polytrace runs)"][index]
+        for base in ("start-up (polytrace runs)", "ingest start-up (unchanged)"):
+            beyond = medians["appended (re-ingest, grown)"][index] - medians[base][index]
+            print(f"{unit}: appended beyond {base}: {beyond:.2f} s = {beyond / work:.1%} of the first ingest's"
+                  f" {work:.2f} s beyond `polytrace runs`")
     print(f"rows (step_metrics, lines, stored): appended {counts['appended']}, whole {counts['whole']}")
     if counts["appended"] != counts["whole"]:
         raise SystemExit("the appended store differs from the whole read")
