@@ -250,3 +250,14 @@ def test_a_traceback_the_job_survives_alerts_without_ending_the_watch(tmp_path, 
         {"event": "alert", "kind": "crash", "cause": "traceback", "reason": "ValueError: could not parse the answer",
          "file": str(log.resolve()), "step": 12}]
     assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 16))
+
+
+def test_the_generator_ends_a_log_with_a_crash_after_the_given_step():
+    frame = step_table(LENGTHS, SPEC, MODEL)
+    text = console_text(frame, SPEC, MODEL, crash_after=5, crash="nccl_timeout")
+    steps = [line for line in text.splitlines() if line.startswith("(TaskRunner pid=27182) step:")]
+    assert steps[-1].startswith("(TaskRunner pid=27182) step:5 ")
+    assert text.endswith("\n".join(crash_lines("nccl_timeout")) + "\n")
+    cause, reason = crash_in(text)
+    assert cause == "nccl_timeout" and "Watchdog caught collective operation timeout" in reason
+    assert console_text(frame, SPEC, MODEL) == console_text(frame, SPEC, MODEL, crash_after=None)
