@@ -24,13 +24,12 @@ import polars as pl
 from polytrace_cli.diagnose.decompose import decompose, step_causes
 from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS, decompose_run
 from polytrace_cli.diagnose.thresholds import slow_steps
-from polytrace_cli.model import read_workload, training_mask
+from polytrace_cli.model import MODELLED_STAGES, OVERHEADS, read_workload, training_mask
 
 # A model is refitted once the fitted training steps have grown by this factor.
 REFIT_GROWTH = 1.25
-# Stage columns of the workload frame drawn in the terminal view, in the order of a verl step.
-STAGE_COLUMNS = ("gen_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_critic_s",
-                 "update_actor_s", "update_weights_s", "testing_s", "save_checkpoint_s")
+# The workload frame's stage columns a step event lists (its `stages`), in pipeline order.
+STAGE_COLUMNS = tuple(f"{stage}_s" for stage in (*MODELLED_STAGES, *OVERHEADS))
 
 
 def _number(value) -> float | None:
@@ -45,7 +44,6 @@ class StepJudge:
     run_id: int
     seen: set[tuple[int, int]] = field(default_factory=set)
     fitted_steps: int = 0
-    fits: int = 0
     typical_s: float | None = None
     _run: tuple | None = None  # (the fitted RunDecomposition, its fitted steps)
     _model_of: dict[int, tuple | None] = field(default_factory=dict)
@@ -100,7 +98,7 @@ class StepJudge:
     def _fit(self, history: pl.DataFrame, trained: int) -> None:
         run = decompose_run(history, training_mask(history))
         self._run = (run, history.filter(run.mask))
-        self.fitted_steps, self.fits = trained, self.fits + 1
+        self.fitted_steps = trained
         self.typical_s = _number(run.expected)
 
     def _judge(self, frame: pl.DataFrame, chunk: list[int], run, fitted: pl.DataFrame) -> dict[int, dict]:
