@@ -236,8 +236,10 @@ def ingest_file(
     A file of an appendable format (`Ingester.appendable`) that only grew since it was read (the
     last 64 KB it read still hash the same, `block_sha` in `files.resume_state`, and that read
     ended at a newline) is read from there on (status `appended`); one that shrank is read whole
-    (`truncated`), as is one whose last block read changed (`replaced`). With `complete_lines` (a log being written), the file is read
-    up to its last newline only: a line still being written is read once it is finished.
+    (`truncated`), as is one whose last block read changed (`replaced`). New bytes without a
+    newline (a progress bar redrawn by carriage returns) are read with the whole file: alone they
+    would read as lines ended by carriage returns. With `complete_lines` (a log being written), the
+    file is read up to its last newline only: a line still being written is read once finished.
     """
     path = path.resolve()
     plain = source is None or not source.compressed
@@ -269,12 +271,10 @@ def ingest_file(
     elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
             and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"] \
             and last_newline_end(path, limit) > existing["bytes"]:
-        # (New bytes without a newline, say a progress bar redrawn by carriage returns, are read whole:
-        # alone they would read as lines ended by carriage returns.)
-        # The last read ended at a newline, so its lines are the prefix's newlines.
         if json.loads(existing["resume_state"]).get("block_sha") == block_sha(path, existing["bytes"]):
             counted = None if complete_lines else hashes.result(path)
             if counted is None or counted[1] != limit:  # the file grew again since it was hashed
+                # The last read ended at a newline: the prefix holds its lines' newlines.
                 counted = hash_range(path, prefix=existing["bytes"], limit=limit,
                                      prefix_lines=existing["lines"]).counted
             ranges = RangeHashes(None, *counted, complete=limit if _ends_a_line(path, limit) else 0)
