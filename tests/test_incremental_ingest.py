@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -35,8 +36,12 @@ COMPARED = {
 
 
 def store_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple]]:
-    """Every compared table's rows, sorted."""
-    return {table: con.execute(f"SELECT {columns} FROM {table} ORDER BY ALL").fetchall()
+    """Every compared table's rows, sorted (a NaN as the text 'NaN', which equals itself)."""
+    def comparable(value):
+        return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+    return {table: [tuple(map(comparable, row)) for row in
+                    con.execute(f"SELECT {columns} FROM {table} ORDER BY ALL").fetchall()]
             for table, columns in COMPARED.items()}
 
 
@@ -157,3 +162,26 @@ def test_a_progress_bar_still_being_drawn_is_read_with_its_file(tmp_path, log_te
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, log_text + bar + b"\n" + BAD_LINE.encode() * 2)
+
+
+CONSOLE_FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*/*/*.log")) + sorted(
+    (Path(__file__).parent / "fixtures" / "openrlhf").glob("*.log"))
+
+
+@pytest.mark.parametrize("fixture", CONSOLE_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_console_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, fixture):
+    """Restarts, checkpoint loads, dirty and rejected lines, progress bars: fed a few lines at a time."""
+    text = fixture.read_bytes()
+    lines = text.splitlines(keepends=True)
+    log = tmp_path / "run" / fixture.name
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    step = max(1, len(lines) // 12)
+    for end in [*range(step, len(lines), step), len(lines)]:
+        log.write_bytes(b"".join(lines[:end]) + (lines[end][: len(lines[end]) // 2] if end < len(lines) else b""))
+        ingest_paths(con, [log], run_name="r", complete_lines=True)
+    log.write_bytes(text)
+    ingest_paths(con, [log], run_name="r", complete_lines=True)
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, text)
