@@ -34,7 +34,7 @@ SPEC = WorkloadSpec(task="math", steps=36, batch=16, n=4, dp_ranks=4, max_respon
 # Injected after the model has its first 8 training steps (steps 3..10; steps 1-2 warm up).
 INJECTED = {20: "long_tail", 29: "unexplained"}
 MODEL = StepTimeModel(injections=tuple(Injection(step, cause) for step, cause in INJECTED.items()))
-LINE_DELAY = 0.01
+LINE_DELAY = 0.005
 POLL = "0.1"
 # An event must arrive within this many seconds of its line being written.
 LATENCY_LIMIT = 4.0
@@ -102,7 +102,7 @@ def test_watch_follows_a_log_line_by_line(tmp_path, lines):
     log = tmp_path / "job" / "train.log"
     log.parent.mkdir()
     log.write_text("")
-    watcher = Watcher(log, tmp_path / "watched.duckdb", "--idle-exit", "2", "--run", "r")
+    watcher = Watcher(log, tmp_path / "watched.duckdb", "--idle-exit", "1", "--run", "r")
     started(tmp_path / "watched.duckdb")
     written: dict[int, float] = {}
     write_lines(log, lines[:30])
@@ -146,7 +146,7 @@ def test_watch_alerts_a_stall_then_exits_on_a_crash(tmp_path, lines):
     started(tmp_path / "w.duckdb")
     steps_end = next(i for i, line in enumerate(lines) if line.startswith("(TaskRunner pid=27182) step:24 ")) + 2
     write_lines(log, lines[:steps_end])
-    time.sleep(3.0)  # many times the usual gap between steps: a stall
+    time.sleep(2.0)  # many times the usual gap between steps: a stall
     write_lines(log, [line + "\n" for line in crash_lines("oom")])
     code, stderr = watcher.finish()
     assert code == 3
