@@ -157,6 +157,7 @@ class OpenRLHFConsoleIngester(Ingester):
     name = "openrlhf-console"
     version = "2"
     framework = "openrlhf"
+    appendable = True
     description = "OpenRLHF console log (✨ Global step N: {...}, evaluation lines, tqdm postfixes)"
 
     def sniff(self, path: Path, head: bytes) -> bool:
@@ -166,8 +167,6 @@ class OpenRLHFConsoleIngester(Ingester):
             return True
         # Older logs: only tqdm postfixes with OpenRLHF's short keys.
         return b"openrlhf" in head.lower() and bool(_SNIFF_TQDM.search(head))
-
-    appendable = True
 
     def load(self, ctx: FileContext) -> None:
         load_console(ctx, OpenRLHFGrammar())

@@ -123,6 +123,7 @@ class VerlConsoleIngester(Ingester):
     name = "verl-console"
     version = "2"
     framework = "verl"
+    appendable = True
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
 
     def sniff(self, path: Path, head: bytes) -> bool:
@@ -132,8 +133,6 @@ class VerlConsoleIngester(Ingester):
             return True
         # The first metric line may lie beyond the sniff window in a long job's stdout.
         return path.suffix in (".log", ".txt", ".out") and looks_like_verl_console(head) is not None
-
-    appendable = True
 
     def load(self, ctx: FileContext) -> None:
         load_console(ctx, VerlGrammar())
