@@ -185,3 +185,18 @@ def test_every_console_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, f
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, text)
+
+
+def test_a_grown_file_is_hashed_on_from_the_digest_kept_for_its_prefix(tmp_path):
+    from polytrace_cli.ingest import files
+
+    log = tmp_path / "a.log"
+    log.write_bytes(b"step:1 - a:1\n" * 1000)
+    first = files.hash_range(log)
+    log.write_bytes(b"step:1 - a:1\n" * 1500)
+    grown = files.hash_range(log, prefix=first.size, prefix_lines=first.lines, prefix_sha=first.sha)
+    assert (grown.sha, grown.size, grown.lines) == files.hash_and_count(log)
+    assert grown.prefix_sha == first.sha
+    log.write_bytes(b"step:2 - a:1\n" * 1500)  # not grown: rewritten; without the stored sha nothing is reused
+    rewritten = files.hash_range(log, prefix=first.size, prefix_lines=first.lines)
+    assert (rewritten.sha, rewritten.size) == files.hash_and_count(log)[:2] and rewritten.prefix_sha != first.sha

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -179,23 +180,34 @@ class RangeHashes:
         return self.sha, self.size, self.lines
 
 
+# sha256 states of files read up to some byte, to hash only what a file grew by since: keyed by
+# (path, bytes hashed, sha256 hex of them), the most recent last.
+_DIGESTS: OrderedDict[tuple[Path, int, str], object] = OrderedDict()
+_DIGESTS_KEPT = 64
+
+
 def hash_range(path: Path, prefix: int | None = None, limit: int | None = None, prefix_lines: int | None = None,
-               chunk_size: int = 8 << 20) -> RangeHashes:
+               prefix_sha: str | None = None, chunk_size: int = 8 << 20) -> RangeHashes:
     """One pass over the first `limit` bytes of `path` (all when None): their sha256, size, lines and
     last newline, and the sha256 of the first `prefix` bytes on the way (what a file that only grew
     since it was read still starts with). `prefix_lines`, the newlines known to be in the prefix,
-    spares counting them."""
+    spares counting them; with `prefix_sha` too (the prefix's sha256 as stored), a digest this process
+    kept when it hashed that prefix is taken up at its end, and only the bytes after it are read."""
     digest = hashlib.sha256()
-    prefix_sha = None
     size = newlines = complete = 0
+    found_sha = None
     counted_from = 0 if prefix_lines is None or prefix is None else prefix
     if counted_from:
         newlines = prefix_lines
+    kept = _DIGESTS.get((path, prefix, prefix_sha)) if counted_from and prefix_sha else None
+    if kept is not None:
+        digest, size, found_sha = kept.copy(), prefix, prefix_sha
     last = b""
     with open(path, "rb") as handle:
+        handle.seek(size)
         while limit is None or size < limit:
             want = chunk_size if limit is None else min(chunk_size, limit - size)
-            if prefix is not None and prefix_sha is None and size < prefix:
+            if prefix is not None and found_sha is None and size < prefix:
                 want = min(want, prefix - size)
             chunk = handle.read(want)
             if not chunk:
@@ -208,12 +220,16 @@ def hash_range(path: Path, prefix: int | None = None, limit: int | None = None, 
                 complete = size + cut + 1
             size += len(chunk)
             last = chunk[-1:]
-            if prefix is not None and prefix_sha is None and size == prefix:
-                prefix_sha = digest.copy().hexdigest()
+            if prefix is not None and found_sha is None and size == prefix:
+                found_sha = digest.copy().hexdigest()
     if prefix == 0:
-        prefix_sha = hashlib.sha256().hexdigest()
+        found_sha = hashlib.sha256().hexdigest()
     lines = newlines + (1 if size and last != b"\n" else 0)
-    return RangeHashes(prefix_sha, digest.hexdigest(), size, lines, complete)
+    sha = digest.hexdigest()
+    _DIGESTS[(path, size, sha)] = digest.copy()
+    while len(_DIGESTS) > _DIGESTS_KEPT:
+        _DIGESTS.popitem(last=False)
+    return RangeHashes(found_sha, sha, size, lines, complete)
 
 
 # The block before an appended read's start whose sha256 says the file only grew since it was read.

@@ -260,8 +260,13 @@ def ingest_file(
                                              existing["read_options"]) == (ingester.name, ingester.version, options)
     limit = last_newline_end(path, size) if complete_lines and plain and ingester.appendable else size
     if same_reading and existing["bytes"] == limit:
-        sha = hash_range(path, limit=limit).sha if complete_lines else hashes.result(path)[0]
-        if existing["sha256"] == sha:
+        state = json.loads(existing["resume_state"] or "{}")
+        if complete_lines and state.get("block_sha"):  # a log being written: its last block read, as when it grew
+            same = state["block_sha"] == block_sha(path, limit)
+        else:
+            sha = hash_range(path, limit=limit).sha if complete_lines else hashes.result(path)[0]
+            same = existing["sha256"] == sha
+        if same:
             report.status, report.bytes = "unchanged", limit
             report.seconds = time.perf_counter() - started
             return report
@@ -275,8 +280,8 @@ def ingest_file(
             counted = None if complete_lines else hashes.result(path)
             if counted is None or counted[1] != limit:  # the file grew again since it was hashed
                 # The last read ended at a newline: the prefix holds its lines' newlines.
-                counted = hash_range(path, prefix=existing["bytes"], limit=limit,
-                                     prefix_lines=existing["lines"]).counted
+                counted = hash_range(path, prefix=existing["bytes"], limit=limit, prefix_lines=existing["lines"],
+                                     prefix_sha=existing["sha256"]).counted
             ranges = RangeHashes(None, *counted, complete=limit if _ends_a_line(path, limit) else 0)
             try:
                 return _append_in_transaction(con, path, ingester, run_id, run_name, existing, ranges, report,
