@@ -4,9 +4,9 @@ Generates once (cached under benchmarks/out/ingest_layouts/) and times, in this 
   steps      400 `packed_lengths_step_N.jsonl` files of about 225 KB (93 MB, 6.5 M responses);
   tiny       5,000 one-line step files;
   bad line   one 93 MB trace with one line that is not JSON in the middle, and its clean twin.
-Each figure is the whole `polytrace ingest` process into a new on-disk store (median of 3, disk
-synced first, peak RSS of the slowest child), printed beside its baseline measured in the same
-run: the plain-Python loop (json.loads per line, rows collected, one bulk insert into DuckDB) over
+Each figure is the whole `polytrace ingest` process into a new on-disk store (median of 3 of wall
+and of CPU seconds, disk synced first, the worst peak RSS), printed beside its baseline measured in
+the same run, the methods taking turns run by run: the plain-Python loop (json.loads per line, rows collected, one bulk insert into DuckDB) over
 the same files, or the clean twin for the bad line. The step files are also read by DuckDB alone
 (`read_json` with typed columns, no value checks, same layout): the floor of a read in DuckDB. The load average is printed beside each figure
 (the machine may be shared).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _measure import run_measured
+from _measure import run_child, run_measured
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "ingest_layouts"
@@ -125,34 +125,42 @@ def folder_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.iterdir()) / 1e6
 
 
-def timed(argv_for_store, repeat: int) -> dict:
-    """Median wall seconds of `repeat` runs, each into a new store, disk synced first; the worst peak
-    RSS and the 1-minute load average before each run."""
-    seconds, rss, loads = [], [], []
+def timed_in_turns(methods: dict, repeat: int) -> dict[str, dict]:
+    """Per method (name -> argv for a store): median wall and CPU seconds of `repeat` runs, the methods
+    taking turns run by run (so each sees the same load), each into a new store with the disk synced
+    first; the worst peak RSS and the 1-minute load average before each run."""
+    results = {name: {"runs": [], "cpu": [], "rss": [], "load": []} for name in methods}
     for attempt in range(repeat):
-        store = OUT / f"store_{attempt}.duckdb"
-        for stale in (store, store.with_name(store.name + ".wal")):
-            stale.unlink(missing_ok=True)
-        os.sync()
-        loads.append(os.getloadavg()[0])
-        took, peak = run_measured(argv_for_store(store))
-        seconds.append(took)
-        rss.append(peak)
-        store.unlink(missing_ok=True)
-    return {"seconds": statistics.median(seconds), "runs": seconds, "rss_mb": max(rss), "load": loads}
+        for name, argv_for_store in methods.items():
+            store = OUT / f"store_{attempt}.duckdb"
+            for stale in (store, store.with_name(store.name + ".wal")):
+                stale.unlink(missing_ok=True)
+            os.sync()
+            result = results[name]
+            result["load"].append(os.getloadavg()[0])
+            took, cpu, peak = run_child(argv_for_store(store))
+            result["runs"].append(took)
+            result["cpu"].append(cpu)
+            result["rss"].append(peak)
+            store.unlink(missing_ok=True)
+    for result in results.values():
+        result.update(seconds=statistics.median(result["runs"]), cpu_seconds=statistics.median(result["cpu"]),
+                      rss_mb=max(result["rss"]))
+    return results
 
 
 def show(name: str, mb: float, result: dict) -> None:
     runs = ", ".join(f"{s:.2f}" for s in result["runs"])
     loads = ", ".join(f"{value:.1f}" for value in result["load"])
-    print(f"  {name:34s} {result['seconds']:7.2f} s  {mb / result['seconds']:7.1f} MB/s  "
-          f"peak RSS {result['rss_mb']:5.0f} MB  (runs {runs}; load avg {loads})")
+    print(f"  {name:34s} {result['seconds']:7.2f} s  CPU {result['cpu_seconds']:5.2f} s  {mb / result['seconds']:7.1f} MB/s"
+          f"  peak RSS {result['rss_mb']:5.0f} MB  (runs {runs}; load avg {loads})")
 
 
 # Phases of one ingest, as the functions that carry them out (cumulative seconds under cProfile).
 PHASES = [
     ("walk the folder", "files.py", "walk"),
-    ("sniff, read and hash each file", "runner.py", "_batch_member"),
+    ("sniff, read, decode and hash each file", "runner.py", "_batch_member"),
+    ("  of which the strict decoder (msgspec)", "jsonl.py", "strict_records"),
     ("skip unchanged files", "runner.py", "_drop_unchanged"),
     ("batch read and type check (DuckDB)", "jsonl.py", "load_batch_records"),
     ("write rows, files rows, commit", "runner.py", "_store_batch"),
@@ -209,25 +217,31 @@ def main() -> None:
         folder = layouts[name]
         mb = folder_mb(folder)
         print(f"{title} ({mb:.1f} MB):")
-        ours = timed(ingest(folder), args.repeat)
-        show("polytrace ingest (whole process)", mb, ours)
-        loop = timed(plain(folder), args.repeat)
-        show("plain-Python loop", mb, loop)
-        print(f"  polytrace vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster")
+        methods = {"polytrace ingest (whole process)": ingest(folder), "plain-Python loop": plain(folder)}
         if name == "steps":
-            alone = timed(lambda store: [sys.executable, "-c", DUCKDB_ALONE, str(folder), str(store)], args.repeat)
-            show("DuckDB alone, unchecked (floor)", mb, alone)
-            print(f"  polytrace vs DuckDB alone: {ours['seconds'] / alone['seconds']:.2f}x its time")
+            methods["DuckDB alone, unchecked (floor)"] = (
+                lambda store: [sys.executable, "-c", DUCKDB_ALONE, str(folder), str(store)])
+        results = timed_in_turns(methods, args.repeat)
+        for method, result in results.items():
+            show(method, mb, result)
+        ours, loop = results["polytrace ingest (whole process)"], results["plain-Python loop"]
+        print(f"  polytrace vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster"
+              f" (CPU {loop['cpu_seconds'] / ours['cpu_seconds']:.2f}x)")
+        if name == "steps":
+            alone = results["DuckDB alone, unchecked (floor)"]
+            print(f"  polytrace vs DuckDB alone: {ours['seconds'] / alone['seconds']:.2f}x its time"
+                  f" (CPU {ours['cpu_seconds'] / alone['cpu_seconds']:.2f}x)")
         if args.where:
             where_time_goes(folder)
     if "bad" in chosen:
         mb = folder_mb(layouts["clean"])
         print(f"one {mb:.0f} MB file, one bad line in the middle:")
-        bad = timed(ingest(layouts["bad"]), args.repeat)
-        show("polytrace ingest, one bad line", mb, bad)
-        clean = timed(ingest(layouts["clean"]), args.repeat)
-        show("polytrace ingest, clean twin", mb, clean)
-        print(f"  bad / clean: {bad['seconds'] / clean['seconds']:.2f}x")
+        results = timed_in_turns({"polytrace ingest, one bad line": ingest(layouts["bad"]),
+                                  "polytrace ingest, clean twin": ingest(layouts["clean"])}, args.repeat)
+        for method, result in results.items():
+            show(method, mb, result)
+        bad, clean = results["polytrace ingest, one bad line"], results["polytrace ingest, clean twin"]
+        print(f"  bad / clean: {bad['seconds'] / clean['seconds']:.2f}x (CPU {bad['cpu_seconds'] / clean['cpu_seconds']:.2f}x)")
     print("targets: steps >= 100 MB/s and >= 5x plain Python, peak RSS < 2 GB; tiny within 3x of plain Python;"
           " bad line within 2x of clean")
 

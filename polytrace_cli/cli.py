@@ -105,7 +105,7 @@ def main() -> None:
     exit handlers stop the cluster it started, nor under a profiler or tracer, which writes its
     results at exit.
     """
-    from polytrace_cli.report import side_process
+    from polytrace_cli import side_process
 
     _one_blas_thread()
     side_process.mark_fresh()

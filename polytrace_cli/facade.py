@@ -24,7 +24,7 @@ the store's connection, the run ids and the step range, e.g.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +36,11 @@ if TYPE_CHECKING:
 
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.diagnose import Explanation
+    from polytrace_cli.ingest.files import FileHashes
+    from polytrace_cli.ingest.ray_engine import RaySettings
     from polytrace_cli.ingest.runner import FileReport
     from polytrace_cli.simulate import BacktestResult, WhatIfResult
+    from polytrace_cli.watch import WatchResult, WatchSettings
 
     Steps = StepRange | str | int | None
 
@@ -60,13 +63,28 @@ class Store:
         self.read_only = read_only
 
     @classmethod
-    def open(cls, path: str | Path | None = None, read_only: bool = False) -> Store:
+    def open(cls, path: str | Path | None = None, read_only: bool = False, wait: float = 0,
+             upgrade: bool = True) -> Store:
         """Open (creating and migrating when needed) the store at `path`; by default, as the CLI,
-        $POLYTRACE_DB or ./polytrace.duckdb."""
+        $POLYTRACE_DB or ./polytrace.duckdb. While another process holds it, retry for up to `wait`
+        seconds; with upgrade=False, a read-only open of an older store is an error instead of an upgrade."""
         from polytrace_cli.store import open_store, resolve_db_path
 
         resolved = resolve_db_path(path)
-        return cls(open_store(resolved, read_only=read_only), resolved, read_only)
+        return cls(open_store(resolved, read_only=read_only, wait=wait, upgrade=upgrade), resolved, read_only)
+
+    @classmethod
+    def write_report(cls, path: str | Path | None = None, runs: Runs = None, out: str | Path = "reports",
+                     name: str | None = None, steps: Steps = None, svg: bool = False, wait: float = 0) -> Path:
+        """`polytrace report`: the report of the runs of the store at `path`, opened read-only for it, with
+        the modelled numbers computed in a second process opening the store on its own (when this process
+        has opened no store yet); returns the path of index.html."""
+        from polytrace_cli.report.store_report import write_forked_report
+        from polytrace_cli.store.connection import connections_opened
+
+        may_fork = not connections_opened()
+        return write_forked_report(lambda upgrade: cls.open(path, read_only=True, wait=wait, upgrade=upgrade),
+                                   _names(runs), out, name, steps, svg, may_fork=may_fork)
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -89,15 +107,50 @@ class Store:
         return StepRange.of(steps)
 
     def ingest(self, paths: str | Path | Iterable[str | Path], run: str | None = None, task: str | None = None,
-               format: str | None = None) -> list[FileReport]:
+               format: str | None = None, *, tokenizer: str | object | None = None,
+               on_file: Callable[[FileReport], None] | None = None, hashes: FileHashes | None = None,
+               ray: RaySettings | None = None) -> list[FileReport]:
         """Read files and folders into the store, one transaction per file, as `polytrace ingest`.
-        Returns one report per file: path, run, format, status, lines, rows, ignored, rejected, ..."""
-        from polytrace_cli.ingest.runner import ingest_paths
+        Returns one report per file: path, run, format, status, lines, rows, ignored, rejected, ...
+        `tokenizer`: a local Hugging Face tokenizer (its name or path, or the loaded tokenizer) that counts
+        rollout-dump lengths for this ingest; `on_file`: called with each file's report as it is done;
+        `hashes`: files' hashes already computed or computing; `ray`: parse on the Ray session these
+        settings describe (`polytrace ingest --ray`)."""
+        from polytrace_cli.ingest.base import counting_tokens_with, load_tokenizer
 
         if self.read_only:
             raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to ingest")
-        targets = [paths] if isinstance(paths, (str, Path)) else list(paths)
-        return ingest_paths(self.connection, [Path(p) for p in targets], run_name=run, task=task, format_name=format)
+        targets = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+        loaded = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        options = {"run_name": run, "task": task, "format_name": format, "on_file": on_file, "hashes": hashes}
+        with counting_tokens_with(loaded):
+            if ray is None:
+                from polytrace_cli.ingest.runner import ingest_paths
+
+                return ingest_paths(self.connection, targets, **options)
+            from polytrace_cli.ingest.ray_engine import ingest_paths_ray
+
+            # Ray's workers load the tokenizer again, by the name or path it was loaded from.
+            name = tokenizer if isinstance(tokenizer, str) else getattr(loaded, "name_or_path", None)
+            return ingest_paths_ray(self.connection, targets, settings=ray, tokenizer=name, **options)
+
+    def watch(self, path: str | Path, on_event: Callable[[dict], None], settings: WatchSettings | None = None,
+              on_run: Callable[[str], None] | None = None) -> WatchResult:
+        """Follow a log (or a run folder) as the job writes it, as `polytrace watch`: ingest its complete new
+        lines, judge each new step and call `on_event` with each event (step, alert, truncated); `on_run`
+        gets the run's name once its first rows are stored. Returns when it stays idle
+        `settings.idle_exit` seconds or a crash ends it."""
+        from polytrace_cli.watch import WatchSettings, watch_log
+
+        if self.read_only:
+            raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to watch")
+        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run)
+
+    def configured_steps(self, run: str) -> int | None:
+        """The run's configured last step (`total_training_steps` in its config), when it names one."""
+        from polytrace_cli.watch.follow import configured_steps
+
+        return configured_steps(self.connection, run)
 
     def runs(self) -> pl.DataFrame:
         """One row per run with its files, samples, steps and rejected lines, as `polytrace runs`."""
@@ -119,7 +172,7 @@ class Store:
         PNG; as SVG too with `svg`, as `--svg`); returns the path of its index.html."""
         from polytrace_cli.report import write_runs_report
 
-        return write_runs_report(self.connection, _names(runs), out, name, steps, svg=svg)
+        return write_runs_report(self.connection, self.run_ids(runs), out, name, steps, svg=svg)
 
     def steps(self, run: str, steps: Steps = None) -> pl.DataFrame:
         """One row per step of the run (stage seconds, lengths, load balance, flags, the model's
@@ -148,6 +201,141 @@ class Store:
         if backtest:
             return backtest_run(self.connection, run)
         return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
+
+    def run_rows(self) -> tuple[list[str], list[tuple]]:
+        """The rows of `runs()` as column names and tuples, without loading polars (`polytrace runs`)."""
+        from polytrace_cli.store.queries import runs_rows
+
+        return runs_rows(self.connection)
+
+    def summaries(self, runs: Runs = None, only: str | None = None, steps: Steps = None) -> dict[str, pl.DataFrame]:
+        """{analysis: summary} of the analyses named in `only` ("lengths,imbalance"; every one when None) over
+        the runs, as `polytrace analyze --json`. A store without runs is an error."""
+        from polytrace_cli.store.queries import run_ids_to_analyze
+
+        step_range = self.step_range(steps)
+        # The runs are resolved before polars and the analyses load: a mistyped name fails at once.
+        ids = run_ids_to_analyze(self.connection, _names(runs))
+        from polytrace_cli.analyze.results import run_analyses, select_analyses
+
+        return run_analyses(self.connection, ids, select_analyses(only), step_range)
+
+    def by_group(self, by: str, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+        """One row per task (by="task") or model over the runs, as `polytrace analyze --by`."""
+        from polytrace_cli.store.queries import run_ids_to_analyze
+
+        step_range = self.step_range(steps)
+        ids = run_ids_to_analyze(self.connection, _names(runs))
+        from polytrace_cli.analyze.fleet import by_group
+
+        return by_group(self.connection, ids, by, step_range)
+
+    def compare(self, run_a: str, run_b: str, only: str | None = None, steps: Steps = None) -> pl.DataFrame:
+        """Every summary number of the two runs side by side with run_b − run_a, as `polytrace compare`."""
+        from polytrace_cli.analyze.results import compare_frame
+
+        if run_a == run_b:
+            raise PolytraceError("compare needs two different runs")
+        return compare_frame(run_a, run_b, self.summaries([run_a, run_b], only, steps))
+
+    def has_step_data(self, run: str, steps: Steps = None) -> bool:
+        """Whether the run holds any data (samples or step metrics) in the step range."""
+        from polytrace_cli.check import has_step_data
+
+        (run_id,) = self.run_ids(run)
+        return has_step_data(self.connection, run_id, self.step_range(steps))
+
+    def check(self, run: str, limits: dict[str, float], steps: Steps = None) -> list:
+        """Each threshold ({"max_imbalance": 1.2, ...}) against the run's measured value: a list of verdicts
+        (`.as_dict()`), as `polytrace check`."""
+        from polytrace_cli.check import check_run, validate_limits
+
+        validate_limits(limits)
+        (run_id,) = self.run_ids(run)
+        return check_run(self.connection, run_id, run, limits, self.step_range(steps))
+
+    def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
+        """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""
+        from polytrace_cli.store.queries import ingest_errors_frame
+
+        return ingest_errors_frame(self.connection, run, limit)
+
+    def errors_count(self, run: str | None = None) -> int:
+        """How many lines the store (or the run) quarantined."""
+        from polytrace_cli.store.queries import ingest_errors_count
+
+        return ingest_errors_count(self.connection, run)
+
+    def remove(self, runs: str | Iterable[str]) -> list:
+        """Remove the runs and every row they hold, in one transaction, as `polytrace rm`; one result per run
+        (`.name`, `.rows` by table)."""
+        from polytrace_cli.store.runs import remove_runs
+
+        return remove_runs(self.connection, list(dict.fromkeys(_names(runs) or [])))
+
+    def rename(self, old: str, new: str) -> None:
+        """Give a run a new name, as `polytrace rename`."""
+        from polytrace_cli.store.runs import rename_run
+
+        rename_run(self.connection, old, new)
+
+    def write_lake(self, out: str | Path, runs: Runs = None, prune: bool = False):
+        """Write the store (or the runs) as a Parquet lake under `out`, as `polytrace lake`."""
+        from polytrace_cli.store.lake import write_lake
+
+        return write_lake(self.connection, out, _names(runs), prune=prune)
+
+    def fit_lengths(self, run: str) -> dict:
+        """The run's fitted prompt and response length distributions, a polytrace-params/1 document, as
+        `polytrace fit --json`."""
+        from polytrace_cli.workload.export import resolve_run
+        from polytrace_cli.workload.fidelity import fitted_params
+
+        return fitted_params(self.connection, resolve_run(self.connection, run))
+
+    def fidelity(self, run: str, params: dict | None = None, seed: int = 0,
+                 samplers: tuple[str, ...] = ("parametric", "empirical")) -> pl.DataFrame:
+        """KS and mean/p50/p99/clip errors of a synthetic workload drawn from the run's fit (or `params`)
+        against the run, as `polytrace fidelity`."""
+        from polytrace_cli.workload.export import resolve_run
+        from polytrace_cli.workload.fidelity import fidelity, fitted_params
+
+        run_id = resolve_run(self.connection, run)
+        document = params if params is not None else fitted_params(self.connection, run_id)
+        return fidelity(self.connection, run_id, document, seed=seed, samplers=samplers)
+
+    def workload_of(self, run: str, sampler: str = "parametric", task: str | None = None):
+        """(length model, workload spec) shaped like the run, for `polytrace synth --from-run`."""
+        from polytrace_cli.workload.fidelity import workload_from_run
+
+        return workload_from_run(self.connection, run, sampler=sampler, task=task)
+
+    def export(self, run: str, out: str | Path, formats: Iterable[str] = ("polytrace-json",)):
+        """Write the run's samples as PolyTrace traces under `out`, as `polytrace export`."""
+        from polytrace_cli.workload.export import export_run
+
+        return export_run(self.connection, run, Path(out), list(formats))
+
+    def replay_check(self, benchmark: str | Path, formal: str | Path):
+        """A benchmark replay's per-stage error against the formal run (logs ingested into this store, or run
+        names), as `polytrace replay-check`."""
+        from polytrace_cli.workload.replay import replay_check
+
+        return replay_check(self.connection, benchmark, formal)
+
+    def confined(self) -> Store:
+        """This store with its connection locked to it: no file read or written, no extension loaded, as
+        `polytrace query` runs SQL. Returns the store."""
+        from polytrace_cli.store.connection import confine
+
+        confine(self.connection)
+        return self
+
+    def query_relation(self, sql: str) -> duckdb.DuckDBPyRelation:
+        """The relation of one read-only statement (SELECT or EXPLAIN), without loading polars."""
+        from polytrace_cli.store.queries import read_only_relation
+
+        return read_only_relation(self.connection, sql)
 
     def query(self, sql: str) -> pl.DataFrame:
         """The rows of read-only SQL over the store's tables and views, as `polytrace query`."""

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from conftest import PROJECT_ROOT
+from polytrace_cli.analyze.common import RUN_FACTS_COLUMNS
 from polytrace_cli.analyze.registry import ANALYSES as BUILT_IN
 from polytrace_cli.store import open_store
 
@@ -134,6 +135,8 @@ def test_consumer_reads_only_declared_columns(path: Path):
     frame_keys |= {key for name, value in vars(consumer).items() if name.endswith("_KEYS") for key in value}
     if "runs_frame" in source:
         declared |= STORE_RUN_COLUMNS
+    if "run_facts(" in source:
+        declared |= set(RUN_FACTS_COLUMNS)
     read, created = columns_read_and_created(source)
     undeclared = {name: line for name, line in read.items()
                   if name not in declared | created | frame_keys and name.isidentifier() and name.islower()}
@@ -226,6 +229,9 @@ def test_declared_columns_are_the_columns_returned(sample_store, analysis, funct
 
 
 def test_store_run_columns_t1_reads_exist(sample_store):
+    from polytrace_cli.analyze.common import run_facts
     from polytrace_cli.store.queries import runs_frame
 
     assert STORE_RUN_COLUMNS <= set(runs_frame(sample_store).columns)
+    facts = run_facts(sample_store, [row[0] for row in sample_store.execute("SELECT run_id FROM runs").fetchall()])
+    assert facts.columns == list(RUN_FACTS_COLUMNS) and facts.height > 0

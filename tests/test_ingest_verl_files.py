@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.formats import verl_rollout
+from polytrace_cli.ingest.base import counting_tokens_with
 from polytrace_cli.ingest.runner import ingest_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verl"
@@ -101,7 +101,6 @@ def test_tokenizer_option_must_be_local(tmp_path):
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert "tokenizer" in result.output
-    verl_rollout.set_tokenizer(None)
 
 
 def test_tokenizer_counts_replace_the_character_estimate(store, monkeypatch):
@@ -109,8 +108,8 @@ def test_tokenizer_counts_replace_the_character_estimate(store, monkeypatch):
         def __call__(self, texts, add_special_tokens=False):
             return {"input_ids": [text.split() for text in texts]}
 
-    monkeypatch.setattr(verl_rollout, "_tokenizer", WordTokenizer())
-    ingest_paths(store, [FIXTURES / "rollout" / "rollout_data" / "7.jsonl"])
+    with counting_tokens_with(WordTokenizer()):
+        ingest_paths(store, [FIXTURES / "rollout" / "rollout_data" / "7.jsonl"])
     assert store.execute("SELECT prompt_len, response_len, length_estimated FROM samples ORDER BY prompt_idx,"
                          " sample_idx").fetchall() == [(3, 4, True), (3, 1, True), (7, 6, True)]
 
@@ -137,8 +136,13 @@ def test_reading_again_with_another_tokenizer_replaces_the_lengths(store, monkey
     ingest_paths(store, [path])
     estimated = store.execute("SELECT prompt_len FROM samples ORDER BY prompt_idx, sample_idx").fetchall()
     assert [r.status for r in ingest_paths(store, [path])] == ["unchanged"]
-    monkeypatch.setattr(verl_rollout, "_tokenizer", WordTokenizer())
+    with counting_tokens_with(WordTokenizer()):
+        assert [r.status for r in ingest_paths(store, [path])] == ["replaced"]
+    # The tokenizer held for that ingest only: the next one estimates from characters again.
     assert [r.status for r in ingest_paths(store, [path])] == ["replaced"]
+    assert store.execute("SELECT read_options FROM files").fetchall() == [("characters/4",)]
+    with counting_tokens_with(WordTokenizer()):
+        ingest_paths(store, [path])
     counted = store.execute("SELECT prompt_len FROM samples ORDER BY prompt_idx, sample_idx").fetchall()
     assert counted == [(3,), (3,), (7,)] != estimated
     assert store.execute("SELECT read_options FROM files").fetchall() == [("tokenizer=WordTokenizer",)]

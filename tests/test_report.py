@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import jsonschema
 import matplotlib.image
 import polars as pl
 import pytest
@@ -20,6 +21,7 @@ from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.report.figures import FIGURE_MODULES, figure_modules
 from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.writer import build_report, default_name
+from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 
 SAMPLE_LOGS = PROJECT_ROOT / "sample_logs"
@@ -53,6 +55,7 @@ def assert_report_complete(index: Path, svg: bool = False) -> dict:
     markdown = (folder / "summary.md").read_text()
     summary = json.loads((folder / "summary.json").read_text(),
                          parse_constant=lambda token: pytest.fail(f"summary.json holds {token}, which is not JSON"))
+    jsonschema.validate(summary, json_schema("summary"), cls=jsonschema.Draft202012Validator)
     assert set(summary["analyses"]) == set(all_analyses())
     assert summary["analysis_errors"] == {}
     assert len(summary["figures"]) == len(FIGURE_MODULES)
@@ -217,7 +220,7 @@ def test_one_pass_png_has_the_pixels_of_savefig(tmp_path):
 def test_a_report_runs_without_automatic_gc_and_leaves_it_as_it_found_it(sample_report, tmp_path, monkeypatch):
     import gc
 
-    from polytrace_cli.report import store_report
+    from polytrace_cli.facade import Store
     from polytrace_cli.report import writer
 
     seen = []
@@ -232,7 +235,7 @@ def test_a_report_runs_without_automatic_gc_and_leaves_it_as_it_found_it(sample_
     for enabled in (True, False):
         (gc.enable if enabled else gc.disable)()
         try:
-            store_report.write_store_report(db, out_dir=tmp_path, name=f"gc-{enabled}")
+            Store.write_report(db, out=tmp_path, name=f"gc-{enabled}")
             assert gc.isenabled() is enabled
         finally:
             gc.enable()

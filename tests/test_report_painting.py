@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from polytrace_cli.report import painting, side_process, style
+from polytrace_cli import side_process
+from polytrace_cli.report import painting, style
 
 
 def _figures(count: int):

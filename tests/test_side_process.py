@@ -8,7 +8,7 @@ import time
 import polars as pl
 import pytest
 
-from polytrace_cli.report import side_process
+from polytrace_cli import side_process
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -70,7 +70,7 @@ def test_only_a_marked_process_without_a_polars_pool_is_fresh():
     from conftest import PROJECT_ROOT
 
     code = (
-        "from polytrace_cli.report import side_process\n"
+        "from polytrace_cli import side_process\n"
         "import polars as pl\n"
         "before = side_process.fresh()\n"
         "side_process.mark_fresh()\n"

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from conftest import need_real_data
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 from polytrace_cli.watch import WatchSettings, watch_log
 from polytrace_cli.watch.follow import crash_in
@@ -27,7 +28,7 @@ from polytrace_cli.workload.synth import WorkloadSpec
 from test_incremental_ingest import one_shot, store_rows
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((PROJECT_ROOT / "schemas" / "watch.schema.json").read_text())
+SCHEMA = json_schema("watch")
 LENGTHS = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
                       response=Marginal("lognorm", {"s": 0.5, "scale": 800.0}))
 SPEC = WorkloadSpec(task="math", steps=36, batch=16, n=4, dp_ranks=4, max_response_len=4500, drift=0.005, seed=11)

@@ -74,6 +74,24 @@ def run_names(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[int, s
     return dict(rows)
 
 
+# The columns of `run_facts`, for its consumers.
+RUN_FACTS_COLUMNS = ("run", "task", "samples")
+
+
+def run_facts(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:
+    """One row per run, by name: run (String), task (String), samples (Int64, its count of responses)."""
+    import polars as pl
+
+    return con.sql(
+        """
+        SELECT r.name AS run, r.task, coalesce(s.samples, 0)::BIGINT AS samples
+        FROM runs r LEFT JOIN (SELECT run_id, count(*) AS samples FROM samples GROUP BY run_id) s USING (run_id)
+        WHERE r.run_id IN (SELECT unnest(?)) ORDER BY r.name
+        """,
+        params=[run_ids],
+    ).pl().cast({"run": pl.String, "task": pl.String, "samples": pl.Int64})
+
+
 def frame(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pl.DataFrame:
     """Run SQL and return a polars DataFrame."""
     return con.sql(sql, params=params or None).pl()

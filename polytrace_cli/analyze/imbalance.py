@@ -144,14 +144,14 @@ def _global_seqlen_steps(con: duckdb.DuckDBPyConnection, run_ids: list[int], ste
         con,
         f"""
         WITH m AS (
-            SELECT run_id, segment, step,
-                   max(value) FILTER (WHERE key = 'global_seqlen/max') AS max_load,
-                   max(value) FILTER (WHERE key = 'global_seqlen/mean') AS mean_load,
-                   max(value) FILTER (WHERE key = 'global_seqlen/balanced_max') AS balanced_max
-            FROM step_metrics
-            WHERE run_id IN (SELECT unnest(?)) AND {steps.sql()}
-              AND key IN ('global_seqlen/max', 'global_seqlen/mean', 'global_seqlen/balanced_max')
-            GROUP BY run_id, segment, step
+            SELECT sm.run_id, sm.segment, sm.step,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS max_load,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS mean_load,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS balanced_max
+            FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+            WHERE sm.run_id IN (SELECT unnest(?)) AND {steps.sql('sm.step')}
+              AND a.canonical IN ('rank_tokens_max', 'rank_tokens_mean', 'rank_tokens_balanced_max')
+            GROUP BY sm.run_id, sm.segment, sm.step
         )
         SELECT runs.name AS run, m.segment::BIGINT AS segment, m.step::BIGINT AS step, NULL::BIGINT AS ranks,
                m.mean_load AS mean_load_tokens, m.max_load AS max_load_tokens, NULL::BIGINT AS max_rank,

@@ -66,12 +66,12 @@ def _from_step_aggregates(con: duckdb.DuckDBPyConnection, run_ids: list[int], st
             SELECT *, segment > 0 AND step = min(step) OVER (PARTITION BY run_id, segment) AS first_after_restart
             FROM steps WHERE run_id IN {ids_sql(run_ids)} AND {steps.sql()}
         ), seqlen AS (
-            SELECT run_id, segment, step,
-                   max(value) FILTER (WHERE key = 'global_seqlen/max') AS max_load,
-                   max(value) FILTER (WHERE key = 'global_seqlen/mean') AS mean_load
-            FROM step_metrics
-            WHERE run_id IN {ids_sql(run_ids)} AND {steps.sql()}
-              AND key IN ('global_seqlen/max', 'global_seqlen/mean')
+            SELECT sm.run_id, sm.segment, sm.step,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS max_load,
+                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS mean_load
+            FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+            WHERE sm.run_id IN {ids_sql(run_ids)} AND {steps.sql('sm.step')}
+              AND a.canonical IN ('rank_tokens_max', 'rank_tokens_mean')
             GROUP BY ALL
         )
         SELECT r.name AS run, st.segment, st.step, 'step_aggregates' AS basis, {stages}, st.step_s,

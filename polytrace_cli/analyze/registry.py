@@ -38,6 +38,12 @@ ANALYSES = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools
 SCIPY_ANALYSES = ("drift", "fit", "imbalance", "stages")
 
 _ANALYSES: dict[str, Analysis] = {}
+# The entry-point group through which another package adds analyses: each entry point names a module
+# whose import registers its summary with `@register`. They come after the built-in ones, in entry
+# point name order, in `analyze` and `compare` (the report shows the built-in analyses).
+ENTRY_POINT_GROUP = "polytrace.analyses"
+_PLUGINS: list[str] = []
+_plugins_loaded = False
 
 
 def register(name: str, description: str) -> Callable[[SummaryFunction], SummaryFunction]:
@@ -52,20 +58,38 @@ def register(name: str, description: str) -> Callable[[SummaryFunction], Summary
     return decorate
 
 
+def plugin_analyses() -> list[str]:
+    """Names of the analyses other installed packages add through the `polytrace.analyses` entry points.
+    A plugin that cannot be loaded is an error naming it."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        from polytrace_cli.plugins import load_plugins
+
+        _plugins_loaded = True
+        before = set(_ANALYSES)
+        load_plugins(ENTRY_POINT_GROUP, "analysis", lambda module: None)
+        _PLUGINS.extend(name for name in _ANALYSES if name not in before and name not in ANALYSES)
+    return list(_PLUGINS)
+
+
 def all_analyses() -> dict[str, Analysis]:
-    """Every analysis in `ANALYSES` order, whichever modules were imported before."""
+    """Every analysis: the built-in ones in `ANALYSES` order, whichever modules were imported before,
+    then the plugins'."""
     for module in ANALYSES:
         importlib.import_module(f"polytrace_cli.analyze.{module}")
-    unlisted = set(_ANALYSES) - set(ANALYSES)
+    plugins = plugin_analyses()
+    unlisted = set(_ANALYSES) - set(ANALYSES) - set(plugins)
     if unlisted:
         raise ValueError(f"analyses registered but not listed in ANALYSES: {', '.join(sorted(unlisted))}")
-    return {name: _ANALYSES[name] for name in ANALYSES}
+    return {name: _ANALYSES[name] for name in (*ANALYSES, *plugins)}
 
 
 def named_analyses(names: list[str]) -> dict[str, Analysis]:
-    """The named analyses in the given order, importing only their modules; unknown names are left
-    out."""
+    """The named analyses in the given order, importing only their modules (and the plugins, for a name
+    that is not built in); unknown names are left out."""
     for name in names:
         if name in ANALYSES:
             importlib.import_module(f"polytrace_cli.analyze.{name}")
+        elif name not in _ANALYSES:
+            plugin_analyses()
     return {name: _ANALYSES[name] for name in names if name in _ANALYSES}

@@ -16,11 +16,11 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.shared_frames import shared
-from polytrace_cli.ingest import run_metadata
+from polytrace_cli.store import step_timers
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
-# which way each run logged them (`run_metadata.step_time_inclusion`).
-EXTRA_TIMERS = tuple(run_metadata.EXTRA_TIMERS)
+# which way each run logged them (`step_timers.step_time_inclusion`).
+EXTRA_TIMERS = tuple(step_timers.EXTRA_TIMERS)
 # Stage timers are printed with 3 decimals by old verl: a sum of a dozen may miss the step by this much.
 ROUNDING_TOLERANCE_S = 0.01
 OUTLIER_Z = 3.5
@@ -37,7 +37,7 @@ _STEPS = """
 
 def stages(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
     """The stage names, in order: the stage columns of the `steps` view without their `_s`."""
-    return tuple(column.removesuffix("_s") for column in run_metadata.stage_columns(con))
+    return tuple(column.removesuffix("_s") for column in step_timers.stage_columns(con))
 
 
 STEP_TIME_INCLUSION_COLUMNS = {"run": pl.String, "includes_testing": pl.Boolean, "includes_checkpoint": pl.Boolean}
@@ -49,13 +49,13 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> p
     """Per run: includes_testing, includes_checkpoint (true / false / null = cannot tell), whether
     its step time counts the testing and checkpoint timers, from run meta
     (`step_time_includes_testing` / `step_time_includes_checkpoint`) or, for a run ingested
-    without them, decided from its numbers by `run_metadata.step_time_inclusion`."""
+    without them, decided from its numbers by `step_timers.step_time_inclusion`."""
     rows = []
     for run_id, name, meta in con.execute(
             "SELECT run_id, name, meta FROM runs WHERE run_id IN (SELECT unnest(?)) ORDER BY run_id", [run_ids]).fetchall():
         meta = json.loads(meta or "{}")
-        keys = run_metadata.EXTRA_TIMERS.values()
-        decided = meta if all(key in meta for key in keys) else shared(run_metadata.step_time_inclusion, con, run_id)
+        keys = step_timers.EXTRA_TIMERS.values()
+        decided = meta if all(key in meta for key in keys) else shared(step_timers.step_time_inclusion, con, run_id)
         rows.append((name, decided.get("step_time_includes_testing"), decided.get("step_time_includes_checkpoint")))
     return pl.DataFrame(rows, schema=STEP_TIME_INCLUSION_COLUMNS, orient="row")
 

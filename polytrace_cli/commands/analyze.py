@@ -29,36 +29,17 @@ OnlyOption = Annotated[
 
 
 def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, wait: float) -> dict:
-    from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids_to_analyze
+    from polytrace_cli.facade import Store
 
-    step_range = StepRange.of(steps)
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        # The runs are resolved before polars and the analyses load: a mistyped name fails in the
-        # time it takes to open the store.
-        ids = run_ids_to_analyze(con, runs)
-        from polytrace_cli.analyze.results import run_analyses, select_analyses
-
-        return run_analyses(con, ids, select_analyses(only), step_range)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        return store.summaries(runs, only, steps)
 
 
 def _fleet(db, runs: list[str] | None, by: str, steps: str | None, wait: float = 0):
-    from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids_to_analyze
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        ids = run_ids_to_analyze(con, runs)
-        from polytrace_cli.analyze.fleet import by_group
-
-        return by_group(con, ids, by, StepRange.parse(steps))
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        return store.by_group(by, runs, steps)
 
 
 @user_errors
@@ -151,10 +132,10 @@ def compare(
         raise PolytraceError("choose one of --json and --csv")
     if run_a == run_b:
         raise PolytraceError("compare needs two different runs")
-    results = _summaries(db, [run_a, run_b], only, steps, wait)
-    from polytrace_cli.analyze.results import compare_frame
+    from polytrace_cli.facade import Store
 
-    frame = compare_frame(run_a, run_b, results)
+    with Store.open(db, read_only=True, wait=wait) as store:
+        frame = store.compare(run_a, run_b, only, steps)
     if as_json or as_csv or wide:
         emit_frame(frame, as_json=as_json, as_csv=as_csv, wide=wide, identity=["analysis", "metric", "key"],
                    title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})", shared_decimals="row")

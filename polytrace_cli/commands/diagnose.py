@@ -119,14 +119,10 @@ def explain(
     findings ranked by seconds."""
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    from polytrace_cli.diagnose import explain_run
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        explanation = explain_run(con, run, step=step, top=top)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        explanation = store.explain(run, step=step, top=top)
     if as_json:
         sys.stdout.write(explanation.to_json() + "\n")
     elif as_csv:

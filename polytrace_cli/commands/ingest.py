@@ -124,20 +124,19 @@ def ingest(
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
                 as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0,
                 ray: dict | None = None) -> list[FileReport]:
+    from polytrace_cli.ingest.base import load_tokenizer
+
+    # A tokenizer that cannot be loaded is an error before the store is created or touched.
+    loaded = load_tokenizer(tokenizer) if tokenizer else None
     if ray is None:
-        from polytrace_cli.ingest.runner import ingest_paths
-
-        return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ingest_paths)
-    from functools import partial
-
-    from polytrace_cli.ingest.ray_engine import RaySettings, ingest_paths_ray, ray_session
+        return _ingest_into_store(paths, db, run, task, format_name, as_json, loaded, hashes, wait)
+    from polytrace_cli.ingest.ray_engine import RaySettings, ray_session
 
     settings = RaySettings(**ray)
     # Ray first: a cluster that cannot be reached leaves the store untouched.
     with ray_session(settings):
         try:
-            return _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait,
-                                      partial(ingest_paths_ray, settings=settings, tokenizer=tokenizer))
+            return _ingest_into_store(paths, db, run, task, format_name, as_json, loaded, hashes, wait, settings)
         except PolytraceError:
             raise
         except Exception as error:
@@ -149,16 +148,14 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
             raise PolytraceError(f"the Ray ingest failed: {detail}") from None
 
 
-def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ingest_paths):
-    from polytrace_cli.ingest.formats import verl_rollout
-    from polytrace_cli.store import open_store
+def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ray=None):
+    from polytrace_cli.facade import Store
 
-    verl_rollout.set_tokenizer(tokenizer)
-    con = open_store(db, wait=wait)
-    try:
-        options = {"run_name": run, "task": task, "format_name": format_name, "hashes": hashes}
+    with Store.open(db, wait=wait) as store:
+        options = {"run": run, "task": task, "format": format_name, "tokenizer": tokenizer, "hashes": hashes,
+                   "ray": ray}
         if not (sys.stderr.isatty() and not as_json):
-            return ingest_paths(con, paths, **options)
+            return store.ingest(paths, **options)
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
         total_bytes = sum(p.stat().st_size for p, _, problem in walk(paths) if not problem)
@@ -170,10 +167,7 @@ def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, ha
             def advance(report: FileReport) -> None:
                 progress.update(bar, advance=report.bytes, description=escape(Path(report.path).name))
 
-            return ingest_paths(con, paths, on_file=advance, **options)
-    finally:
-        con.close()
-        verl_rollout.set_tokenizer(None)
+            return store.ingest(paths, on_file=advance, **options)
 
 
 def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:

@@ -22,14 +22,10 @@ def lake(
     as_json: JsonOption = False,
 ) -> None:
     """Write the store as Parquet (OUT/<table>/run=<name>/) with a manifest; rewrites only changed runs."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.lake import write_lake
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True)
-    try:
-        result = write_lake(con, out, runs, prune=prune)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True) as store:
+        result = store.write_lake(out, runs, prune=prune)
     if as_json:
         sys.stdout.write(json.dumps(result.__dict__, indent=2) + "\n")
         return

@@ -28,9 +28,9 @@ def report(
     wait: WaitOption = 0,
 ) -> None:
     """Draw the figures and write index.html, summary.md and summary.json under OUT/NAME/."""
-    from polytrace_cli.report import write_store_report  # matplotlib loads only when a report is drawn
+    from polytrace_cli.facade import Store  # matplotlib loads only when a report is drawn
 
-    typer.echo(str(write_store_report(db, runs, out, name, steps, svg, wait)))
+    typer.echo(str(Store.write_report(db, runs, out, name, steps, svg, wait)))
 
 
 def _limit_option(help_text: str):
@@ -58,9 +58,8 @@ def check(
     """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded,
     cannot be measured, or the step range holds no data."""
     from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, check_run, failed, has_step_data, validate_limits
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids
+    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, failed, validate_limits
+    from polytrace_cli.facade import Store
 
     limits = {name: value for name, value in {
         "max_imbalance": max_imbalance, "max_step_cv": max_step_cv, "max_clip_ratio": max_clip_ratio,
@@ -75,15 +74,11 @@ def check(
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
     step_range = StepRange.parse(steps)
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        (run_id,) = run_ids(con, [run])
-        if not has_step_data(con, run_id, step_range):
+    with Store.open(db, read_only=True, wait=wait) as store:
+        if not store.has_step_data(run, step_range):
             where = f" in steps {steps}" if steps else ""
             raise fail(f"check failed: run {run} has no data{where}; nothing can be measured", 1)
-        verdicts = check_run(con, run_id, run, limits, step_range)
-    finally:
-        con.close()
+        verdicts = store.check(run, limits, step_range)
     bad = failed(verdicts, allow_unmeasurable)
     if as_json:
         sys.stdout.write(json.dumps({"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]},

@@ -36,15 +36,13 @@ def whatif(
         raise PolytraceError("give either --backtest or at least one --policy")
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
+    from polytrace_cli.simulate import parse_policy
 
-    parsed = [parse_policy(text) for text in policy or []]
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        result = backtest_run(con, run) if backtest else whatif_run(con, run, parsed)
-    finally:
-        con.close()
+    for text in policy or []:  # a malformed policy fails before the store is opened
+        parse_policy(text)
+    with Store.open(db, read_only=True, wait=wait) as store:
+        result = store.whatif(run, backtest=True) if backtest else store.whatif(run, policy)
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return

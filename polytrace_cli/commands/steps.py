@@ -31,20 +31,12 @@ def steps(
     """One row per step: stage and step seconds, response/prompt length mean and max, clip ratio, tokens,
     DP load λ (tokens and makespan), slot idle, the step's flags, and from `explain` the model's expected
     seconds at the step's workload and, on a slow step, its largest cause."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids
+    from polytrace_cli.facade import Store
 
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        ids = run_ids(con, [run])
-        from polytrace_cli.analyze.common import StepRange
-        from polytrace_cli.diagnose.per_step import steps_with_causes
-
-        frame = steps_with_causes(con, ids, StepRange.parse(step_range))
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        frame = store.steps(run, step_range)
     if as_json or as_csv:
         emit_frame(frame, as_json=as_json, as_csv=as_csv)
         return

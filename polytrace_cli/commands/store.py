@@ -17,14 +17,10 @@ from polytrace_cli.commands.tables import cell
 def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = False, wide: WideOption = False,
          wait: WaitOption = 0) -> None:
     """List the runs in the store with their sample, step and file counts."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import runs_rows
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        columns, rows = runs_rows(con)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        columns, rows = store.run_rows()
     emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], order=RUNS_ORDER,
               wide=wide)
 
@@ -47,13 +43,10 @@ def query(
     One SELECT (or EXPLAIN) statement; it cannot read or write files, attach databases or load
     extensions.
     """
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.connection import confine
-    from polytrace_cli.store.queries import read_only_relation
+    from polytrace_cli.facade import Store
 
-    con = confine(open_store(db, read_only=True, wait=wait))
-    try:
-        relation = read_only_relation(con, sql)
+    with Store.open(db, read_only=True, wait=wait).confined() as store:
+        relation = store.query_relation(sql)
         for_people = not (as_json or as_csv)
         if for_people and relation.columns == ["explain_key", "explain_value"]:
             # A plan is drawn text: printed as it is, not squeezed into a table's cell.
@@ -64,8 +57,6 @@ def query(
         more = for_people and len(rows) > TABLE_ROWS
         emit_rows(relation.columns, rows[:TABLE_ROWS] if more else rows, _numeric_columns(relation),
                   as_json=as_json, as_csv=as_csv, wide=wide)
-    finally:
-        con.close()
     if more:
         console.print(f"the first {TABLE_ROWS:,} rows; more follow (--csv or --json print every row)",
                       style="dim", highlight=False, markup=False)
@@ -89,15 +80,11 @@ def errors(
     wait: WaitOption = 0,
 ) -> None:
     """Show quarantined lines: file, line, reason and the raw text."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import ingest_errors_count, ingest_errors_frame
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        frame = ingest_errors_frame(con, run, limit)
-        total = ingest_errors_count(con, run) if not (as_json or as_csv) else frame.height
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        frame = store.errors(run, limit)
+        total = store.errors_count(run) if not (as_json or as_csv) else frame.height
     where = f"run {run}" if run else "the store"
     if total == 0 and not (as_json or as_csv):
         console.print(f"no rejected lines in {where}", highlight=False, markup=False)
@@ -117,14 +104,10 @@ def rm(
     wait: WaitOption = 0,
 ) -> None:
     """Remove runs and every row they hold, in one transaction; their files ingest again afterwards."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.runs import remove_runs
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, wait=wait)
-    try:
-        removed = remove_runs(con, list(dict.fromkeys(runs)))
-    finally:
-        con.close()
+    with Store.open(db, wait=wait) as store:
+        removed = store.remove(runs)
     if as_json:
         sys.stdout.write(json.dumps([{"run": r.name, "rows": r.rows} for r in removed], indent=2) + "\n")
         return
@@ -145,12 +128,8 @@ def rename(
     wait: WaitOption = 0,
 ) -> None:
     """Give a run a new name."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.runs import rename_run
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, wait=wait)
-    try:
-        rename_run(con, old, new)
-    finally:
-        con.close()
+    with Store.open(db, wait=wait) as store:
+        store.rename(old, new)
     console.print(f"renamed run {old} to {new}", highlight=False)

@@ -37,14 +37,14 @@ def watch(
     Each new step is stored and judged against the step-time model fitted on the steps before it;
     slow steps, a crash in the log and a stall are alerts. A crash exits 3 with its reason once the
     log stays still after it; --idle-exit exits 0."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.watch import EXIT_CRASH, WatchSettings, watch_log
-    from polytrace_cli.watch.follow import configured_steps, event_json
+    from polytrace_cli.facade import Store
+    from polytrace_cli.watch import EXIT_CRASH, WatchSettings
+    from polytrace_cli.watch.follow import event_json
 
     if not path.exists():
         raise fail(f"{path}: no such file or directory")
     settings = WatchSettings(poll=poll, idle_exit=idle_exit, stall_factor=stall_factor, run=run)
-    con = open_store(db, wait=wait)
+    store = Store.open(db, wait=wait)
     view = None
     live = None
 
@@ -60,7 +60,7 @@ def watch(
 
     try:
         if as_json:
-            result = watch_log(con, path, on_event, settings)
+            result = store.watch(path, on_event, settings)
         else:
             from rich.live import Live
 
@@ -69,12 +69,12 @@ def watch(
             view = WatchView(str(path))
 
             def on_run(name: str) -> None:
-                view.run, view.total_steps = name, configured_steps(con, name)
+                view.run, view.total_steps = name, store.configured_steps(name)
 
             with Live(view, console=console, auto_refresh=False, transient=False) as live:
-                result = watch_log(con, path, on_event, settings, on_run=on_run)
+                result = store.watch(path, on_event, settings, on_run=on_run)
     finally:
-        con.close()
+        store.close()
     if result.exit_code == EXIT_CRASH:
         raise fail(f"the job crashed: {result.reason}", EXIT_CRASH)
 

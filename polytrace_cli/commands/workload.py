@@ -50,21 +50,17 @@ def synth(
 ) -> None:
     """Sample a workload from fitted distributions and write it as PolyTrace traces or as verl logs from a known step-time model."""
     from polytrace_cli.workload.distributions import load_params
-    from polytrace_cli.workload.fidelity import workload_from_run
+    from polytrace_cli.facade import Store
     from polytrace_cli.workload.presets import PRESETS, preset
     from polytrace_cli.workload.synth import WorkloadSpec, synthesize, with_overrides
-    from polytrace_cli.store import open_store
 
     if old_steps is not None:
         raise PolytraceError(f"synth counts steps with --num-steps {old_steps}; --steps is a step range A:B elsewhere")
     if params is not None and from_run is not None:
         raise fail("give either --params or --from-run, not both")
     if from_run is not None:
-        con = open_store(db, read_only=True, wait=wait)
-        try:
-            model, base = workload_from_run(con, from_run, sampler=sampler, task=task)
-        finally:
-            con.close()
+        with Store.open(db, read_only=True, wait=wait) as store:
+            model, base = store.workload_of(from_run, sampler=sampler, task=task)
     elif task is None:
         raise fail("--task is needed without --params or --from-run (presets: " + ", ".join(PRESETS) + ")")
     elif params is not None:
@@ -114,9 +110,7 @@ def demo(
     from polytrace_cli.workload.presets import PRESETS, VERL_DEMO_RUN, preset, verl_demo
     from polytrace_cli.workload.steplog import write_step_log
     from polytrace_cli.workload.synth import synthesize, with_overrides
-    from polytrace_cli.ingest.runner import ingest_paths
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.queries import run_ids, runs_frame
+    from polytrace_cli.facade import Store
 
     for task in PRESETS:
         model, spec = preset(task)
@@ -125,24 +119,16 @@ def demo(
     write_step_log(lengths, with_overrides(spec, seed=DEMO_SEED), step_model, out / VERL_DEMO_RUN, ("verl-console",))
     # The demo's runs never mix with the user's: its store sits beside the sample logs unless --db names one.
     db = db or out / "demo.duckdb"
-    con = open_store(db, wait=wait)
     names: list[str] = []
-    try:
+    with Store.open(db, wait=wait) as store:
         for folder, task in [*((task, task) for task in PRESETS), (VERL_DEMO_RUN, spec.task)]:
-            ingested = ingest_paths(con, [out / folder], task=task)
+            ingested = store.ingest([out / folder], task=task)
             failed = [r for r in ingested if r.failed]
             if failed:
                 raise fail(f"demo logs for {folder} did not ingest: {failed[0].message}", 1)
             names.extend(run for run in dict.fromkeys(r.run for r in ingested if r.run) if run not in names)
-        emit_frame(runs_frame(con), title="runs in the store", identity=["run"], order=RUNS_ORDER)
-        from polytrace_cli.report import write_report  # matplotlib loads only when a report is drawn
-
-        try:
-            index = write_report(con, run_ids(con, names), reports, "demo")
-        except OSError as error:
-            raise fail(f"cannot write the demo report under {reports}: {error.strerror or error}") from None
-    finally:
-        con.close()
+        emit_frame(store.runs(), title="runs in the store", identity=["run"], order=RUNS_ORDER)
+        index = store.report(names, reports, "demo")  # matplotlib loads only when a report is drawn
     console.print(f"sample logs in {out}/, store {db}; try `polytrace steps {VERL_DEMO_RUN} --db {db}`",
                   highlight=False, markup=False)
     console.print("demo report written; open it in a browser:")
@@ -186,9 +172,7 @@ def fit(
 ) -> None:
     """Fit prompt and response length distributions of a run and write a polytrace-params/1 file.
     The table shows each candidate's family, KS and AIC; the fitted parameters are in the file and in --json."""
-    from polytrace_cli.workload.export import resolve_run
-    from polytrace_cli.workload.fidelity import fitted_params
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
 
     if output is not None and out is not None:
         raise PolytraceError("give either --output FILE or --out FOLDER, not both")
@@ -196,11 +180,8 @@ def fit(
         raise PolytraceError(f"--out is a folder; write the parameters file with --output {out}")
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        document = fitted_params(con, resolve_run(con, run))
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        document = store.fit_lengths(run)
     if task:
         document["task"] = task
     if out is not None:
@@ -233,14 +214,10 @@ def export(
     wait: WaitOption = 0,
 ) -> None:
     """Write a run's samples as PolyTrace traces: dataset JSON and/or packed_lengths_step_N.jsonl."""
-    from polytrace_cli.workload.export import export_run
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
 
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        result = export_run(con, run, out, format)
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        result = store.export(run, out, format)
     shape = "multi-turn" if result.multiturn else "single-turn"
     console.print(f"wrote {len(result.files)} file(s) to {out}: {result.steps} steps, "
                   f"{result.samples:,} {'trajectories' if result.multiturn else 'samples'} ({shape})", markup=False)
@@ -258,15 +235,11 @@ def replay_check(
     """Compare a benchmark replay with the formal run: per-stage error (benchmark − formal)/formal and accuracy."""
     import polars as pl
 
-    from polytrace_cli.workload.replay import replay_check as compare_logs
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
 
     with tempfile.TemporaryDirectory(prefix="polytrace-replay-") as folder:
-        con = open_store(db or Path(folder) / "replay.duckdb", wait=wait)
-        try:
-            report = compare_logs(con, benchmark, formal)
-        finally:
-            con.close()
+        with Store.open(db or Path(folder) / "replay.duckdb", wait=wait) as store:
+            report = store.replay_check(benchmark, formal)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=json_default) + "\n")
         return
@@ -303,19 +276,14 @@ def fidelity(
     wait: WaitOption = 0,
 ) -> None:
     """Synthesize a workload shaped like the run from its fit and report KS and mean/p50/p99/clip errors."""
-    from polytrace_cli.workload.export import resolve_run
-    from polytrace_cli.workload.fidelity import KS_TARGET, P99_TARGET, fidelity as fidelity_frame, fitted_params, read_params
-    from polytrace_cli.store import open_store
+    from polytrace_cli.facade import Store
+    from polytrace_cli.workload.fidelity import KS_TARGET, P99_TARGET, read_params
 
     if sampler not in (*SAMPLERS, "both"):
         raise PolytraceError(f"--sampler takes parametric, empirical or both, not {sampler!r}")
-    con = open_store(db, read_only=True, wait=wait)
-    try:
-        run_id = resolve_run(con, run)
-        document = read_params(params) if params else fitted_params(con, run_id)
-        frame = fidelity_frame(con, run_id, document, seed=seed, samplers=SAMPLERS if sampler == "both" else (sampler,))
-    finally:
-        con.close()
+    with Store.open(db, read_only=True, wait=wait) as store:
+        frame = store.fidelity(run, read_params(params) if params else None, seed=seed,
+                               samplers=SAMPLERS if sampler == "both" else (sampler,))
     if as_json or as_csv:
         emit_frame(frame, as_json=as_json, as_csv=as_csv)
         return

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import duckdb
+
+from polytrace_cli.errors import PolytraceError
 
 RAW_EXCERPT_CHARS = 300
 
@@ -157,6 +161,40 @@ class FileContext:
         return sum(self.ignored.values())
 
 
+# The tokenizer that counts text lengths (rollout dumps) in the current ingest, None for characters / 4.
+# Set for the length of one ingest by `counting_tokens_with`, never for the process.
+_TOKENIZER: ContextVar[object | None] = ContextVar("polytrace_tokenizer", default=None)
+
+
+def load_tokenizer(name_or_path: str) -> object:
+    """A locally available Hugging Face tokenizer (a folder, or a name in the local cache): nothing is
+    downloaded. A missing `transformers` package or tokenizer is a one-line error."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as error:
+        raise PolytraceError("--tokenizer needs the `transformers` package (pip install transformers)") from error
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except Exception as error:  # transformers raises OSError/ValueError variants
+        raise PolytraceError(f"cannot load tokenizer {name_or_path!r} from local files: {error}") from error
+
+
+@contextmanager
+def counting_tokens_with(tokenizer: object | None) -> Iterator[None]:
+    """Within the block, formats that estimate lengths from text count `tokenizer`'s tokens (called as a
+    Hugging Face tokenizer: `tokenizer(texts, add_special_tokens=False)["input_ids"]`); None: characters / 4."""
+    token = _TOKENIZER.set(tokenizer)
+    try:
+        yield
+    finally:
+        _TOKENIZER.reset(token)
+
+
+def current_tokenizer() -> object | None:
+    """The tokenizer set by the enclosing `counting_tokens_with`, or None."""
+    return _TOKENIZER.get()
+
+
 class Ingester:
     """One input format: how to recognise it and how to load it.
 
@@ -165,7 +203,11 @@ class Ingester:
 
     Subclasses set `name` (the --format value), `version` (bumped when parsing changes, stored
     in `files.parser_version`), `framework` (the run's framework when this file creates it) and
-    implement `sniff` and `load`.
+    implement `sniff` and `load`. A format whose logs name step metrics declares what they mean:
+    `metric_aliases` maps a logged key to a canonical name (a column of the `steps` view, such as
+    `gen_s`, or a name analyses look up), and `validation_prefixes` are the key prefixes of metrics
+    logged by validation only. The store's `metric_aliases` rows and its `steps` view are generated
+    from every registered format's declarations when a store is opened (`store/catalog.py`).
     """
 
     name: ClassVar[str]
@@ -174,6 +216,8 @@ class Ingester:
     appendable: ClassVar[bool] = False
     framework: ClassVar[str | None] = None
     description: ClassVar[str] = ""
+    metric_aliases: ClassVar[Mapping[str, str]] = {}
+    validation_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def sniff(self, path: Path, head: bytes) -> bool:
         """True when the file at `path`, whose first bytes are `head`, is of this format."""

@@ -345,6 +345,11 @@ class FileHashes:
             self._jobs[key] = self._pool.submit(hash_and_count, key)
         return self._jobs[key]
 
+    def of_bytes(self, resolved: Path, data: bytes) -> None:
+        """Queue the `hash_and_count` of a file (by its resolved path) from its bytes already read."""
+        if resolved not in self._jobs:
+            self._jobs[resolved] = self._pool.submit(hash_and_count_bytes, data)
+
     def known(self, resolved: Path, result: tuple[str, int, int]) -> None:
         """Record the `hash_and_count` of a file (by its resolved path) computed elsewhere."""
         if resolved not in self._jobs:

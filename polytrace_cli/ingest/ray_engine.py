@@ -35,9 +35,10 @@ from typing import Any
 import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
-from polytrace_cli.ingest.base import Ingester, file_owned_tables
+from polytrace_cli.ingest.base import Ingester, counting_tokens_with, file_owned_tables, load_tokenizer
 from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, path_text, walk
 from polytrace_cli.ingest.registry import detect, get_ingester, read_head
+from polytrace_cli.ingest.unchanged import is_unchanged, stored_file
 from polytrace_cli.ingest.runner import (
     FileReport,
     RunResolver,
@@ -124,9 +125,11 @@ def _private_store() -> duckdb.DuckDBPyConnection:
 
 def parse_file(job: FileJob, tokenizer: str | None = None) -> ParsedFile:
     """Run the local ingester for one file into the private store; its rows and accounting."""
-    from polytrace_cli.ingest.formats import verl_rollout
+    with counting_tokens_with(load_tokenizer(tokenizer) if tokenizer else None):
+        return _parse_file(job)
 
-    verl_rollout.set_tokenizer(tokenizer)
+
+def _parse_file(job: FileJob) -> ParsedFile:
     path = Path(job.path)
     ingester = get_ingester(job.format)
     con = _private_store()
@@ -365,12 +368,8 @@ def _unchanged(con, resolver: RunResolver, resolved: Path, ingester: Ingester, h
     run = resolver.existing(resolved)
     if run is None:
         return False
-    existing = fetch_first(con, "SELECT sha256, format, parser_version, read_options, bytes FROM files"
-                           " WHERE run_id = ? AND path = ?", [run[0], path_text(resolved)])
-    if not existing or tuple(existing[1:]) != (ingester.name, ingester.version, ingester.read_options(),
-                                               resolved.stat().st_size):
-        return False
-    return existing[0] == hashes.result(resolved)[0]
+    return is_unchanged(stored_file(con, run[0], path_text(resolved)), ingester, resolved.stat().st_size,
+                        lambda: hashes.result(resolved)[0])
 
 
 def _parsed_in_order(ray, jobs: list[FileJob], tokenizer: str | None):

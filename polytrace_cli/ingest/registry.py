@@ -16,12 +16,25 @@ from polytrace_cli.ingest.base import Ingester
 SNIFF_BYTES = 64 * 1024
 
 _REGISTRY: list[Ingester] = []
+_PLUGINS: list[Ingester] = []
+_plugins_loaded = False
+
+# The entry-point group through which another package adds formats: each entry point names a module
+# whose import registers its ingesters with `@register` (or an `Ingester` subclass, registered here).
+ENTRY_POINT_GROUP = "polytrace.formats"
+
+
+def metric_name_modules() -> list[str]:
+    """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
+    (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
+    view against them without loading every format (see `declared_metric_names`)."""
+    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(Path(__file__).parent.glob("*_names.py"))]
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
     """Class decorator adding an ingester to the registry."""
     instance = ingester_class()
-    if any(existing.name == instance.name for existing in _REGISTRY):
+    if any(existing.name == instance.name for existing in (*_PLUGINS, *_REGISTRY)):
         raise ValueError(f"duplicate ingester name {instance.name!r}")
     _REGISTRY.append(instance)
     return ingester_class
@@ -32,10 +45,67 @@ def _load_builtin_formats() -> None:
     import polytrace_cli.ingest.formats  # noqa: F401
 
 
+def plugin_ingesters() -> list[Ingester]:
+    """The ingesters other installed packages add through the `polytrace.formats` entry points, in entry
+    point name order. A plugin that cannot be loaded is an error naming it."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        from polytrace_cli.plugins import load_plugins
+
+        _plugins_loaded = True
+
+        def add(loaded: object) -> None:
+            # A module registers its ingesters as it is imported; an Ingester class is registered here.
+            if isinstance(loaded, type) and issubclass(loaded, Ingester) and not any(
+                    type(i) is loaded for i in (*_PLUGINS, *_REGISTRY)):
+                register(loaded)
+
+        load_plugins(ENTRY_POINT_GROUP, "format", add)
+        # A plugin may import built-in formats as it loads: only the ingesters defined outside polytrace move.
+        _PLUGINS.extend(i for i in _REGISTRY if not type(i).__module__.startswith("polytrace_cli."))
+        _REGISTRY[:] = [i for i in _REGISTRY if i not in _PLUGINS]
+    return list(_PLUGINS)
+
+
 def all_ingesters() -> list[Ingester]:
-    """Every registered ingester, in sniffing order."""
+    """Every registered ingester, in sniffing order: the plugins' first (a team's own format is more
+    specific than the general built-in ones), then the built-in formats."""
+    plugins = plugin_ingesters()
     _load_builtin_formats()
-    return list(_REGISTRY)
+    return [*plugins, *_REGISTRY]
+
+
+def _merged_names(sources: list[tuple[str, dict[str, str], tuple[str, ...]]]) -> tuple[dict[str, str], tuple[str, ...]]:
+    merged: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for source, aliases, _ in sources:
+        for key, canonical in aliases.items():
+            if merged.setdefault(key, canonical) != canonical:
+                raise ValueError(f"metric key {key!r} is {merged[key]!r} in {owner[key]} but {canonical!r} in {source}")
+            owner.setdefault(key, source)
+    prefixes = tuple(sorted({prefix for _, _, declared in sources for prefix in declared}))
+    return dict(sorted(merged.items())), prefixes
+
+
+def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
+    """(aliases, validation prefixes) of every format: the built-in frameworks' `metric_name_modules()` and
+    the plugins' `metric_aliases` and `validation_prefixes`. Aliases map a logged key to its canonical name,
+    in key order; a key mapped to two names is an error (the steps view could not say which)."""
+    import importlib
+
+    sources = []
+    for name in metric_name_modules():
+        module = importlib.import_module(name)
+        sources.append((name, module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
+    sources += [(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes)) for i in plugin_ingesters()]
+    return _merged_names(sources)
+
+
+def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
+    """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
+    `declared_metric_names` when each built-in framework's names sit in an `ingest/<framework>_names.py` module."""
+    return _merged_names([(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes))
+                          for i in all_ingesters()])
 
 
 def get_ingester(name: str) -> Ingester | None:

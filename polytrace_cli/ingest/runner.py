@@ -25,9 +25,10 @@ from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
     hash_range, is_compressed, last_newline_end, path_text, readable, walk,
 )
-from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records
+from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
-from polytrace_cli.ingest.run_metadata import NULL_MEANS_CANNOT_TELL
+from polytrace_cli.ingest.unchanged import StoredFile, is_unchanged, reads_the_same, stored_file, stored_files
+from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first
 
 # Folder names that say what a folder holds rather than which run it is.
@@ -245,54 +246,45 @@ def ingest_file(
     plain = source is None or not source.compressed
     source = source or Readable(path, path, False)
     started = time.perf_counter()
-    row = fetch_first(
-        con, "SELECT file_id, sha256, format, parser_version, read_options, bytes, lines, complete_bytes,"
-        " resume_state, format_version FROM files WHERE run_id = ? AND path = ?",
-        [run_id, path_text(path)],
-    )
-    existing = None if row is None else dict(zip(
-        ("file_id", "sha256", "format", "parser_version", "read_options", "bytes", "lines", "complete_bytes",
-         "resume_state", "format_version"), row))
+    stored = stored_file(con, run_id, path_text(path))
     options = ingester.read_options()
     size = path.stat().st_size
     report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name, bytes=size)
-    same_reading = existing is not None and (existing["format"], existing["parser_version"],
-                                             existing["read_options"]) == (ingester.name, ingester.version, options)
-    limit = last_newline_end(path, size) if complete_lines and plain and ingester.appendable else size
-    if same_reading and existing["bytes"] == limit:
-        state = json.loads(existing["resume_state"] or "{}")
-        if complete_lines and state.get("block_sha"):  # a log being written: its last block read, as when it grew
-            same = state["block_sha"] == block_sha(path, limit)
-        else:
-            sha = hash_range(path, limit=limit).sha if complete_lines else hashes.result(path)[0]
-            same = existing["sha256"] == sha
-        if same:
-            report.status, report.bytes = "unchanged", limit
-            report.seconds = time.perf_counter() - started
-            return report
+    growing = plain and ingester.appendable
+    limit = last_newline_end(path, size) if complete_lines and growing else size
+    if complete_lines:  # a log being written: its complete lines, or its last block read, as when it grew
+        unchanged = is_unchanged(stored, ingester, limit, lambda: hash_range(path, limit=limit).sha,
+                                 last_block=lambda: block_sha(path, limit))
+    else:
+        unchanged = is_unchanged(stored, ingester, limit, lambda: hashes.result(path)[0])
+    if unchanged:
+        report.status, report.bytes = "unchanged", limit
+        report.seconds = time.perf_counter() - started
+        return report
     whole_note = None
-    if same_reading and plain and ingester.appendable and limit < existing["bytes"]:
-        whole_note = f"truncated: {limit:,} bytes, {existing['bytes']:,} when last read; read again whole"
-    elif same_reading and plain and ingester.appendable and existing["resume_state"] is not None \
-            and existing["complete_bytes"] == existing["bytes"] and limit > existing["bytes"] \
-            and last_newline_end(path, limit) > existing["bytes"]:
-        if json.loads(existing["resume_state"]).get("block_sha") == block_sha(path, existing["bytes"]):
+    same_reading = growing and reads_the_same(stored, ingester)
+    if same_reading and limit < stored.bytes:
+        whole_note = f"truncated: {limit:,} bytes, {stored.bytes:,} when last read; read again whole"
+    elif same_reading and stored.resume_state is not None and stored.complete_bytes == stored.bytes \
+            and limit > stored.bytes and last_newline_end(path, limit) > stored.bytes:
+        if stored.state.get("block_sha") == block_sha(path, stored.bytes):
             counted = None if complete_lines else hashes.result(path)
             if counted is None or counted[1] != limit:  # the file grew again since it was hashed
                 # The last read ended at a newline: the prefix holds its lines' newlines.
-                counted = hash_range(path, prefix=existing["bytes"], limit=limit, prefix_lines=existing["lines"],
-                                     prefix_sha=existing["sha256"]).counted
+                counted = hash_range(path, prefix=stored.bytes, limit=limit, prefix_lines=stored.lines,
+                                     prefix_sha=stored.sha256).counted
             ranges = RangeHashes(None, *counted, complete=limit if _ends_a_line(path, limit) else 0)
             try:
-                return _append_in_transaction(con, path, ingester, run_id, run_name, existing, ranges, report,
+                return _append_in_transaction(con, path, ingester, run_id, run_name, stored, ranges, report,
                                               started)
             except _ReadWhole as why:
                 whole_note = f"read again whole: {why}"
         else:
-            whole_note = (f"its bytes up to {existing['bytes']:,} changed since it was read (the last block read"
+            whole_note = (f"its bytes up to {stored.bytes:,} changed since it was read (the last block read"
                           " hashes differently); read again whole")
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
-    if complete_lines and plain and ingester.appendable:
+    existing = stored.file_id if stored else None
+    if complete_lines and growing:
         # A file being written is read from a copy of its complete lines: the hash, the counts and
         # the rows then all see the same bytes.
         ranges = hash_range(path, limit=limit)
@@ -304,7 +296,7 @@ def ingest_file(
         counting = hashes.future(source.path) if source.compressed else None
         report = _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
                                       hashes.future(path), counting, report, started, options,
-                                      _complete_bytes(path, size) if plain and ingester.appendable else None)
+                                      _complete_bytes(path, size) if growing else None)
     if whole_note:
         report.status = "truncated" if whole_note.startswith("truncated") else "replaced"
         report.notes.insert(0, whole_note)
@@ -331,25 +323,27 @@ def _complete_bytes(path: Path, size: int) -> int | None:
     return size if _ends_a_line(path, size) else None
 
 
-def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, existing: dict,
+def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, stored: StoredFile,
                            ranges: RangeHashes, report: FileReport, started: float) -> FileReport:
-    """Read the lines appended to a file since its last read (bytes `existing['bytes']` to
-    `ranges.size`) and add them to its rows and counts, in one transaction.
+    """Read the lines appended to a file since its last read (bytes `stored.bytes` to `ranges.size`)
+    and add them to its rows and counts, in one transaction.
 
     The lines are numbered on from the file's stored lines, and the reader gets the state the last
-    read left (`files.resume_state`). The file's run metadata must come out as a whole read would
+    read left (`files.resume_state`) and the format version it found. The file's run metadata must come out as a whole read would
     give it: when the new lines give a value that differs from the one the file gave before (a
     restarted job printing other settings), the transaction is rolled back and `_ReadWhole` raised.
     """
-    file_id, offset = existing["file_id"], existing["bytes"]
-    state = json.loads(existing["resume_state"])
+    file_id, offset = stored.file_id, stored.bytes
+    state = stored.state
     previous_meta = state.pop("meta", {})
     previous_version = state.pop("format_version", None)
     state.pop("block_sha", None)
-    added_lines = ranges.lines - existing["lines"]
+    added_lines = ranges.lines - stored.lines
     with byte_range_copy(path, offset, ranges.size) as part:
+        # The format version found so far goes on, as from one block of a whole read to the next.
         ctx = FileContext(con=con, path=part, run_id=run_id, file_id=file_id, run_name=run_name,
-                          line_count=added_lines, line_offset=existing["lines"], resume=state)
+                          format_version=previous_version, line_count=added_lines, line_offset=stored.lines,
+                          resume=state)
         try:
             ingester.load(ctx)
             ctx.flush()
@@ -389,7 +383,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
             raise
     report.status, report.bytes = "appended", ranges.size - offset
     _count(report, ctx, started)
-    report.notes.insert(0, f"read from byte {offset:,} (line {existing['lines'] + 1:,}) on")
+    report.notes.insert(0, f"read from byte {offset:,} (line {stored.lines + 1:,}) on")
     return report
 
 
@@ -421,8 +415,8 @@ def _changed_meta(before: dict, after: dict, recomputed: set[str]) -> list[str]:
 def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing, hashing, counting,
                          report, started, options, complete_bytes=None) -> FileReport:
     def replace_previous_version() -> None:
-        if existing:
-            delete_file_rows(con, existing["file_id"])
+        if existing is not None:
+            delete_file_rows(con, existing)
             report.status = "replaced"
 
     # Lines are counted on the text the ingester reads; the hash is of the input file's bytes.
@@ -550,6 +544,7 @@ class _BatchMember:
     ingester: BulkJsonlIngester
     size: int
     text: str | None = None  # a small file's text, kept from sniffing and hashing for the batch read
+    strict: int | None = None  # its records when the strict decoder accepts every line (`strict_records`)
     run_id: int = 0
     run: str = ""
     file_id: int = 0
@@ -579,9 +574,15 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             return None  # loaded alone, which names the line that is not UTF-8 text
         if "\0" in text:
             return None
+    strict = strict_records(data, ingester.spec)
+    if strict == NOT_JSON_LINES:
+        return None  # loaded alone, which names the line that is not JSON
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
-    hashes.known(resolved, hash_and_count_bytes(data))
-    return _BatchMember(resolved, explicit, ingester, len(data), text)
+    if len(data) > BATCH_TEXT_KEEP_BYTES:
+        hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
+    else:
+        hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
+    return _BatchMember(resolved, explicit, ingester, len(data), text, strict)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -609,7 +610,8 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
         read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
                                   ingester.checks, whole_json=whole_json,
-                                  texts={str(m.path): m.text for m in changed if m.text is not None})
+                                  texts={str(m.path): m.text for m in changed if m.text is not None},
+                                  strict_counts={str(m.path): m.strict for m in changed if m.strict is not None})
     except duckdb.Error:
         read = None  # handled like a read that fails: the batch is split
     if read is None:
@@ -675,19 +677,13 @@ def _drop_unchanged(con: duckdb.DuckDBPyConnection, members: list[_BatchMember],
     """(changed or new, unchanged) members: a file the store holds read the same way (format, parser
     version, options, size) with the same sha256 is unchanged and is not read again. Notes each
     member's previous `file_id`, if any."""
-    known = {(run_id, path): rest for run_id, path, *rest in con.execute(
-        "SELECT f.run_id, f.path, f.file_id, f.sha256, f.format, f.parser_version, f.read_options, f.bytes"
-        " FROM files f JOIN (SELECT unnest(?::BIGINT[]) AS run_id, unnest(?::VARCHAR[]) AS path) w"
-        " ON f.run_id = w.run_id AND f.path = w.path",
-        [[m.run_id for m in members], [path_text(m.path) for m in members]]).fetchall()}
+    known = stored_files(con, [(m.run_id, path_text(m.path)) for m in members])
     changed, unchanged = [], []
     for member in members:
-        existing = known.get((member.run_id, path_text(member.path)))
-        member.existing = existing[0] if existing else None
-        ingester = member.ingester
-        same_reading = existing and tuple(existing[2:]) == (ingester.name, ingester.version, ingester.read_options(),
-                                                             member.size)
-        (unchanged if same_reading and existing[1] == hashes.result(member.path)[0] else changed).append(member)
+        stored = known.get((member.run_id, path_text(member.path)))
+        member.existing = stored.file_id if stored else None
+        same = is_unchanged(stored, member.ingester, member.size, lambda m=member: hashes.result(m.path)[0])
+        (unchanged if same else changed).append(member)
     return changed, unchanged
 
 

@@ -59,15 +59,15 @@ _WORKLOAD_SQL = """
 WITH st AS (
     SELECT * FROM steps WHERE run_id = $run
 ), extra AS (
-    SELECT segment, step,
-           max(value) FILTER (WHERE key IN ('timing_s/update_weights', 'timing/broadcast')) AS update_weights_s,
-           max(value) FILTER (WHERE key = 'global_seqlen/max') AS seqlen_max,
-           max(value) FILTER (WHERE key = 'global_seqlen/mean') AS seqlen_mean,
-           max(value) FILTER (WHERE key = 'global_seqlen/balanced_max') AS seqlen_balanced_max
-    FROM step_metrics
-    WHERE run_id = $run AND key IN ('timing_s/update_weights', 'timing/broadcast', 'global_seqlen/max',
-                                    'global_seqlen/mean', 'global_seqlen/balanced_max')
-    GROUP BY segment, step
+    SELECT sm.segment, sm.step,
+           max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
+           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS seqlen_max,
+           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
+           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seqlen_balanced_max
+    FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+    WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_max',
+                                               'rank_tokens_mean', 'rank_tokens_balanced_max')
+    GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
            sum(response_len) AS response_tokens, sum(coalesce(prompt_len, 0) + response_len) AS tokens,

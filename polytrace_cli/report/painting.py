@@ -17,7 +17,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from polytrace_cli.report import side_process, style
+from polytrace_cli import side_process
+from polytrace_cli.report import style
 
 
 def paint_file(figure: Figure, png: Path, svg: Path | None) -> float:

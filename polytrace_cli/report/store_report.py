@@ -1,4 +1,5 @@
-"""A report written straight from a store file, on two cores: what `polytrace report` runs.
+"""A report written from a store opened for it, on two cores: what `polytrace report` runs (through
+`Store.write_report`, which opens the store; this module never does).
 
 The page's work has two halves that share nothing but the store: the figures with the numbers that
 read the same frames (matplotlib, polars), and the modelled numbers (`numbers.ModelledNumbers`: the
@@ -13,13 +14,17 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.report import side_process
+from polytrace_cli import side_process
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 def check_report_name(name: str | None) -> None:
@@ -45,34 +50,41 @@ def without_automatic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def write_store_report(db: str | os.PathLike | None, runs: list[str] | None = None, out_dir: Path | str = "reports",
-                       name: str | None = None, steps: StepRange | str | None = None, svg: bool = False,
-                       wait: float = 0) -> Path:
-    """`writer.write_runs_report` on the store at `db` (opened read-only, waiting up to `wait` seconds
-    for a writer), with the modelled numbers computed in a second process and Python's cyclic garbage
-    collector off (`without_automatic_gc`); returns index.html."""
-    from polytrace_cli.store import open_store
-    from polytrace_cli.store.connection import connections_opened
+class StoreReader(Protocol):
+    """What a forked report needs of an open store: its connection, its run ids, closing it."""
 
+    connection: duckdb.DuckDBPyConnection
+
+    def run_ids(self, runs: list[str] | None) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+def write_forked_report(open_reader: Callable[[bool], StoreReader], runs: list[str] | None = None,
+                        out_dir: Path | str = "reports", name: str | None = None,
+                        steps: StepRange | str | None = None, svg: bool = False, may_fork: bool = True) -> Path:
+    """`writer.write_runs_report` on a store opened read-only by `open_reader(upgrade)` (a store that needs
+    an upgrade is upgraded with upgrade=True, refused with False), with the modelled numbers computed in a
+    second process when `may_fork` (no store opened in this process yet) and Python's cyclic garbage
+    collector off (`without_automatic_gc`); returns index.html."""
     check_report_name(name)
     step_range = StepRange.of(steps)
 
     def modelled_on_own_connection():
         from polytrace_cli.report.numbers import modelled_numbers
-        from polytrace_cli.store.queries import run_ids
 
         # An older store is left to this process's parent to upgrade; the child then bows out.
-        con = open_store(db, read_only=True, wait=wait, upgrade=False)
+        store = open_reader(False)
         try:
-            return modelled_numbers(con, run_ids(con, runs), step_range)
+            return modelled_numbers(store.connection, store.run_ids(runs), step_range)
         finally:
-            con.close()
+            store.close()
 
     with without_automatic_gc():
-        fork = side_process.fresh() and not connections_opened()
+        fork = side_process.fresh() and may_fork
         pending = side_process.start(modelled_on_own_connection) if fork else None
         try:
-            con = open_store(db, read_only=True, wait=wait)
+            store = open_reader(True)
             try:
                 from polytrace_cli.report.numbers import compute_numbers, modelled_numbers
                 from polytrace_cli.report.writer import write_runs_report
@@ -81,9 +93,10 @@ def write_store_report(db: str | os.PathLike | None, runs: list[str] | None = No
                     return compute_numbers(con, run_ids, steps, lambda: side_process.finish(
                         pending, lambda: modelled_numbers(con, run_ids, steps)))
 
-                return write_runs_report(con, runs, out_dir, name, step_range, svg, numbers)
+                return write_runs_report(store.connection, store.run_ids(runs), out_dir, name, step_range, svg,
+                                         numbers)
             finally:
-                con.close()
+                store.close()
         finally:
             if pending is not None:
                 pending.cancel()

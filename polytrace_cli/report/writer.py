@@ -203,16 +203,13 @@ def write_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     return index
 
 
-def write_runs_report(con: duckdb.DuckDBPyConnection, runs: list[str] | None, out_dir: Path | str = "reports",
+def write_runs_report(con: duckdb.DuckDBPyConnection, ids: list[int], out_dir: Path | str = "reports",
                       name: str | None = None, steps: StepRange | str | None = None, svg: bool = False,
                       numbers: NumbersSource = compute_numbers) -> Path:
-    """`write_report` for the named runs (every run by default); returns index.html. A name that is
-    not a plain folder name, an empty store or an unwritable folder is an error."""
-    from polytrace_cli.store.queries import run_ids
-
+    """`write_report` for the runs (their ids: every run of the store when the caller named none); returns
+    index.html. A name that is not a plain folder name, no run or an unwritable folder is an error."""
     step_range = StepRange.of(steps)
     check_report_name(name)
-    ids = run_ids(con, runs)
     if not ids:
         raise PolytraceError("the store has no runs to report on; run `polytrace ingest PATH` first")
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import StoreError
+from polytrace_cli.store.catalog import catalog_is_current
 from polytrace_cli.store.migrations import SCHEMA_VERSION, check_not_newer, has_ledger, migrate, schema_version
 
 DEFAULT_DB = "polytrace.duckdb"
@@ -167,10 +168,11 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             version = check_not_newer(con, str(path))
             if version == 0 and not has_ledger(con):
                 raise StoreError(f"{path} is not a polytrace store (no schema ledger)")
-            if version < SCHEMA_VERSION:
+            if version < SCHEMA_VERSION or not catalog_is_current(con):
                 if not upgrade:
                     raise StoreError(f"{path} is an older store; open it once without upgrade=False to upgrade it")
-                # An older store is upgraded in place before it is read.
+                # An older store (or one whose aliases and steps view predate the formats' declarations)
+                # is upgraded in place before it is read.
                 con.close()
                 open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
                 return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S))

@@ -35,6 +35,7 @@ from urllib.parse import quote
 import duckdb
 
 from polytrace_cli.errors import StoreError
+from polytrace_cli.store.catalog import install_catalog_views
 from polytrace_cli.store.migrations import SCHEMA_VERSION, schema_version
 
 MANIFEST = "manifest.json"
@@ -359,6 +360,8 @@ def open_lake(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
                 con.execute(f"CREATE VIEW {_quote_ident(name)} AS SELECT {nulls} WHERE false")
         for name, sql in manifest.get("views", {}).items():
             con.execute(sql)
+        # The aliases and the steps view come from this code's formats, not from the code that wrote the lake.
+        install_catalog_views(con)
     except duckdb.Error as error:
         con.close()
         first = str(error).strip().splitlines()[0]

@@ -1,8 +1,11 @@
 """Numbered schema files applied in order, with a ledger of what was applied.
 
-A store records every applied file in `schema_migrations`. Opening an older store applies the
-missing files, all in one transaction; a store whose version is newer than this code knows
-is refused, so an old polytrace never writes into a layout it does not understand.
+The files are `schemas/NNN_<what>.sql` at the top of the project, shipped as the package
+`polytrace_cli.schemas`; they hold tables only. A store records every applied file in
+`schema_migrations`. Opening an older store applies the missing files, all in one transaction, and
+then writes what is generated from the formats' declarations (the `metric_aliases` rows and the `steps`
+view, `store/catalog.py`); a store whose version is newer than this code knows is refused, so an old
+polytrace never writes into a layout it does not understand.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from importlib import resources
 import duckdb
 
 from polytrace_cli.errors import StoreError
+from polytrace_cli.store.catalog import install_catalog
 
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
@@ -80,6 +84,8 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
     pending = [m for m in available_migrations()
                if m.version > current and (up_to is None or m.version <= up_to)]
     if not pending:
+        if current:
+            install_catalog(con)
         return []
     # One transaction for every pending file: a store is upgraded completely or not at all, and
     # a new store costs one commit (one sync to disk) instead of one per file.
@@ -91,6 +97,9 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
                 "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
                 [migration.version, migration.name],
             )
+            # The generated view exists from the first file on, for a later file that reads it; a file
+            # that replaces it loses the fingerprint, and the declared view is written again.
+            install_catalog(con, in_transaction=True)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

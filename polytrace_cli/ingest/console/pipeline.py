@@ -2,7 +2,8 @@
 
 `load_console(ctx, grammar)`:
 
-1. read the file's lines (`reading.read_console_lines`);
+1. read the file's lines, a block at a time (`reading.read_console_blocks`; steps 2 to 5 run
+   per block);
 2. clean each line (`console_lines.clean_columns`: ANSI colours, Ray prefixes, the Ray repeat
    suffix, progress-bar redraws, keeping the last carriage-return piece that starts with the
    grammar's anchor) and classify it: the grammar's `metric_kind` says 'metric' (its bulk parse
@@ -38,7 +39,7 @@ from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_problem_sql, step_sql
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
-from polytrace_cli.ingest.console.reading import read_console_lines
+from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 
 # Kinds of line that are not noise.
@@ -110,6 +111,9 @@ class ConsoleGrammar:
     anchor: ClassVar[str]
     noise: ClassVar[NoiseRules] = CONSOLE_NOISE
     reclaimable: ClassVar[str | None] = None
+    # How many leading pairs with a finite number (`printed_sample`) `record_meta` reads the printed
+    # text (`raw_value`) of; None: all. The pipeline keeps no other printed text once steps are checked.
+    printed_values_read: ClassVar[int | None] = None
     # Run meta keys `record_meta` computes from the rows stored for the whole file or run (not from
     # the lines it is given): an appended read gives them as a whole read would, so they may change.
     recomputed_meta: ClassVar[frozenset[str]] = frozenset()
@@ -138,34 +142,54 @@ class ConsoleGrammar:
         ctx.note("zero steps: no metric lines")
 
     def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
-        """Fill ctx.run_meta (and ctx.format_version) from the lines and the stored pairs."""
+        """Fill ctx.run_meta (and ctx.format_version) from the lines (metric lines without their
+        text) and a digest of the stored pairs: the first pair of each key and the first
+        `printed_values_read` pairs of `printed_sample` with their printed text, in line order."""
 
 
 def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     """Read ctx.path with `grammar` into the store, accounting for every line (see the module).
 
+    Steps 1 to 6 run on one block of lines at a time (`reading.read_console_blocks`), so neither the
+    file's text nor its pairs are ever held whole: each block's pairs are stored in their segments
+    (`BlockWriter`) before the next block is read; its metric lines lose their text, the other lines
+    are kept for the steps that read the whole log (run meta, the fallback).
+
     An appended read (ctx.resume set) numbers its lines after ctx.line_offset and cuts segments on
-    from the last metric line stored before (`resume_segments_state`); the fallback and the zero-step
-    note belong to a whole read, since an appended read only follows a log that had metric lines.
+    from the last metric line stored before (`resume_segments_state`), as one more block would; the
+    fallback and the zero-step note belong to a whole read, since an appended read only follows a
+    log that had metric lines.
     """
-    lines = classify(read_console_lines(ctx.path), grammar)
-    if ctx.line_offset:
-        lines = lines.with_columns(pl.col("line_no") + ctx.line_offset)
-    ctx.lines = lines.height
-    lines = _reject_bad_text(ctx, lines)
-    noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
-    for rule, count in noise.sort("kind").iter_rows():
-        ctx.ignore(rule, count)
-    parsed = check_steps(ctx, grammar.parse(ctx, lines), lines)
-    resumes = resume_lines(lines)
-    ctx.stored = store_parsed(ctx, parsed, resumes, ctx.resume)
+    ctx.lines = 0
+    kept, resumes = [], list(ctx.resume["resumes_after"]) if ctx.resume is not None else []
+    writer = BlockWriter(ctx, grammar.printed_values_read, ctx.resume)
+    for block in read_console_blocks(ctx.path):
+        if ctx.line_offset:
+            block = block.with_columns(pl.col("line_no") + ctx.line_offset)
+        lines = classify(block, grammar)
+        ctx.lines += lines.height
+        lines = _reject_bad_text(ctx, lines)
+        noise = lines.filter(~pl.col("kind").is_in([METRIC, DIRTY, ENCODING])).group_by("kind").len()
+        for rule, count in noise.sort("kind").iter_rows():
+            ctx.ignore(rule, count)
+        resumes.extend(resume_lines(lines))
+        writer.write(check_steps(ctx, grammar.parse(ctx, lines), lines), resumes)
+        parsed_text = pl.col("kind").is_in([METRIC, DIRTY])
+        kept.append(lines.with_columns(raw=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("raw")),
+                                       c=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("c"))))
+        del lines, block
+    lines = pl.concat(kept) if len(kept) > 1 else kept[0]
+    del kept
+    ctx.stored = writer.finish()
     from_metrics = bool(ctx.stored) or ctx.resume is not None
     if not ctx.stored and ctx.resume is None:
+        # No pairs: the whole log is small enough to read again, with the text of its metric lines.
+        lines = _mark_bad_text(classify(read_console_lines(ctx.path), grammar))
         ctx.stored = grammar.fallback(ctx, lines)
         _reclaim(ctx, grammar.reclaimable, ctx.stored)
         if not ctx.stored:
             grammar.zero_steps(ctx, lines)
-    metrics = parsed.metrics
+    metrics = writer.digest()
     if ctx.resume is not None and not metrics.height:
         # No new pairs: the facts a whole read takes from the pairs stay those of the last metric line
         # (its keys; the printed value texts are not stored, so they decide nothing here).
@@ -173,19 +197,135 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
             value=pl.lit(None, dtype=pl.Float64))
     grammar.record_meta(ctx, lines, metrics)
     if from_metrics:
-        ctx.resume_state = {**resume_segments_state(parsed.metrics, resumes, ctx.resume),
+        ctx.resume_state = {**resume_segments_state(writer.last_line_no, resumes),
                             "recomputed_meta": sorted(grammar.recomputed_meta)}
 
 
-def resume_segments_state(metrics: pl.DataFrame, resumes: list[int], previous: dict | None) -> dict:
+def resume_segments_state(last_line: int, resumes: list[int]) -> dict:
     """What an appended read needs to cut segments as a whole read would: the last metric line
     (`last_line`, whose stored pairs give its step, keys and segment) and the checkpoint loads after
-    it (`resumes_after`)."""
-    last_line = metrics.get_column("line_no").max() if metrics.height else None
-    if last_line is None:
-        last_line = previous["last_line"]
-        resumes = [*previous["resumes_after"], *resumes]
+    it (`resumes_after`; `resumes`: every checkpoint load read so far)."""
     return {"last_line": last_line, "resumes_after": [line for line in resumes if line > last_line]}
+
+
+class BlockWriter:
+    """Stores the checked pairs of a log block by block, as `store_parsed` stores them all at once.
+
+    A line's segment depends only on the metric line before it (`segments.line_segments`): each
+    block is cut into segments together with the last metric line of the block before (and its
+    pairs), numbered on from that line's segment. The segments of every line (one row per metric
+    line) and the flags are kept, and the step flags written at the end. What `record_meta` reads
+    of the pairs is kept too (`digest`).
+
+    In an appended read, `previous` (the `resume_segments_state` the last read left) names the last
+    metric line stored before: its stored pairs and segment are the block before the first one, and
+    only the flags of later lines are written.
+    """
+
+    def __init__(self, ctx: FileContext, printed_values_read: int | None, previous: dict | None = None):
+        self.ctx = ctx
+        self.printed_values_read = printed_values_read
+        self.sampled = 0
+        self.segments: list[pl.DataFrame] = []
+        self.flags: list[pl.DataFrame] = []
+        self.digests: list[pl.DataFrame] = []
+        self.last_line = None  # the pairs of the last metric line written, and its segment
+        self.seed_line = None  # the last metric line stored before an appended read
+        if previous is not None:
+            seed = _stored_line(ctx, previous["last_line"])
+            segment = seed.get_column("segment")[0]
+            pairs = seed.select(list(metric_schema()))
+            self.seed_line = previous["last_line"]
+            self.last_line = (pairs, segment)
+            self.segments.append(line_segments(pairs).with_columns(pl.col("segment") + segment))
+
+    @property
+    def last_line_no(self) -> int | None:
+        """The last metric line written (or stored before an appended read), None before any."""
+        return None if self.last_line is None else self.last_line[0].get_column("line_no")[0]
+
+    def write(self, parsed: ParsedMetrics, resumes: list[int]) -> None:
+        """Store one block's pairs (`check_steps` done; `resumes`: every checkpoint-load line so far)."""
+        if self.printed_values_read is not None:
+            parsed, kept = _drop_printed_text(parsed, self.printed_values_read - self.sampled)
+            self.sampled += kept
+        self.flags.append(parsed.flags)
+        metrics = parsed.metrics
+        if not metrics.height:
+            return
+        before, offset = (self.last_line if self.last_line is not None
+                          else (metrics.clear(), 0))
+        segments = line_segments(pl.concat([before, metrics], how="vertical_relaxed"), resumes)
+        if before.height:
+            segments = segments.slice(1)
+        segments = segments.with_columns(pl.col("segment") + offset)
+        self.segments.append(segments)
+        last = segments.get_column("line_no")[-1]
+        self.last_line = (_detached(metrics.filter(pl.col("line_no") == last)), segments.get_column("segment")[-1])
+        metrics = metrics.with_columns(segment=pl.col("line_no").replace_strict(
+            segments.get_column("line_no"), segments.get_column("segment"), default=None, return_dtype=pl.Int32))
+        con = self.ctx.con
+        con.register("console_metrics", ArrowStream(metrics))
+        try:
+            self.ctx.insert(
+                """
+                INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+                SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+                """,
+                [self.ctx.run_id, self.ctx.file_id],
+            )
+        finally:
+            con.unregister("console_metrics")
+        self.digests.append(_detached(metrics.drop("segment").filter(
+            pl.col("raw_value").is_not_null() | pl.col("key").is_first_distinct())))
+
+    def finish(self) -> int:
+        """Write the step flags; return the number of lines that produced pairs."""
+        seeded = self.seed_line is not None
+        if len(self.segments) == seeded:
+            return 0
+        segments = pl.concat(self.segments, how="vertical_relaxed")
+        flags = pl.concat(self.flags)
+        con = self.ctx.con
+        con.register("console_segments", ArrowStream(segments))
+        con.register("console_flags", ArrowStream(flags))
+        try:
+            insert_step_flags(self.ctx, "console_segments", extra_flags="console_flags", after_line=self.seed_line)
+        finally:
+            for view in ("console_segments", "console_flags"):
+                con.unregister(view)
+        return segments.height - seeded
+
+    def digest(self) -> pl.DataFrame:
+        """Of the stored pairs (`metric_schema`, in line and pair order): the first pair of each key
+        and the pairs whose printed text was kept (see `ConsoleGrammar.printed_values_read`)."""
+        if not self.digests:
+            return pl.DataFrame(schema=metric_schema())
+        pairs = pl.concat(self.digests)
+        return pairs.filter(pl.col("raw_value").is_not_null() | pl.col("key").is_first_distinct())
+
+
+def _detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with its text columns copied: rows filtered out of a block still point into the
+    block's text buffers, which would stay in memory as long as any of them is kept."""
+    return frame.with_columns(pl.concat_str([pl.col(name), pl.lit("")]).alias(name)
+                              for name, dtype in frame.schema.items() if dtype == pl.String)
+
+
+def printed_sample() -> pl.Expr:
+    """The pairs whose printed text tells how values were printed: a finite number, no text value."""
+    return pl.col("value").is_not_null() & pl.col("text_value").is_null() & pl.col("value").is_finite()
+
+
+def _drop_printed_text(parsed: ParsedMetrics, wanted: int) -> tuple[ParsedMetrics, int]:
+    """`parsed` keeping the printed text of its first `wanted` pairs of `printed_sample` only, and
+    how many it kept."""
+    wanted = max(wanted, 0)
+    sample = printed_sample()
+    keep = sample & (sample.cast(pl.Int64).cum_sum() <= wanted)
+    metrics = parsed.metrics.with_columns(raw_value=pl.when(keep).then(pl.col("raw_value")))
+    kept = min(wanted, parsed.metrics.select(sample.sum()).item())
+    return ParsedMetrics(metrics, parsed.flags, parsed.printed), kept
 
 
 def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) -> ParsedMetrics:
@@ -247,28 +387,17 @@ def resume_lines(lines: pl.DataFrame) -> list[int]:
     return lines.filter(pl.col("kind") == cl.CHECKPOINT_LOAD).get_column("line_no").to_list()
 
 
-def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (),
-                 previous: dict | None = None) -> int:
+def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = ()) -> int:
     """Write the pairs (each in its line's segment) and flags of `parsed` with the `restart` and
     `resumed` flags of its segments (steps checked by `check_steps`; `resumes`: the lines saying
-    the job loaded a checkpoint); returns the number of lines that produced pairs.
-
-    `previous` (a `resume_segments_state` of the lines stored before, in an appended read) puts the
-    last stored metric line before these: segments count on from its segment, and a step going
-    back from it, or repeated with one of its keys, or after a checkpoint load, starts a new one."""
+    the job loaded a checkpoint); returns the number of lines that produced pairs."""
     metrics = parsed.metrics
     if not metrics.height:
         return 0
-    seed_line, base_segment = None, 0
-    if previous is not None:
-        seed = _stored_line(ctx, previous["last_line"])
-        seed_line, base_segment = previous["last_line"], seed.get_column("segment")[0]
-        segments = line_segments(pl.concat([seed.select(metrics.columns), metrics], how="vertical_relaxed"),
-                                 [*previous["resumes_after"], *resumes])
-        segments = segments.with_columns(pl.col("segment") + base_segment)
-    else:
-        segments = line_segments(metrics, resumes)
-    metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
+    segments = line_segments(metrics, resumes)
+    # A column looked up by line, not a join: the pairs' other columns are shared, not copied.
+    metrics = metrics.with_columns(segment=pl.col("line_no").replace_strict(
+        segments.get_column("line_no"), segments.get_column("segment"), default=None, return_dtype=pl.Int32))
     con = ctx.con
     con.register("console_metrics", ArrowStream(metrics))
     con.register("console_segments", ArrowStream(segments))
@@ -281,11 +410,11 @@ def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (
             """,
             [ctx.run_id, ctx.file_id],
         )
-        insert_step_flags(ctx, "console_segments", extra_flags="console_flags", after_line=seed_line)
+        insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
     finally:
         for view in ("console_metrics", "console_segments", "console_flags"):
             con.unregister(view)
-    return segments.height - (seed_line is not None)
+    return segments.height
 
 
 def _stored_line(ctx: FileContext, line_no: int) -> pl.DataFrame:
@@ -330,6 +459,15 @@ def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:
     bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
     for line_no, reason, raw in lines.filter(bad).select("line_no", "encoding", "raw").iter_rows():
         ctx.reject(line_no, reason, raw, code="encoding-error")
+    return _mark_bad_text(lines)
+
+
+def _mark_bad_text(lines: pl.DataFrame) -> pl.DataFrame:
+    """`lines` with the kind 'encoding' on the damaged lines that are not metric lines (those
+    `_reject_bad_text` rejects), without the `encoding` column."""
+    if "encoding" not in lines.columns:
+        return lines
+    bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
     return lines.with_columns(kind=pl.when(bad).then(pl.lit(ENCODING)).otherwise(pl.col("kind"))).drop("encoding")
 
 

@@ -44,6 +44,7 @@ from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import check_steps, resume_lines, store_parsed
+from polytrace_cli.ingest import openrlhf_names
 from polytrace_cli.ingest.registry import register
 
 # The step is taken as printed; the pipeline checks it is a whole number in range (`check_steps`).
@@ -159,6 +160,8 @@ class OpenRLHFConsoleIngester(Ingester):
     framework = "openrlhf"
     appendable = True
     description = "OpenRLHF console log (✨ Global step N: {...}, evaluation lines, tqdm postfixes)"
+    metric_aliases = openrlhf_names.METRIC_ALIASES
+    validation_prefixes = openrlhf_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if path.suffix in (".json", ".jsonl", ".csv", ".yaml", ".yml", ".py"):
@@ -175,6 +178,8 @@ class OpenRLHFConsoleIngester(Ingester):
 class OpenRLHFGrammar(ConsoleGrammar):
     """OpenRLHF's metric lines: `Global step N: {dict}` and evaluation lines, read with
     `_literal_payload`; without them, the tqdm postfixes of completed training bars."""
+
+    printed_values_read = 0  # its run meta reads no printed value
 
     anchor = "✨"
     noise = NoiseRules(
@@ -230,8 +235,9 @@ class OpenRLHFGrammar(ConsoleGrammar):
                 ctx.ignore("empty metrics dict")
             records.extend((line_no, step, index, key, val, text, None)
                            for index, (key, val, text) in enumerate(rows, start=1))
-        if records:
-            ctx.format_version = "0.9" if any(record[3].startswith("timing/") for record in records) else "0.8"
+        if records:  # a log read in blocks is 0.9 when any block holds a timing key
+            timed = ctx.format_version == "0.9" or any(record[3].startswith("timing/") for record in records)
+            ctx.format_version = "0.9" if timed else "0.8"
         return ParsedMetrics.from_rows(records)
 
     def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:

@@ -41,9 +41,11 @@ from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_schema, load_console, metric_schema,
                                           printed_step_schema)
-from polytrace_cli.ingest.console.pipeline import in_slices, int64_step
+from polytrace_cli.ingest.console.pipeline import in_slices, int64_step, printed_sample
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
+from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import is_binary, register
+from polytrace_cli.store.step_timers import step_time_inclusion
 
 WANDB_LINE_LIMIT = 4096
 STEP_PREFIX = r"^step:(-?\d+)"
@@ -125,6 +127,8 @@ class VerlConsoleIngester(Ingester):
     framework = "verl"
     appendable = True
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
+    metric_aliases = verl_names.METRIC_ALIASES
+    validation_prefixes = verl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if is_binary(head):
@@ -138,11 +142,16 @@ class VerlConsoleIngester(Ingester):
         load_console(ctx, VerlGrammar())
 
 
+# How many printed values tell the verl version and the printed precision (`_record_meta`).
+PRINTED_SAMPLE_SIZE = 5000
+
+
 class VerlGrammar(ConsoleGrammar):
     """verl's metric lines: `step:N - key:value - ...`, parsed in bulk, dirty lines in Python."""
 
     anchor = "step:"
     reclaimable = "tqdm"
+    printed_values_read = PRINTED_SAMPLE_SIZE
     recomputed_meta = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
                                  "step_time_includes_checkpoint"})
 
@@ -341,15 +350,14 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
     settings.update(_printed_config(lines))
     meta = {"framework": "verl", **settings}
     if metrics.height:
-        sample = metrics.filter(pl.col("value").is_not_null() & pl.col("text_value").is_null()
-                                & pl.col("value").is_finite()).head(5000).get_column("raw_value")
+        sample = metrics.filter(printed_sample()).head(PRINTED_SAMPLE_SIZE).get_column("raw_value")
         version, precision = run_metadata.verl_console_version(sample.to_list())
         meta["verl_version"] = version
         meta["value_precision"] = precision
         ctx.format_version = {"<=0.4": "verl<=0.4 (.3f values)", ">=0.5": "verl>=0.5 (repr values)"}.get(version)
         meta.update(run_metadata.gpu_meta(settings, run_metadata.n_gpus_from_throughput(ctx.con, ctx.file_id)))
         meta.update(_step_time_logged(ctx, metrics))
-        meta.update(run_metadata.step_time_inclusion(ctx.con, ctx.run_id))
+        meta.update(step_time_inclusion(ctx.con, ctx.run_id))
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
     ctx.run_meta.update(meta)

@@ -18,7 +18,7 @@ How a file is read (FORMATS.md, section 2):
   `restart`); a step written twice in a row with different keys (a validation line, then the
   training line) is one step. A file whose first step is above 1 is flagged `resumed`.
 - Run meta: the version class, GPUs, and whether `timing_s/step` includes the testing and
-  checkpoint timers (`run_metadata.step_time_inclusion`, as for the console log).
+  checkpoint timers (`store.step_timers.step_time_inclusion`, as for the console log).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
+from polytrace_cli.ingest import verl_names
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.step_timers import step_time_inclusion
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.
@@ -60,6 +62,8 @@ class VerlJsonlIngester(Ingester):
     version = "3"
     framework = "verl"
     description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
+    metric_aliases = verl_names.METRIC_ALIASES
+    validation_prefixes = verl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
         first = _first_line(head)
@@ -77,7 +81,7 @@ class VerlJsonlIngester(Ingester):
         meta = {"framework": "verl", "verl_version": ">=0.6", "value_precision": None}
         meta.update(run_metadata.gpu_meta({}, run_metadata.n_gpus_from_throughput(con, ctx.file_id)))
         if ctx.stored:
-            meta.update(run_metadata.step_time_inclusion(con, ctx.run_id))
+            meta.update(step_time_inclusion(con, ctx.run_id))
         ctx.run_meta.update(meta)
         ctx.format_version = "verl>=0.6 file logger"
 

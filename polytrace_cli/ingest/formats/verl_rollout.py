@@ -7,8 +7,8 @@ row. The dump holds no token counts, so lengths are estimates, marked `length_es
     prompt_len   = ceil(characters(input)  / 4)
     response_len = ceil(characters(output) / 4)
 
-or, when a tokenizer is configured (`set_tokenizer`, the `--tokenizer` option of `polytrace
-ingest`), the number of tokens that tokenizer gives each text, still marked as estimated (the
+or, when a tokenizer is set for the ingest (`base.counting_tokens_with`, the `--tokenizer` option of
+`polytrace ingest`), the number of tokens that tokenizer gives each text, still marked as estimated (the
 run's own tokenizer and chat template may differ).
 
 The step is the line's `step` field, else the file name's number. Samples are grouped into prompts
@@ -22,8 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.base import FileContext, Ingester, current_tokenizer
 from polytrace_cli.ingest.jsonl import Check, load_records
 from polytrace_cli.ingest.registry import register
 
@@ -31,32 +30,9 @@ CHARS_PER_TOKEN = 4
 _FILE_NAME = re.compile(r"^\d+\.jsonl$")
 _SPEC = {"input": "VARCHAR", "output": "VARCHAR", "score": "DOUBLE", "step": "INTEGER"}
 
-_tokenizer = None
-
-
-def set_tokenizer(name_or_path: str | None) -> None:
-    """Count rollout-dump lengths with a locally available Hugging Face tokenizer (None: characters / 4).
-
-    The tokenizer must already be on this machine (a folder, or a name in the local cache): nothing
-    is downloaded.
-    """
-    global _tokenizer
-    if name_or_path is None:
-        _tokenizer = None
-        return
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as error:
-        raise PolytraceError("--tokenizer needs the `transformers` package (pip install transformers)") from error
-    try:
-        _tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-    except Exception as error:  # transformers raises OSError/ValueError variants
-        raise PolytraceError(f"cannot load tokenizer {name_or_path!r} from local files: {error}") from error
-
-
-def _token_counts(texts: list[str]) -> list[int]:
-    """Tokens per text under the configured tokenizer (no special tokens added)."""
-    encoded = _tokenizer(texts, add_special_tokens=False)["input_ids"]
+def _token_counts(tokenizer, texts: list[str]) -> list[int]:
+    """Tokens per text under `tokenizer` (no special tokens added)."""
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [len(ids) for ids in encoded]
 
 
@@ -74,9 +50,10 @@ class VerlRolloutIngester(Ingester):
         return first.lstrip().startswith(b"{") and b'"input"' in first and b'"output"' in first
 
     def read_options(self) -> str:
-        if _tokenizer is None:
+        tokenizer = current_tokenizer()
+        if tokenizer is None:
             return f"characters/{CHARS_PER_TOKEN}"
-        return f"tokenizer={getattr(_tokenizer, 'name_or_path', None) or type(_tokenizer).__name__}"
+        return f"tokenizer={getattr(tokenizer, 'name_or_path', None) or type(tokenizer).__name__}"
 
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
@@ -86,10 +63,11 @@ class VerlRolloutIngester(Ingester):
         validate = any("val" in part.lower() for part in ctx.path.parent.parts[-1:])
         if "line_no" not in [c[0] for c in con.execute("DESCRIBE records").fetchall()]:
             con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT row_number() OVER () AS line_no, * FROM records")
-        if _tokenizer is not None and records:
+        tokenizer = current_tokenizer()
+        if tokenizer is not None and records:
             rows = con.execute("SELECT line_no, input, output FROM records ORDER BY line_no").fetchall()
-            prompt_tokens = _token_counts([r[1] for r in rows])
-            response_tokens = _token_counts([r[2] for r in rows])
+            prompt_tokens = _token_counts(tokenizer, [r[1] for r in rows])
+            response_tokens = _token_counts(tokenizer, [r[2] for r in rows])
             con.execute("CREATE OR REPLACE TEMP TABLE rollout_tokens (line_no BIGINT, p INTEGER, r INTEGER)")
             con.executemany("INSERT INTO rollout_tokens VALUES (?, ?, ?)",
                             [(r[0], p, t) for r, p, t in zip(rows, prompt_tokens, response_tokens)])

@@ -5,9 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from polytrace_cli.analyze import filtering, imbalance, lengths, stages
-from polytrace_cli.analyze.common import StepRange, run_names
+from polytrace_cli.analyze.common import StepRange, run_facts
 from polytrace_cli.report.figures.base import Omitted
-from polytrace_cli.store.queries import runs_frame
 
 ID = "T1"
 TITLE = "Cross-run summary"
@@ -26,13 +25,12 @@ def _pick(summary: pl.DataFrame | None, schema: dict, value: pl.Expr, where: pl.
 
 
 def table(con, run_ids: list[int], steps: StepRange, summaries: dict[str, pl.DataFrame]) -> pl.DataFrame | Omitted:
-    """One row per run: task and sizes from the store's run list; mean prompt/response tokens,
+    """One row per run: task and sample count from `run_facts`; mean prompt/response tokens,
     response p99/p50 and clip ratio from `lengths`; mean token λ from `imbalance`; step-time CV from
     `stages`. Two step counts: workload_steps = rollout calls with samples (PolyTrace traces);
     trainer_steps = optimizer steps, from the DAPO filter batches, else from per-step logged lengths,
     else from logged step times (null when the run tells neither: a trace without DAPO batches)."""
-    names = set(run_names(con, run_ids).values())
-    base = runs_frame(con).filter(pl.col("run").is_in(list(names))).select("run", "task", "samples")
+    base = run_facts(con, run_ids)
     if base.height == 0:
         return Omitted("no runs")
     length_rows, stage_rows = summaries.get("lengths"), summaries.get("stages")

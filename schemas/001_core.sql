@@ -153,80 +153,12 @@ CREATE TABLE filter_batches (
     used_indices                INTEGER[]
 );
 
--- Maps framework metric keys to canonical step columns (the `steps` view).
+-- Maps framework metric keys to canonical step columns (the `steps` view). Its rows are written from
+-- the formats' declarations (`Ingester.metric_aliases`), never by a migration.
 CREATE TABLE metric_aliases (
     key        VARCHAR PRIMARY KEY,
     canonical  VARCHAR NOT NULL
 );
 
-INSERT INTO metric_aliases VALUES
-    -- verl
-    ('timing_s/step', 'step_s'),
-    ('timing_s/gen', 'gen_s'),
-    ('timing_s/reward', 'reward_s'),
-    ('timing_s/old_log_prob', 'old_log_prob_s'),
-    ('timing_s/ref', 'ref_s'),
-    ('timing_s/values', 'values_s'),
-    ('timing_s/adv', 'adv_s'),
-    ('timing_s/update_actor', 'update_actor_s'),
-    ('timing_s/update_critic', 'update_critic_s'),
-    ('timing_s/testing', 'testing_s'),
-    ('timing_s/save_checkpoint', 'save_checkpoint_s'),
-    ('response_length/mean', 'response_length_mean'),
-    ('response_length/max', 'response_length_max'),
-    ('response_length/min', 'response_length_min'),
-    ('response_length/clip_ratio', 'clip_ratio'),
-    ('prompt_length/mean', 'prompt_length_mean'),
-    ('prompt_length/max', 'prompt_length_max'),
-    ('prompt_length/min', 'prompt_length_min'),
-    ('perf/total_num_tokens', 'total_tokens'),
-    ('perf/throughput', 'throughput'),
-    ('perf/time_per_step', 'time_per_step'),
-    -- OpenRLHF (0.9+ timing keys; rollout/* and plain keys)
-    ('timing/step_total', 'step_s'),
-    ('timing/generation', 'gen_s'),
-    ('timing/ppo_train', 'update_actor_s'),
-    ('rollout/response_length_mean', 'response_length_mean'),
-    ('response_length', 'response_length_mean'),
-    ('rollout/truncated_rate', 'clip_ratio'),
-    ('response_clip_ratio', 'clip_ratio');
-
--- One row per (run, segment, step) of a step-aggregate log, with canonical columns.
-CREATE VIEW steps AS
-WITH m AS (
-    SELECT sm.run_id, sm.segment, sm.step, sm.key, sm.value, a.canonical
-    FROM step_metrics sm LEFT JOIN metric_aliases a ON a.key = sm.key
-), f AS (
-    SELECT run_id, segment, step, list(DISTINCT flag ORDER BY flag) AS flags
-    FROM step_flags GROUP BY ALL
-)
-SELECT
-    m.run_id, m.segment, m.step,
-    max(value) FILTER (WHERE canonical = 'gen_s')                AS gen_s,
-    max(value) FILTER (WHERE canonical = 'reward_s')             AS reward_s,
-    max(value) FILTER (WHERE canonical = 'old_log_prob_s')       AS old_log_prob_s,
-    max(value) FILTER (WHERE canonical = 'ref_s')                AS ref_s,
-    max(value) FILTER (WHERE canonical = 'values_s')             AS values_s,
-    max(value) FILTER (WHERE canonical = 'adv_s')                AS adv_s,
-    max(value) FILTER (WHERE canonical = 'update_actor_s')       AS update_actor_s,
-    max(value) FILTER (WHERE canonical = 'update_critic_s')      AS update_critic_s,
-    max(value) FILTER (WHERE canonical = 'testing_s')            AS testing_s,
-    max(value) FILTER (WHERE canonical = 'save_checkpoint_s')    AS save_checkpoint_s,
-    max(value) FILTER (WHERE canonical = 'step_s')               AS step_s,
-    max(value) FILTER (WHERE canonical = 'response_length_mean') AS response_length_mean,
-    max(value) FILTER (WHERE canonical = 'response_length_max')  AS response_length_max,
-    max(value) FILTER (WHERE canonical = 'response_length_min')  AS response_length_min,
-    max(value) FILTER (WHERE canonical = 'prompt_length_mean')   AS prompt_length_mean,
-    max(value) FILTER (WHERE canonical = 'prompt_length_max')    AS prompt_length_max,
-    max(value) FILTER (WHERE canonical = 'prompt_length_min')    AS prompt_length_min,
-    max(value) FILTER (WHERE canonical = 'clip_ratio')           AS clip_ratio,
-    max(value) FILTER (WHERE canonical = 'total_tokens')         AS total_tokens,
-    max(value) FILTER (WHERE canonical = 'throughput')           AS throughput,
-    bool_and(m.key LIKE 'val-%' OR m.key LIKE 'val/%' OR m.key LIKE 'eval/%') AS is_validation_only,
-    count(*) FILTER (WHERE canonical = 'testing_s') > 0          AS has_testing,
-    count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0  AS has_checkpoint,
-    coalesce(list_contains(any_value(f.flags), 'truncated_line'), false) AS truncated_line,
-    coalesce(any_value(f.flags), []::VARCHAR[])                  AS flags
-FROM m
-LEFT JOIN f ON f.run_id = m.run_id AND f.segment = m.segment AND f.step = m.step
-GROUP BY m.run_id, m.segment, m.step;
+-- The `metric_aliases` rows and the `steps` view (one row per run, segment and step with the canonical
+-- columns) are generated from the formats' declarations when a store is opened: store/catalog.py.

@@ -1,0 +1,3 @@
+-- Formerly metric aliases of OpenRLHF, wandb and TensorBoard keys. Aliases are now declared by each
+-- format in Python and written when a store is opened (store/catalog.py); this file stays so that the
+-- numbering of applied files holds.

@@ -1,0 +1,3 @@
+-- Formerly the verl <= 0.1 timer aliases and the `steps` view with its canonical columns in one list.
+-- Both are now generated from the formats' declarations when a store is opened (store/catalog.py);
+-- this file stays so that the numbering of applied files holds.
