@@ -167,3 +167,43 @@ def failed(verdicts: list[Verdict], allow_unmeasurable: bool = False) -> bool:
     """True when a threshold is exceeded, or one is not measurable (unless that is allowed)."""
     bad = {FAIL} if allow_unmeasurable else {FAIL, NOT_MEASURABLE}
     return any(v.status in bad for v in verdicts)
+
+
+SLOWDOWN_OPTION = "max_slowdown"
+SLOWDOWN_METRIC = "mean step slowdown against the baseline, (B − A) / A, overheads included"
+
+
+def parse_share(text: str, option: str = "--max-slowdown") -> float:
+    """'5%' → 0.05, '0.05' → 0.05; a share must be a finite number >= 0, else ValueError. A bare number
+    above 1 is refused (5 would be 500%, likely meant as 5%): above 100% is written with %."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ValueError(f"{option} takes a share such as 5% or 0.05, not {text!r}") from None
+    if not raw.endswith("%") and value > 1:
+        raise ValueError(f"{option} {text} would be {value:.0%}: write {text}% for {value:g}%, or a share such as 0.05")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{option} must be a finite share >= 0, not {text!r}")
+    return value
+
+
+def check_slowdown(con: duckdb.DuckDBPyConnection, run: str, baseline: str, limit: float,
+                   steps: StepRange = ALL_STEPS) -> tuple[Verdict, dict | None]:
+    """The --max-slowdown verdict of `run` (in `steps`) against `baseline`, and the comparison's
+    headline (mean steps, delta_s, the top cause) when measured. slowdown = delta_s / A's mean step
+    (`diagnose.against.explain_against`); FAIL when above `limit`. When either run has too few timed
+    training steps for a step-time model, the slowdown is not measurable, with the reason."""
+    from polytrace_cli.diagnose.against import explain_against
+    from polytrace_cli.errors import PolytraceError
+
+    threshold = Threshold(SLOWDOWN_OPTION, "against", "slowdown", True, SLOWDOWN_METRIC)
+    try:
+        comparison = explain_against(con, run, baseline, steps, None)
+    except PolytraceError as error:
+        return verdict(limit, None, threshold, str(error)), None
+    top = comparison.top_cause
+    headline = {"baseline": comparison.a.label, "a_step_s": comparison.a.step_s, "b_step_s": comparison.b.step_s,
+                "delta_s": comparison.delta_s, "slowdown": comparison.slowdown,
+                "top_cause": None if top is None else {k: top[k] for k in ("cause", "stage", "seconds", "share")}}
+    return verdict(limit, comparison.slowdown, threshold), headline

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.diagnose import Explanation
+    from polytrace_cli.diagnose.against import Comparison
     from polytrace_cli.ingest.files import FileHashes
     from polytrace_cli.ingest.ray_engine import RaySettings
     from polytrace_cli.ingest.runner import FileReport
@@ -188,19 +189,40 @@ class Store:
 
         return explain_run(self.connection, run, step=step, top=top)
 
+    def explain_against(self, run: str, against: str | None = None, steps: Steps = None,
+                        against_steps: Steps = None) -> Comparison:
+        """Why the run's mean step (in `steps`) differs from `against`'s (in `against_steps`; the same
+        run when None): a `Comparison` whose causes sum to `delta_s`; `.to_json()` is `polytrace
+        explain RUN --against A --json`."""
+        from polytrace_cli.diagnose.against import explain_against
+
+        return explain_against(self.connection, run, against, self.step_range(steps), self.step_range(against_steps))
+
     def whatif(self, run: str, policies: str | Iterable[str] | None = None,
-               backtest: bool = False) -> WhatIfResult | BacktestResult:
+               backtest: bool = False, walk_forward: bool = False, training_scale: float | None = None,
+               refit_every: int | None = None) -> WhatIfResult | BacktestResult:
         """The run's predicted wall time under the policies ("balance", "no-validation",
         "max-response-len=N", ...), a `WhatIfResult`; with backtest=True the model's accuracy on
-        held-out steps, a `BacktestResult`. `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
+        held-out steps, a `BacktestResult` (walk_forward=True adds the walk-forward accuracies, refitted
+        every `refit_every` steps);
+        training_scale is one-step-off's measured slowdown of the training stages (`--training-scale`).
+        `.to_json()` is `polytrace whatif --json`'s text, `.to_dict()` its document."""
         from polytrace_cli.simulate import backtest_run, parse_policy, whatif_run
 
         chosen = _names(policies) or []
         if backtest == bool(chosen):
             raise PolytraceError("give either backtest=True or at least one policy")
         if backtest:
-            return backtest_run(self.connection, run)
-        return whatif_run(self.connection, run, [parse_policy(text) for text in chosen])
+            return backtest_run(self.connection, run, walk_forward=walk_forward, refit_every=refit_every)
+        return whatif_run(self.connection, run, [parse_policy(text) for text in chosen], training_scale)
+
+    def forecast(self, run: str) -> dict[str, float]:
+        """The next step's seconds per stage (and `step`, their sum) from the run's steps so far, at the
+        recent workload: the step-time forecaster a live monitor calls after each step
+        (`model.forecast_next`)."""
+        from polytrace_cli.model import forecast_next, read_workload
+
+        return forecast_next(read_workload(self.connection, run))
 
     def run_rows(self) -> tuple[list[str], list[tuple]]:
         """The rows of `runs()` as column names and tuples, without loading polars (`polytrace runs`)."""
@@ -253,6 +275,15 @@ class Store:
         validate_limits(limits)
         (run_id,) = self.run_ids(run)
         return check_run(self.connection, run_id, run, limits, self.step_range(steps))
+
+    def check_slowdown(self, run: str, baseline: str, limit: float, steps: Steps = None) -> tuple:
+        """The --max-slowdown verdict of the run (in `steps`) against `baseline` (limit 0.05 = 5% slower)
+        and the comparison's headline with its top cause (None when not measurable), as `polytrace check
+        RUN --baseline A --max-slowdown`."""
+        from polytrace_cli.check import check_slowdown
+
+        self.run_ids([run, baseline])
+        return check_slowdown(self.connection, run, baseline, limit, self.step_range(steps))
 
     def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
         """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""

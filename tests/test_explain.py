@@ -116,6 +116,32 @@ def test_hand_computed_long_tail(store, tmp_path):
     assert doc["model"]["other"]["intercept"] == pytest.approx(1.0, abs=1e-9)
 
 
+def test_hand_computed_long_tail_against_the_steps_around_it(store, tmp_path):
+    # gen = 2 + 0.01 · r_max exactly, 1 s of rest; r_max drifts 10 tokens a step (100 + 10 · i) and
+    # step 30 has 500 more (900). Training steps are 2–40, so the 21 around step 30 are steps 20–40,
+    # whose median r_max is step 31's, 410: expected = 2 + 4.1 + 1 = 7.1 s, step 30 takes
+    # 3 + 9 = 12 s, excess 4.9 = long_tail 0.01 · (900 − 410): the 500 tokens it had more, less one
+    # step of drift the median cannot tell from it. The run's median r_max (310, step 21) would
+    # blame 6 s on the tail, one second of which is the drift.
+    lengths = [100 + 10 * i + (500 if i == 30 else 0) for i in range(1, 41)]
+    lines = [_console_line(i, gen=2 + 0.01 * r, step=3 + 0.01 * r, len_max=r) for i, r in enumerate(lengths, 1)]
+    path = tmp_path / "drift.log"
+    path.write_text("\n".join(lines) + "\n")
+    ingest_paths(store, [path], run_name="drift")
+    doc = explain_run(store, "drift", step=30).to_dict()
+    assert doc["expected_s"] == pytest.approx(2 + 3.1 + 1, abs=1e-5)
+    step30 = doc["steps"][0]
+    assert step30["seconds"] == pytest.approx(12.0, abs=1e-9)
+    assert step30["expected_s"] == pytest.approx(7.1, abs=1e-5)
+    assert step30["excess_s"] == pytest.approx(4.9, abs=1e-5)
+    tail = step30["causes"][0]
+    assert (tail["cause"], tail["stage"]) == ("long_tail", "gen")
+    assert tail["seconds"] == pytest.approx(4.9, abs=1e-5)
+    steady = explain_run(store, "drift", step=15).to_dict()["steps"][0]
+    assert steady["excess_s"] == pytest.approx(0.0, abs=1e-5)
+    assert steady["expected_s"] == pytest.approx(3 + 0.01 * 250, abs=1e-5)
+
+
 def test_testing_outside_the_step_time_still_counts(store, tmp_path):
     # A log whose step time leaves testing out: the wall time adds it back.
     lines = [_console_line(i, gen=5.0, step=6.0) for i in range(1, 12)]

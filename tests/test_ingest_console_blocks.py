@@ -60,7 +60,8 @@ def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, mo
     logs = CONSOLE_LOGS + _damaged_logs(tmp_path / "damaged")
     assert len(logs) >= 10
     for index, log in enumerate(logs):
-        fmt = "openrlhf-console" if "openrlhf" in str(log) else "verl-console"
+        fmt = ("openrlhf-console" if "openrlhf" in str(log) else "trl-console" if log.parent.name == "trl"
+               else "verl-console")
         whole = _ingest(tmp_path, log, f"whole{index}", fmt)
         monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", block_bytes)
         blocks = _ingest(tmp_path, log, f"blocks{index}", fmt)

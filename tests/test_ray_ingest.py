@@ -204,3 +204,36 @@ def test_an_error_in_the_ray_driver_is_one_line_and_exits_non_zero(tmp_path, mon
     lines = result.output.strip().splitlines()
     assert lines == ["error: the Ray ingest failed: RuntimeError: disk said no"], result.output
     assert not isinstance(result.exception, RuntimeError)
+
+
+def test_damaged_files_store_under_ray_what_they_store_locally(tmp_path):
+    """CR-only and BOM texts, a CSV with a bad line, a log whose records start past its first block:
+    the Ray ingest finishes and stores what the local ingest stores."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hostile_inputs import CASES
+
+    folder = tmp_path / "logs"
+    for index, writer in enumerate(CASES):
+        writer(folder / f"case{index}", random.Random(index))
+    (folder / "cr" / "export.csv").parent.mkdir(parents=True)
+    (folder / "cr" / "export.csv").write_bytes(b'"Step","a"\r"1","1.5"\r"2","2.5"\r')
+    local, on_ray = tmp_path / "local.duckdb", tmp_path / "ray.duckdb"
+    local_run = runner.invoke(app, ["ingest", str(folder), "--db", str(local), "--json"])
+    ray_run = runner.invoke(app, ["ingest", str(folder), "--db", str(on_ray), "--json", "--engine", "ray"])
+    assert local_run.exit_code == ray_run.exit_code == 0, ray_run.output
+    assert _snapshot(on_ray) == _snapshot(local)
+    assert len(json.loads(ray_run.stdout)) == len(json.loads(local_run.stdout))
+
+
+def test_what_is_written_to_stdout_during_a_ray_session_goes_to_stderr(capfd):
+    from polytrace_cli.ingest.ray_engine import RaySettings, ray_session
+
+    with ray_session(RaySettings()):
+        os.write(1, b"(raylet) a worker died\n")
+    os.write(1, b"[]\n")
+    out, err = capfd.readouterr()
+    assert out == "[]\n"
+    assert "a worker died" in err

@@ -272,3 +272,21 @@ def test_token_volume_and_imbalance_truths_are_the_model_terms_of_what_changed()
     assert skewed["cause_dp_imbalance_s"] == pytest.approx(
         b_tokens * (skewed["busiest_rank_tokens"] - plain["busiest_rank_tokens"]))
     assert skewed["step_s"] - plain["step_s"] == pytest.approx(skewed["cause_dp_imbalance_s"])
+
+
+def test_response_scale_and_imbalance_change_every_step():
+    plain = step_table(LENGTHS, replace(SPEC, max_response_len=None), replace(MODEL, injections=()))
+    longer = step_table(LENGTHS, replace(SPEC, max_response_len=None), replace(MODEL, injections=(), response_scale=1.5))
+    # The same draws, each response × 1.5 rounded: the sums within half a token per response.
+    responses = SPEC.batch * SPEC.n
+    assert (longer["response_tokens"] - 1.5 * plain["response_tokens"]).abs().max() <= 0.5 * responses
+    skewed = step_table(LENGTHS, SPEC, replace(MODEL, injections=(), imbalance=1.5))
+    ratio = skewed["busiest_rank_tokens"] / skewed["mean_rank_tokens"]
+    assert ratio.min() > 1.35 and ratio.max() < 1.65
+    # The training stages follow the skewed busiest rank: update_actor = (10 + 4.5e-5 · busiest) · ε.
+    expected = 10 + 4.5e-5 * skewed["busiest_rank_tokens"]
+    assert ((skewed["update_actor_s"] / expected) - 1).abs().max() < 0.15
+    with pytest.raises(PolytraceError, match="imbalance"):
+        step_table(LENGTHS, SPEC, replace(MODEL, imbalance=0.9))
+    with pytest.raises(PolytraceError, match="response_scale"):
+        step_table(LENGTHS, SPEC, replace(MODEL, response_scale=0.0))

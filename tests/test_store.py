@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -166,25 +167,65 @@ def test_a_zero_byte_file_is_no_store_for_readers_and_a_new_store_for_writers(db
     assert schema_version(duckdb.connect(str(db_path), read_only=True)) == SCHEMA_VERSION
 
 
+def _small_disk(folder: Path, size: str):
+    """Mount a tmpfs of `size` on `folder` (skipping the test where mounting is not allowed); returns
+    the unmount."""
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    return lambda: subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def fill_disk(folder: Path) -> None:
+    """Write zeros into `folder` until its file system is full."""
+    with open(folder / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+
+
 @pytest.fixture
 def full_disk(tmp_path):
     """A 1 MB tmpfs, filled; skipped where mounting is not allowed."""
     mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
+    unmount = _small_disk(mount, "1m")
     try:
-        with open(mount / "filler", "wb") as handle:
-            try:
-                while True:
-                    handle.write(b"\0" * 65536)
-                    handle.flush()
-            except OSError:
-                pass
+        fill_disk(mount)
         yield mount
     finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+        unmount()
+
+
+def test_an_ingest_that_fills_the_disk_names_the_full_disk(tmp_path):
+    """The store is written until the disk is full: the message says so (never a failed rollback), and
+    the run being read is not left behind."""
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    runner = CliRunner()
+    disk = tmp_path / "disk"
+    unmount = _small_disk(disk, "4m")
+    try:
+        for name, steps, batch in (("small", 2, 2), ("big", 20, 32)):
+            synth = ["synth", "--task", "math", "--out", str(tmp_path / name), "--num-steps", str(steps),
+                     "--batch", str(batch), "--n", "4"]
+            assert runner.invoke(app, synth).exit_code == 0
+        assert runner.invoke(app, ["ingest", str(tmp_path / "small"), "--db", str(disk / "s.duckdb")]).exit_code == 0
+        fill_disk(disk)
+        result = runner.invoke(app, ["ingest", str(tmp_path / "big"), "--db", str(disk / "s.duckdb")])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        message = result.output.strip().splitlines()[-1]
+        assert "is full" in message and "free space" in message and "rollback" not in message
+        (disk / "filler").unlink()
+        runs = runner.invoke(app, ["runs", "--db", str(disk / "s.duckdb"), "--json"])
+        assert [run["run"] for run in json.loads(runs.stdout)] == ["small"]
+    finally:
+        unmount()
 
 
 def test_a_full_disk_is_named_and_leaves_no_empty_store(full_disk):

@@ -16,10 +16,10 @@ from polytrace_cli.store import open_store
 from polytrace_cli.store.catalog import STEP_COLUMNS, catalog_is_current
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
-# A verl console log of two steps; `timing_s/generate_sequences` is a key no format declares.
+# A verl console log of two steps; `timing_s/acme_rollout` is a key no format declares.
 LOG = (
-    "step:1 - timing_s/generate_sequences:12.5 - timing_s/reward:2.0 - timing_s/step:20.0 - val-core/acc:0.5\n"
-    "step:2 - timing_s/generate_sequences:14.0 - timing_s/reward:3.0 - timing_s/step:22.0\n"
+    "step:1 - timing_s/acme_rollout:12.5 - timing_s/reward:2.0 - timing_s/step:20.0 - val-core/acc:0.5\n"
+    "step:2 - timing_s/acme_rollout:14.0 - timing_s/reward:3.0 - timing_s/step:22.0\n"
     "step:3 - val-core/acc:0.6\n"
 )
 
@@ -64,13 +64,13 @@ def test_the_view_reads_the_declared_aliases(verl_store):
 
 
 def test_an_edited_alias_reaches_a_store_opened_read_only(verl_store, monkeypatch):
-    edited = {**verl_names.METRIC_ALIASES, "timing_s/generate_sequences": "gen_s"}
+    edited = {**verl_names.METRIC_ALIASES, "timing_s/acme_rollout": "gen_s"}
     monkeypatch.setattr(verl_names, "METRIC_ALIASES", edited)
     assert [row[:2] for row in _steps(verl_store)] == [(1, 12.5), (2, 14.0), (3, None)]
     con = open_store(verl_store, read_only=True)
     try:
         assert catalog_is_current(con)
-        assert con.execute("SELECT canonical FROM metric_aliases WHERE key = 'timing_s/generate_sequences'"
+        assert con.execute("SELECT canonical FROM metric_aliases WHERE key = 'timing_s/acme_rollout'"
                            ).fetchall() == [("gen_s",)]
     finally:
         con.close()
@@ -130,7 +130,7 @@ def test_a_lake_reads_with_the_codes_aliases_not_those_it_was_written_with(verl_
     finally:
         con.close()
     monkeypatch.setattr(verl_names, "METRIC_ALIASES", {**verl_names.METRIC_ALIASES,
-                                                       "timing_s/generate_sequences": "gen_s"})
+                                                       "timing_s/acme_rollout": "gen_s"})
     lake = open_lake(tmp_path / "lake")
     try:
         assert lake.execute("SELECT step, gen_s FROM steps ORDER BY step").fetchall() == [(1, 12.5), (2, 14.0), (3, None)]

@@ -75,6 +75,9 @@ def test_held_out_validation_is_predicted_at_the_training_median(store, tmp_path
     assert testing.steps == 1 and testing.accuracy == pytest.approx(80.0)
     # step 6 predicted 20 + 60 = 80 against 70; the other three held-out steps exactly
     assert result.step.accuracy == pytest.approx(100 * (1 - (10 / 70) / 4))
+    # the fair median is told the same schedule: median wall 20 of the fitted steps + 60 on step 6
+    assert result.step.median_baseline == pytest.approx(result.step.accuracy)
+    assert result.step.recent_baseline == pytest.approx(result.step.accuracy)
     assert result.overall["accuracy"] == pytest.approx((100 + 80) / 2)
 
 
@@ -147,7 +150,8 @@ def test_a_stage_worse_than_its_median_is_named(store, tmp_path):
     result = backtest_run(store, _ingest(store, path))
     gen = result.stages["gen"]
     assert gen.accuracy < gen.median_baseline
-    assert any("less accurate than the median baseline on: gen" in note for note in result.notes)
+    assert any("less accurate than the better of the median and recent baselines on: gen" in note
+               for note in result.notes)
 
 
 @pytest.mark.realdata
@@ -161,3 +165,46 @@ def test_real_traces_without_step_times_get_a_clear_error(tmp_path):
         result = runner.invoke(app, ["whatif", "rllm", *args, "--db", str(db)])
         assert result.exit_code == 2 and "Traceback" not in result.output
         assert "step time" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_recent_and_walk_forward_baselines_by_hand(store, tmp_path):
+    # gen = the step number, step time = gen + 10: 24 steps, the first 12 the training half, step 1 warm-up
+    rows = [{"gen": float(step), "step": float(step + 10)} for step in range(1, 25)]
+    result = backtest_run(store, _ingest(store, _write_steps(tmp_path / "train.log", rows)), walk_forward=True,
+                          refit_every=1)
+    held = np.arange(13, 25, dtype=float)
+
+    def by_hand(predicted):
+        return 100 * (1 - np.mean(np.abs(predicted - held) / held))
+
+    gen = result.stages["gen"]
+    # fixed split: median of steps 2..12 = 7, recent = median of the last ten fitted (3..12) = 7.5
+    assert gen.median_baseline == pytest.approx(by_hand(np.full(12, 7.0)))
+    assert gen.recent_baseline == pytest.approx(by_hand(np.full(12, 7.5)))
+    assert gen.margin == pytest.approx(gen.accuracy - gen.recent_baseline)
+    # walk-forward before step i: median of steps 2..i−1 = (i + 1) / 2, recent = median of i−10..i−1 = i − 5.5,
+    # previous = i − 1
+    walk = result.walk_forward.stages["gen"]
+    assert walk.median_baseline == pytest.approx(by_hand((held + 1) / 2))
+    assert walk.recent_baseline == pytest.approx(by_hand(held - 5.5))
+    assert walk.previous_baseline == pytest.approx(by_hand(held - 1))
+    # the step row's fair baselines: the wall times are gen + 10
+    step_held = held + 10
+
+    def step_by_hand(predicted):
+        return 100 * (1 - np.mean(np.abs(predicted - step_held) / step_held))
+
+    assert result.step.median_baseline == pytest.approx(step_by_hand(np.full(12, 17.0)))
+    assert result.walk_forward.step.recent_baseline == pytest.approx(step_by_hand(held + 4.5))
+    # no workload feature is logged and 11 fitted steps are too few to cross-validate: the median
+    assert gen.method == "median" and gen.accuracy == pytest.approx(gen.median_baseline)
+
+
+def test_a_stage_nothing_explains_is_predicted_by_its_recent_level_not_a_slope(store, tmp_path):
+    # gen creeps up 1 % a step with no workload logged: the recent level, never a fitted slope
+    rows = [{"gen": 10.0 * 1.01 ** step, "step": 10.0 * 1.01 ** step + 5} for step in range(1, 61)]
+    result = backtest_run(store, _ingest(store, _write_steps(tmp_path / "train.log", rows)))
+    gen = result.stages["gen"]
+    # a level: the last ten steps' median, or the median since the last level shift
+    assert gen.method in ("recent", "shifted") and gen.margin >= -0.3
+    assert gen.accuracy > gen.median_baseline + 5

@@ -47,8 +47,13 @@ def code_run(store, tmp_path):
 
 def _meets_targets(result):
     assert result.step.accuracy >= 97.0 and result.overall["accuracy"] >= 95.0
+    # never more than 0.3 points below the better of the fair median and recent baselines on any stage
     for name, stage in {**result.stages, "step": result.step}.items():
-        assert stage.accuracy >= stage.median_baseline - 1e-9, name
+        assert stage.margin >= -0.3, name
+    assert result.overall["accuracy"] >= result.overall["best_baseline"]
+    # the workload varies: the step is predicted at least 0.5 points better than the fair median, which a
+    # constant per stage cannot do
+    assert result.step.accuracy >= result.step.median_baseline + 0.5
     gen = result.stages["gen"]
     assert gen.extra["in_range_accuracy"] >= 95.0 and gen.extra["in_range_steps"] >= 100
 

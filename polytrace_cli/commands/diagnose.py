@@ -1,4 +1,5 @@
-"""`polytrace explain`: why a run's steps were slow, and where its wall time went, ranked."""
+"""`polytrace explain`: why a run's steps were slow, and where its wall time went, ranked; with
+--against or --against-steps, why its mean step differs from another run's or window's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from polytrace_cli.commands.common import CsvOption, DbOption, JsonOption, WaitOption, console, emit_rows, user_errors
+from polytrace_cli.commands.common import (
+    CsvOption, DbOption, JsonOption, StepsOption, WaitOption, console, emit_rows, user_errors,
+)
 from polytrace_cli.commands.tables import print_item
 from polytrace_cli.errors import PolytraceError
 
@@ -105,11 +108,56 @@ def _print_token_steps(out: Console, steps: list[dict]) -> None:
     out.print(table)
 
 
+def _print_comparison(comparison) -> None:
+    from rich.markup import escape
+
+    # No emoji codes: a window label such as "steps 1:100" must print as written.
+    out = Console(width=TABLE_WIDTH if not sys.stdout.isatty() else None, emoji=False)
+    doc = comparison.to_dict()
+    out.print(f"[bold]{escape(doc['b'])}[/] against [bold]{escape(doc['a'])}[/]: mean step {_seconds(doc['b_step_s'])} s against "
+              f"{_seconds(doc['a_step_s'])} s, {doc['delta_s']:+,.1f} s per step", highlight=False)
+    table = Table(title="Causes, largest first (s per step, B − A)", title_justify="left",
+                  header_style="bold")
+    for name, justify in (("cause", "left"), ("stage", "left"), ("seconds", "right"), ("share", "right")):
+        table.add_column(name, justify=justify)
+    shown = [c for c in doc["causes"] if abs(c["seconds"]) >= 0.005 * abs(doc["a_step_s"] or 0)] or doc["causes"][:1]
+    for cause in shown:
+        share = "—" if cause["share"] is None else f"{cause['share']:.0%}"
+        table.add_row(cause["cause"], cause["stage"] or "", f"{cause['seconds']:+,.2f}", share)
+    hidden = len(doc["causes"]) - len(shown)
+    table.add_row("sum" if not hidden else f"sum (with {hidden} smaller)", "", f"{doc['delta_s']:+,.2f}",
+                  "—" if all(c["share"] is None for c in doc["causes"]) else "100%", style="dim")
+    out.print(table)
+    for finding in doc["findings"]:
+        print_item(out, finding)
+    scaling = doc["scaling"]
+    if scaling:
+        table = Table(title=f"Scaling per stage, {scaling['fewer_gpus']} → {scaling['more_gpus']} GPUs (ideal speedup "
+                            f"{scaling['ideal_speedup']:.2f}×)", title_justify="left", header_style="bold")
+        for name, justify in (("stage", "left"), (f"s at {scaling['fewer_gpus']}", "right"),
+                              (f"s at {scaling['more_gpus']}", "right"), ("speedup", "right"),
+                              ("efficiency", "right"), ("", "left")):
+            table.add_column(name, justify=justify)
+        for row in scaling["stages"]:
+            speedup = "—" if row["speedup"] is None else f"{row['speedup']:.2f}×"
+            efficiency = "—" if row["efficiency"] is None else f"{row['efficiency']:.0%}"
+            table.add_row(row["stage"], f"{row['fewer_gpus_s']:,.1f}", f"{row['more_gpus_s']:,.1f}", speedup,
+                          efficiency, "stopped scaling" if row["stopped"] else "")
+        out.print(table)
+    for note in doc["notes"]:
+        out.print(f"[dim]{note}[/]", highlight=False)
+
+
 @user_errors
 def explain(
     run: Annotated[str, typer.Argument(help="The run to explain.")],
     step: Annotated[int | None, typer.Option("--step", help="Explain this step, slow or not.")] = None,
     top: Annotated[int | None, typer.Option("--top", help="Keep the K largest findings and K slowest steps.")] = None,
+    against: Annotated[str | None, typer.Option(
+        "--against", help="Explain why RUN's mean step differs from this run's (the baseline).")] = None,
+    steps: StepsOption = None,
+    against_steps: Annotated[str | None, typer.Option(
+        "--against-steps", metavar="A:B", help="The baseline's step range (alone: a window of RUN itself).")] = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
     db: DbOption = None,
@@ -119,6 +167,14 @@ def explain(
     findings ranked by seconds."""
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
+    if against is not None or against_steps is not None:
+        if step is not None or top is not None:
+            raise PolytraceError("--step and --top explain one run's slow steps; drop them with --against")
+        _explain_against(run, against, steps, against_steps, as_json, as_csv, db, wait)
+        return
+    if steps is not None:
+        raise PolytraceError("--steps selects the window compared with --against or --against-steps; "
+                             "to explain one step give --step N")
     from polytrace_cli.facade import Store
 
     with Store.open(db, read_only=True, wait=wait) as store:
@@ -129,3 +185,19 @@ def explain(
         emit_rows(list(CSV_COLUMNS), _cause_rows(explanation.to_dict()["steps"]), as_csv=True)
     else:
         _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS, one_step=step is not None)
+
+
+def _explain_against(run: str, against: str | None, steps: str | None, against_steps: str | None, as_json: bool,
+                     as_csv: bool, db, wait: float) -> None:
+    from polytrace_cli.diagnose.against import CAUSE_COLUMNS
+    from polytrace_cli.facade import Store
+
+    with Store.open(db, read_only=True, wait=wait) as store:
+        comparison = store.explain_against(run, against, steps, against_steps)
+    if as_json:
+        sys.stdout.write(comparison.to_json() + "\n")
+    elif as_csv:
+        causes = comparison.to_dict()["causes"]
+        emit_rows(list(CAUSE_COLUMNS), [tuple(c.get(k) for k in CAUSE_COLUMNS) for c in causes], as_csv=True)
+    else:
+        _print_comparison(comparison)

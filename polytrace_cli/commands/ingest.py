@@ -15,7 +15,7 @@ from rich.markup import escape
 from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, emit_rows,
                                           emit_table, err_console, fail, user_errors)
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.files import FileHashes, walk
+from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
 
 if TYPE_CHECKING:
     from polytrace_cli.ingest.runner import FileReport
@@ -26,6 +26,8 @@ SUMMARY_COLUMNS = ["file", "run", "format", "status", "lines", "rows", "ignored"
 SUMMARY_ORDER = ["file", "status", "lines", "rows", "ignored", "rejected", "run", "format", "seconds", "MB/s"]
 
 
+# Skipped files named one per line on stderr; --json lists every one.
+SKIPPED_SHOWN = 20
 # Beyond this many files the table shows one row per run, format and status instead of one per file.
 SUMMARY_MAX_FILES = 200
 
@@ -105,16 +107,21 @@ def ingest(
             for note in report.notes:
                 err_console.print(f"[cyan]note:[/] {escape(Path(report.path).name)}: {escape(note)}", highlight=False)
         skipped = [r for r in reports if r.status == "skipped"]
-        if skipped:
-            names = ", ".join(Path(r.path).name for r in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-            err_console.print(f"skipped {len(skipped)} file(s) of unknown format: {names}", highlight=False,
-                              markup=False)
+        for report in skipped[:SKIPPED_SHOWN]:
+            err_console.print(f"skipped: {report.path}: {report.message}", highlight=False, markup=False)
+        if len(skipped) > SKIPPED_SHOWN:
+            err_console.print(f"... and {len(skipped) - SKIPPED_SHOWN} more skipped file(s) (--json lists each)",
+                              highlight=False, markup=False)
         totals = sum(r.rows for r in reports), sum(r.rejected for r in reports), sum(r.seconds for r in reports)
         if shown:
             console.print(f"{len(shown)} file(s), {totals[0]:,} rows, {totals[1]:,} rejected lines, {totals[2]:.2f} s")
     failed = [r for r in reports if r.failed]
     if failed:
         raise fail(f"{len(failed)} file(s) could not be ingested", 1)
+    unread_logs = [r for r in reports if r.status == "skipped" and is_log_like(r.path)]
+    if unread_logs:
+        raise fail(f"{len(unread_logs)} log file(s) were not read (no line of a known format): "
+                   + ", ".join(Path(r.path).name for r in unread_logs[:3]) + (" ..." if len(unread_logs) > 3 else ""), 1)
     if not reports:
         raise fail("no files found under the given paths", 1)
     if strict and any(r.rejected for r in reports):

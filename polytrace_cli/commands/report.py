@@ -46,6 +46,11 @@ def check(
     max_p99_p50: Annotated[float | None, _limit_option("Fail when response p99/p50 exceeds this.")] = None,
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="The run RUN is compared with for --max-slowdown.")] = None,
+    max_slowdown: Annotated[str | None, typer.Option(
+        "--max-slowdown", metavar="SHARE",
+        help="Fail when RUN's mean step is more than this slower than --baseline's, e.g. 5% or 0.05.")] = None,
     allow_unmeasurable: Annotated[bool, typer.Option(
         "--allow-unmeasurable",
         help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
@@ -58,17 +63,20 @@ def check(
     """Gate CI: print each threshold against the run's measured value; exit 1 when one is exceeded,
     cannot be measured, or the step range holds no data."""
     from polytrace_cli.analyze.common import StepRange
-    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, failed, validate_limits
+    from polytrace_cli.check import FAIL, NOT_MEASURABLE, PASS, failed, parse_share, validate_limits
     from polytrace_cli.facade import Store
 
     limits = {name: value for name, value in {
         "max_imbalance": max_imbalance, "max_step_cv": max_step_cv, "max_clip_ratio": max_clip_ratio,
         "max_p99_p50": max_p99_p50, "max_tool_p99_s": max_tool_p99_s, "min_kept_share": min_kept_share,
     }.items() if value is not None}
-    if not limits:
+    if (baseline is None) != (max_slowdown is None):
+        raise fail("--baseline and --max-slowdown go together: polytrace check B --baseline A --max-slowdown 5%")
+    if not limits and baseline is None:
         raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
     try:
         validate_limits(limits)
+        slowdown_limit = parse_share(max_slowdown) if max_slowdown is not None else None
     except ValueError as error:
         raise fail(str(error)) from None
     if as_json and as_csv:
@@ -78,11 +86,17 @@ def check(
         if not store.has_step_data(run, step_range):
             where = f" in steps {steps}" if steps else ""
             raise fail(f"check failed: run {run} has no data{where}; nothing can be measured", 1)
-        verdicts = store.check(run, limits, step_range)
+        verdicts = store.check(run, limits, step_range) if limits else []
+        headline = None
+        if baseline is not None:
+            slowdown, headline = store.check_slowdown(run, baseline, slowdown_limit, step_range)
+            verdicts.append(slowdown)
     bad = failed(verdicts, allow_unmeasurable)
     if as_json:
-        sys.stdout.write(json.dumps({"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]},
-                                    default=json_default, indent=2) + "\n")
+        document = {"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]}
+        if baseline is not None:
+            document["baseline"] = headline
+        sys.stdout.write(json.dumps(document, default=json_default, indent=2) + "\n")
     elif as_csv:
         records = [v.as_dict() for v in verdicts]
         columns = list(records[0]) if records else ["threshold"]
@@ -97,6 +111,14 @@ def check(
             table.add_row("--" + v.threshold.replace("_", "-"), cell(v.limit), cell(v.measured),
                           f"[{colours[v.status]}]{v.status}[/]", escape(metric))
         console.print(table)
+        top = (headline or {}).get("top_cause")
+        if headline is not None:
+            named = (f"; top cause {top['cause']}{' (' + top['stage'] + ')' if top['stage'] else ''} "
+                     f"{top['seconds']:+,.1f} s per step" if top else "")
+            console.print(f"mean step {headline['b_step_s']:,.1f} s against {headline['a_step_s']:,.1f} s for "
+                          f"{escape(headline['baseline'])} ({headline['slowdown']:+.1%}){escape(named)}; "
+                          f"polytrace explain {escape(run)} --against {escape(baseline)}"
+                          f"{' --steps ' + escape(steps) if steps else ''} tells the rest", highlight=False)
         unmeasured = [v for v in verdicts if v.status == NOT_MEASURABLE]
         if unmeasured and not allow_unmeasurable:
             names = ", ".join("--" + v.threshold.replace("_", "-") for v in unmeasured)

@@ -22,8 +22,18 @@ POLICY_OPTION_HELP = ("A policy to predict, repeatable: balance, no-validation, 
 def whatif(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     backtest: Annotated[bool, typer.Option("--backtest", help="Fit on the first half of the steps and report "
-                                           "the accuracy on the rest, beside two baselines.")] = False,
+                                           "the accuracy on the rest, beside the median, recent and previous "
+                                           "baselines.")] = False,
+    walk_forward: Annotated[bool, typer.Option("--walk-forward", help="With --backtest: also predict each held-out "
+                                               "step from every step before it, refitting as a live monitor "
+                                               "would, beside the fixed split.")] = False,
+    refit_every: Annotated[int | None, typer.Option("--refit-every", min=1, help="With --walk-forward: refit every "
+                                                    "K steps (default: every step up to 60 held-out steps, "
+                                                    "else at most 60 refits).")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", help=POLICY_OPTION_HELP)] = None,
+    training_scale: Annotated[float | None, typer.Option("--training-scale", help="For one-step-off: the measured "
+                                                         "slowdown of the training stages on their share of the "
+                                                         "GPUs (default 1/(1 − G), assumed).")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
     as_csv: CsvOption = False,
@@ -36,13 +46,20 @@ def whatif(
         raise PolytraceError("give either --backtest or at least one --policy")
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
+    if (walk_forward or refit_every) and not backtest:
+        raise PolytraceError("--walk-forward and --refit-every go with --backtest")
+    if refit_every and not walk_forward:
+        raise PolytraceError("--refit-every goes with --walk-forward")
+    if training_scale is not None and not any(text.strip().startswith("one-step-off") for text in policy or []):
+        raise PolytraceError("--training-scale goes with --policy one-step-off")
     from polytrace_cli.facade import Store
     from polytrace_cli.simulate import parse_policy
 
     for text in policy or []:  # a malformed policy fails before the store is opened
         parse_policy(text)
     with Store.open(db, read_only=True, wait=wait) as store:
-        result = store.whatif(run, backtest=True) if backtest else store.whatif(run, policy)
+        result = (store.whatif(run, backtest=True, walk_forward=walk_forward, refit_every=refit_every) if backtest
+                  else store.whatif(run, policy, training_scale=training_scale))
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
@@ -52,8 +69,12 @@ def whatif(
     import polars as pl
 
     if backtest:
-        accuracy = ["accuracy", "median_baseline", "previous_baseline"]
-        emit_frame(result.table().with_columns(pl.col(accuracy).round(1)), title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
+        table = result.table()
+        if not walk_forward:
+            table = table.drop([name for name in table.columns if name.startswith("walk_")])
+        numbers = [name for name in table.columns if name not in ("stage", "steps", "method")]
+        emit_frame(table.with_columns(pl.col(numbers).round(1)),
+                   title=f"{result.run}: accuracy % on {result.test_steps} held-out steps "
                    f"(from step {result.first_test_step}; fitted on the {result.train_steps} before)",
                    identity=["stage"], wide=wide)
         notes = list(result.notes)

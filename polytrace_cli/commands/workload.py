@@ -44,6 +44,8 @@ def synth(
     verl_version: Annotated[str, typer.Option(help="verl logs: 0.4 (values printed .3f), 0.5 (reprs) or 0.8 (reprs; timing_s/step without testing and checkpoint).")] = "0.5",
     truth: Annotated[Path | None, typer.Option(help="verl logs: also write the true per-step model here (.json, or .csv for the per-step table).")] = None,
     resume_after: Annotated[int | None, typer.Option(help="verl logs: the job stops after a checkpoint at this step and resumes from it (warm-up again).")] = None,
+    response_scale: Annotated[float | None, typer.Option(help="verl logs: every response of every step × this, clipped at the cap.")] = None,
+    imbalance: Annotated[float | None, typer.Option(help="verl logs: every step's busiest DP rank holds this × the mean rank's tokens.")] = None,
     db: DbOption = None,
     wait: WaitOption = 0,
     old_steps: Annotated[str | None, typer.Option("--steps", hidden=True)] = None,
@@ -81,6 +83,8 @@ def synth(
         style, includes_overheads = VERL_VERSIONS[verl_version]
         step_model = StepTimeModel(validate_every=validate_every, checkpoint_every=checkpoint_every,
                                    step_includes_overheads=includes_overheads, resume_after=resume_after,
+                                   response_scale=1.0 if response_scale is None else response_scale,
+                                   imbalance=imbalance,
                                    injections=tuple(parse_injection(text) for text in inject or []))
         written = write_step_log(model, spec, step_model, out, (log_format,), style=style, truth=truth)
         console.print(f"wrote {', '.join(str(p) for p in written.files)}: {written.steps} steps of verl "
@@ -90,7 +94,8 @@ def synth(
         return
     verl_only = [name for name, value in (("--validate-every", validate_every), ("--checkpoint-every", checkpoint_every),
                                           ("--inject", inject), ("--truth", truth),
-                                          ("--resume-after", resume_after)) if value]
+                                          ("--resume-after", resume_after), ("--response-scale", response_scale),
+                                          ("--imbalance", imbalance)) if value]
     if verl_only:
         raise fail(f"{verl_only[0]} applies to verl logs: add --format verl-console or --format verl-jsonl")
     result = synthesize(model, spec, out)

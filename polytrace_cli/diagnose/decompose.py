@@ -1,14 +1,18 @@
 """Per-step decomposition of the time a step took beyond what the run's model expects of it.
 
-With W̄ the typical workload (`StepTimeModel.typical`), f_k the fitted line of stage k and T the
-step's wall time:
+With f_k the fitted line of stage k, T the step's wall time and W̄_s the typical workload around
+step s: per feature x, x̄_s = the running median of x over the nearest 21 training steps
+(`thresholds.local_baseline`), and for the busiest rank x̄_s = mean_rank_tokens̄_s + gap̄_s with
+gap = busiest − mean_rank_tokens, so that its volume and imbalance parts separate exactly. W̄_s is
+the workload the step would have had without a change of its own: it follows a drift of the
+workload over the run and ignores a single step's spike.
 
-    expected_s = Σ_k f_k(W̄)                      (no testing or checkpoint)
+    expected_s = Σ_k f_k(W̄_s)                    (no testing or checkpoint)
     excess_s   = T − expected_s, split into causes that add up to it exactly:
-        long_tail    = b_tail · (r_max − r̄_max)                                      stage gen
-        token_volume = b_vol · (response_tokens − median) + b_r · (n_responses − median)
-                       + Σ_k b_k · (mean_rank_tokens − median)
-        dp_imbalance = Σ_k b_k · ((busiest − mean_rank_tokens) − median of that gap)
+        long_tail    = b_tail · (r_max − r̄_max,s)                                    stage gen
+        token_volume = b_vol · (response_tokens − its x̄_s) + b_r · (n_responses − its x̄_s)
+                       + Σ_k b_k · (mean_rank_tokens − its x̄_s)
+        dp_imbalance = Σ_k b_k · ((busiest − mean_rank_tokens) − gap̄_s)
                        (busiest: the column the model's training stages follow, `busiest_feature`)
         validation   = testing_s                                                    stage testing
         checkpoint   = save_checkpoint_s                                            stage save_checkpoint
@@ -16,6 +20,9 @@ step's wall time:
         warmup       = Σ_k (actual_k − f_k(W)) on warm-up steps
         unexplained  = Σ_k (actual_k − f_k(W)) on the other steps (the `other` stage is
                        T − Σ logged stages − overheads; a stage missing at a step counts 0 s)
+
+The lines are linear, so f_k(W) − f_k(W̄_s) = Σ b · (x − x̄_s): the workload causes are what the
+step's own workload added to the step its neighbours' workload would have taken.
 
 A cause's stage is the stage holding the largest part of it.
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from polytrace_cli.diagnose.thresholds import local_baseline
 from polytrace_cli.model import StepTimeModel, stage_seconds
 from polytrace_cli.model.fit import GAP_OF
 
@@ -52,13 +60,40 @@ def residual_seconds(frame: pl.DataFrame, model: StepTimeModel) -> np.ndarray:
     return np.where(np.isfinite(wall), total, np.nan)
 
 
+def around(frame: pl.DataFrame, model: StepTimeModel) -> dict[str, np.ndarray]:
+    """W̄_s per step (see the module docstring): for each workload feature of `model.typical`, the
+    running median of its values (missing ones at the run's typical value) over the nearest
+    LOCAL_WINDOW training steps; for each busiest-rank feature, mean_rank_tokens̄_s + its gap̄_s,
+    gap = busiest − mean_rank_tokens (the gap's typical key holds gap̄_s)."""
+    training = model.training.fill_null(False).to_numpy() if model.training.len() == frame.height \
+        else np.ones(frame.height, dtype=bool)
+
+    def filled(name: str) -> np.ndarray:
+        values = frame[name].cast(pl.Float64).fill_null(np.nan).fill_nan(np.nan).to_numpy() \
+            if name in frame.columns else np.full(frame.height, np.nan)
+        return np.where(np.isfinite(values), values, model.typical.get(name, 0.0))
+
+    local = {name: local_baseline(filled(name), training) for name in model.typical
+             if name not in GAP_OF and name not in GAP_OF.values()}
+    for feature, gap_name in GAP_OF.items():
+        if feature not in model.typical or "mean_rank_tokens" not in local:
+            continue
+        mean = filled("mean_rank_tokens")
+        raw = frame[feature].cast(pl.Float64).fill_null(np.nan).fill_nan(np.nan).to_numpy() \
+            if feature in frame.columns else np.full(frame.height, np.nan)
+        gap = np.where(np.isfinite(raw), raw - mean, model.typical[gap_name])
+        local[gap_name] = local_baseline(gap, training)
+        local[feature] = local["mean_rank_tokens"] + local[gap_name]
+    return local
+
+
 def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(steps, parts): one row per timed step (`STEP_COLUMNS`: seconds = wall time, model_s = the
-    model at the step's workload, residual_s = seconds − model_s − overheads − weight sync excess)
+    """(steps, parts): one row per timed step (`STEP_COLUMNS`: seconds = wall time, expected_s = the
+    model at the typical workload around the step, model_s = the model at the step's workload,
+    residual_s = seconds − model_s − overheads − weight sync excess)
     and one row per step × cause × stage with its seconds (`PART_COLUMNS`); see the module docstring."""
     timed = frame["wall_s"].is_not_null().to_numpy()
     typical = model.typical
-    expected_by_stage = model.predict_typical()
     predicted = model.predict(frame)
     actual = stage_seconds(frame)
     parts: list[tuple[str, str, np.ndarray]] = []
@@ -70,17 +105,18 @@ def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray) -> 
         values = column(name)
         return np.where(np.isfinite(values), values, typical.get(name, 0.0))
 
+    local = around(frame, model)
     for stage, fit in model.stages.items():
         for name, b in fit.coefficients.items():
             if name == "r_max":
-                parts.append(("long_tail", stage, b * (filled(name) - typical[name])))
+                parts.append(("long_tail", stage, b * (filled(name) - local[name])))
             elif name in VOLUME_FEATURES:
-                parts.append(("token_volume", stage, b * (filled(name) - typical[name])))
+                parts.append(("token_volume", stage, b * (filled(name) - local[name])))
             elif name in GAP_OF:
-                gap = typical[GAP_OF[name]]
+                gap = local[GAP_OF[name]]
                 mean = filled("mean_rank_tokens")
                 busiest = np.where(np.isfinite(column(name)), column(name), mean + gap)
-                parts.append(("token_volume", stage, b * (mean - typical["mean_rank_tokens"])))
+                parts.append(("token_volume", stage, b * (mean - local["mean_rank_tokens"])))
                 parts.append(("dp_imbalance", stage, b * ((busiest - mean) - gap)))
         residual = np.nan_to_num(actual.get(stage, np.zeros(frame.height))) - predicted[f"{stage}_s"].to_numpy()
         if stage == "update_weights":
@@ -93,7 +129,9 @@ def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray) -> 
     parts.append(("checkpoint", "save_checkpoint", np.nan_to_num(column("save_checkpoint_s"))))
 
     seconds = column("wall_s")
-    expected = np.full(frame.height, expected_by_stage["step"])
+    expected = model.predict(frame.select("segment", "step").with_columns(
+        *[pl.Series(name, values) for name, values in local.items()]))
+    expected = expected["step_s"].to_numpy()
     overheads = np.nan_to_num(column("testing_s")) + np.nan_to_num(column("save_checkpoint_s"))
     model_at_workload = predicted["step_s"].to_numpy()
     weight_sync = next((v for c, s, v in parts if c == "weight_sync"), np.zeros(frame.height))

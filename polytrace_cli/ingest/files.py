@@ -37,6 +37,20 @@ def path_text(path: str | os.PathLike) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+# Files whose names only logs carry: when their first block does not sniff, later blocks are sniffed
+# too (a job's start-up output can fill the first block), and one that is not read at all makes the
+# ingest fail instead of being skipped quietly.
+LOG_SUFFIXES = (".log", ".out", ".jsonl")
+
+
+def is_log_like(path: str | os.PathLike) -> bool:
+    """True for a file whose name says it is a log (`LOG_SUFFIXES`, before any compression suffix)."""
+    name = Path(path).name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name.endswith(LOG_SUFFIXES)
+
+
 def is_compressed(path: Path) -> bool:
     """True when the file name ends in a compression suffix (.gz, .bz2, .xz, .zst)."""
     return path.suffix.lower() in COMPRESSED_SUFFIXES
@@ -83,11 +97,36 @@ def _unzstd(source: Path, out, chunk_size: int = 8 << 20) -> None:
 class Readable:
     """What an ingester reads for one input file: `path` is a plain, UTF-8-named file holding the
     input's text (the input itself, or a temporary file or link); `name_path` is the name sniffers
-    see (the input's name without its compression suffix)."""
+    see (the input's name without its compression suffix). `compressed`: the text was decompressed;
+    `rewritten`: the text differs from the input's bytes (decompressed, or its line ends or byte
+    order mark rewritten, see `needs_text_rewrite`), so its lines are counted on `path`."""
 
     path: Path
     name_path: Path
     compressed: bool
+    rewritten: bool = False
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def needs_text_rewrite(head: bytes) -> bool:
+    """True when a file's text, whose first bytes are `head`, is read from a rewritten copy: it
+    starts with a UTF-8 byte order mark (not part of its first line), or its lines end in CR alone
+    (a CR and no LF in the first bytes)."""
+    return head.startswith(BOM) or (b"\r" in head and b"\n" not in head)
+
+
+def _rewrite_text(source: Path, target: Path, chunk_size: int = 8 << 20) -> None:
+    """Copy `source` to `target` without a leading byte order mark, with CR-only line ends as LF
+    when the first bytes hold CR and no LF."""
+    with open(source, "rb") as handle, open(target, "wb") as out:
+        chunk = handle.read(chunk_size)
+        cr_only = b"\r" in chunk[:65536] and b"\n" not in chunk[:65536]
+        chunk = chunk.removeprefix(BOM)
+        while chunk:
+            out.write(chunk.replace(b"\r", b"\n") if cr_only else chunk)
+            chunk = handle.read(chunk_size)
 
 
 @contextmanager
@@ -95,13 +134,16 @@ def readable(source: Path) -> Iterator[Readable]:
     """A plain file with the text of `source`, removed afterwards.
 
     A compressed file is decompressed once into a temporary folder named like its parent folder
-    (ingesters may read the folder name); a file whose name is not UTF-8 is linked there under a
-    UTF-8 name, since DuckDB opens files by UTF-8 names. Raises UnreadableFile or CorruptFile.
+    (ingesters may read the folder name); a text that starts with a byte order mark or whose lines
+    end in CR alone is rewritten there (`needs_text_rewrite`); a file whose name is not UTF-8 is
+    linked there under a UTF-8 name, since DuckDB opens files by UTF-8 names. Raises
+    UnreadableFile or CorruptFile.
     """
     compressed = is_compressed(source)
     inner_name = path_text(source.name[: -len(source.suffix)] if compressed else source.name)
     utf8_name = path_text(source) == os.fsdecode(source)
-    if not compressed and utf8_name:
+    rewrite = not compressed and _head_needs_rewrite(source)
+    if not compressed and utf8_name and not rewrite:
         yield Readable(source, source, False)
         return
     folder = Path(tempfile.mkdtemp(prefix="polytrace-read-"))
@@ -111,11 +153,29 @@ def readable(source: Path) -> Iterator[Readable]:
         target = parent / inner_name
         if compressed:
             _decompress(source, target)
+            if _head_needs_rewrite(target):
+                rewritten = parent / (inner_name + ".text")
+                _rewrite_text(target, rewritten)
+                os.replace(rewritten, target)
+        elif rewrite:
+            try:
+                _rewrite_text(source, target)
+            except OSError as error:
+                raise UnreadableFile(error.strerror or str(error)) from None
         else:
             target.symlink_to(source.resolve())
-        yield Readable(target, source.with_name(inner_name) if compressed else target, compressed)
+        yield Readable(target, source.with_name(inner_name) if compressed else target, compressed,
+                       rewritten=compressed or rewrite)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _head_needs_rewrite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return needs_text_rewrite(handle.read(65536))
+    except OSError:
+        return False  # the reader meets the same error and reports it
 
 
 def _decompress(source: Path, target: Path) -> None:
@@ -288,7 +348,8 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
 
     A file met in a folder is given as its resolved path (the folder is resolved once; only a
     file reached through a symbolic link is resolved on its own). Hidden files and folders below a
-    given folder, folders reached through a symbolic link, and DuckDB store files are left out.
+    given folder, folders reached through a symbolic link, and DuckDB store files are left out. A
+    folder below that cannot be listed is given as a path with its problem: what it holds was not read.
     """
     for given in paths:
         path = Path(given)
@@ -296,21 +357,23 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
             yield path, True, "no such file or directory"
         elif path.is_dir():
             root = path.resolve()
-            for relative, linked in sorted(_files_below(root, ())):
+            for relative, linked, problem in sorted(_files_below(root, ())):
                 child = root.joinpath(*relative)
-                yield (child.resolve() if linked else child), False, None
+                yield (child.resolve() if linked else child), False, problem
         elif path.is_file():
             yield path, True, None
         else:
             yield path, True, "not a regular file"
 
 
-def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], bool]]:
-    """(relative parts, reached through a link) of every regular file below `folder` (not hidden,
-    not a store file), by one `scandir` per folder: no file is stat'ed unless it is a link."""
+def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], bool, str | None]]:
+    """(relative parts, reached through a link, problem) of every regular file below `folder` (not
+    hidden, not a store file), by one `scandir` per folder: no file is stat'ed unless it is a link.
+    A folder that cannot be listed is itself given, with the reason as its problem."""
     try:
         entries = list(os.scandir(folder.joinpath(*parts)))
-    except OSError:
+    except OSError as error:
+        yield parts, False, f"cannot read folder: {error.strerror or error}"
         return
     for entry in entries:
         name = entry.name
@@ -320,9 +383,9 @@ def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[s
             if entry.is_dir(follow_symlinks=False):
                 yield from _files_below(folder, (*parts, name))
             elif entry.is_file() and not name.endswith(STORE_SUFFIXES):
-                yield (*parts, name), entry.is_symlink()
-        except OSError:
-            continue
+                yield (*parts, name), entry.is_symlink(), None
+        except OSError as error:
+            yield (*parts, name), False, f"cannot read: {error.strerror or error}"
 
 
 class FileHashes:

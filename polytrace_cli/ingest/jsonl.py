@@ -110,13 +110,17 @@ def value_problem(value, spec, where: str) -> tuple[str, str] | None:
 
     An integer field takes a JSON integer, or a number with no fractional part, between the
     type's bounds (lo <= v < hi + 1, compared exactly); anything else is a type error, a value
-    beyond the bounds is out of range. The bulk path's SQL rule (`fits_sql`) is the same rule.
+    beyond the bounds is out of range, and so is a number too large for a double (`1e400`, read as
+    ±inf) in any numeric field. The bulk path's SQL rule (`fits_sql`) is the same rule.
     """
     if value is None:
         return None
     kind = _json_kind(value)
     if isinstance(spec, str):
         expected = _PY_TYPES[spec]
+        if kind == "number" and not math.isfinite(value) and expected in ("integer", "number"):
+            # JSON has no infinity: a number read as ±inf or NaN was too large to hold (1e400).
+            return "out-of-range", f"field {where}: {value!r} is out of range for {spec}"
         if spec in INTEGER_RANGES:
             if kind not in ("integer", "number") or (
                 kind == "number" and not (math.isfinite(value) and value.is_integer())
@@ -270,6 +274,8 @@ def fits_sql(expr: str, spec, depth: int = 0) -> str:
                 f" AND isfinite({as_double}) AND {as_double} = floor({as_double})"
                 f" AND {as_double} >= {low}::DOUBLE AND {as_double} < {high + 1}::DOUBLE)"
             )
+        elif _PY_TYPES[spec] == "number":
+            fits = f"{kind} IN {_JSON_KIND_SQL['number']} AND isfinite(TRY_CAST(CAST({expr} AS VARCHAR) AS DOUBLE))"
         else:
             fits = f"{kind} IN {_JSON_KIND_SQL[_PY_TYPES[spec]]}"
     elif isinstance(spec, list):
@@ -372,6 +378,8 @@ def _line_problem(raw: bytes, spec: Spec, required: Sequence[str]) -> tuple[str,
     except json.JSONDecodeError as error:
         reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
         return "invalid-json", reason, text
+    except RecursionError:
+        return "invalid-json", "JSON nested too deep to read", text
     if not isinstance(record, dict):
         return "not-an-object", f"not a JSON object ({_json_kind(record)})", text
     missing = [name for name in required if record.get(name) is None]

@@ -4,7 +4,7 @@ The shape, and why it stores exactly what the local ingest stores:
 
 - The driver walks the paths and sniffs each file's format. A file whose stored version has the
   same format, size, parser version, read options and sha256 is unchanged and is not dispatched;
-  files the tasks cannot take (unknown format, unreadable, compressed) are left to the local
+  files the tasks cannot take (unknown format, unreadable, compressed, a text to rewrite) are left to the local
   ingest's own `runner.ingest_one`, on the driver.
 - The remaining files go to Ray tasks in batches. A task runs the local ingester
   (`runner.ingest_file`) for each of its files into a private in-memory store (the same schema,
@@ -36,8 +36,8 @@ import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester, counting_tokens_with, file_owned_tables, load_tokenizer
-from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, path_text, walk
-from polytrace_cli.ingest.registry import detect, get_ingester, read_head
+from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, needs_text_rewrite, path_text, walk
+from polytrace_cli.ingest.registry import detect_deep, get_ingester, read_head
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_file
 from polytrace_cli.ingest.runner import (
     FileReport,
@@ -51,7 +51,7 @@ from polytrace_cli.ingest.runner import (
     record_failures,
     reject_whole_file,
 )
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.connection import fetch_first, rollback
 
 # Files per Ray task: enough tasks to keep every worker busy (and balance uneven files), few enough
 # that the per-task cost (scheduling, a private store per worker) stays small.
@@ -221,7 +221,7 @@ def _store_parsed(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFi
         merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta))
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
 
 
@@ -271,14 +271,40 @@ def _connect(ray, settings: RaySettings) -> tuple[bool, int]:
 
 @contextlib.contextmanager
 def ray_session(settings: RaySettings | None = None):
-    """Ray started (or joined) for the duration of the block; shut down after it if started here."""
+    """Ray started (or joined) for the duration of the block; shut down after it if started here.
+
+    Meanwhile file descriptor 1 points at stderr: what Ray and the processes it starts write to
+    stdout (a dead worker's report, the raylet's notes) must not mix with a command's --json."""
     ray = require_ray()
-    started_here, _ = _connect(ray, settings or RaySettings())
+    with stdout_to_stderr():
+        started_here, _ = _connect(ray, settings or RaySettings())
+        try:
+            yield ray
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send everything written to file descriptor 1 (by this process, its threads or its children) to
+    file descriptor 2 for the duration of the block."""
+    import sys
+
+    sys.stdout.flush()
     try:
-        yield ray
+        saved = os.dup(1)
+    except OSError:  # no stdout to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def ingest_paths_ray(
@@ -322,7 +348,9 @@ def _ingest_paths_ray(ray, con, paths, *, run_name, task, format_name, tokenizer
             ingester = None
             if not problem and not is_compressed(path):
                 try:
-                    ingester = forced or detect(path, read_head(path))
+                    head = read_head(path)
+                    # A text the driver rewrites first (byte order mark, CR-only line ends) is read locally.
+                    ingester = None if needs_text_rewrite(head) else forced or detect_deep(path, path, head)
                 except OSError:
                     ingester = None
             if ingester is None:

@@ -12,6 +12,7 @@ import codecs
 from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
+from polytrace_cli.ingest.files import is_log_like
 
 SNIFF_BYTES = 64 * 1024
 
@@ -145,9 +146,52 @@ def is_binary(head: bytes) -> bool:
 
 def detect(path: Path, head: bytes) -> Ingester | None:
     """The first registered ingester that accepts the file, or None. A UTF-8 byte order mark before
-    the first line is not shown to the sniffers: it is not part of the line."""
+    the first line is not shown to the sniffers: it is not part of the line. A sniffer that fails on
+    odd bytes (it should not) counts as a no: one file's head never stops the command."""
     head = head.removeprefix(codecs.BOM_UTF8)
     for ingester in all_ingesters():
-        if ingester.sniff(path, head):
+        try:
+            accepted = ingester.sniff(path, head)
+        except Exception:
+            accepted = False
+        if accepted:
             return ingester
+    return None
+
+
+# How far into a log-like file (`files.is_log_like`) sniffing looks for its first record.
+DEEP_SNIFF_BYTES = 32 << 20
+
+
+def detect_deep(name_path: Path, text_path: Path, head: bytes) -> Ingester | None:
+    """`detect` on the first block; for a log-like file (`is_log_like`) whose first block sniffs as
+    nothing, `detect` on each following block of `text_path` (each cut to start at a line) up to
+    DEEP_SNIFF_BYTES. A block of binary junk is passed over like any other."""
+    found = detect(name_path, head)
+    if found is not None or not is_log_like(name_path) or len(head) < SNIFF_BYTES:
+        return found
+    with open(text_path, "rb") as handle:
+        handle.seek(len(head))
+        read = len(head)
+        carry = head[head.rfind(b"\n") + 1:]  # the start of a line the next block ends
+        skipping = b"\n" not in head  # inside a line longer than a block: passed over
+        while read < DEEP_SNIFF_BYTES:
+            block = handle.read(SNIFF_BYTES)
+            if not block:
+                return detect(name_path, carry) if carry and not skipping else None
+            read += len(block)
+            if skipping:
+                cut = block.find(b"\n")
+                if cut < 0:
+                    continue
+                block, carry, skipping = block[cut + 1:], b"", False
+            window = carry + block
+            end = window.rfind(b"\n") + 1
+            if end:
+                found = detect(name_path, window[:end])
+                if found is not None:
+                    return found
+            carry = window[end:]
+            if len(carry) >= SNIFF_BYTES:
+                carry, skipping = b"", True
     return None

@@ -8,6 +8,7 @@ leaves the batch and is loaded alone, and a batch that fails as a whole is loade
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import re
@@ -26,10 +27,12 @@ from polytrace_cli.ingest.files import (
     hash_range, is_compressed, last_newline_end, path_text, readable, walk,
 )
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
-from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, get_ingester, is_binary, read_head
+from polytrace_cli.ingest.registry import (
+    DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
+)
 from polytrace_cli.ingest.unchanged import StoredFile, is_unchanged, reads_the_same, stored_file, stored_files
 from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.connection import fetch_first, rollback, stops_the_store
 
 # Folder names that say what a folder holds rather than which run it is.
 GENERIC_FOLDERS = {
@@ -38,6 +41,12 @@ GENERIC_FOLDERS = {
     "validation_data_dir", "tensorboard", "tensorboard_log", "tb", "events", "runs", "wandb",
 }
 _TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
+# transformers' TensorBoard folder `runs/Nov26_15-55-36_host` names a start time, and its
+# `checkpoint-N` folders a point of the run in its output folder.
+_TRAINER_TIMESTAMP = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
+_CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+# The folders of an MLflow file-store run (`mlruns/<experiment>/<run>/metrics/<key>`) below the run's.
+_MLFLOW_RUN_PARTS = {"metrics", "params", "tags", "artifacts"}
 
 
 @dataclass
@@ -79,7 +88,9 @@ def derive_run(file: Path, resolved: bool = False) -> tuple[str, Path]:
     timestamp folders; the first other folder names the run. The deepest timestamp folder passed
     on the way, if any, is the run's root, so two timestamped runs under one folder stay apart.
     `resolved` says `file` is already a resolved path. Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
-    holds `media`: the key folders below it name a logged key, not a run.
+    holds `media`: the key folders below it name a logged key, not a run. transformers' `checkpoint-N` folders are passed like generic ones
+    and its TensorBoard `MonDD_HH-MM-SS_host` folders like timestamp folders, and the files of an
+    MLflow file-store run (`<run>/metrics/<key>`, `params/`, `tags/`, `artifacts/`) belong to the run's folder.
     """
     return _run_of_folder((file if resolved else file.resolve()).parent)
 
@@ -89,15 +100,19 @@ def _run_of_folder(folder: Path) -> tuple[str, Path]:
     media = next((current for current in (folder, *folder.parents) if current.name.lower() == "media"), None)
     if media is not None:
         folder = media.parent
+    mlflow = next((current for current in (folder, *folder.parents)
+                   if current.name in _MLFLOW_RUN_PARTS and (current.parent / "meta.yaml").is_file()), None)
+    if mlflow is not None:
+        return mlflow.parent.name, mlflow.parent
     timestamp_root = None
     for current in (folder, *folder.parents):
         name = current.name
         if not name:
             break
-        if _TIMESTAMP_LIKE.fullmatch(name):
+        if _TIMESTAMP_LIKE.fullmatch(name) or _TRAINER_TIMESTAMP.fullmatch(name):
             timestamp_root = timestamp_root or current
             continue
-        if name.lower() in GENERIC_FOLDERS:
+        if name.lower() in GENERIC_FOLDERS or _CHECKPOINT_FOLDER.fullmatch(name):
             continue
         return name, timestamp_root or current
     return (folder.name or "run"), folder
@@ -215,7 +230,7 @@ def _record_whole_file_rejection(
                     [file_id, reason, code])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
 
 
@@ -234,7 +249,8 @@ def ingest_file(
     ingester reads (the decompressed text of a compressed file), by default `path` itself. A new or
     changed file is hashed in `hashes`' thread while DuckDB parses it (hashlib releases the GIL).
 
-    A file of an appendable format (`Ingester.appendable`) that only grew since it was read (the
+    A file of an appendable format (`Ingester.appendable`), read as it is (not from a decompressed or
+    rewritten copy, `files.readable`: such a file is read whole), that only grew since it was read (the
     last 64 KB it read still hash the same, `block_sha` in `files.resume_state`, and that read
     ended at a newline) is read from there on (status `appended`); one that shrank is read whole
     (`truncated`), as is one whose last block read changed (`replaced`). New bytes without a
@@ -243,7 +259,7 @@ def ingest_file(
     file is read up to its last newline only: a line still being written is read once finished.
     """
     path = path.resolve()
-    plain = source is None or not source.compressed
+    plain = source is None or not source.rewritten
     source = source or Readable(path, path, False)
     started = time.perf_counter()
     stored = stored_file(con, run_id, path_text(path))
@@ -293,7 +309,7 @@ def ingest_file(
                                           file_id, existing, _done(ranges.counted), None, report, started, options,
                                           limit)
     else:
-        counting = hashes.future(source.path) if source.compressed else None
+        counting = hashes.future(source.path) if source.rewritten else None
         report = _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
                                       hashes.future(path), counting, report, started, options,
                                       _complete_bytes(path, size) if growing else None)
@@ -395,7 +411,7 @@ def _commit(con, ctx: FileContext, run_id: int, framework: str | None) -> None:
 
 def _roll_back(con, ctx: FileContext) -> None:
     if ctx.in_transaction:
-        con.execute("ROLLBACK")
+        rollback(con)
 
 
 def _count(report: FileReport, ctx: FileContext, started: float) -> None:
@@ -748,7 +764,7 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
             merge_run_meta(con, run_id, ingester.framework, meta)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
     finally:
         con.execute("DROP VIEW IF EXISTS keyed")
@@ -814,7 +830,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
 def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: str, hashes: FileHashes,
                   failed_whole: list[WholeFileFailure]) -> FileReport:
     sha, size, lines = hashes.result(path)
-    if source is not None and source.compressed:
+    if source is not None and source.rewritten:
         lines = hashes.result(source.path)[2]
     elif source is None and code == "corrupt-file":
         lines = 0  # the text of a damaged archive cannot be counted
@@ -831,6 +847,17 @@ def reject_whole_file(path: Path, fmt: str, reason: str, code: str, sha: str, si
     return report
 
 
+def skip_reason(name_path: Path, head: bytes, binary: bool) -> str:
+    """Why a file met in a folder was not read: empty, binary, or no record of a known format."""
+    if not head:
+        return "empty file"
+    if binary:
+        return "binary file of unknown format"
+    if is_log_like(name_path):
+        return f"log of unknown format: no line of a known format in its first {DEEP_SNIFF_BYTES >> 20} MB"
+    return "unknown format"
+
+
 def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: Ingester | None,
                    resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
                    complete_lines: bool = False) -> FileReport:
@@ -839,11 +866,11 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
         head = read_head(source.path)
     except OSError as error:
         return FileReport(path=shown, status="error", message=f"cannot read: {error.strerror or error}")
-    ingester = forced or detect(source.name_path, head)
+    ingester = forced or detect_deep(source.name_path, source.path, head)
     if ingester is None:
-        if not explicit:
-            return FileReport(path=shown, status="skipped", message="unknown format")
         binary = bool(head) and is_binary(head)
+        if not explicit:
+            return FileReport(path=shown, status="skipped", message=skip_reason(source.name_path, head, binary))
         reason = "empty file of unknown format" if not head else (
             "binary file of unknown format" if binary else "unknown format (use --format to name it)")
         return _reject_whole(path, source, "unknown", reason, "binary-file" if binary else "unknown-format", hashes,
@@ -855,9 +882,19 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
         resolver.drop_if_empty(run_id)
         return _reject_whole(path, source, ingester.name, str(error), error.code, hashes, failed_whole)
     except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise
         resolver.drop_if_empty(run_id)
         return FileReport(path=shown, status="error", format=ingester.name,
                           message=f"cannot read: {error.strerror or error}")
+    except Exception as error:
+        if isinstance(error, duckdb.Error) and stops_the_store(error):
+            raise
+        # Anything else this file raised (it should not) is this file's failure, not the command's.
+        resolver.drop_if_empty(run_id)
+        text = str(error).strip()
+        detail = f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+        return FileReport(path=shown, status="error", format=ingester.name, message=f"could not be read: {detail}")
     except BaseException:
         # The command stops (interrupt, full disk, a bug): leave no run that only this file created.
         try:

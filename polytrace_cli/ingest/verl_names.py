@@ -19,6 +19,9 @@ METRIC_ALIASES = {
     "timing_s/update_weights": "update_weights_s",
     "timing_s/testing": "testing_s",
     "timing_s/save_checkpoint": "save_checkpoint_s",
+    # The rollout engine's own generation time inside `timing_s/gen` (a name the model reads; no
+    # `steps` view column).
+    "timing_s/generate_sequences": "generate_sequences_s",
     # verl <= 0.1 logged its timers as `timing/<stage>`; OpenRLHF's `timing/*` keys have other names.
     "timing/gen": "gen_s",
     "timing/reward": "reward_s",

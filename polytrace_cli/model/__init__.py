@@ -5,16 +5,19 @@
     model = fit_model(frame, training_mask(frame))
     model.predict(frame)                          # per-stage expected seconds at each step's workload
     model.replay()                                # the model's prediction of the run as it was
+    forecaster = fit_forecaster(frame, training_mask(frame))   # per stage: workload line, drift, shift or level
+    forecast_next(frame)                          # the next step's stages, fitted on the steps so far
 """
 
 from polytrace_cli.model.fit import STAGE_FEATURES, StageFit, StepTimeModel, fit_model, fit_stage, stage_seconds
+from polytrace_cli.model.forecast import Forecaster, StageChoice, fit_forecaster, forecast_next
 from polytrace_cli.model.workload import (
     FEATURES, MODELLED_STAGES, OVERHEADS, WORKLOAD_COLUMNS, logs_step_metrics, overheads_included, read_workload,
     run_info, training_mask,
 )
 
 __all__ = [
-    "FEATURES", "MODELLED_STAGES", "OVERHEADS", "STAGE_FEATURES", "WORKLOAD_COLUMNS", "StageFit", "StepTimeModel",
-    "fit_model", "fit_stage", "logs_step_metrics", "overheads_included", "read_workload", "run_info",
-    "stage_seconds", "training_mask",
+    "FEATURES", "MODELLED_STAGES", "OVERHEADS", "STAGE_FEATURES", "WORKLOAD_COLUMNS", "Forecaster", "StageChoice",
+    "StageFit", "StepTimeModel", "fit_forecaster", "fit_model", "fit_stage", "forecast_next", "logs_step_metrics",
+    "overheads_included", "read_workload", "run_info", "stage_seconds", "training_mask",
 ]

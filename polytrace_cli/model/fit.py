@@ -126,17 +126,16 @@ class StepTimeModel:
                                           "steps": pl.Int64}, orient="row")
 
 
-def _robust_scale(residuals: np.ndarray) -> float:
+def robust_scale(residuals: np.ndarray) -> float:
+    """1.4826 · MAD of the residuals (0 when there are none)."""
     if residuals.size == 0:
         return 0.0
     return float(MAD_SCALE * np.median(np.abs(residuals - np.median(residuals))))
 
 
-def fit_stage(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) -> StageFit:
-    """Fit seconds y ≈ a + Σ b_j x_j (a, b_j ≥ 0) with a soft-L1 loss (see the module docstring).
-    Rows with a missing y or feature are left out; x has one column per name."""
-    keep_rows = np.isfinite(y) & np.all(np.isfinite(x), axis=1) if x.size else np.isfinite(y)
-    x, y = x[keep_rows], y[keep_rows]
+def varying_features(x: np.ndarray, names: tuple[str, ...]) -> tuple[list[int], list[str]]:
+    """The columns of x whose range exceeds MIN_RELATIVE_RANGE of their largest magnitude (by index), and
+    the names of the others (dropped: a constant feature's effect is in the intercept)."""
     varying, dropped = [], []
     for j, name in enumerate(names):
         column = x[:, j]
@@ -145,23 +144,32 @@ def fit_stage(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) 
             varying.append(j)
         else:
             dropped.append(name)
+    return varying, dropped
+
+
+def fit_stage(stage: str, x: np.ndarray, names: tuple[str, ...], y: np.ndarray) -> StageFit:
+    """Fit seconds y ≈ a + Σ b_j x_j (a, b_j ≥ 0) with a soft-L1 loss (see the module docstring).
+    Rows with a missing y or feature are left out; x has one column per name."""
+    keep_rows = np.isfinite(y) & np.all(np.isfinite(x), axis=1) if x.size else np.isfinite(y)
+    x, y = x[keep_rows], y[keep_rows]
+    varying, dropped = varying_features(x, names)
     if y.size == 0:
         return StageFit(stage, 0.0, {}, tuple(names), 0, 0.0)
     if not varying or y.size < len(varying) + 2:
         constant = float(np.median(y))
-        return StageFit(stage, constant, {}, tuple(names), int(y.size), _robust_scale(y - constant))
+        return StageFit(stage, constant, {}, tuple(names), int(y.size), robust_scale(y - constant))
     scales = np.array([np.max(np.abs(x[:, j])) for j in varying])
     design = np.column_stack([np.ones(y.size), *(x[:, j] / s for j, s in zip(varying, scales))])
     y_scale = max(float(np.median(np.abs(y))), 1e-9)
     target = y / y_scale
     start, _ = nnls(design, target)
-    scale = max(_robust_scale(design @ start - target), 1e-3)
+    scale = max(robust_scale(design @ start - target), 1e-3)
     result = least_squares(lambda theta: design @ theta - target, np.maximum(start, 1e-9),
                            bounds=(0.0, np.inf), loss="soft_l1", f_scale=scale, method="trf")
     theta = result.x * y_scale
     coefficients = {names[j]: float(theta[i + 1] / s) for i, (j, s) in enumerate(zip(varying, scales))}
     residuals = y - design @ theta
-    return StageFit(stage, float(theta[0]), coefficients, tuple(dropped), int(y.size), _robust_scale(residuals))
+    return StageFit(stage, float(theta[0]), coefficients, tuple(dropped), int(y.size), robust_scale(residuals))
 
 
 def typical_workload(df: pl.DataFrame, mask: pl.Series) -> dict[str, float]:
@@ -219,6 +227,17 @@ def choose_busiest(df: pl.DataFrame, train: np.ndarray, actual: dict[str, np.nda
     return min(GAP_OF, key=lambda feature: (spread[feature], feature != "busiest_rank_tokens"))
 
 
+def stage_feature_names(df: pl.DataFrame, stage: str, busiest: str) -> tuple[str, ...]:
+    """The features a stage's line uses in this frame: `STAGE_FEATURES` (STEP_ONLY_FEATURES for
+    whole_step; the busiest rank for `other` when no training stage is logged), busiest_rank_tokens
+    read as the `busiest` column, features the frame never logs left out."""
+    names = STEP_ONLY_FEATURES if stage == "whole_step" else STAGE_FEATURES[stage]
+    if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
+        names = ("busiest_rank_tokens",)
+    names = tuple(busiest if n == "busiest_rank_tokens" else n for n in names)
+    return tuple(n for n in names if df[n].is_not_null().any())
+
+
 def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     """Fit every stage the run logs on the steps where `mask` is true (see the module docstring)."""
     typical = typical_workload(df, mask)
@@ -227,10 +246,6 @@ def fit_model(df: pl.DataFrame, mask: pl.Series) -> StepTimeModel:
     busiest = choose_busiest(df, train, actual)
     stages: dict[str, StageFit] = {}
     for stage, seconds in actual.items():
-        names = STEP_ONLY_FEATURES if stage == "whole_step" else STAGE_FEATURES[stage]
-        if stage == "other" and not any(df[f"{s}_s"].is_not_null().any() for s in TRAINING_STAGES):
-            names = ("busiest_rank_tokens",)
-        names = tuple(busiest if n == "busiest_rank_tokens" else n for n in names)
-        names = tuple(n for n in names if df[n].is_not_null().any())
+        names = stage_feature_names(df, stage, busiest)
         stages[stage] = fit_stage(stage, _design(df, names)[train], names, seconds[train])
     return StepTimeModel(stages, typical, df, mask, busiest)

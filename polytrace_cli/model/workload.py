@@ -18,7 +18,9 @@ else its rank):
                          global_seqlen/balanced_max (null when not logged)
 
 Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
-OpenRLHF `timing/broadcast`). wall_s is the step's wall time: step_s (Σ logged timers when step_s
+OpenRLHF `timing/broadcast`); generate_sequences_s is verl's `timing_s/generate_sequences`, the
+decoding inside gen_s (the rest of gen_s is the colocated engine's switch: waking, resharding and
+offloading). wall_s is the step's wall time: step_s (Σ logged timers when step_s
 is missing) plus testing_s and save_checkpoint_s when the step time does not include them (`overheads_included`:
 run meta `step_time_includes_testing` / `_checkpoint`, else the run's numbers; when they cannot
 tell, included, as verl up to 0.7 logs it). segment_start marks each segment's first timed, not validation-only step
@@ -50,7 +52,7 @@ WORKLOAD_COLUMNS = {
     **{name: pl.Float64 for name in FEATURES},
     "ranks": pl.Int64, "workload_basis": pl.String,
     **{f"{stage}_s": pl.Float64 for stage in (*MODELLED_STAGES, *OVERHEADS)},
-    "step_s": pl.Float64, "wall_s": pl.Float64,
+    "step_s": pl.Float64, "wall_s": pl.Float64, "generate_sequences_s": pl.Float64,
     "validation_only": pl.Boolean, "has_testing": pl.Boolean, "has_checkpoint": pl.Boolean,
     "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
 }
@@ -63,10 +65,11 @@ WITH st AS (
            max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS seqlen_max,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
-           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seqlen_balanced_max
+           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seqlen_balanced_max,
+           max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s
     FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
     WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_max',
-                                               'rank_tokens_mean', 'rank_tokens_balanced_max')
+                                               'rank_tokens_mean', 'rank_tokens_balanced_max', 'generate_sequences_s')
     GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
@@ -96,7 +99,8 @@ SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
        sampled.busiest_rank_tokens::DOUBLE AS sample_busiest, sampled.mean_rank_tokens::DOUBLE AS sample_mean,
        sampled.sample_ranks,
        st.gen_s, st.reward_s, st.old_log_prob_s, st.ref_s, st.values_s, st.adv_s, st.update_actor_s,
-       st.update_critic_s, extra.update_weights_s, st.testing_s, st.save_checkpoint_s, st.step_s,
+       st.update_critic_s, extra.update_weights_s, extra.generate_sequences_s, st.testing_s, st.save_checkpoint_s,
+       st.step_s,
        coalesce(st.is_validation_only, false) AS validation_only,
        coalesce(st.has_testing, false) AS has_testing, coalesce(st.has_checkpoint, false) AS has_checkpoint,
        k.step = min(k.step) OVER (PARTITION BY k.segment) AS segment_start,

@@ -1,12 +1,16 @@
 """What would help: counterfactual savings the data can support, each computed on the quantity that sets
 the step's time.
 
-For a run with step timings (a fitted step-time model), `simulate.whatif_run` prices MODEL_POLICIES
-(`max-response-len` at half the run's cap, only when the cap is known from the run's config): one entry
-per policy `{run, policy, basis, saving, saving_s, saving_se_s, assumption, reason, backtest, text}`,
-ranked by saving_s (policies the model cannot price last, with their note instead of a number);
-saving = saving_s / the model's replay of the run. `backtest` is the model's step-time accuracy on
-held-out steps (`simulate.backtest_run`) beside the median baseline's, `flagged` when below it.
+For a run with step timings (a fitted step-time model), `simulate.whatif_run` prices MODEL_POLICIES and
+the policies whose parameters the run's data chooses (`simulate.advice`: a max-response-len cutting
+the longest 5% of responses, the validate-every / checkpoint-every that brings an overhead above 5% of
+the wall time to about 2%, and the one-step-off share of GPUs with the lowest predicted wall time):
+one entry per policy `{run, policy, basis, saving, saving_s, saving_se_s, assumption, reason, why,
+backtest, text}` (`why` says how the parameter was chosen, null for the fixed policies), ranked by
+saving_s (policies the model cannot price last, with their note instead of a number); saving =
+saving_s / the model's replay of the run; saving_se_s is the bootstrap standard error over steps.
+`backtest` is the model's step-time accuracy on held-out steps (`simulate.backtest_run`) beside the
+fair median baseline's and the recent baseline's, `flagged` when below the median's.
 
 Every other run with imbalance data gets the data-parallel rebalancing counterfactual of the imbalance
 analysis: `{run, policy, basis, saving, text}` where saving = the mean over steps of
@@ -28,23 +32,27 @@ from polytrace_cli.display import duration
 WHATIF_NOTE = ("Runs with step timings are priced by their step-time model, as polytrace whatif RUN --policy P "
                "does (it also takes other policies and values); runs without timings get only the rebalancing "
                "counterfactual.")
-# The policies priced for a run with step timings; max-response-len is added at half a known cap.
-MODEL_POLICIES = "balance no-validation partial-rollout=0.9 one-step-off".split()
+# The policies priced for every run with step timings; the data-chosen ones (`simulate.advice`) are added.
+MODEL_POLICIES = "balance no-validation partial-rollout=0.9".split()
 # The keys of a model entry and of its `backtest`.
-MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s", "assumption", "reason", "backtest",
-                    "text")
-BACKTEST_KEYS = ("accuracy", "median_baseline", "flagged", "steps", "reason")
+MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s", "assumption", "reason", "why",
+                    "backtest", "text")
+BACKTEST_KEYS = ("accuracy", "median_baseline", "recent_baseline", "flagged", "steps", "reason")
 # Each policy's assumption in one line (the full statement is its docstring in simulate.policies).
 ASSUMPTIONS = {
     "balance": "every DP rank gets the mean rank's tokens in the forward and update stages; generation is "
                "unchanged and the balancing itself is free",
     "no-validation": "the logged validation seconds are removed and nothing else changes (exact from the log)",
+    "validate-every": "validation runs on every K-th step and the last, each at the median logged validation "
+                      "seconds",
+    "checkpoint-every": "a checkpoint on every K-th step and the last, each at the median logged checkpoint "
+                        "seconds",
     "max-response-len": "responses are cut at the new cap and are otherwise the same (what the policy learns "
                         "to write under a shorter cap is not modelled)",
     "partial-rollout": "each step's rollout stops once 90% of its new responses are done and the rest finish "
                        "in later steps (their staleness is not modelled)",
-    "one-step-off": "rollout of step t+1 overlaps training of step t, half the GPUs generating and half "
-                    "training (the one-step staleness is not modelled)",
+    "one-step-off": "rollout of step t+1 overlaps training of step t on split GPUs; the longest response decodes "
+                    "no faster on more GPUs, the token volume does (the one-step staleness is not modelled)",
 }
 
 
@@ -52,13 +60,32 @@ def _percent(share: float) -> str:
     return f"{100 * share:.1f}%"
 
 
-def _policies(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
-    """MODEL_POLICIES, with max-response-len = half the cap when the run's config records one."""
-    from polytrace_cli.analyze.lengths import caps
+def _policies(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], dict[str, str]]:
+    """MODEL_POLICIES, the data-chosen policies (`simulate.advice`) with why, and one-step-off at every
+    share of ONE_STEP_OFF_SHARES (the best is kept)."""
+    from polytrace_cli.simulate.advice import ONE_STEP_OFF_SHARES, advised_policies
 
-    cap = caps(con, [run_id]).filter(pl.col("cap_source") == "known")["cap_tokens"].to_list()
-    half = [f"max-response-len={max(1, int(cap[0]) // 2)}"] if cap and cap[0] else []
-    return [*MODEL_POLICIES, *half]
+    chosen = advised_policies(con, run_id)
+    why = {choice.policy: choice.why for choice in chosen}
+    return [*MODEL_POLICIES, *why, *(f"one-step-off={share:g}" for share in ONE_STEP_OFF_SHARES)], why
+
+
+def _best_split(scenarios: list, why: dict[str, str]) -> list:
+    """The scenarios with one-step-off kept at the share of the GPUs the stage times favour (the largest
+    predicted saving), `why` saying so; all of them when none is priced (the first, with its note)."""
+    from polytrace_cli.simulate.advice import choose_rollout_share
+
+    splits = {float(s.policy.split("=")[1]): s for s in scenarios if s.policy.startswith("one-step-off=")}
+    rest = [s for s in scenarios if not s.policy.startswith("one-step-off=")]
+    if not splits:
+        return rest
+    best = choose_rollout_share({share: s.saving_s for share, s in splits.items()})
+    if best is None:
+        return [*rest, next(iter(splits.values()))]
+    tried = ", ".join(f"{share:g}" for share in splits)
+    why[splits[best].policy] = (f"{best:g} of the GPUs generating gives the lowest predicted wall time of the "
+                                f"shares tried ({tried})")
+    return [*rest, splits[best]]
 
 
 def _backtest(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
@@ -69,11 +96,11 @@ def _backtest(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     try:
         step = backtest_run(con, run_id).step
     except Exception as error:  # noqa: BLE001 - a run without a backtest still gets its predictions
-        return {"accuracy": None, "median_baseline": None, "flagged": False,
+        return {"accuracy": None, "median_baseline": None, "recent_baseline": None, "flagged": False,
                 "reason": f"{error}".splitlines()[0] if f"{error}" else type(error).__name__}
     flagged = step.accuracy is not None and step.median_baseline is not None and step.accuracy < step.median_baseline
-    return {"accuracy": step.accuracy, "median_baseline": step.median_baseline, "flagged": flagged,
-            "steps": step.steps, "reason": None}
+    return {"accuracy": step.accuracy, "median_baseline": step.median_baseline,
+            "recent_baseline": step.recent_baseline, "flagged": flagged, "steps": step.steps, "reason": None}
 
 
 def backtest_sentence(run: str, backtest: dict) -> str:
@@ -88,13 +115,14 @@ def backtest_sentence(run: str, backtest: dict) -> str:
     return text + "."
 
 
-def _model_text(run: str, scenario, baseline_s: float) -> str:
+def _model_text(run: str, scenario, baseline_s: float, why: str | None = None) -> str:
     if scenario.saving_s is None:
         return f"{run}: {scenario.policy}: no estimate: {scenario.note}."
     verb = "would save" if scenario.saving_s >= 0 else "would cost"
     spread = f" ± {duration(scenario.saving_se_s)}" if scenario.saving_se_s else ""
+    chosen = f" ({why})" if why else ""
     note = f" {scenario.note[0].upper()}{scenario.note[1:]}." if scenario.note else ""
-    return (f"{run}: {scenario.policy} {verb} {duration(abs(scenario.saving_s))}{spread}, "
+    return (f"{run}: {scenario.policy}{chosen} {verb} {duration(abs(scenario.saving_s))}{spread}, "
             f"{abs(scenario.saving_share or 0):.1%} of the {duration(baseline_s)} the model replays. "
             f"Assumes {ASSUMPTIONS[scenario.policy.split('=')[0]]}.{note}")
 
@@ -109,7 +137,8 @@ def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[di
     if not logs_step_metrics(con, run_id):
         return None
     try:
-        result = whatif_run(con, run_id, _policies(con, run_id))
+        policies, why = _policies(con, run_id)
+        result = whatif_run(con, run_id, policies)
     except PolytraceError:
         return None
     except Exception as error:  # noqa: BLE001 - one run's failure must not break the report
@@ -120,8 +149,9 @@ def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[di
     out = [{"run": run, "policy": scenario.policy, "basis": "step-time model", "saving": scenario.saving_share,
             "saving_s": scenario.saving_s, "saving_se_s": scenario.saving_se_s,
             "assumption": ASSUMPTIONS[scenario.policy.split("=")[0]], "reason": scenario.note,
-            "backtest": backtest, "text": _model_text(run, scenario, result.baseline_s)}
-           for scenario in result.scenarios]
+            "why": why.get(scenario.policy), "backtest": backtest,
+            "text": _model_text(run, scenario, result.baseline_s, why.get(scenario.policy))}
+           for scenario in _best_split(result.scenarios, why)]
     out.sort(key=lambda e: (e["saving_s"] is None, -(e["saving_s"] or 0.0)))
     return out
 

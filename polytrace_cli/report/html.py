@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from polytrace_cli.report.comparison import html_section
 from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
 from polytrace_cli.report.help import WHATIF_NOTE, backtest_lines
@@ -121,6 +122,7 @@ def render(report) -> str:
         f"<h1>polytrace report: {escape(report.name)}</h1>",
         findings_section(report),
         help_section(report),
+        html_section(report.comparisons),
         f"<h2>Runs</h2><p class='meta'>Runs: {runs}{escape(step_range)}. "
         "Numbers behind every figure are in <a href='summary.json'>summary.json</a> and "
         "<a href='summary.md'>summary.md</a>.</p>",

@@ -22,6 +22,7 @@ from polytrace_cli.analyze.registry import ANALYSES, SCIPY_ANALYSES, named_analy
 from polytrace_cli.analyze.shared_frames import once_per_report
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import help as what_would_help
+from polytrace_cli.report.comparison import run_comparisons
 from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.findings import Explained, build_findings, explained_by_run
 from polytrace_cli.report.tables import t1_summary
@@ -37,17 +38,20 @@ class ReportNumbers:
     table_omitted: str | None = None
     findings: list[dict] = field(default_factory=list)
     help: list[dict] = field(default_factory=list)
+    comparisons: list[dict] = field(default_factory=list)
 
 
 @dataclass
 class ModelledNumbers:
     """The numbers that need scipy, scikit-learn or the step-time model: the summaries of
-    `SCIPY_ANALYSES` (and their errors), explain's findings and the what-if entries per run id."""
+    `SCIPY_ANALYSES` (and their errors), explain's findings, the what-if entries per run id and the
+    comparisons of runs of one task (`report.comparison`)."""
 
     summaries: dict[str, pl.DataFrame] = field(default_factory=dict)
     analysis_errors: dict[str, str] = field(default_factory=dict)
     explained: Explained = field(default_factory=dict)
     model_help: dict[int, list[dict] | None] = field(default_factory=dict)
+    comparisons: list[dict] = field(default_factory=list)
 
 
 def first_line(error: Exception) -> str:
@@ -79,6 +83,7 @@ def modelled_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: 
         numbers.summaries, numbers.analysis_errors = summaries(con, run_ids, steps, SCIPY_ANALYSES)
         numbers.explained = explained_by_run(con, run_ids)
         numbers.model_help = what_would_help.model_help_by_run(con, run_ids)
+        numbers.comparisons = run_comparisons(con, run_ids, steps)
     return numbers
 
 
@@ -104,4 +109,5 @@ def compute_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
             numbers.table = table
         numbers.findings = build_findings(con, run_ids, steps, numbers.summaries, modelled.explained)
         numbers.help = what_would_help.build_help(numbers.summaries, con, run_ids, modelled.model_help)
+        numbers.comparisons = modelled.comparisons
     return numbers

@@ -73,6 +73,7 @@ def save_png(figure: Figure, path) -> None:
     so the Agg renderer's pixel buffer is freed once written."""
     from PIL import Image
 
+    plain_labels(figure)
     canvas = figure.canvas
     try:
         agg = FigureCanvasAgg(figure)
@@ -82,6 +83,25 @@ def save_png(figure: Figure, path) -> None:
         Image.fromarray(pixels).save(path, format="png", compress_level=PNG_COMPRESSION, dpi=(figure.dpi, figure.dpi))
     finally:
         figure.set_canvas(canvas)
+
+
+def plain_labels(figure: Figure) -> None:
+    """Draw the figure's own labels as written: a `$` in a run name or a key is text, never mathtext
+    (two of them would be parsed as a formula, and a bad one stops the drawing). Titles, axis
+    labels, legends and annotations are set so; tick labels and axis offsets, which matplotlib's
+    formatters write as mathtext, are not touched (nor created early)."""
+    texts = list(figure.texts)
+    legends = list(figure.legends)
+    for ax in figure.axes:
+        texts += [ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None),
+                  ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        legends.append(ax.get_legend())
+    for legend in legends:
+        if legend is not None:
+            texts += [*legend.get_texts(), legend.get_title()]
+    for text in texts:
+        if text is not None:
+            text.set_parse_math(False)
 
 
 def _style_axes(ax) -> None:

@@ -60,6 +60,7 @@ class Report:
     analysis_errors: dict[str, str] = field(default_factory=dict)
     findings: list[dict] = field(default_factory=list)
     help: list[dict] = field(default_factory=list)
+    comparisons: list[dict] = field(default_factory=list)
 
 
 def default_name(names: list[str]) -> str:
@@ -145,6 +146,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     report.summaries, report.analysis_errors = computed.summaries, computed.analysis_errors
     report.table, report.table_omitted = computed.table, computed.table_omitted
     report.findings, report.help = computed.findings, computed.help
+    report.comparisons = computed.comparisons
     return report
 
 
@@ -157,7 +159,7 @@ def _rows(frame: pl.DataFrame) -> list[dict]:
 
 
 def summary_document(report: Report) -> dict:
-    """The findings and what would help, `{analysis: rows}` for every registered analysis, T1, the figures
+    """The findings and what would help, the comparisons of runs of one task, `{analysis: rows}` for every registered analysis, T1, the figures
     drawn and left out (each with the runs it shows and the runs it left out with the reason), and per drawn
     figure the rows of the analysis frames it was drawn from (`figure_data: {figure id: {frame: rows}}`)."""
     return {
@@ -166,6 +168,7 @@ def summary_document(report: Report) -> dict:
         "findings": report.findings,
         "what_would_help": report.help,
         "what_would_help_note": what_would_help.WHATIF_NOTE,
+        "comparisons": report.comparisons,
         "analyses": {name: _rows(frame) for name, frame in report.summaries.items()},
         "analysis_errors": report.analysis_errors,
         "table_T1": _rows(report.table) if report.table is not None else None,

@@ -8,9 +8,9 @@ predicts the run again, and saving_s = baseline_s − predicted_s. A saving ther
 from a quantity in the model of a stage that sets the step's time: generation waits for the
 longest response (b_tail · r_max) and for the token volume (b_vol · response_tokens); the forward
 and update stages wait for the busiest DP rank (b_k · busiest_rank_tokens). `saving_se_s` is the
-standard error of a workload policy's saving from the noise of the fitted coefficients
-(`simulate.uncertainty`; 0 for the exact no-validation, none for schedules and pipelines); a term
-the fit could not see bounds the saving instead (`RunContext.predict`).
+bootstrap standard error of the saving: the fitted steps and the logged overheads resampled, the
+model refitted and the policy priced again on each draw (`simulate.uncertainty`; 0 for the exact
+no-validation); a term the fit could not see bounds the saving instead (`RunContext.predict`).
 
 The policies (their assumptions are the docstrings of the functions named `_policy_<name>`):
 
@@ -41,7 +41,7 @@ from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
 from polytrace_cli.model.fit import TRAINING_STAGES
 from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
-from polytrace_cli.simulate.uncertainty import saving_standard_error
+from polytrace_cli.simulate.uncertainty import bootstrap_contexts, bootstrap_standard_error
 
 POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, max-response-len=N, "
                "partial-rollout=F, one-step-off[=G]")
@@ -196,6 +196,7 @@ class RunContext:
     _lengths: StepLengths | None = None
     predicted_workload: pl.DataFrame | None = None
     caveats: list[str] = field(default_factory=list)
+    training_scale: float | None = None
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
         """Per-stage seconds of the model at a modified workload frame.
@@ -395,17 +396,37 @@ def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, s
     return ctx.plan.with_stages(ctx.predict(changed)), note
 
 
+def pipelined_wall(gen: np.ndarray, train: np.ndarray) -> float:
+    """One-step-off over a run of T steps, rollout of step t+1 beside training of step t:
+    gen_1 + Σ_{t<T} max(gen_{t+1}, train_t) + train_T (the serial parts not included)."""
+    if not gen.size:
+        return 0.0
+    return float(gen[0] + np.maximum(gen[1:], train[:-1]).sum() + train[-1])
+
+
+def split_generation(fixed: np.ndarray, tail: np.ndarray, volume: np.ndarray, switch: np.ndarray,
+                     share: float) -> np.ndarray:
+    """Generation on a share G of the GPUs, no longer colocated with training:
+    fixed − switch + tail + volume / G. The tail (b_tail · r_max: the longest response decodes one
+    token after another) does not shorten with more GPUs and does not lengthen with fewer; the volume
+    (b_vol · response_tokens) is throughput-bound; the colocated engine's switch (waking, resharding,
+    offloading: gen_s − generate_sequences_s) disappears."""
+    return np.maximum(fixed - switch, 0.0) + tail + volume / share
+
+
 def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
     """One-step-off pipeline: rollout of step t+1 runs during training of step t, on split GPUs: a
-    share G generates (default 0.5) and 1 − G trains. Split assumption: throughput-bound work
-    scales inversely with the GPUs it gets and latency-bound work does not, so generation becomes
-    a_gen + b_tail · r_max + b_vol · response_tokens / G (the longest response decodes as fast on
-    fewer GPUs) and each token stage a_k + b_k · busiest_rank_tokens / (1 − G) (each training
-    rank holds 1/(1 − G) times the tokens); reward and advantage are unchanged. The weight sync,
-    the rest, validation and checkpoints stay serial. Over the run:
-        wall = gen_1 + Σ_{t<T} max(gen_{t+1}, train_t) + train_T + Σ serial,
-    train_t = Σ of the training-side stages. The one-step staleness of the rollout is not
-    modelled."""
+    share G generates (default 0.5) and 1 − G trains. Generation becomes
+    `split_generation` of the model's terms: a_gen − switch + b_tail · r_max + b_vol · response_tokens / G,
+    the switch being the logged gen_s − generate_sequences_s when verl logs generate_sequences (else
+    kept, and the note says so). Each token stage becomes a_k + b_k · busiest_rank_tokens · S with S =
+    `training_scale` when it is given (measured: the training stages' seconds on 1 − G of the GPUs over
+    their seconds on all of them), else 1/(1 − G): each training rank holds 1/(1 − G) times the tokens,
+    an assumption (the run cannot measure its training on fewer GPUs; less than linear scaling makes
+    the pipeline faster than predicted). Reward and
+    advantage are unchanged; the weight sync, the rest, validation and checkpoints stay serial.
+    Over the run: wall = `pipelined_wall` + Σ serial, train_t = Σ of the training-side stages. The
+    one-step staleness of the rollout is not modelled."""
     model = ctx.model
     if "gen" not in model.stages:
         raise NotSupported("the run logs no generation time: the pipeline cannot be modelled")
@@ -423,20 +444,35 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     stages = {name: values.copy() for name, values in ctx.plan.stages.items()}
     volume = gen_fit.coefficients.get("response_tokens", 0.0) * frame["response_tokens"].fill_null(
         model.typical.get("response_tokens", 0.0)).to_numpy()
-    stages["gen"] = stages["gen"] + volume * (1.0 / share - 1.0)
+    logged_switch = (frame["gen_s"] - frame["generate_sequences_s"]).cast(pl.Float64).fill_null(np.nan).to_numpy()
+    switch = np.where(np.isfinite(logged_switch), np.maximum(logged_switch, 0.0), 0.0)
+    stages["gen"] = split_generation(stages["gen"] - volume, np.zeros(frame.height), volume, switch, share)
     training_side = [s for s in ("reward", *TRAINING_STAGES, "adv") if s in stages]
+    scale = ctx.training_scale if ctx.training_scale is not None else 1.0 / (1.0 - share)
     for stage in TRAINING_STAGES:
         if stage in stages:
             fit = model.stages[stage]
             busy = fit.coefficients.get(busiest_feature, 0.0) * frame[busiest_feature].fill_null(
                 model.typical.get(busiest_feature, 0.0)).to_numpy()
-            stages[stage] = stages[stage] + busy * (1.0 / (1.0 - share) - 1.0)
+            stages[stage] = stages[stage] + busy * (scale - 1.0)
     gen = stages["gen"]
     train = np.sum([stages[s] for s in training_side], axis=0) if training_side else np.zeros(frame.height)
-    pipelined = gen[0] + np.maximum(gen[1:], train[:-1]).sum() + train[-1] if frame.height else 0.0
     stages["overlap"] = np.zeros(frame.height)
-    stages["overlap"][0] = pipelined - gen.sum() - train.sum()
-    return ctx.plan.with_stages(stages), f"{share:g} of the GPUs generate, {1 - share:g} train"
+    stages["overlap"][0] = pipelined_wall(gen, train) - gen.sum() - train.sum()
+    tail = gen_fit.coefficients.get("r_max", 0.0) * frame["r_max"].fill_null(model.typical.get("r_max", 0.0)).to_numpy()
+    decoding = float(tail.sum() + volume.sum())
+    note = (f"{share:g} of the GPUs generate, {1 - share:g} train; the longest-response term is "
+            f"{tail.sum() / decoding:.0%} of the fitted decoding and is not shortened, the token volume is "
+            f"scaled by 1/{share:g}" if decoding > 0 else f"{share:g} of the GPUs generate, {1 - share:g} train")
+    if np.isfinite(logged_switch).any():
+        note += f"; the colocation switch ({float(switch.sum()):,.0f} s logged over the run) disappears"
+    else:
+        note += "; verl's generate_sequences is not logged, so the colocation switch inside gen is kept"
+    if ctx.training_scale is None:
+        note += f"; the training stages' token terms scaled by 1/{1 - share:g} (assumed, not measured)"
+    else:
+        note += f"; the training stages' token terms scaled by {scale:g} (as measured and given)"
+    return ctx.plan.with_stages(stages), note
 
 
 POLICIES: dict[str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]] = {
@@ -450,7 +486,9 @@ POLICIES: dict[str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]] 
 }
 
 
-def _context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:
+def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:
+    """The run's policy context (training steps, fitted model, replay), its name, its logged wall time
+    and its step count."""
     info = run_info(con, run)
     full = read_workload(con, info.run_id)
     timed = full.filter(pl.col("wall_s").is_not_null())
@@ -473,14 +511,21 @@ def _context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext
     return ctx, info.name, float(timed["wall_s"].sum()), steps.height
 
 
-def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[str | Policy]) -> WhatIfResult:
-    """Predict the run's wall time under each policy against the replay (see the module docstring)."""
+def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[str | Policy],
+               training_scale: float | None = None) -> WhatIfResult:
+    """Predict the run's wall time under each policy against the replay (see the module docstring);
+    `training_scale` is one-step-off's measured slowdown of the training stages' token terms on their
+    share of the GPUs (1/(1 − G) when not given)."""
     parsed = [p if isinstance(p, Policy) else parse_policy(p) for p in policies]
     if not parsed:
         raise PolytraceError(f"name at least one --policy: {POLICY_HELP}")
-    ctx, name, actual, steps = _context(con, run)
+    if training_scale is not None and not training_scale > 0:
+        raise PolytraceError(f"the training scale is a positive factor, not {training_scale}")
+    ctx, name, actual, steps = run_context(con, run)
+    ctx.training_scale = training_scale
     baseline = ctx.plan.total
     scenarios = []
+    draws: list[RunContext] | None = None
     for policy in parsed:
         ctx.predicted_workload, ctx.caveats = None, []
         try:
@@ -491,11 +536,25 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[st
         note = "; ".join([*([note] if note else []), *ctx.caveats]) or None
         predicted = plan.total
         saving = baseline - predicted
-        error = None
         if policy.name == "no-validation":
             error = 0.0
-        elif policy.name != "one-step-off" and ctx.predicted_workload is not None:
-            error = saving_standard_error(ctx.model, ctx.frame, ctx.predicted_workload)
+        else:
+            draws = bootstrap_contexts(ctx) if draws is None else draws
+            error = bootstrap_standard_error(_draw_savings(draws, ctx, policy))
         scenarios.append(Scenario(policy.text, predicted, saving, saving / baseline if baseline else None,
                                   plan.by_stage(), note, error))
     return WhatIfResult(name, steps, actual, baseline, ctx.plan.by_stage(), scenarios)
+
+
+def _draw_savings(draws: list[RunContext], ctx: RunContext, policy: Policy) -> list[float]:
+    """The policy's saving on each bootstrap draw against the draw's own replay (a draw the policy
+    cannot price is left out)."""
+    savings = []
+    for draw in draws:
+        draw._lengths, draw.predicted_workload, draw.caveats = ctx._lengths, None, []
+        try:
+            plan, _ = POLICIES[policy.name](draw, policy)
+        except NotSupported:
+            continue
+        savings.append(draw.plan.total - plan.total)
+    return savings

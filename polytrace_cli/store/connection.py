@@ -50,6 +50,9 @@ def store_problem(path: Path | str, error: Exception, opening: bool = False) -> 
     if "corrupt database" in lower or re.search(r"checksum \d+ does not match", lower):
         return (f"{path} is damaged ({first_line}); restore it from a copy, or ingest the logs again into a new"
                 " store with --db")
+    if "could not read enough bytes" in lower:
+        return (f"{path} is cut short (damaged: {first_line}); restore it from a copy, or ingest the logs again"
+                " into a new store with --db")
     if "not a valid duckdb database file" in lower:
         return f"{path} is not a DuckDB database file (or it is damaged); point --db at a polytrace store"
     if opening and re.search(r"could not set lock|conflicting lock|\block(ed)?\b", lower):
@@ -57,6 +60,14 @@ def store_problem(path: Path | str, error: Exception, opening: bool = False) -> 
         holder = f" (held by process {pid.group(1)})" if pid else ""
         return f"{path} is locked by another process{holder}; wait for it or use --db"
     return None
+
+
+def stops_the_store(error: Exception) -> bool:
+    """True when a DuckDB error during an ingest is about the store rather than the file being read
+    (a full disk, a damaged or invalidated database): the command stops instead of going on."""
+    lower = str(error).lower()
+    return (store_problem("", error) is not None or "database has been invalidated" in lower
+            or "fatal error" in lower or type(error).__name__ == "FatalException")
 
 
 def _explain_open_failure(path: Path, error: Exception) -> StoreError:
@@ -79,13 +90,86 @@ def _remove_new_store(path: Path) -> None:
             pass
 
 
-def _has_foreign_tables(con: duckdb.DuckDBPyConnection) -> bool:
-    """True when the database holds tables or views but no polytrace ledger: someone else's database."""
+def _has_foreign_tables(con: duckdb.DuckDBPyConnection, besides: tuple[str, ...] = ()) -> bool:
+    """True when the database holds tables or views (other than `besides`): with no polytrace ledger,
+    someone else's database."""
     return bool(con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND database_name = current_database()"
+        " AND table_name NOT IN (SELECT unnest(?::VARCHAR[]))", [list(besides)]
     ).fetchall()[0][0] + con.execute(
         "SELECT count(*) FROM duckdb_views() WHERE NOT internal AND NOT temporary AND database_name = current_database()"
     ).fetchall()[0][0])
+
+
+def _has_core_tables(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when the database has the `runs` and `files` tables every polytrace store has."""
+    return fetch_first(con, "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
+                            " AND schema_name = current_schema() AND table_name IN ('runs', 'files')")[0] == 2
+
+
+def _runs_holding_nothing(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Runs without any file and without a row in any table with a `run_id` column: what an ingest
+    killed between creating a run and committing its first file leaves (a file's rows are committed
+    with its `files` row). Cheap when every run has a file: only `files` is read."""
+    candidates = {run_id for (run_id,) in con.execute(
+        "SELECT run_id FROM runs WHERE run_id NOT IN (SELECT run_id FROM files WHERE run_id IS NOT NULL)").fetchall()}
+    if not candidates:
+        return []
+    tables = [name for (name,) in con.execute(
+        "SELECT DISTINCT c.table_name FROM duckdb_columns() c JOIN duckdb_tables() t"
+        " USING (database_name, schema_name, table_name) WHERE c.column_name = 'run_id'"
+        " AND c.table_name NOT IN ('runs', 'files') AND c.database_name = current_database()"
+        " AND c.schema_name = current_schema() ORDER BY 1").fetchall()]
+    for name in tables:
+        candidates -= {run_id for (run_id,) in con.execute(
+            f'SELECT DISTINCT run_id FROM "{name}" WHERE run_id IN (SELECT unnest(?::BIGINT[]))',
+            [sorted(candidates)]).fetchall()}
+        if not candidates:
+            break
+    return sorted(candidates)
+
+
+def _drop_runs_without_files(con: duckdb.DuckDBPyConnection) -> None:
+    """Remove the runs that hold nothing (`_runs_holding_nothing`)."""
+    empty = _runs_holding_nothing(con)
+    if empty:
+        con.execute("DELETE FROM runs WHERE run_id IN (SELECT unnest(?::BIGINT[]))", [empty])
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# A DuckDB file carries "DUCK" at bytes 8..12; its write-ahead log opens with a WAL_VERSION entry.
+DUCKDB_MAGIC, DUCKDB_MAGIC_AT = b"DUCK", 8
+WAL_START = b"d\x00b"
+
+
+def _check_store_file(path: Path) -> None:
+    """Refuse, before DuckDB opens it, a --db that is not a DuckDB file: a FIFO or device (opening it
+    would block), a folder that is no lake, a SQLite or other file, or a store whose write-ahead log
+    is not one (DuckDB would drop it without a word)."""
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise StoreError(f"{path} is a folder, neither a store file nor a lake (no manifest.json)")
+    if not path.is_file():
+        raise StoreError(f"{path} is not a regular file (a pipe, socket or device); point --db at a store file")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError as error:
+        raise StoreError(f"cannot read {path}: {error.strerror or error}") from None
+    if head.startswith(SQLITE_MAGIC):
+        raise StoreError(f"{path} is a SQLite database, not a polytrace store; point --db at a polytrace store")
+    if head and head[DUCKDB_MAGIC_AT:DUCKDB_MAGIC_AT + 4] != DUCKDB_MAGIC:
+        raise StoreError(f"{path} is not a DuckDB database file (or it is damaged); point --db at a polytrace store")
+    wal = Path(f"{path}.wal")
+    try:
+        with open(wal, "rb") as handle:
+            wal_head = handle.read(len(WAL_START))
+    except OSError:
+        return
+    if wal_head and wal_head != WAL_START:
+        raise StoreError(f"{wal} is not a DuckDB write-ahead log (damaged, or left by another file); move it"
+                         f" away to open {path} as it was last checkpointed")
 
 
 def _is_lock_error(error: Exception) -> bool:
@@ -103,6 +187,18 @@ def connections_opened() -> int:
     return _OPENED
 
 
+# Every connection polytrace opens: DuckDB never fetches or loads an extension on its own (a file
+# of another kind, a SQLite database say, would otherwise make it download one).
+CONNECTION_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+def connect_duckdb(database: str = ":memory:", read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect with `CONNECTION_CONFIG` and no progress bar (stdout belongs to the commands)."""
+    con = duckdb.connect(database, read_only=read_only, config=dict(CONNECTION_CONFIG))
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
 def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     """duckdb.connect, retried while another process holds the lock, for up to `wait` seconds
     (pauses of 0.05 s doubling up to 1 s)."""
@@ -112,7 +208,7 @@ def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnect
     while True:
         try:
             _OPENED += 1
-            return duckdb.connect(str(path), read_only=read_only)
+            return connect_duckdb(str(path), read_only=read_only)
         except (duckdb.Error, OSError) as error:
             left = deadline - time.monotonic()
             if not _is_lock_error(error) or left <= 0:
@@ -129,8 +225,9 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
     run. An older store is upgraded first, whichever way it is opened (with `upgrade=False`, a
     read-only open of an older store is an error instead); the upgrade waits at least
     `UPGRADE_WAIT_S` for readers to let go of the store. A DuckDB file that is not a
-    polytrace store is refused, never altered; a store this call creates and cannot finish (a full
-    disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
+    polytrace store is refused, never altered; runs left without any file (an ingest killed between
+    creating a run and committing its first file) are removed at any open that may upgrade; a store
+    this call creates and cannot finish (a full disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
     another process holds the store's lock, the open is retried for up to `wait` seconds.
     """
     path = resolve_db_path(db)
@@ -142,6 +239,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             raise StoreError(f"{path} is a Parquet lake, which is read-only; write into a store file "
                              "and export it again with `polytrace lake`")
         return open_lake(path)
+    _check_store_file(path)
     empty_file = path.is_file() and path.stat().st_size == 0
     if read_only and (not path.exists() or empty_file):
         what = "an empty file" if empty_file else "no store"
@@ -161,13 +259,17 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
         if creating and not read_only:
             _remove_new_store(path)
         raise _explain_open_failure(path, error) from None
-    # DuckDB draws a progress bar on stdout for long queries; stdout belongs to the commands.
-    con.execute("SET enable_progress_bar = false")
     try:
         if read_only:
             version = check_not_newer(con, str(path))
+            if version == 0 and not _has_foreign_tables(con, besides=("schema_migrations",)):
+                raise StoreError(f"an empty store at {path} (an ingest stopped before it stored anything);"
+                                 " run `polytrace ingest PATH` first (or pass --db)")
             if version == 0 and not has_ledger(con):
                 raise StoreError(f"{path} is not a polytrace store (no schema ledger)")
+            if not _has_core_tables(con):
+                raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
+                                 " names no runs and files tables); point --db at a polytrace store")
             if version < SCHEMA_VERSION or not catalog_is_current(con):
                 if not upgrade:
                     raise StoreError(f"{path} is an older store; open it once without upgrade=False to upgrade it")
@@ -176,11 +278,23 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                 con.close()
                 open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
                 return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S))
+            if upgrade and _runs_holding_nothing(con):
+                # Runs a killed ingest left without files are removed (by a writer's open) before reading.
+                con.close()
+                try:
+                    open_store(path, wait=max(wait, UPGRADE_WAIT_S)).close()
+                except StoreError:
+                    pass  # a store that cannot be written is read as it is
+                return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S), upgrade=False)
         else:
             if not has_ledger(con) and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"
                                  " refusing to change it: choose another --db")
+            if schema_version(con) and not _has_core_tables(con):
+                raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
+                                 " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
+            _drop_runs_without_files(con)
     except StoreError:
         con.close()
         raise
@@ -203,13 +317,25 @@ CONFINED_SETTINGS = (
 
 
 def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Lock `con` to the store it has open: no file access, no extensions, configuration frozen."""
+    """Lock `con` to the store it has open: no file access, no extensions, configuration frozen.
+    A connection already confined (a lake is opened confined) is returned as it is."""
+    if fetch_first(con, "SELECT current_setting('lock_configuration')")[0]:
+        return con
     for statement in CONFINED_SETTINGS:
         con.execute(statement)
     return con
 
 
-__all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "open_store", "resolve_db_path", "schema_version"]
+__all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "connect_duckdb", "open_store", "resolve_db_path", "schema_version"]
+
+
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction; when DuckDB has already ended it (a failed commit, a full
+    disk), there is nothing to roll back and the error that ended it is the one to report."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
 
 
 def fetch_first(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple | None:

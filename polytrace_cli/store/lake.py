@@ -11,21 +11,24 @@ The partition value is the run name, percent-encoded outside `[A-Za-z0-9._-]`. A
 file when the run has no rows in that table.
 
 The manifest records the schema version, each table's columns and types, the store's view
-definitions, every written file with its sha256 and row count, and per run a fingerprint: a
+names (with their SQL, for other readers; `open_lake` never runs it), every written file with its sha256 and row count, and per run a fingerprint: a
 sha256 over the run's row, its id and, per file it was read from, the file id, path, sha256,
 parser version and line accounting. Re-writing a lake rewrites only the runs whose fingerprint
 changed; a run no longer in the store is kept unless pruning is asked for.
 
 Reading (`open_lake`): an in-memory DuckDB with one view per table over its Parquet files, cast
-back to the store's column types, and the store's own views on top, so that every query written
-for a store runs unchanged.
+back to the store's column types, and this polytrace's own views (by the names the manifest lists)
+on top, so that every query written for a store runs unchanged. The manifest is checked as data
+first; the connection is confined to the lake's listed files.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -164,6 +167,13 @@ def read_manifest(out: Path) -> dict | None:
     return manifest
 
 
+def _can_write_in(folder: Path) -> None:
+    # os.access says yes to root on read-only mounts; writing a file is the reliable check.
+    probe = folder / f".polytrace-write-test-{os.getpid()}"
+    probe.touch()
+    probe.unlink()
+
+
 def _write_manifest(out: Path, manifest: dict) -> None:
     temporary = out / (MANIFEST + ".tmp")
     temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", "utf-8")
@@ -222,7 +232,11 @@ def write_lake(con: duckdb.DuckDBPyConnection, out: str | os.PathLike, runs: lis
     old = read_manifest(out) if out.exists() else None
     if old and old.get("schema_version", 0) > SCHEMA_VERSION:
         raise StoreError(f"{out} was written by a newer polytrace (schema {old['schema_version']})")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _can_write_in(out)
+    except OSError as error:
+        raise StoreError(f"cannot create lake {out}: {error.strerror or error}") from None
 
     tables = store_tables(con)
     fingerprints = run_fingerprints(con)
@@ -322,51 +336,138 @@ def _manifest(con: duckdb.DuckDBPyConnection, tables: list[TableShape], runs: di
     }
 
 
+# A manifest is data, never code: names are plain identifiers, types come from this list, paths stay
+# inside the lake, and views are built by name from this polytrace's own definitions.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_COLUMN_TYPE = re.compile(
+    r"(BIGINT|INTEGER|SMALLINT|TINYINT|HUGEINT|UBIGINT|UINTEGER|USMALLINT|UTINYINT|DOUBLE|FLOAT|BOOLEAN|VARCHAR"
+    r"|JSON|BLOB|UUID|DATE|TIME|INTERVAL|TIMESTAMP|TIMESTAMP WITH TIME ZONE|DECIMAL\(\d{1,2},\d{1,2}\))(\[\])*")
+_FILE_PATH = re.compile(r"[A-Za-z0-9_]+(/run=[A-Za-z0-9._%-]+)?/" + re.escape(DATA_FILE))
+
+
+def manifest_problem(manifest: object) -> str | None:
+    """What makes a parsed manifest unusable as a lake description, or None when it is sound.
+
+    The shape checked: `tables` maps identifiers to {"columns": [[identifier, type], ...],
+    "partitioned": bool} with types among `_COLUMN_TYPE`; `views` maps identifiers to anything
+    (their SQL is never read); `runs` maps names to {"fingerprint": str or null, ...}; `files` is a
+    list of {"table": a listed table, "path": "<table>[/run=<name>]/data.parquet", ...}.
+    """
+    if not isinstance(manifest, dict):
+        return "it is not a JSON object"
+    if not isinstance(manifest.get("schema_version"), int) or isinstance(manifest.get("schema_version"), bool):
+        return "schema_version is not a whole number"
+    tables = manifest.get("tables")
+    if not isinstance(tables, dict) or not tables:
+        return "tables is not a non-empty object"
+    for name, entry in tables.items():
+        if not _IDENTIFIER.fullmatch(name):
+            return f"table name {name[:40]!r} is not a plain identifier"
+        columns = entry.get("columns") if isinstance(entry, dict) else None
+        if not isinstance(columns, list) or not columns:
+            return f"table {name} has no column list"
+        for column in columns:
+            if not (isinstance(column, list) and len(column) == 2 and all(isinstance(c, str) for c in column)):
+                return f"table {name} has a column that is not [name, type]"
+            if not _IDENTIFIER.fullmatch(column[0]):
+                return f"table {name}: column name {column[0][:40]!r} is not a plain identifier"
+            if not _COLUMN_TYPE.fullmatch(column[1]):
+                return f"table {name}: column {column[0]} has type {column[1][:40]!r}, not a known column type"
+    views = manifest.get("views", {})
+    if not isinstance(views, dict) or not all(_IDENTIFIER.fullmatch(name) for name in views):
+        return "views is not an object keyed by plain identifiers"
+    runs = manifest.get("runs")
+    if not isinstance(runs, dict) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("fingerprint"), (str, type(None)))
+            for entry in runs.values()):
+        return "runs is not an object of run entries with a fingerprint"
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        return "files is not a list"
+    for entry in files:
+        if not isinstance(entry, dict) or entry.get("table") not in tables or not isinstance(entry.get("path"), str):
+            return "a file entry does not name a listed table and a path"
+        path = entry["path"]
+        if not _FILE_PATH.fullmatch(path) or path.split("/")[0] != entry["table"] or ".." in path.split("/"):
+            return f"file path {path[:80]!r} is not <table>[/run=<name>]/{DATA_FILE} inside the lake"
+    return None
+
+
+@functools.cache
+def polytrace_views() -> dict[str, str]:
+    """This polytrace's own views (name -> CREATE VIEW statement), read from an empty store built by
+    its migrations."""
+    from polytrace_cli.store.connection import connect_duckdb
+    from polytrace_cli.store.migrations import migrate
+
+    con = connect_duckdb()
+    try:
+        migrate(con, "the view definitions")
+        return store_views(con)
+    finally:
+        con.close()
+
+
 def open_lake(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     """A read-only view of a lake: an in-memory DuckDB whose tables and views have the store's names
-    and column types, read from the lake's Parquet files."""
+    and column types, read from the lake's Parquet files.
+
+    The manifest is checked as data (`manifest_problem`); views are this polytrace's own, by the
+    names the manifest lists. The connection is confined (`confine`) with only the lake's listed
+    Parquet files readable.
+    """
+    from polytrace_cli.store.connection import confine, connect_duckdb
+
     root = Path(path)
     manifest = read_manifest(root)
     if manifest is None:
         raise StoreError(f"no lake manifest in {root}")
-    if manifest.get("schema_version", 0) > SCHEMA_VERSION:
+    problem = manifest_problem(manifest)
+    if problem:
+        raise StoreError(f"{root / MANIFEST} is not a valid lake manifest: {problem}")
+    if manifest["schema_version"] > SCHEMA_VERSION:
         raise StoreError(f"{root} has schema version {manifest['schema_version']}, newer than this polytrace "
                          f"understands ({SCHEMA_VERSION}); upgrade polytrace to use it")
     incomplete = sorted(name for name, entry in manifest["runs"].items() if entry.get("fingerprint") is None)
     if incomplete:
         raise StoreError(f"lake {root} is incomplete (a write stopped during runs {', '.join(incomplete[:5])}); "
                          "run `polytrace lake` again")
+    known_views = polytrace_views()
+    unknown = sorted(set(manifest.get("views", {})) - set(known_views))
+    if unknown:
+        raise StoreError(f"lake {root} lists views this polytrace does not define ({', '.join(unknown[:5])}); "
+                         "write the lake again with this polytrace")
+    resolved_root = root.resolve()
     files_by_table: dict[str, list[str]] = {}
     for entry in manifest["files"]:
-        files_by_table.setdefault(entry["table"], []).append(str(root / entry["path"]))
-    con = duckdb.connect(":memory:")
-    con.execute("SET enable_progress_bar = false")
-    # A confined connection (`query`) may still read the lake's own files, and nothing else.
-    con.execute("SET allowed_directories = ?", [[str(root.resolve()) + "/"]])
+        file = (resolved_root / entry["path"]).resolve()
+        if not file.is_relative_to(resolved_root):
+            raise StoreError(f"lake {root} lists {entry['path']}, which leads outside the lake")
+        if not file.is_file():
+            raise StoreError(f"lake {root} lacks {root / entry['path']} listed in its manifest")
+        files_by_table.setdefault(entry["table"], []).append(str(file))
+    con = connect_duckdb()
+    # Only the lake's own Parquet files can be read, and the configuration is then locked.
+    con.execute("SET allowed_paths = ?", [[p for paths in files_by_table.values() for p in paths]])
+    confine(con)
     try:
         for name, entry in manifest["tables"].items():
             casts = ", ".join(f"CAST({_quote_ident(column)} AS {kind}) AS {_quote_ident(column)}"
                               for column, kind in entry["columns"])
             paths = files_by_table.get(name)
             if paths:
-                missing = [p for p in paths if not Path(p).exists()]
-                if missing:
-                    raise StoreError(f"lake {root} lacks {missing[0]} listed in its manifest")
                 listed = "[" + ", ".join(_sql_text(p) for p in paths) + "]"
                 source = f"read_parquet({listed}, union_by_name = true)"
                 con.execute(f"CREATE VIEW {_quote_ident(name)} AS SELECT {casts} FROM {source}")
             else:
                 nulls = ", ".join(f"CAST(NULL AS {kind}) AS {_quote_ident(column)}" for column, kind in entry["columns"])
                 con.execute(f"CREATE VIEW {_quote_ident(name)} AS SELECT {nulls} WHERE false")
-        for name, sql in manifest.get("views", {}).items():
-            con.execute(sql)
+        for name in manifest.get("views", {}):
+            con.execute(known_views[name])
         # The aliases and the steps view come from this code's formats, not from the code that wrote the lake.
         install_catalog_views(con)
     except duckdb.Error as error:
         con.close()
         first = str(error).strip().splitlines()[0]
         raise StoreError(f"cannot read lake {root}: {first}") from None
-    except StoreError:
-        con.close()
-        raise
     return con

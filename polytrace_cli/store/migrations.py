@@ -86,22 +86,24 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, db_label: str) -> int:
 def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = None) -> list[int]:
     """Apply every schema file the store lacks (up to version `up_to`); return the versions applied."""
     current = check_not_newer(con, db_label)
-    if not has_ledger(con):
-        con.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
-            " applied_at TIMESTAMP DEFAULT current_timestamp)"
-        )
+    new_ledger = not has_ledger(con)
     applied = applied_versions(con)
     pending = [m for m in available_migrations()
                if m.version not in applied and (up_to is None or m.version <= up_to)]
-    if not pending:
+    if not pending and not new_ledger:
         if current:
             install_catalog(con)
         return []
-    # One transaction for every pending file: a store is upgraded completely or not at all, and
-    # a new store costs one commit (one sync to disk) instead of one per file.
+    # One transaction for the ledger and every pending file: a store is created or upgraded
+    # completely or not at all (a process killed half-way leaves no ledger without tables), and a
+    # new store costs one commit (one sync to disk) instead of one per file.
     con.execute("BEGIN TRANSACTION")
     try:
+        if new_ledger:
+            con.execute(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+                " applied_at TIMESTAMP DEFAULT current_timestamp)"
+            )
         for migration in pending:
             con.execute(migration.sql)
             con.execute(
@@ -113,6 +115,9 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
             install_catalog(con, in_transaction=True)
         con.execute("COMMIT")
     except Exception:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # DuckDB ended the transaction itself; the error that ended it is the one to report
         raise
     return [m.version for m in pending]

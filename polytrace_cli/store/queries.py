@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -92,21 +93,40 @@ def ingest_errors_count(con: duckdb.DuckDBPyConnection, run: str | None) -> int:
 
 
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+_EXPLAIN_PREFIX = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*EXPLAIN\b", re.IGNORECASE | re.DOTALL)
 
 
 def read_only_relation(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelation:
-    """The relation of one read-only statement (SELECT or EXPLAIN); anything else is refused before
-    it runs, even on a connection that could write."""
+    """The relation of one read-only statement: a SELECT, or a plain EXPLAIN of a SELECT (EXPLAIN
+    ANALYZE runs its statement and is refused); anything else is refused before it runs, even on a
+    connection that could write."""
     statements = con.extract_statements(sql)
     if len(statements) != 1:
         raise PolytraceError(f"give exactly one SQL statement, not {len(statements)}")
     kind = statements[0].type.name
     if kind not in READ_ONLY_STATEMENTS:
         raise PolytraceError(f"queries are read-only: SELECT statements only, not {kind}")
+    if kind == "EXPLAIN":
+        _check_plain_explain(con, statements[0].query)
     relation = con.sql(sql)
     if relation is None:
         raise PolytraceError("the statement returned no rows to show")
     return relation
+
+
+def _check_plain_explain(con: duckdb.DuckDBPyConnection, statement: str) -> None:
+    """Refuse an EXPLAIN that is not `EXPLAIN <SELECT>`: EXPLAIN ANALYZE and EXPLAIN with options
+    run or reach past the plan, and what follows EXPLAIN must itself be one SELECT."""
+    match = _EXPLAIN_PREFIX.match(statement)
+    refused = PolytraceError("queries are read-only: EXPLAIN of a SELECT only (not EXPLAIN ANALYZE)")
+    if not match:
+        raise refused
+    try:
+        inner = con.extract_statements(statement[match.end():])
+    except duckdb.Error:
+        raise refused from None
+    if len(inner) != 1 or inner[0].type.name != "SELECT":
+        raise refused
 
 
 def query_frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:

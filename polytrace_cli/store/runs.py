@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store.connection import rollback
 from polytrace_cli.store.queries import run_ids
 
 
@@ -64,7 +65,7 @@ def remove_runs(con: duckdb.DuckDBPyConnection, names: list[str]) -> list[Remove
             removed.append(RemovedRun(name, {table: n for table, n in counts.items() if n}))
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise
     return removed
 
@@ -84,5 +85,5 @@ def rename_run(con: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
         con.execute("UPDATE runs SET name = ? WHERE run_id = ?", [new, run_id])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        rollback(con)
         raise

@@ -12,7 +12,20 @@ The model (one `StepTimeModel`), per training step s with its drawn workload:
     save_checkpoint_s = checkpoint_s · ε   on checkpoint steps (every `checkpoint_every`, and the last step)
     step_s         = Σ stages + rest_s · ε (+ testing_s + save_checkpoint_s when `step_includes_overheads`)
 
-ε is an independent lognormal(0, noise_sigma) factor per stage and step. Warm-up multiplies
+ε is an independent lognormal(0, noise_sigma) factor per stage and step.
+
+Drift and level shifts, for runs whose costs move for no workload reason:
+
+    cost_drift     (stage, f): the stage's per-unit coefficients (b_tail and b_vol for gen, b_k for a
+                   token stage, b_reward) are multiplied by 1 + (f − 1) · (s − 1) / (steps − 1): 1 on
+                   step 1, f on the last step
+    level_shifts   (step, stage, seconds): from that step on the stage takes `seconds` more (before ε;
+                   a negative shift is floored so that the stage keeps at least 10 % of its time)
+    rank_dispatch  which rank loads set the token stages' time: "contiguous" (verl's dispatch, logged as
+                   global_seqlen/max), "balanced" (after verl's balance_batch, logged as
+                   global_seqlen/balanced_max) or "even" (every rank at the mean: ideal balance)
+    truncate_responses_at  every drawn response cut at this many tokens (the same draws as without it:
+                   two logs that differ only in it differ only by the cut) Warm-up multiplies
 generation on the first `warmup_steps` steps, by `warmup_slowdown` on step 1 falling linearly to 1,
 and again from the first step after `resume_after` (the job stops after saving a checkpoint at that
 step and is started again from it).
@@ -37,6 +50,11 @@ the seconds it would have taken without it, the rest of the step (noise included
 `cause_<cause>_stage` names the stage holding it (for token_volume, which touches generation and
 every token stage, the one holding most of it). Scheduled validation, checkpoints and warm-up
 steps carry their truth too; natural variation of the workload carries none.
+
+Two settings change every step, to write runs that differ from another in one factor:
+`response_scale` multiplies every response (clipped at the cap) and `imbalance` deals every step's
+prompt groups so that the busiest rank holds `imbalance` × the mean rank's tokens (as a balancing
+that leaves that much imbalance would). They carry no per-step truth: they are the run's configuration.
 """
 
 from __future__ import annotations
@@ -60,6 +78,7 @@ TOKEN_STAGES = ("old_log_prob", "ref", "values", "update_actor", "update_critic"
 # Stage columns in the order verl times them within a step.
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
           "update_weights", "testing", "save_checkpoint")
+RANK_DISPATCHES = ("contiguous", "balanced", "even")
 WORKLOAD_COLUMNS = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens",
                     "n_responses")
 
@@ -114,12 +133,21 @@ class StepTimeModel:
     max_prompt_length: int = 2048
     injections: tuple[Injection, ...] = field(default_factory=tuple)
     resume_after: int | None = None    # the job stops after this step's checkpoint and resumes from it
+    cost_drift: tuple[tuple[str, float], ...] = ()
+    level_shifts: tuple[tuple[int, str, float], ...] = ()
+    rank_dispatch: str = "contiguous"
+    truncate_responses_at: int | None = None  # every response cut at this many tokens after it is drawn
+    response_scale: float = 1.0        # every response of every step × this (clipped at the cap): longer answers
+    imbalance: float | None = None     # every step: busiest rank / mean rank after balancing (None: verl's dispatch)
 
     def coefficients(self) -> dict:
         """The model as a JSON-able dict (what truth.json records)."""
         document = asdict(self)
         document["token_stages"] = {name: {"a": a, "b": b} for name, a, b in self.token_stages}
         document["injections"] = [asdict(i) for i in self.injections]
+        document["cost_drift"] = {stage: factor for stage, factor in self.cost_drift}
+        document["level_shifts"] = [{"step": step, "stage": stage, "seconds": seconds}
+                                    for step, stage, seconds in self.level_shifts]
         return document
 
 
@@ -137,6 +165,19 @@ def _check(model: StepTimeModel, spec: WorkloadSpec) -> None:
     if model.resume_after is not None and not 1 <= model.resume_after < spec.steps:
         raise PolytraceError(f"--resume-after must be a step before the last (1..{spec.steps - 1}), "
                              f"not {model.resume_after}")
+    if model.rank_dispatch not in RANK_DISPATCHES:
+        raise PolytraceError(f"unknown rank dispatch {model.rank_dispatch!r} (known: {', '.join(RANK_DISPATCHES)})")
+    drifting = {stage for stage, _ in model.cost_drift} | {stage for _, stage, _ in model.level_shifts}
+    if drifting - {"gen", "reward", "adv", *TOKEN_STAGES}:
+        raise PolytraceError(f"drift and level shifts apply to gen, reward, adv and the token stages, not "
+                             f"{sorted(drifting - {'gen', 'reward', 'adv', *TOKEN_STAGES})}")
+    if not model.response_scale > 0:
+        raise PolytraceError(f"response_scale is a positive multiplier, not {model.response_scale}")
+    if model.imbalance is not None and model.rank_dispatch != "contiguous":
+        raise PolytraceError("imbalance sets the loads of verl's dispatch: it needs rank_dispatch 'contiguous'")
+    if model.imbalance is not None and not (spec.dp_ranks >= 2 and 1.0 < model.imbalance <= spec.dp_ranks):
+        raise PolytraceError(f"imbalance is busiest/mean over at least 2 DP ranks, between 1 and {spec.dp_ranks}, "
+                             f"not {model.imbalance}")
     for injection in model.injections:
         if injection.cause not in CAUSES:
             raise PolytraceError(f"unknown cause {injection.cause!r} (known: {', '.join(CAUSES)})")
@@ -194,6 +235,20 @@ def _warmup_factor(model: StepTimeModel, step: int) -> float:
     return 1.0 + (model.warmup_slowdown - 1.0) * (model.warmup_steps - started + 1) / model.warmup_steps
 
 
+def _drift_factor(model: StepTimeModel, stage: str, step: int, steps: int) -> float:
+    """The multiplier of a stage's per-unit coefficients on a step (`cost_drift`)."""
+    for name, factor in model.cost_drift:
+        if name == stage:
+            return 1.0 + (factor - 1.0) * (step - 1) / max(steps - 1, 1)
+    return 1.0
+
+
+def _shifted(model: StepTimeModel, stage: str, step: int, seconds: float) -> float:
+    """The stage's seconds with every level shift that started on or before the step (`level_shifts`)."""
+    extra = sum(size for start, name, size in model.level_shifts if name == stage and step >= start)
+    return max(seconds + extra, 0.1 * seconds)
+
+
 def is_validation_step(model: StepTimeModel, step: int, steps: int) -> bool:
     """Scheduled validation: every validate_every steps and on the last step (verl's test_freq)."""
     return model.validate_every is not None and (step % model.validate_every == 0 or step == steps)
@@ -221,6 +276,11 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         prompts, responses = draw_step(length_model, spec, workload_rng, step - 1)
         prompts = np.minimum(prompts, model.max_prompt_length)
         responses = responses.astype(np.int64)
+        if model.truncate_responses_at is not None:
+            responses = np.minimum(responses, model.truncate_responses_at)
+        if model.response_scale != 1.0:
+            scaled_run = np.maximum(np.rint(responses * model.response_scale), 1).astype(np.int64)
+            responses = np.minimum(scaled_run, cap) if cap else scaled_run
         noise = np.exp(noise_rng.normal(0.0, model.noise_sigma, len(STAGES) + 1))
         eps = dict(zip((*STAGES, "rest"), noise.tolist()))
         injected = {i.cause: i.size for i in by_step.get(step, [])}
@@ -228,14 +288,17 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
         stage_of = {cause: None for cause in CAUSES}
 
         def gen_model(resp: np.ndarray) -> float:
-            return model.a_gen + model.b_tail * float(resp.max()) + model.b_vol * float(resp.sum())
+            drift = _drift_factor(model, "gen", step, spec.steps)
+            seconds = model.a_gen + drift * (model.b_tail * float(resp.max()) + model.b_vol * float(resp.sum()))
+            return _shifted(model, "gen", step, seconds)
 
         def rank_loads(resp: np.ndarray, chunks: list[np.ndarray]) -> np.ndarray:
             group_tokens = prompts * spec.n + resp.sum(axis=1)
             return np.array([group_tokens[c].sum() for c in chunks], dtype=np.int64)
 
         def token_seconds(busiest: float) -> dict[str, float]:
-            return {name: (a + b * busiest) * eps[name] for name, a, b in model.token_stages}
+            return {name: _shifted(model, name, step, a + b * _drift_factor(model, name, step, spec.steps) * busiest)
+                    * eps[name] for name, a, b in model.token_stages}
 
         # Workload causes, applied in a fixed order; each one's truth is measured against the workload
         # just before it.
@@ -253,6 +316,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             before_tail = responses.copy()
             responses = responses.copy()
             responses.flat[int(np.argmax(responses))] = max(longest, int(responses.max()))
+        if model.imbalance is not None:
+            chunks = _imbalanced_chunks(prompts * spec.n + responses.sum(axis=1), spec.dp_ranks, model.imbalance)
         if "dp_imbalance" in injected:
             size = injected["dp_imbalance"] if injected["dp_imbalance"] is not None else 1.6
             group_tokens = prompts * spec.n + responses.sum(axis=1)
@@ -267,11 +332,19 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
 
         loads = rank_loads(responses, chunks)
         busiest, mean_load = float(loads.max()), float(loads.sum()) / spec.dp_ranks
+        timing_busiest = busiest
+        if "dp_imbalance" not in injected and model.rank_dispatch == "balanced":
+            timing_busiest = float(_snake_loads((np.repeat(prompts, spec.n) + responses.ravel()).astype(np.int64),
+                                                spec.dp_ranks).max())
+        elif "dp_imbalance" not in injected and model.rank_dispatch == "even":
+            timing_busiest = mean_load
         seconds: dict[str, float | None] = {stage: None for stage in STAGES}
         seconds["gen"] = gen_model(responses) * warm * slower * eps["gen"]
-        seconds.update(token_seconds(busiest))
-        seconds["reward"] = (model.a_reward + model.b_reward * responses.size) * eps["reward"]
-        seconds["adv"] = model.a_adv * eps["adv"]
+        seconds.update(token_seconds(timing_busiest))
+        reward_drift = _drift_factor(model, "reward", step, spec.steps)
+        seconds["reward"] = _shifted(model, "reward", step, model.a_reward + reward_drift * model.b_reward
+                                     * responses.size) * eps["reward"]
+        seconds["adv"] = _shifted(model, "adv", step, model.a_adv) * eps["adv"]
         if model.weight_sync_s is not None or "weight_sync" in injected:
             extra = 0.0
             if "weight_sync" in injected:
@@ -300,7 +373,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             stage_of["long_tail"] = "gen"
         if "dp_imbalance" in injected:
             even = float(rank_loads(responses, balanced_chunks).max())
-            by_stage = {name: b * (busiest - even) * eps[name] for name, _, b in model.token_stages}
+            by_stage = {name: b * _drift_factor(model, name, step, spec.steps) * (busiest - even) * eps[name]
+                        for name, _, b in model.token_stages}
             causes["dp_imbalance"] = sum(by_stage.values())
             stage_of["dp_imbalance"] = max(by_stage, key=by_stage.get) if by_stage else None
         if "token_volume" in injected:
@@ -309,7 +383,8 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
             dispatch = _rank_chunks(spec.batch, spec.dp_ranks)
             extra_busiest = float(rank_loads(scaled, dispatch).max() - rank_loads(plain_responses, dispatch).max())
             by_stage = {"gen": (gen_model(scaled) - gen_model(plain_responses)) * warm * slower * eps["gen"]}
-            by_stage.update({name: b * extra_busiest * eps[name] for name, _, b in model.token_stages})
+            by_stage.update({name: b * _drift_factor(model, name, step, spec.steps) * extra_busiest * eps[name]
+                             for name, _, b in model.token_stages})
             causes["token_volume"] = sum(by_stage.values())
             stage_of["token_volume"] = max(by_stage, key=by_stage.get)
 

@@ -117,6 +117,10 @@ class ConsoleGrammar:
     # Run meta keys `record_meta` computes from the rows stored for the whole file or run (not from
     # the lines it is given): an appended read gives them as a whole read would, so they may change.
     recomputed_meta: ClassVar[frozenset[str]] = frozenset()
+    # True for a grammar whose parse needs the whole log at once (TRL numbers its dicts from the
+    # progress bars and stages of the whole log): the log is then read as one block, and its
+    # ingester is not appendable (a log that grew is read whole again).
+    whole_log: ClassVar[bool] = False
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         """Per line, from its cleaned text and the raw line's length in characters (without a final
@@ -163,7 +167,8 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     ctx.lines = 0
     kept, resumes = [], list(ctx.resume["resumes_after"]) if ctx.resume is not None else []
     writer = BlockWriter(ctx, grammar.printed_values_read, ctx.resume)
-    for block in read_console_blocks(ctx.path):
+    whole = ctx.path.stat().st_size + 1 if grammar.whole_log else None
+    for block in read_console_blocks(ctx.path, whole):
         if ctx.line_offset:
             block = block.with_columns(pl.col("line_no") + ctx.line_offset)
         lines = classify(block, grammar)

@@ -8,6 +8,10 @@ from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
 from polytrace_cli.ingest.formats import verl_jsonl  # noqa: F401
 from polytrace_cli.ingest.formats import verl_rollout  # noqa: F401
 from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
+from polytrace_cli.ingest.formats import trl_console  # noqa: F401
+from polytrace_cli.ingest.formats import trl_state  # noqa: F401
+from polytrace_cli.ingest.formats import mlflow_store  # noqa: F401
+from polytrace_cli.ingest.formats import wandb_offline  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_run  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_table  # noqa: F401

@@ -37,7 +37,10 @@ def _lengths_fit_sql(side: str) -> str:
 def _list_problem(key: str, turns: list[str]) -> tuple[str, str]:
     """(reason, code) for a step entry whose input/output lists are not lists of INTEGER lengths."""
     for text in turns:
-        turn = json.loads(text) if text else None
+        try:
+            turn = json.loads(text) if text else None
+        except RecursionError:
+            return f"step {key}: nested too deep to read", "invalid-json"
         if not isinstance(turn, dict):
             return f"step {key}: expected an object with input and output lists", "type-error"
         for side in ("input", "output"):

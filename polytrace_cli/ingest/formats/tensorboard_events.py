@@ -8,8 +8,10 @@ Scalars come in two encodings and both are read: `simple_value` (TF1 and tensorb
 writers) and a one-element tensor (TF2 and newer writers). Other summaries (histograms, images,
 text) and header/graph events are ignored under named rules.
 
-Tags map to keys as in the trainers' other logs: verl's tags are its metric keys; OpenRLHF's
-`train/` prefix is removed and its `eval/` prefix kept (so `train/policy_loss` -> `policy_loss`).
+Tags map to keys as in the trainers' other logs: verl's tags are its metric keys; the `train/`
+prefix of OpenRLHF and of TRL (the transformers Trainer) is removed and `eval/` kept (so
+`train/policy_loss` -> `policy_loss`, `train/completions/mean_length` -> `completions/mean_length`).
+A TRL run's cumulative `num_tokens` also gives `num_tokens/per_step` (`trl.tokens_per_step`).
 
 A record that cannot be read (truncated write, CRC mismatch) ends the readable part of the file:
 the records before it are kept, and the damage is rejected as one record with its byte offset. A
@@ -23,6 +25,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
+from polytrace_cli.ingest import trl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.registry import register
@@ -37,8 +40,10 @@ def metric_key(tag: str) -> str:
 
 
 def framework_of_keys(keys) -> str | None:
-    """'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None."""
+    """'trl', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None."""
     keys = list(keys)
+    if trl.is_trl(keys):
+        return "trl"
     if any(k.startswith(("timing_s/", "actor/", "critic/", "val-core/", "perf/")) for k in keys):
         return "verl"
     if any(k.startswith("train/") or k in ("policy_loss", "actor_lr") for k in keys):
@@ -69,7 +74,7 @@ def _scalar_of(value, tensor_util) -> float | None:
 @register
 class TensorBoardEventsIngester(Ingester):
     name = "tensorboard-events"
-    version = "2"
+    version = "3"
     framework = None
     description = "TensorBoard event file (events.out.tfevents.*): scalar summaries, simple or tensor"
 
@@ -145,7 +150,11 @@ class TensorBoardEventsIngester(Ingester):
         if frame.height == 0:
             ctx.note("no scalar summaries in this event file")
             return
-        claim_framework(ctx, framework_of_keys(frame["tag"].unique().to_list()))
+        framework = framework_of_keys(frame["tag"].unique().to_list())
+        claim_framework(ctx, framework)
+        if framework == "trl":
+            derived = trl.tokens_per_step(frame.select("segment", "step", "key", "value", "line_no"), "segment")
+            frame = pl.concat([frame, derived.with_columns(tag=pl.col("key")).select(frame.columns)])
         ctx.con.register("_tensorboard_scalars", ArrowStream(frame))
         try:
             ctx.insert(

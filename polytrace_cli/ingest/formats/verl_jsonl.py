@@ -49,25 +49,27 @@ _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
 _SNIFF_ANY_ORDER = re.compile(rb'^\s*\{.*"data"\s*:\s*\{.*"step"\s*:\s*-?\d+')
 
 
-def _first_line(head: bytes) -> bytes:
-    for line in head.split(b"\n"):
-        if line.strip():
-            return line
-    return b""
+# How many non-blank lines of the head sniffing looks at: a warning, a traceback or a damaged
+# record may come before the first record.
+SNIFF_LINES = 50
+
+
+def _first_lines(head: bytes) -> list[bytes]:
+    lines = [line for line in head.split(b"\n") if line.strip()]
+    return lines[:SNIFF_LINES]
 
 
 @register
 class VerlJsonlIngester(Ingester):
     name = "verl-jsonl"
-    version = "3"
+    version = "4"
     framework = "verl"
     description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
     metric_aliases = verl_names.METRIC_ALIASES
     validation_prefixes = verl_names.VALIDATION_PREFIXES
 
     def sniff(self, path: Path, head: bytes) -> bool:
-        first = _first_line(head)
-        return bool(_SNIFF.match(first) or _SNIFF_ANY_ORDER.match(first))
+        return any(_SNIFF.match(line) or _SNIFF_ANY_ORDER.match(line) for line in _first_lines(head))
 
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
@@ -76,6 +78,7 @@ class VerlJsonlIngester(Ingester):
         else:
             _read_line_by_line(ctx)
         _store_pairs(con)
+        _reject_beyond_double(ctx)
         _store(ctx)
         # The file logger writes full-precision JSON numbers and exists from verl 0.6.
         meta = {"framework": "verl", "verl_version": ">=0.6", "value_precision": None}
@@ -199,11 +202,42 @@ def _store_pairs(con) -> None:
                  WHEN type = 'VARCHAR' AND NOT starts_with(value ->> '$', '{_NONFINITE_MARK}') THEN value ->> '$'
                  WHEN type IN ('ARRAY', 'OBJECT') THEN CAST(value AS VARCHAR)
             END AS text_value,
-            pair_index
+            pair_index,
+            CASE WHEN type IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN NOT isfinite(CAST(value AS DOUBLE))
+                AND regexp_matches(CAST(value AS VARCHAR), '^-?[0-9]') ELSE false END AS beyond_double
         FROM typed
         """
     )
     con.execute("DROP TABLE verl_jsonl_maps")
+
+
+def _reject_beyond_double(ctx: FileContext) -> None:
+    """Reject each line holding a number literal too large for a DOUBLE (`1e400`, 400 digits): read
+    as ±inf it would pass for a bare `Infinity`, which only the writer may mean. Its pairs are
+    dropped and it leaves the lines that set segments."""
+    con = ctx.con
+    found = con.execute("SELECT line_no, min(key) FROM verl_jsonl_metrics WHERE beyond_double"
+                        " GROUP BY line_no ORDER BY line_no").fetchall()
+    if found:
+        wanted = {line_no: key for line_no, key in found}
+        for line_no, raw in _lines_numbered(ctx.path, wanted):
+            ctx.reject(line_no, f"field data.{wanted[line_no]}: the number is out of range for DOUBLE", raw,
+                       code="out-of-range")
+        con.execute("DELETE FROM verl_jsonl_metrics WHERE line_no IN (SELECT unnest(?::BIGINT[]))", [list(wanted)])
+        con.execute("UPDATE verl_jsonl_checked SET problem = 'out of range' WHERE line_no IN"
+                    " (SELECT unnest(?::BIGINT[]))", [list(wanted)])
+        ctx.stored -= len(wanted)
+    con.execute("ALTER TABLE verl_jsonl_metrics DROP COLUMN beyond_double")
+
+
+def _lines_numbered(path: Path, wanted) -> list[tuple[int, str]]:
+    """(line number, text) of the wanted lines of a file, numbered from 1."""
+    found = []
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if line_no in wanted:
+                found.append((line_no, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+    return found
 
 
 def _read_lines(path: Path) -> pl.DataFrame:
@@ -236,6 +270,8 @@ def _json_reason(raw: str) -> str:
         if error.pos >= len(raw.rstrip()) or error.msg.startswith("Unterminated string"):
             return "truncated JSON (line cut short)"
         return f"not JSON: {error.msg}"
+    except RecursionError:
+        return "not JSON: nested too deep to read"
     return "not JSON"
 
 

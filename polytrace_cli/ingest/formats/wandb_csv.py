@@ -9,7 +9,9 @@ OpenRLHF's `train/` prefix is dropped.
 Read in bulk: DuckDB `read_csv` (every column as text) and UNPIVOT into one (step, key, cell) row
 per present value; numeric cells become `value`, others `text_value`. The accounting unit is the
 CSV line: the header is ignored under its own rule, a row with no values under another, and a
-row whose Step is not an integer is rejected.
+row whose Step is not an integer is rejected. A file the bulk reader refuses (a NUL byte, a
+byte that is not UTF-8, a stray quote, a cut last line) is read line by line: each bad line is
+rejected with its reason and every other row is read as above.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ RUN_SEPARATOR = " - "
 
 def _header(head: bytes) -> list[str]:
     first_line = head.split(b"\n", 1)[0].decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r")
-    return next(csv.reader(io.StringIO(first_line)), [])
+    try:
+        return next(csv.reader(io.StringIO(first_line)), [])
+    except csv.Error:
+        return []
 
 
 def split_columns(columns: list[str]) -> tuple[str, dict[str, str], list[str]]:
@@ -48,7 +53,7 @@ def split_columns(columns: list[str]) -> tuple[str, dict[str, str], list[str]]:
 @register
 class WandbCsvIngester(Ingester):
     name = "wandb-csv"
-    version = "2"
+    version = "3"
     framework = None
     description = "CSV exported from the wandb UI (Step column, one column per key, __MIN/__MAX dropped)"
 
@@ -63,16 +68,19 @@ class WandbCsvIngester(Ingester):
                 " FROM read_csv(?, header = true, all_varchar = true, delim = ',', quote = '\"')",
                 [str(ctx.path)],
             )
-        except duckdb.Error as error:
-            raise IngestError(f"not a readable CSV: {str(error).splitlines()[0]}", "corrupt-file") from None
+            rows = con.execute("SELECT count(*) FROM wandb_csv").fetchall()[0][0]
+        except duckdb.Error:
+            rows = _read_line_by_line(ctx)
         columns = [row[0] for row in con.execute("DESCRIBE wandb_csv").fetchall()][1:]
+        if not any(c in STEP_COLUMNS for c in columns):
+            raise IngestError("the CSV header names no Step column", "missing-field")
         step_column, keys, runs = split_columns(columns)
         if len(runs) > 1:
             raise IngestError(f"the export holds {len(runs)} runs ({', '.join(runs)}); export one run per file",
                               "constraint-error")
-        rows = con.execute("SELECT count(*) FROM wandb_csv").fetchall()[0][0]
         ctx.lines = rows + 1
         ctx.ignore("CSV header")
+        _reject_rows_with_nul(ctx, columns)
         if not keys:
             ctx.ignore("row with no values", rows)
             return
@@ -125,6 +133,64 @@ class WandbCsvIngester(Ingester):
         )
         if runs:
             ctx.run_meta["wandb_run_name"] = runs[0]
+
+
+def _reject_rows_with_nul(ctx: FileContext, columns: list[str]) -> None:
+    """Reject (and drop from `wandb_csv`) each row with a NUL byte in a cell: a damaged line."""
+    holds_nul = " OR ".join(f"coalesce(contains({_ident(c)}, chr(0)), false)" for c in columns)
+    for row_no, *cells in ctx.con.execute(
+            f"SELECT row_no, * EXCLUDE (row_no) FROM wandb_csv WHERE {holds_nul} ORDER BY row_no").fetchall():
+        ctx.reject(row_no + 1, "holds a NUL byte", ",".join("" if c is None else c for c in cells),
+                   code="unparsable-line")
+    ctx.con.execute(f"DELETE FROM wandb_csv WHERE {holds_nul}")
+
+
+def _read_line_by_line(ctx: FileContext) -> int:
+    """Temp table `wandb_csv` (row_no, then every column as text) from the lines of a CSV that the
+    bulk reader refused; each line that is not UTF-8 text, holds a NUL byte, is not one strict CSV
+    row (a stray quote, a line cut short) or has another number of fields than the header is
+    rejected. Returns the number of data lines (good or not); a row's line is row_no + 1."""
+    import pyarrow as pa
+
+    with open(ctx.path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    header = _parse_row(lines[0].removeprefix(b"\xef\xbb\xbf")) if lines else None
+    if not isinstance(header, list) or not header:
+        raise IngestError("the CSV header is not one readable CSV row", "unparsable-line")
+    good: list[tuple[int, list[str]]] = []
+    for line_no, raw in enumerate(lines[1:], start=2):
+        row = _parse_row(raw)
+        if isinstance(row, str):
+            ctx.reject(line_no, row, raw, code="encoding-error" if row.startswith("not UTF-8") else "unparsable-line")
+        elif len(row) != len(header):
+            ctx.reject(line_no, f"row has {len(row)} fields, the header {len(header)}", raw, code="unparsable-line")
+        else:
+            good.append((line_no - 1, row))
+    table = pa.table({"row_no": pa.array([n for n, _ in good], pa.int64()),
+                      **{name: pa.array([row[i] for _, row in good], pa.string()) for i, name in enumerate(header)}})
+    ctx.con.register("wandb_csv_lines", table)
+    try:
+        ctx.con.execute("CREATE OR REPLACE TEMP TABLE wandb_csv AS SELECT * FROM wandb_csv_lines")
+    finally:
+        ctx.con.unregister("wandb_csv_lines")
+    return len(lines) - 1
+
+
+def _parse_row(raw: bytes) -> list[str] | str:
+    """The fields of one CSV line, or why it is not one strict CSV row."""
+    try:
+        text = raw.decode("utf-8").removesuffix("\r")
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    if "\0" in text:
+        return "holds a NUL byte"
+    try:
+        rows = list(csv.reader([text], strict=True))
+    except csv.Error as error:
+        return f"not a CSV row: {error}"
+    return rows[0] if len(rows) == 1 else "not a CSV row"
 
 
 def _sql(text: str) -> str:

@@ -180,6 +180,8 @@ class WandbSummaryIngester(Ingester):
         except json.JSONDecodeError as error:
             raise IngestError(f"wandb-summary.json is not valid JSON: {error.msg} at line {error.lineno}",
                                   "invalid-json") from None
+        except RecursionError:
+            raise IngestError("wandb-summary.json is nested too deep to read", "invalid-json") from None
         if not isinstance(document, dict):
             raise IngestError("wandb-summary.json does not hold an object", "not-an-object")
         ctx.lines = len(document)

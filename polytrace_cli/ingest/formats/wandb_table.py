@@ -34,15 +34,29 @@ CHARS_PER_TOKEN = 4
 
 
 def _read_table(path: Path) -> tuple[list, list]:
+    """(columns, data) of a table file. Bytes that are not UTF-8 are kept as lone surrogates
+    (`surrogateescape`), for `rows_with_bad_bytes` to find the rows that hold them."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        document = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
     except json.JSONDecodeError as error:
         raise IngestError(f"wandb table is not valid JSON: {error.msg} at line {error.lineno}",
                           "invalid-json") from None
+    except RecursionError:
+        raise IngestError("wandb table is nested too deep to read", "invalid-json") from None
     if not isinstance(document, dict) or not isinstance(document.get("columns"), list) \
             or not isinstance(document.get("data"), list):
         raise IngestError('wandb table must be an object with "columns" and "data" lists', "missing-field")
     return document["columns"], document["data"]
+
+
+def rows_with_bad_bytes(data: list) -> set[int]:
+    """1-based numbers of the rows holding a byte that is not UTF-8 (a lone surrogate once read)."""
+    bad = set()
+    for row_no, row in enumerate(data, start=1):
+        text = json.dumps(row, ensure_ascii=False)
+        if any("\udc80" <= char <= "\udcff" for char in text):
+            bad.add(row_no)
+    return bad
 
 
 def previous_snapshot(path: Path) -> Path | None:
@@ -86,7 +100,7 @@ def generation_pairs(columns: list) -> list[tuple[int, int, int, int]]:
 @register
 class WandbTableIngester(Ingester):
     name = "wandb-table"
-    version = "2"
+    version = "3"
     framework = None
     description = "wandb media table (*.table.json): logged generations as samples with estimated lengths"
 
@@ -116,16 +130,25 @@ class WandbTableIngester(Ingester):
         validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
         con = ctx.con
         params = [str(ctx.path)]
+        source = "SELECT content::JSON AS j FROM read_text(?)"
+        bad_bytes = rows_with_bad_bytes(data)
+        if bad_bytes:
+            # Each row holding a byte that is not UTF-8 is rejected; the others are read from the rest.
+            for row_no in sorted(bad_bytes):
+                if row_no > repeated:
+                    ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
+            kept = [None if row_no in bad_bytes else row for row_no, row in enumerate(data, start=1)]
+            source, params = "SELECT ?::JSON AS j", [json.dumps({"data": kept})]
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
-            WITH doc AS (SELECT content::JSON AS j FROM read_text(?)),
+            WITH doc AS ({source}),
                  rows AS (SELECT i + 1 AS row_no, json_extract(j, '$.data[' || i || ']') AS row
                           FROM doc, range(json_array_length(j, '$.data')::BIGINT) AS t(i))
             SELECT row_no, row, {step_sql(step_text)} AS step, {step_text} AS step_text,
                    {step_problem_sql(step_text)} AS step_code,
                    json_array_length(row) = {len(columns)} AS complete
-            FROM rows WHERE row_no > {repeated}
+            FROM rows WHERE row_no > {repeated} AND row_no NOT IN ({", ".join(map(str, sorted(bad_bytes))) or "0"})
             """,
             params,
         )

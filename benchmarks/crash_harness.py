@@ -1,0 +1,137 @@
+"""Crash harness: ingest many seeded damaged inputs (tests/hostile_inputs.py) and count what went wrong.
+
+    python benchmarks/crash_harness.py [--rounds N] [--seed S] [--kills K]
+
+Each round writes one variant of every case and ingests it with `polytrace ingest --json` in a
+subprocess, into a fresh store. Counted: inputs tried, tracebacks (any output holding one),
+lines lost (good lines of a case that did not reach the store), escapes (a file that had to be
+read but was neither stored nor reported as failed with a non-zero exit, or an infinite value
+stored from a number too large for a double).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from hostile_inputs import CASES  # noqa: E402
+
+
+def stored_lines(db: Path) -> tuple[int, set[str], int]:
+    """(lines stored over every file, paths of the files the store holds, infinite values stored) of
+    a store. No case writes a bare Infinity: an infinite value is a number too large that got in."""
+    import duckdb
+
+    if not db.exists():
+        return 0, set(), 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute("SELECT path, stored FROM files").fetchall()
+        infinite = con.execute("SELECT count(*) FROM step_metrics WHERE isinf(value)").fetchall()[0][0]
+    finally:
+        con.close()
+    return sum(stored for _, stored in rows), {path for path, _ in rows}, infinite
+
+
+def run_case(case_writer, folder: Path, rng: random.Random, polytrace: list[str]) -> dict:
+    """Write one case into `folder`, ingest it, and judge the outcome."""
+    case = case_writer(folder, rng)
+    db = folder / "store.duckdb"
+    done = subprocess.run([*polytrace, "ingest", *map(str, case.paths), "--db", str(db), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    stored, paths, infinite = stored_lines(db)
+    unread = [p for p in case.must_read if str(p.resolve()) not in paths]
+    return {"case": case.name, "exit": done.returncode, "traceback": "Traceback" in output,
+            "lost": max(case.stored - stored, 0),
+            "escaped": (bool(unread) and done.returncode == 0) or infinite > 0,
+            "stdout_is_json": _is_json(done.stdout)}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def kill_rounds(kills: int, seed: int, polytrace: list[str]) -> dict:
+    """Ingest a folder of several runs, kill -9 the ingest after a random delay, and look at the
+    store: runs without files (a read command must show none), files whose line accounting does
+    not add up (a half-stored file), and a store that no longer opens."""
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    counts = {"kills": 0, "runs_without_files": 0, "half_stored_files": 0, "unopenable_stores": 0}
+    with tempfile.TemporaryDirectory(prefix="polytrace-kill-") as folder:
+        logs = Path(folder) / "logs"
+        for index in range(6):
+            subprocess.run([*polytrace, "synth", "--task", "math", "--out", str(logs / f"run{index}"),
+                            "--num-steps", "6", "--batch", "16", "--n", "4", "--seed", str(index)],
+                           capture_output=True, check=True)
+        for kill in range(kills):
+            db = Path(folder) / f"store{kill}.duckdb"
+            ingest = subprocess.Popen([*polytrace, "ingest", str(logs), "--db", str(db)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.8, 4.0))
+            ingest.send_signal(signal.SIGKILL)
+            ingest.wait()
+            counts["kills"] += 1
+            if not db.exists():
+                continue
+            shown = subprocess.run([*polytrace, "runs", "--db", str(db), "--json"], capture_output=True, text=True)
+            if shown.returncode != 0:
+                if not any(empty in shown.stderr for empty in ("no store", "empty file", "empty store")):
+                    counts["unopenable_stores"] += 1
+                    print(json.dumps({"kill": kill, "unopenable": shown.stderr.strip()[-300:]}), flush=True)
+                continue
+            counts["runs_without_files"] += sum(run["files"] == 0 for run in json.loads(shown.stdout))
+            check = subprocess.run([*polytrace, "query", "--db", str(db), "--json",
+                                    "select count(*) as n from files where lines <> stored + ignored + rejected"],
+                                   capture_output=True, text=True)
+            counts["half_stored_files"] += json.loads(check.stdout)[0]["n"] if check.returncode == 0 else 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kills", type=int, default=0, help="also kill -9 this many ingests (see kill_rounds)")
+    args = parser.parse_args()
+    polytrace = [sys.executable, "-m", "polytrace_cli.cli"]
+    if args.kills:
+        killed = kill_rounds(args.kills, args.seed, polytrace)
+        print(json.dumps(killed), flush=True)
+        if killed["runs_without_files"] or killed["half_stored_files"] or killed["unopenable_stores"]:
+            sys.exit(1)
+    totals = {"inputs": 0, "tracebacks": 0, "lines_lost": 0, "escapes": 0, "stdout_not_json": 0}
+    for round_no in range(args.rounds):
+        for index, writer in enumerate(CASES):
+            rng = random.Random(args.seed * 100_003 + round_no * 101 + index)
+            with tempfile.TemporaryDirectory(prefix="polytrace-crash-") as folder:
+                outcome = run_case(writer, Path(folder), rng, polytrace)
+            totals["inputs"] += 1
+            totals["tracebacks"] += outcome["traceback"]
+            totals["lines_lost"] += outcome["lost"]
+            totals["escapes"] += outcome["escaped"]
+            totals["stdout_not_json"] += not outcome["stdout_is_json"]
+            if outcome["traceback"] or outcome["lost"] or outcome["escaped"] or not outcome["stdout_is_json"]:
+                print(json.dumps(outcome), flush=True)
+    print(json.dumps(totals))
+    if totals["tracebacks"] or totals["lines_lost"] or totals["escapes"] or totals["stdout_not_json"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

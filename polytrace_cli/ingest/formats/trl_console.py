@@ -1,0 +1,389 @@
+"""TRL console log: the stdout of a transformers Trainer running one of TRL's RL trainers
+(GRPOTrainer, RLOOTrainer, PPOTrainer; Unsloth patches them and prints the same dicts).
+
+The Trainer prints each logging step's metrics as a Python dict repr above its progress bar:
+
+     10%|█         | 10/100 [01:40<15:00, 10.00s/it]
+    {'loss': 0.0123, 'grad_norm': 0.5, 'learning_rate': 1e-06, 'num_tokens': 40960.0,
+     'completions/mean_length': 312.5, 'reward': 0.41, 'kl': 0.002, 'epoch': 0.01}
+
+and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps handled:
+
+- No step in the dict. It is the training bar's counter (`10/100`: the bar without a
+  description, drawn when the step ended) last drawn before the dict; without a bar it is
+  `k × logging_steps` for the k-th dict when the log prints `logging_steps=N`, else k (flag
+  `step_estimated`). `epoch` is fractional and stored as it is, never taken for a step.
+- Progress bars redraw with carriage returns, so a dict often shares a line with bar pieces;
+  the pipeline keeps the dict piece (anchor `{'`), this module reads the bar pieces.
+- Older TRL (0.14) logs `completion_length`, and some versions print values as strings
+  (`'loss': '0.0123'`): a string that reads as a number is stored as that number.
+- `num_tokens` is cumulative: `num_tokens/per_step` is derived per logged step
+  (`trl.tokens_per_step`).
+- Step time is `step_time` in recent TRL; without it the training bar's elapsed time gives it:
+  (elapsed at this dict's step - elapsed at the previous dict's step) / steps between, stored as
+  `tqdm/step_s` and flagged `tqdm_estimate` (the elapsed time is printed in whole seconds).
+- An SFT stage may precede the RL stage in one log (a new progress bar, or the end-of-training
+  dict, starts a stage). When a log holds an RL stage, the dicts of stages without RL keys are
+  kept apart: counted under the ignore rule `SFT stage dict`, their count and last loss in the run
+  meta (`trl_sft_stage`), never mixed into the RL steps.
+- With `logging_steps` > 1 the first logged step is `logging_steps`; a log whose bar starts at 0
+  is not flagged `resumed` for it.
+- The dicts of a log are numbered together (bars, stages, the SFT stage before the RL one), so the
+  pipeline reads a TRL log as one block (`ConsoleGrammar.whole_log`), not block by block.
+- A log that stops mid-run (no end-of-training dict, bar below its total) keeps every step it
+  has and says where it stops.
+- `eval_*` keys are stored as `eval/*` (validation), at the step of the training dict before.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from polytrace_cli.lazy import polars as pl
+
+from polytrace_cli.ingest import trl, trl_names
+from polytrace_cli.ingest.base import FileContext, Ingester
+from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, load_console
+from polytrace_cli.ingest.console.pipeline import flag_schema, metric_schema
+from polytrace_cli.ingest.formats.openrlhf_console import _literal_payload, _too_large_for_double
+from polytrace_cli.ingest.registry import is_binary, register
+
+# A training bar piece: no description before the percentage, then `n/total [elapsed<`.
+TRAINING_BAR = r"(?:^|\r)\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)\s*\[(?:(\d+):)?(\d+):(\d+)<"
+LOGGING_STEPS = r"\blogging_steps\s*[=:]\s*(\d+)"
+VERSION_PATTERNS = {
+    "trl_version": r"(?i)\bTRL(?: version)?\s*[:=]{0,2}\s*v?(\d+\.\d+(?:\.\d+)?(?:\.dev\d+)?)",
+    "unsloth_version": r"Unsloth (\d{4}\.\d+\.\d+)",
+    "transformers_version": r"Transformers:? v?(\d+\.\d+(?:\.\d+)?)",
+}
+
+_SNIFF_DICT = re.compile(rb"\{'[^'\n]{1,80}': [^\n]{0,4000}'epoch': ")
+# Text only a TRL job prints before its first dict (vLLM and model loading can fill the first 64 KB):
+# Unsloth's banner, TRL's config reprs and trainer names. OpenRLHF's `PPOTrainer` is not one of them.
+_SNIFF_BANNER = re.compile(rb"==\(\(====\)\)==\s+Unsloth|\b(?:GRPO|RLOO)(?:Trainer|Config)\b|\btrl==\d")
+
+# A dict in the plain form the Trainer prints: 'key': value pairs whose values are numbers, nan,
+# inf, True, False, None, or quoted strings that are a plain number or hold no digit and no space
+# (so that a cast reads them as Python's float() would). Such lines are split in bulk.
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+_VALUE = rf"(?:{_NUMBER}|True|False|None|'{_NUMBER}'|'[^'\\0-9\s]*')"
+SIMPLE_DICT = rf"^\{{'[^'\\]*': {_VALUE}(?:, '[^'\\]*': {_VALUE})*\}}\s*$"
+# Within such a dict a pair ends at the next comma or brace outside quotes.
+SIMPLE_PAIR = r"'[^'\\]*': (?:'[^']*'|[^,}]*)"
+RL_KEY = "^(?:" + "|".join(re.escape(prefix) for prefix in trl.RL_PREFIXES) + ")"
+
+
+def pair_schema() -> dict:
+    """Columns of the pairs read from the dicts, before their steps are known."""
+    return {"line_no": pl.Int64, "pair_index": pl.Int64, "key": pl.String, "value": pl.Float64,
+            "text_value": pl.String}
+
+SFT_RULE = "SFT stage dict"
+SUMMARY_RULE = "end-of-training dict (run meta)"
+OTHER_DICT_RULE = "printed dict (not a metrics dict)"
+
+
+@register
+class TrlConsoleIngester(Ingester):
+    name = "trl-console"
+    version = "1"
+    framework = "trl"
+    description = "TRL / Unsloth console log (Trainer metric dicts under a tqdm bar: GRPO, RLOO, PPO)"
+    metric_aliases = trl_names.METRIC_ALIASES
+    validation_prefixes = trl_names.VALIDATION_PREFIXES
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        if path.suffix in (".json", ".jsonl", ".csv", ".yaml", ".yml", ".py") or is_binary(head):
+            return False
+        return bool(_SNIFF_DICT.search(head) or _SNIFF_BANNER.search(head))
+
+    def load(self, ctx: FileContext) -> None:
+        load_console(ctx, TrlGrammar())
+
+
+class TrlGrammar(ConsoleGrammar):
+    """The Trainer's dict lines, numbered by the training bar (see the module)."""
+
+    anchor = "{'"
+    whole_log = True
+
+    def __init__(self) -> None:
+        self.meta: dict = {}
+        self.summary: dict | None = None
+        self.dicts: list[dict] = []
+
+    def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
+        starts = cleaned.str.starts_with("{'")
+        return (pl.when(starts & cleaned.str.strip_chars_end().str.ends_with("}")).then(pl.lit("metric"))
+                .when(starts & cleaned.str.contains("'epoch'|'loss'")).then(pl.lit("dirty")))
+
+    def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
+        """Pairs of the RL stage's dicts (or of every dict when the log has no RL stage), the
+        derived `num_tokens/per_step` and `tqdm/step_s`, and the flags of estimated steps."""
+        bars = _bar_points(lines)
+        pairs, dicts = self._read_dicts(ctx, lines.filter(pl.col("kind").is_in(["metric", "dirty"])), bars)
+        self._stage_kinds(dicts, pairs)
+        has_rl = any(d["rl"] for d in dicts)
+        logging_steps = _logging_steps(lines)
+        self.meta = {"logging_steps": logging_steps}
+        sft = [d["line_no"] for d in dicts if has_rl and not d["rl_stage"]]
+        if sft:
+            ctx.ignore(SFT_RULE, len(sft))
+            losses = pairs.filter(pl.col("line_no").is_in(sft) & (pl.col("key") == "loss")).get_column("value")
+            self.meta["trl_sft_stage"] = {"dicts": len(sft), "last_loss": losses[-1] if losses.len() else None}
+            ctx.note(f"{len(sft)} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
+        kept = [d for d in dicts if not has_rl or d["rl_stage"]]
+        return self._number(ctx, kept, pairs, logging_steps)
+
+    def _read_dicts(self, ctx: FileContext, metric_lines: pl.DataFrame,
+                    bars: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
+        """(pairs: line_no, pair_index, key, value, text_value of every metrics dict; one entry per
+        metrics dict, in line order, with its bar point and what its keys say). Dicts in the plain
+        form the Trainer prints (`SIMPLE_DICT`) are split in bulk; the others are read one by one
+        with a Python literal parser. End-of-training and other dicts are counted here and left out."""
+        rows = metric_lines.join(bars, on="line_no", how="left").sort("line_no")
+        simple = pl.col("c").str.contains(SIMPLE_DICT)
+        pairs = pl.concat([_simple_pairs(rows.filter(simple)), self._literal_pairs(ctx, rows.filter(~simple))])
+        pairs = _reject_overflow(ctx, pairs, rows).sort("line_no", "pair_index")
+        keys = pl.col("key")
+        per_line = pairs.group_by("line_no").agg(
+            summary=(keys == "train_runtime").any(),
+            epoch=(keys == "epoch").any(),
+            rl=keys.str.contains(RL_KEY).any(),
+            has_eval=keys.str.starts_with("eval_").any(),
+            only_eval=(keys.str.starts_with("eval_") | keys.is_in(["epoch", "step"])).all(),
+            step_time=(keys == trl.STEP_TIME).any(),
+        ).join(rows.select("line_no", "counter", "total", "elapsed", "bar_stage", "bar_from_zero"), on="line_no")
+        dicts: list[dict] = []
+        for entry in per_line.sort("line_no").iter_rows(named=True):
+            if entry["summary"]:
+                ctx.ignore(SUMMARY_RULE)
+            elif not entry["epoch"] and not entry["rl"]:
+                ctx.ignore(OTHER_DICT_RULE)
+                continue
+            entry["eval"] = entry["has_eval"] and entry["only_eval"]
+            entry["bar_from_zero"] = bool(entry["bar_from_zero"])
+            dicts.append(entry)
+        return pairs.filter(pl.col("line_no").is_in([d["line_no"] for d in dicts])), dicts
+
+    @staticmethod
+    def _literal_pairs(ctx: FileContext, rows: pl.DataFrame) -> pl.DataFrame:
+        """Pairs of the dicts not in the plain form, read with a Python literal parser (numpy
+        reprs, nested values, escaped strings); a line that does not read as a dict is rejected."""
+        records: list[tuple] = []
+        for line_no, raw, cleaned in rows.select("line_no", "raw", "c").iter_rows():
+            try:
+                payload = _literal_payload(cleaned.strip())
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
+                ctx.reject(line_no, f"metrics dict is not a Python dict literal: {type(error).__name__}", raw,
+                           code="unparsable-line")
+                continue
+            if not isinstance(payload, dict):
+                ctx.reject(line_no, f"payload is a {type(payload).__name__}, not a dict", raw, code="unparsable-line")
+                continue
+            if not payload:
+                ctx.ignore(OTHER_DICT_RULE)
+            records.extend((line_no, index, str(key), *trl.scalar(value))
+                           for index, (key, value) in enumerate(payload.items(), start=1))
+        return pl.DataFrame(records, schema=pair_schema(), orient="row")
+
+    def _stage_kinds(self, dicts: list[dict], pairs: pl.DataFrame) -> None:
+        """Cut the dicts into stages (a new bar, or the dict after an end-of-training dict, starts
+        one), mark each `rl_stage`, and take out the end-of-training dicts: the last kept stage's
+        becomes `self.summary`."""
+        stage, last_bar_stage, current = 0, None, []
+        stages: list[list[dict]] = [current]
+        summaries: dict[int, int] = {}
+        for entry in dicts:
+            if entry["summary"]:
+                summaries[stage] = entry["line_no"]
+                stage += 1
+                current = []
+                stages.append(current)
+                continue
+            if entry["bar_stage"] is not None and last_bar_stage is not None and entry["bar_stage"] != last_bar_stage:
+                if current:
+                    stage += 1
+                    current = []
+                    stages.append(current)
+            last_bar_stage = entry["bar_stage"] if entry["bar_stage"] is not None else last_bar_stage
+            entry["stage"] = stage
+            current.append(entry)
+        for members in stages:
+            rl = any(m["rl"] for m in members)
+            for member in members:
+                member["rl_stage"] = rl
+        dicts[:] = [d for d in dicts if not d["summary"]]
+        has_rl = any(d["rl_stage"] for d in dicts)
+        kept = [d["stage"] for d in dicts if d["rl_stage"] or not has_rl]
+        summary_line = summaries.get(kept[-1]) if kept else None
+        if summary_line is not None:
+            self.summary = dict(pairs.filter(pl.col("line_no") == summary_line).select("key", "value").iter_rows())
+
+    def _number(self, ctx: FileContext, dicts: list[dict], pairs: pl.DataFrame,
+                logging_steps: int | None) -> ParsedMetrics:
+        """Steps, pairs and flags of the kept dicts (see the module for the rules): the step of
+        each dict is decided here, then joined to its pairs in bulk."""
+        steps: list[tuple] = []
+        step_times: list[tuple] = []
+        flags: list[tuple] = []
+        ordinal: dict[int, int] = {}
+        previous: dict[int, tuple[int, float | None]] = {}
+        last_train_step: dict[int, int] = {}
+        sources: set[str] = set()
+        for entry in dicts:
+            stage, line_no = entry["stage"], entry["line_no"]
+            if entry["eval"] and stage in last_train_step:
+                step = last_train_step[stage]
+            elif entry["counter"] is not None:
+                step = entry["counter"]
+                sources.add("bar")
+            else:
+                ordinal[stage] = ordinal.get(stage, 0) + 1
+                step = ordinal[stage] * (logging_steps or 1)
+                sources.add("logging_steps" if logging_steps else "order")
+                detail = (f"no step printed: dict {ordinal[stage]} × logging_steps={logging_steps}" if logging_steps
+                          else f"no step printed and no logging_steps: dict number {ordinal[stage]}")
+                flags.append((line_no, step, "step_estimated", detail))
+            entry["step"] = step
+            steps.append((line_no, step, stage, entry["eval"]))
+            if entry["eval"]:
+                continue
+            last_train_step[stage] = step
+            if not entry["step_time"] and entry["elapsed"] is not None:
+                before = previous.get(stage, (0, 0.0) if entry["bar_from_zero"] else None)
+                if before is not None and before[1] is not None and step > before[0]:
+                    step_times.append((line_no, 999, "tqdm/step_s", (entry["elapsed"] - before[1]) / (step - before[0]),
+                                       None))
+                    flags.append((line_no, step, "tqdm_estimate",
+                                  f"step time from the progress bar's elapsed time, mean over {step - before[0]} step(s)"))
+            previous[stage] = (step, entry["elapsed"])
+        numbered = pl.DataFrame(steps, schema={"line_no": pl.Int64, "step": pl.Int64, "group": pl.Int64,
+                                               "eval": pl.Boolean}, orient="row")
+        key = pl.col("key")
+        metrics = pl.concat([pairs, pl.DataFrame(step_times, schema=pair_schema(), orient="row")]).join(
+            numbered, on="line_no").with_columns(
+            key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
+            .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
+        tokens = metrics.filter(~pl.col("eval") & (key == trl.CUMULATIVE_TOKENS) & pl.col("value").is_not_null())
+        derived = trl.tokens_per_step(tokens).with_columns(pair_index=pl.lit(1000, pl.Int64),
+                                                           text_value=pl.lit(None, pl.String))
+        columns = ["line_no", "step", "pair_index", "key", "value", "text_value"]
+        metrics = pl.concat([metrics.select(columns), derived.select(columns)]).sort("line_no", "pair_index") \
+            .with_columns(raw_value=pl.lit(None, pl.String)).select(list(metric_schema()))
+        flag_frame = pl.DataFrame(flags, schema=flag_schema(), orient="row")
+        printed = pl.concat([metrics.select("line_no", "step"), flag_frame.select("line_no", "step")]).unique(
+            "line_no", keep="first", maintain_order=True).select("line_no", printed=pl.col("step").cast(pl.String))
+        if "order" in sources:
+            ctx.note("no progress bar and no logging_steps printed: steps are the dicts' order (flag step_estimated)")
+        elif "logging_steps" in sources:
+            ctx.note(f"no progress bar: steps from logging_steps={logging_steps} (flag step_estimated)")
+        self.dicts = dicts
+        return ParsedMetrics(metrics, flag_frame, printed.sort("line_no"))
+
+    def zero_steps(self, ctx: FileContext, lines: pl.DataFrame) -> None:
+        ctx.note("zero steps: no Trainer metrics dict in the log")
+
+    def record_meta(self, ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -> None:
+        """framework trl and the versions printed; the bar's total (`trl_max_steps`), the last step
+        and whether the log stops before its end; the end-of-training dict; the SFT stage."""
+        meta: dict = {"framework": "trl", **self.meta}
+        text = lines.filter(pl.col("c").str.contains(r"(?i)trl|unsloth|transformers")).get_column("c")
+        for field, pattern in VERSION_PATTERNS.items():
+            found = text.str.extract(pattern, 1).drop_nulls()
+            meta[field] = found[0] if found.len() else None
+        keys = set(metrics.get_column("key").unique().to_list()) if metrics.height else set()
+        ctx.format_version = ("<=0.14" if "completion_length" in keys
+                              else ">=0.15" if any(k.startswith("completions/") for k in keys) else None)
+        dicts = [d for d in self.dicts if not d["eval"]]
+        summary = self.summary
+        if summary:
+            meta["trl_train_summary"] = summary
+        if dicts and (dicts[0]["bar_from_zero"] or dicts[0]["counter"] is None) and ctx.stored:
+            # The first logged step is `logging_steps`, not 1, in a run that started at step 0:
+            # the pipeline's `resumed` flag (first step above 1) does not apply.
+            ctx.rows -= len(ctx.con.execute(
+                "DELETE FROM step_flags WHERE file_id = ? AND flag = 'resumed' RETURNING flag", [ctx.file_id]).fetchall())
+        if dicts:
+            last = dicts[-1]
+            meta["trl_last_step"] = last["step"]
+            if last["total"] is not None:
+                meta["trl_max_steps"] = last["total"]
+                if summary is None and last["step"] < last["total"]:
+                    ctx.note(f"log stops at step {last['step']} of {last['total']}: no end-of-training dict")
+        ctx.run_meta.update(meta)
+
+
+def _bar_points(lines: pl.DataFrame) -> pl.DataFrame:
+    """Per line: the training bar last drawn at or before it (counter, total, elapsed seconds),
+    `bar_stage` (a count of bars started so far: a counter lower than the one before starts a
+    new bar) and `bar_from_zero` (the stage's bar was drawn at 0, so its elapsed time starts
+    with the stage).
+
+    Other bars without a description (the evaluation loop's) are left out: only bars whose total
+    is the one drawn last before some training dict count.
+    """
+    drawn = lines.select("line_no", "c", matches=pl.col("raw").str.extract_all(TRAINING_BAR)).with_columns(
+        last=pl.col("matches").list.last(), first=pl.col("matches").list.first()).drop("matches")
+    last = pl.col("last").str.extract_groups(TRAINING_BAR)
+    points = drawn.with_columns(groups=last).unnest("groups").select(
+        "line_no", "c",
+        counter=pl.col("1").cast(pl.Int64),
+        total=pl.col("2").cast(pl.Int64),
+        elapsed=(pl.col("3").cast(pl.Float64).fill_null(0.0) * 3600 + pl.col("4").cast(pl.Float64) * 60
+                 + pl.col("5").cast(pl.Float64)),
+        first_counter=pl.col("first").str.extract(TRAINING_BAR, 1).cast(pl.Int64),
+    )
+    seen = points.with_columns(seen_total=pl.col("total").forward_fill())
+    training_totals = seen.filter(pl.col("c").str.starts_with("{'") & ~pl.col("c").str.starts_with("{'eval_")
+                                  ).get_column("seen_total").drop_nulls().unique().implode()
+    drawn = points.filter(pl.col("total").is_in(training_totals))
+    drawn = drawn.with_columns(
+        new_bar=((pl.col("first_counter") < pl.col("counter").shift(1)) | (pl.col("first_counter") == 0))
+        .fill_null(True),
+    ).with_columns(bar_stage=pl.col("new_bar").cast(pl.Int64).cum_sum())
+    drawn = drawn.with_columns(bar_from_zero=(pl.col("first_counter") == 0).any().over("bar_stage"))
+    return (points.select("line_no").join(drawn.drop("c", "first_counter", "new_bar"), on="line_no", how="left")
+            .sort("line_no").with_columns(pl.exclude("line_no").forward_fill()))
+
+
+def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:
+    """The pairs of dicts in the plain form (`SIMPLE_DICT`), in bulk: a quoted value is unquoted
+    and read as a number when it is one (as `trl.scalar` does), True and False are 1 and 0, None
+    is missing, and any other text is kept as text."""
+    pairs = rows.select("line_no", pair=pl.col("c").str.extract_all(SIMPLE_PAIR)).with_columns(
+        pair_index=pl.int_ranges(1, pl.col("pair").list.len() + 1, dtype=pl.Int64)).explode("pair", "pair_index")
+    pairs = pairs.filter(pl.col("pair").is_not_null()).with_columns(
+        parts=pl.col("pair").str.slice(1).str.split_exact("': ", 1)).unnest("parts").rename(
+        {"field_0": "key", "field_1": "text"})
+    quoted = pl.col("text").str.starts_with("'")
+    pairs = pairs.with_columns(
+        unquoted=pl.when(quoted).then(pl.col("text").str.slice(1, pl.col("text").str.len_chars() - 2))
+        .otherwise(pl.col("text")))
+    value = (pl.when(pl.col("text") == "True").then(1.0).when(pl.col("text") == "False").then(0.0)
+             .otherwise(pl.col("unquoted").cast(pl.Float64, strict=False)))
+    return pairs.with_columns(value=value).select(
+        "line_no", "pair_index", "key", "value",
+        text_value=pl.when(pl.col("value").is_null() & (pl.col("text") != "None")).then(pl.col("unquoted")))
+
+
+def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """`pairs` without the dicts holding a number too large for a double (read as ±inf from text
+    that does not say inf): each such line is rejected as out-of-range."""
+    suspect = pairs.filter(pl.col("value").is_infinite()).get_column("line_no").unique()
+    if not suspect.len():
+        return pairs
+    bad = []
+    for line_no, raw, cleaned in rows.filter(pl.col("line_no").is_in(suspect.implode())).select(
+            "line_no", "raw", "c").iter_rows():
+        too_large = _too_large_for_double(cleaned)
+        if too_large is not None:
+            ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code="out-of-range")
+            bad.append(line_no)
+    return pairs.filter(~pl.col("line_no").is_in(bad))
+
+
+def _logging_steps(lines: pl.DataFrame) -> int | None:
+    found = lines.get_column("c").str.extract(LOGGING_STEPS, 1).drop_nulls()
+    return int(found[0]) if found.len() else None

@@ -1,0 +1,33 @@
+"""Writing a file's step metrics from one frame, for formats that read whole documents (a
+trainer_state.json, a wandb record log, an MLflow store) rather than console lines."""
+
+from __future__ import annotations
+
+from polytrace_cli.lazy import polars as pl
+
+from polytrace_cli.ingest.arrow import ArrowStream
+from polytrace_cli.ingest.base import FileContext
+
+
+def with_segments(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (line_no, step, ...) with `segment`: a step lower than the previous entry's starts one."""
+    steps = frame.select("line_no", "step").unique("line_no", maintain_order=True).with_columns(
+        segment=(pl.col("step") < pl.col("step").shift(1)).fill_null(False).cast(pl.Int32).cum_sum())
+    return frame.join(steps.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
+
+
+def store_step_rows(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: int | None = None) -> None:
+    """Insert `frame` (segment, step, key, value, text_value, line_no) into `step_metrics`, for
+    the file's run or `run_id`."""
+    if not frame.height:
+        ctx.note("no logged steps")
+        return
+    ctx.con.register(view, ArrowStream(frame))
+    try:
+        ctx.insert(
+            "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)"
+            f" SELECT ?, segment, step, key, value, text_value, ?, line_no FROM {view}",
+            [ctx.run_id if run_id is None else run_id, ctx.file_id],
+        )
+    finally:
+        ctx.con.unregister(view)

@@ -1,0 +1,113 @@
+"""Hugging Face TRL's logged metrics, shared by every TRL source (console, trainer_state.json,
+TensorBoard, wandb, MLflow).
+
+TRL's trainers (GRPOTrainer, RLOOTrainer, PPOTrainer, and Unsloth, which patches them) log one
+dict per logging step through the transformers Trainer. The same dict reaches the console
+(`{'loss': ..., 'reward': ..., 'epoch': 0.01}`), `trainer_state.json`'s `log_history` (with a
+`step`), and TensorBoard or wandb with a `train/` prefix. Keys are mapped to the canonical step
+columns by `metric_aliases` rows (completions/mean_length -> response_length_mean, ...).
+
+Traps every source shares:
+- `num_tokens` is cumulative (tokens seen since the start of training): the tokens of a step are
+  derived as `num_tokens/per_step` (`tokens_per_step`), never read off the cumulative count.
+- With `logging_steps` > 1, each logged value is the mean over the steps since the last log, so a
+  derived per-step quantity is divided by the steps the interval covers.
+- TRL 0.14 logs `completion_length` where newer versions log `completions/mean_length`.
+- A run may print the values as strings (`'loss': '0.0123'`): a string that reads as a number is
+  that number (`scalar`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from polytrace_cli.lazy import polars as pl
+
+CUMULATIVE_TOKENS = "num_tokens"
+PER_STEP_TOKENS = "num_tokens/per_step"
+STEP_TIME = "step_time"
+
+# Keys only TRL's RL trainers log (any one marks the source as TRL; raw keys, `train/` removed).
+TRL_MARKERS = frozenset((
+    "completions/mean_length", "completions/clipped_ratio", "completion_length", "frac_reward_zero_std",
+    "objective/rlhf_reward", "objective/scores", "clip_ratio/region_mean", "completions/mean_terminated_length",
+))
+# Key prefixes of an RL dict, as opposed to an SFT dict of the same log (`loss`, `grad_norm`, ...).
+RL_PREFIXES = ("reward", "kl", "completions/", "completion_length", "objective/", "frac_reward_zero_std",
+               "clip_ratio", "policy/", "rewards/")
+# The dict the transformers Trainer logs once at the end of training: run meta, not a step.
+SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+
+def is_trl(keys: Iterable[str]) -> bool:
+    """True when the keys (with or without TRL's `train/` prefix) include one only TRL logs."""
+    return any(key.removeprefix("train/") in TRL_MARKERS for key in keys)
+
+
+def is_rl_dict(keys: Iterable[str]) -> bool:
+    """True when a logged dict holds a key of an RL trainer (reward, KL, completions, ...)."""
+    return any(key.startswith(RL_PREFIXES) for key in keys)
+
+
+def is_summary_dict(keys: Iterable[str]) -> bool:
+    """True for the Trainer's end-of-training dict (`train_runtime`, `train_loss`, ...)."""
+    return "train_runtime" in set(keys)
+
+
+def store_key(key: str, in_eval_dict: bool = False) -> str:
+    """The stored key of a logged key: the Trainer's `eval_` prefix becomes `eval/` (validation),
+    and an evaluation dict's `epoch` is `eval/epoch` (the training dict of the same step has its own)."""
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    return "eval/epoch" if in_eval_dict and key == "epoch" else key
+
+
+def is_eval_dict(keys: Iterable[str]) -> bool:
+    """True for an evaluation dict: only `eval_*` keys besides `epoch` (and `step`)."""
+    keys = [key for key in keys if key not in ("epoch", "step")]
+    return bool(keys) and all(key.startswith("eval_") for key in keys)
+
+
+def scalar(value) -> tuple[float | None, str | None]:
+    """(value, text_value) of one logged item: numbers, and strings that read as numbers, as
+    doubles; booleans as 0/1; other strings as text; None as missing."""
+    if isinstance(value, bool):
+        return float(value), None
+    if isinstance(value, (int, float)):
+        return float(value), None
+    if isinstance(value, str):
+        try:
+            return float(value), None
+        except ValueError:
+            return None, value
+    return None, None
+
+
+def tokens_per_step(frame: pl.DataFrame, group: str = "group") -> pl.DataFrame:
+    """Rows of `num_tokens/per_step` from the cumulative `num_tokens` rows of `frame` (columns
+    `group`, step, key, value, and line_no): one row per logged step,
+
+        per_step(i) = (num_tokens(i) - num_tokens(i-1)) / (step(i) - step(i-1))
+
+    within a group (a segment or phase), in step order. The first logged step of a group covers
+    steps 1..step(1) only when the log starts at the beginning of training, which is taken to hold
+    when step(1) equals the next logging interval step(2) - step(1): then per_step(1) =
+    num_tokens(1) / step(1); otherwise it is not known and left out. A count that does not grow
+    (a restarted counter) gives no row."""
+    columns = [group, "step", "key", "value", "line_no"]
+    tokens = frame.filter(pl.col("key") == CUMULATIVE_TOKENS).select(columns).sort(group, "step")
+    if not tokens.height:
+        return frame.clear().select(columns)
+    previous_step = pl.col("step").shift(1).over(group)
+    previous_value = pl.col("value").shift(1).over(group)
+    interval = (pl.col("step").shift(-1) - pl.col("step")).over(group)
+    first = previous_step.is_null()
+    derived = tokens.with_columns(
+        value=pl.when(first & (interval == pl.col("step")))
+        .then(pl.col("value") / pl.col("step"))
+        .when(~first & (pl.col("step") > previous_step) & (pl.col("value") > previous_value))
+        .then((pl.col("value") - previous_value) / (pl.col("step") - previous_step)),
+        key=pl.lit(PER_STEP_TOKENS),
+    )
+    return derived.filter(pl.col("value").is_not_null() & pl.col("value").is_finite())
+

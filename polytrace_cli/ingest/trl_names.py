@@ -1,0 +1,27 @@
+"""TRL's metric names (GRPOTrainer, RLOOTrainer, PPOTrainer, Unsloth), wherever they were logged
+(console, trainer_state.json, and TensorBoard, wandb or MLflow with `train/` removed): the `steps`
+view's columns are generated from these mappings (see `Ingester.metric_aliases`). This module loads
+nothing, so a store can check its view cheaply.
+"""
+
+# `num_tokens` is cumulative and maps to nothing: the ingesters derive `num_tokens/per_step`, the
+# step's tokens. TRL 0.14 logs `completion_length` where later versions log
+# `completions/mean_length`. `kl`, `entropy` and PPO's `objective/*` are named so that analyses can
+# find them; they have no `steps` column. A progress-bar step time is `tqdm/step_s` (verl's names).
+METRIC_ALIASES = {
+    "completions/mean_length": "response_length_mean",
+    "completions/min_length": "response_length_min",
+    "completions/max_length": "response_length_max",
+    "completion_length": "response_length_mean",
+    "completions/clipped_ratio": "clip_ratio",
+    "num_tokens/per_step": "total_tokens",
+    "step_time": "step_s",
+    "reward": "reward_mean",
+    "kl": "kl_mean",
+    "objective/kl": "kl_mean",
+    "entropy": "entropy_mean",
+    "objective/entropy": "entropy_mean",
+    "objective/rlhf_reward": "reward_mean",
+}
+# The Trainer's `eval_*` keys are stored as `eval/*`.
+VALIDATION_PREFIXES = ("eval/",)

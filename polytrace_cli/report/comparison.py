@@ -1,0 +1,97 @@
+"""The report's comparison section: when a report holds several runs of one task, why each run's mean
+step differs from the first run of that task (`diagnose.against.explain_against` over the report's
+steps). Runs without a task are not compared: nothing says they ran the same job; nor are runs that
+log no step metrics (per-sample traces alone: no step time to compare). A pair whose runs cannot be
+compared (too few timed steps in the range for a step-time model) is listed with the reason."""
+
+from __future__ import annotations
+
+from html import escape
+
+import duckdb
+
+from polytrace_cli.analyze.common import StepRange
+from polytrace_cli.errors import PolytraceError
+
+# Causes listed per pair on the page (every cause is in summary.json).
+SHOWN_CAUSES = 3
+COMPARISON_KEYS = ("task", "a", "b", "a_step_s", "b_step_s", "delta_s", "slowdown", "causes", "findings", "scaling",
+                   "omitted")
+
+
+def runs_by_task(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, list[str]]:
+    """Task -> the report's runs of that task that log step times (`model.logs_step_metrics`), in report
+    order; only tasks with two or more such runs."""
+    from polytrace_cli.model import logs_step_metrics
+
+    rows = con.execute("SELECT run_id, name, task FROM runs WHERE run_id IN (SELECT unnest(?)) AND task IS NOT NULL",
+                       [run_ids]).fetchall()
+    order = {run_id: index for index, run_id in enumerate(run_ids)}
+    grouped: dict[str, list[str]] = {}
+    for run_id, name, task in sorted(rows, key=lambda row: order[row[0]]):
+        if logs_step_metrics(con, run_id):
+            grouped.setdefault(task, []).append(name)
+    return {task: names for task, names in grouped.items() if len(names) > 1}
+
+
+def run_comparisons(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> list[dict]:
+    """Per task with several runs, each later run against the task's first (`COMPARISON_KEYS`; causes
+    and findings as `explain --against --json` has them, `omitted` the reason a pair has no numbers)."""
+    from polytrace_cli.diagnose.against import explain_against
+
+    out = []
+    for task, names in runs_by_task(con, run_ids).items():
+        baseline = names[0]
+        for run in names[1:]:
+            entry = dict.fromkeys(COMPARISON_KEYS)
+            entry.update(task=task, a=baseline, b=run, causes=[], findings=[])
+            try:
+                document = explain_against(con, run, baseline, steps, steps).to_dict()
+            except PolytraceError as error:
+                entry["omitted"] = str(error)
+            else:
+                entry.update({key: document[key] for key in COMPARISON_KEYS if key in document})
+                entry.update(task=task, a=baseline, b=run)
+            out.append(entry)
+    return out
+
+
+def _cause_line(cause: dict) -> str:
+    stage = f" ({cause['stage']})" if cause["stage"] else ""
+    share = f", {cause['share']:.0%} of the difference" if cause["share"] is not None else ""
+    return f"{cause['cause']}{stage} {cause['seconds']:+,.1f} s per step{share}"
+
+
+def _lines(entry: dict) -> tuple[str, list[str]]:
+    head = f"{entry['b']} against {entry['a']} (task {entry['task']})"
+    if entry["omitted"]:
+        return head, [f"not compared: {entry['omitted']}"]
+    scaled = [text for text in entry["findings"] if "stopped scaling" in text]
+    return head, [entry["findings"][0], *(_cause_line(c) for c in entry["causes"][:SHOWN_CAUSES]), *scaled]
+
+
+def html_section(comparisons: list[dict]) -> str:
+    """The section's HTML ('' when the report holds no two runs of one task)."""
+    if not comparisons:
+        return ""
+    parts = ["<h2 id='comparison'>Runs of one task compared</h2>",
+             "<p class='meta'>Each run's mean step against the first run of its task, split into causes that sum "
+             "to the difference (polytrace explain RUN --against FIRST).</p>"]
+    for entry in comparisons:
+        head, lines = _lines(entry)
+        items = "".join(f"<li>{escape(line)}</li>" for line in lines)
+        parts.append(f"<h3>{escape(head)}</h3><ul{' class=omitted' if entry['omitted'] else ''}>{items}</ul>")
+    return "\n".join(parts)
+
+
+def markdown_lines(comparisons: list[dict]) -> list[str]:
+    """The section's Markdown lines (none when the report holds no two runs of one task)."""
+    if not comparisons:
+        return []
+    out = ["## Runs of one task compared", "",
+           "Each run's mean step against the first run of its task, split into causes that sum to the difference "
+           "(polytrace explain RUN --against FIRST).", ""]
+    for entry in comparisons:
+        head, lines = _lines(entry)
+        out += [f"### {head}", "", *(f"- {line}" for line in lines), ""]
+    return out

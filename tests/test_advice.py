@@ -1,0 +1,38 @@
+"""The parameters "what would help" proposes, chosen from the run's data, by hand on small inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polytrace_cli.simulate.advice import choose_rollout_share, overhead_interval, response_cap
+
+
+def test_the_cap_cuts_the_longest_five_percent_and_never_goes_below_the_mean():
+    lengths = [np.arange(1.0, 101.0), None, np.arange(101.0, 201.0)]
+    choice = response_cap(lengths)
+    # 200 responses 1..200: the 95 % quantile is 190.05 → 191, cutting 192..200's 9 and 191 itself not
+    assert choice.policy == "max-response-len=191"
+    assert "4.5% of the responses" in choice.why and "mean response is 100" in choice.why
+    # one very long response among equal ones: the quantile is the common length, the mean is above it
+    skewed = [np.r_[np.full(99, 100.0), 10_000.0]]
+    assert response_cap(skewed).policy == "max-response-len=199"
+    # every response at the same length: nothing to cut
+    assert response_cap([np.full(50, 512.0)]) is None and response_cap([None]) is None
+
+
+def test_an_overhead_above_five_percent_is_spaced_out_to_about_two():
+    steps = np.arange(1, 101)
+    testing = np.where(steps % 10 == 0, 60.0, 0.0)            # 10 validations of 60 s
+    choice = overhead_interval(steps, testing, wall_s=6000.0, name="validation", option="validate-every")
+    # 600 / 6000 = 10 %: ⌈10 / 2⌉ = 5 times the logged interval of 10 → every 50, on steps 50 and 100
+    assert choice.policy == "validate-every=50"
+    assert choice.why == ("validation takes 10.0% of the run's wall time every 10 steps; every 50 (2 times) it "
+                          "would take about 2.0%")
+    assert overhead_interval(steps, testing, wall_s=20_000.0, name="validation", option="validate-every") is None
+    single = np.where(steps == 50, 600.0, 0.0)
+    assert overhead_interval(steps, single, wall_s=6000.0, name="validation", option="validate-every") is None
+
+
+def test_the_rollout_share_is_the_one_saving_most():
+    assert choose_rollout_share({0.25: 10.0, 0.5: 30.0, 0.75: None}) == 0.5
+    assert choose_rollout_share({0.25: None}) is None
