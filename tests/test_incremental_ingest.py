@@ -164,6 +164,28 @@ def test_a_progress_bar_still_being_drawn_is_read_with_its_file(tmp_path, log_te
     assert rows == one_shot(tmp_path / "once.duckdb", log, log_text + bar + b"\n" + BAD_LINE.encode() * 2)
 
 
+@pytest.mark.parametrize("kind", ["cr-only", "byte-order-mark", "trl"])
+def test_a_grown_log_read_from_a_rewritten_copy_or_as_one_block_is_read_whole(tmp_path, log_text, kind):
+    """A rewritten copy's bytes are not the file's, and a TRL log's dicts are numbered over the whole
+    log: neither is read from where the last read ended."""
+    if kind == "cr-only":
+        text, end = log_text.replace(b"\n", b"\r"), b"\r"
+    elif kind == "byte-order-mark":
+        text, end = b"\xef\xbb\xbf" + log_text, b"\n"
+    else:
+        text, end = (Path(__file__).parent / "fixtures" / "trl" / "grpo_unsloth_console.log").read_bytes(), b"\n"
+    log, con = ingested(tmp_path, text[: text.rfind(end, 0, len(text) // 2) + 1])
+    log.write_bytes(text)
+    (grown,) = ingest_paths(con, [log], run_name="r")
+    assert grown.status == "replaced"
+    rows = store_rows(con)
+    con.close()
+    once = one_shot(tmp_path / "once.duckdb", log, text)
+    if kind == "trl":  # a run's facts are merged over its reads: a fact only the first half gave stays
+        del rows["runs"], once["runs"]
+    assert rows == once
+
+
 CONSOLE_FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*/*/*.log")) + sorted(
     (Path(__file__).parent / "fixtures" / "openrlhf").glob("*.log"))
 
