@@ -18,6 +18,7 @@ from polytrace_cli.commands import report as report_commands
 from polytrace_cli.commands import simulate as simulate_commands
 from polytrace_cli.commands import steps as steps_commands
 from polytrace_cli.commands import store as store_commands
+from polytrace_cli.commands import watch as watch_commands
 from polytrace_cli.commands import workload as workload_commands
 
 HELP = "Characterize RLVR training runs: ingest logs and traces, analyze, report, gate CI."
@@ -63,6 +64,7 @@ COMMANDS: dict[str, Callable] = {
     "report": report_commands.report,
     "check": report_commands.check,
     "whatif": simulate_commands.whatif,
+    "watch": watch_commands.watch,
     "version": version,
 }
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from polytrace_cli.ingest.ray_engine import RaySettings
     from polytrace_cli.ingest.runner import FileReport
     from polytrace_cli.simulate import BacktestResult, WhatIfResult
+    from polytrace_cli.watch import WatchResult, WatchSettings
 
     Steps = StepRange | str | int | None
 
@@ -133,6 +134,24 @@ class Store:
             # Ray's workers load the tokenizer again, by the name or path it was loaded from.
             name = tokenizer if isinstance(tokenizer, str) else getattr(loaded, "name_or_path", None)
             return ingest_paths_ray(self.connection, targets, settings=ray, tokenizer=name, **options)
+
+    def watch(self, path: str | Path, on_event: Callable[[dict], None], settings: WatchSettings | None = None,
+              on_run: Callable[[str], None] | None = None) -> WatchResult:
+        """Follow a log (or a run folder) as the job writes it, as `polytrace watch`: ingest its complete new
+        lines, judge each new step and call `on_event` with each event (step, alert, truncated); `on_run`
+        gets the run's name once its first rows are stored. Returns when it stays idle
+        `settings.idle_exit` seconds or a crash ends it."""
+        from polytrace_cli.watch import WatchSettings, watch_log
+
+        if self.read_only:
+            raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to watch")
+        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run)
+
+    def configured_steps(self, run: str) -> int | None:
+        """The run's configured last step (`total_training_steps` in its config), when it names one."""
+        from polytrace_cli.watch.follow import configured_steps
+
+        return configured_steps(self.connection, run)
 
     def runs(self) -> pl.DataFrame:
         """One row per run with its files, samples, steps and rejected lines, and `semantics` (a struct:

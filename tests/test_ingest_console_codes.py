@@ -135,7 +135,10 @@ def test_undecided_step_time_inclusion_is_stored_as_null_and_never_overwrites_a_
     _ingest_one(store, decided)
     meta = _meta(store)
     assert meta["step_time_includes_testing"] is False and meta["step_time_includes_checkpoint"] is None
-    # Re-reading the undecided log (changed) does not turn the decision back into null.
+    # Re-reading the undecided log (grown, or changed) does not turn the decision back into null.
     undecided.write_text(undecided.read_text() + "step:7 - timing_s/gen:10.0 - timing_s/step:10.5\n")
+    assert [r.status for r in ingest_paths(store, [undecided])] == ["appended"]
+    assert _meta(store)["step_time_includes_testing"] is False
+    undecided.write_text(undecided.read_text().replace("step:1 ", "step:0 "))
     assert [r.status for r in ingest_paths(store, [undecided])] == ["replaced"]
     assert _meta(store)["step_time_includes_testing"] is False

@@ -15,7 +15,7 @@ LAYERS = [
     {"ingest", "analyze"},
     {"model", "workload"},
     {"diagnose", "simulate"},
-    {"check", "report"},
+    {"check", "report", "watch"},
     {"facade"},
     {"commands"},
     {"cli"},

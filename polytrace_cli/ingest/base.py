@@ -84,6 +84,12 @@ class FileContext:
     _errors: list[tuple] = field(default_factory=list)
     on_begin: Callable[[], None] | None = None
     in_transaction: bool = False
+    # An appended read (`Ingester.appendable`): `path` holds only the lines after the first
+    # `line_offset` lines of the file, and `resume` is the state the previous read left; a reader
+    # that supports appending sets `resume_state` to what the next appended read will need.
+    line_offset: int = 0
+    resume: dict | None = None
+    resume_state: dict | None = None
 
     @property
     def text_lines(self) -> int:
@@ -206,6 +212,8 @@ class Ingester:
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
+    # True when `load` can read only the lines appended to a file since its last read (see FileContext.resume).
+    appendable: ClassVar[bool] = False
     framework: ClassVar[str | None] = None
     description: ClassVar[str] = ""
     metric_aliases: ClassVar[Mapping[str, str]] = {}

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -219,6 +220,127 @@ def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int
             last = chunk[-1:]
     lines = newlines + (1 if size and last != b"\n" else 0)
     return digest.hexdigest(), size, lines
+
+
+@dataclass(frozen=True)
+class RangeHashes:
+    """`hash_range` of a file: sha256 of its first `prefix` bytes (None when not asked), and of the
+    bytes read (the file up to `limit`), their size, lines (a last line without newline counts) and
+    `complete`, the bytes up to and including the last newline among them."""
+
+    prefix_sha: str | None
+    sha: str
+    size: int
+    lines: int
+    complete: int
+
+    @property
+    def counted(self) -> tuple[str, int, int]:
+        """(sha256, size, lines), as `hash_and_count` gives them."""
+        return self.sha, self.size, self.lines
+
+
+# sha256 states of files read up to some byte, to hash only what a file grew by since: keyed by
+# (path, bytes hashed, sha256 hex of them), the most recent last.
+_DIGESTS: OrderedDict[tuple[Path, int, str], object] = OrderedDict()
+_DIGESTS_KEPT = 64
+
+
+def hash_range(path: Path, prefix: int | None = None, limit: int | None = None, prefix_lines: int | None = None,
+               prefix_sha: str | None = None, chunk_size: int = 8 << 20) -> RangeHashes:
+    """One pass over the first `limit` bytes of `path` (all when None): their sha256, size, lines and
+    last newline, and the sha256 of the first `prefix` bytes on the way (what a file that only grew
+    since it was read still starts with). `prefix_lines`, the newlines known to be in the prefix,
+    spares counting them; with `prefix_sha` too (the prefix's sha256 as stored), a digest this process
+    kept when it hashed that prefix is taken up at its end, and only the bytes after it are read."""
+    digest = hashlib.sha256()
+    size = newlines = complete = 0
+    found_sha = None
+    counted_from = 0 if prefix_lines is None or prefix is None else prefix
+    if counted_from:
+        newlines = prefix_lines
+    kept = _DIGESTS.get((path, prefix, prefix_sha)) if counted_from and prefix_sha else None
+    if kept is not None:
+        digest, size, found_sha = kept.copy(), prefix, prefix_sha
+    last = b""
+    with open(path, "rb") as handle:
+        handle.seek(size)
+        while limit is None or size < limit:
+            want = chunk_size if limit is None else min(chunk_size, limit - size)
+            if prefix is not None and found_sha is None and size < prefix:
+                want = min(want, prefix - size)
+            chunk = handle.read(want)
+            if not chunk:
+                break
+            digest.update(chunk)
+            if size >= counted_from:
+                newlines += chunk.count(b"\n")
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                complete = size + cut + 1
+            size += len(chunk)
+            last = chunk[-1:]
+            if prefix is not None and found_sha is None and size == prefix:
+                found_sha = digest.copy().hexdigest()
+    if prefix == 0:
+        found_sha = hashlib.sha256().hexdigest()
+    lines = newlines + (1 if size and last != b"\n" else 0)
+    sha = digest.hexdigest()
+    _DIGESTS[(path, size, sha)] = digest.copy()
+    while len(_DIGESTS) > _DIGESTS_KEPT:
+        _DIGESTS.popitem(last=False)
+    return RangeHashes(found_sha, sha, size, lines, complete)
+
+
+# The block before an appended read's start whose sha256 says the file only grew since it was read.
+GROWTH_BLOCK_BYTES = 1 << 16
+
+
+def block_sha(path: Path, end: int) -> str | None:
+    """sha256 of the GROWTH_BLOCK_BYTES bytes of `path` before byte `end` (fewer at the file's
+    start), or None when the file holds fewer than `end` bytes."""
+    start = max(0, end - GROWTH_BLOCK_BYTES)
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        data = handle.read(end - start)
+    return hashlib.sha256(data).hexdigest() if len(data) == end - start else None
+
+
+def last_newline_end(path: Path, size: int, window: int = 1 << 16) -> int:
+    """The bytes of `path` up to and including its last newline before `size` (0 when it has none)."""
+    with open(path, "rb") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - window)
+            handle.seek(start)
+            cut = handle.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+    return 0
+
+
+@contextmanager
+def byte_range_copy(path: Path, start: int, end: int) -> Iterator[Path]:
+    """A temporary file holding bytes start..end of `path` (the lines appended to a log, or its complete
+    lines), removed afterwards. Named like `path`, in a folder named like its parent, as sniffers see it."""
+    folder = Path(tempfile.mkdtemp(prefix="polytrace-part-"))
+    try:
+        parent = folder / (path_text(path.resolve().parent.name) or "input")
+        parent.mkdir()
+        target = parent / path_text(path.name)
+        with open(path, "rb") as source, open(target, "wb") as out:
+            source.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                chunk = source.read(min(remaining, 8 << 20))
+                if not chunk:
+                    break
+                out.write(chunk)
+                remaining -= len(chunk)
+        yield target
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]:

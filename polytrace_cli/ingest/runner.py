@@ -14,6 +14,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,14 +23,14 @@ import duckdb
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, Readable, UnreadableFile, hash_and_count_bytes, is_compressed, path_text, readable,
-    walk,
+    CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
+    hash_range, is_compressed, last_newline_end, path_text, readable, walk,
 )
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
 from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
 )
-from polytrace_cli.ingest.unchanged import is_unchanged, stored_file, stored_files
+from polytrace_cli.ingest.unchanged import StoredFile, is_unchanged, reads_the_same, stored_file, stored_files
 from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first, rollback, stops_the_store
 
@@ -53,7 +54,7 @@ class FileReport:
     """What happened to one input file."""
 
     path: str
-    status: str  # ingested, replaced, unchanged, rejected, skipped, error
+    status: str  # ingested, appended, replaced, truncated, unchanged, rejected, skipped, error
     format: str | None = None
     run: str | None = None
     bytes: int = 0
@@ -233,9 +234,13 @@ def _record_whole_file_rejection(
         raise
 
 
+class _ReadWhole(Exception):
+    """An appended read found that the file must be read whole after all (the reason is the message)."""
+
+
 def ingest_file(
     con: duckdb.DuckDBPyConnection, path: Path, ingester: Ingester, run_id: int, run_name: str, head: bytes,
-    hashes: FileHashes, source: Readable | None = None,
+    hashes: FileHashes, source: Readable | None = None, complete_lines: bool = False,
 ) -> FileReport:
     """Load one file in one transaction; a file read before the same way (same sha256, format, parser
     version and row-changing options) is skipped.
@@ -243,27 +248,188 @@ def ingest_file(
     `path` is the input file as given (its path and sha256 are its provenance); `source` what the
     ingester reads (the decompressed text of a compressed file), by default `path` itself. A new or
     changed file is hashed in `hashes`' thread while DuckDB parses it (hashlib releases the GIL).
+
+    A file of an appendable format (`Ingester.appendable`), read as it is (not from a decompressed or
+    rewritten copy, `files.readable`: such a file is read whole), that only grew since it was read (the
+    last 64 KB it read still hash the same, `block_sha` in `files.resume_state`, and that read
+    ended at a newline) is read from there on (status `appended`); one that shrank is read whole
+    (`truncated`), as is one whose last block read changed (`replaced`). New bytes without a
+    newline (a progress bar redrawn by carriage returns) are read with the whole file: alone they
+    would read as lines ended by carriage returns. With `complete_lines` (a log being written), the
+    file is read up to its last newline only: a line still being written is read once finished.
     """
     path = path.resolve()
+    plain = source is None or not source.rewritten
     source = source or Readable(path, path, False)
     started = time.perf_counter()
     stored = stored_file(con, run_id, path_text(path))
     options = ingester.read_options()
-    report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name,
-                        bytes=path.stat().st_size)
-    if is_unchanged(stored, ingester, report.bytes, lambda: hashes.result(path)[0]):
-        report.status = "unchanged"
+    size = path.stat().st_size
+    report = FileReport(path=path_text(path), status="ingested", format=ingester.name, run=run_name, bytes=size)
+    growing = plain and ingester.appendable
+    limit = last_newline_end(path, size) if complete_lines and growing else size
+    if complete_lines:  # a log being written: its complete lines, or its last block read, as when it grew
+        unchanged = is_unchanged(stored, ingester, limit, lambda: hash_range(path, limit=limit).sha,
+                                 last_block=lambda: block_sha(path, limit))
+    else:
+        unchanged = is_unchanged(stored, ingester, limit, lambda: hashes.result(path)[0])
+    if unchanged:
+        report.status, report.bytes = "unchanged", limit
         report.seconds = time.perf_counter() - started
         return report
+    whole_note = None
+    same_reading = growing and reads_the_same(stored, ingester)
+    if same_reading and limit < stored.bytes:
+        whole_note = f"truncated: {limit:,} bytes, {stored.bytes:,} when last read; read again whole"
+    elif same_reading and stored.resume_state is not None and stored.complete_bytes == stored.bytes \
+            and limit > stored.bytes and last_newline_end(path, limit) > stored.bytes:
+        if stored.state.get("block_sha") == block_sha(path, stored.bytes):
+            counted = None if complete_lines else hashes.result(path)
+            if counted is None or counted[1] != limit:  # the file grew again since it was hashed
+                # The last read ended at a newline: the prefix holds its lines' newlines.
+                counted = hash_range(path, prefix=stored.bytes, limit=limit, prefix_lines=stored.lines,
+                                     prefix_sha=stored.sha256).counted
+            ranges = RangeHashes(None, *counted, complete=limit if _ends_a_line(path, limit) else 0)
+            try:
+                return _append_in_transaction(con, path, ingester, run_id, run_name, stored, ranges, report,
+                                              started)
+            except _ReadWhole as why:
+                whole_note = f"read again whole: {why}"
+        else:
+            whole_note = (f"its bytes up to {stored.bytes:,} changed since it was read (the last block read"
+                          " hashes differently); read again whole")
     file_id = fetch_first(con, "SELECT nextval('file_id_seq')")[0]
-    counting = hashes.future(source.path) if source.rewritten else None
-    return _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id,
-                                stored.file_id if stored else None,
-                                hashes.future(path), counting, report, started, options)
+    existing = stored.file_id if stored else None
+    if complete_lines and growing:
+        # A file being written is read from a copy of its complete lines: the hash, the counts and
+        # the rows then all see the same bytes.
+        ranges = hash_range(path, limit=limit)
+        with byte_range_copy(path, 0, limit) as part:
+            report = _load_in_transaction(con, path, Readable(part, path, False), ingester, run_id, run_name, head,
+                                          file_id, existing, _done(ranges.counted), None, report, started, options,
+                                          limit)
+    else:
+        counting = hashes.future(source.path) if source.rewritten else None
+        report = _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing,
+                                      hashes.future(path), counting, report, started, options,
+                                      _complete_bytes(path, size) if growing else None)
+    if whole_note:
+        report.status = "truncated" if whole_note.startswith("truncated") else "replaced"
+        report.notes.insert(0, whole_note)
+    return report
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _ends_a_line(path: Path, size: int) -> bool:
+    """Whether the first `size` bytes of the file end with a newline."""
+    if not size:
+        return False
+    with open(path, "rb") as handle:
+        handle.seek(size - 1)
+        return handle.read(1) == b"\n"
+
+
+def _complete_bytes(path: Path, size: int) -> int | None:
+    """`size` when the file ends with a newline (an appended read may start there), else None."""
+    return size if _ends_a_line(path, size) else None
+
+
+def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, stored: StoredFile,
+                           ranges: RangeHashes, report: FileReport, started: float) -> FileReport:
+    """Read the lines appended to a file since its last read (bytes `stored.bytes` to `ranges.size`)
+    and add them to its rows and counts, in one transaction.
+
+    The lines are numbered on from the file's stored lines, and the reader gets the state the last
+    read left (`files.resume_state`) and the format version it found. The file's run metadata must come out as a whole read would
+    give it: when the new lines give a value that differs from the one the file gave before (a
+    restarted job printing other settings), the transaction is rolled back and `_ReadWhole` raised.
+    """
+    file_id, offset = stored.file_id, stored.bytes
+    state = stored.state
+    previous_meta = state.pop("meta", {})
+    previous_version = state.pop("format_version", None)
+    state.pop("block_sha", None)
+    added_lines = ranges.lines - stored.lines
+    with byte_range_copy(path, offset, ranges.size) as part:
+        # The format version found so far goes on, as from one block of a whole read to the next.
+        ctx = FileContext(con=con, path=part, run_id=run_id, file_id=file_id, run_name=run_name,
+                          format_version=previous_version, line_count=added_lines, line_offset=stored.lines,
+                          resume=state)
+        try:
+            ingester.load(ctx)
+            ctx.flush()
+            if ctx.lines != added_lines or ctx.lines != ctx.stored + ctx.ignored_total + ctx.rejected:
+                raise RuntimeError(
+                    f"{ingester.name} lost lines appended to {path}: {added_lines} appended, {ctx.lines} read,"
+                    f" {ctx.stored} stored, {ctx.ignored_total} ignored, {ctx.rejected} rejected")
+            changed = _changed_meta(previous_meta, ctx.run_meta, set(state.get("recomputed_meta", ())))
+            if previous_version and ctx.format_version and ctx.format_version != previous_version:
+                changed.append("format version")
+            if changed or ctx.resume_state is None:
+                raise _ReadWhole(f"the appended lines change {', '.join(changed)}" if changed
+                                 else "the appended lines cannot follow the lines read before")
+            # Counts per rule: the appended lines' rows were added beside the file's earlier ones.
+            con.execute("CREATE OR REPLACE TEMP TABLE appended_ignored AS SELECT file_id, rule, sum(lines) AS lines"
+                        " FROM ignored_lines WHERE file_id = ? GROUP BY file_id, rule", [file_id])
+            con.execute("DELETE FROM ignored_lines WHERE file_id = ?", [file_id])
+            con.execute("INSERT INTO ignored_lines (file_id, rule, lines) SELECT file_id, rule, lines"
+                        " FROM appended_ignored ORDER BY rule")
+            con.execute("DROP TABLE appended_ignored")
+            meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None}}
+            version = ctx.format_version or previous_version
+            seconds = time.perf_counter() - started
+            complete = ranges.size if ranges.complete == ranges.size else None
+            con.execute(
+                "UPDATE files SET sha256 = ?, bytes = ?, complete_bytes = ?, format_version = ?, lines = lines + ?,"
+                " stored = stored + ?, ignored = ignored + ?, rejected = rejected + ?, rows = rows + ?,"
+                " seconds = seconds + ?, resume_state = ?, ingested_at = current_timestamp WHERE file_id = ?",
+                [ranges.sha, ranges.size, complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
+                 ctx.rejected, ctx.rows, seconds,
+                 json.dumps({**ctx.resume_state, "meta": meta, "format_version": version,
+                             "block_sha": block_sha(path, ranges.size) if complete else None}, sort_keys=True),
+                 file_id])
+            _commit(con, ctx, run_id, ingester.framework)
+        except BaseException:
+            _roll_back(con, ctx)
+            raise
+    report.status, report.bytes = "appended", ranges.size - offset
+    _count(report, ctx, started)
+    report.notes.insert(0, f"read from byte {offset:,} (line {stored.lines + 1:,}) on")
+    return report
+
+
+def _commit(con, ctx: FileContext, run_id: int, framework: str | None) -> None:
+    """Merge the file's run facts into its run and commit its transaction."""
+    merge_run_meta(con, run_id, framework, ctx.run_meta)
+    con.execute("COMMIT")
+
+
+def _roll_back(con, ctx: FileContext) -> None:
+    if ctx.in_transaction:
+        rollback(con)
+
+
+def _count(report: FileReport, ctx: FileContext, started: float) -> None:
+    """Fill `report` with what the file's read accounted for."""
+    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
+    report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, list(ctx.notes)
+    report.seconds = time.perf_counter() - started
+
+
+def _changed_meta(before: dict, after: dict, recomputed: set[str]) -> list[str]:
+    """Keys whose value the appended lines give differently from the file's earlier lines (keys
+    `recomputed` from the whole file's stored rows may change: a whole read would change them too)."""
+    return sorted(key for key, value in after.items() if key not in recomputed
+                  and value is not None and before.get(key) is not None and before[key] != value)
 
 
 def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, file_id, existing, hashing, counting,
-                         report, started, options) -> FileReport:
+                         report, started, options, complete_bytes=None) -> FileReport:
     def replace_previous_version() -> None:
         if existing is not None:
             delete_file_rows(con, existing)
@@ -283,22 +449,23 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
         sha, size, _ = hashing.result()
         report.bytes = size
         seconds = time.perf_counter() - started
+        state = None
+        if ctx.resume_state is not None and complete_bytes is not None:
+            state = json.dumps({**ctx.resume_state, "meta": ctx.run_meta, "format_version": ctx.format_version,
+                                "block_sha": block_sha(path, complete_bytes)}, sort_keys=True)
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
-            " read_options, lines, stored, ignored, rejected, rows, seconds)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " read_options, lines, stored, ignored, rejected, rows, seconds, complete_bytes, resume_state)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [file_id, run_id, path_text(path), sha, size, ingester.name, ctx.format_version, ingester.version,
-             options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds],
+             options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds, complete_bytes,
+             state],
         )
-        merge_run_meta(con, run_id, ingester.framework, ctx.run_meta)
-        con.execute("COMMIT")
+        _commit(con, ctx, run_id, ingester.framework)
     except BaseException:
-        if ctx.in_transaction:
-            rollback(con)
+        _roll_back(con, ctx)
         raise
-    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
-    report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, ctx.notes
-    report.seconds = time.perf_counter() - started
+    _count(report, ctx, started)
     return report
 
 
@@ -312,6 +479,7 @@ def ingest_paths(
     on_file: Callable[[FileReport], None] | None = None,
     hashes: FileHashes | None = None,
     batch: bool = True,
+    complete_lines: bool = False,
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
@@ -322,12 +490,13 @@ def ingest_paths(
     never creates a run. One bad file never stops the others.
     `hashes` may already hold (or be computing) files' hashes; by default each file is hashed as
     it is loaded. With `batch` (the default), small step files are read in batches (see the module
-    docstring); the store ends the same either way.
+    docstring); the store ends the same either way. With `complete_lines` (logs still being
+    written), a log of an appendable format is read up to its last newline (`ingest_file`).
     """
     if hashes is None:
         with FileHashes() as own:
             return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
-                                on_file=on_file, hashes=own, batch=batch)
+                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines)
     forced = None
     if format_name:
         forced = get_ingester(format_name)
@@ -343,7 +512,8 @@ def ingest_paths(
             on_file(report)
 
     def load_alone(member: _BatchMember) -> None:
-        done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole))
+        done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole,
+                        complete_lines))
 
     pending: list[_BatchMember] = []
     pending_bytes = 0
@@ -360,7 +530,7 @@ def ingest_paths(
         if pending:
             _ingest_batch(con, pending, resolver, hashes, done, load_alone)
             pending, pending_bytes = [], 0
-        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole))
+        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole, complete_lines))
     if pending:
         _ingest_batch(con, pending, resolver, hashes, done, load_alone)
     record_failures(con, resolver, failed_whole)
@@ -369,11 +539,11 @@ def ingest_paths(
 
 
 def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
-    """The end-of-ingest hook: decide again the semantics record of every run a file was added to or
-    replaced in (`store.semantics`)."""
+    """The end-of-ingest hook: decide again the semantics record of every run a file was added to,
+    replaced in, or grew in (`store.semantics`)."""
     from polytrace_cli.store.semantics import decide_runs
 
-    names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced")})
+    names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced", "appended", "truncated")})
     if names:
         rows = con.execute("SELECT run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall()
         decide_runs(con, [row[0] for row in rows])
@@ -651,7 +821,8 @@ def record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, failu
 
 
 def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
-               resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
+               resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
+               complete_lines: bool = False) -> FileReport:
     """Load one file as `ingest_paths` does outside a batch: `problem` (from `walk`) makes it an error,
     an unknown format skips it (rejects it when `explicit`), a whole-file rejection is appended to
     `failed_whole` for `record_failures`, and a run that only this file created is dropped if it fails."""
@@ -660,7 +831,8 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
         return FileReport(path=shown, status="error", message=problem)
     try:
         with readable(path) as source:
-            return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole)
+            return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole,
+                                  complete_lines)
     except UnreadableFile as error:
         return FileReport(path=shown, status="error", message=f"cannot read: {error}")
     except CorruptFile as error:
@@ -699,7 +871,8 @@ def skip_reason(name_path: Path, head: bytes, binary: bool) -> str:
 
 
 def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: Ingester | None,
-                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure]) -> FileReport:
+                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
+                   complete_lines: bool = False) -> FileReport:
     shown = path_text(path)
     try:
         head = read_head(source.path)
@@ -716,7 +889,7 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
                              failed_whole)
     run_id, run = resolver.resolve(path, ingester.framework)
     try:
-        return ingest_file(con, path, ingester, run_id, run, head, hashes, source)
+        return ingest_file(con, path, ingester, run_id, run, head, hashes, source, complete_lines)
     except IngestError as error:
         resolver.drop_if_empty(run_id)
         return _reject_whole(path, source, ingester.name, str(error), error.code, hashes, failed_whole)

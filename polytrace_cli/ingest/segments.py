@@ -46,13 +46,15 @@ def _lines_sharing_a_key(metrics: pl.DataFrame, repeated: pl.DataFrame) -> list[
     return pairs.get_column("line_no").unique().to_list()
 
 
-def insert_step_flags(ctx: FileContext, segments: str, extra_flags: str | None = None) -> None:
+def insert_step_flags(ctx: FileContext, segments: str, extra_flags: str | None = None,
+                      after_line: int | None = None) -> None:
     """Write `step_flags` for a file: `restart` where a segment begins after the first, `resumed`
     when the log's first step is above 1, plus the rows of `extra_flags` (line_no, step, flag,
     detail), each placed in its line's segment.
 
     `segments` and `extra_flags` name tables or views on the connection; `segments` has the
-    columns of `line_segments`.
+    columns of `line_segments`. With `after_line` (an appended read, whose `segments` starts with
+    the last line stored before), only flags of later lines are written.
     """
     extra = f"SELECT line_no, step, flag, detail FROM {extra_flags} UNION ALL" if extra_flags else ""
     ctx.insert(
@@ -72,7 +74,8 @@ def insert_step_flags(ctx: FileContext, segments: str, extra_flags: str | None =
         )
         SELECT ?, s.segment, f.step, f.flag, f.detail, ?, f.line_no
         FROM found f JOIN {segments} s USING (line_no)
+        WHERE f.line_no > ?
         ORDER BY f.line_no, f.flag
         """,
-        [ctx.run_id, ctx.file_id],
+        [ctx.run_id, ctx.file_id, -1 if after_line is None else after_line],
     )

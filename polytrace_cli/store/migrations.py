@@ -2,10 +2,11 @@
 
 The files are `schemas/NNN_<what>.sql` at the top of the project, shipped as the package
 `polytrace_cli.schemas`; they hold tables only. A store records every applied file in
-`schema_migrations`. Opening an older store applies the missing files, all in one transaction, and
-then writes what is generated from the formats' declarations (the `metric_aliases` rows and the `steps`
-view, `store/catalog.py`); a store whose version is newer than this code knows is refused, so an old
-polytrace never writes into a layout it does not understand.
+`schema_migrations`. Opening an older store applies the files it lacks (a file numbered below one
+already applied included), all in one transaction, and then writes what is generated from the formats'
+declarations (the `metric_aliases` rows and the `steps` view, `store/catalog.py`); a store whose
+version is newer than this code knows is refused, so an old polytrace never writes into a layout it
+does not understand.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def available_migrations() -> list[Migration]:
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
-        raise RuntimeError(f"schema files must be numbered from 1, each number once: {versions}")
+        raise RuntimeError(f"schema files are not numbered from 1 without duplicates: {versions}")
     return found
 
 
-SCHEMA_VERSION = max(m.version for m in available_migrations())
+# The highest schema file's number; numbers may have gaps (a file numbered when its change was begun
+# may land after a higher one).
+SCHEMA_VERSION = max((m.version for m in available_migrations()), default=0)
 
 
 def has_ledger(con: duckdb.DuckDBPyConnection) -> bool:
@@ -62,6 +65,13 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
 
+def applied_versions(con: duckdb.DuckDBPyConnection) -> set[int]:
+    """The schema files applied to this store."""
+    if not has_ledger(con):
+        return set()
+    return {row[0] for row in con.execute("SELECT version FROM schema_migrations").fetchall()}
+
+
 def check_not_newer(con: duckdb.DuckDBPyConnection, db_label: str) -> int:
     """Refuse a store written by a newer polytrace; return its version."""
     version = schema_version(con)
@@ -77,8 +87,7 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
     """Apply every schema file the store lacks (up to version `up_to`); return the versions applied."""
     current = check_not_newer(con, db_label)
     new_ledger = not has_ledger(con)
-    applied = set() if new_ledger else {
-        row[0] for row in con.execute("SELECT version FROM schema_migrations").fetchall()}
+    applied = applied_versions(con)
     pending = [m for m in available_migrations()
                if m.version not in applied and (up_to is None or m.version <= up_to)]
     if not pending and not new_ledger:

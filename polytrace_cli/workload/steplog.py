@@ -601,9 +601,33 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
     ]
 
 
-def console_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel, style: str = "repr") -> str:
+CRASHES = ("oom", "nccl_timeout")
+
+
+def crash_lines(crash: str, prefix: str = RAY_PREFIX) -> list[str]:
+    """What a verl job prints when it dies: a worker's traceback ending in a CUDA out-of-memory error
+    (`oom`) or an NCCL watchdog timeout (`nccl_timeout`)."""
+    if crash not in CRASHES:
+        raise PolytraceError(f"unknown crash {crash!r} (known: {', '.join(CRASHES)})")
+    error = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+             " of 79.15 GiB of which 1.02 GiB is free." if crash == "oom" else
+             "torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout:"
+             " WorkNCCL(SeqNum=4021, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.")
+    return [
+        f"{prefix}Traceback (most recent call last):",
+        f'{prefix}  File "verl/trainer/main_ppo.py", line 64, in main',
+        f"{prefix}    run_ppo(config)",
+        f'{prefix}  File "verl/workers/fsdp_workers.py", line 512, in update_actor',
+        f"{prefix}    metrics = self.actor.update_policy(data=data)",
+        f"{prefix}{error}",
+    ]
+
+
+def console_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel, style: str = "repr",
+                 crash_after: int | None = None, crash: str = "oom") -> str:
     """The trainer's stdout: head lines, then per step its `step:N - key:value - ...` line and the
-    progress bar, as verl >= 0.5 (`style="repr"`) or <= 0.4 (`style="fixed"`, every value `.3f`) prints it."""
+    progress bar, as verl >= 0.5 (`style="repr"`) or <= 0.4 (`style="fixed"`, every value `.3f`) prints it.
+    With `crash_after`, the job dies after that step's lines with `crash_lines(crash)`."""
     if style not in STYLES:
         raise PolytraceError(f"unknown console style {style!r} (known: {', '.join(STYLES)})")
     prefix = RAY_PREFIX if style == "repr" else "(main_task pid=27182) "
@@ -631,6 +655,9 @@ def console_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel, 
                 key, value, kind = before_train[1][0]
                 lines.append(f"{prefix}step:{step} - {key}:{_value_text(value, kind, style)}")
             elapsed, first = 0.0, step + 1
+        if step == crash_after:
+            lines += crash_lines(crash, prefix)
+            break
     return "\n".join(lines) + "\n"
 
 

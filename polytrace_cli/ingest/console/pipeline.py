@@ -114,8 +114,12 @@ class ConsoleGrammar:
     # How many leading pairs with a finite number (`printed_sample`) `record_meta` reads the printed
     # text (`raw_value`) of; None: all. The pipeline keeps no other printed text once steps are checked.
     printed_values_read: ClassVar[int | None] = None
+    # Run meta keys `record_meta` computes from the rows stored for the whole file or run (not from
+    # the lines it is given): an appended read gives them as a whole read would, so they may change.
+    recomputed_meta: ClassVar[frozenset[str]] = frozenset()
     # True for a grammar whose parse needs the whole log at once (TRL numbers its dicts from the
-    # progress bars and stages of the whole log): the log is then read as one block.
+    # progress bars and stages of the whole log): the log is then read as one block, and its
+    # ingester is not appendable (a log that grew is read whole again).
     whole_log: ClassVar[bool] = False
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
@@ -154,12 +158,19 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     file's text nor its pairs are ever held whole: each block's pairs are stored in their segments
     (`BlockWriter`) before the next block is read; its metric lines lose their text, the other lines
     are kept for the steps that read the whole log (run meta, the fallback).
+
+    An appended read (ctx.resume set) numbers its lines after ctx.line_offset and cuts segments on
+    from the last metric line stored before (`resume_segments_state`), as one more block would; the
+    fallback and the zero-step note belong to a whole read, since an appended read only follows a
+    log that had metric lines.
     """
     ctx.lines = 0
-    kept, resumes = [], []
-    writer = BlockWriter(ctx, grammar.printed_values_read)
+    kept, resumes = [], list(ctx.resume["resumes_after"]) if ctx.resume is not None else []
+    writer = BlockWriter(ctx, grammar.printed_values_read, ctx.resume)
     whole = ctx.path.stat().st_size + 1 if grammar.whole_log else None
     for block in read_console_blocks(ctx.path, whole):
+        if ctx.line_offset:
+            block = block.with_columns(pl.col("line_no") + ctx.line_offset)
         lines = classify(block, grammar)
         ctx.lines += lines.height
         lines = _reject_bad_text(ctx, lines)
@@ -175,14 +186,31 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     lines = pl.concat(kept) if len(kept) > 1 else kept[0]
     del kept
     ctx.stored = writer.finish()
-    if not ctx.stored:
+    from_metrics = bool(ctx.stored) or ctx.resume is not None
+    if not ctx.stored and ctx.resume is None:
         # No pairs: the whole log is small enough to read again, with the text of its metric lines.
         lines = _mark_bad_text(classify(read_console_lines(ctx.path), grammar))
         ctx.stored = grammar.fallback(ctx, lines)
         _reclaim(ctx, grammar.reclaimable, ctx.stored)
         if not ctx.stored:
             grammar.zero_steps(ctx, lines)
-    grammar.record_meta(ctx, lines, writer.digest())
+    metrics = writer.digest()
+    if ctx.resume is not None and not metrics.height:
+        # No new pairs: the facts a whole read takes from the pairs stay those of the last metric line
+        # (its keys; the printed value texts are not stored, so they decide nothing here).
+        metrics = _stored_line(ctx, ctx.resume["last_line"]).select(metrics.columns).with_columns(
+            value=pl.lit(None, dtype=pl.Float64))
+    grammar.record_meta(ctx, lines, metrics)
+    if from_metrics:
+        ctx.resume_state = {**resume_segments_state(writer.last_line_no, resumes),
+                            "recomputed_meta": sorted(grammar.recomputed_meta)}
+
+
+def resume_segments_state(last_line: int, resumes: list[int]) -> dict:
+    """What an appended read needs to cut segments as a whole read would: the last metric line
+    (`last_line`, whose stored pairs give its step, keys and segment) and the checkpoint loads after
+    it (`resumes_after`; `resumes`: every checkpoint load read so far)."""
+    return {"last_line": last_line, "resumes_after": [line for line in resumes if line > last_line]}
 
 
 class BlockWriter:
@@ -193,9 +221,13 @@ class BlockWriter:
     pairs), numbered on from that line's segment. The segments of every line (one row per metric
     line) and the flags are kept, and the step flags written at the end. What `record_meta` reads
     of the pairs is kept too (`digest`).
+
+    In an appended read, `previous` (the `resume_segments_state` the last read left) names the last
+    metric line stored before: its stored pairs and segment are the block before the first one, and
+    only the flags of later lines are written.
     """
 
-    def __init__(self, ctx: FileContext, printed_values_read: int | None):
+    def __init__(self, ctx: FileContext, printed_values_read: int | None, previous: dict | None = None):
         self.ctx = ctx
         self.printed_values_read = printed_values_read
         self.sampled = 0
@@ -203,6 +235,19 @@ class BlockWriter:
         self.flags: list[pl.DataFrame] = []
         self.digests: list[pl.DataFrame] = []
         self.last_line = None  # the pairs of the last metric line written, and its segment
+        self.seed_line = None  # the last metric line stored before an appended read
+        if previous is not None:
+            seed = _stored_line(ctx, previous["last_line"])
+            segment = seed.get_column("segment")[0]
+            pairs = seed.select(list(metric_schema()))
+            self.seed_line = previous["last_line"]
+            self.last_line = (pairs, segment)
+            self.segments.append(line_segments(pairs).with_columns(pl.col("segment") + segment))
+
+    @property
+    def last_line_no(self) -> int | None:
+        """The last metric line written (or stored before an appended read), None before any."""
+        return None if self.last_line is None else self.last_line[0].get_column("line_no")[0]
 
     def write(self, parsed: ParsedMetrics, resumes: list[int]) -> None:
         """Store one block's pairs (`check_steps` done; `resumes`: every checkpoint-load line so far)."""
@@ -215,7 +260,7 @@ class BlockWriter:
             return
         before, offset = (self.last_line if self.last_line is not None
                           else (metrics.clear(), 0))
-        segments = line_segments(pl.concat([before, metrics]), resumes)
+        segments = line_segments(pl.concat([before, metrics], how="vertical_relaxed"), resumes)
         if before.height:
             segments = segments.slice(1)
         segments = segments.with_columns(pl.col("segment") + offset)
@@ -241,19 +286,20 @@ class BlockWriter:
 
     def finish(self) -> int:
         """Write the step flags; return the number of lines that produced pairs."""
-        if not self.segments:
+        seeded = self.seed_line is not None
+        if len(self.segments) == seeded:
             return 0
-        segments = pl.concat(self.segments)
+        segments = pl.concat(self.segments, how="vertical_relaxed")
         flags = pl.concat(self.flags)
         con = self.ctx.con
         con.register("console_segments", ArrowStream(segments))
         con.register("console_flags", ArrowStream(flags))
         try:
-            insert_step_flags(self.ctx, "console_segments", extra_flags="console_flags")
+            insert_step_flags(self.ctx, "console_segments", extra_flags="console_flags", after_line=self.seed_line)
         finally:
             for view in ("console_segments", "console_flags"):
                 con.unregister(view)
-        return segments.height
+        return segments.height - seeded
 
     def digest(self) -> pl.DataFrame:
         """Of the stored pairs (`metric_schema`, in line and pair order): the first pair of each key
@@ -374,6 +420,19 @@ def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (
         for view in ("console_metrics", "console_segments", "console_flags"):
             con.unregister(view)
     return segments.height
+
+
+def _stored_line(ctx: FileContext, line_no: int) -> pl.DataFrame:
+    """The pairs a metric line stored (`metric_schema` columns and its segment), read back from the store."""
+    rows = ctx.con.execute(
+        "SELECT line_no, step, key, value, text_value, segment FROM step_metrics WHERE file_id = ? AND line_no = ?",
+        [ctx.file_id, line_no]).fetchall()
+    if not rows:
+        raise RuntimeError(f"line {line_no} of {ctx.path} is not in the store")
+    frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String, "value": pl.Float64,
+                                       "text_value": pl.String, "segment": pl.Int64}, orient="row")
+    return frame.with_columns(pair_index=pl.int_range(1, frame.height + 1, dtype=pl.Int64),
+                              raw_value=pl.lit(None, dtype=pl.String))
 
 
 def classify(lines: pl.DataFrame, grammar: ConsoleGrammar) -> pl.DataFrame:

@@ -158,6 +158,7 @@ class OpenRLHFConsoleIngester(Ingester):
     name = "openrlhf-console"
     version = "2"
     framework = "openrlhf"
+    appendable = True
     description = "OpenRLHF console log (✨ Global step N: {...}, evaluation lines, tqdm postfixes)"
     metric_aliases = openrlhf_names.METRIC_ALIASES
     validation_prefixes = openrlhf_names.VALIDATION_PREFIXES

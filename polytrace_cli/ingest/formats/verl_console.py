@@ -125,6 +125,7 @@ class VerlConsoleIngester(Ingester):
     name = "verl-console"
     version = "2"
     framework = "verl"
+    appendable = True
     description = "verl console log / wandb output.log (`step:N - key:value - ...` lines)"
     metric_aliases = verl_names.METRIC_ALIASES
     validation_prefixes = verl_names.VALIDATION_PREFIXES
@@ -151,6 +152,8 @@ class VerlGrammar(ConsoleGrammar):
     anchor = "step:"
     reclaimable = "tqdm"
     printed_values_read = PRINTED_SAMPLE_SIZE
+    recomputed_meta = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
+                                 "step_time_includes_checkpoint"})
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")

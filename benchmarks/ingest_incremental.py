@@ -1,0 +1,154 @@
+"""Re-ingest of a grown console log: reading only the appended lines, beside the first ingest and the
+start-up of any command, in one run.
+
+Writes a verl console log of --mb MB (the generator of `ingest_console.py`), then measures, each
+as a whole `polytrace` process (median of --repeat runs):
+  first ingest   `polytrace ingest` of the log into a new store;
+  appended       the log grown by --grow percent (more steps, numbered on), `polytrace ingest` into
+                 a copy of that store: only the new lines are read (status appended);
+  whole re-read  `polytrace ingest` of the grown log into a new store: what reading it again costs;
+  start-up       `polytrace runs` on the store: a command that reads almost nothing; and
+                 `polytrace ingest` of the grown log into the appended store again (status unchanged):
+                 the ingest command's own start-up (its libraries, the sniff, the file's hash).
+  in process     the appended re-ingest inside one process with its libraries loaded, as `polytrace
+                 watch` reads each growth of a log.
+Checks that the appended store holds the rows of the whole read. Figures in benchmarks/results.md.
+Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _measure import compile_package
+from ingest_console import write_log
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "ingest_incremental"
+POLYTRACE = str(Path(sys.executable).with_name("polytrace"))
+
+
+def grow(log: Path, megabytes: float, steps_before: int) -> int:
+    """Append about `megabytes` MB of steps numbered after `steps_before`; returns the steps added."""
+    extra = OUT / "extra.log"
+    _, steps = write_log(extra, megabytes, seed=1)
+    text = re.sub(r"step:(\d+) - ", lambda m: f"step:{int(m.group(1)) + steps_before} - ", extra.read_text())
+    with open(log, "a") as handle:
+        handle.write(text)
+    extra.unlink()
+    return steps
+
+
+def run_cpu(argv: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one child process; exits when it fails. On a
+    shared machine the CPU seconds are the steadier figure: wall time includes waiting for a core."""
+    compile_package()
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"{argv[:3]} failed: {process.stderr.read().decode()[-500:]}")
+    return seconds, usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of `repeat` runs of `argv`, each after `before()` and a sync."""
+    runs = []
+    for _ in range(repeat):
+        if before:
+            before()
+        os.sync()
+        runs.append(run_cpu(argv))
+    return runs
+
+
+def appended_in_process(first: Path, store: Path, log: Path, repeat: int) -> list[float]:
+    """Seconds of `ingest_paths` reading the grown log into a copy of the first store, `repeat` times,
+    in this process (a first, untimed run loads polars, DuckDB and the ingesters)."""
+    import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+
+    runs = []
+    for _ in range(repeat + 1):
+        shutil.copy(first, store)
+        con = open_store(store)
+        started = time.perf_counter()
+        (report,) = ingest_paths(con, [log], format_name="verl-console")
+        runs.append(time.perf_counter() - started)
+        con.close()
+        if report.status != "appended":
+            raise SystemExit(f"the grown log was {report.status}, not appended")
+    return runs[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=50.0, help="size of the first log in MB")
+    parser.add_argument("--grow", type=float, default=1.0, help="growth in percent of the first log")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each (median reported)")
+    args = parser.parse_args()
+    shutil.rmtree(OUT, ignore_errors=True)
+    (OUT / "run").mkdir(parents=True)
+    log = OUT / "run" / "train.log"
+    _, steps = write_log(log, args.mb)
+    first_mb = log.stat().st_size / 1e6
+    first, grown, whole = OUT / "first.duckdb", OUT / "grown.duckdb", OUT / "whole.duckdb"
+
+    def fresh(store: Path):
+        return lambda: store.unlink(missing_ok=True)
+
+    ingest = [POLYTRACE, "ingest", "--format", "verl-console", "--db"]
+    first_runs = timed([*ingest, str(first), str(log)], args.repeat, fresh(first))
+    added = grow(log, args.mb * args.grow / 100, steps)
+    grown_mb = log.stat().st_size / 1e6
+    appended_runs = timed([*ingest, str(grown), str(log)], args.repeat, lambda: shutil.copy(first, grown))
+    whole_runs = timed([*ingest, str(whole), str(log)], args.repeat, fresh(whole))
+    startup_runs = timed([POLYTRACE, "runs", "--db", str(grown)], args.repeat)
+    unchanged_runs = timed([*ingest, str(grown), str(log)], args.repeat)
+
+    in_process = appended_in_process(first, grown, log, args.repeat)
+
+    import duckdb
+
+    counts = {}
+    for name, store in (("appended", grown), ("whole", whole)):
+        con = duckdb.connect(str(store), read_only=True)
+        counts[name] = con.execute("SELECT (SELECT count(*) FROM step_metrics), (SELECT sum(lines) FROM files),"
+                                   " (SELECT sum(stored) FROM files)").fetchall()[0]
+        con.close()
+    print(f"log: {first_mb:.1f} MB, {steps:,} steps; grown by {grown_mb - first_mb:.2f} MB ({added:,} steps)"
+          f" to {grown_mb:.1f} MB")
+    print(f"{'':28} {'wall s':>7} {'CPU s':>7}  (medians; runs: wall/CPU)")
+    measured = (("first ingest", first_runs), ("appended (re-ingest, grown)", appended_runs),
+                ("whole re-read of grown log", whole_runs), ("start-up (polytrace runs)", startup_runs),
+                ("ingest start-up (unchanged)", unchanged_runs))
+    for name, runs in measured:
+        print(f"{name:28} {statistics.median(w for w, _ in runs):7.2f} {statistics.median(c for _, c in runs):7.2f}  "
+              + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs))
+    medians = {name: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+               for name, runs in measured}
+    for index, unit in ((0, "wall"), (1, "CPU")):
+        work = medians["first ingest"][index] - medians["start-up (polytrace runs)"][index]
+        for base in ("start-up (polytrace runs)", "ingest start-up (unchanged)"):
+            beyond = medians["appended (re-ingest, grown)"][index] - medians[base][index]
+            print(f"{unit}: appended beyond {base}: {beyond:.2f} s = {beyond / work:.1%} of the first ingest's"
+                  f" {work:.2f} s beyond `polytrace runs`")
+    print("appended in one process with its libraries loaded (as `polytrace watch` reads each growth), the"
+          " whole file hashed: " + ", ".join(f"{seconds:.2f} s" for seconds in in_process))
+    print(f"rows (step_metrics, lines, stored): appended {counts['appended']}, whole {counts['whole']}")
+    if counts["appended"] != counts["whole"]:
+        raise SystemExit("the appended store differs from the whole read")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Following a log as it grows: poll its size, ingest its complete new lines, judge each new step,
+and say when the job crashed, stalled or the file was cut.
+
+Every `poll` seconds the file (or every file under a folder) is stat'ed; when it grew, its complete
+lines are ingested (`ingest_paths(..., complete_lines=True)`: only the appended lines are read) and
+the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/watch.schema.json):
+
+    step       every new step: seconds, expected_s, slow, causes
+    alert      kind slow_step (a slow step), crash (an OOM, an NCCL timeout or a traceback in the
+               new lines, named once a poll sees no growth, from the lines since its first sign;
+               when CRASH_QUIET_POLLS polls in all pass without growth, watching ends with
+               EXIT_CRASH; a step logged after the crash's lines means the job lives on, and
+               watching goes on), stall (no new step for
+               `stall_factor` × the usual time between steps; none once the run reached its
+               configured last step)
+    truncated  the file shrank: it is read again whole
+
+The usual time between steps is the median of the wall-clock gaps between steps as they landed
+over the last STALL_WINDOW steps (k steps landing together after a gap g count as k gaps of g / k);
+with fewer than STALL_MIN_GAPS such gaps, the model's typical step seconds. With `idle_exit`,
+watching ends (exit 0) after that many seconds without growth.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.ingest.files import last_newline_end, path_text, walk
+from polytrace_cli.watch.judge import StepJudge
+
+EXIT_CRASH = 3
+# Polls without growth after a crash's lines (the first alerts it) before watching ends with EXIT_CRASH.
+CRASH_QUIET_POLLS = 5
+# Gaps between steps needed before the stall rule uses them instead of the model's step time.
+STALL_MIN_GAPS = 3
+STALL_WINDOW = 20
+# The crash signs searched in new lines, in order: (cause, pattern).
+CRASH_SIGNS = (
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)),
+    ("nccl_timeout", re.compile(r"NCCL.*(?:time(?:d)? ?out)|Watchdog caught collective operation timeout",
+                                re.IGNORECASE)),
+    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
+)
+_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+[^)]*\)\s*")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Interrupt)\b.*")
+
+
+@dataclass
+class WatchSettings:
+    """How `watch_log` follows: poll interval, idle exit, stall factor, the run's name."""
+
+    poll: float = 1.0
+    idle_exit: float | None = None
+    stall_factor: float = 3.0
+    run: str | None = None
+
+
+@dataclass
+class WatchResult:
+    """How watching ended: `exit_code` 0 (idle), EXIT_CRASH (a crash in the log, `reason` says which)."""
+
+    exit_code: int = 0
+    reason: str = ""
+    steps: int = 0
+    alerts: int = 0
+    run: str | None = None
+
+
+def crash_in(text: str) -> tuple[str, str] | None:
+    """(cause, reason) of the first crash sign in `text` (see CRASH_SIGNS): for a traceback, its
+    exception line (the last line naming an Error or Exception), else the matching line."""
+    lines = [_RAY_PREFIX.sub("", line).strip() for line in text.splitlines()]
+    for cause, pattern in CRASH_SIGNS:
+        for index, line in enumerate(lines):
+            if pattern.search(line):
+                if cause == "traceback":
+                    after = [later for later in lines[index + 1:] if _EXCEPTION_LINE.match(later)]
+                    return cause, (after[-1] if after else line)[:300]
+                return cause, line[:300]
+    return None
+
+
+def first_crash_sign(text: str) -> int | None:
+    """The index of the first line of `text` holding any crash sign, or None."""
+    for index, line in enumerate(text.splitlines()):
+        if any(pattern.search(line) for _, pattern in CRASH_SIGNS):
+            return index
+    return None
+
+
+@dataclass
+class _Crash:
+    """A crash's lines as they land: the file, its text from the first sign on, that sign's line."""
+
+    file: Path
+    text: str
+    line: int
+    alerted: bool = False
+    quiet_polls: int = 0
+
+
+class _Files:
+    """Sizes, and the part already scanned for crash signs (bytes and lines), per file followed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sizes: dict[Path, int] = {}
+        self.scanned: dict[Path, tuple[int, int]] = {}
+
+    def current(self) -> dict[Path, int]:
+        files = [p for p, _, problem in walk([self.path]) if not problem] if self.path.exists() else []
+        sizes = {}
+        for file in files:
+            try:
+                sizes[file] = file.stat().st_size
+            except OSError:
+                continue
+        return sizes
+
+    def new_text(self, file: Path, end: int) -> tuple[str, int]:
+        """(the complete lines of `file` after the part scanned so far, up to byte `end`; the line
+        number of the first of them)."""
+        start, lines = self.scanned.get(file, (0, 0))
+        if end <= start:
+            return "", lines + 1
+        with open(file, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            return "", lines + 1
+        self.scanned[file] = (start + cut + 1, lines + data.count(b"\n", 0, cut + 1))
+        return data[:cut + 1].decode("utf-8", errors="replace"), lines + 1
+
+
+def _metric_lines(con: duckdb.DuckDBPyConnection, file: Path, before: int) -> tuple[int | None, int | None]:
+    """(the last step logged before line `before` of `file`, the last line of `file` holding a step)."""
+    row = con.execute(
+        "SELECT max_by(sm.step, sm.line_no) FILTER (WHERE sm.line_no < ?), max(sm.line_no)"
+        " FROM step_metrics sm JOIN files f USING (file_id) WHERE f.path = ?",
+        [before, path_text(file.resolve())]).fetchall()
+    return row[0] if row else (None, None)
+
+
+def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[dict], None],
+              settings: WatchSettings = WatchSettings(), on_run: Callable[[str], None] | None = None,
+              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+    """Follow `path` (a log file or a run folder) until it stays idle `settings.idle_exit` seconds
+    or a crash is seen in it; `on_event` gets each event as it happens (see the module), `on_run`
+    the run's name once its first rows are stored."""
+    from polytrace_cli.ingest.runner import ingest_paths
+
+    if not path.exists():
+        raise PolytraceError(f"{path}: no such file or directory")
+    files = _Files(path)
+    result = WatchResult()
+    judge: StepJudge | None = None
+    last_growth = last_step_at = clock()
+    gaps: list[float] = []
+    stalled_at_step: int | None = None
+    crash: _Crash | None = None
+    total_steps: int | None = None
+    last_step: int | None = None
+
+    def emit(event: dict) -> None:
+        if event["event"] == "alert":
+            result.alerts += 1
+        on_event(event)
+
+    def alert_crash(crash: _Crash) -> None:
+        """Alert a crash whose lines have landed, named from all of them, with the last step before it."""
+        cause, reason = crash_in(crash.text)
+        step_before, _ = _metric_lines(con, crash.file, crash.line)
+        emit({"event": "alert", "kind": "crash", "cause": cause, "reason": reason, "file": str(crash.file),
+              "step": step_before if step_before is not None else last_step})
+        crash.alerted, result.reason = True, f"{cause}: {reason}"
+
+    while True:
+        now = clock()
+        sizes = files.current()
+        # A file is read once it holds a complete line (its format is sniffed from its first bytes).
+        grown = {f: s for f, s in sizes.items() if s != files.sizes.get(f) and (s < files.sizes.get(f, 0) or (
+            s and last_newline_end(f, s)))}
+        for file, size in grown.items():
+            if size < files.sizes.get(file, 0):
+                emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
+                files.scanned[file] = (0, 0)
+        if grown:
+            last_growth = now
+            reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
+            for report in reports:
+                if report.failed:
+                    emit({"event": "alert", "kind": "ingest", "reason": f"{report.path}: {report.message}"})
+            run_name = next((r.run for r in reports if r.run and r.rows), None) or result.run
+            if run_name and judge is None:
+                result.run = run_name
+                run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [run_name]).fetchall()
+                judge = StepJudge(con, run_id[0][0]) if run_id else None
+                total_steps = configured_steps(con, run_name)
+                if on_run is not None:
+                    on_run(run_name)
+            for file, size in grown.items():
+                text, first_line = files.new_text(file, size)
+                if crash is not None and crash.file == file:
+                    crash.text += text
+                elif crash is None and (sign := first_crash_sign(text)) is not None:
+                    crash = _Crash(file, "".join(text.splitlines(keepends=True)[sign:]), first_line + sign)
+            files.sizes.update(grown)
+            steps = judge.new_steps() if judge is not None else []
+            if steps:
+                if last_step is not None:  # k steps in one gap landed gap / k apart
+                    gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
+                last_step_at, stalled_at_step = now, None
+            for record in steps:
+                last_step = record["step"]
+                result.steps += 1
+                emit({"event": "step", **record})
+                if record["slow"]:
+                    emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
+                          "expected_s": record["expected_s"], "causes": record["causes"]})
+            if steps and crash is not None and (_metric_lines(con, crash.file, crash.line)[1] or 0) > crash.line:
+                # Steps logged after the crash's lines: the job lives on.
+                if not crash.alerted:
+                    alert_crash(crash)
+                crash, result.reason = None, ""
+        elif crash is not None:
+            if not crash.alerted:
+                alert_crash(crash)
+            crash.quiet_polls += 1
+            if crash.quiet_polls >= CRASH_QUIET_POLLS:
+                result.exit_code = EXIT_CRASH
+                return result
+        finished = total_steps is not None and last_step is not None and last_step >= total_steps
+        if judge is not None and last_step is not None and stalled_at_step != last_step and not finished:
+            usual = statistics.median(gaps[-STALL_WINDOW:]) if len(gaps) >= STALL_MIN_GAPS else judge.typical_s
+            if usual and now - last_step_at > settings.stall_factor * usual:
+                stalled_at_step = last_step
+                emit({"event": "alert", "kind": "stall", "step": last_step,
+                      "seconds_since_step": round(now - last_step_at, 3), "usual_gap_s": round(usual, 3)})
+        if settings.idle_exit is not None and now - last_growth >= settings.idle_exit:
+            result.reason = f"no growth for {settings.idle_exit:g} s"
+            return result
+        sleep(settings.poll)
+
+
+def configured_steps(con: duckdb.DuckDBPyConnection, run: str) -> int | None:
+    """The run's `total_training_steps` from its config, when it names one."""
+    row = con.execute("SELECT meta->>'total_training_steps' FROM runs WHERE name = ?", [run]).fetchall()
+    try:
+        return int(row[0][0]) if row and row[0][0] else None
+    except ValueError:
+        return None
+
+
+def event_json(event: dict) -> str:
+    """One event as one line of strict JSON."""
+    return json.dumps(event, allow_nan=False, default=str)

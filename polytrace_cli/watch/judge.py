@@ -1,0 +1,129 @@
+"""Each new step against the run's step-time model, walk-forward: the model that judges a step is
+fitted on earlier steps only.
+
+The model is `diagnose.explain.decompose_run` on the steps already seen (fitted once the run has
+MIN_TRAINING_STEPS timed training steps, refitted each time their number has grown by REFIT_GROWTH
+since the last fit). A new step is then decomposed with that model (`diagnose.decompose`): its
+seconds, the typical step the model expects (`expected_s`, no testing or checkpoint), the model
+at the step's own workload (`model_s`), and its excess split into causes. It is slow by
+`diagnose.thresholds.slow_steps`, with the thresholds of the fitted steps: excess > 5% of
+expected_s, and above the robust threshold of the fitted steps' excess or with a cause standing
+out from its level. Its listed causes are those standing out, largest first; a slow step with
+none standing out lists its largest positive cause.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from polytrace_cli.diagnose.decompose import decompose, step_causes
+from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS, decompose_run
+from polytrace_cli.diagnose.thresholds import slow_steps
+from polytrace_cli.model import MODELLED_STAGES, OVERHEADS, read_workload, training_mask
+
+# A model is refitted once the fitted training steps have grown by this factor.
+REFIT_GROWTH = 1.25
+# The workload frame's stage columns a step event lists (its `stages`), in pipeline order.
+STAGE_COLUMNS = tuple(f"{stage}_s" for stage in (*MODELLED_STAGES, *OVERHEADS))
+
+
+def _number(value) -> float | None:
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
+@dataclass
+class StepJudge:
+    """Judges the steps of one run as they land (see the module docstring)."""
+
+    con: duckdb.DuckDBPyConnection
+    run_id: int
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    fitted_steps: int = 0
+    typical_s: float | None = None
+    _run: tuple | None = None  # (the fitted RunDecomposition, its fitted steps)
+    _model_of: dict[int, tuple | None] = field(default_factory=dict)
+
+    def new_steps(self) -> list[dict]:
+        """One record per step stored since the last call, in log order: step, segment, seconds,
+        expected_s, model_s, slow, causes, stages (seconds per stage) and, before the model exists,
+        `note` saying why there is no expectation.
+
+        A step is judged by the model fitted on the steps before it, refitted where the count of
+        timed training steps before a step reaches REFIT_GROWTH × the count the model was fitted
+        on: the same judgement whether the steps land one by one or all at once."""
+        frame = read_workload(self.con, self.run_id)
+        if not frame.height:
+            return []
+        keys = list(zip(frame["segment"].to_list(), frame["step"].to_list()))
+        new = [index for index, key in enumerate(keys) if key not in self.seen]
+        if not new:
+            return []
+        training = training_mask(frame).to_numpy()
+        trained_before = np.cumsum(training) - training
+        chunks: list[list[int]] = []
+        for index in new:
+            trained = int(trained_before[index])
+            if trained >= MIN_TRAINING_STEPS and (self._run is None or trained >= self.fitted_steps * REFIT_GROWTH):
+                self._fit(frame.head(index), trained)
+                chunks.append([])
+            elif not chunks:
+                chunks.append([])
+            chunks[-1].append(index)
+            self._model_of[index] = self._run
+        judged: dict[int, dict] = {}
+        for chunk in chunks:
+            if self._model_of[chunk[0]] is not None:
+                judged.update(self._judge(frame.head(chunk[-1] + 1), chunk, *self._model_of[chunk[0]]))
+        records = []
+        for index in new:
+            row = frame.row(index, named=True)
+            record = {"step": row["step"], "segment": row["segment"], "seconds": _number(row["wall_s"]),
+                      "stages": {c[:-2]: _number(row[c]) for c in STAGE_COLUMNS if c in row and _number(row[c])}}
+            if index in judged:
+                record.update(judged[index])
+            else:
+                record.update(expected_s=None, model_s=None, slow=False, causes=[],
+                              note=(f"no model yet: {int(trained_before[index])} of {MIN_TRAINING_STEPS} timed"
+                                    " training steps" if self._model_of[index] is None else "no step time"))
+            records.append(record)
+            self.seen.add(keys[index])
+        self._model_of.clear()
+        return records
+
+    def _fit(self, history: pl.DataFrame, trained: int) -> None:
+        run = decompose_run(history, training_mask(history))
+        self._run = (run, history.filter(run.mask))
+        self.fitted_steps = trained
+        self.typical_s = _number(run.expected)
+
+    def _judge(self, frame: pl.DataFrame, chunk: list[int], run, fitted: pl.DataFrame) -> dict[int, dict]:
+        """The records of the rows `chunk` of `frame` (the run up to them), by `run`'s model with the
+        thresholds of its `fitted` steps."""
+        steps, parts = decompose(frame, run.model, np.zeros(frame.height, dtype=bool))
+        causes = step_causes(parts)
+        flags, standout, _ = slow_steps(steps, causes, fitted)
+        causes = causes.join(standout, on=["segment", "step", "cause"], how="left") \
+            .with_columns(pl.col("stands_out").fill_null(False))
+        steps = steps.with_columns(slow=pl.Series(flags))
+        position = {(frame["segment"][i], frame["step"][i]): i for i in chunk}
+        judged = {}
+        for row in steps.iter_rows(named=True):
+            index = position.get((row["segment"], row["step"]))
+            if index is None:
+                continue
+            mine = causes.filter((pl.col("segment") == row["segment"]) & (pl.col("step") == row["step"]))
+            listed = mine.filter(pl.col("stands_out")).sort("seconds", descending=True)
+            if row["slow"] and not listed.height:
+                listed = mine.filter(pl.col("seconds") > 0).sort("seconds", descending=True).head(1)
+            judged[index] = {
+                "expected_s": _number(row["expected_s"]), "model_s": _number(row["model_s"]),
+                "slow": bool(row["slow"]),
+                "causes": [{"cause": c["cause"], "seconds": _number(c["seconds"]), "stage": c["stage"]}
+                           for c in listed.iter_rows(named=True)],
+            }
+        return judged

@@ -1,0 +1,97 @@
+"""The terminal view of `polytrace watch`: the last steps with their stage bars, expected against
+actual, slow steps with their causes, throughput and the ETA to the configured last step."""
+
+from __future__ import annotations
+
+import statistics
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+# How many of the latest steps the view lists.
+SHOWN_STEPS = 12
+BAR_CHARS = 24
+STAGE_STYLES = {"gen": "cyan", "reward": "yellow", "old_log_prob": "blue", "ref": "magenta", "values": "green",
+                "adv": "white", "update_critic": "bright_green", "update_actor": "bright_blue",
+                "update_weights": "bright_magenta", "testing": "red", "save_checkpoint": "bright_red"}
+
+
+class WatchView:
+    """Collects events and draws them (a rich renderable for `rich.live.Live`)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.total_steps: int | None = None
+        self.steps: list[dict] = []
+        self.alerts: list[dict] = []
+        self.run: str | None = None
+
+    def add(self, event: dict) -> None:
+        if event["event"] == "step":
+            self.steps.append(event)
+        elif event["event"] in ("alert", "truncated"):
+            self.alerts.append(event)
+
+    def __rich__(self) -> Group:
+        timed = [s["seconds"] for s in self.steps[-50:] if s.get("seconds")]
+        per_step = statistics.median(timed) if timed else None
+        last = self.steps[-1]["step"] if self.steps else None
+        head = Text(f"watching {self.path}" + (f"  run {self.run}" if self.run else ""), style="bold")
+        facts = [f"{len(self.steps)} steps seen"]
+        if per_step:
+            facts.append(f"{per_step:.1f} s/step (median of the last {len(timed)}), {3600 / per_step:.1f} steps/h")
+        if per_step and self.total_steps and last is not None:
+            left = max(self.total_steps - last, 0)
+            facts.append(f"ETA to step {self.total_steps}: {_clock(left * per_step)}")
+        table = Table(expand=False, pad_edge=False)
+        for name, justify in (("step", "right"), ("seconds", "right"), ("expected", "right"), ("×", "right"),
+                              ("stages", "left"), ("causes", "left")):
+            table.add_column(name, justify=justify, no_wrap=name != "causes")
+        longest = max((s["seconds"] or 0 for s in self.steps[-SHOWN_STEPS:]), default=0)
+        for step in self.steps[-SHOWN_STEPS:]:
+            seconds, expected = step.get("seconds"), step.get("expected_s")
+            ratio = f"{seconds / expected:.2f}" if seconds and expected else "—"
+            causes = ", ".join(f"{c['cause']} {c['seconds']:+.1f} s ({c['stage']})" for c in step["causes"])
+            style = "bold red" if step["slow"] else None
+            table.add_row(str(step["step"]), _seconds(seconds), _seconds(expected), ratio,
+                          _bar(step.get("stages", {}), longest), causes or (step.get("note") or ""), style=style)
+        parts = [head, Text("  ".join(facts)), table]
+        for alert in self.alerts[-4:]:
+            parts.append(Text(_alert_text(alert), style="yellow"))
+        return Group(*parts)
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _clock(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m"
+
+
+def _bar(stages: dict, longest: float) -> Text:
+    bar = Text()
+    if not longest:
+        return bar
+    for stage, seconds in stages.items():
+        width = round(BAR_CHARS * seconds / longest)
+        if width:
+            bar.append("█" * width, style=STAGE_STYLES.get(stage, "white"))
+    return bar
+
+
+def _alert_text(alert: dict) -> str:
+    if alert["event"] == "truncated":
+        return f"file shrank to {alert['bytes']:,} bytes: read again whole"
+    kind = alert["kind"]
+    if kind == "slow_step":
+        causes = ", ".join(c["cause"] for c in alert["causes"]) or "no cause stands out"
+        return f"slow step {alert['step']}: {alert['seconds']:.1f} s, expected {alert['expected_s']:.1f} s ({causes})"
+    if kind == "stall":
+        return (f"stall: no step since step {alert['step']} for {alert['seconds_since_step']:.0f} s"
+                f" (usually {alert['usual_gap_s']:.1f} s between steps)")
+    if kind == "crash":
+        return f"crash ({alert['cause']}): {alert['reason']}"
+    return f"{kind}: {alert.get('reason', '')}"

@@ -1,0 +1,224 @@
+"""A log ingested as it grows ends as one ingest of the final file: same rows, line numbers, counts."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.store import open_store
+from polytrace_cli.workload.distributions import LengthModel, Marginal
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, step_table
+from polytrace_cli.workload.synth import WorkloadSpec
+
+LENGTHS = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
+                      response=Marginal("lognorm", {"s": 0.5, "scale": 800.0}))
+SPEC = WorkloadSpec(task="math", steps=30, batch=16, n=4, dp_ranks=4, max_response_len=4500, drift=0.005, seed=11)
+# A validation every 10 steps, checkpoints, a job restarted from its step-15 checkpoint, a long tail.
+MODEL = StepTimeModel(validate_every=10, checkpoint_every=12, resume_after=15, injections=(Injection(20, "long_tail"),))
+BAD_LINE = "step:7.5 - critic/score/mean:0.5\n"
+
+# Per table, the columns that must match (ids and timings differ between two stores).
+COMPARED = {
+    "files": "path, sha256, bytes, format, format_version, parser_version, lines, stored, ignored, rejected, rows,"
+             " complete_bytes",
+    "step_metrics": "segment, step, key, value, text_value, line_no",
+    "step_flags": "segment, step, flag, detail, line_no",
+    "ignored_lines": "rule, lines",
+    "ingest_errors": "line_no, reason, raw, code",
+    "runs": "name, framework, meta",
+}
+
+
+def store_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple]]:
+    """Every compared table's rows, sorted (a NaN as the text 'NaN', which equals itself)."""
+    def comparable(value):
+        return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+    return {table: [tuple(map(comparable, row)) for row in
+                    con.execute(f"SELECT {columns} FROM {table} ORDER BY ALL").fetchall()]
+            for table, columns in COMPARED.items()}
+
+
+@pytest.fixture(scope="module")
+def log_text() -> bytes:
+    text = console_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL)
+    lines = text.splitlines(keepends=True)
+    lines.insert(40, BAD_LINE)  # a step that is not a whole number: rejected with its line number
+    return "".join(lines).encode()
+
+
+def one_shot(db: Path, log: Path, text: bytes) -> dict[str, list[tuple]]:
+    """The store's rows after one ingest of `text` written at `log`, into a new store `db`."""
+    log.write_bytes(text)
+    con = open_store(db)
+    try:
+        ingest_paths(con, [log], run_name="r")
+        return store_rows(con)
+    finally:
+        con.close()
+
+
+def test_a_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, log_text):
+    log = tmp_path / "grown" / "run" / "train.log"
+    log.parent.mkdir(parents=True)
+    con = open_store(tmp_path / "grown.duckdb")
+    cuts = sorted(random.Random(3).sample(range(1, len(log_text)), 20)) + [len(log_text)]
+    statuses = []
+    for cut in cuts:  # most cuts fall inside a line: that line is read once it is finished
+        log.write_bytes(log_text[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        statuses.append((cut, report.status))
+        stored_bytes = con.execute("SELECT bytes FROM files").fetchall()[0][0]
+        assert stored_bytes == log_text[:cut].rfind(b"\n") + 1
+    # Until a metric line is stored there is no state to go on from: the few lines are read again.
+    first_metric_end = log_text.index(b"\n", log_text.index(b"step:1 -")) + 1
+    first_with_state = next(i for i, (cut, _) in enumerate(statuses) if cut >= first_metric_end)
+    after = [status for _, status in statuses[first_with_state + 1:]]
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 12, statuses
+    rows = store_rows(con)
+    con.close()
+    expected = one_shot(tmp_path / "once.duckdb", log, log_text)
+    assert rows == expected
+    assert [line for line, *_ in rows["ingest_errors"]] == [41]
+    assert any(flag == "restart" for _, _, flag, _, _ in rows["step_flags"])
+
+
+def test_an_appended_ingest_reads_only_the_new_lines(tmp_path, log_text):
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    half = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 2) + 1]
+    log.write_bytes(half)
+    con = open_store(tmp_path / "s.duckdb")
+    (first,) = ingest_paths(con, [log], run_name="r")
+    log.write_bytes(log_text)
+    (second,) = ingest_paths(con, [log], run_name="r")
+    assert (first.status, second.status) == ("ingested", "appended")
+    assert second.bytes == len(log_text) - len(half)
+    assert second.lines == log_text.count(b"\n") - half.count(b"\n")
+    half_lines = half.count(b"\n")
+    assert second.notes[0] == f"read from byte {len(half):,} (line {half_lines + 1:,}) on"
+    (third,) = ingest_paths(con, [log], run_name="r")
+    assert third.status == "unchanged"
+    con.close()
+
+
+def ingested(tmp_path: Path, text: bytes) -> tuple[Path, duckdb.DuckDBPyConnection]:
+    """`text` written as run/train.log and ingested into a new store: (the log, the store)."""
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    log.write_bytes(text)
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    return log, con
+
+
+def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, log_text):
+    log, con = ingested(tmp_path, log_text)
+    shorter = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 3) + 1]
+    log.write_bytes(shorter)
+    (shrunk,) = ingest_paths(con, [log], run_name="r")
+    assert shrunk.status == "truncated" and shrunk.notes[0].startswith("truncated:")
+    changed = shorter.replace(b"step:1 -", b"step:2 -", 1) + log_text[len(shorter):]
+    log.write_bytes(changed)
+    (rewritten,) = ingest_paths(con, [log], run_name="r")
+    assert rewritten.status == "replaced" and "changed since it was read" in rewritten.notes[0]
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, changed)
+
+
+def test_new_lines_that_change_the_run_settings_are_read_whole(tmp_path, log_text):
+    """A restarted job printing another config: the file's settings would differ from a whole read."""
+    log, con = ingested(tmp_path, log_text)
+    spec, model = replace(SPEC, steps=3, batch=32), StepTimeModel()
+    other = console_text(step_table(LENGTHS, spec, model), spec, model).encode()
+    log.write_bytes(log_text + other)
+    (report,) = ingest_paths(con, [log], run_name="r")
+    assert report.status == "replaced" and report.notes[0].startswith("read again whole: the appended lines change")
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, log_text + other)
+
+
+def test_a_progress_bar_still_being_drawn_is_read_with_its_file(tmp_path, log_text):
+    """New bytes without a newline (a bar redrawn by carriage returns) are read as the file's last line."""
+    log, con = ingested(tmp_path, log_text)
+    bar = b"Training Progress:  10%|#         | 3/30 [00:01<00:09]\rTraining Progress:  13%|#         | 4/30"
+    log.write_bytes(log_text + bar)
+    (drawing,) = ingest_paths(con, [log], run_name="r")
+    assert drawing.status == "replaced"
+    log.write_bytes(log_text + bar + b"\n" + BAD_LINE.encode())
+    (done,) = ingest_paths(con, [log], run_name="r")
+    assert done.status == "replaced"  # the last read ended inside a line: read whole again
+    log.write_bytes(log_text + bar + b"\n" + BAD_LINE.encode() * 2)
+    (grown,) = ingest_paths(con, [log], run_name="r")
+    assert grown.status == "appended"
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, log_text + bar + b"\n" + BAD_LINE.encode() * 2)
+
+
+@pytest.mark.parametrize("kind", ["cr-only", "byte-order-mark", "trl"])
+def test_a_grown_log_read_from_a_rewritten_copy_or_as_one_block_is_read_whole(tmp_path, log_text, kind):
+    """A rewritten copy's bytes are not the file's, and a TRL log's dicts are numbered over the whole
+    log: neither is read from where the last read ended."""
+    if kind == "cr-only":
+        text, end = log_text.replace(b"\n", b"\r"), b"\r"
+    elif kind == "byte-order-mark":
+        text, end = b"\xef\xbb\xbf" + log_text, b"\n"
+    else:
+        text, end = (Path(__file__).parent / "fixtures" / "trl" / "grpo_unsloth_console.log").read_bytes(), b"\n"
+    log, con = ingested(tmp_path, text[: text.rfind(end, 0, len(text) // 2) + 1])
+    log.write_bytes(text)
+    (grown,) = ingest_paths(con, [log], run_name="r")
+    assert grown.status == "replaced"
+    rows = store_rows(con)
+    con.close()
+    once = one_shot(tmp_path / "once.duckdb", log, text)
+    if kind == "trl":  # a run's facts are merged over its reads: a fact only the first half gave stays
+        del rows["runs"], once["runs"]
+    assert rows == once
+
+
+CONSOLE_FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*/*/*.log")) + sorted(
+    (Path(__file__).parent / "fixtures" / "openrlhf").glob("*.log"))
+
+
+@pytest.mark.parametrize("fixture", CONSOLE_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_console_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, fixture):
+    """Restarts, checkpoint loads, dirty and rejected lines, progress bars: fed a few lines at a time."""
+    text = fixture.read_bytes()
+    lines = text.splitlines(keepends=True)
+    log = tmp_path / "run" / fixture.name
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    step = max(1, len(lines) // 12)
+    for end in [*range(step, len(lines), step), len(lines)]:
+        log.write_bytes(b"".join(lines[:end]) + (lines[end][: len(lines[end]) // 2] if end < len(lines) else b""))
+        ingest_paths(con, [log], run_name="r", complete_lines=True)
+    log.write_bytes(text)
+    ingest_paths(con, [log], run_name="r", complete_lines=True)
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, text)
+
+
+def test_a_grown_file_is_hashed_on_from_the_digest_kept_for_its_prefix(tmp_path):
+    from polytrace_cli.ingest import files
+
+    log = tmp_path / "a.log"
+    log.write_bytes(b"step:1 - a:1\n" * 1000)
+    first = files.hash_range(log)
+    log.write_bytes(b"step:1 - a:1\n" * 1500)
+    grown = files.hash_range(log, prefix=first.size, prefix_lines=first.lines, prefix_sha=first.sha)
+    assert (grown.sha, grown.size, grown.lines) == files.hash_and_count(log)
+    assert grown.prefix_sha == first.sha
+    log.write_bytes(b"step:2 - a:1\n" * 1500)  # not grown: rewritten; without the stored sha nothing is reused
+    rewritten = files.hash_range(log, prefix=first.size, prefix_lines=first.lines)
+    assert (rewritten.sha, rewritten.size) == files.hash_and_count(log)[:2] and rewritten.prefix_sha != first.sha

@@ -1,0 +1,264 @@
+"""`polytrace watch` following logs written line by line by the project's step-log generator."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from conftest import need_real_data
+from polytrace_cli.cli import app
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.schemas import json_schema
+from polytrace_cli.store import open_store
+from polytrace_cli.watch import WatchSettings, watch_log
+from polytrace_cli.watch.follow import crash_in
+from polytrace_cli.workload.distributions import LengthModel, Marginal
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, step_table
+from polytrace_cli.workload.synth import WorkloadSpec
+from test_incremental_ingest import one_shot, store_rows
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json_schema("watch")
+LENGTHS = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
+                      response=Marginal("lognorm", {"s": 0.5, "scale": 800.0}))
+SPEC = WorkloadSpec(task="math", steps=36, batch=16, n=4, dp_ranks=4, max_response_len=4500, drift=0.005, seed=11)
+# Injected after the model has its first 8 training steps (steps 3..10; steps 1-2 warm up).
+INJECTED = {20: "long_tail", 29: "unexplained"}
+MODEL = StepTimeModel(injections=tuple(Injection(step, cause) for step, cause in INJECTED.items()))
+LINE_DELAY = 0.005
+POLL = "0.1"
+# An event must arrive within this many seconds of its line being written.
+LATENCY_LIMIT = 4.0
+
+
+class Watcher:
+    """`polytrace watch --json` in a subprocess; every event line with the time it arrived."""
+
+    def __init__(self, log: Path, db: Path, *extra: str):
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "polytrace_cli.cli", "watch", str(log), "--db", str(db), "--json", "--poll", POLL,
+             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.events: list[tuple[float, dict]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.events.append((time.monotonic(), json.loads(line)))
+
+    def finish(self, timeout: float = 30) -> tuple[int, str]:
+        try:
+            code = self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+        self._reader.join(5)
+        return code, self.process.stderr.read()
+
+    def of(self, event: str, kind: str | None = None) -> list[dict]:
+        return [e for _, e in self.events if e["event"] == event and (kind is None or e.get("kind") == kind)]
+
+
+def write_lines(log: Path, lines: list[str], written: dict[int, float] | None = None) -> None:
+    """Append `lines` one by one, noting when each step line was written."""
+    with open(log, "a", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(line)
+            handle.flush()
+            if written is not None and line.startswith("(TaskRunner pid=27182) step:"):
+                written.setdefault(int(line.split("step:")[1].split(" ")[0]), time.monotonic())
+            time.sleep(LINE_DELAY)
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    return console_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL).splitlines(keepends=True)
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def started(db: Path) -> None:
+    """Wait until the watcher has opened its store (it then looks at the log every poll)."""
+    wait_for(db.exists)
+    time.sleep(0.5)
+
+
+def test_watch_follows_a_log_line_by_line(tmp_path, lines):
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text("")
+    watcher = Watcher(log, tmp_path / "watched.duckdb", "--idle-exit", "1", "--run", "r")
+    started(tmp_path / "watched.duckdb")
+    written: dict[int, float] = {}
+    write_lines(log, lines[:30])
+    wait_for(lambda: watcher.of("step"))
+    log.write_text("")  # the job's log is cut: read again whole from its new first line
+    time.sleep(0.5)
+    write_lines(log, lines, written)
+    code, stderr = watcher.finish()
+    assert code == 0, stderr
+    for _, event in watcher.events:
+        jsonschema.validate(event, SCHEMA)
+    steps = watcher.of("step")
+    arrived = {e["step"]: at for at, e in watcher.events if e["event"] == "step"}
+    assert sorted(e["step"] for e in steps) == list(range(1, SPEC.steps + 1))  # step 0 only validates
+    late = {step: round(arrived[step] - at, 2) for step, at in written.items()
+            if step in arrived and arrived[step] - at > LATENCY_LIMIT}
+    assert late == {}
+    assert len(watcher.of("truncated")) == 1
+    by_step = {e["step"]: e for e in steps}
+    assert by_step[5]["expected_s"] is None and "no model yet" in by_step[5]["note"]
+    for step, cause in INJECTED.items():
+        assert by_step[step]["slow"], by_step[step]
+        assert by_step[step]["causes"][0]["cause"] == cause
+        assert by_step[step]["seconds"] > by_step[step]["expected_s"]
+    slow_alerts = {e["step"]: e for e in watcher.of("alert", "slow_step")}
+    assert set(INJECTED) <= set(slow_alerts)
+    assert sum(e["slow"] for e in steps if e["step"] not in INJECTED) <= 2  # a natural long tail may stand out
+    watched = open_store(tmp_path / "watched.duckdb")
+    rows = store_rows(watched)
+    watched.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, "".join(lines).encode())
+
+
+def test_watch_alerts_a_stall_then_exits_on_a_crash(tmp_path, lines):
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text("")
+    alerts = tmp_path / "alerts.jsonl"
+    watcher = Watcher(log, tmp_path / "w.duckdb", "--idle-exit", "20", "--stall-factor", "2",
+                      "--on-alert", f"cat >> {alerts}")
+    started(tmp_path / "w.duckdb")
+    steps_end = next(i for i, line in enumerate(lines) if line.startswith("(TaskRunner pid=27182) step:24 ")) + 2
+    write_lines(log, lines[:steps_end])
+    time.sleep(2.0)  # many times the usual gap between steps: a stall
+    write_lines(log, [line + "\n" for line in crash_lines("oom")])
+    code, stderr = watcher.finish()
+    assert code == 3
+    assert "the job crashed: oom: torch.OutOfMemoryError: CUDA out of memory" in stderr
+    (stall,) = watcher.of("alert", "stall")
+    assert stall["step"] == 24 and stall["seconds_since_step"] > 2 * stall["usual_gap_s"]
+    (crash,) = watcher.of("alert", "crash")
+    assert crash["cause"] == "oom" and crash["step"] == 24
+    for _, event in watcher.events:
+        jsonschema.validate(event, SCHEMA)
+    # --on-alert got each alert's JSON on stdin.
+    assert [json.loads(line) for line in alerts.read_text().splitlines()] == watcher.of("alert")
+    assert watcher.of("alert")[-2:] == [stall, crash]
+
+
+def test_crash_signs_name_the_cause_and_the_exception():
+    assert crash_in("".join(line + "\n" for line in crash_lines("nccl_timeout")))[0] == "nccl_timeout"
+    cause, reason = crash_in("x\nTraceback (most recent call last):\n  File \"a.py\", line 1\nValueError: bad\n")
+    assert (cause, reason) == ("traceback", "ValueError: bad")
+    assert crash_in("step:3 - timing_s/gen:10.0\n") is None
+
+
+def test_watch_a_missing_path_is_one_error_line(tmp_path):
+    result = CliRunner().invoke(app, ["watch", str(tmp_path / "nothing.log"), "--db", str(tmp_path / "s.duckdb"),
+                                      "--json"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert f"{tmp_path / 'nothing.log'}: no such file or directory" in result.output
+
+
+def _all_rows(con) -> dict[str, list[tuple]]:
+    """Every file-owned table's rows (ids left out), sorted, with the files' and runs' rows."""
+    from polytrace_cli.ingest.base import file_owned_tables
+
+    tables = {table: con.execute(f"SELECT * EXCLUDE (file_id) FROM {table} ORDER BY ALL").fetchall()
+              for table in file_owned_tables(con)}
+    tables["files"] = con.execute("SELECT path, sha256, bytes, format, lines, stored, ignored, rejected, rows"
+                                  " FROM files ORDER BY path").fetchall()
+    tables["runs"] = con.execute("SELECT name, framework, meta FROM runs ORDER BY name").fetchall()
+    return tables
+
+
+def test_watching_a_real_trace_folder_as_its_step_files_land(tmp_path):
+    """PolyTrace step files copied into a run folder one by one, watched in this process."""
+    source = need_real_data("polytrace", "verl", "profile", "packed_length_log")
+    stamp = next(source.iterdir())
+    target = tmp_path / "verl" / "profile" / "packed_length_log" / stamp.name
+    target.mkdir(parents=True)  # the run folder exists, empty, when watching starts
+    files = sorted(stamp.iterdir(), key=lambda p: (p.name.split("_step_")[-1], p.name))
+
+    def copy_one_by_one():
+        for file in files:
+            shutil.copyfile(file, target / file.name)
+            time.sleep(0.15)
+
+    writer = threading.Thread(target=copy_one_by_one)
+    events: list[dict] = []
+    con = open_store(tmp_path / "watched.duckdb")
+    writer.start()
+    result = watch_log(con, tmp_path / "verl", events.append, WatchSettings(poll=0.05, idle_exit=1.0))
+    writer.join()
+    watched = _all_rows(con)
+    con.close()
+    assert result.exit_code == 0 and result.run == "verl"
+    steps = [e["step"] for e in events if e["event"] == "step"]
+    step_files = [f for f in files if f.name.startswith("packed_lengths_step_")]
+    assert sorted(steps) == sorted(int(f.stem.rsplit("_", 1)[1]) for f in step_files)
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+    once = open_store(tmp_path / "once.duckdb")
+    ingest_paths(once, [tmp_path / "verl"])
+    assert _all_rows(once) == watched
+    once.close()
+
+
+def test_a_traceback_the_job_survives_alerts_without_ending_the_watch(tmp_path, lines):
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text("")
+    step_lines = [i for i, line in enumerate(lines) if line.startswith("(TaskRunner pid=27182) step:")]
+    cut = step_lines[12]
+    traceback = ["Traceback (most recent call last):\n", '  File "reward.py", line 3, in score\n',
+                 "ValueError: could not parse the answer\n"]
+
+    def job():
+        write_lines(log, lines[:cut])
+        time.sleep(0.3)
+        write_lines(log, traceback)
+        time.sleep(0.2)
+        write_lines(log, lines[cut:step_lines[15]])
+
+    writer = threading.Thread(target=job)
+    events: list[dict] = []
+    con = open_store(tmp_path / "w.duckdb")
+    writer.start()
+    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=1.5))
+    writer.join()
+    con.close()
+    crashes = [e for e in events if e.get("kind") == "crash"]
+    assert result.exit_code == 0 and crashes == [
+        {"event": "alert", "kind": "crash", "cause": "traceback", "reason": "ValueError: could not parse the answer",
+         "file": str(log.resolve()), "step": 12}]
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 16))
+
+
+def test_the_generator_ends_a_log_with_a_crash_after_the_given_step():
+    frame = step_table(LENGTHS, SPEC, MODEL)
+    text = console_text(frame, SPEC, MODEL, crash_after=5, crash="nccl_timeout")
+    steps = [line for line in text.splitlines() if line.startswith("(TaskRunner pid=27182) step:")]
+    assert steps[-1].startswith("(TaskRunner pid=27182) step:5 ")
+    assert text.endswith("\n".join(crash_lines("nccl_timeout")) + "\n")
+    cause, reason = crash_in(text)
+    assert cause == "nccl_timeout" and "Watchdog caught collective operation timeout" in reason
+    assert console_text(frame, SPEC, MODEL) == console_text(frame, SPEC, MODEL, crash_after=None)
