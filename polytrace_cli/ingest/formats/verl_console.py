@@ -350,6 +350,7 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
     settings = run_metadata.verl_settings(candidates.to_list())
     settings.update(_printed_config(lines))
     meta = {"framework": "verl", **settings}
+    reads_a_step = lines.filter(pl.col("kind").is_in([METRIC, DIRTY])).height > 0
     if metrics.height:
         sample = metrics.filter(printed_sample()).head(PRINTED_SAMPLE_SIZE).get_column("raw_value")
         version, precision = run_metadata.verl_console_version(sample.to_list())
@@ -365,5 +366,8 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
             lines = lines.filter(pl.col("line_no") > last_metric_line)
     else:
         meta.update(run_metadata.gpu_meta(settings, None))
-    meta["crash"] = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
+    # Lines read that hold a step decide how the log ends: no error after the last one is False (a crash
+    # an earlier read of a growing log saw is over), while lines without a step cannot tell (None keeps it).
+    crash = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
+    meta["crash"] = crash if crash is not None else (False if reads_a_step else None)
     ctx.run_meta.update(meta)
