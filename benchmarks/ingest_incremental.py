@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from _measure import compile_package
+from _measure import run_child
 from ingest_console import write_log
 
 HERE = Path(__file__).resolve().parent
@@ -47,19 +47,6 @@ def grow(log: Path, megabytes: float, steps_before: int) -> int:
     return steps
 
 
-def run_cpu(argv: list[str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds: user + system) of one child process; exits when it fails. On a
-    shared machine the CPU seconds are the steadier figure: wall time includes waiting for a core."""
-    compile_package()
-    started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - started
-    if status != 0:
-        raise SystemExit(f"{argv[:3]} failed: {process.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_utime + usage.ru_stime
-
-
 def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]]:
     """(wall, CPU) seconds of `repeat` runs of `argv`, each after `before()` and a sync."""
     runs = []
@@ -67,7 +54,7 @@ def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]
         if before:
             before()
         os.sync()
-        runs.append(run_cpu(argv))
+        runs.append(run_child(argv)[:2])
     return runs
 
 
