@@ -379,23 +379,24 @@ def test_what_would_help_a_timed_run_comes_from_the_step_time_model(generated_re
     assert inclusion["includes_testing"].to_list() == [True]
     no_validation = next(h for h in entries if h["policy"] == "no-validation")
     assert testing > 0 and no_validation["saving_s"] == pytest.approx(testing, rel=1e-9)
-    # The backtest is beside the list, flagged only when the model is worse than the median baseline.
+    # The backtest is beside the list, flagged only when the model is worse than the better baseline.
     backtest = entries[0]["backtest"]
-    assert backtest["flagged"] == (backtest["accuracy"] < backtest["median_baseline"])
+    assert backtest["flagged"] == (backtest["accuracy"] < max(backtest["median_baseline"], backtest["recent_baseline"]))
     line = f"held-out step times {backtest['accuracy']:.1f}% accurately"
     html, markdown = (out / "index.html").read_text(), (out / "summary.md").read_text()
     assert line in html and line in markdown
     assert no_validation["text"] in markdown
 
 
-def test_backtest_below_the_median_baseline_is_flagged():
+def test_backtest_below_a_baseline_is_flagged():
     from polytrace_cli.report.help import backtest_sentence
 
-    worse = backtest_sentence("r", {"accuracy": 80.0, "median_baseline": 90.0, "flagged": True, "reason": None})
-    assert worse == ("r: the step-time model predicts held-out step times 80.0% accurately (median baseline 90.0%): "
-                     "worse than the median baseline, so these predictions are doubtful.")
+    worse = backtest_sentence("r", {"accuracy": 80.0, "median_baseline": 90.0, "recent_baseline": 85.0,
+                                    "flagged": True, "reason": None})
+    assert worse == ("r: the step-time model predicts held-out step times 80.0% accurately (median baseline 90.0%, "
+                     "recent baseline 85.0%): worse than a baseline, so these predictions are doubtful.")
     better = backtest_sentence("r", {"accuracy": 95.0, "median_baseline": 90.0, "flagged": False, "reason": None})
-    assert "doubtful" not in better
+    assert better == "r: the step-time model predicts held-out step times 95.0% accurately (median baseline 90.0%)."
 
 
 def test_a_failing_whatif_keeps_the_rebalancing_counterfactual_and_says_why(generated_report, monkeypatch):

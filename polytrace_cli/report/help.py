@@ -10,7 +10,7 @@ backtest, text}` (`why` says how the parameter was chosen, null for the fixed po
 saving_s (policies the model cannot price last, with their note instead of a number); saving =
 saving_s / the model's replay of the run; saving_se_s is the bootstrap standard error over steps.
 `backtest` is the model's step-time accuracy on held-out steps (`simulate.backtest_run`) beside the
-fair median baseline's and the recent baseline's, `flagged` when below the median's.
+fair median baseline's and the recent baseline's, `flagged` when below the better of the two.
 
 Every other run with imbalance data gets the data-parallel rebalancing counterfactual of the imbalance
 analysis: `{run, policy, basis, saving, text}` where saving = the mean over steps of
@@ -89,8 +89,9 @@ def _best_split(scenarios: list, why: dict[str, str]) -> list:
 
 
 def _backtest(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
-    """The model's step-time accuracy (%) on held-out steps beside the median baseline's; `flagged` when
-    the model does worse than that baseline; accuracy None (with the reason) when there is no backtest."""
+    """The model's step-time accuracy (%) on held-out steps beside the fair median and recent baselines';
+    `flagged` when the model does worse than the better of them; accuracy None (with the reason) when
+    there is no backtest."""
     from polytrace_cli.simulate import backtest_run
 
     try:
@@ -98,7 +99,8 @@ def _backtest(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     except Exception as error:  # noqa: BLE001 - a run without a backtest still gets its predictions
         return {"accuracy": None, "median_baseline": None, "recent_baseline": None, "flagged": False,
                 "reason": f"{error}".splitlines()[0] if f"{error}" else type(error).__name__}
-    flagged = step.accuracy is not None and step.median_baseline is not None and step.accuracy < step.median_baseline
+    baselines = [b for b in (step.median_baseline, step.recent_baseline) if b is not None]
+    flagged = step.accuracy is not None and bool(baselines) and step.accuracy < max(baselines)
     return {"accuracy": step.accuracy, "median_baseline": step.median_baseline,
             "recent_baseline": step.recent_baseline, "flagged": flagged, "steps": step.steps, "reason": None}
 
@@ -107,11 +109,14 @@ def backtest_sentence(run: str, backtest: dict) -> str:
     """The backtest shown beside a run's predictions, in one sentence."""
     if backtest["accuracy"] is None:
         return f"{run}: the step-time model could not be backtested ({backtest['reason']})."
-    text = (f"{run}: the step-time model predicts held-out step times {backtest['accuracy']:.1f}% accurately "
-            f"(median baseline {backtest['median_baseline']:.1f}%)" if backtest["median_baseline"] is not None else
-            f"{run}: the step-time model predicts held-out step times {backtest['accuracy']:.1f}% accurately")
+    baselines = [f"{name} {backtest[key]:.1f}%" for name, key in
+                 (("median baseline", "median_baseline"), ("recent baseline", "recent_baseline"))
+                 if backtest.get(key) is not None]
+    text = f"{run}: the step-time model predicts held-out step times {backtest['accuracy']:.1f}% accurately"
+    if baselines:
+        text += f" ({', '.join(baselines)})"
     if backtest["flagged"]:
-        return text + ": worse than the median baseline, so these predictions are doubtful."
+        return text + ": worse than a baseline, so these predictions are doubtful."
     return text + "."
 
 
