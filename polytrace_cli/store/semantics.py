@@ -64,6 +64,20 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
           "collapse_typical_length")
 
 
+# The temporary table holding the `steps` rows of the run being decided: the view pivots every stored
+# pair, so a decision reads it once.
+RUN_STEPS = "semantics_run_steps"
+
+
+def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Keep the run's `steps` rows, with the columns the decision reads, in the table RUN_STEPS."""
+    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
+    columns = dict.fromkeys(["step", "step_s", *timers, "is_validation_only", "has_testing", "has_checkpoint",
+                             "total_tokens", "prompt_length_mean", "response_length_mean"])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {', '.join(columns)} FROM steps WHERE run_id = ?",
+                [run_id])
+
+
 def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
     name, meta = con.execute("SELECT name, meta FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]
     return name, json.loads(meta or "{}")
@@ -77,8 +91,8 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
         SELECT count(*) FILTER (WHERE step_s IS NOT NULL AND NOT is_validation_only),
                count(*) FILTER (WHERE step_s IS NULL AND NOT is_validation_only AND ({any_timer})),
                bool_or(has_testing), bool_or(has_checkpoint)
-        FROM steps WHERE run_id = ?
-        """, [run_id]).fetchall()[0]
+        FROM {RUN_STEPS}
+        """).fetchall()[0]
     keys = step_timers.EXTRA_TIMERS.values()
     decided = meta if all(key in meta for key in keys) else step_timers.step_time_inclusion(con, run_id)
     testing_in, checkpoint_in = (decided.get(key) for key in keys)
@@ -143,11 +157,11 @@ def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: 
         per_step, source = float(batch * n), FROM_CONFIG
     else:
         logged = con.execute(
-            """
+            f"""
             SELECT median(round(total_tokens / (prompt_length_mean + response_length_mean)))
-            FROM steps WHERE run_id = ? AND NOT is_validation_only
+            FROM {RUN_STEPS} WHERE NOT is_validation_only
               AND total_tokens > 0 AND prompt_length_mean + response_length_mean > 0
-            """, [run_id]).fetchall()[0][0]
+            """).fetchall()[0][0]
         if logged is not None:
             per_step, source = float(logged), FROM_LOGGED_COUNTS
         elif trained:
@@ -180,10 +194,10 @@ def _short_group_steps(con: duckdb.DuckDBPyConnection, run_id: int, group_size: 
 def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[int], list[float]]:
     """(steps, mean response length) of the training steps, logged or from the samples."""
     rows = con.execute(
-        """
-        SELECT step, avg(response_length_mean) FROM steps
-        WHERE run_id = ? AND NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step ORDER BY step
-        """, [run_id]).fetchall()
+        f"""
+        SELECT step, avg(response_length_mean) FROM {RUN_STEPS}
+        WHERE NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step ORDER BY step
+        """).fetchall()
     if not rows:
         rows = con.execute(
             """
@@ -217,15 +231,19 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """The run's semantics record (`FIELDS` and `run`, the run's name; see the module docstring)."""
     name, meta = _meta(con, run_id)
     counts = _sample_counts(con, run_id)
-    record = {"run": name, **_timing(con, run_id, meta), **_balance(con, run_id, meta),
-              **_responses(con, run_id, meta, counts)}
+    _read_run_steps(con, run_id)
+    try:
+        record = {"run": name, **_timing(con, run_id, meta), **_balance(con, run_id, meta),
+                  **_responses(con, run_id, meta, counts)}
+        collapse = length_collapse(*_mean_lengths(con, run_id))
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")
     record["training_samples"] = sum(training for _, training, _ in counts)
     record["validation_samples"] = sum(validation for _, _, validation in counts)
     record["truncated_steps"] = [row[0] for row in con.execute(
         "SELECT DISTINCT step FROM step_flags WHERE run_id = ? AND flag = 'truncated_line' ORDER BY step",
         [run_id]).fetchall()]
     record["crash"] = meta.get("crash") if isinstance(meta.get("crash"), str) else None
-    collapse = length_collapse(*_mean_lengths(con, run_id))
     record["collapse_step"], record["collapse_length"], record["collapse_typical_length"] = collapse or (None,) * 3
     return record
 
