@@ -12,6 +12,7 @@ import pytest
 
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
+from polytrace_cli.store.semantics import FIELDS
 from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
@@ -32,6 +33,7 @@ COMPARED = {
     "ignored_lines": "rule, lines",
     "ingest_errors": "line_no, reason, raw, code",
     "runs": "name, framework, meta",
+    "run_semantics": ", ".join(FIELDS),
 }
 
 
@@ -218,7 +220,94 @@ def test_a_grown_file_is_hashed_on_from_the_digest_kept_for_its_prefix(tmp_path)
     log.write_bytes(b"step:1 - a:1\n" * 1500)
     grown = files.hash_range(log, prefix=first.size, prefix_lines=first.lines, prefix_sha=first.sha)
     assert (grown.sha, grown.size, grown.lines) == files.hash_and_count(log)
-    assert grown.prefix_sha == first.sha
     log.write_bytes(b"step:2 - a:1\n" * 1500)  # not grown: rewritten; without the stored sha nothing is reused
     rewritten = files.hash_range(log, prefix=first.size, prefix_lines=first.lines)
-    assert (rewritten.sha, rewritten.size) == files.hash_and_count(log)[:2] and rewritten.prefix_sha != first.sha
+    assert (rewritten.sha, rewritten.size) == files.hash_and_count(log)[:2]
+
+
+def grown_once(tmp_path: Path, first: bytes, final: bytes, **options) -> tuple[str, dict, dict]:
+    """`first` ingested, then the log grown to `final` and ingested again (a new process's read: nothing
+    hashed before is kept in memory): (the second read's status, its store's rows, one ingest's rows)."""
+    from polytrace_cli.ingest import files
+
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir(exist_ok=True)
+    log.write_bytes(first)
+    con = open_store(tmp_path / "grown.duckdb")
+    ingest_paths(con, [log], run_name="r", **options)
+    files._HASHED.clear()
+    log.write_bytes(final)
+    (report,) = ingest_paths(con, [log], run_name="r", **options)
+    rows = store_rows(con)
+    con.close()
+    return report.status, rows, one_shot(tmp_path / "once.duckdb", log, final)
+
+
+def test_a_growth_between_two_lines_of_one_step_goes_on_with_that_step(tmp_path, log_text):
+    """A step printed as two lines (its pairs split, as a validation line beside a training line) with
+    the log cut between them: the appended line belongs to the step and segment already stored."""
+    lines = log_text.splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if b"step:5 - " in line)
+    head, pairs = lines[index].rstrip(b"\n").split(b" - ", 1)
+    pairs = pairs.split(b" - ")
+    half = len(pairs) // 2
+    lines[index:index + 1] = [head + b" - " + b" - ".join(pairs[:half]) + b"\n",
+                              head + b" - " + b" - ".join(pairs[half:]) + b"\n"]
+    text = b"".join(lines)
+    cut = len(b"".join(lines[:index + 1]))
+    status, rows, once = grown_once(tmp_path, text[:cut], text)
+    assert status == "appended"
+    assert rows == once
+    step_five = {(segment, line) for segment, step, _, _, _, line in rows["step_metrics"] if step == 5}
+    assert {line for _, line in step_five} == {index + 1, index + 2} and len({seg for seg, _ in step_five}) == 1
+
+
+@pytest.mark.parametrize("after", [b"Load from checkpoint folder", b"step:15 - val-core", b"step:16 - "])
+def test_a_growth_after_a_restart_ends_as_one_ingest(tmp_path, log_text, after):
+    """Cut right after the line saying the job loaded its checkpoint, after the restarted job's first
+    validation line (a step printed again), and after its first training step."""
+    start = log_text.index(after, log_text.index(b"Load from checkpoint folder"))
+    cut = log_text.index(b"\n", start) + 1
+    status, rows, once = grown_once(tmp_path, log_text[:cut], log_text)
+    assert status == "appended"
+    assert rows == once
+    assert any(flag == "restart" for _, _, flag, _, _ in rows["step_flags"])
+
+
+def test_a_log_grown_twice_is_hashed_from_the_state_kept_for_its_prefix(tmp_path, log_text):
+    """The store keeps the sha256 state after a log's last whole 64-byte block; the next read of the grown
+    log hashes only the bytes after it, in any process. Its prefix is not read again: a byte changed
+    there (before the last block read, which is checked) leaves the sha256 of the bytes as first read."""
+    import hashlib
+    import json
+
+    from polytrace_cli.ingest import files
+
+    noise = b"".join(b"WARNING: padding line %d keeps the log's start out of its last block\n" % i
+                     for i in range(3000))
+    text = noise + log_text
+    cuts = [len(noise) + log_text.rfind(b"\n", 0, len(log_text) * share // 4) + 1 for share in (2, 3)] + [len(text)]
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    statuses = []
+    for cut in cuts:
+        files._HASHED.clear()  # as in a new process
+        log.write_bytes(text[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r")
+        statuses.append(report.status)
+        sha, size, state = con.execute("SELECT sha256, bytes, resume_state FROM files").fetchall()[0]
+        assert (sha, size) == (hashlib.sha256(text[:cut]).hexdigest(), cut)
+        assert json.loads(state)["sha_state"]["bytes"] == cut - cut % 64
+    assert statuses == ["ingested", "appended", "appended"]
+    assert store_rows(con) == one_shot(tmp_path / "once.duckdb", log, text)
+    changed = bytearray(text)
+    changed[10] = ord("X")  # inside the padding, far before the last 64 KB read
+    files._HASHED.clear()
+    log.write_bytes(bytes(changed) + BAD_LINE.encode())
+    (report,) = ingest_paths(con, [log], run_name="r")
+    sha = con.execute("SELECT sha256 FROM files WHERE path = ?", [str(log.resolve())]).fetchall()[0][0]
+    con.close()
+    assert report.status == "appended"
+    assert sha == hashlib.sha256(text + BAD_LINE.encode()).hexdigest() != hashlib.sha256(log.read_bytes()).hexdigest()
+

@@ -86,8 +86,8 @@ def ingest(
         raise fail("--workers sizes a local Ray; a cluster at --ray-address has its own workers")
     ray = {"address": ray_address, "workers": workers} if engine == "ray" else None
     with FileHashes() as hashes:
-        # Files named on the command line are hashed while the libraries below load.
-        hashes.prefetch(path for path in paths if path.is_file())
+        # A file is hashed once the store says it must be: a log that only grew is hashed from the
+        # state kept for it, an unchanged one first by size (`ingest.unchanged`).
         reports = _ingest_all(paths, db, run, task, format, as_json or as_csv, tokenizer, hashes, wait, ray)
     if as_csv:
         records = [{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports]

@@ -1,8 +1,8 @@
-"""Finding input files and hashing them, with the standard library only.
+"""Finding input files and hashing them, with the standard library only (and `sha_state`).
 
-This module is imported before the heavy libraries (DuckDB, polars) so that `polytrace ingest`
-can start hashing the files it was named while those libraries load: hashing and counting lines
-take a core for about 1.5 s per GB, which would otherwise compete with the parse for the same cores.
+Hashing and counting lines take a core for about 1.2 s per GB. A file is hashed in a background
+thread while DuckDB or polars parse it (`FileHashes`); a log that only grew since it was read is
+hashed on from the state kept for its prefix (`hash_range`), so its growth alone is read.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from polytrace_cli.ingest import sha_state
 
 STORE_SUFFIXES = (".duckdb", ".duckdb.wal")
 # Compressed logs are read as the text they hold; the suffix names the codec.
@@ -209,26 +211,15 @@ def hash_and_count_bytes(data: bytes) -> tuple[str, int, int]:
 
 def hash_and_count(path: Path, chunk_size: int = 8 << 20) -> tuple[str, int, int]:
     """sha256, size in bytes and number of lines (a last line without newline counts)."""
-    digest = hashlib.sha256()
-    size = newlines = 0
-    last = b""
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-            size += len(chunk)
-            newlines += chunk.count(b"\n")
-            last = chunk[-1:]
-    lines = newlines + (1 if size and last != b"\n" else 0)
-    return digest.hexdigest(), size, lines
+    return hash_range(path, chunk_size=chunk_size).counted
 
 
 @dataclass(frozen=True)
 class RangeHashes:
-    """`hash_range` of a file: sha256 of its first `prefix` bytes (None when not asked), and of the
-    bytes read (the file up to `limit`), their size, lines (a last line without newline counts) and
-    `complete`, the bytes up to and including the last newline among them."""
+    """`hash_range` of a file: the sha256 of the bytes read (the file up to `limit`), their size,
+    lines (a last line without newline counts) and `complete`, the bytes up to and including the
+    last newline among them (0 when the newline is not among the bytes read)."""
 
-    prefix_sha: str | None
     sha: str
     size: int
     lines: int
@@ -240,56 +231,77 @@ class RangeHashes:
         return self.sha, self.size, self.lines
 
 
-# sha256 states of files read up to some byte, to hash only what a file grew by since: keyed by
-# (path, bytes hashed, sha256 hex of them), the most recent last.
-_DIGESTS: OrderedDict[tuple[Path, int, str], object] = OrderedDict()
-_DIGESTS_KEPT = 64
+# Per file hashed in this process, keyed by (path, bytes hashed, sha256 hex of them), the most recent
+# last: the hash object at its end (taken up by a later hash of the grown file in this process) and
+# its `sha_state` state after the last whole block (kept with a log's record: `state_kept_for`).
+_HASHED: OrderedDict[tuple[Path, int, str], tuple[object, dict | None]] = OrderedDict()
+_HASHED_KEPT = 256
 
 
-def hash_range(path: Path, prefix: int | None = None, limit: int | None = None, prefix_lines: int | None = None,
-               prefix_sha: str | None = None, chunk_size: int = 8 << 20) -> RangeHashes:
+def _new_hash(state: dict | None = None):
+    return sha_state.Sha256(state) if sha_state.available() else hashlib.sha256()
+
+
+def hash_range(path: Path, limit: int | None = None, state: dict | None = None, prefix: int = 0,
+               prefix_lines: int = 0, prefix_sha: str | None = None, chunk_size: int = 8 << 20) -> RangeHashes:
     """One pass over the first `limit` bytes of `path` (all when None): their sha256, size, lines and
-    last newline, and the sha256 of the first `prefix` bytes on the way (what a file that only grew
-    since it was read still starts with). `prefix_lines`, the newlines known to be in the prefix,
-    spares counting them; with `prefix_sha` too (the prefix's sha256 as stored), a digest this process
-    kept when it hashed that prefix is taken up at its end, and only the bytes after it are read."""
-    digest = hashlib.sha256()
-    size = newlines = complete = 0
-    found_sha = None
-    counted_from = 0 if prefix_lines is None or prefix is None else prefix
-    if counted_from:
+    last newline.
+
+    For a file that grew: its first `prefix` bytes, holding `prefix_lines` newlines, are not counted
+    again, and they are taken as hashed when they were before: the hash goes on from `state` (a
+    `sha_state` state the store kept for the file, covering at most `prefix` bytes), or from the hash
+    this process ended at `prefix` bytes, when it has one whose sha256 is `prefix_sha`; otherwise
+    the file is hashed from its start."""
+    digest, size, newlines = None, 0, 0
+    if prefix:
         newlines = prefix_lines
-    kept = _DIGESTS.get((path, prefix, prefix_sha)) if counted_from and prefix_sha else None
-    if kept is not None:
-        digest, size, found_sha = kept.copy(), prefix, prefix_sha
+        hashed = _HASHED.get((path, prefix, prefix_sha)) if prefix_sha else None
+        if state is not None and sha_state.available() and state["bytes"] <= prefix:
+            digest, size = _new_hash(state), state["bytes"]
+        elif hashed is not None:
+            digest, size = hashed[0].copy(), prefix
+    if digest is None:
+        digest = _new_hash()
+    complete = 0
     last = b""
+    kept = None
     with open(path, "rb") as handle:
         handle.seek(size)
         while limit is None or size < limit:
             want = chunk_size if limit is None else min(chunk_size, limit - size)
-            if prefix is not None and found_sha is None and size < prefix:
-                want = min(want, prefix - size)
             chunk = handle.read(want)
             if not chunk:
                 break
-            digest.update(chunk)
-            if size >= counted_from:
-                newlines += chunk.count(b"\n")
+            whole_blocks = len(chunk) - (size + len(chunk)) % sha_state.BLOCK
+            if isinstance(digest, sha_state.Sha256) and 0 <= whole_blocks < len(chunk):
+                # The state after the last whole block, before the bytes that end the file (or this read).
+                digest.update(chunk[:whole_blocks])
+                kept = digest.state()
+                digest.update(chunk[whole_blocks:])
+            else:
+                digest.update(chunk)
+            if size + len(chunk) > prefix:
+                newlines += chunk.count(b"\n", max(0, prefix - size))
             cut = chunk.rfind(b"\n")
             if cut >= 0:
                 complete = size + cut + 1
             size += len(chunk)
             last = chunk[-1:]
-            if prefix is not None and found_sha is None and size == prefix:
-                found_sha = digest.copy().hexdigest()
-    if prefix == 0:
-        found_sha = hashlib.sha256().hexdigest()
+    if isinstance(digest, sha_state.Sha256) and not size % sha_state.BLOCK:
+        kept = digest.state()
     lines = newlines + (1 if size and last != b"\n" else 0)
     sha = digest.hexdigest()
-    _DIGESTS[(path, size, sha)] = digest.copy()
-    while len(_DIGESTS) > _DIGESTS_KEPT:
-        _DIGESTS.popitem(last=False)
-    return RangeHashes(found_sha, sha, size, lines, complete)
+    _HASHED[(path, size, sha)] = (digest, kept)  # nothing updates it again: later hashes take copies
+    while len(_HASHED) > _HASHED_KEPT:
+        _HASHED.popitem(last=False)
+    return RangeHashes(sha, size, lines, complete)
+
+
+def state_kept_for(path: Path, size: int, sha: str) -> dict | None:
+    """The `sha_state` state after the last whole block of the file `path` hashed in this process to
+    `size` bytes of sha256 `sha` (None when it was not, or states cannot be kept)."""
+    hashed = _HASHED.get((path, size, sha))
+    return hashed[1] if hashed else None
 
 
 # The block before an appended read's start whose sha256 says the file only grew since it was read.

@@ -24,7 +24,7 @@ from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
-    hash_range, is_compressed, last_newline_end, path_text, readable, walk,
+    hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
 )
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
 from polytrace_cli.ingest.registry import (
@@ -284,12 +284,11 @@ def ingest_file(
     elif same_reading and stored.resume_state is not None and stored.complete_bytes == stored.bytes \
             and limit > stored.bytes and last_newline_end(path, limit) > stored.bytes:
         if stored.state.get("block_sha") == block_sha(path, stored.bytes):
-            counted = None if complete_lines else hashes.result(path)
-            if counted is None or counted[1] != limit:  # the file grew again since it was hashed
-                # The last read ended at a newline: the prefix holds its lines' newlines.
-                counted = hash_range(path, prefix=stored.bytes, limit=limit, prefix_lines=stored.lines,
-                                     prefix_sha=stored.sha256).counted
-            ranges = RangeHashes(None, *counted, complete=limit if _ends_a_line(path, limit) else 0)
+            # Only the growth is hashed, on from the hash state kept with the file's record. The last
+            # read ended at a newline: the prefix holds its lines' newlines.
+            counted = hash_range(path, limit=limit, state=stored.state.get("sha_state"), prefix=stored.bytes,
+                                 prefix_lines=stored.lines, prefix_sha=stored.sha256).counted
+            ranges = RangeHashes(*counted, complete=limit if _ends_a_line(path, limit) else 0)
             try:
                 return _append_in_transaction(con, path, ingester, run_id, run_name, stored, ranges, report,
                                               started)
@@ -339,6 +338,15 @@ def _complete_bytes(path: Path, size: int) -> int | None:
     return size if _ends_a_line(path, size) else None
 
 
+def _growth_check(path: Path, size: int, sha: str, complete: int | None) -> dict:
+    """What the file's next read needs to take it as grown and hash only its growth: the sha256 of its
+    last block read (`block_sha`) and the hash state after its last whole 64-byte block (`sha_state`),
+    when the read ended at a newline (`complete`, the bytes read); else nothing to go on from."""
+    if not complete:
+        return {"block_sha": None}
+    return {"block_sha": block_sha(path, complete), "sha_state": state_kept_for(path, size, sha)}
+
+
 def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_name: str, stored: StoredFile,
                            ranges: RangeHashes, report: FileReport, started: float) -> FileReport:
     """Read the lines appended to a file since its last read (bytes `stored.bytes` to `ranges.size`)
@@ -354,6 +362,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
     previous_meta = state.pop("meta", {})
     previous_version = state.pop("format_version", None)
     state.pop("block_sha", None)
+    state.pop("sha_state", None)
     added_lines = ranges.lines - stored.lines
     with byte_range_copy(path, offset, ranges.size) as part:
         # The format version found so far goes on, as from one block of a whole read to the next.
@@ -391,7 +400,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
                 [ranges.sha, ranges.size, complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
                  ctx.rejected, ctx.rows, seconds,
                  json.dumps({**ctx.resume_state, "meta": meta, "format_version": version,
-                             "block_sha": block_sha(path, ranges.size) if complete else None}, sort_keys=True),
+                             **_growth_check(path, ranges.size, ranges.sha, complete)}, sort_keys=True),
                  file_id])
             _commit(con, ctx, run_id, ingester.framework)
         except BaseException:
@@ -452,7 +461,7 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
         state = None
         if ctx.resume_state is not None and complete_bytes is not None:
             state = json.dumps({**ctx.resume_state, "meta": ctx.run_meta, "format_version": ctx.format_version,
-                                "block_sha": block_sha(path, complete_bytes)}, sort_keys=True)
+                                **_growth_check(path, size, sha, complete_bytes)}, sort_keys=True)
         con.execute(
             "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
             " read_options, lines, stored, ignored, rejected, rows, seconds, complete_bytes, resume_state)"
