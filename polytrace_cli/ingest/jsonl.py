@@ -175,21 +175,72 @@ def _strict_type(spec, names: Iterator[str]):
     return msgspec.defstruct(next(names), fields, gc=False)
 
 
+@dataclass(frozen=True)
+class _IntegerListField:
+    """A top-level field holding a list of integers, decoded as its raw JSON text and checked by
+    `_integer_lists_fit` (creating a Python int per item was most of the strict decoder's time)."""
+
+    name: str
+    max_digits: int  # a run of at most this many digits is within the type's bounds
+
+
+@dataclass(frozen=True)
+class _StrictDecoders:
+    """The strict decoder of a spec, and the fast one that reads its integer lists as raw text."""
+
+    exact: msgspec.json.Decoder
+    fast: msgspec.json.Decoder | None
+    integer_lists: tuple[_IntegerListField, ...]
+
+
+def _integer_list_field(name: str, sub) -> _IntegerListField | None:
+    if not (isinstance(sub, list) and isinstance(sub[0], str) and sub[0] in INTEGER_RANGES):
+        return None
+    low, high = INTEGER_RANGES[sub[0]]
+    return _IntegerListField(name, len(str(min(high, -low))) - 1)
+
+
 @functools.lru_cache(maxsize=64)
-def _strict_decoder_of(spec_text: str) -> msgspec.json.Decoder:
+def _strict_decoders_of(spec_text: str) -> _StrictDecoders:
+    spec = json.loads(spec_text)
     names = (f"Record{index}" for index in itertools.count())
-    return msgspec.json.Decoder(_strict_type(json.loads(spec_text), names))
+    exact = msgspec.json.Decoder(_strict_type(spec, names))
+    lists = tuple(field for name, sub in spec.items() if (field := _integer_list_field(name, sub)))
+    if not lists:
+        return _StrictDecoders(exact, None, ())
+    raw = {field.name for field in lists}
+    fields = [(name, msgspec.Raw, msgspec.Raw(b"null")) if name in raw
+              else (name, _strict_type(sub, names), msgspec.Raw(b"null") if sub == "JSON" else None)
+              for name, sub in spec.items()]
+    fast = msgspec.json.Decoder(msgspec.defstruct(next(names), fields, gc=False))
+    return _StrictDecoders(exact, fast, lists)
 
 
 # Decoders by the identity of the spec they were built for (ingesters pass the same dict each time).
-_DECODERS: dict[int, tuple[Spec, msgspec.json.Decoder]] = {}
+_DECODERS: dict[int, tuple[Spec, _StrictDecoders]] = {}
 
 
-def _strict_decoder(spec: Spec) -> msgspec.json.Decoder:
+def _strict_decoders(spec: Spec) -> _StrictDecoders:
     known = _DECODERS.get(id(spec))
     if known is None or known[0] is not spec:
-        known = _DECODERS[id(spec)] = (spec, _strict_decoder_of(json.dumps(spec)))
+        known = _DECODERS[id(spec)] = (spec, _strict_decoders_of(json.dumps(spec)))
     return known[1]
+
+
+_DIGITS_AS_NINES = bytes.maketrans(b"0123456789", b"9999999999")
+
+
+def _integer_lists_fit(records: list, field: _IntegerListField) -> bool:
+    """Whether every record's raw `field` is a list of integers within the type's bounds, judged on
+    the joined text of all of them at once: deleting digits, minus signs, separators and white
+    space must leave exactly '[]' per record, and no run of digits may be longer than
+    `max_digits`. The text is valid JSON already (the decoder checked it), so this leaves out
+    exactly nested lists, strings, booleans, nulls and numbers with a fraction or an exponent; a
+    false answer only means the exact decoder must judge."""
+    joined = b"".join([getattr(record, field.name) for record in records])
+    if joined.translate(None, b"0123456789-, \t\r") != b"[]" * len(records):
+        return False
+    return joined.translate(_DIGITS_AS_NINES).find(b"9" * (field.max_digits + 1)) < 0
 
 
 # A file is decoded in blocks of about this size, cut at line ends, so memory does not grow with it.
@@ -206,9 +257,13 @@ def strict_records(data: bytes | memoryview, spec: Spec) -> int | None:
     Strictly decoded, a value fits by `value_problem` too, and DuckDB's typed read gives it the
     same value `json_transform` gives its JSON text: such lines need no check of their text.
     """
-    decoder = _strict_decoder(spec)
+    decoders = _strict_decoders(spec)
     try:
-        return len(decoder.decode_lines(data))
+        if decoders.fast is not None:
+            records = decoders.fast.decode_lines(data)
+            if all(_integer_lists_fit(records, field) for field in decoders.integer_lists):
+                return len(records)
+        return len(decoders.exact.decode_lines(data))
     except msgspec.ValidationError:
         return None
     except msgspec.DecodeError:
