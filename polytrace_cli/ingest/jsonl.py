@@ -18,8 +18,9 @@ integer, reads "5" as 5 and true as 1), so DuckDB reads the file with the spec's
 check. The decoder is stricter than `value_problem` (it refuses 5.0 for an integer): a file it
 refuses takes the paths above, which decide by the project's rule.
 
-`load_batch_records` reads many small files of one format in one `read_json` call; a batch with
-any bad line is left to the per-file paths above (see `runner`).
+`load_batch_records` reads many small files of one format in one `read_json` call, typed, while
+the strict decoder reads the same files in another thread; a file the decoder refuses, and any
+file with a bad line, is left to the per-file paths above (see `runner`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -531,8 +532,9 @@ def _create_checked_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[st
 def _create_typed_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                             required: Sequence[str], with_filename: bool) -> dict[str, int] | None:
     """Temp table `checked` as `_create_checked_from_json` makes it, read by DuckDB with the spec's
-    own column types, for files whose values `strict_records` accepted (so no value is coerced):
-    `bad` is only a missing required field. Returns {filename: records} ({'': records} without
+    own column types: only the records of files whose values `strict_records` accepts (before or
+    alongside this read) may be kept, since no value of theirs was coerced; `bad` is only a missing
+    required field. Returns {filename: records} ({'': records} without
     filenames), or None when DuckDB cannot read the files so."""
     source = (f"read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)}"
               f"{', filename=true' if with_filename else ''})")
@@ -731,7 +733,8 @@ class BulkJsonlIngester(JsonlTraceIngester):
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                        required: Sequence[str] = (), checks: Sequence[Check] = (),
                        whole_json: bool = False, texts: dict[str, str] | None = None,
-                       strict_counts: dict[str, int] | None = None) -> tuple[set[str], dict] | None:
+                       strict_counts: Callable[[], dict[str, int | None]] | None = None,
+                       ) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, with each record's `filename`.
 
     With `whole_json`, the files are first read as JSON records (`read_json`, the cheaper read for
@@ -745,21 +748,33 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     removed for the caller to read those files alone; {filename: (lines, blank lines)} of every
     file read).
 
-    `strict_counts` gives, for files whose every line `strict_records` accepted, their records:
-    when it covers every file, they are read with the spec's column types (`_create_typed_from_json`)
-    and a file DuckDB finds another count of records in is bad.
+    `strict_counts` gives `strict_records` of each file (it may be computed in another thread while
+    DuckDB reads): with it and `whole_json`, the files are read with the spec's column types
+    (`_create_typed_from_json`) and a file whose count is not DuckDB's (the strict decoder refused a
+    value or a line) is bad, unless more than a quarter of the files are refused (a writer whose
+    values the decoder refuses, e.g. 5.0 for an integer, everywhere): then the batch is read as
+    JSON text and checked. A file with a line that is not JSON is bad, and the rest read without it.
     """
-    typed = None
-    if whole_json and strict_counts is not None and all(path in strict_counts for path in paths):
+    if whole_json and strict_counts is not None:
         typed = _create_typed_from_json(con, paths, spec, required, with_filename=True)
-    if typed is not None:
-        bad = {name for name, records in typed.items() if strict_counts.get(name) != records}
-        bad |= {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
-        counts = {name: (records, 0) for name, records in typed.items()}
-        if bad:
-            con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
-        _checked_become_records(con)
-    elif whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
+        strict = strict_counts()
+        refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
+        not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
+        if typed is not None and 4 * len(refused) <= len(paths):
+            bad = {name for name in typed if strict.get(name) != typed[name]} | set(refused)
+            bad |= {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
+            counts = {name: (records, 0) for name, records in typed.items()}
+            if bad:
+                con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
+            _checked_become_records(con)
+            return _with_checks(con, checks, bad, counts)
+        con.execute("DROP TABLE IF EXISTS checked")
+        if not_json:
+            rest = [path for path in paths if path not in not_json]
+            read = load_batch_records(con, rest, spec, required, checks, whole_json, texts,
+                                      (lambda: strict) if len(rest) > 1 else None) if rest else (set(), {})
+            return None if read is None else (read[0] | not_json, read[1])
+    if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
         counts, bad = {}, set()
         for name, records, bad_records in con.execute(
                 "SELECT filename, count(*), count(*) FILTER (WHERE bad) FROM checked GROUP BY filename").fetchall():
@@ -775,6 +790,13 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
             return None
         bad, counts = read
         con.execute("DROP TABLE checked")
+    return _with_checks(con, checks, bad, counts)
+
+
+def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: set[str],
+                 counts: dict) -> tuple[set[str], dict]:
+    """(bad, counts) with the files holding a record that fails one of `checks` added to `bad` and
+    their records removed from `records`."""
     if checks:
         failing = {name for (name,) in con.execute(
             f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
