@@ -180,3 +180,41 @@ def test_lines_the_decoder_reads_otherwise_than_duckdb_are_still_judged_line_by_
         con.close()
     assert files == [(2, 1, 0, 1), (3, 1, 0, 2)]
     assert codes == [(2, "invalid-json"), (2, "invalid-json"), (3, "invalid-json")]
+
+
+_LIST_SPECS = {"packed": PACKED_SPEC, "small": {"s": ["SMALLINT"], "b": ["BIGINT"], "x": "SMALLINT"}}
+_LIST_INTEGERS = st.one_of(st.integers(-5, 300), st.sampled_from(_EDGES + [9999, 10**4, 32767, 32768, -32769]))
+_LIST_ITEMS = st.one_of(_LIST_INTEGERS, st.none(), st.booleans(), st.sampled_from([2.5, 1e5, 3.0, "7"]),
+                        st.lists(st.integers(0, 3), max_size=2))
+# Mostly lists of integers only (the fast check's own case), sometimes lists with anything in them.
+_LISTS = st.one_of(st.lists(_LIST_INTEGERS, max_size=4), st.lists(_LIST_INTEGERS, max_size=4),
+                   st.lists(_LIST_ITEMS, max_size=4), st.none())
+
+
+def _exact_verdict(data: bytes, spec: dict) -> int | None:
+    """What the exact strict decoder (every list item decoded as a Python value) says of `data`."""
+    import msgspec
+
+    try:
+        return len(jsonl._strict_decoders(spec).exact.decode_lines(data))
+    except msgspec.ValidationError:
+        return None
+    except msgspec.DecodeError:
+        return NOT_JSON_LINES
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec_name=st.sampled_from(sorted(_LIST_SPECS)), data=st.data())
+def test_integer_lists_read_as_raw_text_get_the_exact_decoders_verdict(spec_name, data):
+    spec = _LIST_SPECS[spec_name]
+    lists = [name for name, sub in spec.items() if isinstance(sub, list)]
+    lines = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        record = {name: data.draw(_LISTS) for name in lists
+                  if data.draw(st.integers(0, 5))}
+        if "step" in spec:
+            record["step"] = data.draw(st.integers(0, 9))
+        separators = data.draw(st.sampled_from([(", ", ": "), (",", ":"), (" ,\t", " : ")]))
+        lines.append(json.dumps(record, separators=separators).encode())
+    text = b"\n".join(lines) + b"\n"
+    assert strict_records(text, spec) == _exact_verdict(text, spec)

@@ -18,8 +18,9 @@ integer, reads "5" as 5 and true as 1), so DuckDB reads the file with the spec's
 check. The decoder is stricter than `value_problem` (it refuses 5.0 for an integer): a file it
 refuses takes the paths above, which decide by the project's rule.
 
-`load_batch_records` reads many small files of one format in one `read_json` call; a batch with
-any bad line is left to the per-file paths above (see `runner`).
+`load_batch_records` reads many small files of one format in one `read_json` call, typed, while
+the strict decoder reads the same files in another thread; a file the decoder refuses, and any
+file with a bad line, is left to the per-file paths above (see `runner`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -175,21 +176,72 @@ def _strict_type(spec, names: Iterator[str]):
     return msgspec.defstruct(next(names), fields, gc=False)
 
 
+@dataclass(frozen=True)
+class _IntegerListField:
+    """A top-level field holding a list of integers, decoded as its raw JSON text and checked by
+    `_integer_lists_fit` (creating a Python int per item was most of the strict decoder's time)."""
+
+    name: str
+    max_digits: int  # a run of at most this many digits is within the type's bounds
+
+
+@dataclass(frozen=True)
+class _StrictDecoders:
+    """The strict decoder of a spec, and the fast one that reads its integer lists as raw text."""
+
+    exact: msgspec.json.Decoder
+    fast: msgspec.json.Decoder | None
+    integer_lists: tuple[_IntegerListField, ...]
+
+
+def _integer_list_field(name: str, sub) -> _IntegerListField | None:
+    if not (isinstance(sub, list) and isinstance(sub[0], str) and sub[0] in INTEGER_RANGES):
+        return None
+    low, high = INTEGER_RANGES[sub[0]]
+    return _IntegerListField(name, len(str(min(high, -low))) - 1)
+
+
 @functools.lru_cache(maxsize=64)
-def _strict_decoder_of(spec_text: str) -> msgspec.json.Decoder:
+def _strict_decoders_of(spec_text: str) -> _StrictDecoders:
+    spec = json.loads(spec_text)
     names = (f"Record{index}" for index in itertools.count())
-    return msgspec.json.Decoder(_strict_type(json.loads(spec_text), names))
+    exact = msgspec.json.Decoder(_strict_type(spec, names))
+    lists = tuple(field for name, sub in spec.items() if (field := _integer_list_field(name, sub)))
+    if not lists:
+        return _StrictDecoders(exact, None, ())
+    raw = {field.name for field in lists}
+    fields = [(name, msgspec.Raw, msgspec.Raw(b"null")) if name in raw
+              else (name, _strict_type(sub, names), msgspec.Raw(b"null") if sub == "JSON" else None)
+              for name, sub in spec.items()]
+    fast = msgspec.json.Decoder(msgspec.defstruct(next(names), fields, gc=False))
+    return _StrictDecoders(exact, fast, lists)
 
 
 # Decoders by the identity of the spec they were built for (ingesters pass the same dict each time).
-_DECODERS: dict[int, tuple[Spec, msgspec.json.Decoder]] = {}
+_DECODERS: dict[int, tuple[Spec, _StrictDecoders]] = {}
 
 
-def _strict_decoder(spec: Spec) -> msgspec.json.Decoder:
+def _strict_decoders(spec: Spec) -> _StrictDecoders:
     known = _DECODERS.get(id(spec))
     if known is None or known[0] is not spec:
-        known = _DECODERS[id(spec)] = (spec, _strict_decoder_of(json.dumps(spec)))
+        known = _DECODERS[id(spec)] = (spec, _strict_decoders_of(json.dumps(spec)))
     return known[1]
+
+
+_DIGITS_AS_NINES = bytes.maketrans(b"0123456789", b"9999999999")
+
+
+def _integer_lists_fit(records: list, field: _IntegerListField) -> bool:
+    """Whether every record's raw `field` is a list of integers within the type's bounds, judged on
+    the joined text of all of them at once: deleting digits, minus signs, separators and white
+    space must leave exactly '[]' per record, and no run of digits may be longer than
+    `max_digits`. The text is valid JSON already (the decoder checked it), so this leaves out
+    exactly nested lists, strings, booleans, nulls and numbers with a fraction or an exponent; a
+    false answer only means the exact decoder must judge."""
+    joined = b"".join([getattr(record, field.name) for record in records])
+    if joined.translate(None, b"0123456789-, \t\r") != b"[]" * len(records):
+        return False
+    return joined.translate(_DIGITS_AS_NINES).find(b"9" * (field.max_digits + 1)) < 0
 
 
 # A file is decoded in blocks of about this size, cut at line ends, so memory does not grow with it.
@@ -206,9 +258,13 @@ def strict_records(data: bytes | memoryview, spec: Spec) -> int | None:
     Strictly decoded, a value fits by `value_problem` too, and DuckDB's typed read gives it the
     same value `json_transform` gives its JSON text: such lines need no check of their text.
     """
-    decoder = _strict_decoder(spec)
+    decoders = _strict_decoders(spec)
     try:
-        return len(decoder.decode_lines(data))
+        if decoders.fast is not None:
+            records = decoders.fast.decode_lines(data)
+            if all(_integer_lists_fit(records, field) for field in decoders.integer_lists):
+                return len(records)
+        return len(decoders.exact.decode_lines(data))
     except msgspec.ValidationError:
         return None
     except msgspec.DecodeError:
@@ -476,8 +532,9 @@ def _create_checked_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[st
 def _create_typed_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                             required: Sequence[str], with_filename: bool) -> dict[str, int] | None:
     """Temp table `checked` as `_create_checked_from_json` makes it, read by DuckDB with the spec's
-    own column types, for files whose values `strict_records` accepted (so no value is coerced):
-    `bad` is only a missing required field. Returns {filename: records} ({'': records} without
+    own column types: only the records of files whose values `strict_records` accepts (before or
+    alongside this read) may be kept, since no value of theirs was coerced; `bad` is only a missing
+    required field. Returns {filename: records} ({'': records} without
     filenames), or None when DuckDB cannot read the files so."""
     source = (f"read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)}"
               f"{', filename=true' if with_filename else ''})")
@@ -676,7 +733,8 @@ class BulkJsonlIngester(JsonlTraceIngester):
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                        required: Sequence[str] = (), checks: Sequence[Check] = (),
                        whole_json: bool = False, texts: dict[str, str] | None = None,
-                       strict_counts: dict[str, int] | None = None) -> tuple[set[str], dict] | None:
+                       strict_counts: Callable[[], dict[str, int | None]] | None = None,
+                       ) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, with each record's `filename`.
 
     With `whole_json`, the files are first read as JSON records (`read_json`, the cheaper read for
@@ -690,21 +748,33 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     removed for the caller to read those files alone; {filename: (lines, blank lines)} of every
     file read).
 
-    `strict_counts` gives, for files whose every line `strict_records` accepted, their records:
-    when it covers every file, they are read with the spec's column types (`_create_typed_from_json`)
-    and a file DuckDB finds another count of records in is bad.
+    `strict_counts` gives `strict_records` of each file (it may be computed in another thread while
+    DuckDB reads): with it and `whole_json`, the files are read with the spec's column types
+    (`_create_typed_from_json`) and a file whose count is not DuckDB's (the strict decoder refused a
+    value or a line) is bad, unless more than a quarter of the files are refused (a writer whose
+    values the decoder refuses, e.g. 5.0 for an integer, everywhere): then the batch is read as
+    JSON text and checked. A file with a line that is not JSON is bad, and the rest read without it.
     """
-    typed = None
-    if whole_json and strict_counts is not None and all(path in strict_counts for path in paths):
+    if whole_json and strict_counts is not None:
         typed = _create_typed_from_json(con, paths, spec, required, with_filename=True)
-    if typed is not None:
-        bad = {name for name, records in typed.items() if strict_counts.get(name) != records}
-        bad |= {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
-        counts = {name: (records, 0) for name, records in typed.items()}
-        if bad:
-            con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
-        _checked_become_records(con)
-    elif whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
+        strict = strict_counts()
+        refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
+        not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
+        if typed is not None and 4 * len(refused) <= len(paths):
+            bad = {name for name in typed if strict.get(name) != typed[name]} | set(refused)
+            bad |= {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
+            counts = {name: (records, 0) for name, records in typed.items()}
+            if bad:
+                con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
+            _checked_become_records(con)
+            return _with_checks(con, checks, bad, counts)
+        con.execute("DROP TABLE IF EXISTS checked")
+        if not_json:
+            rest = [path for path in paths if path not in not_json]
+            read = load_batch_records(con, rest, spec, required, checks, whole_json, texts,
+                                      (lambda: strict) if len(rest) > 1 else None) if rest else (set(), {})
+            return None if read is None else (read[0] | not_json, read[1])
+    if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
         counts, bad = {}, set()
         for name, records, bad_records in con.execute(
                 "SELECT filename, count(*), count(*) FILTER (WHERE bad) FROM checked GROUP BY filename").fetchall():
@@ -720,6 +790,13 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
             return None
         bad, counts = read
         con.execute("DROP TABLE checked")
+    return _with_checks(con, checks, bad, counts)
+
+
+def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: set[str],
+                 counts: dict) -> tuple[set[str], dict]:
+    """(bad, counts) with the files holding a record that fails one of `checks` added to `bad` and
+    their records removed from `records`."""
     if checks:
         failing = {name for (name,) in con.execute(
             f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
