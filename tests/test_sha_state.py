@@ -68,3 +68,13 @@ def test_without_states_a_grown_file_is_hashed_whole(tmp_path, monkeypatch):
     grown = files.hash_range(path, state=kept, prefix=200, prefix_lines=100)
     assert grown.counted == (hashlib.sha256(b"a\n" * 150).hexdigest(), 300, 150)
     assert files.state_kept_for(path, 300, grown.sha) is None
+
+
+@needs_states
+def test_a_damaged_state_is_not_taken_up(tmp_path):
+    path = tmp_path / "a.log"
+    path.write_bytes(b"a\n" * 150)
+    for state in ({"bytes": 128}, {"bytes": 128, "words": "zz"}, {"bytes": "x", "words": "00" * 32},
+                  {"bytes": 64, "words": "00" * 31}):
+        grown = files.hash_range(path, state=state, prefix=200, prefix_lines=100)
+        assert grown.counted == (hashlib.sha256(b"a\n" * 150).hexdigest(), 300, 150)

@@ -242,6 +242,16 @@ def _new_hash(state: dict | None = None):
     return sha_state.Sha256(state) if sha_state.available() else hashlib.sha256()
 
 
+def _resumed(state: dict | None, prefix: int):
+    """A hash going on from `state` when it is a state of at most `prefix` bytes, else None."""
+    if state is None or not sha_state.available():
+        return None
+    try:
+        return sha_state.Sha256(state) if state["bytes"] <= prefix else None
+    except (KeyError, TypeError, ValueError):  # not a state this code wrote: the file is hashed whole
+        return None
+
+
 def hash_range(path: Path, limit: int | None = None, state: dict | None = None, prefix: int = 0,
                prefix_lines: int = 0, prefix_sha: str | None = None, chunk_size: int = 8 << 20) -> RangeHashes:
     """One pass over the first `limit` bytes of `path` (all when None): their sha256, size, lines and
@@ -256,8 +266,9 @@ def hash_range(path: Path, limit: int | None = None, state: dict | None = None, 
     if prefix:
         newlines = prefix_lines
         hashed = _HASHED.get((path, prefix, prefix_sha)) if prefix_sha else None
-        if state is not None and sha_state.available() and state["bytes"] <= prefix:
-            digest, size = _new_hash(state), state["bytes"]
+        resumed = _resumed(state, prefix)
+        if resumed is not None:
+            digest, size = resumed, resumed.size
         elif hashed is not None:
             digest, size = hashed[0].copy(), prefix
     if digest is None:
