@@ -79,6 +79,56 @@ def appended_in_process(first: Path, store: Path, log: Path, repeat: int) -> lis
     return runs[1:]
 
 
+# The parts of an appended read timed by `appended_parts`: (label, module, function).
+PARTS = (
+    ("parse and store the new lines", "polytrace_cli.ingest.console.pipeline", "load_console"),
+    ("  of which: GPU count over the file's steps", "polytrace_cli.ingest.run_metadata", "n_gpus_from_throughput"),
+    ("  of which: step-time inclusion over the run's steps", "polytrace_cli.store.step_timers", "step_time_inclusion"),
+    ("semantics record over the run's steps", "polytrace_cli.store.semantics", "decide_runs"),
+)
+
+
+def appended_parts(first: Path, store: Path, log: Path) -> list[tuple[str, float]]:
+    """CPU seconds of the parts of one appended read in this process (libraries loaded; CPU of every
+    thread), each function timed where it is called, and of closing the store (DuckDB's checkpoint)."""
+    import importlib
+
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+
+    spent: dict[str, float] = {}
+    originals = []
+    for label, module_name, name in PARTS:
+        module = importlib.import_module(module_name)
+        function = getattr(module, name)
+
+        def timed_call(*args, _function=function, _label=label, **kwargs):
+            started = time.process_time()
+            try:
+                return _function(*args, **kwargs)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.process_time() - started
+
+        # Patched in every module that imported the function by name, for this one read.
+        for holder in [m for m in list(sys.modules.values()) if getattr(m, name, None) is function]:
+            originals.append((holder, name, function))
+            setattr(holder, name, timed_call)
+    try:
+        shutil.copy(first, store)
+        con = open_store(store)
+        started = time.process_time()
+        ingest_paths(con, [log], format_name="verl-console")
+        spent["the whole appended read"] = time.process_time() - started
+        started = time.process_time()
+        con.close()
+        spent["closing the store (checkpoint)"] = time.process_time() - started
+    finally:
+        for holder, name, function in originals:
+            setattr(holder, name, function)
+    return [(label, spent.get(label, 0.0)) for label in
+            ("the whole appended read", *(label for label, _, _ in PARTS), "closing the store (checkpoint)")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=50.0, help="size of the first log in MB")
@@ -105,6 +155,7 @@ def main() -> None:
     unchanged_runs = timed([*ingest, str(grown), str(log)], args.repeat)
 
     in_process = appended_in_process(first, grown, log, args.repeat)
+    parts = appended_parts(first, grown, log)
 
     import duckdb
 
@@ -133,6 +184,8 @@ def main() -> None:
                   f" {work:.2f} s beyond `polytrace runs`")
     print("appended in one process with its libraries loaded (as `polytrace watch` reads each growth),"
           " wall/CPU: " + ", ".join(f"{wall:.2f}/{cpu:.2f} s" for wall, cpu in in_process))
+    print("CPU s of one appended read in one process, by part: "
+          + "; ".join(f"{label.strip()} {seconds:.3f}" for label, seconds in parts))
     print(f"rows (step_metrics, lines, stored): appended {counts['appended']}, whole {counts['whole']}")
     if counts["appended"] != counts["whole"]:
         raise SystemExit("the appended store differs from the whole read")
