@@ -11,7 +11,8 @@ as a whole `polytrace` process (median of --repeat runs):
                  `polytrace ingest` of the grown log into the appended store again (status unchanged):
                  the ingest command's own start-up (its libraries, the sniff, the file's hash).
   in process     the appended re-ingest inside one process with its libraries loaded, as `polytrace
-                 watch` reads each growth of a log.
+                 watch` reads each growth of a log, and the CPU seconds of its parts: the parse of the
+                 new lines, the facts decided again over the whole file or run, closing the store.
 Checks that the appended store holds the rows of the whole read. Figures in benchmarks/results.md.
 Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3]
 """
