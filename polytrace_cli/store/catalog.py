@@ -37,9 +37,14 @@ def _text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def validation_key_sql(validation_prefixes: tuple[str, ...]) -> str:
+    """A SQL condition on `key`: true when the key starts with a validation prefix."""
+    return " OR ".join(f"starts_with(key, {_text(prefix)})" for prefix in validation_prefixes) or "false"
+
+
 def steps_view_sql(validation_prefixes: tuple[str, ...]) -> str:
     """The CREATE statement of the `steps` view for these validation prefixes (see the module docstring)."""
-    like = " OR ".join(f"starts_with(key, {_text(prefix)})" for prefix in validation_prefixes) or "false"
+    like = validation_key_sql(validation_prefixes)
     columns = ", ".join(_text(name) for name in STEP_COLUMNS)
     return f"""
 CREATE OR REPLACE VIEW steps AS
@@ -71,15 +76,20 @@ LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
 """
 
 
-def declared_catalog() -> tuple[dict[str, str], str, str]:
-    """(aliases, steps view statement, fingerprint) from the formats' declarations: the function the
-    package root names in `METRIC_NAMES_SOURCE` returns (aliases, validation prefixes)."""
+def declared_names() -> tuple[dict[str, str], tuple[str, ...]]:
+    """(aliases, validation prefixes): what the function the package root names in
+    `METRIC_NAMES_SOURCE` returns from the formats' declarations."""
     import importlib
 
     from polytrace_cli import METRIC_NAMES_SOURCE
 
     module, function = METRIC_NAMES_SOURCE.split(":")
-    aliases, prefixes = getattr(importlib.import_module(module), function)()
+    return getattr(importlib.import_module(module), function)()
+
+
+def declared_catalog() -> tuple[dict[str, str], str, str]:
+    """(aliases, steps view statement, fingerprint) from the formats' declarations (`declared_names`)."""
+    aliases, prefixes = declared_names()
     view = steps_view_sql(prefixes)
     digest = hashlib.sha256(json.dumps([aliases, view], sort_keys=True).encode()).hexdigest()[:16]
     return aliases, view, digest

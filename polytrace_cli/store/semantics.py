@@ -45,7 +45,7 @@ import statistics
 
 import duckdb
 
-from polytrace_cli.store import step_timers
+from polytrace_cli.store import step_facts, step_timers
 
 LOGGED, WITHOUT_OVERHEADS, DERIVED = "logged", "logged without overheads", "derived from stage timers"
 ON, OFF, UNKNOWN = "on", "off", "unknown"
@@ -70,12 +70,14 @@ RUN_STEPS = "semantics_run_steps"
 
 
 def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """Keep the run's `steps` rows, with the columns the decision reads, in the table RUN_STEPS."""
+    """Keep the run's `steps` rows, with the columns the decision reads, in the table RUN_STEPS: from
+    the run's step facts (`store.step_facts`), or from the view where they cannot be kept."""
     timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
-    columns = dict.fromkeys(["step", "step_s", *timers, "is_validation_only", "has_testing", "has_checkpoint",
-                             "total_tokens", "prompt_length_mean", "response_length_mean"])
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {', '.join(columns)} FROM steps WHERE run_id = ?",
-                [run_id])
+    canonical = list(dict.fromkeys(["step_s", *timers, "total_tokens", "prompt_length_mean", "response_length_mean"]))
+    columns = ", ".join(["step", *canonical, "is_validation_only", "has_testing", "has_checkpoint"])
+    source = f"({step_facts.run_steps_sql(canonical)})" if step_facts.refresh(con, run_id) else \
+        "(SELECT * FROM steps WHERE run_id = $1)"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {columns} FROM {source}", [run_id])
 
 
 def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:

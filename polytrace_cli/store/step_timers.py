@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
+from polytrace_cli.store import step_facts
 
 # Timers that verl may or may not count inside `timing_s/step`, depending on its version, and the
 # run meta key recording which way a run logged them.
@@ -42,21 +43,24 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     stages = stage_columns(con)
     stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
     wanted = [*stages, "step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)]
-    # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
-    rows = con.execute(
-        f"""
-        WITH timers AS (
+    if step_facts.refresh(con, run_id):
+        timers, arguments = step_facts.run_steps_sql(wanted), [run_id]
+    else:  # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
+        timers = f"""
             PIVOT (SELECT sm.segment, sm.step, a.canonical, sm.value
                    FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-                   WHERE sm.run_id = ? AND a.canonical IN (SELECT unnest(?)))
+                   WHERE sm.run_id = $1 AND a.canonical IN (SELECT unnest($2)))
             ON canonical IN ({", ".join(f"'{column}'" for column in wanted)})
-            USING max(value) GROUP BY segment, step
-        )
+            USING max(value) GROUP BY segment, step"""
+        arguments = [run_id, wanted]
+    rows = con.execute(
+        f"""
+        WITH timers AS ({timers})
         SELECT step_s - ({stage_sum}) AS residual, coalesce(testing_s, 0) AS testing,
                coalesce(save_checkpoint_s, 0) AS save_checkpoint
         FROM timers WHERE step_s IS NOT NULL
         """,
-        [run_id, wanted],
+        arguments,
     ).fetchall()
     baseline = sorted(residual for residual, testing, checkpoint in rows if testing <= 0 and checkpoint <= 0)
     centre = _quantile(baseline, 0.5) if baseline else 0.0
