@@ -34,6 +34,8 @@ COMPARED = {
     "ingest_errors": "line_no, reason, raw, code",
     "runs": "name, framework, meta",
     "run_semantics": ", ".join(FIELDS),
+    "step_facts": "segment, step, canonical, value, pairs, validation_only",
+    "step_facts_files": "pairs, last_line, catalog",
 }
 
 

@@ -1,0 +1,111 @@
+"""A run's steps read from its step facts are the `steps` view's rows, however the facts were kept."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.store import open_store, semantics, step_facts
+from polytrace_cli.store.catalog import STEP_COLUMNS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Every fixture folder whose files give step metrics: console logs of each framework, verl's file
+# logger, wandb, and the runs the semantics tests decide.
+FOLDERS = sorted(p for p in (*FIXTURES.glob("*/*"), *FIXTURES.glob("semantics/*")) if p.is_dir()) + [
+    FIXTURES / "openrlhf", FIXTURES / "trl"]
+COLUMNS = ["segment", "step", *STEP_COLUMNS, "is_validation_only", "has_testing", "has_checkpoint"]
+
+
+def comparable(rows: list[tuple]) -> list[tuple]:
+    return sorted(tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in row) for row in rows)
+
+
+def from_view(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple]:
+    return comparable(con.execute(f"SELECT {', '.join(COLUMNS)} FROM steps WHERE run_id = ?", [run_id]).fetchall())
+
+
+def from_facts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple]:
+    assert step_facts.refresh(con, run_id)
+    return comparable(con.execute(step_facts.run_steps_sql(list(STEP_COLUMNS)), [run_id]).fetchall())
+
+
+def run_ids(con: duckdb.DuckDBPyConnection) -> list[int]:
+    return [row[0] for row in con.execute("SELECT DISTINCT run_id FROM step_metrics ORDER BY 1").fetchall()]
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_the_steps_of_every_fixture_run_read_from_facts_are_the_views(tmp_path, folder):
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [folder])
+    runs = run_ids(con)
+    if not runs:
+        pytest.skip("no step metrics in this folder")
+    for run_id in runs:
+        assert from_facts(con, run_id) == from_view(con, run_id)
+    con.close()
+
+
+@pytest.fixture()
+def two_files(tmp_path) -> tuple[duckdb.DuckDBPyConnection, Path]:
+    """One run of two files giving the same steps (verl's console log and its file logger)."""
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [FIXTURES / "verl" / "console_v08", FIXTURES / "verl" / "file_logger"], run_name="both")
+    return con, tmp_path
+
+
+def test_facts_of_two_files_of_one_run_combine_as_the_view_does(two_files):
+    con, _ = two_files
+    (run_id,) = run_ids(con)
+    assert con.execute("SELECT count(DISTINCT file_id) FROM step_facts").fetchall()[0][0] == 2
+    assert from_facts(con, run_id) == from_view(con, run_id)
+    con.close()
+
+
+def test_facts_taken_with_another_catalog_or_cut_short_are_taken_again(two_files):
+    con, _ = two_files
+    (run_id,) = run_ids(con)
+    expected = from_view(con, run_id)
+    kept = sorted(con.execute("SELECT * FROM step_facts").fetchall(), key=repr)
+    con.execute("UPDATE step_facts_files SET catalog = 'an older catalog'")
+    con.execute("UPDATE step_facts SET value = -1")
+    assert from_facts(con, run_id) == expected
+    first = con.execute("SELECT min(file_id) FROM step_facts_files").fetchall()[0][0]
+    con.execute("DELETE FROM step_facts_files WHERE file_id = ?", [first])  # a refresh stopped midway
+    con.execute("UPDATE step_facts SET value = -1 WHERE file_id = ?", [first])
+    assert from_facts(con, run_id) == expected
+    assert sorted(con.execute("SELECT * FROM step_facts").fetchall(), key=repr) == kept
+    con.close()
+
+
+def test_a_file_read_again_or_removed_leaves_no_facts_behind(two_files):
+    con, tmp_path = two_files
+    (run_id,) = run_ids(con)
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    log.write_bytes((FIXTURES / "verl" / "console_v05" / "train.log").read_bytes())
+    ingest_paths(con, [log], run_name="both")
+    files = {row[0] for row in con.execute("SELECT file_id FROM files").fetchall()}
+    assert from_facts(con, run_id) == from_view(con, run_id)
+    log.write_bytes(log.read_bytes()[: len(log.read_bytes()) // 2])  # shrunk: read again whole, a new file id
+    ingest_paths(con, [log], run_name="both")
+    assert from_facts(con, run_id) == from_view(con, run_id)
+    now = {row[0] for row in con.execute("SELECT file_id FROM files").fetchall()}
+    assert now != files
+    for table in ("step_facts", "step_facts_files"):
+        assert {row[0] for row in con.execute(f"SELECT DISTINCT file_id FROM {table}").fetchall()} <= now
+    con.close()
+
+
+def test_a_read_only_store_is_decided_from_the_view(two_files):
+    con, tmp_path = two_files
+    (run_id,) = run_ids(con)
+    written = semantics.decide(con, run_id)
+    con.close()
+    reader = open_store(tmp_path / "s.duckdb", read_only=True)
+    assert not step_facts.refresh(reader, run_id)
+    assert semantics.decide(reader, run_id) == written
+    reader.close()
