@@ -44,6 +44,7 @@ from polytrace_cli.ingest.runner import (
     RunResolver,
     WholeFileFailure,
     claim_run_framework,
+    decide_semantics,
     delete_file_rows,
     ingest_file,
     ingest_one,
@@ -384,6 +385,7 @@ def _ingest_paths_ray(ray, con, paths, *, run_name, task, format_name, tokenizer
         finally:
             parsed_files.close()
         record_failures(con, resolver, failed_whole)
+        decide_semantics(con, reports)
         return reports
     finally:
         if own_hashes:
