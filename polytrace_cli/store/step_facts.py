@@ -68,28 +68,42 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     if orphans[0][0]:  # facts of a refresh cut short: their files are taken again whole below
         con.execute("DELETE FROM step_facts WHERE run_id = ? AND file_id NOT IN"
                     " (SELECT file_id FROM step_facts_files WHERE run_id = ?)", [run_id, run_id])
+    whole, grown = [], []
     for file_id, (pairs, last_line) in stored.items():
         before = kept.get(file_id)
         if before == (pairs, last_line, catalog):
             continue
-        con.execute("DELETE FROM step_facts_files WHERE file_id = ?", [file_id])
-        if not (before and before[2] == catalog and _add_grown(con, file_id, before[0], before[1], pairs)):
-            con.execute("DELETE FROM step_facts WHERE file_id = ?", [file_id])
-            con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id = $1')}", [file_id])
-        con.execute("INSERT INTO step_facts_files VALUES (?, ?, ?, ?, ?)", [file_id, run_id, pairs, last_line, catalog])
+        if before and before[2] == catalog and _only_grew(con, file_id, before[0], before[1], pairs):
+            grown.append((file_id, before[1]))
+        else:
+            whole.append(file_id)
+    changed = whole + [file_id for file_id, _ in grown]
+    if not changed:
+        return True
+    con.execute("DELETE FROM step_facts_files WHERE file_id IN (SELECT unnest(?))", [changed])
+    for file_id, kept_line in grown:
+        _add_grown(con, file_id, kept_line)
+    if whole:
+        con.execute("DELETE FROM step_facts WHERE file_id IN (SELECT unnest(?))", [whole])
+        con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id IN (SELECT unnest($1))')}", [whole])
+    con.execute("INSERT INTO step_facts_files SELECT unnest(?), ?, unnest(?), unnest(?), ?",
+                [changed, run_id, [stored[f][0] for f in changed], [stored[f][1] for f in changed], catalog])
     return True
 
 
-def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, kept_line: int | None,
+def _only_grew(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, kept_line: int | None,
                pairs: int) -> bool:
-    """Add to a file's facts those of its pairs after line `kept_line`, when they are exactly the pairs
-    it gained (`pairs` - `kept_pairs`); False, with nothing changed, when they are not."""
+    """Whether the file's pairs after line `kept_line` are exactly the pairs it gained since its facts
+    were kept (`pairs` - `kept_pairs`): a log that grew."""
     if kept_line is None or pairs <= kept_pairs:
         return False
     added = con.execute("SELECT count(*) FROM step_metrics WHERE file_id = ? AND line_no > ?",
                         [file_id, kept_line]).fetchall()[0][0]
-    if added != pairs - kept_pairs:
-        return False
+    return added == pairs - kept_pairs
+
+
+def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_line: int) -> None:
+    """Combine the facts of the file's pairs after line `kept_line` into those kept for the same steps."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_added AS {_facts_sql('sm.file_id = $1 AND sm.line_no > $2')}",
                 [file_id, kept_line])
     try:
@@ -109,7 +123,6 @@ def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, ke
     finally:
         con.execute("DROP TABLE IF EXISTS step_facts_added")
         con.execute("DROP TABLE IF EXISTS step_facts_combined")
-    return True
 
 
 def run_steps_sql(columns: list[str]) -> str:
