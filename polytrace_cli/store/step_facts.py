@@ -130,10 +130,12 @@ def run_steps_sql(columns: list[str]) -> str:
     the given canonical `columns`, is_validation_only, has_testing and has_checkpoint, as the view
     gives them."""
     picked = "".join(f", max(value) FILTER (WHERE canonical = '{column}') AS {column}" for column in columns)
+    read = ", ".join(f"'{name}'" for name in dict.fromkeys([*columns, "testing_s", "save_checkpoint_s"]))
     return f"""
         SELECT segment, step{picked},
                bool_and(validation_only) FILTER (WHERE canonical IS NULL) AS is_validation_only,
                count(*) FILTER (WHERE canonical = 'testing_s') > 0 AS has_testing,
                count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
-        FROM step_facts WHERE run_id = $1 GROUP BY segment, step
+        FROM step_facts WHERE run_id = $1 AND (canonical IS NULL OR canonical IN ({read}))
+        GROUP BY segment, step
     """
