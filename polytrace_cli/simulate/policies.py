@@ -201,6 +201,15 @@ class RunContext:
     predicted_workload: pl.DataFrame | None = None
     caveats: list[str] = field(default_factory=list)
     training_scale: float | None = None
+    # Workloads a policy derives from the frame and the lengths alone, by (policy, value): the
+    # bootstrap's draws share the frame and the lengths, so they share these too.
+    workloads: dict = field(default_factory=dict)
+
+    def workload(self, key: tuple, derive: Callable[[], object]):
+        """The workload `derive()` computes from the frame and the lengths, computed once per key."""
+        if key not in self.workloads:
+            self.workloads[key] = derive()
+        return self.workloads[key]
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
         """Per-stage seconds of the model at a modified workload frame.
@@ -353,7 +362,8 @@ def _policy_max_response_len(ctx: RunContext, policy: Policy) -> tuple[RunPlan, 
     tokens assumed spread over the ranks in proportion to their load). The responses are otherwise
     the same (a shorter cap may change what the policy learns to write: not modelled)."""
     lengths = _need_lengths(ctx)
-    changed = capped_workload(ctx.frame, lengths.lengths, float(policy.value))
+    changed = ctx.workload((policy.name, policy.value),
+                           lambda: capped_workload(ctx.frame, lengths.lengths, float(policy.value)))
     return ctx.plan.with_stages(ctx.predict(changed)), f"lengths from {lengths.basis}"
 
 
@@ -395,7 +405,8 @@ def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, s
     if "gen" not in ctx.model.stages:
         raise NotSupported("the run logs no generation time: the rollout cannot be modelled")
     lengths = _need_lengths(ctx)
-    changed, unfinished = partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value))
+    changed, unfinished = ctx.workload((policy.name, policy.value),
+                                       lambda: partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value)))
     note = f"lengths from {lengths.basis}"
     if lengths.basis == FITTED_BASIS:
         note += (" (each step's F quantile then rests on the fitted shape, which a mean and a max do not pin "
