@@ -136,4 +136,3 @@ def test_a_lake_reads_with_the_codes_aliases_not_those_it_was_written_with(verl_
         assert lake.execute("SELECT step, gen_s FROM steps ORDER BY step").fetchall() == [(1, 12.5), (2, 14.0), (3, None)]
     finally:
         lake.close()
-
