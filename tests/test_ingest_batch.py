@@ -339,3 +339,15 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
     finally:
         batched.close()
         alone.close()
+
+
+def test_a_batch_whose_every_file_holds_a_line_that_is_not_json_is_read_file_by_file(store, tmp_path, read_kind):
+    folder = tmp_path / "run_d"
+    folder.mkdir()
+    for step in range(5):
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(
+            packed_line(step, 0) + "\n" + packed_line(step, 1)[:-3] + "\n" + packed_line(step, 2) + "\n")
+    reports = ingest_paths(store, [folder])
+    assert [(r.status, r.lines, r.stored, r.rejected) for r in reports] == [("ingested", 3, 2, 1)] * 5
+    assert store.execute("SELECT count(*), count(DISTINCT file_id) FROM sample_groups").fetchone() == (10, 5)
+    assert store.execute("SELECT DISTINCT line_no, code FROM ingest_errors").fetchall() == [(2, "invalid-json")]
