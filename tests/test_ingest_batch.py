@@ -339,3 +339,25 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
     finally:
         batched.close()
         alone.close()
+
+
+def test_a_batch_whose_every_file_holds_a_line_that_is_not_json_is_read_file_by_file(store, tmp_path, read_kind):
+    folder = tmp_path / "run_d"
+    folder.mkdir()
+    for step in range(5):
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(
+            packed_line(step, 0) + "\n" + packed_line(step, 1)[:-3] + "\n" + packed_line(step, 2) + "\n")
+    reports = ingest_paths(store, [folder])
+    assert [(r.status, r.lines, r.stored, r.rejected) for r in reports] == [("ingested", 3, 2, 1)] * 5
+    assert store.execute("SELECT count(*), count(DISTINCT file_id) FROM sample_groups").fetchone() == (10, 5)
+    assert store.execute("SELECT DISTINCT line_no, code FROM ingest_errors").fetchall() == [(2, "invalid-json")]
+
+
+def test_a_line_nested_past_the_decoders_depth_leaves_only_its_file_out_of_the_batch(store, tmp_path, read_kind):
+    paths = write_run(tmp_path / "run_e")
+    deep = '{"step": 4, "input": 5, "output": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    paths[4].write_text(packed_line(4, 0) + "\n" + deep + "\n")
+    reports = ingest_paths(store, [tmp_path / "run_e"])
+    assert len(reports) == len(paths) and not any(r.failed for r in reports)
+    errors = store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)").fetchall()
+    assert errors == [(str(paths[4].resolve()), 2, "invalid-json")]

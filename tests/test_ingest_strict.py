@@ -138,9 +138,9 @@ def test_clean_step_files_in_a_batch_are_read_with_column_types(tmp_path, json_t
         con.close()
 
 
-def test_one_multiturn_trace_is_read_with_column_types_and_a_packed_one_as_json_text(tmp_path, json_text_reads):
-    """A trace whose spec holds lists of objects is decoded strictly and read with its types; a
-    packed trace alone is read as JSON text (cheaper for one large file of scalars); a multi-turn
+def test_one_trace_is_read_with_column_types_when_the_strict_pass_pays(tmp_path, json_text_reads):
+    """A trace whose spec holds lists of objects, or lists of integers, is decoded strictly and read
+    with its types; a spec of scalars alone is read as JSON text (cheaper for one large file); a
     value the decoder refuses (a whole number written 3.0) sends the file to the JSON-text read."""
     folder = tmp_path / "run"
     folder.mkdir()
@@ -150,11 +150,16 @@ def test_one_multiturn_trace_is_read_with_column_types_and_a_packed_one_as_json_
     try:
         assert [r.status for r in ingest_paths(con, [trace])] == ["ingested"] and not json_text_reads
         assert con.execute("SELECT count(*), sum(completion_tokens) FROM turns").fetchone() == (4, 46)
-        assert jsonl.holds_objects(MULTITURN_SPEC) and not jsonl.holds_objects(PACKED_SPEC)
+        assert jsonl.strict_pass_pays(MULTITURN_SPEC) and jsonl.strict_pass_pays(PACKED_SPEC)
+        assert not jsonl.strict_pass_pays({"a": "INTEGER", "b": ["VARCHAR"], "c": "DOUBLE"})
         packed = folder / "packed_lengths_step_0.jsonl"
         packed.write_text(_packed(0, 0, [1, 2]) + "\n")
         ingest_paths(con, [packed])
+        assert not json_text_reads
+        packed.write_text(_packed(0, 0, [1, 2]).replace("[1, 2]", "[1, 2.0]") + "\n")
+        ingest_paths(con, [packed])
         assert json_text_reads and all(spec is PACKED_SPEC for spec in json_text_reads)
+        assert con.execute("SELECT response_lens FROM sample_groups").fetchall() == [([1, 2],)]
         trace.write_text(_trajectory(0, 0, 3.0) + "\n")
         ingest_paths(con, [trace])
         assert json_text_reads[-1] is MULTITURN_SPEC

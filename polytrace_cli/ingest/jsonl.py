@@ -267,20 +267,22 @@ def strict_records(data: bytes | memoryview, spec: Spec) -> int | None:
         return len(decoders.exact.decode_lines(data))
     except msgspec.ValidationError:
         return None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past the decoder's depth: no record either way
         return NOT_JSON_LINES
 
 
-def holds_objects(spec: Spec) -> bool:
-    """Whether some field of `spec` is an object or a list of objects. Read as JSON text, such a
-    field is held as text and typed copies at once and its items are put to the exact rule one by
-    one (a 20 MB multi-turn trace took 1 GB): one large file of such a spec is decoded strictly
-    first and read with its types. For scalars and lists of scalars the JSON-text read and its
-    cheap text rule (`plain_fit_sql`) cost less than the strict pass over one large file (1.58
-    against 1.80 s of CPU for a 90 MB packed trace); many small files are decoded anyway, from
-    the bytes read to sniff and hash them."""
-    return any(isinstance(sub, dict) or (isinstance(sub, list) and not isinstance(sub[0], str))
-               for sub in spec.values())
+def strict_pass_pays(spec: Spec) -> bool:
+    """Whether one large file of `spec` is decoded strictly before it is read (and then read with
+    its types): when some field is an object or a list of objects, or a list of integers.
+
+    Read as JSON text, an object field is held as text and typed copies at once and its items are
+    put to the exact rule one by one (a 20 MB multi-turn trace took 1 GB). A list of integers is
+    checked on its raw text (`_integer_lists_fit`), so the strict pass costs less than the JSON-text
+    read and check it replaces: 1.5 against 2.1 s of CPU for a 90 MB packed trace. For scalars alone
+    the JSON-text read and its cheap text rule (`plain_fit_sql`) are left as they are."""
+    return (any(isinstance(sub, dict) or (isinstance(sub, list) and not isinstance(sub[0], str))
+                for sub in spec.values())
+            or _strict_decoders(spec).fast is not None)
 
 
 def strict_file_records(path, spec: Spec, block_bytes: int = STRICT_BLOCK_BYTES) -> int | None:
@@ -390,13 +392,13 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     """Read the whole file with DuckDB; False (leaving the slow path to name the bad lines) unless every
     line parses, every field fits its type (`fits_sql`), every required field is present and every check passes.
 
-    For a spec that `holds_objects`, when the strict decoder accepts every line (`strict_file_records`),
+    When `strict_pass_pays` and the strict decoder accepts every line (`strict_file_records`),
     DuckDB reads the fields with their own types. Otherwise they are read as JSON first: DuckDB's own conversion would round 5.7
     into an integer, read "yes" as true and turn an out-of-range list item into NULL without a word.
     A line the decoder cannot parse at all sends the file straight to the region path.
     """
     con = ctx.con
-    records = strict_file_records(ctx.path, spec) if holds_objects(spec) else None
+    records = strict_file_records(ctx.path, spec) if strict_pass_pays(spec) else None
     if records == NOT_JSON_LINES:
         return False  # DuckDB's read would fail on the same line: the region path finds it
     if records is None or _create_typed_from_json(con, [str(ctx.path)], spec, required,
@@ -534,19 +536,46 @@ def _create_typed_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str]
     """Temp table `checked` as `_create_checked_from_json` makes it, read by DuckDB with the spec's
     own column types: only the records of files whose values `strict_records` accepts (before or
     alongside this read) may be kept, since no value of theirs was coerced; `bad` is only a missing
-    required field. Returns {filename: records} ({'': records} without
-    filenames), or None when DuckDB cannot read the files so."""
-    source = (f"read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)}"
-              f"{', filename=true' if with_filename else ''})")
+    required field. Returns {'': records}, or None when DuckDB cannot read the file so.
+
+    With `with_filename` the files are read straight into `records` instead, keyed by `file_index`
+    (`record_files` names each file), without a `bad` column; returns {filename: records}."""
+    source = (f"read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)})")
     missing = " OR ".join(f"{_quoted(name)} IS NULL" for name in required) or "false"
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS SELECT *, {missing} AS bad FROM {source}",
-                    [list(paths)])
+        if with_filename:
+            # A file's index costs less than its name on every record (the name is text, often long).
+            con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT *, file_index FROM {source}", [list(paths)])
+        else:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS SELECT *, {missing} AS bad FROM {source}",
+                        [list(paths)])
     except duckdb.Error:
         return None
     if with_filename:
-        return dict(con.execute("SELECT filename, count(*) FROM checked GROUP BY filename").fetchall())
+        _create_record_files(con, paths)
+        return dict(con.execute("SELECT filename, count(*) FROM records JOIN record_files USING (file_index)"
+                                " GROUP BY filename").fetchall())
     return {"": fetch_count(con, "SELECT count(*) FROM checked")}
+
+
+def _create_record_files(con: duckdb.DuckDBPyConnection, paths: Sequence[str]) -> None:
+    """Temp table `record_files`: each of `paths` with its `file_index`, its position in `paths`."""
+    con.execute("CREATE OR REPLACE TEMP TABLE record_files AS SELECT unnest(?::VARCHAR[]) AS filename,"
+                " (unnest(range(?)))::UBIGINT AS file_index", [list(paths), len(paths)])
+
+
+def _records_keyed_by_index(con: duckdb.DuckDBPyConnection, paths: Sequence[str]) -> None:
+    """`records`, keyed by `filename`, keyed by `file_index` instead (see `_create_typed_from_json`)."""
+    _create_record_files(con, paths)
+    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT r.* EXCLUDE (filename), f.file_index"
+                " FROM records r JOIN record_files f USING (filename)")
+
+
+def delete_records_of(con: duckdb.DuckDBPyConnection, names) -> None:
+    """Remove the records of the named files from a batch's `records` (keyed by `file_index`)."""
+    con.execute("DELETE FROM records WHERE file_index IN"
+                " (SELECT file_index FROM record_files WHERE filename IN (SELECT unnest(?::VARCHAR[])))",
+                [sorted(names)])
 
 
 def _checked_become_records(con: duckdb.DuckDBPyConnection) -> None:
@@ -735,7 +764,8 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
                        whole_json: bool = False, texts: dict[str, str] | None = None,
                        strict_counts: Callable[[], dict[str, int | None]] | None = None,
                        ) -> tuple[set[str], dict] | None:
-    """Read many files in one pass into temp table `records`, with each record's `filename`.
+    """Read many files in one pass into temp table `records`, each record with its file's `file_index`
+    (temp table `record_files` names the files).
 
     With `whole_json`, the files are first read as JSON records (`read_json`, the cheaper read for
     files of many lines); a file's count of lines is then its count of records, blank lines not
@@ -755,6 +785,7 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     values the decoder refuses, e.g. 5.0 for an integer, everywhere): then the batch is read as
     JSON text and checked. A file with a line that is not JSON is bad, and the rest read without it.
     """
+    con.execute("DROP TABLE IF EXISTS record_files")
     if whole_json and strict_counts is not None:
         typed = _create_typed_from_json(con, paths, spec, required, with_filename=True)
         strict = strict_counts()
@@ -762,17 +793,21 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
         not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
         if typed is not None and 4 * len(refused) <= len(paths):
             bad = {name for name in typed if strict.get(name) != typed[name]} | set(refused)
-            bad |= {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
-            counts = {name: (records, 0) for name, records in typed.items()}
+            missing = " OR ".join(f"{_quoted(name)} IS NULL" for name in required)
+            if missing:
+                bad |= {name for (name,) in con.execute(
+                    f"SELECT DISTINCT filename FROM records JOIN record_files USING (file_index) WHERE {missing}"
+                ).fetchall()}
             if bad:
-                con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
-            _checked_become_records(con)
-            return _with_checks(con, checks, bad, counts)
-        con.execute("DROP TABLE IF EXISTS checked")
+                delete_records_of(con, bad)
+            return _with_checks(con, checks, bad, {name: (records, 0) for name, records in typed.items()})
+        con.execute("DROP TABLE IF EXISTS records")
         if not_json:
             rest = [path for path in paths if path not in not_json]
+            if not rest:
+                return not_json, {}  # no records: every file is read alone
             read = load_batch_records(con, rest, spec, required, checks, whole_json, texts,
-                                      (lambda: strict) if len(rest) > 1 else None) if rest else (set(), {})
+                                      (lambda: strict) if len(rest) > 1 else None)
             return None if read is None else (read[0] | not_json, read[1])
     if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
         counts, bad = {}, set()
@@ -790,6 +825,7 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
             return None
         bad, counts = read
         con.execute("DROP TABLE checked")
+    _records_keyed_by_index(con, paths)
     return _with_checks(con, checks, bad, counts)
 
 
@@ -799,10 +835,11 @@ def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: s
     their records removed from `records`."""
     if checks:
         failing = {name for (name,) in con.execute(
-            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+            "SELECT DISTINCT filename FROM records JOIN record_files USING (file_index)"
+            f" WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
         ).fetchall()}
         if failing:
-            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(failing)])
+            delete_records_of(con, failing)
             bad |= failing
     return bad, counts
 

@@ -26,7 +26,7 @@ from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
     hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
 )
-from polytrace_cli.ingest.jsonl import BulkJsonlIngester, load_batch_records, strict_file_records
+from polytrace_cli.ingest.jsonl import BulkJsonlIngester, delete_records_of, load_batch_records, strict_file_records
 from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
 )
@@ -674,7 +674,7 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         else:
             uncounted.append(name)
     if uncounted:
-        con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [uncounted])
+        delete_records_of(con, uncounted)
         bad |= set(uncounted)
     clean = [m for m in changed if str(m.path) not in bad]
     try:
@@ -733,7 +733,7 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
                  hashes: FileHashes, line_counts: dict[str, tuple[int, int]], started: float) -> dict[int, FileReport]:
     """Write every member's rows, `files` row, ignored lines and run metadata in one transaction.
 
-    `records` holds the members' records with their `filename`; `line_counts` each file's lines
+    `records` holds the members' records with their `file_index` (`record_files` names them); `line_counts` each file's lines
     and blank lines as the batch read them, which must agree with the lines counted by hashing
     and the records stored (else nothing is written and the files are loaded alone). A file's
     `seconds` is its share, by bytes, of the batch's time.
@@ -747,9 +747,11 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
         " unnest(?::BIGINT[]) AS file_id, unnest(?::BIGINT[]) AS run_id, unnest(?::INTEGER[]) AS file_rank",
         [[str(m.path) for m in members], [m.file_id for m in members], [m.run_id for m in members],
          [ingester.file_rank(m.path) for m in members]])
+    con.execute("CREATE OR REPLACE TEMP TABLE batch_keys AS SELECT r.file_index, f.file_id, f.run_id, f.file_rank"
+                " FROM record_files r JOIN batch_files f USING (filename)")
     con.execute("CREATE OR REPLACE TEMP VIEW keyed AS SELECT f.file_id, f.run_id, f.file_rank,"
-                " r.* EXCLUDE (filename) FROM records r JOIN batch_files f USING (filename)")
-    stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_files f USING (filename)"
+                " r.* EXCLUDE (file_index) FROM records r JOIN batch_keys f USING (file_index)")
+    stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_keys f USING (file_index)"
                               " GROUP BY f.file_id").fetchall())
     hashed = {m.file_id: hashes.result(m.path) for m in members}
     total_bytes = sum(m.size for m in members)
@@ -794,8 +796,8 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
         raise
     finally:
         con.execute("DROP VIEW IF EXISTS keyed")
-        con.execute("DROP TABLE IF EXISTS batch_files")
-        con.execute("DROP TABLE IF EXISTS records")
+        for table in ("batch_keys", "batch_files", "records", "record_files"):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
     return reports
 
 
