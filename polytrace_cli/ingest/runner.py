@@ -607,23 +607,23 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             ingester = forced or detect(path, head)
             if not isinstance(ingester, BulkJsonlIngester):
                 return None
-            data = head + handle.read()  # small: read once for sniffing, hashing and counting lines
+            if size <= BATCH_TEXT_KEEP_BYTES:
+                head += handle.read()  # small: read once for sniffing, hashing and counting lines
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
-    text = None
-    if len(data) <= BATCH_TEXT_KEEP_BYTES:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None  # loaded alone, which names the line that is not UTF-8 text
-        if "\0" in text:
-            return None
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
-    if len(data) > BATCH_TEXT_KEEP_BYTES:
-        hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
-    else:
-        hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
-    return _BatchMember(resolved, explicit, ingester, len(data), text)
+    if size > BATCH_TEXT_KEEP_BYTES:
+        # The hashing thread reads and hashes it while this one sniffs the next file.
+        hashes.future(resolved)
+        return _BatchMember(resolved, explicit, ingester, size)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None  # loaded alone, which names the line that is not UTF-8 text
+    if "\0" in text:
+        return None
+    hashes.known(resolved, hash_and_count_bytes(head))  # handing a tiny file to the thread costs more
+    return _BatchMember(resolved, explicit, ingester, len(head), text)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
