@@ -64,8 +64,7 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
           "collapse_typical_length")
 
 
-# The temporary table holding the `steps` rows of the run being decided: the view pivots every stored
-# pair, so a decision reads it once.
+# The temporary table holding the `steps` rows of the run being decided, read once per decision.
 RUN_STEPS = "semantics_run_steps"
 
 

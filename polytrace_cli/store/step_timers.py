@@ -1,4 +1,5 @@
-"""Which timers a run's step time counts, read from the store's `steps` view and metric aliases.
+"""Which timers a run's step time counts, read from the run's step facts (`store.step_facts`), or
+from its pairs and the metric aliases where the facts cannot be kept (a read-only store).
 
 verl counts its testing and checkpoint timers inside `timing_s/step` in some versions and not in
 others. Ingest records the answer in run meta when it can tell; analyses and the model ask again from
