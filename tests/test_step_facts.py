@@ -15,8 +15,8 @@ from polytrace_cli.store.catalog import STEP_COLUMNS
 FIXTURES = Path(__file__).parent / "fixtures"
 # Every fixture folder whose files give step metrics: console logs of each framework, verl's file
 # logger, wandb, and the runs the semantics tests decide.
-FOLDERS = sorted(p for p in (*FIXTURES.glob("*/*"), *FIXTURES.glob("semantics/*")) if p.is_dir()) + [
-    FIXTURES / "openrlhf", FIXTURES / "trl"]
+FOLDERS = sorted(p for p in FIXTURES.glob("*/*") if p.is_dir()) + [
+    FIXTURES / "openrlhf", FIXTURES / "trl", FIXTURES / "wandb"]
 COLUMNS = ["segment", "step", *STEP_COLUMNS, "is_validation_only", "has_testing", "has_checkpoint"]
 
 

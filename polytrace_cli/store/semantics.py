@@ -68,10 +68,10 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
 RUN_STEPS = "semantics_run_steps"
 
 
-def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """Keep the run's `steps` rows, with the columns the decision reads, in the table RUN_STEPS: from
-    the run's step facts (`store.step_facts`), or from the view where they cannot be kept."""
-    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
+def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, timers: list[str]) -> None:
+    """Keep the run's `steps` rows, with the columns the decision reads (`timers`: the stage, testing
+    and checkpoint columns), in the table RUN_STEPS: from the run's step facts (`store.step_facts`),
+    or from the view where they cannot be kept."""
     canonical = list(dict.fromkeys(["step_s", *timers, "total_tokens", "prompt_length_mean", "response_length_mean"]))
     columns = ", ".join(["step", *canonical, "is_validation_only", "has_testing", "has_checkpoint"])
     source = f"({step_facts.run_steps_sql(canonical)})" if step_facts.refresh(con, run_id) else \
@@ -84,8 +84,7 @@ def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
     return name, json.loads(meta or "{}")
 
 
-def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
-    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
+def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: list[str]) -> dict:
     any_timer = " OR ".join(f"{column} IS NOT NULL" for column in timers)
     logged, derived, testing, checkpoint = con.execute(
         f"""
@@ -245,9 +244,10 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """The run's semantics record (`FIELDS` and `run`, the run's name; see the module docstring)."""
     name, meta = _meta(con, run_id)
     counts = _sample_counts(con, run_id)
-    _read_run_steps(con, run_id)
+    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
+    _read_run_steps(con, run_id, timers)
     try:
-        record = {"run": name, **_timing(con, run_id, meta), **_balance(con, run_id, meta),
+        record = {"run": name, **_timing(con, run_id, meta, timers), **_balance(con, run_id, meta),
                   **_responses(con, run_id, meta, counts)}
         collapse = length_collapse(*_mean_lengths(con, run_id))
     finally:

@@ -12,7 +12,8 @@ lines than the facts hold) adds only the facts of its new pairs, combined with w
 same steps. A file whose pairs changed otherwise, or whose facts were taken with other aliases or
 validation prefixes (another catalog fingerprint), has them taken again; the facts of a file no
 longer stored are dropped. A file's record in `step_facts_files` is removed before its facts change
-and written after, so a refresh cut short leaves that file to be taken again whole.
+and written after, so a refresh cut short leaves that file to be taken again whole (its facts
+are then all replaced).
 """
 
 from __future__ import annotations
@@ -54,20 +55,23 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     if not writable(con):
         return False
     catalog = declared_catalog()[2]
-    stored = {file_id: (pairs, last_line) for file_id, pairs, last_line in con.execute(
-        "SELECT file_id, count(*), max(line_no) FROM step_metrics WHERE run_id = ? GROUP BY file_id",
-        [run_id]).fetchall()}
-    kept = {file_id: (pairs, last_line, made_with) for file_id, pairs, last_line, made_with in con.execute(
-        "SELECT file_id, pairs, last_line, catalog FROM step_facts_files WHERE run_id = ?", [run_id]).fetchall()}
+    stored, kept = {}, {}
+    for file_id, pairs, last_line, kept_pairs, kept_line, made_with in con.execute(
+            """
+            SELECT file_id, s.pairs, s.last_line, k.pairs, k.last_line, k.catalog
+            FROM (SELECT file_id, count(*) AS pairs, max(line_no) AS last_line FROM step_metrics
+                  WHERE run_id = $1 GROUP BY file_id) s
+            FULL JOIN (SELECT file_id, pairs, last_line, catalog FROM step_facts_files WHERE run_id = $1) k
+            USING (file_id)
+            """, [run_id]).fetchall():
+        if pairs is not None:
+            stored[file_id] = (pairs, last_line)
+        if made_with is not None:
+            kept[file_id] = (kept_pairs, kept_line, made_with)
     gone = [file_id for file_id in kept if file_id not in stored]
     if gone:
         con.execute("DELETE FROM step_facts_files WHERE file_id IN (SELECT unnest(?))", [gone])
         con.execute("DELETE FROM step_facts WHERE file_id IN (SELECT unnest(?))", [gone])
-    orphans = con.execute("SELECT count(*) FROM step_facts WHERE run_id = ? AND file_id NOT IN"
-                          " (SELECT file_id FROM step_facts_files WHERE run_id = ?)", [run_id, run_id]).fetchall()
-    if orphans[0][0]:  # facts of a refresh cut short: their files are taken again whole below
-        con.execute("DELETE FROM step_facts WHERE run_id = ? AND file_id NOT IN"
-                    " (SELECT file_id FROM step_facts_files WHERE run_id = ?)", [run_id, run_id])
     whole, grown = [], []
     for file_id, (pairs, last_line) in stored.items():
         before = kept.get(file_id)
@@ -104,24 +108,22 @@ def _only_grew(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, ke
 
 def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_line: int) -> None:
     """Combine the facts of the file's pairs after line `kept_line` into those kept for the same steps."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_added AS {_facts_sql('sm.file_id = $1 AND sm.line_no > $2')}",
-                [file_id, kept_line])
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE step_facts_combined AS
+        WITH added AS ({_facts_sql('sm.file_id = $1 AND sm.line_no > $2')})
+        SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
+               bool_and(validation_only) AS validation_only
+        FROM (SELECT f.* FROM step_facts f SEMI JOIN added a
+                  ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
+              UNION ALL SELECT * FROM added)
+        GROUP BY file_id, run_id, segment, step, canonical
+        """, [file_id, kept_line])
     try:
-        con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE step_facts_combined AS
-            SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
-                   bool_and(validation_only) AS validation_only
-            FROM (SELECT f.* FROM step_facts f SEMI JOIN step_facts_added a
-                      ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
-                  UNION ALL SELECT * FROM step_facts_added)
-            GROUP BY file_id, run_id, segment, step, canonical
-            """)
-        con.execute("DELETE FROM step_facts f WHERE f.file_id = ? AND EXISTS (SELECT 1 FROM step_facts_added a"
-                    " WHERE a.segment = f.segment AND a.step = f.step)", [file_id])
+        con.execute("DELETE FROM step_facts f WHERE f.file_id = ? AND EXISTS (SELECT 1 FROM step_facts_combined c"
+                    " WHERE c.segment = f.segment AND c.step = f.step)", [file_id])
         con.execute("INSERT INTO step_facts SELECT * FROM step_facts_combined")
     finally:
-        con.execute("DROP TABLE IF EXISTS step_facts_added")
         con.execute("DROP TABLE IF EXISTS step_facts_combined")
 
 
