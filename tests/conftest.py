@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,28 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 POLYTRACE_DATA = SHARED_DATA / "polytrace"
 
 
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory) -> Path:
+    """A migrated, empty store created once per session; tests get copies of it (see `fresh_store`)."""
+    path = tmp_path_factory.mktemp("template") / "empty.duckdb"
+    open_store(path).close()
+    return path
+
+
+def copy_store(source: Path, target: Path) -> Path:
+    """A copy of the closed store file `source` at `target` (a store a test may change without touching
+    the original); DuckDB keeps a closed store in its one file."""
+    shutil.copyfile(source, target)
+    return target
+
+
+@pytest.fixture
+def fresh_store(empty_store_file):
+    """fresh_store(path): a migrated, empty store file at `path`, copied from the session's template
+    (creating and migrating a store anew costs twice as long as opening a copy)."""
+    return lambda path: copy_store(empty_store_file, Path(path))
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     """Path of a store that does not exist yet."""
@@ -20,9 +43,9 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(db_path: Path):
+def store(db_path: Path, fresh_store):
     """A migrated, empty store connection, closed after the test."""
-    con = open_store(db_path)
+    con = open_store(fresh_store(db_path))
     yield con
     con.close()
 
