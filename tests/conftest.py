@@ -50,6 +50,20 @@ def store(db_path: Path, fresh_store):
     con.close()
 
 
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """`polytrace demo --out F/logs --reports F/reports --db F/demo.duckdb` run once for the session:
+    (the command's result, the folder F)."""
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    folder = tmp_path_factory.mktemp("demo")
+    result = CliRunner().invoke(app, ["demo", "--out", str(folder / "logs"), "--reports", str(folder / "reports"),
+                                      "--db", str(folder / "demo.duckdb")])
+    return result, folder
+
+
 def need_real_data(*parts: str) -> Path:
     """The path under ../shared/data, or skip the test when that folder is absent."""
     path = SHARED_DATA.joinpath(*parts)
