@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,13 @@ from polytrace_cli.store import open_store
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 POLYTRACE_DATA = SHARED_DATA / "polytrace"
+
+
+def pytest_collection_finish(session):
+    """The modules, classes and constants imported to collect the tests live until the session ends; frozen,
+    they are left out of every later full collection, which would otherwise walk them all again."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
