@@ -211,6 +211,9 @@ def test_the_validation_split_answers_on_the_validation_samples(with_validation)
     # validation responses 10, 20, 30: mean 20, sample std 10, p50 20, max 30, one step
     assert (response["count"], response["mean_tokens"], response["std_tokens"]) == (3, 20.0, pytest.approx(10.0))
     assert (response["p50_tokens"], response["max_tokens"], response["steps"]) == (20.0, 30.0, 1)
+    assert {row["split"] for row in document["lengths"]} == {"validation"}
+    as_csv = invoke("analyze", "tv", "--db", with_validation, "--only", "lengths", "--split", "validation", "--csv")
+    assert as_csv.exit_code == 0 and "split" in as_csv.stdout.splitlines()[0] and "validation" in as_csv.stdout
     # the default split is training: responses 100, 200 as before
     training = json.loads(invoke("analyze", "tv", "--db", with_validation, "--only", "lengths", "--json").stdout)
     response = next(r for r in training["lengths"] if r["kind"] == "response")

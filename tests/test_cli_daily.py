@@ -247,6 +247,17 @@ def test_the_command_runs_one_blas_thread_unless_the_user_says_otherwise(monkeyp
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "3"
 
 
+def test_the_command_sets_polars_allocator_options_unless_the_user_did(monkeypatch):
+    from polytrace_cli import cli
+
+    monkeypatch.delenv("_RJEM_MALLOC_CONF", raising=False)
+    cli._compact_polars_allocator()
+    assert os.environ["_RJEM_MALLOC_CONF"] == cli.POLARS_ALLOCATOR
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:4")
+    cli._compact_polars_allocator()
+    assert os.environ["_RJEM_MALLOC_CONF"] == "narenas:4"
+
+
 def test_json_and_csv_wherever_there_is_output(two_runs):
     assert json.loads(_invoke("formats", "--json").stdout)[0]["format"]
     assert next(csv.reader(io.StringIO(_invoke("formats", "--csv").stdout))) == ["format", "framework", "reads"]

@@ -116,7 +116,7 @@ def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_
     cut_short.write_text(packed_line(9, 0) + "\n" + packed_line(9, 1)[:-1] + "\n" + packed_line(9, 2) + "\n")
     reports = ingest_paths(store, [tmp_path / "run_b"])
     assert len(reports) == len(paths) and not any(r.failed for r in reports)
-    assert batch_reads[-1] == 23  # the file with a line that is not JSON is read alone from the start
+    assert batch_reads[-1] == 24  # the file with a line that is not JSON leaves the batch once the read finds it
     errors = store.execute(
         "SELECT f.path, e.line_no, e.code, e.reason FROM ingest_errors e JOIN files f USING (file_id) ORDER BY 1"
     ).fetchall()
@@ -309,3 +309,56 @@ def test_a_bom_before_a_files_first_line_costs_no_line(tmp_path, dirt):
     assert stores[True] == stores[False]
     assert stores[True][0] == ((5, 5, 0) if dirt == "clean" else (5, 4, 1))
     assert len(stores[True][1]) == stores[True][0][1]
+
+
+@pytest.mark.parametrize("lax_files", [1, 12])
+def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stores_them(tmp_path, monkeypatch,
+                                                                                      lax_files):
+    """5.0 for an integer fits the project's rule but not the strict decoder: one such file leaves the
+    typed batch read and is loaded alone; when more than a quarter of the files are such, the whole
+    batch is read as JSON text and checked. Either way the store is the file-by-file store."""
+    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
+    typed_reads = []
+    typed = jsonl._create_typed_from_json
+    monkeypatch.setattr(jsonl, "_create_typed_from_json",
+                        lambda con, paths, *args, **kw: typed_reads.append(len(paths)) or typed(con, paths, *args, **kw))
+    paths = write_run(tmp_path / "run_c")[:24]
+    for path in paths[:lax_files]:
+        # and a string for an integer, which DuckDB's typed read would take as the integer: the rule rejects it
+        path.write_text(path.read_text().replace('"input": 1', '"input": 1.0E1, "was": 1')
+                        .replace('"local_index": 0', '"local_index": "0"'))
+    batched, alone = open_store(tmp_path / "batched.duckdb"), open_store(tmp_path / "alone.duckdb")
+    try:
+        reports = ingest_paths(batched, [tmp_path / "run_c"])
+        assert {r.status for r in reports} == {"ingested"}
+        ingest_paths(alone, [tmp_path / "run_c"], batch=False)
+        assert store_contents(batched) == store_contents(alone)
+        assert batched.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == lax_files
+        prompts = batched.execute("SELECT sum(prompt_len), count(*) FROM sample_groups").fetchone()
+        assert prompts[1] > 24 and prompts == alone.execute("SELECT sum(prompt_len), count(*) FROM sample_groups").fetchone()
+        assert 24 in typed_reads  # the packed files are first read together, typed
+    finally:
+        batched.close()
+        alone.close()
+
+
+def test_a_batch_whose_every_file_holds_a_line_that_is_not_json_is_read_file_by_file(store, tmp_path, read_kind):
+    folder = tmp_path / "run_d"
+    folder.mkdir()
+    for step in range(5):
+        (folder / f"packed_lengths_step_{step}.jsonl").write_text(
+            packed_line(step, 0) + "\n" + packed_line(step, 1)[:-3] + "\n" + packed_line(step, 2) + "\n")
+    reports = ingest_paths(store, [folder])
+    assert [(r.status, r.lines, r.stored, r.rejected) for r in reports] == [("ingested", 3, 2, 1)] * 5
+    assert store.execute("SELECT count(*), count(DISTINCT file_id) FROM sample_groups").fetchone() == (10, 5)
+    assert store.execute("SELECT DISTINCT line_no, code FROM ingest_errors").fetchall() == [(2, "invalid-json")]
+
+
+def test_a_line_nested_past_the_decoders_depth_leaves_only_its_file_out_of_the_batch(store, tmp_path, read_kind):
+    paths = write_run(tmp_path / "run_e")
+    deep = '{"step": 4, "input": 5, "output": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    paths[4].write_text(packed_line(4, 0) + "\n" + deep + "\n")
+    reports = ingest_paths(store, [tmp_path / "run_e"])
+    assert len(reports) == len(paths) and not any(r.failed for r in reports)
+    errors = store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)").fetchall()
+    assert errors == [(str(paths[4].resolve()), 2, "invalid-json")]

@@ -138,9 +138,9 @@ def test_clean_step_files_in_a_batch_are_read_with_column_types(tmp_path, json_t
         con.close()
 
 
-def test_one_multiturn_trace_is_read_with_column_types_and_a_packed_one_as_json_text(tmp_path, json_text_reads):
-    """A trace whose spec holds lists of objects is decoded strictly and read with its types; a
-    packed trace alone is read as JSON text (cheaper for one large file of scalars); a multi-turn
+def test_one_trace_is_read_with_column_types_when_the_strict_pass_pays(tmp_path, json_text_reads):
+    """A trace whose spec holds lists of objects, or lists of integers, is decoded strictly and read
+    with its types; a spec of scalars alone is read as JSON text (cheaper for one large file); a
     value the decoder refuses (a whole number written 3.0) sends the file to the JSON-text read."""
     folder = tmp_path / "run"
     folder.mkdir()
@@ -150,11 +150,16 @@ def test_one_multiturn_trace_is_read_with_column_types_and_a_packed_one_as_json_
     try:
         assert [r.status for r in ingest_paths(con, [trace])] == ["ingested"] and not json_text_reads
         assert con.execute("SELECT count(*), sum(completion_tokens) FROM turns").fetchone() == (4, 46)
-        assert jsonl.holds_objects(MULTITURN_SPEC) and not jsonl.holds_objects(PACKED_SPEC)
+        assert jsonl.strict_pass_pays(MULTITURN_SPEC) and jsonl.strict_pass_pays(PACKED_SPEC)
+        assert not jsonl.strict_pass_pays({"a": "INTEGER", "b": ["VARCHAR"], "c": "DOUBLE"})
         packed = folder / "packed_lengths_step_0.jsonl"
         packed.write_text(_packed(0, 0, [1, 2]) + "\n")
         ingest_paths(con, [packed])
+        assert not json_text_reads
+        packed.write_text(_packed(0, 0, [1, 2]).replace("[1, 2]", "[1, 2.0]") + "\n")
+        ingest_paths(con, [packed])
         assert json_text_reads and all(spec is PACKED_SPEC for spec in json_text_reads)
+        assert con.execute("SELECT response_lens FROM sample_groups").fetchall() == [([1, 2],)]
         trace.write_text(_trajectory(0, 0, 3.0) + "\n")
         ingest_paths(con, [trace])
         assert json_text_reads[-1] is MULTITURN_SPEC
@@ -180,3 +185,41 @@ def test_lines_the_decoder_reads_otherwise_than_duckdb_are_still_judged_line_by_
         con.close()
     assert files == [(2, 1, 0, 1), (3, 1, 0, 2)]
     assert codes == [(2, "invalid-json"), (2, "invalid-json"), (3, "invalid-json")]
+
+
+_LIST_SPECS = {"packed": PACKED_SPEC, "small": {"s": ["SMALLINT"], "b": ["BIGINT"], "x": "SMALLINT"}}
+_LIST_INTEGERS = st.one_of(st.integers(-5, 300), st.sampled_from(_EDGES + [9999, 10**4, 32767, 32768, -32769]))
+_LIST_ITEMS = st.one_of(_LIST_INTEGERS, st.none(), st.booleans(), st.sampled_from([2.5, 1e5, 3.0, "7"]),
+                        st.lists(st.integers(0, 3), max_size=2))
+# Mostly lists of integers only (the fast check's own case), sometimes lists with anything in them.
+_LISTS = st.one_of(st.lists(_LIST_INTEGERS, max_size=4), st.lists(_LIST_INTEGERS, max_size=4),
+                   st.lists(_LIST_ITEMS, max_size=4), st.none())
+
+
+def _exact_verdict(data: bytes, spec: dict) -> int | None:
+    """What the exact strict decoder (every list item decoded as a Python value) says of `data`."""
+    import msgspec
+
+    try:
+        return len(jsonl._strict_decoders(spec).exact.decode_lines(data))
+    except msgspec.ValidationError:
+        return None
+    except msgspec.DecodeError:
+        return NOT_JSON_LINES
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec_name=st.sampled_from(sorted(_LIST_SPECS)), data=st.data())
+def test_integer_lists_read_as_raw_text_get_the_exact_decoders_verdict(spec_name, data):
+    spec = _LIST_SPECS[spec_name]
+    lists = [name for name, sub in spec.items() if isinstance(sub, list)]
+    lines = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        record = {name: data.draw(_LISTS) for name in lists
+                  if data.draw(st.integers(0, 5))}
+        if "step" in spec:
+            record["step"] = data.draw(st.integers(0, 9))
+        separators = data.draw(st.sampled_from([(", ", ": "), (",", ":"), (" ,\t", " : ")]))
+        lines.append(json.dumps(record, separators=separators).encode())
+    text = b"\n".join(lines) + b"\n"
+    assert strict_records(text, spec) == _exact_verdict(text, spec)

@@ -80,6 +80,10 @@ def analyze(
     if as_json or as_csv:
         from polytrace_cli.analyze.results import results_csv, results_json
 
+        if split != "training":  # rows that do not say which samples they answer on would read as training ones
+            import polars as pl
+
+            results = {name: df.with_columns(split=pl.lit(split)) for name, df in results.items()}
         sys.stdout.write(results_json(results) + "\n" if as_json else results_csv(results))
         return
     from polytrace_cli.analyze.registry import named_analyses

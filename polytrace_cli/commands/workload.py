@@ -134,7 +134,9 @@ def demo(
             if failed:
                 raise fail(f"demo logs for {folder} did not ingest: {failed[0].message}", 1)
             names.extend(run for run in dict.fromkeys(r.run for r in ingested if r.run) if run not in names)
-        emit_frame(store.runs(), title="runs in the store", identity=["run"], order=RUNS_ORDER)
+        # The table `polytrace runs` prints: each run's semantics record is for scripts (`runs --json`).
+        emit_frame(store.runs().drop("semantics", strict=False), title="runs in the store", identity=["run"],
+                   order=RUNS_ORDER)
         index = store.report(names, reports, "demo")  # matplotlib loads only when a report is drawn
     console.print(f"sample logs in {out}/, store {db}; try `polytrace steps {VERL_DEMO_RUN} --db {db}`",
                   highlight=False, markup=False)

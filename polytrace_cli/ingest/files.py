@@ -34,6 +34,9 @@ class CorruptFile(Exception):
 
 def path_text(path: str | os.PathLike) -> str:
     """The path as valid UTF-8 text: bytes of a name that is not UTF-8 are written as \\xNN."""
+    text = os.fspath(path)
+    if isinstance(text, str) and text.isascii():
+        return text  # the same text, without encoding it (a batch of 5,000 files asked 35,000 times)
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 

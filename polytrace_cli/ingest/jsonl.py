@@ -18,8 +18,9 @@ integer, reads "5" as 5 and true as 1), so DuckDB reads the file with the spec's
 check. The decoder is stricter than `value_problem` (it refuses 5.0 for an integer): a file it
 refuses takes the paths above, which decide by the project's rule.
 
-`load_batch_records` reads many small files of one format in one `read_json` call; a batch with
-any bad line is left to the per-file paths above (see `runner`).
+`load_batch_records` reads many small files of one format in one `read_json` call, typed, while
+the strict decoder reads the same files in another thread; a file the decoder refuses, and any
+file with a bad line, is left to the per-file paths above (see `runner`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -175,21 +176,72 @@ def _strict_type(spec, names: Iterator[str]):
     return msgspec.defstruct(next(names), fields, gc=False)
 
 
+@dataclass(frozen=True)
+class _IntegerListField:
+    """A top-level field holding a list of integers, decoded as its raw JSON text and checked by
+    `_integer_lists_fit` (creating a Python int per item was most of the strict decoder's time)."""
+
+    name: str
+    max_digits: int  # a run of at most this many digits is within the type's bounds
+
+
+@dataclass(frozen=True)
+class _StrictDecoders:
+    """The strict decoder of a spec, and the fast one that reads its integer lists as raw text."""
+
+    exact: msgspec.json.Decoder
+    fast: msgspec.json.Decoder | None
+    integer_lists: tuple[_IntegerListField, ...]
+
+
+def _integer_list_field(name: str, sub) -> _IntegerListField | None:
+    if not (isinstance(sub, list) and isinstance(sub[0], str) and sub[0] in INTEGER_RANGES):
+        return None
+    low, high = INTEGER_RANGES[sub[0]]
+    return _IntegerListField(name, len(str(min(high, -low))) - 1)
+
+
 @functools.lru_cache(maxsize=64)
-def _strict_decoder_of(spec_text: str) -> msgspec.json.Decoder:
+def _strict_decoders_of(spec_text: str) -> _StrictDecoders:
+    spec = json.loads(spec_text)
     names = (f"Record{index}" for index in itertools.count())
-    return msgspec.json.Decoder(_strict_type(json.loads(spec_text), names))
+    exact = msgspec.json.Decoder(_strict_type(spec, names))
+    lists = tuple(field for name, sub in spec.items() if (field := _integer_list_field(name, sub)))
+    if not lists:
+        return _StrictDecoders(exact, None, ())
+    raw = {field.name for field in lists}
+    fields = [(name, msgspec.Raw, msgspec.Raw(b"null")) if name in raw
+              else (name, _strict_type(sub, names), msgspec.Raw(b"null") if sub == "JSON" else None)
+              for name, sub in spec.items()]
+    fast = msgspec.json.Decoder(msgspec.defstruct(next(names), fields, gc=False))
+    return _StrictDecoders(exact, fast, lists)
 
 
 # Decoders by the identity of the spec they were built for (ingesters pass the same dict each time).
-_DECODERS: dict[int, tuple[Spec, msgspec.json.Decoder]] = {}
+_DECODERS: dict[int, tuple[Spec, _StrictDecoders]] = {}
 
 
-def _strict_decoder(spec: Spec) -> msgspec.json.Decoder:
+def _strict_decoders(spec: Spec) -> _StrictDecoders:
     known = _DECODERS.get(id(spec))
     if known is None or known[0] is not spec:
-        known = _DECODERS[id(spec)] = (spec, _strict_decoder_of(json.dumps(spec)))
+        known = _DECODERS[id(spec)] = (spec, _strict_decoders_of(json.dumps(spec)))
     return known[1]
+
+
+_DIGITS_AS_NINES = bytes.maketrans(b"0123456789", b"9999999999")
+
+
+def _integer_lists_fit(records: list, field: _IntegerListField) -> bool:
+    """Whether every record's raw `field` is a list of integers within the type's bounds, judged on
+    the joined text of all of them at once: deleting digits, minus signs, separators and white
+    space must leave exactly '[]' per record, and no run of digits may be longer than
+    `max_digits`. The text is valid JSON already (the decoder checked it), so this leaves out
+    exactly nested lists, strings, booleans, nulls and numbers with a fraction or an exponent; a
+    false answer only means the exact decoder must judge."""
+    joined = b"".join([getattr(record, field.name) for record in records])
+    if joined.translate(None, b"0123456789-, \t\r") != b"[]" * len(records):
+        return False
+    return joined.translate(_DIGITS_AS_NINES).find(b"9" * (field.max_digits + 1)) < 0
 
 
 # A file is decoded in blocks of about this size, cut at line ends, so memory does not grow with it.
@@ -206,25 +258,31 @@ def strict_records(data: bytes | memoryview, spec: Spec) -> int | None:
     Strictly decoded, a value fits by `value_problem` too, and DuckDB's typed read gives it the
     same value `json_transform` gives its JSON text: such lines need no check of their text.
     """
-    decoder = _strict_decoder(spec)
+    decoders = _strict_decoders(spec)
     try:
-        return len(decoder.decode_lines(data))
+        if decoders.fast is not None:
+            records = decoders.fast.decode_lines(data)
+            if all(_integer_lists_fit(records, field) for field in decoders.integer_lists):
+                return len(records)
+        return len(decoders.exact.decode_lines(data))
     except msgspec.ValidationError:
         return None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past the decoder's depth: no record either way
         return NOT_JSON_LINES
 
 
-def holds_objects(spec: Spec) -> bool:
-    """Whether some field of `spec` is an object or a list of objects. Read as JSON text, such a
-    field is held as text and typed copies at once and its items are put to the exact rule one by
-    one (a 20 MB multi-turn trace took 1 GB): one large file of such a spec is decoded strictly
-    first and read with its types. For scalars and lists of scalars the JSON-text read and its
-    cheap text rule (`plain_fit_sql`) cost less than the strict pass over one large file (1.58
-    against 1.80 s of CPU for a 90 MB packed trace); many small files are decoded anyway, from
-    the bytes read to sniff and hash them."""
-    return any(isinstance(sub, dict) or (isinstance(sub, list) and not isinstance(sub[0], str))
-               for sub in spec.values())
+def strict_pass_pays(spec: Spec) -> bool:
+    """Whether one large file of `spec` is decoded strictly before it is read (and then read with
+    its types): when some field is an object or a list of objects, or a list of integers.
+
+    Read as JSON text, an object field is held as text and typed copies at once and its items are
+    put to the exact rule one by one (a 20 MB multi-turn trace took 1 GB). A list of integers is
+    checked on its raw text (`_integer_lists_fit`), so the strict pass costs less than the JSON-text
+    read and check it replaces: 1.5 against 2.1 s of CPU for a 90 MB packed trace. For scalars alone
+    the JSON-text read and its cheap text rule (`plain_fit_sql`) are left as they are."""
+    return (any(isinstance(sub, dict) or (isinstance(sub, list) and not isinstance(sub[0], str))
+                for sub in spec.values())
+            or _strict_decoders(spec).fast is not None)
 
 
 def strict_file_records(path, spec: Spec, block_bytes: int = STRICT_BLOCK_BYTES) -> int | None:
@@ -334,13 +392,13 @@ def _fast_path(ctx: FileContext, spec: Spec, required: Sequence[str], checks: Se
     """Read the whole file with DuckDB; False (leaving the slow path to name the bad lines) unless every
     line parses, every field fits its type (`fits_sql`), every required field is present and every check passes.
 
-    For a spec that `holds_objects`, when the strict decoder accepts every line (`strict_file_records`),
+    When `strict_pass_pays` and the strict decoder accepts every line (`strict_file_records`),
     DuckDB reads the fields with their own types. Otherwise they are read as JSON first: DuckDB's own conversion would round 5.7
     into an integer, read "yes" as true and turn an out-of-range list item into NULL without a word.
     A line the decoder cannot parse at all sends the file straight to the region path.
     """
     con = ctx.con
-    records = strict_file_records(ctx.path, spec) if holds_objects(spec) else None
+    records = strict_file_records(ctx.path, spec) if strict_pass_pays(spec) else None
     if records == NOT_JSON_LINES:
         return False  # DuckDB's read would fail on the same line: the region path finds it
     if records is None or _create_typed_from_json(con, [str(ctx.path)], spec, required,
@@ -476,20 +534,48 @@ def _create_checked_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[st
 def _create_typed_from_json(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                             required: Sequence[str], with_filename: bool) -> dict[str, int] | None:
     """Temp table `checked` as `_create_checked_from_json` makes it, read by DuckDB with the spec's
-    own column types, for files whose values `strict_records` accepted (so no value is coerced):
-    `bad` is only a missing required field. Returns {filename: records} ({'': records} without
-    filenames), or None when DuckDB cannot read the files so."""
-    source = (f"read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)}"
-              f"{', filename=true' if with_filename else ''})")
+    own column types: only the records of files whose values `strict_records` accepts (before or
+    alongside this read) may be kept, since no value of theirs was coerced; `bad` is only a missing
+    required field. Returns {'': records}, or None when DuckDB cannot read the file so.
+
+    With `with_filename` the files are read straight into `records` instead, keyed by `file_index`
+    (`record_files` names each file), without a `bad` column; returns {filename: records}."""
+    source = (f"read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)})")
     missing = " OR ".join(f"{_quoted(name)} IS NULL" for name in required) or "false"
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS SELECT *, {missing} AS bad FROM {source}",
-                    [list(paths)])
+        if with_filename:
+            # A file's index costs less than its name on every record (the name is text, often long).
+            con.execute(f"CREATE OR REPLACE TEMP TABLE records AS SELECT *, file_index FROM {source}", [list(paths)])
+        else:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS SELECT *, {missing} AS bad FROM {source}",
+                        [list(paths)])
     except duckdb.Error:
         return None
     if with_filename:
-        return dict(con.execute("SELECT filename, count(*) FROM checked GROUP BY filename").fetchall())
+        _create_record_files(con, paths)
+        return dict(con.execute("SELECT filename, count(*) FROM records JOIN record_files USING (file_index)"
+                                " GROUP BY filename").fetchall())
     return {"": fetch_count(con, "SELECT count(*) FROM checked")}
+
+
+def _create_record_files(con: duckdb.DuckDBPyConnection, paths: Sequence[str]) -> None:
+    """Temp table `record_files`: each of `paths` with its `file_index`, its position in `paths`."""
+    con.execute("CREATE OR REPLACE TEMP TABLE record_files AS SELECT unnest(?::VARCHAR[]) AS filename,"
+                " (unnest(range(?)))::UBIGINT AS file_index", [list(paths), len(paths)])
+
+
+def _records_keyed_by_index(con: duckdb.DuckDBPyConnection, paths: Sequence[str]) -> None:
+    """`records`, keyed by `filename`, keyed by `file_index` instead (see `_create_typed_from_json`)."""
+    _create_record_files(con, paths)
+    con.execute("CREATE OR REPLACE TEMP TABLE records AS SELECT r.* EXCLUDE (filename), f.file_index"
+                " FROM records r JOIN record_files f USING (filename)")
+
+
+def delete_records_of(con: duckdb.DuckDBPyConnection, names) -> None:
+    """Remove the records of the named files from a batch's `records` (keyed by `file_index`)."""
+    con.execute("DELETE FROM records WHERE file_index IN"
+                " (SELECT file_index FROM record_files WHERE filename IN (SELECT unnest(?::VARCHAR[])))",
+                [sorted(names)])
 
 
 def _checked_become_records(con: duckdb.DuckDBPyConnection) -> None:
@@ -676,8 +762,10 @@ class BulkJsonlIngester(JsonlTraceIngester):
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                        required: Sequence[str] = (), checks: Sequence[Check] = (),
                        whole_json: bool = False, texts: dict[str, str] | None = None,
-                       strict_counts: dict[str, int] | None = None) -> tuple[set[str], dict] | None:
-    """Read many files in one pass into temp table `records`, with each record's `filename`.
+                       strict_counts: Callable[[], dict[str, int | None]] | None = None,
+                       ) -> tuple[set[str], dict] | None:
+    """Read many files in one pass into temp table `records`, each record with its file's `file_index`
+    (temp table `record_files` names the files).
 
     With `whole_json`, the files are first read as JSON records (`read_json`, the cheaper read for
     files of many lines); a file's count of lines is then its count of records, blank lines not
@@ -690,21 +778,38 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     removed for the caller to read those files alone; {filename: (lines, blank lines)} of every
     file read).
 
-    `strict_counts` gives, for files whose every line `strict_records` accepted, their records:
-    when it covers every file, they are read with the spec's column types (`_create_typed_from_json`)
-    and a file DuckDB finds another count of records in is bad.
+    `strict_counts` gives `strict_records` of each file (it may be computed in another thread while
+    DuckDB reads): with it and `whole_json`, the files are read with the spec's column types
+    (`_create_typed_from_json`) and a file whose count is not DuckDB's (the strict decoder refused a
+    value or a line) is bad, unless more than a quarter of the files are refused (a writer whose
+    values the decoder refuses, e.g. 5.0 for an integer, everywhere): then the batch is read as
+    JSON text and checked. A file with a line that is not JSON is bad, and the rest read without it.
     """
-    typed = None
-    if whole_json and strict_counts is not None and all(path in strict_counts for path in paths):
+    con.execute("DROP TABLE IF EXISTS record_files")
+    if whole_json and strict_counts is not None:
         typed = _create_typed_from_json(con, paths, spec, required, with_filename=True)
-    if typed is not None:
-        bad = {name for name, records in typed.items() if strict_counts.get(name) != records}
-        bad |= {name for (name,) in con.execute("SELECT DISTINCT filename FROM checked WHERE bad").fetchall()}
-        counts = {name: (records, 0) for name, records in typed.items()}
-        if bad:
-            con.execute("DELETE FROM checked WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(bad)])
-        _checked_become_records(con)
-    elif whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
+        strict = strict_counts()
+        refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
+        not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
+        if typed is not None and 4 * len(refused) <= len(paths):
+            bad = {name for name in typed if strict.get(name) != typed[name]} | set(refused)
+            missing = " OR ".join(f"{_quoted(name)} IS NULL" for name in required)
+            if missing:
+                bad |= {name for (name,) in con.execute(
+                    f"SELECT DISTINCT filename FROM records JOIN record_files USING (file_index) WHERE {missing}"
+                ).fetchall()}
+            if bad:
+                delete_records_of(con, bad)
+            return _with_checks(con, checks, bad, {name: (records, 0) for name, records in typed.items()})
+        con.execute("DROP TABLE IF EXISTS records")
+        if not_json:
+            rest = [path for path in paths if path not in not_json]
+            if not rest:
+                return not_json, {}  # no records: every file is read alone
+            read = load_batch_records(con, rest, spec, required, checks, whole_json, texts,
+                                      (lambda: strict) if len(rest) > 1 else None)
+            return None if read is None else (read[0] | not_json, read[1])
+    if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
         counts, bad = {}, set()
         for name, records, bad_records in con.execute(
                 "SELECT filename, count(*), count(*) FILTER (WHERE bad) FROM checked GROUP BY filename").fetchall():
@@ -720,12 +825,21 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
             return None
         bad, counts = read
         con.execute("DROP TABLE checked")
+    _records_keyed_by_index(con, paths)
+    return _with_checks(con, checks, bad, counts)
+
+
+def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: set[str],
+                 counts: dict) -> tuple[set[str], dict]:
+    """(bad, counts) with the files holding a record that fails one of `checks` added to `bad` and
+    their records removed from `records`."""
     if checks:
         failing = {name for (name,) in con.execute(
-            f"SELECT DISTINCT filename FROM records WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
+            "SELECT DISTINCT filename FROM records JOIN record_files USING (file_index)"
+            f" WHERE {' OR '.join(f'({c.bad_when})' for c in checks)}"
         ).fetchall()}
         if failing:
-            con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [sorted(failing)])
+            delete_records_of(con, failing)
             bad |= failing
     return bad, counts
 

@@ -14,7 +14,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
     hash_range, is_compressed, last_newline_end, path_text, readable, walk,
 )
-from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, BulkJsonlIngester, load_batch_records, strict_records
+from polytrace_cli.ingest.jsonl import BulkJsonlIngester, delete_records_of, load_batch_records, strict_file_records
 from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
 )
@@ -572,7 +572,6 @@ class _BatchMember:
     ingester: BulkJsonlIngester
     size: int
     text: str | None = None  # a small file's text, kept from sniffing and hashing for the batch read
-    strict: int | None = None  # its records when the strict decoder accepts every line (`strict_records`)
     run_id: int = 0
     run: str = ""
     file_id: int = 0
@@ -602,15 +601,12 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             return None  # loaded alone, which names the line that is not UTF-8 text
         if "\0" in text:
             return None
-    strict = strict_records(data, ingester.spec)
-    if strict == NOT_JSON_LINES:
-        return None  # loaded alone, which names the line that is not JSON
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
     if len(data) > BATCH_TEXT_KEEP_BYTES:
         hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
     else:
         hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
-    return _BatchMember(resolved, explicit, ingester, len(data), text, strict)
+    return _BatchMember(resolved, explicit, ingester, len(data), text)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -634,14 +630,18 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
                         bytes=member.size))
     if not changed:
         return
-    try:
-        whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
-        read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
-                                  ingester.checks, whole_json=whole_json,
-                                  texts={str(m.path): m.text for m in changed if m.text is not None},
-                                  strict_counts={str(m.path): m.strict for m in changed if m.strict is not None})
-    except duckdb.Error:
-        read = None  # handled like a read that fails: the batch is split
+    whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
+    with ThreadPoolExecutor(max_workers=1) as decoding:
+        # The strict decoder (which holds the interpreter) runs while DuckDB reads the files (which does not).
+        strict = (decoding.submit(_strict_counts, [m.path for m in changed], ingester.spec).result
+                  if whole_json else None)
+        try:
+            read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
+                                      ingester.checks, whole_json=whole_json,
+                                      texts={str(m.path): m.text for m in changed if m.text is not None},
+                                      strict_counts=strict)
+        except duckdb.Error:
+            read = None  # handled like a read that fails: the batch is split
     if read is None:
         if len(changed) <= BATCH_SPLIT_MIN_FILES:
             for member in changed:
@@ -665,7 +665,7 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         else:
             uncounted.append(name)
     if uncounted:
-        con.execute("DELETE FROM records WHERE filename IN (SELECT unnest(?::VARCHAR[]))", [uncounted])
+        delete_records_of(con, uncounted)
         bad |= set(uncounted)
     clean = [m for m in changed if str(m.path) not in bad]
     try:
@@ -689,6 +689,11 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
             load_alone(member)
         else:
             done(reports[member.file_id])
+
+
+def _strict_counts(paths: list[Path], spec: dict) -> dict[str, int | None]:
+    """`strict_file_records` of each file, by its name as DuckDB reports it."""
+    return {str(path): strict_file_records(path, spec) for path in paths}
 
 
 def _blank_lines(path: Path) -> int | None:
@@ -719,7 +724,7 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
                  hashes: FileHashes, line_counts: dict[str, tuple[int, int]], started: float) -> dict[int, FileReport]:
     """Write every member's rows, `files` row, ignored lines and run metadata in one transaction.
 
-    `records` holds the members' records with their `filename`; `line_counts` each file's lines
+    `records` holds the members' records with their `file_index` (`record_files` names them); `line_counts` each file's lines
     and blank lines as the batch read them, which must agree with the lines counted by hashing
     and the records stored (else nothing is written and the files are loaded alone). A file's
     `seconds` is its share, by bytes, of the batch's time.
@@ -733,9 +738,11 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
         " unnest(?::BIGINT[]) AS file_id, unnest(?::BIGINT[]) AS run_id, unnest(?::INTEGER[]) AS file_rank",
         [[str(m.path) for m in members], [m.file_id for m in members], [m.run_id for m in members],
          [ingester.file_rank(m.path) for m in members]])
+    con.execute("CREATE OR REPLACE TEMP TABLE batch_keys AS SELECT r.file_index, f.file_id, f.run_id, f.file_rank"
+                " FROM record_files r JOIN batch_files f USING (filename)")
     con.execute("CREATE OR REPLACE TEMP VIEW keyed AS SELECT f.file_id, f.run_id, f.file_rank,"
-                " r.* EXCLUDE (filename) FROM records r JOIN batch_files f USING (filename)")
-    stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_files f USING (filename)"
+                " r.* EXCLUDE (file_index) FROM records r JOIN batch_keys f USING (file_index)")
+    stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_keys f USING (file_index)"
                               " GROUP BY f.file_id").fetchall())
     hashed = {m.file_id: hashes.result(m.path) for m in members}
     total_bytes = sum(m.size for m in members)
@@ -780,8 +787,8 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
         raise
     finally:
         con.execute("DROP VIEW IF EXISTS keyed")
-        con.execute("DROP TABLE IF EXISTS batch_files")
-        con.execute("DROP TABLE IF EXISTS records")
+        for table in ("batch_keys", "batch_files", "records", "record_files"):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
     return reports
 
 

@@ -53,6 +53,18 @@ MAD_SCALE = 1.4826
 MIN_RELATIVE_RANGE = 1e-3
 
 
+def float_values(series: pl.Series) -> np.ndarray:
+    """The series as float64 values, null as NaN (a Series' fill_null runs a polars query per call,
+    which cost more than the rest of a bootstrap's predictions)."""
+    return series.cast(pl.Float64).to_numpy()
+
+
+def values_or(series: pl.Series, fill: float) -> np.ndarray:
+    """The series as float64 values, null and NaN taking `fill`."""
+    values = float_values(series)
+    return np.where(np.isnan(values), fill, values)
+
+
 @dataclass(frozen=True)
 class StageFit:
     """One stage's fitted line: seconds = intercept + Σ coefficients[f] · f. `dropped` lists the
@@ -69,8 +81,7 @@ class StageFit:
         """intercept + Σ b_f · x_f per row; a missing x_f takes fill[f] (the run's typical value)."""
         out = np.full(df.height, self.intercept, dtype=float)
         for name, coefficient in self.coefficients.items():
-            x = df[name].fill_null(fill.get(name, 0.0)).fill_nan(fill.get(name, 0.0)).to_numpy()
-            out += coefficient * x
+            out += coefficient * values_or(df[name], fill.get(name, 0.0))
         return out
 
 
@@ -198,18 +209,18 @@ def stage_seconds(df: pl.DataFrame) -> dict[str, np.ndarray]:
         if "wall_s" not in df.columns:
             return {}
         overhead = sum(df[f"{o}_s"].fill_null(0).to_numpy() for o in OVERHEADS)
-        return {"whole_step": df["wall_s"].fill_null(np.nan).to_numpy() - overhead}
-    actual = {s: df[f"{s}_s"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in stage_columns}
+        return {"whole_step": float_values(df["wall_s"]) - overhead}
+    actual = {s: float_values(df[f"{s}_s"]) for s in stage_columns}
     logged = sum(np.nan_to_num(v) for v in actual.values())
     overhead = sum(df[f"{o}_s"].fill_null(0).to_numpy() for o in OVERHEADS)
-    actual["other"] = df["wall_s"].fill_null(np.nan).to_numpy() - logged - overhead
+    actual["other"] = float_values(df["wall_s"]) - logged - overhead
     return actual
 
 
 def _design(df: pl.DataFrame, names: tuple[str, ...]) -> np.ndarray:
     if not names:
         return np.empty((df.height, 0))
-    return np.column_stack([df[n].cast(pl.Float64).fill_null(np.nan).to_numpy() for n in names])
+    return np.column_stack([float_values(df[n]) for n in names])
 
 
 def choose_busiest(df: pl.DataFrame, train: np.ndarray, actual: dict[str, np.ndarray]) -> str:

@@ -40,7 +40,7 @@ from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
-from polytrace_cli.model.fit import TRAINING_STAGES
+from polytrace_cli.model.fit import TRAINING_STAGES, float_values, values_or
 from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
 from polytrace_cli.simulate.uncertainty import bootstrap_contexts, bootstrap_standard_error
 
@@ -201,6 +201,15 @@ class RunContext:
     predicted_workload: pl.DataFrame | None = None
     caveats: list[str] = field(default_factory=list)
     training_scale: float | None = None
+    # Workloads a policy derives from the frame and the lengths alone, by (policy, value): the
+    # bootstrap's draws share the frame and the lengths, so they share these too.
+    workloads: dict = field(default_factory=dict)
+
+    def workload(self, key: tuple, derive: Callable[[], object]):
+        """The workload `derive()` computes from the frame and the lengths, computed once per key."""
+        if key not in self.workloads:
+            self.workloads[key] = derive()
+        return self.workloads[key]
 
     def predict(self, frame: pl.DataFrame) -> dict[str, np.ndarray]:
         """Per-stage seconds of the model at a modified workload frame.
@@ -244,8 +253,7 @@ class RunContext:
 
 
 def _changed(before: pl.Series, after: pl.Series) -> bool:
-    old = before.cast(pl.Float64).fill_null(np.nan).to_numpy()
-    new = after.cast(pl.Float64).fill_null(np.nan).to_numpy()
+    old, new = float_values(before), float_values(after)
     both = np.isfinite(old) & np.isfinite(new)
     return bool(np.any(np.abs(new[both] - old[both]) > 1e-9 * np.maximum(np.abs(old[both]), 1.0)))
 
@@ -320,7 +328,7 @@ def _policy_checkpoint_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, 
 def _rank_tokens(frame: pl.DataFrame, total_tokens: np.ndarray) -> dict[str, np.ndarray]:
     """Rank token sums for a new step total: the mean scales with the total, and the busiest rank
     (as logged, and after verl's balancing) keeps its logged ratio to the mean."""
-    old_total = frame["total_tokens"].fill_null(np.nan).to_numpy()
+    old_total = float_values(frame["total_tokens"])
     ratio = np.where(old_total > 0, total_tokens / np.where(old_total > 0, old_total, 1.0), 1.0)
     return {name: frame[name].cast(pl.Float64).to_numpy() * ratio
             for name in ("mean_rank_tokens", "busiest_rank_tokens", "balanced_busiest_tokens") if name in frame.columns}
@@ -338,7 +346,7 @@ def capped_workload(frame: pl.DataFrame, lengths: list[np.ndarray], cap: float) 
     """The workload frame with every response cut at `cap` tokens: r_max → min(r_max, cap);
     response_tokens and total_tokens − Σ max(len − cap, 0); rank sums scaled with the total."""
     cut = np.array([np.maximum(x - cap, 0.0).sum() for x in lengths])
-    total = frame["total_tokens"].fill_null(np.nan).to_numpy() - cut
+    total = float_values(frame["total_tokens"]) - cut
     return frame.with_columns(
         r_max=pl.min_horizontal(pl.col("r_max"), pl.lit(cap)),
         response_tokens=pl.col("response_tokens") - pl.Series(cut),
@@ -353,7 +361,8 @@ def _policy_max_response_len(ctx: RunContext, policy: Policy) -> tuple[RunPlan, 
     tokens assumed spread over the ranks in proportion to their load). The responses are otherwise
     the same (a shorter cap may change what the policy learns to write: not modelled)."""
     lengths = _need_lengths(ctx)
-    changed = capped_workload(ctx.frame, lengths.lengths, float(policy.value))
+    changed = ctx.workload((policy.name, policy.value),
+                           lambda: capped_workload(ctx.frame, lengths.lengths, float(policy.value)))
     return ctx.plan.with_stages(ctx.predict(changed)), f"lengths from {lengths.basis}"
 
 
@@ -395,7 +404,8 @@ def _policy_partial_rollout(ctx: RunContext, policy: Policy) -> tuple[RunPlan, s
     if "gen" not in ctx.model.stages:
         raise NotSupported("the run logs no generation time: the rollout cannot be modelled")
     lengths = _need_lengths(ctx)
-    changed, unfinished = partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value))
+    changed, unfinished = ctx.workload((policy.name, policy.value),
+                                       lambda: partial_rollout_workload(ctx.frame, lengths.lengths, float(policy.value)))
     note = f"lengths from {lengths.basis}"
     if lengths.basis == FITTED_BASIS:
         note += (" (each step's F quantile then rests on the fitted shape, which a mean and a max do not pin "
@@ -451,9 +461,9 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
         raise NotSupported(f"the model of {stage} has no {name} term (not logged, or it did not vary over the "
                            "fitted steps), so its throughput-bound part cannot be told from its constant part")
     stages = {name: values.copy() for name, values in ctx.plan.stages.items()}
-    volume = gen_fit.coefficients.get("response_tokens", 0.0) * frame["response_tokens"].fill_null(
-        model.typical.get("response_tokens", 0.0)).to_numpy()
-    logged_switch = (frame["gen_s"] - frame["generate_sequences_s"]).cast(pl.Float64).fill_null(np.nan).to_numpy()
+    volume = gen_fit.coefficients.get("response_tokens", 0.0) * values_or(
+        frame["response_tokens"], model.typical.get("response_tokens", 0.0))
+    logged_switch = float_values(frame["gen_s"]) - float_values(frame["generate_sequences_s"])
     switch = np.where(np.isfinite(logged_switch), np.maximum(logged_switch, 0.0), 0.0)
     stages["gen"] = split_generation(stages["gen"] - volume, np.zeros(frame.height), volume, switch, share)
     training_side = [s for s in ("reward", *TRAINING_STAGES, "adv") if s in stages]
@@ -461,14 +471,14 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     for stage in TRAINING_STAGES:
         if stage in stages:
             fit = model.stages[stage]
-            busy = fit.coefficients.get(busiest_feature, 0.0) * frame[busiest_feature].fill_null(
-                model.typical.get(busiest_feature, 0.0)).to_numpy()
+            busy = fit.coefficients.get(busiest_feature, 0.0) * values_or(
+                frame[busiest_feature], model.typical.get(busiest_feature, 0.0))
             stages[stage] = stages[stage] + busy * (scale - 1.0)
     gen = stages["gen"]
     train = np.sum([stages[s] for s in training_side], axis=0) if training_side else np.zeros(frame.height)
     stages["overlap"] = np.zeros(frame.height)
     stages["overlap"][0] = pipelined_wall(gen, train) - gen.sum() - train.sum()
-    tail = gen_fit.coefficients.get("r_max", 0.0) * frame["r_max"].fill_null(model.typical.get("r_max", 0.0)).to_numpy()
+    tail = gen_fit.coefficients.get("r_max", 0.0) * values_or(frame["r_max"], model.typical.get("r_max", 0.0))
     decoding = float(tail.sum() + volume.sum())
     note = (f"{share:g} of the GPUs generate, {1 - share:g} train; the longest-response term is "
             f"{tail.sum() / decoding:.0%} of the fitted decoding and is not shortened, the token volume is "

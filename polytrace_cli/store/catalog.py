@@ -118,7 +118,10 @@ def install_catalog(con: duckdb.DuckDBPyConnection, in_transaction: bool = False
             con.execute("COMMIT")
     except Exception:
         if not in_transaction:
-            con.execute("ROLLBACK")
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # DuckDB ended the transaction itself: the error that ended it is the one raised
         raise
     return True
 

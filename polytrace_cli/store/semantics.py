@@ -104,11 +104,18 @@ def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
         balance, source = ON, "global_seqlen/balanced_max is logged (verl logs it only when it balances the batch)"
     else:
         balance, source = UNKNOWN, None
+    # The rows of `samples`, read from its two tables without unnesting the groups' lengths.
     ranked = con.execute(
         """
-        SELECT EXISTS (SELECT 1 FROM samples WHERE run_id = ? AND NOT coalesce(validate, false)
-                       AND coalesce(tp_rank, 0) = 0 AND coalesce(dp_rank, rank) IS NOT NULL
-                       GROUP BY step HAVING count(DISTINCT coalesce(dp_rank, rank)) >= 2)
+        SELECT EXISTS (
+            SELECT 1 FROM (
+                SELECT step, coalesce(dp_rank, rank) AS dp FROM sample_rows
+                WHERE run_id = $1 AND NOT coalesce(validate, false) AND coalesce(tp_rank, 0) = 0
+                UNION ALL
+                SELECT step, coalesce(dp_rank, rank) FROM sample_groups
+                WHERE run_id = $1 AND NOT coalesce(validate, false) AND coalesce(tp_rank, 0) = 0
+                  AND len(response_lens) > 0
+            ) WHERE dp IS NOT NULL GROUP BY step HAVING count(DISTINCT dp) >= 2)
         """, [run_id]).fetchall()[0][0]
     if ranked:
         basis = PER_RANK_SAMPLES
@@ -185,10 +192,16 @@ def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[int
         WHERE run_id = ? AND NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step ORDER BY step
         """, [run_id]).fetchall()
     if not rows:
+        # avg(response_len) over `samples`, from its two tables without unnesting the groups' lengths.
         rows = con.execute(
             """
-            SELECT step, avg(response_len) FROM samples
-            WHERE run_id = ? AND NOT coalesce(validate, false) AND response_len IS NOT NULL GROUP BY step ORDER BY step
+            SELECT step, sum(total) / sum(n) FROM (
+                SELECT step, sum(response_len) AS total, count(response_len) AS n FROM sample_rows
+                WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
+                UNION ALL
+                SELECT step, sum(list_sum(response_lens)), sum(list_count(response_lens)) FROM sample_groups
+                WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
+            ) GROUP BY step HAVING sum(n) > 0 ORDER BY step
             """, [run_id]).fetchall()
     return [row[0] for row in rows], [float(row[1]) for row in rows]
 

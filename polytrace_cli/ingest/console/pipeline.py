@@ -180,8 +180,8 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
         resumes.extend(resume_lines(lines))
         writer.write(check_steps(ctx, grammar.parse(ctx, lines), lines), resumes)
         parsed_text = pl.col("kind").is_in([METRIC, DIRTY])
-        kept.append(lines.with_columns(raw=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("raw")),
-                                       c=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("c"))))
+        kept.append(_detached(lines.with_columns(raw=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("raw")),
+                                                 c=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("c")))))
         del lines, block
     lines = pl.concat(kept) if len(kept) > 1 else kept[0]
     del kept
