@@ -11,7 +11,8 @@ the same files, or the clean twin for the bad line. The step files are also read
 (`read_json` with typed columns, no value checks, same layout): the floor of a read in DuckDB. The load average is printed beside each figure
 (the machine may be shared).
 `--where` also runs one ingest of each chosen many-file layout under cProfile and prints where its
-time goes (profiling slows the Python parts a little; DuckDB's parts are timed as they are).
+time goes (profiling slows the Python parts a little; DuckDB's parts are timed as they are; the
+hashing and strict-decoding threads are not profiled: their time shows as the waits of the main one).
 Usage: python benchmarks/ingest_layouts.py [--only steps,tiny,bad] [--repeat 3] [--where]
 """
 
@@ -159,10 +160,10 @@ def show(name: str, mb: float, result: dict) -> None:
 # Phases of one ingest, as the functions that carry them out (cumulative seconds under cProfile).
 PHASES = [
     ("walk the folder", "files.py", "walk"),
-    ("sniff, read, decode and hash each file", "runner.py", "_batch_member"),
-    ("  of which the strict decoder (msgspec)", "jsonl.py", "strict_records"),
+    ("sniff each file (read and hash: a thread)", "runner.py", "_batch_member"),
     ("skip unchanged files", "runner.py", "_drop_unchanged"),
-    ("batch read and type check (DuckDB)", "jsonl.py", "load_batch_records"),
+    ("batch read (DuckDB) beside strict decoding", "jsonl.py", "load_batch_records"),
+    ("decide the runs' semantics", "runner.py", "decide_semantics"),
     ("write rows, files rows, commit", "runner.py", "_store_batch"),
     ("  of which the rows' INSERT (DuckDB)", "polytrace_packed.py", "write"),
     ("open and close the store (checkpoint)", "ingest.py", "_ingest_into_store"),

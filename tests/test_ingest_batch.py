@@ -84,6 +84,7 @@ def batch_reads(monkeypatch) -> list[int]:
 def read_kind(request, monkeypatch) -> str:
     """Each test runs with batches read both ways (the choice is by the files' mean size)."""
     monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 1 << 40 if request.param == "as text lines" else 0)
+    monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0)  # decoded beside the read, as large batches are
     return request.param
 
 
@@ -311,18 +312,22 @@ def test_a_bom_before_a_files_first_line_costs_no_line(tmp_path, dirt):
     assert len(stores[True][1]) == stores[True][0][1]
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["decoded beside the read", "decoded first"])
 @pytest.mark.parametrize("lax_files", [1, 12])
 def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stores_them(tmp_path, monkeypatch,
-                                                                                      lax_files):
+                                                                                      lax_files, overlap):
     """5.0 for an integer fits the project's rule but not the strict decoder: one such file leaves the
     typed batch read and is loaded alone; when more than a quarter of the files are such, the whole
-    batch is read as JSON text and checked. Either way the store is the file-by-file store."""
+    batch is read as JSON text and checked (decoded first, without a typed read). Either way the
+    store is the file-by-file store."""
     monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
+    monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0 if overlap else 1 << 40)
     typed_reads = []
     typed = jsonl._create_typed_from_json
     monkeypatch.setattr(jsonl, "_create_typed_from_json",
                         lambda con, paths, *args, **kw: typed_reads.append(len(paths)) or typed(con, paths, *args, **kw))
     paths = write_run(tmp_path / "run_c")[:24]
+    paths[23].write_text(paths[23].read_text() + packed_line(23, 9)[:-2] + "\n")  # and a line that is not JSON
     for path in paths[:lax_files]:
         # and a string for an integer, which DuckDB's typed read would take as the integer: the rule rejects it
         path.write_text(path.read_text().replace('"input": 1', '"input": 1.0E1, "was": 1')
@@ -333,10 +338,12 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
         assert {r.status for r in reports} == {"ingested"}
         ingest_paths(alone, [tmp_path / "run_c"], batch=False)
         assert store_contents(batched) == store_contents(alone)
-        assert batched.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == lax_files
+        assert batched.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == lax_files + 1
         prompts = batched.execute("SELECT sum(prompt_len), count(*) FROM sample_groups").fetchone()
         assert prompts[1] > 24 and prompts == alone.execute("SELECT sum(prompt_len), count(*) FROM sample_groups").fetchone()
-        assert 24 in typed_reads  # the packed files are first read together, typed
+        # Beside the decoder all 24 packed files are read typed (the read fails on the line that is not
+        # JSON); the 23 others are read typed again only when few enough of them are refused.
+        assert (24 in typed_reads) == overlap and (23 in typed_reads) == (lax_files == 1)
     finally:
         batched.close()
         alone.close()

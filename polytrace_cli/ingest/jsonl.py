@@ -762,7 +762,7 @@ class BulkJsonlIngester(JsonlTraceIngester):
 def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spec: Spec,
                        required: Sequence[str] = (), checks: Sequence[Check] = (),
                        whole_json: bool = False, texts: dict[str, str] | None = None,
-                       strict_counts: Callable[[], dict[str, int | None]] | None = None,
+                       strict_counts: Callable[[], dict[str, int | None]] | dict[str, int | None] | None = None,
                        ) -> tuple[set[str], dict] | None:
     """Read many files in one pass into temp table `records`, each record with its file's `file_index`
     (temp table `record_files` names the files).
@@ -778,8 +778,9 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     removed for the caller to read those files alone; {filename: (lines, blank lines)} of every
     file read).
 
-    `strict_counts` gives `strict_records` of each file (it may be computed in another thread while
-    DuckDB reads): with it and `whole_json`, the files are read with the spec's column types
+    `strict_counts` gives `strict_records` of each file, as a dict when they are known, or as a call
+    that waits for them while DuckDB reads (they are computed in another thread): with it and
+    `whole_json`, the files are read with the spec's column types
     (`_create_typed_from_json`) and a file whose count is not DuckDB's (the strict decoder refused a
     value or a line) is bad, unless more than a quarter of the files are refused (a writer whose
     values the decoder refuses, e.g. 5.0 for an integer, everywhere): then the batch is read as
@@ -787,8 +788,10 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     """
     con.execute("DROP TABLE IF EXISTS record_files")
     if whole_json and strict_counts is not None:
-        typed = _create_typed_from_json(con, paths, spec, required, with_filename=True)
-        strict = strict_counts()
+        known = strict_counts if isinstance(strict_counts, dict) else None
+        typed = _create_typed_from_json(con, paths, spec, required, with_filename=True) \
+            if known is None or _typed_read_pays(paths, known) else None
+        strict = known if known is not None else strict_counts()
         refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
         not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
         if typed is not None and 4 * len(refused) <= len(paths):
@@ -807,7 +810,7 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
             if not rest:
                 return not_json, {}  # no records: every file is read alone
             read = load_batch_records(con, rest, spec, required, checks, whole_json, texts,
-                                      (lambda: strict) if len(rest) > 1 else None)
+                                      strict if len(rest) > 1 else None)
             return None if read is None else (read[0] | not_json, read[1])
     if whole_json and _create_checked_from_json(con, paths, spec, required, with_filename=True):
         counts, bad = {}, set()
@@ -827,6 +830,13 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
         con.execute("DROP TABLE checked")
     _records_keyed_by_index(con, paths)
     return _with_checks(con, checks, bad, counts)
+
+
+def _typed_read_pays(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
+    """Whether a typed read of `paths` can be kept, by what the strict decoder said of them: no line
+    that is not JSON (the read would fail), and at most a quarter of the files refused."""
+    refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
+    return NOT_JSON_LINES not in (strict.get(path) for path in paths) and 4 * len(refused) <= len(paths)
 
 
 def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: set[str],

@@ -186,15 +186,29 @@ def claim_run_framework(con: duckdb.DuckDBPyConnection, run_id: int, framework: 
                     " AND (framework IS NULL OR framework IN ('wandb', 'tensorboard'))", [framework, run_id])
 
 
+# Run facts each file counts on its own, of which the run's is the largest any of its files gave.
+LARGEST_OVER_FILES = frozenset({"dp_ranks_seen"})
+
+
+def fold_meta(merged: dict, meta: dict) -> dict:
+    """`merged` with a file's run metadata folded in: a value overwrites, a null never erases a value,
+    and a fact of LARGEST_OVER_FILES keeps the largest value (the same whatever order files are read in)."""
+    for key, value in meta.items():
+        if value is None:
+            continue
+        if key in LARGEST_OVER_FILES and isinstance(merged.get(key), (int, float)) and isinstance(value, (int, float)):
+            value = max(merged[key], value)
+        merged[key] = value
+    return merged
+
+
 def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict) -> None:
-    """Merge a file's run metadata into its run's `meta`: a value overwrites, a null never erases a
-    value, and a key of NULL_MEANS_CANNOT_TELL left undecided is stored as null. The run's framework
-    is set to `framework` if it has none."""
-    current_framework, current_meta = fetch_first(con, 
+    """Merge a file's run metadata into its run's `meta` (`fold_meta`); a key of NULL_MEANS_CANNOT_TELL
+    left undecided is stored as null. The run's framework is set to `framework` if it has none."""
+    current_framework, current_meta = fetch_first(con,
         "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id]
     )
-    merged = json.loads(current_meta or "{}")
-    merged.update({k: v for k, v in meta.items() if v is not None})
+    merged = fold_meta(json.loads(current_meta or "{}"), meta)
     for key in NULL_MEANS_CANNOT_TELL & {k for k, v in meta.items() if v is None}:
         merged.setdefault(key, None)  # undecided is stored as null; a decided value stays
     con.execute(
@@ -558,6 +572,9 @@ BATCH_MAX_BYTES = 128 << 20
 BATCH_JSON_MIN_MEAN_BYTES = 64 << 10
 # The text of a file this small is kept from sniffing for the batch read (DuckDB need not open it).
 BATCH_TEXT_KEEP_BYTES = 64 << 10
+# A batch of fewer bytes is decoded strictly before DuckDB reads it, not beside: the read is then
+# skipped when the decoder refuses too many of its files, which costs more than the overlap saves.
+BATCH_OVERLAP_MIN_BYTES = 8 << 20
 # A batch whose read fails (a line that does not parse, in a file unknown) is split in halves
 # until this many files remain, which are then read one by one.
 BATCH_SPLIT_MIN_FILES = 4
@@ -590,23 +607,23 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             ingester = forced or detect(path, head)
             if not isinstance(ingester, BulkJsonlIngester):
                 return None
-            data = head + handle.read()  # small: read once for sniffing, hashing and counting lines
+            if size <= BATCH_TEXT_KEEP_BYTES:
+                head += handle.read()  # small: read once for sniffing, hashing and counting lines
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
-    text = None
-    if len(data) <= BATCH_TEXT_KEEP_BYTES:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None  # loaded alone, which names the line that is not UTF-8 text
-        if "\0" in text:
-            return None
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
-    if len(data) > BATCH_TEXT_KEEP_BYTES:
-        hashes.of_bytes(resolved, data)  # hashed in the hashing thread while the next file is decoded
-    else:
-        hashes.known(resolved, hash_and_count_bytes(data))  # handing a tiny file to the thread costs more
-    return _BatchMember(resolved, explicit, ingester, len(data), text)
+    if size > BATCH_TEXT_KEEP_BYTES:
+        # The hashing thread reads and hashes it while this one sniffs the next file.
+        hashes.future(resolved)
+        return _BatchMember(resolved, explicit, ingester, size)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None  # loaded alone, which names the line that is not UTF-8 text
+    if "\0" in text:
+        return None
+    hashes.known(resolved, hash_and_count_bytes(head))  # handing a tiny file to the thread costs more
+    return _BatchMember(resolved, explicit, ingester, len(head), text)
 
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
@@ -630,11 +647,16 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
                         bytes=member.size))
     if not changed:
         return
-    whole_json = sum(m.size for m in changed) >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
+    batch_bytes = sum(m.size for m in changed)
+    whole_json = batch_bytes >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
     with ThreadPoolExecutor(max_workers=1) as decoding:
-        # The strict decoder (which holds the interpreter) runs while DuckDB reads the files (which does not).
-        strict = (decoding.submit(_strict_counts, [m.path for m in changed], ingester.spec).result
-                  if whole_json else None)
+        if not whole_json:
+            strict = None
+        elif batch_bytes < BATCH_OVERLAP_MIN_BYTES:
+            strict = _strict_counts([m.path for m in changed], ingester.spec)
+        else:
+            # The strict decoder (which holds the interpreter) runs while DuckDB reads the files (which does not).
+            strict = decoding.submit(_strict_counts, [m.path for m in changed], ingester.spec).result
         try:
             read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
                                       ingester.checks, whole_json=whole_json,
@@ -769,7 +791,7 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
                           ingester.version, ingester.read_options(), lines, records, blank, 0, rows, share))
             if blank:
                 ignored.append((member.file_id, "blank line", blank))
-            run_meta.setdefault(member.run_id, {}).update({k: v for k, v in meta.items() if v is not None})
+            fold_meta(run_meta.setdefault(member.run_id, {}), meta)
             reports[member.file_id] = FileReport(
                 path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
                 format=ingester.name, run=member.run, bytes=size, lines=lines, stored=records, ignored=blank,
