@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,35 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 POLYTRACE_DATA = SHARED_DATA / "polytrace"
 
 
+def pytest_collection_finish(session):
+    """The modules, classes and constants imported to collect the tests live until the session ends; frozen,
+    they are left out of every later full collection, which would otherwise walk them all again."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory) -> Path:
+    """A migrated, empty store created once per session; tests get copies of it (see `fresh_store`)."""
+    path = tmp_path_factory.mktemp("template") / "empty.duckdb"
+    open_store(path).close()
+    return path
+
+
+def copy_store(source: Path, target: Path) -> Path:
+    """A copy of the closed store file `source` at `target` (a store a test may change without touching
+    the original); DuckDB keeps a closed store in its one file."""
+    shutil.copyfile(source, target)
+    return target
+
+
+@pytest.fixture
+def fresh_store(empty_store_file):
+    """fresh_store(path): a migrated, empty store file at `path`, copied from the session's template
+    (creating and migrating a store anew costs twice as long as opening a copy)."""
+    return lambda path: copy_store(empty_store_file, Path(path))
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     """Path of a store that does not exist yet."""
@@ -20,11 +51,25 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(db_path: Path):
+def store(db_path: Path, fresh_store):
     """A migrated, empty store connection, closed after the test."""
-    con = open_store(db_path)
+    con = open_store(fresh_store(db_path))
     yield con
     con.close()
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """`polytrace demo --out F/logs --reports F/reports --db F/demo.duckdb` run once for the session:
+    (the command's result, the folder F)."""
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    folder = tmp_path_factory.mktemp("demo")
+    result = CliRunner().invoke(app, ["demo", "--out", str(folder / "logs"), "--reports", str(folder / "reports"),
+                                      "--db", str(folder / "demo.duckdb")])
+    return result, folder
 
 
 def need_real_data(*parts: str) -> Path:

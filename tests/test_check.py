@@ -16,7 +16,7 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def checked_store(db_path):
+def checked_store(db_path, fresh_store):
     """Run 'r': one step on two DP ranks and four DAPO batches.
 
     rank 0 samples (prompt, response): (10, 90), (10, 110) -> load 220
@@ -24,7 +24,7 @@ def checked_store(db_path):
     λ = 420 / mean(220, 420) = 420 / 320 = 1.3125.
     DAPO: kept/prompt_count = 2/4 and 3/4 -> kept share Σkept/Σprompts = 5/8 = 0.625.
     """
-    con = open_store(db_path)
+    con = open_store(fresh_store(db_path))
     con.execute("INSERT INTO runs (run_id, name, task) VALUES (1, 'r', 'math')")
     con.executemany(
         "INSERT INTO sample_rows (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, sample_idx, prompt_len, response_len)"

@@ -21,8 +21,8 @@ from tests.test_analyze_lengths import add_run, add_samples
 
 
 @pytest.fixture
-def two_runs(db_path):
-    con = open_store(db_path)
+def two_runs(db_path, fresh_store):
+    con = open_store(fresh_store(db_path))
     a = add_run(con, "a", meta={"max_response_len": 10})
     add_samples(con, a, step=0, prompts=[1, 2, 3, 4], responses=[2, 4, 6, 10], dp_rank=0)
     add_samples(con, a, step=1, prompts=[1, 2, 3, 4], responses=[4, 6, 8, 10], dp_rank=0)
@@ -186,10 +186,10 @@ def test_real_traces_and_a_console_log_steps_csv_and_compare(db_path):
 
 
 @pytest.fixture
-def with_validation(db_path):
+def with_validation(db_path, fresh_store):
     """Run 'tv': training responses [100, 200] at step 1, validation responses [10, 20, 30] at step 2;
     run 'plain': training responses [5, 7] alone."""
-    con = open_store(db_path)
+    con = open_store(fresh_store(db_path))
     tv = add_run(con, "tv")
     add_samples(con, tv, step=1, prompts=[50, 50], responses=[100, 200], dp_rank=0)
     add_samples(con, tv, step=2, prompts=[40, 40, 40], responses=[10, 20, 30], dp_rank=0, validate=True)

@@ -21,7 +21,7 @@ from polytrace_cli.commands import common
 from polytrace_cli.commands.tables import cell, fit_columns, print_item, print_table
 from polytrace_cli.display import column_cells
 from polytrace_cli.store import open_store
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, copy_store
 
 runner = CliRunner()
 GROUP = ('{"step": %d, "rank": %d, "dp_rank": %d, "tp_rank": 0, "local_index": 0, "input": %d, "output": %s, '
@@ -40,13 +40,21 @@ def _write_run(folder: Path, steps: int = 3) -> Path:
     return folder
 
 
-@pytest.fixture
-def two_runs(tmp_path) -> Path:
-    db = tmp_path / "s.duckdb"
+@pytest.fixture(scope="module")
+def two_runs_once(tmp_path_factory) -> Path:
+    """A store of runs alpha and beta ingested from the folders of those names beside it, built once."""
+    root = tmp_path_factory.mktemp("two-runs")
+    db = root / "s.duckdb"
     for name in ("alpha", "beta"):
-        result = _invoke("ingest", _write_run(tmp_path / name), "--db", db)
+        result = _invoke("ingest", _write_run(root / name), "--db", db)
         assert result.exit_code == 0, result.output
     return db
+
+
+@pytest.fixture
+def two_runs(two_runs_once, tmp_path) -> Path:
+    """A copy of the two-run store for one test."""
+    return copy_store(two_runs_once, tmp_path / "s.duckdb")
 
 
 def _table_counts(db: Path) -> dict[str, dict[int, int]]:
@@ -97,7 +105,7 @@ def test_steps_errors_are_one_line(two_runs):
 
 # --- rm and rename ------------------------------------------------------------------------------
 
-def test_rm_deletes_every_row_of_the_run_and_a_reingest_reads_it_again(two_runs, tmp_path):
+def test_rm_deletes_every_row_of_the_run_and_a_reingest_reads_it_again(two_runs, two_runs_once):
     before = _table_counts(two_runs)
     alpha_id, beta_id = 1, 2
     assert before["sample_groups"][alpha_id] == 6 and before["files"][alpha_id] == 3
@@ -108,7 +116,7 @@ def test_rm_deletes_every_row_of_the_run_and_a_reingest_reads_it_again(two_runs,
     after = _table_counts(two_runs)
     assert all(alpha_id not in per_run for per_run in after.values())
     assert all(after[table].get(beta_id) == rows.get(beta_id) for table, rows in before.items())
-    again = json.loads(_invoke("ingest", tmp_path / "alpha", "--db", two_runs, "--json").stdout)
+    again = json.loads(_invoke("ingest", two_runs_once.parent / "alpha", "--db", two_runs, "--json").stdout)
     assert {r["status"] for r in again} == {"ingested"}
     runs = {r["run"]: r for r in json.loads(_invoke("runs", "--db", two_runs, "--json").stdout)}
     assert runs["alpha"]["samples"] == 18
@@ -180,6 +188,7 @@ def test_wait_gives_up_with_the_locked_error(two_runs):
         assert result.returncode == 2 and "locked" in result.stderr and "Traceback" not in result.stderr
         assert elapsed < 3.5
     finally:
+        holder.kill()  # what it holds is this test's copy; no need to sit out the rest of its hold
         holder.wait(timeout=30)
 
 

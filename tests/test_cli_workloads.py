@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import copy_store
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.registry import get_ingester
 
@@ -18,10 +19,13 @@ def _invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-@pytest.fixture
-def packed_run(tmp_path, db_path):
-    """A run of 3 steps × 16 prompts × 4 responses on 2 DP ranks, lognormal lengths, ingested as 'lab'."""
+@pytest.fixture(scope="module")
+def packed_run_once(tmp_path_factory):
+    """A run of 3 steps × 16 prompts × 4 responses on 2 DP ranks, lognormal lengths, ingested as 'lab'
+    into a store built once for the module."""
     rng = np.random.default_rng(11)
+    tmp_path = tmp_path_factory.mktemp("packed-run")
+    db_path = tmp_path / "store.duckdb"
     folder = tmp_path / "lab"
     folder.mkdir()
     for step in range(3):
@@ -35,6 +39,12 @@ def packed_run(tmp_path, db_path):
     result = _invoke("ingest", folder, "--db", db_path, "--run", "lab")
     assert result.exit_code == 0, result.output
     return db_path
+
+
+@pytest.fixture
+def packed_run(packed_run_once, db_path):
+    """A copy of the 'lab' store for one test."""
+    return copy_store(packed_run_once, db_path)
 
 
 def test_export_writes_both_formats_and_reingests(packed_run, tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import copy_store
 from polytrace_cli.analyze.common import ALL_STEPS
 from polytrace_cli.analyze.fleet import COLUMNS, by_group
 from polytrace_cli.cli import app
@@ -38,12 +39,14 @@ def _step_times(folder: Path, seconds: list[float]) -> None:
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
-@pytest.fixture
-def fleet_store(tmp_path, db_path):
+@pytest.fixture(scope="module")
+def fleet_store_once(tmp_path_factory) -> Path:
     """Run a (math, model m1): step 0 ranks 0 / 1 hold prompts of 10 with responses [100, 200] /
     [300, 400]; step 1 prompts of 20 with [50, 50] on each rank; step times 10, 20, 30 s.
     Run b (math, m2): step 0 prompts of 30, [600] on rank 0 and [200] on rank 1; step times 5 s × 4.
     Run c (code, m1): step 0 prompts of 5, [1000, 1000] on each rank; two step times only (10, 30)."""
+    tmp_path = tmp_path_factory.mktemp("fleet")
+    db_path = tmp_path / "store.duckdb"
     a, b, c = (tmp_path / name for name in ("a", "b", "c"))
     for folder in (a, b, c):
         folder.mkdir()
@@ -60,6 +63,12 @@ def fleet_store(tmp_path, db_path):
     con.execute("UPDATE runs SET model = CASE name WHEN 'b' THEN 'm2' ELSE 'm1' END")
     con.close()
     return db_path
+
+
+@pytest.fixture
+def fleet_store(fleet_store_once, db_path):
+    """A copy of the three-run store for one test."""
+    return copy_store(fleet_store_once, db_path)
 
 
 def test_by_task_by_hand(fleet_store):

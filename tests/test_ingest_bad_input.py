@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import copy_store
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.registry import _REGISTRY
@@ -299,7 +300,7 @@ _JSON_VALUES = st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(step=_JSON_VALUES, tokens=_JSON_VALUES, validate=_JSON_VALUES)
-def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, step, tokens, validate):
+def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, empty_store_file, step, tokens, validate):
     """A reward line with arbitrary values is stored or rejected the same way alone (bulk read_json)
     and beside a bad line (per-line path), and exactly when `value_problem` says so."""
     import json as json_module
@@ -309,7 +310,7 @@ def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, step, tokens,
     line = json_module.dumps(record)
     alone = _trace(folder / "alone", line + "\n", "reward_timings_step_1.jsonl")
     beside = _trace(folder / "beside", line + "\n{oops\n", "reward_timings_step_1.jsonl")
-    con = open_store(folder / "s.duckdb")
+    con = open_store(copy_store(empty_store_file, folder / "s.duckdb"))
     try:
         ingest_paths(con, [alone, beside])
         stored = con.execute("SELECT file_id, step, tokens, validate FROM rank_timings ORDER BY file_id").fetchall()

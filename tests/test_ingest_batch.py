@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import copy_store
 from polytrace_cli.ingest import jsonl, runner
 from polytrace_cli.ingest.base import file_owned_tables
 from polytrace_cli.ingest.runner import ingest_paths
@@ -234,8 +235,8 @@ _ITEMS = st.one_of(st.integers(-5, 5), st.sampled_from([2**31 - 1, 2**31, -(2**3
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(step=st.one_of(st.integers(0, 3), st.sampled_from([2.0, 2.5, "2", True, 2**31, 10**9 - 1])),
        output=st.lists(_ITEMS, min_size=1, max_size=3), json_read=st.booleans())
-def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_path_factory, monkeypatch, step, output,
-                                                                          json_read):
+def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_path_factory, monkeypatch, empty_store_file,
+                                                                          step, output, json_read):
     """Whichever way a batch is read, an odd line is stored as its values or its file is read alone
     and the line rejected with the code `value_problem` gives (checks aside)."""
     monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0 if json_read else 1 << 40)
@@ -246,7 +247,7 @@ def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_pat
     for index in range(3):
         lines = [packed_line(index, 0), json.dumps(record) if index == 1 else packed_line(index, 1)]
         (folder / f"packed_lengths_step_{index}.jsonl").write_text("\n".join(lines) + "\n")
-    con = open_store(folder.parent / "s.duckdb")
+    con = open_store(copy_store(empty_store_file, folder.parent / "s.duckdb"))
     try:
         ingest_paths(con, [folder])
         odd = con.execute("SELECT g.step, g.response_lens FROM sample_groups g JOIN files f USING (file_id)"

@@ -6,6 +6,7 @@ import codecs
 import shutil
 from pathlib import Path
 
+from conftest import copy_store
 from polytrace_cli.ingest.base import file_owned_tables
 from polytrace_cli.ingest.console import reading
 from polytrace_cli.ingest.runner import ingest_paths
@@ -24,11 +25,11 @@ def _contents(con) -> dict[str, list[tuple]]:
     return tables
 
 
-def _ingest(tmp_path: Path, log: Path, name: str, fmt: str | None) -> dict[str, list[tuple]]:
+def _ingest(tmp_path: Path, log: Path, name: str, fmt: str | None, empty_store: Path) -> dict[str, list[tuple]]:
     folder = tmp_path / name / "run"
     folder.mkdir(parents=True)
     shutil.copy(log, folder / log.name)
-    con = open_store(tmp_path / name / "s.duckdb")
+    con = open_store(copy_store(empty_store, tmp_path / name / "s.duckdb"))
     try:
         reports = ingest_paths(con, [folder / log.name], format_name=fmt)
         assert all(not r.failed for r in reports)
@@ -55,16 +56,17 @@ def _damaged_logs(folder: Path) -> list[Path]:
     return [folder / name for name in logs]
 
 
-def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, block_bytes=64):
+def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, empty_store_file,
+                                                                     block_bytes=64):
     """Blocks of 64 bytes cut every fixture in many places, in lines and between them."""
     logs = CONSOLE_LOGS + _damaged_logs(tmp_path / "damaged")
     assert len(logs) >= 10
     for index, log in enumerate(logs):
         fmt = ("openrlhf-console" if "openrlhf" in str(log) else "trl-console" if log.parent.name == "trl"
                else "verl-console")
-        whole = _ingest(tmp_path, log, f"whole{index}", fmt)
+        whole = _ingest(tmp_path, log, f"whole{index}", fmt, empty_store_file)
         monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", block_bytes)
-        blocks = _ingest(tmp_path, log, f"blocks{index}", fmt)
+        blocks = _ingest(tmp_path, log, f"blocks{index}", fmt, empty_store_file)
         monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", 8 << 20)
         assert repr(blocks) == repr(whole), log.name  # as text: a stored NaN equals itself
         assert whole["files"][0][2] > 0

@@ -11,6 +11,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from conftest import copy_store
 from polytrace_cli.cli import app
 from polytrace_cli.store import open_store
 from polytrace_cli.store.lake import open_lake, partition_name, store_tables, write_lake
@@ -35,14 +36,26 @@ def _synth(folder: Path, task: str, seed: int) -> Path:
     return folder
 
 
+def _build_three_runs(root: Path, db: Path) -> Path:
+    """A store of three runs: two synthetic PolyTrace workloads (math, code) under root/logs and a verl
+    console log whose run has quarantined lines and step flags (rows only reachable through file_id)."""
+    _ok("ingest", _synth(root / "logs" / "alpha", "math", 1), "--db", db, "--task", "math")
+    _ok("ingest", _synth(root / "logs" / "beta run", "code", 2), "--db", db, "--task", "code")
+    _ok("ingest", FIXTURES / "verl" / "console_v05", "--db", db, "--run", "verl/console", "--task", "math")
+    return db
+
+
+@pytest.fixture(scope="module")
+def three_runs_once(tmp_path_factory) -> Path:
+    """The three-run store, built once for the module; its logs are under its folder's logs/."""
+    root = tmp_path_factory.mktemp("three-runs")
+    return _build_three_runs(root, root / "store.duckdb")
+
+
 @pytest.fixture
-def three_runs(tmp_path, db_path):
-    """A store of three runs: two synthetic PolyTrace workloads (math, code) and a verl console log
-    whose run has quarantined lines and step flags (rows only reachable through file_id)."""
-    _ok("ingest", _synth(tmp_path / "logs" / "alpha", "math", 1), "--db", db_path, "--task", "math")
-    _ok("ingest", _synth(tmp_path / "logs" / "beta run", "code", 2), "--db", db_path, "--task", "code")
-    _ok("ingest", FIXTURES / "verl" / "console_v05", "--db", db_path, "--run", "verl/console", "--task", "math")
-    return db_path
+def three_runs(three_runs_once, db_path):
+    """A copy of the three-run store for one test (its logs stay where the store read them)."""
+    return copy_store(three_runs_once, db_path)
 
 
 def _counts(con, tables):
@@ -157,7 +170,8 @@ def test_writing_into_a_lake_is_a_one_line_error(three_runs, tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_rerunning_rewrites_only_the_changed_run(three_runs, tmp_path):
+def test_rerunning_rewrites_only_the_changed_run(tmp_path, db_path):
+    three_runs = _build_three_runs(tmp_path, db_path)  # its own logs: the test adds a file to alpha's
     lake = tmp_path / "lake"
     first = write_lake(open_store(three_runs, read_only=True), lake)
     assert sorted(first.written) == ["alpha", "beta run", "verl/console"]
@@ -184,11 +198,11 @@ def test_rerunning_rewrites_only_the_changed_run(three_runs, tmp_path):
     store_con.close()
 
 
-def test_runs_gone_from_the_store_are_kept_unless_pruned(three_runs, tmp_path):
+def test_runs_gone_from_the_store_are_kept_unless_pruned(three_runs, three_runs_once, tmp_path):
     lake = tmp_path / "lake"
     _ok("lake", lake, "--db", three_runs)
     smaller = tmp_path / "smaller.duckdb"
-    _ok("ingest", tmp_path / "logs" / "alpha", "--db", smaller, "--task", "math")
+    _ok("ingest", three_runs_once.parent / "logs" / "alpha", "--db", smaller, "--task", "math")
     kept = _invoke("lake", lake, "--db", smaller)
     assert kept.exit_code == 0
     assert "kept 2 run(s) no longer in the store: beta run, verl/console (--prune removes them)" in kept.output

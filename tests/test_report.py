@@ -235,7 +235,7 @@ def test_a_report_runs_without_automatic_gc_and_leaves_it_as_it_found_it(sample_
     for enabled in (True, False):
         (gc.enable if enabled else gc.disable)()
         try:
-            Store.write_report(db, out=tmp_path, name=f"gc-{enabled}")
+            Store.write_report(db, runs=["code"], out=tmp_path, name=f"gc-{enabled}")  # one run is enough
             assert gc.isenabled() is enabled
         finally:
             gc.enable()
@@ -483,11 +483,10 @@ def test_console_runs_draw_step_time_figures_and_compare_in_t1(tmp_path):
     assert table["b"]["step_time_cv"] == pytest.approx(statistics.stdev(steady) / statistics.mean(steady))
 
 
-def test_demo_writes_the_demo_report_and_prints_its_path(tmp_path):
-    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "logs"), "--reports", str(tmp_path / "reports"),
-                                 "--db", str(tmp_path / "demo.duckdb")])
+def test_demo_writes_the_demo_report_and_prints_its_path(demo_run):
+    result, folder = demo_run
     assert result.exit_code == 0, result.output
-    index = tmp_path / "reports" / "demo" / "index.html"
+    index = folder / "reports" / "demo" / "index.html"
     assert result.output.strip().splitlines()[-1] == str(index)
     assert "more column" not in result.output  # the runs table is whole, as `polytrace runs` prints it
     summary = assert_report_complete(index)

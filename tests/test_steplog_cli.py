@@ -70,11 +70,10 @@ def test_sample_logs_verl_run_is_what_the_generator_writes():
     assert committed.read_text(encoding="utf-8") == console_text(step_table(lengths, spec, model), spec, model)
 
 
-def test_demo_ingests_the_verl_run_and_draws_the_step_time_figures(tmp_path):
-    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "logs"), "--reports", str(tmp_path / "reports"),
-                                 "--db", str(tmp_path / "demo.duckdb")])
+def test_demo_ingests_the_verl_run_and_draws_the_step_time_figures(demo_run):
+    result, folder = demo_run
     assert result.exit_code == 0, result.output
-    con = duckdb.connect(str(tmp_path / "demo.duckdb"), read_only=True)
+    con = duckdb.connect(str(folder / "demo.duckdb"), read_only=True)
     try:
         timed = con.execute(
             "SELECT count(*), count(gen_s), count(update_actor_s), count(step_s), count(testing_s), "
@@ -83,7 +82,7 @@ def test_demo_ingests_the_verl_run_and_draws_the_step_time_figures(tmp_path):
     finally:
         con.close()
     assert timed == (300, 300, 300, 300, 6, 3)  # validation every 50, checkpoints every 100
-    summary = json.loads((tmp_path / "reports" / "demo" / "summary.json").read_text())
+    summary = json.loads((folder / "reports" / "demo" / "summary.json").read_text())
     drawn = {f["id"]: f for f in summary["figures"]}
     for figure_id in ("F4", "F5", "F11"):
         assert drawn[figure_id]["png"], drawn[figure_id]["omitted"]

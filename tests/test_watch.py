@@ -262,3 +262,40 @@ def test_the_generator_ends_a_log_with_a_crash_after_the_given_step():
     cause, reason = crash_in(text)
     assert cause == "nccl_timeout" and "Watchdog caught collective operation timeout" in reason
     assert console_text(frame, SPEC, MODEL) == console_text(frame, SPEC, MODEL, crash_after=None)
+
+
+def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
+    """A job restarted into its log, whose new text is exactly as long as the old: the watch sees the
+    new modification time, the ingest finds the text replaced, a `truncated` event says so, and the
+    store ends as one ingest of the final file."""
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    first = "".join(lines[:60])
+    step = next(line for line in lines[:60] if line.startswith("(TaskRunner pid=27182) step:10 "))
+    digit = next(i for i, c in enumerate(step) if c.isdigit() and i > step.index("timing_s/gen:"))
+    changed = step[:digit] + str((int(step[digit]) + 1) % 10) + step[digit + 1:]
+    second = first.replace(step, changed)
+    assert len(second) == len(first) and second != first
+
+    def job():
+        log.write_text(first)
+        time.sleep(0.6)
+        with open(log, "r+", encoding="utf-8") as handle:  # the same bytes' count, written over
+            handle.write(second)
+
+    log.write_text("")
+    events: list[dict] = []
+    con = open_store(tmp_path / "w.duckdb")
+    writer = threading.Thread(target=job)
+    writer.start()
+    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=1.2, run="r"))
+    writer.join()
+    watched = store_rows(con)
+    con.close()
+    assert result.exit_code == 0
+    truncated = [e for e in events if e["event"] == "truncated"]
+    size = len(first.encode())
+    assert truncated == [{"event": "truncated", "file": str(log), "bytes": size, "previous_bytes": size}]
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+    assert watched == one_shot(tmp_path / "once.duckdb", log, second.encode())

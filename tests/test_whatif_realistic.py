@@ -4,12 +4,15 @@ a resume): the backtest targets, and policy savings against the generator's trut
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
 
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.simulate import backtest_run, whatif_run
+from polytrace_cli.store import open_store
 from polytrace_cli.workload.presets import preset
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, write_step_log
 from polytrace_cli.workload.synth import with_overrides
@@ -33,16 +36,52 @@ MATH_TRUTH = StepTimeModel(validate_every=20, checkpoint_every=100, injections=(
 CODE_TRUTH = StepTimeModel(validate_every=25, checkpoint_every=50, step_includes_overheads=False, resume_after=150)
 
 
-@pytest.fixture
-def math_run(store, tmp_path):
-    return _write(store, tmp_path, "math", "math", steps=400, batch=64, n=8, ranks=8, cap=8192, drift=0.002,
-                  seed=1, truth=MATH_TRUTH)
+def _built(folder: Path, name: str, task: str, **options) -> tuple[Path, pl.DataFrame]:
+    """A store of the one run `_write` writes and ingests: (its path, the generator's step frame)."""
+    db = folder / "store.duckdb"
+    con = open_store(db)
+    try:
+        return db, _write(con, folder, name, task, **options)
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def math_built(tmp_path_factory):
+    return _built(tmp_path_factory.mktemp("math"), "math", "math", steps=400, batch=64, n=8, ranks=8, cap=8192,
+                  drift=0.002, seed=1, truth=MATH_TRUTH)
+
+
+@pytest.fixture(scope="module")
+def code_built(tmp_path_factory):
+    return _built(tmp_path_factory.mktemp("code"), "code", "code", steps=300, batch=32, n=16, ranks=4, cap=16384,
+                  drift=0.0, seed=2, truth=CODE_TRUTH)
 
 
 @pytest.fixture
-def code_run(store, tmp_path):
-    return _write(store, tmp_path, "code", "code", steps=300, batch=32, n=16, ranks=4, cap=16384, drift=0.0,
-                  seed=2, truth=CODE_TRUTH)
+def math_store(math_built):
+    """The math run's store, written once for the module and opened read-only for each test."""
+    con = open_store(math_built[0], read_only=True)
+    yield con
+    con.close()
+
+
+@pytest.fixture
+def code_store(code_built):
+    """The code run's store, written once for the module and opened read-only for each test."""
+    con = open_store(code_built[0], read_only=True)
+    yield con
+    con.close()
+
+
+@pytest.fixture
+def math_run(math_built) -> pl.DataFrame:
+    return math_built[1]
+
+
+@pytest.fixture
+def code_run(code_built) -> pl.DataFrame:
+    return code_built[1]
 
 
 def _meets_targets(result):
@@ -58,15 +97,15 @@ def _meets_targets(result):
     assert gen.extra["in_range_accuracy"] >= 95.0 and gen.extra["in_range_steps"] >= 100
 
 
-def test_backtest_targets_on_a_long_math_log(store, math_run):
-    result = backtest_run(store, "math")
+def test_backtest_targets_on_a_long_math_log(math_store):
+    result = backtest_run(math_store, "math")
     assert (result.train_steps, result.test_steps) == (200, 200)
     _meets_targets(result)
     assert {"gen", "update_actor", "update_weights", "testing", "save_checkpoint"} <= set(result.stages)
 
 
-def test_backtest_targets_on_a_resumed_code_log(store, code_run):
-    result = backtest_run(store, "code")
+def test_backtest_targets_on_a_resumed_code_log(code_store):
+    result = backtest_run(code_store, "code")
     _meets_targets(result)
     # the first step after the resume (151) is held out and runs warm: the notes say so
     assert any("1 held-out step(s) start a segment" in note for note in result.notes)
@@ -83,8 +122,8 @@ def _balance_truth(frame: pl.DataFrame, truth: StepTimeModel) -> float:
     return total
 
 
-def test_policies_against_the_generator_truth(store, math_run):
-    result = whatif_run(store, "math", ["balance", "no-validation", "validate-every=40"])
+def test_policies_against_the_generator_truth(math_store, math_run):
+    result = whatif_run(math_store, "math", ["balance", "no-validation", "validate-every=40"])
     by_policy = {s.policy: s for s in result.scenarios}
     balance = by_policy["balance"]
     truth = _balance_truth(math_run, MATH_TRUTH)
@@ -99,8 +138,8 @@ def test_policies_against_the_generator_truth(store, math_run):
     assert result.baseline_s == pytest.approx(result.actual_s, rel=0.01)
 
 
-def test_no_validation_is_exact_when_the_step_time_leaves_it_out(store, code_run):
-    result = whatif_run(store, "code", ["no-validation", "balance"])
+def test_no_validation_is_exact_when_the_step_time_leaves_it_out(code_store, code_run):
+    result = whatif_run(code_store, "code", ["no-validation", "balance"])
     by_policy = {s.policy: s for s in result.scenarios}
     assert by_policy["no-validation"].saving_s == pytest.approx(float(code_run["testing_s"].drop_nulls().sum()),
                                                                 abs=1e-6)

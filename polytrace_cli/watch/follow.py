@@ -109,22 +109,34 @@ class _Crash:
 
 
 class _Files:
-    """Sizes, and the part already scanned for crash signs (bytes and lines), per file followed."""
+    """Sizes and modification times, and the part already scanned for crash signs (bytes and lines),
+    per file followed."""
 
     def __init__(self, path: Path):
         self.path = path
         self.sizes: dict[Path, int] = {}
+        self.stamps: dict[Path, int] = {}
         self.scanned: dict[Path, tuple[int, int]] = {}
 
-    def current(self) -> dict[Path, int]:
+    def current(self) -> dict[Path, tuple[int, int]]:
+        """(size, modification time in ns) of each file under the path."""
         files = [p for p, _, problem in walk([self.path]) if not problem] if self.path.exists() else []
-        sizes = {}
+        stats = {}
         for file in files:
             try:
-                sizes[file] = file.stat().st_size
+                stat = file.stat()
             except OSError:
                 continue
-        return sizes
+            stats[file] = (stat.st_size, stat.st_mtime_ns)
+        return stats
+
+    def changed(self, file: Path, size: int, stamp: int) -> bool:
+        """Whether the file is to be read again: it shrank, or it grew by a complete line, or it was
+        written at the same size (rewritten, which the ingest tells from a touch)."""
+        before = self.sizes.get(file)
+        if size != before:
+            return size < (before or 0) or bool(size and last_newline_end(file, size))
+        return stamp != self.stamps.get(file, stamp)
 
     def new_text(self, file: Path, end: int) -> tuple[str, int]:
         """(the complete lines of `file` after the part scanned so far, up to byte `end`; the line
@@ -186,10 +198,9 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
 
     while True:
         now = clock()
-        sizes = files.current()
+        stats = files.current()
         # A file is read once it holds a complete line (its format is sniffed from its first bytes).
-        grown = {f: s for f, s in sizes.items() if s != files.sizes.get(f) and (s < files.sizes.get(f, 0) or (
-            s and last_newline_end(f, s)))}
+        grown = {f: size for f, (size, stamp) in stats.items() if files.changed(f, size, stamp)}
         for file, size in grown.items():
             if size < files.sizes.get(file, 0):
                 emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
@@ -197,6 +208,13 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
         if grown:
             last_growth = now
             reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
+            rewritten = {report.path for report in reports if report.status == "replaced"}
+            for file, size in grown.items():
+                # Written over at the same size (a growth read whole is "replaced" too, for other reasons).
+                if path_text(file.resolve()) in rewritten and size == files.sizes.get(file):
+                    emit({"event": "truncated", "file": str(file), "bytes": size,
+                          "previous_bytes": files.sizes[file]})
+                    files.scanned[file] = (0, 0)
             for report in reports:
                 if report.failed:
                     emit({"event": "alert", "kind": "ingest", "reason": f"{report.path}: {report.message}"})
@@ -215,6 +233,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 elif crash is None and (sign := first_crash_sign(text)) is not None:
                     crash = _Crash(file, "".join(text.splitlines(keepends=True)[sign:]), first_line + sign)
             files.sizes.update(grown)
+            files.stamps.update({file: stats[file][1] for file in grown})
             steps = judge.new_steps() if judge is not None else []
             if steps:
                 if last_step is not None:  # k steps in one gap landed gap / k apart
