@@ -434,6 +434,11 @@ class FileHashes:
             self._jobs[key] = self._pool.submit(hash_and_count, key)
         return self._jobs[key]
 
+    def of_resolved(self, resolved: Path) -> None:
+        """Queue the `hash_and_count` of a file by its path already resolved (read in the thread)."""
+        if resolved not in self._jobs:
+            self._jobs[resolved] = self._pool.submit(hash_and_count, resolved)
+
     def of_bytes(self, resolved: Path, data: bytes) -> None:
         """Queue the `hash_and_count` of a file (by its resolved path) from its bytes already read."""
         if resolved not in self._jobs:

@@ -623,7 +623,7 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
     if size > BATCH_TEXT_KEEP_BYTES:
         # The hashing thread reads and hashes it while this one sniffs the next file.
-        hashes.future(resolved)
+        hashes.of_resolved(resolved)
         return _BatchMember(resolved, explicit, ingester, size)
     try:
         text = head.decode("utf-8")
