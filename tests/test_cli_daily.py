@@ -454,3 +454,28 @@ def test_query_shows_people_the_first_rows_and_scripts_every_row(two_runs, monke
     buffer.truncate(0), buffer.seek(0)
     assert _invoke("query", "EXPLAIN SELECT * FROM runs", "--db", two_runs).exit_code == 0
     assert "┏" not in buffer.getvalue() and "SCAN" in buffer.getvalue().upper()  # the plan as drawn
+
+
+def test_rm_leaves_no_row_of_the_runs_files_in_any_table(two_runs, tmp_path):
+    """A console log brings rows to tables keyed by file alone (ignored and rejected lines, step
+    flags, step facts): none of them may outlive the run's files."""
+    from polytrace_cli.ingest.base import file_owned_tables
+
+    log = tmp_path / "gamma" / "train.log"
+    log.parent.mkdir()
+    text = (PROJECT_ROOT / "tests" / "fixtures" / "verl" / "console_v08" / "train.log").read_text()
+    log.write_text(text + "step:x - actor/pg_loss:0.1\n")  # one line rejected
+    assert _invoke("ingest", log, "--db", two_runs, "--run", "gamma").exit_code == 0
+    con = open_store(two_runs, read_only=True)
+    files = [row[0] for row in con.execute("SELECT file_id FROM files JOIN runs USING (run_id) WHERE name = 'gamma'").fetchall()]
+    tables = file_owned_tables(con)
+    held = {table: con.execute(f'SELECT count(*) FROM "{table}" WHERE file_id IN (SELECT unnest(?))', [files]).fetchall()[0][0]
+            for table in tables}
+    con.close()
+    assert held["step_metrics"] and held["ignored_lines"] and held["ingest_errors"]
+    assert _invoke("rm", "gamma", "--db", two_runs).exit_code == 0
+    con = open_store(two_runs, read_only=True)
+    left = {table: con.execute(f'SELECT count(*) FROM "{table}" WHERE file_id IN (SELECT unnest(?))', [files]).fetchall()[0][0]
+            for table in tables}
+    con.close()
+    assert left == dict.fromkeys(tables, 0)
