@@ -804,10 +804,9 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
         typed = _create_typed_from_json(con, paths, spec, required, with_filename=True) \
             if known is None or _typed_read_pays(paths, known) else None
         strict = known if known is not None else strict_counts()
-        refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
         not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
-        if typed is not None and 4 * len(refused) <= len(paths):
-            bad = {name for name in typed if strict.get(name) != typed[name]} | set(refused)
+        if typed is not None and _few_refused(paths, strict):
+            bad = {name for name in typed if strict.get(name) != typed[name]} | set(_refused(paths, strict))
             missing = " OR ".join(f"{_quoted(name)} IS NULL" for name in required)
             if missing:
                 bad |= {name for (name,) in con.execute(
@@ -844,11 +843,21 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     return _with_checks(con, checks, bad, counts)
 
 
+def _refused(paths: Sequence[str], strict: dict[str, int | None]) -> list[str]:
+    """The files the strict decoder refused: a value it would not take, a line that is not JSON, or
+    a file it could not read."""
+    return [path for path in paths if strict.get(path) is None or strict[path] < 0]
+
+
+def _few_refused(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
+    """At most a quarter of the files refused: a typed read of the batch is kept, those read alone."""
+    return 4 * len(_refused(paths, strict)) <= len(paths)
+
+
 def _typed_read_pays(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
     """Whether a typed read of `paths` can be kept, by what the strict decoder said of them: no line
-    that is not JSON (the read would fail), and at most a quarter of the files refused."""
-    refused = [path for path in paths if strict.get(path) is None or strict[path] < 0]
-    return NOT_JSON_LINES not in (strict.get(path) for path in paths) and 4 * len(refused) <= len(paths)
+    that is not JSON (the read would fail), and `_few_refused`."""
+    return NOT_JSON_LINES not in (strict.get(path) for path in paths) and _few_refused(paths, strict)
 
 
 def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: set[str],
