@@ -5,6 +5,7 @@ from __future__ import annotations
 import compileall
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +15,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "polytrace_cli"
 
 
 @functools.cache
+def fresh_log_path(out: Path, name: str) -> Path:
+    """`out/run/name` in an emptied `out/run` folder (the run folder the generated log is written into)."""
+    out.mkdir(parents=True, exist_ok=True)
+    folder = out / "run"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    return folder / name
+
+
 def compile_package() -> None:
     """Write the package's bytecode, as `pip install` does, so that no timed run compiles sources
     (a shell with PYTHONDONTWRITEBYTECODE set would otherwise compile them in every run)."""

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
-from _measure import baseline_run, ingest_runs
+from _measure import baseline_run, ingest_runs, fresh_log_path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "ingest_trl_console"
@@ -81,11 +80,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50_000, help="metrics dicts (steps) in the generated log")
     parser.add_argument("--repeat", type=int, default=3, help="timed polytrace runs (median reported)")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    log_dir = OUT / "run"
-    shutil.rmtree(log_dir, ignore_errors=True)
-    log_dir.mkdir()
-    log = log_dir / "train.log"
+    log = fresh_log_path(OUT, "train.log")
     write_log(log, args.steps)
     os.sync()
     size_mb = log.stat().st_size / 1e6

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
-from _measure import baseline_run, ingest_runs
+from _measure import baseline_run, ingest_runs, fresh_log_path
 from ingest_console import KEYS
 
 HERE = Path(__file__).resolve().parent
@@ -75,11 +74,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log in MB")
     parser.add_argument("--repeat", type=int, default=3, help="timed polytrace runs (median reported)")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    log_dir = OUT / "run"
-    shutil.rmtree(log_dir, ignore_errors=True)
-    log_dir.mkdir()
-    log = log_dir / "metrics.jsonl"
+    log = fresh_log_path(OUT, "metrics.jsonl")
     steps = write_log(log, args.mb)
     os.sync()
     size_mb = log.stat().st_size / 1e6
