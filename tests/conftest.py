@@ -72,6 +72,18 @@ def demo_run(tmp_path_factory):
     return result, folder
 
 
+def store_snapshot(con, file_columns: str) -> dict[str, list[tuple]]:
+    """Every file-owned table's rows (file ids left out), sorted, with `file_columns` of the files and
+    the runs' names, frameworks and meta: what two stores that read the same logs must share."""
+    from polytrace_cli.ingest.base import file_owned_tables
+
+    tables = {table: con.execute(f"SELECT * EXCLUDE (file_id) FROM {table} ORDER BY ALL").fetchall()
+              for table in file_owned_tables(con)}
+    tables["files"] = con.execute(f"SELECT {file_columns} FROM files ORDER BY path").fetchall()
+    tables["runs"] = con.execute("SELECT name, framework, meta FROM runs ORDER BY name").fetchall()
+    return tables
+
+
 def need_real_data(*parts: str) -> Path:
     """The path under ../shared/data, or skip the test when that folder is absent."""
     path = SHARED_DATA.joinpath(*parts)

@@ -6,8 +6,7 @@ import codecs
 import shutil
 from pathlib import Path
 
-from conftest import copy_store
-from polytrace_cli.ingest.base import file_owned_tables
+from conftest import copy_store, store_snapshot
 from polytrace_cli.ingest.console import reading
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
@@ -17,12 +16,7 @@ CONSOLE_LOGS = sorted(p for p in FIXTURES.rglob("*.log"))
 
 
 def _contents(con) -> dict[str, list[tuple]]:
-    tables = {table: con.execute(f"SELECT * EXCLUDE (file_id) FROM {table} ORDER BY ALL").fetchall()
-              for table in file_owned_tables(con)}
-    tables["files"] = con.execute("SELECT format, format_version, lines, stored, ignored, rejected, rows"
-                                  " FROM files ORDER BY path").fetchall()
-    tables["runs"] = con.execute("SELECT name, framework, meta FROM runs ORDER BY name").fetchall()
-    return tables
+    return store_snapshot(con, "format, format_version, lines, stored, ignored, rejected, rows")
 
 
 def _ingest(tmp_path: Path, log: Path, name: str, fmt: str | None, empty_store: Path) -> dict[str, list[tuple]]:

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from conftest import need_real_data
+from conftest import need_real_data, store_snapshot
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.schemas import json_schema
@@ -179,15 +179,7 @@ def test_watch_a_missing_path_is_one_error_line(tmp_path):
 
 
 def _all_rows(con) -> dict[str, list[tuple]]:
-    """Every file-owned table's rows (ids left out), sorted, with the files' and runs' rows."""
-    from polytrace_cli.ingest.base import file_owned_tables
-
-    tables = {table: con.execute(f"SELECT * EXCLUDE (file_id) FROM {table} ORDER BY ALL").fetchall()
-              for table in file_owned_tables(con)}
-    tables["files"] = con.execute("SELECT path, sha256, bytes, format, lines, stored, ignored, rejected, rows"
-                                  " FROM files ORDER BY path").fetchall()
-    tables["runs"] = con.execute("SELECT name, framework, meta FROM runs ORDER BY name").fetchall()
-    return tables
+    return store_snapshot(con, "path, sha256, bytes, format, lines, stored, ignored, rejected, rows")
 
 
 def test_watching_a_real_trace_folder_as_its_step_files_land(tmp_path):
@@ -277,14 +269,16 @@ def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
     second = first.replace(step, changed)
     assert len(second) == len(first) and second != first
 
+    events: list[dict] = []
+
     def job():
         log.write_text(first)
-        time.sleep(0.6)
+        wait_for(lambda: any(e["event"] == "step" for e in events))  # the first text is read
+        time.sleep(0.1)
         with open(log, "r+", encoding="utf-8") as handle:  # the same bytes' count, written over
             handle.write(second)
 
     log.write_text("")
-    events: list[dict] = []
     con = open_store(tmp_path / "w.duckdb")
     writer = threading.Thread(target=job)
     writer.start()
