@@ -14,7 +14,7 @@ from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.store.semantics import FIELDS
 from polytrace_cli.workload.distributions import LengthModel, Marginal
-from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, step_table
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
 
 LENGTHS = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
@@ -313,3 +313,104 @@ def test_a_log_grown_twice_is_hashed_from_the_state_kept_for_its_prefix(tmp_path
     assert report.status == "appended"
     assert sha == hashlib.sha256(text + BAD_LINE.encode()).hexdigest() != hashlib.sha256(log.read_bytes()).hexdigest()
 
+
+
+# verl's file logger: one JSON object per step, appended as the job runs.
+JSONL_BAD_LINES = ['{"step": 7.5, "data": {"critic/score/mean": 0.5}}\n', '{"step": 8, "data": {"critic/sc\n']
+
+
+@pytest.fixture(scope="module")
+def jsonl_log() -> bytes:
+    """The generator's verl-jsonl log of SPEC and MODEL (a validation at step 0 and every 10 steps, the
+    resumed job's validation line at step 15), restarted into the same file after step 20 (its steps
+    16.. written again: a segment each), with two bad lines and a step whose data is empty between steps."""
+    lines = jsonl_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL).splitlines(keepends=True)
+    step_20 = next(i for i, line in enumerate(lines) if line.startswith('{"step": 20,'))
+    resumed = next(i for i, line in enumerate(lines) if line.startswith('{"step": 16,'))
+    lines = lines[:step_20 + 1] + lines[resumed - 1:]
+    lines[10:10] = JSONL_BAD_LINES
+    lines.insert(30, '{"step": 21, "data": {}}\n')  # then step 21's pairs: one step
+    return "".join(lines).encode()
+
+
+def test_a_verl_jsonl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, jsonl_log):
+    """Cuts inside lines (read once complete), at the empty step, around the restart: after the first
+    complete line every growth is read from where the last read ended."""
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir(parents=True)
+    con = open_store(tmp_path / "grown.duckdb")
+    ends = [i + 1 for i, byte in enumerate(jsonl_log) if byte == ord("\n")]
+    cuts = sorted({*random.Random(5).sample(range(1, len(jsonl_log)), 16), ends[29], ends[30], ends[31],
+                   len(jsonl_log)})
+    statuses = []
+    for cut in cuts:
+        log.write_bytes(jsonl_log[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        assert report.format == "verl-jsonl"
+        statuses.append(report.status)
+        assert con.execute("SELECT bytes FROM files").fetchall()[0][0] == jsonl_log[:cut].rfind(b"\n") + 1
+    after = statuses[next(i for i, cut in enumerate(cuts) if cut > ends[0]) + 1:]
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 12, statuses
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, jsonl_log)
+    assert [(line, code) for line, _, _, code in rows["ingest_errors"]] == [(11, "type-error"), (12, "invalid-json")]
+    restarts = [(step, line) for _, step, flag, _, line in rows["step_flags"] if flag == "restart"]
+    assert restarts == [(15, jsonl_log[:jsonl_log.rindex(b'{"step": 15, "data": {"val')].count(b"\n") + 1)]
+
+
+@pytest.mark.parametrize("cut_after", ['{"step": 20,', '{"step": 15, "data": {"val', '{"step": 21, "data": {}}'])
+def test_a_verl_jsonl_growth_after_a_restart_or_an_empty_step_ends_as_one_ingest(tmp_path, jsonl_log, cut_after):
+    """Cut before the restarted job's first line, after it (a step lower than the last: a new segment)
+    and after a step that stored no pair (its step and segment go on from the read's state)."""
+    find = jsonl_log.rindex if "val" in cut_after else jsonl_log.index
+    cut = jsonl_log.index(b"\n", find(cut_after.encode())) + 1
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(jsonl_log[:cut])
+    con = open_store(tmp_path / "grown.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    log.write_bytes(jsonl_log)
+    (report,) = ingest_paths(con, [log], run_name="r")
+    assert report.status == "appended" and report.notes[0].startswith(f"read from byte {cut:,}")
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, jsonl_log)
+
+
+def test_a_bad_line_in_a_verl_jsonl_growth_is_rejected_with_its_line_in_the_file(tmp_path, jsonl_log):
+    lines = jsonl_log.splitlines(keepends=True)
+    first = b"".join(lines[:40])
+    grown = first + lines[40] + b'{"step": 31, "data": [1, 2]}\n' + b"".join(lines[41:])
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(first)
+    con = open_store(tmp_path / "grown.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    log.write_bytes(grown)
+    (report,) = ingest_paths(con, [log], run_name="r")
+    assert (report.status, report.rejected, report.lines) == ("appended", 1, len(lines) - 40 + 1)
+    errors = con.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall()
+    assert errors[-1] == (42, "field data: expected an object")
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, grown)
+
+
+def test_a_verl_jsonl_log_cut_or_rewritten_is_read_again_whole(tmp_path, jsonl_log):
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(jsonl_log)
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    shorter = jsonl_log[: jsonl_log.rfind(b"\n", 0, len(jsonl_log) // 3) + 1]
+    log.write_bytes(shorter)
+    (shrunk,) = ingest_paths(con, [log], run_name="r")
+    assert shrunk.status == "truncated"
+    changed = shorter.replace(b'{"step": 1,', b'{"step": 2,', 1) + jsonl_log[len(shorter):]
+    log.write_bytes(changed)
+    (rewritten,) = ingest_paths(con, [log], run_name="r")
+    assert rewritten.status == "replaced" and "changed since it was read" in rewritten.notes[0]
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, changed)
