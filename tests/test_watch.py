@@ -23,7 +23,7 @@ from polytrace_cli.store import open_store
 from polytrace_cli.watch import WatchSettings, watch_log
 from polytrace_cli.watch.follow import crash_in
 from polytrace_cli.workload.distributions import LengthModel, Marginal
-from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, step_table
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
 from test_incremental_ingest import one_shot, store_rows
 
@@ -293,3 +293,27 @@ def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
     for event in events:
         jsonschema.validate(event, SCHEMA)
     assert watched == one_shot(tmp_path / "once.duckdb", log, second.encode())
+
+
+def test_watch_follows_a_verl_jsonl_log_line_by_line(tmp_path):
+    """verl's file logger written a line at a time: one step event per step, the injected slow steps
+    alerted, the store as one ingest of the final file."""
+    text = jsonl_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL)
+    log = tmp_path / "job" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text("")
+    watcher = Watcher(log, tmp_path / "watched.duckdb", "--idle-exit", "1", "--run", "r")
+    started(tmp_path / "watched.duckdb")
+    write_lines(log, text.splitlines(keepends=True))
+    code, stderr = watcher.finish()
+    assert code == 0, stderr
+    for _, event in watcher.events:
+        jsonschema.validate(event, SCHEMA)
+    assert [e["step"] for e in watcher.of("step")] == list(range(1, SPEC.steps + 1))
+    assert {e["step"] for e in watcher.of("alert", "slow_step")} >= set(INJECTED)
+    watched = open_store(tmp_path / "watched.duckdb")
+    rows = store_rows(watched)
+    statuses = watched.execute("SELECT format, lines FROM files").fetchall()
+    watched.close()
+    assert statuses == [("verl-jsonl", text.count("\n"))]
+    assert rows == one_shot(tmp_path / "once.duckdb", log, text.encode())
