@@ -22,6 +22,7 @@ from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 from polytrace_cli.watch import WatchSettings, watch_log
 from polytrace_cli.watch.follow import crash_in
+from polytrace_cli.watch.judge import StepJudge
 from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
@@ -317,3 +318,49 @@ def test_watch_follows_a_verl_jsonl_log_line_by_line(tmp_path):
     watched.close()
     assert statuses == [("verl-jsonl", text.count("\n"))]
     assert rows == one_shot(tmp_path / "once.duckdb", log, text.encode())
+
+
+def judged_run(tmp_path: Path, model: StepTimeModel) -> tuple[dict[int, dict], dict[int, dict]]:
+    """SPEC's run drawn with `model`, ingested whole and judged step by step as the watch judges it:
+    ({step: its record}, {step: its truth row})."""
+    frame = step_table(LENGTHS, SPEC, model)
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text(console_text(frame, SPEC, model))
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    records = StepJudge(con, con.execute("SELECT run_id FROM runs").fetchall()[0][0]).new_steps()
+    con.close()
+    return {r["step"]: r for r in records}, {row["step"]: row for row in frame.iter_rows(named=True)}
+
+
+# A run whose training stages are token-bound: their seconds per token of the busiest rank are 5 times
+# the generator's default (update_actor ≈ 10 s + 2.25e-4 s × ~18k tokens).
+TOKEN_BOUND = tuple((name, a, 5 * b) for name, a, b in StepTimeModel().token_stages)
+IMBALANCED_STEP = 24
+
+
+def test_the_judge_flags_an_injected_dp_imbalance_when_it_costs_the_step_time(tmp_path):
+    """The busiest DP rank holding 1.6 × the mean rank's tokens on step 24 of a token-bound run: the step
+    is slow, and its cause is dp_imbalance in a token stage, of the size the generator's truth gives."""
+    injected = {**INJECTED, IMBALANCED_STEP: "dp_imbalance"}
+    model = StepTimeModel(token_stages=TOKEN_BOUND,
+                          injections=tuple(Injection(step, cause) for step, cause in injected.items()))
+    judged, truth = judged_run(tmp_path, model)
+    for step, cause in injected.items():
+        record = judged[step]
+        assert record["slow"] and record["causes"][0]["cause"] == cause, (step, record)
+    (cause,) = judged[IMBALANCED_STEP]["causes"]
+    assert cause["stage"] == truth[IMBALANCED_STEP]["cause_dp_imbalance_stage"] == "update_actor"
+    assert cause["seconds"] == pytest.approx(truth[IMBALANCED_STEP]["cause_dp_imbalance_s"], rel=0.25)
+    assert sum(r["slow"] for step, r in judged.items() if step not in injected) <= 2
+
+
+def test_an_injected_dp_imbalance_under_the_slow_rule_is_not_flagged(tmp_path):
+    """With the generator's default costs the same imbalance adds under 1 s to a step of about 100 s,
+    below the 5 % of the expected step that any slow step exceeds: the judge rightly passes it."""
+    model = StepTimeModel(injections=(Injection(IMBALANCED_STEP, "dp_imbalance"),))
+    judged, truth = judged_run(tmp_path, model)
+    record = judged[IMBALANCED_STEP]
+    assert truth[IMBALANCED_STEP]["cause_dp_imbalance_s"] < 0.05 * record["expected_s"] / 4
+    assert not record["slow"]
