@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -170,8 +171,8 @@ def test_a_progress_bar_still_being_drawn_is_read_with_its_file(tmp_path, log_te
 
 @pytest.mark.parametrize("kind", ["cr-only", "byte-order-mark", "trl"])
 def test_a_grown_log_read_from_a_rewritten_copy_or_as_one_block_is_read_whole(tmp_path, log_text, kind):
-    """A rewritten copy's bytes are not the file's, and a TRL log's dicts are numbered over the whole
-    log: neither is read from where the last read ended."""
+    """A rewritten copy's bytes are not the file's, and a TRL log whose RL stage follows dicts read before
+    without RL keys (which then become an SFT stage): neither is read from where the last read ended."""
     if kind == "cr-only":
         text, end = log_text.replace(b"\n", b"\r"), b"\r"
     elif kind == "byte-order-mark":
@@ -414,3 +415,113 @@ def test_a_verl_jsonl_log_cut_or_rewritten_is_read_again_whole(tmp_path, jsonl_l
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, changed)
+
+
+# TRL's console log: the Trainer's metric dicts under a progress bar redrawn by carriage returns.
+TRL_BAD_LINE = "{'loss': 0.5, 'reward': [, 'epoch': 0.5}\n"
+
+
+def newline_lines(text):
+    """The lines of `text` (str or bytes) with their newlines; a carriage return (a bar redrawn) ends none."""
+    end = "\n" if isinstance(text, str) else b"\n"
+    parts = text.split(end)
+    return [part + end for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+@pytest.fixture(scope="module", params=["bar-and-dict", "dict-below-its-bar"])
+def trl_log(tmp_path_factory, request) -> bytes:
+    """A GRPO run's console log of 80 steps (`test_trl_end_to_end.write_trl_log`), the job restarted
+    into the same log from its step-50 checkpoint after step 60 (a new bar from 50: a new stage and
+    segment), and a dict that does not parse after step 30. As written, or with each dict on the line
+    below its bar and without `step_time` (the bar's elapsed time gives the step time)."""
+    from test_trl_end_to_end import write_trl_log
+
+    path = tmp_path_factory.mktemp("trl") / "train.log"
+    write_trl_log(path)
+    lines = newline_lines(path.read_bytes().decode())
+    lines = lines[:61] + lines[51:]  # lines[n] holds step n's dict, drawn after the bar at n - 1
+    lines.insert(31, TRL_BAD_LINE)
+    text = "".join(lines)
+    if request.param == "dict-below-its-bar":
+        text = re.sub(r"\r {40}\r\{", "\n{", re.sub(r"'step_time': [0-9.]+, ", "", text))
+    return text.encode()
+
+
+def test_a_trl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, trl_log):
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    ends = dict_ends(trl_log)
+    cuts = sorted({*random.Random(7).sample(range(ends[0], len(trl_log)), 20), ends[0], ends[29], ends[30],
+                   ends[59], ends[60], len(trl_log)})
+    statuses = []
+    for cut in cuts:
+        log.write_bytes(trl_log[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        assert report.format == "trl-console"
+        statuses.append(report.status)
+    # A read ending at a stage's first dict leaves a token count whose per-step count the next one decides.
+    whole = {index + 1 for index, cut in enumerate(cuts) if cut in (ends[0], ends[60])}
+    assert [status for index, status in enumerate(statuses) if index in whole] == ["replaced", "replaced"]
+    after = [status for index, status in enumerate(statuses[1:], start=1) if index not in whole]
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 15, statuses
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, trl_log)
+    bad_line = trl_log[:trl_log.index(TRL_BAD_LINE.encode())].count(b"\n") + 1
+    assert [(line, code) for line, _, _, code in rows["ingest_errors"]] == [(bad_line, "unparsable-line")]
+    assert [(segment, step) for segment, step, flag, _, _ in rows["step_flags"] if flag == "restart"] == [(1, 51)]
+    per_step = {(segment, step) for segment, step, key, *_ in rows["step_metrics"] if key == "num_tokens/per_step"}
+    assert len(per_step) == 60 + 30 - 1  # every logged step but the restarted stage's first
+
+
+def dict_ends(text: bytes) -> list[int]:
+    """The byte after each metrics dict's line (the dicts that log `num_tokens`), in order."""
+    return [match.end() for match in re.finditer(rb"[^\n]*'num_tokens'[^\n]*\n", text)]
+
+
+@pytest.mark.parametrize("cut", [(1, "after"), (2, "after"), (60, "after"), (61, "before"), (61, "after")])
+def test_a_trl_log_grown_once_from_a_stage_boundary_ends_as_one_ingest(tmp_path, trl_log, cut):
+    """Cut after the first dict (its stage's only token count: read whole, the second decides its per-step
+    count), the second, the last before the restart, before and after the restarted stage's first (before
+    it: after its bar, when the bar has a line of its own)."""
+    number, where = cut
+    end = dict_ends(trl_log)[number - 1]
+    if where == "before":
+        end = trl_log.rindex(b"\n", 0, end - 1) + 1
+    status, rows, once = grown_once(tmp_path, trl_log[:end], trl_log)
+    assert status == ("replaced" if cut in [(1, "after"), (61, "after")] else "appended")
+    assert rows == once
+
+
+def test_a_trl_log_grown_after_its_end_of_training_dict_goes_on_in_a_new_stage(tmp_path, trl_log):
+    """A second training in the same log after the first one's end-of-training dict: a new stage."""
+    summary = b"{'train_runtime': 400.5, 'train_samples_per_second': 1.5, 'train_loss': 0.001, 'epoch': 0.75}\n"
+    end = dict_ends(trl_log)[59]
+    first = trl_log[:end] + summary
+    status, rows, once = grown_once(tmp_path, first, first + trl_log[end:])
+    assert status == "appended"
+    del rows["runs"], once["runs"]  # a run's facts are merged over its reads: the summary read first stays
+    assert rows == once
+
+
+TRL_FIXTURES = sorted((Path(__file__).parent / "fixtures" / "trl").glob("*.log"))
+
+
+@pytest.mark.parametrize("fixture", TRL_FIXTURES, ids=lambda p: p.name)
+def test_every_trl_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, fixture):
+    """An SFT stage before the RL one, string values, no progress bar: fed one line at a time."""
+    text = fixture.read_bytes()
+    lines = newline_lines(text)
+    log = tmp_path / "run" / fixture.name
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    for end in range(1, len(lines) + 1):
+        log.write_bytes(b"".join(lines[:end]))
+        ingest_paths(con, [log], run_name="r", complete_lines=True)
+    rows = store_rows(con)
+    con.close()
+    once = one_shot(tmp_path / "once.duckdb", log, text)
+    if fixture.name == "grpo_unsloth_console.log":  # the SFT stage's end-of-training dict, merged into the run
+        del rows["runs"], once["runs"]
+    assert rows == once
