@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -364,3 +365,40 @@ def test_an_injected_dp_imbalance_under_the_slow_rule_is_not_flagged(tmp_path):
     record = judged[IMBALANCED_STEP]
     assert truth[IMBALANCED_STEP]["cause_dp_imbalance_s"] < 0.05 * record["expected_s"] / 4
     assert not record["slow"]
+
+
+def test_watch_gives_each_validation_once_with_its_values(tmp_path):
+    """A run validating before training (step 0), every 10 steps and at its last step, half its log there
+    when watching starts: one validation event each, right after its step's event, holding the values
+    the log printed."""
+    spec = replace(SPEC, steps=24)
+    model = StepTimeModel(validate_every=10)
+    text = console_text(step_table(LENGTHS, spec, model), spec, model)
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    lines = text.splitlines(keepends=True)
+    log.write_text("".join(lines[:len(lines) // 2]))
+    events: list[dict] = []
+
+    def job():
+        wait_for(lambda: any(e["event"] == "step" for e in events))
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines[len(lines) // 2:]))
+
+    writer = threading.Thread(target=job)
+    writer.start()
+    con = open_store(tmp_path / "w.duckdb")
+    watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=0.5, run="r"))
+    writer.join()
+    printed = dict(con.execute("SELECT step, value FROM step_metrics WHERE key = 'val-core/math/reward/mean@1'"
+                               ).fetchall())
+    con.close()
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+    validations = [e for e in events if e["event"] == "validation"]
+    assert [e["step"] for e in validations] == [0, 10, 20, 24]
+    assert all(key.startswith("val-") for e in validations for key in e["metrics"])
+    assert {e["step"]: e["metrics"]["val-core/math/reward/mean@1"] for e in validations} == printed
+    order = [(e["event"], e["step"]) for e in events if e["event"] in ("step", "validation")]
+    for step in (10, 20, 24):
+        assert order.index(("validation", step)) == order.index(("step", step)) + 1
