@@ -113,9 +113,9 @@ def test_an_appended_ingest_reads_only_the_new_lines(tmp_path, log_text):
     con.close()
 
 
-def ingested(tmp_path: Path, text: bytes) -> tuple[Path, duckdb.DuckDBPyConnection]:
-    """`text` written as run/train.log and ingested into a new store: (the log, the store)."""
-    log = tmp_path / "run" / "train.log"
+def ingested(tmp_path: Path, text: bytes, name: str = "train.log") -> tuple[Path, duckdb.DuckDBPyConnection]:
+    """`text` written as run/`name` and ingested into a new store: (the log, the store)."""
+    log = tmp_path / "run" / name
     log.parent.mkdir()
     log.write_bytes(text)
     con = open_store(tmp_path / "s.duckdb")
@@ -123,13 +123,16 @@ def ingested(tmp_path: Path, text: bytes) -> tuple[Path, duckdb.DuckDBPyConnecti
     return log, con
 
 
-def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, log_text):
-    log, con = ingested(tmp_path, log_text)
+@pytest.mark.parametrize("name, fixture, first_step", [("train.log", "log_text", b"step:1 -"),
+                                                     ("metrics.jsonl", "jsonl_log", b'{"step": 1,')])
+def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, request, name, fixture, first_step):
+    log_text = request.getfixturevalue(fixture)
+    log, con = ingested(tmp_path, log_text, name)
     shorter = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 3) + 1]
     log.write_bytes(shorter)
     (shrunk,) = ingest_paths(con, [log], run_name="r")
     assert shrunk.status == "truncated" and shrunk.notes[0].startswith("truncated:")
-    changed = shorter.replace(b"step:1 -", b"step:2 -", 1) + log_text[len(shorter):]
+    changed = shorter.replace(first_step, first_step.replace(b"1", b"2"), 1) + log_text[len(shorter):]
     log.write_bytes(changed)
     (rewritten,) = ingest_paths(con, [log], run_name="r")
     assert rewritten.status == "replaced" and "changed since it was read" in rewritten.notes[0]
@@ -334,6 +337,19 @@ def jsonl_log() -> bytes:
     return "".join(lines).encode()
 
 
+def grown_in_cuts(con: duckdb.DuckDBPyConnection, log: Path, text: bytes, cuts: list[int], fmt: str) -> list[str]:
+    """`text` written at `log` up to each cut in turn and ingested as a log being written (its complete
+    lines only), each read of format `fmt`: the reads' statuses."""
+    statuses = []
+    for cut in cuts:
+        log.write_bytes(text[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        assert report.format == fmt
+        statuses.append(report.status)
+        assert con.execute("SELECT bytes FROM files").fetchall()[0][0] == text[:cut].rfind(b"\n") + 1
+    return statuses
+
+
 def test_a_verl_jsonl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, jsonl_log):
     """Cuts inside lines (read once complete), at the empty step, around the restart: after the first
     complete line every growth is read from where the last read ended."""
@@ -343,13 +359,7 @@ def test_a_verl_jsonl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, json
     ends = [i + 1 for i, byte in enumerate(jsonl_log) if byte == ord("\n")]
     cuts = sorted({*random.Random(5).sample(range(1, len(jsonl_log)), 16), ends[29], ends[30], ends[31],
                    len(jsonl_log)})
-    statuses = []
-    for cut in cuts:
-        log.write_bytes(jsonl_log[:cut])
-        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
-        assert report.format == "verl-jsonl"
-        statuses.append(report.status)
-        assert con.execute("SELECT bytes FROM files").fetchall()[0][0] == jsonl_log[:cut].rfind(b"\n") + 1
+    statuses = grown_in_cuts(con, log, jsonl_log, cuts, "verl-jsonl")
     after = statuses[next(i for i, cut in enumerate(cuts) if cut > ends[0]) + 1:]
     assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 12, statuses
     rows = store_rows(con)
@@ -398,25 +408,6 @@ def test_a_bad_line_in_a_verl_jsonl_growth_is_rejected_with_its_line_in_the_file
     assert rows == one_shot(tmp_path / "once.duckdb", log, grown)
 
 
-def test_a_verl_jsonl_log_cut_or_rewritten_is_read_again_whole(tmp_path, jsonl_log):
-    log = tmp_path / "run" / "metrics.jsonl"
-    log.parent.mkdir()
-    log.write_bytes(jsonl_log)
-    con = open_store(tmp_path / "s.duckdb")
-    ingest_paths(con, [log], run_name="r")
-    shorter = jsonl_log[: jsonl_log.rfind(b"\n", 0, len(jsonl_log) // 3) + 1]
-    log.write_bytes(shorter)
-    (shrunk,) = ingest_paths(con, [log], run_name="r")
-    assert shrunk.status == "truncated"
-    changed = shorter.replace(b'{"step": 1,', b'{"step": 2,', 1) + jsonl_log[len(shorter):]
-    log.write_bytes(changed)
-    (rewritten,) = ingest_paths(con, [log], run_name="r")
-    assert rewritten.status == "replaced" and "changed since it was read" in rewritten.notes[0]
-    rows = store_rows(con)
-    con.close()
-    assert rows == one_shot(tmp_path / "once.duckdb", log, changed)
-
-
 # TRL's console log: the Trainer's metric dicts under a progress bar redrawn by carriage returns.
 TRL_BAD_LINE = "{'loss': 0.5, 'reward': [, 'epoch': 0.5}\n"
 
@@ -454,12 +445,7 @@ def test_a_trl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, trl_log):
     ends = dict_ends(trl_log)
     cuts = sorted({*random.Random(7).sample(range(ends[0], len(trl_log)), 20), ends[0], ends[29], ends[30],
                    ends[59], ends[60], len(trl_log)})
-    statuses = []
-    for cut in cuts:
-        log.write_bytes(trl_log[:cut])
-        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
-        assert report.format == "trl-console"
-        statuses.append(report.status)
+    statuses = grown_in_cuts(con, log, trl_log, cuts, "trl-console")
     # A read ending at a stage's first dict leaves a token count whose per-step count the next one decides.
     whole = {index + 1 for index, cut in enumerate(cuts) if cut in (ends[0], ends[60])}
     assert [status for index, status in enumerate(statuses) if index in whole] == ["replaced", "replaced"]
