@@ -124,9 +124,10 @@ def ingested(tmp_path: Path, text: bytes, name: str = "train.log") -> tuple[Path
 
 
 @pytest.mark.parametrize("name, fixture, first_step", [("train.log", "log_text", b"step:1 -"),
-                                                     ("metrics.jsonl", "jsonl_log", b'{"step": 1,')])
+                                                     ("metrics.jsonl", "jsonl_log", b'{"step": 1,'),
+                                                     ("train.log", "trl", b"'loss': 0.001,")])
 def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, request, name, fixture, first_step):
-    log_text = request.getfixturevalue(fixture)
+    log_text = trl_text(tmp_path, "dict-below-its-bar") if fixture == "trl" else request.getfixturevalue(fixture)
     log, con = ingested(tmp_path, log_text, name)
     shorter = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 3) + 1]
     log.write_bytes(shorter)
@@ -421,19 +422,23 @@ def newline_lines(text):
 
 @pytest.fixture(scope="module", params=["bar-and-dict", "dict-below-its-bar"])
 def trl_log(tmp_path_factory, request) -> bytes:
+    return trl_text(tmp_path_factory.mktemp("trl"), request.param)
+
+
+def trl_text(folder: Path, variant: str) -> bytes:
     """A GRPO run's console log of 80 steps (`test_trl_end_to_end.write_trl_log`), the job restarted
     into the same log from its step-50 checkpoint after step 60 (a new bar from 50: a new stage and
     segment), and a dict that does not parse after step 30. As written, or with each dict on the line
     below its bar and without `step_time` (the bar's elapsed time gives the step time)."""
     from test_trl_end_to_end import write_trl_log
 
-    path = tmp_path_factory.mktemp("trl") / "train.log"
+    path = folder / "written.log"
     write_trl_log(path)
     lines = newline_lines(path.read_bytes().decode())
     lines = lines[:61] + lines[51:]  # lines[n] holds step n's dict, drawn after the bar at n - 1
     lines.insert(31, TRL_BAD_LINE)
     text = "".join(lines)
-    if request.param == "dict-below-its-bar":
+    if variant == "dict-below-its-bar":
         text = re.sub(r"\r {40}\r\{", "\n{", re.sub(r"'step_time': [0-9.]+, ", "", text))
     return text.encode()
 
