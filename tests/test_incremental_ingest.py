@@ -232,12 +232,13 @@ def test_a_grown_file_is_hashed_on_from_the_digest_kept_for_its_prefix(tmp_path)
     assert (rewritten.sha, rewritten.size) == files.hash_and_count(log)[:2]
 
 
-def grown_once(tmp_path: Path, first: bytes, final: bytes, **options) -> tuple[str, dict, dict]:
+def grown_once(tmp_path: Path, first: bytes, final: bytes, name: str = "train.log",
+               **options) -> tuple[str, dict, dict]:
     """`first` ingested, then the log grown to `final` and ingested again (a new process's read: nothing
     hashed before is kept in memory): (the second read's status, its store's rows, one ingest's rows)."""
     from polytrace_cli.ingest import files
 
-    log = tmp_path / "run" / "train.log"
+    log = tmp_path / "run" / name
     log.parent.mkdir(exist_ok=True)
     log.write_bytes(first)
     con = open_store(tmp_path / "grown.duckdb")
@@ -516,3 +517,15 @@ def test_every_trl_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, fixtu
     if fixture.name == "grpo_unsloth_console.log":  # the SFT stage's end-of-training dict, merged into the run
         del rows["runs"], once["runs"]
     assert rows == once
+
+
+def test_a_verl_jsonl_log_of_a_resumed_job_grown_keeps_one_resumed_flag(tmp_path, jsonl_log):
+    """A log whose first step is above 1 (a job resumed into a new file): flagged `resumed` once, by the
+    first read; the appended lines add no flag of their own."""
+    lines = newline_lines(jsonl_log)
+    start = next(index for index, line in enumerate(lines) if line.startswith(b'{"step": 5,'))
+    text, first = b"".join(lines[start:]), b"".join(lines[start:start + 3])
+    status, rows, once = grown_once(tmp_path, first, text, name="metrics.jsonl")
+    assert status == "appended"
+    assert rows == once
+    assert [(step, flag) for _, step, flag, _, _ in rows["step_flags"] if flag == "resumed"] == [(5, "resumed")]
