@@ -284,7 +284,7 @@ def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
     con = open_store(tmp_path / "w.duckdb")
     writer = threading.Thread(target=job)
     writer.start()
-    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=1.2, run="r"))
+    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=3.0, run="r"))
     writer.join()
     watched = store_rows(con)
     con.close()

@@ -240,7 +240,6 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
                 files.scanned[file] = (0, 0)
         if grown:
-            last_growth = now
             reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
             rewritten = {report.path for report in reports if report.status == "replaced"}
             for file, size in grown.items():
@@ -294,6 +293,8 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 if not crash.alerted:
                     alert_crash(crash)
                 crash, result.reason = None, ""
+            # Idle time counts from when the growth was read: a slow read never eats the idle window.
+            last_growth = clock()
         elif crash is not None:
             if not crash.alerted:
                 alert_crash(crash)
