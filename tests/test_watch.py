@@ -368,9 +368,9 @@ def test_an_injected_dp_imbalance_under_the_slow_rule_is_not_flagged(tmp_path):
 
 
 def test_watch_gives_each_validation_once_with_its_values(tmp_path):
-    """A run validating before training (step 0), every 10 steps and at its last step, half its log there
-    when watching starts: one validation event each, right after its step's event, holding the values
-    the log printed."""
+    """A run validating before training (step 0: a validation, not a step), every 10 steps and at its last
+    step, half its log there when watching starts: one validation event each, right after its step's
+    event, holding the values the log printed."""
     spec = replace(SPEC, steps=24)
     model = StepTimeModel(validate_every=10)
     text = console_text(step_table(LENGTHS, spec, model), spec, model)
@@ -402,3 +402,4 @@ def test_watch_gives_each_validation_once_with_its_values(tmp_path):
     order = [(e["event"], e["step"]) for e in events if e["event"] in ("step", "validation")]
     for step in (10, 20, 24):
         assert order.index(("validation", step)) == order.index(("step", step)) + 1
+    assert order[0] == ("validation", 0) and ("step", 0) not in order  # a validation alone is no step

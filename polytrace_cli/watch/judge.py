@@ -51,7 +51,8 @@ class StepJudge:
     def new_steps(self) -> list[dict]:
         """One record per step stored since the last call, in log order: step, segment, seconds,
         expected_s, model_s, slow, causes, stages (seconds per stage) and, before the model exists,
-        `note` saying why there is no expectation.
+        `note` saying why there is no expectation. A step that so far holds validation values only
+        (a validation before training) is no step: it is left out until a training line lands for it.
 
         A step is judged by the model fitted on the steps before it, refitted where the count of
         timed training steps before a step reaches REFIT_GROWTH × the count the model was fitted
@@ -60,7 +61,8 @@ class StepJudge:
         if not frame.height:
             return []
         keys = list(zip(frame["segment"].to_list(), frame["step"].to_list()))
-        new = [index for index, key in enumerate(keys) if key not in self.seen]
+        validation_only = frame["validation_only"].to_list()
+        new = [index for index, key in enumerate(keys) if key not in self.seen and not validation_only[index]]
         if not new:
             return []
         training = training_mask(frame).to_numpy()
