@@ -335,6 +335,38 @@ def judged_run(tmp_path: Path, model: StepTimeModel) -> tuple[dict[int, dict], d
     return {r["step"]: r for r in records}, {row["step"]: row for row in frame.iter_rows(named=True)}
 
 
+def test_a_step_is_judged_alike_whether_the_run_lands_at_once_or_a_piece_at_a_time(tmp_path, lines):
+    """Walk-forward: a step's record (expected seconds, slow, causes) depends on the steps before it
+    only, so the log read whole and judged once gives what the log read in seven growths gives, each
+    judged as it lands (steps landing in one growth see none of each other's later steps)."""
+    (tmp_path / "whole").mkdir()
+    at_once, _ = judged_run(tmp_path / "whole", MODEL)
+    log = tmp_path / "pieces" / "job" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    con = open_store(tmp_path / "pieces" / "s.duckdb")
+    judge, records = None, []
+    cuts = [len(lines) * k // 7 for k in range(1, 8)]
+    for start, end in zip([0, *cuts], cuts):
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines[start:end]))
+        ingest_paths(con, [log], run_name="r", complete_lines=True, batch=False)
+        if judge is None and con.execute("SELECT count(*) FROM runs").fetchall()[0][0]:
+            judge = StepJudge(con, con.execute("SELECT run_id FROM runs").fetchall()[0][0])
+        records.extend(judge.new_steps() if judge else [])
+    con.close()
+    piecewise = {r["step"]: r for r in records}
+    assert sorted(piecewise) == sorted(at_once) == list(range(1, SPEC.steps + 1))
+    for step, record in at_once.items():
+        other = piecewise[step]
+        assert (other["slow"], [c["cause"] for c in other["causes"]]) == \
+            (record["slow"], [c["cause"] for c in record["causes"]]), step
+        assert (other["expected_s"] is None) == (record["expected_s"] is None), step
+        if record["expected_s"] is not None:
+            assert other["expected_s"] == pytest.approx(record["expected_s"], rel=1e-9), step
+    assert sum(r["expected_s"] is not None for r in at_once.values()) >= SPEC.steps - 10
+
+
 # A run whose training stages are token-bound: their seconds per token of the busiest rank are 5 times
 # the generator's default (update_actor ≈ 10 s + 2.25e-4 s × ~18k tokens).
 TOKEN_BOUND = tuple((name, a, 5 * b) for name, a, b in StepTimeModel().token_stages)

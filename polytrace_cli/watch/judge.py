@@ -3,7 +3,8 @@ fitted on earlier steps only.
 
 The model is `diagnose.explain.decompose_run` on the steps already seen (fitted once the run has
 MIN_TRAINING_STEPS timed training steps, refitted each time their number has grown by REFIT_GROWTH
-since the last fit). A new step is then decomposed with that model (`diagnose.decompose`): its
+since the last fit). A new step is then decomposed with that model (`diagnose.decompose`, trailing:
+the typical workload and each cause's level are those of the training steps up to the step): its
 seconds, the typical step the model expects (`expected_s`, no testing or checkpoint), the model
 at the step's own workload (`model_s`), and its excess split into causes. It is slow by
 `diagnose.thresholds.slow_steps`, with the thresholds of the fitted steps: excess > 5% of
@@ -106,9 +107,9 @@ class StepJudge:
     def _judge(self, frame: pl.DataFrame, chunk: list[int], run, fitted: pl.DataFrame) -> dict[int, dict]:
         """The records of the rows `chunk` of `frame` (the run up to them), by `run`'s model with the
         thresholds of its `fitted` steps."""
-        steps, parts = decompose(frame, run.model, np.zeros(frame.height, dtype=bool))
+        steps, parts = decompose(frame, run.model, np.zeros(frame.height, dtype=bool), trailing=True)
         causes = step_causes(parts)
-        flags, standout, _ = slow_steps(steps, causes, fitted)
+        flags, standout, _ = slow_steps(steps, causes, fitted, trailing=True)
         causes = causes.join(standout, on=["segment", "step", "cause"], how="left") \
             .with_columns(pl.col("stands_out").fill_null(False))
         steps = steps.with_columns(slow=pl.Series(flags))
