@@ -68,15 +68,20 @@ def store_contents(con) -> dict[str, list[tuple]]:
 
 @pytest.fixture
 def batch_reads(monkeypatch) -> list[int]:
-    """The number of files in each batch read."""
+    """The number of files in each batch read, into `records` or straight into the format's table."""
     sizes = []
-    read = jsonl.load_batch_records
+    read, insert = jsonl.load_batch_records, jsonl.insert_typed_rows
 
     def counting(con, paths, *args, **options):
         sizes.append(len(paths))
         return read(con, paths, *args, **options)
 
+    def counting_insert(con, paths, ingester):
+        sizes.append(len(paths))
+        return insert(con, paths, ingester)
+
     monkeypatch.setattr(runner, "load_batch_records", counting)
+    monkeypatch.setattr(runner, "insert_typed_rows", counting_insert)
     return sizes
 
 
@@ -182,7 +187,7 @@ def test_reingest_of_a_batch_is_skipped_file_by_file_and_a_changed_file_replaces
     after = store_contents(store)
     key = str(changed.resolve())
     assert [row for row in after["sample_groups"] if row[0] == key] == [
-        (key, 1, 5, 0, 0, 0, 0, 10, False, [1, 2])]
+        (key, 1, 5, 0, 0, 0, 0, 10, False, [1, 2], 2)]  # n_sampling last (added by a later migration)
     assert [row for row in after["sample_groups"] if row[0] != key] == [
         row for row in before["sample_groups"] if row[0] != key]
     ids_after = dict(store.execute("SELECT path, file_id FROM files").fetchall())
@@ -323,9 +328,11 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
     monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
     monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0 if overlap else 1 << 40)
     typed_reads = []
-    typed = jsonl._create_typed_from_json
+    typed, insert = jsonl._create_typed_from_json, jsonl.insert_typed_rows
     monkeypatch.setattr(jsonl, "_create_typed_from_json",
                         lambda con, paths, *args, **kw: typed_reads.append(len(paths)) or typed(con, paths, *args, **kw))
+    monkeypatch.setattr(runner, "insert_typed_rows",
+                        lambda con, paths, ingester: typed_reads.append(len(paths)) or insert(con, paths, ingester))
     paths = write_run(tmp_path / "run_c")[:24]
     paths[23].write_text(paths[23].read_text() + packed_line(23, 9)[:-2] + "\n")  # and a line that is not JSON
     for path in paths[:lax_files]:
