@@ -27,8 +27,8 @@ from polytrace_cli.ingest.files import (
     hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
 )
 from polytrace_cli.ingest.jsonl import (
-    BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows, load_batch_records, refused,
-    stored_counts, strict_file_records, typed_read_pays,
+    BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows,
+    load_batch_records, refused, stored_counts, strict_file_records, typed_read_pays,
 )
 from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
@@ -645,7 +645,9 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
 
     Unchanged files are reported as such first. A file with a bad line, or every file of a batch
     whose transaction fails, is loaded alone; a batch whose read fails is split in halves. A format
-    whose records are rows of one table (`row_table`) is read straight into it (`_store_batch_direct`).
+    whose records are rows of one table (`row_table`) is read straight into it (`_store_batch_direct`);
+    when that read fails beside the strict decoder (a line that is not JSON), the files the decoder
+    accepted are read so again, unless more than a quarter were refused.
     """
     if len(members) == 1:
         load_alone(members[0])
@@ -671,13 +673,22 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         else:
             # The strict decoder (which holds the interpreter) runs while DuckDB reads the files (which does not).
             strict = decoding.submit(_strict_counts, [m.path for m in changed], ingester.spec).result
-        if whole_json and ingester.row_table is not None and (callable(strict) or typed_read_pays(paths, strict)):
+        if whole_json and ingester.row_table is not None:
             try:
-                stored = _store_batch_direct(con, changed, ingester, hashes, strict, started)
+                stored, tried = None, False
+                if callable(strict):
+                    stored, tried = _store_batch_direct(con, changed, ingester, hashes, strict, started), True
+                    strict = strict()
+                left_out = set(refused(paths, strict))
+                accepted = [m for m in changed if str(m.path) not in left_out]
+                if stored is None and few_refused(paths, strict) and len(accepted) > 1 and not (tried and not left_out):
+                    # The files the decoder refused (a line that is not JSON fails the typed read) are read alone.
+                    stored = _store_batch_direct(con, accepted, ingester, hashes, strict, started)
+                    stored = None if stored is None else (stored[0], stored[1] | left_out)
             except Exception:
                 stored = {}, set(paths)  # every file is loaded alone
             except BaseException:
-                _drop_runs_left_empty(resolver, changed)
+                _drop_runs_left_empty(resolver, members)
                 raise
             if stored is not None:
                 reports, bad = stored
@@ -687,7 +698,6 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
                     else:
                         done(reports[member.file_id])
                 return
-            strict = strict if isinstance(strict, dict) else strict()
         try:
             read = load_batch_records(con, paths, ingester.spec, ingester.required,
                                       ingester.checks, whole_json=whole_json,
