@@ -13,7 +13,8 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -811,20 +812,28 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
                 " r.* EXCLUDE (file_index) FROM records r JOIN batch_keys f USING (file_index)")
     stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_keys f USING (file_index)"
                               " GROUP BY f.file_id").fetchall())
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with _batch_transaction(con, ("batch_keys", "batch_files", "records", "record_files")):
         _delete_replaced(con, members)
         ingester.write(con)
         reports = _record_batch_files(con, members, ingester, hashes, line_counts, stored, started)
         con.execute("COMMIT")
+    return reports
+
+
+@contextmanager
+def _batch_transaction(con: duckdb.DuckDBPyConnection, temp_tables: tuple[str, ...]) -> Iterator[None]:
+    """A batch's transaction, begun here and ended by the caller (COMMIT or `rollback`), or rolled back
+    here when the caller raises; the view `keyed` and `temp_tables` are dropped after it either way."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
     except BaseException:
         rollback(con)
         raise
     finally:
         con.execute("DROP VIEW IF EXISTS keyed")
-        for table in ("batch_keys", "batch_files", "records", "record_files"):
+        for table in temp_tables:
             con.execute(f"DROP TABLE IF EXISTS {table}")
-    return reports
 
 
 def _number_files(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], ingester: BulkJsonlIngester) -> None:
@@ -907,8 +916,7 @@ def _store_batch_direct(con: duckdb.DuckDBPyConnection, members: list[_BatchMemb
     """
     paths = [str(m.path) for m in members]
     _number_files(con, members, ingester)
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with _batch_transaction(con, ("batch_files",)):
         try:
             insert_typed_rows(con, paths, ingester)
         except duckdb.Error:
@@ -938,12 +946,6 @@ def _store_batch_direct(con: duckdb.DuckDBPyConnection, members: list[_BatchMemb
         reports = _record_batch_files(con, clean, ingester, hashes, line_counts,
                                       {m.file_id: counts[m.file_id][0] for m in clean if m.file_id in counts}, started)
         con.execute("COMMIT")
-    except BaseException:
-        rollback(con)
-        raise
-    finally:
-        con.execute("DROP VIEW IF EXISTS keyed")
-        con.execute("DROP TABLE IF EXISTS batch_files")
     return reports, bad
 
 
