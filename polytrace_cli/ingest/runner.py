@@ -620,8 +620,9 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             ingester = forced or detect(path, head)
             if not isinstance(ingester, BulkJsonlIngester):
                 return None
-            if size <= BATCH_TEXT_KEEP_BYTES:
-                head += handle.read()  # small: read once for sniffing, hashing and counting lines
+            if size <= BATCH_TEXT_KEEP_BYTES and len(head) == SNIFF_BYTES:
+                # small: read once for sniffing, hashing and counting lines (a shorter head ended the file)
+                head += handle.read()
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
