@@ -20,7 +20,9 @@ refuses takes the paths above, which decide by the project's rule.
 
 `load_batch_records` reads many small files of one format in one `read_json` call, typed, while
 the strict decoder reads the same files in another thread; a file the decoder refuses, and any
-file with a bad line, is left to the per-file paths above (see `runner`).
+file with a bad line, is left to the per-file paths above (see `runner`). A format whose records
+are each one row of one table (`BulkJsonlIngester.row_table`) is read so straight into that table
+instead (`insert_typed_rows`) and checked there (`create_stored_keyed`, `stored_counts`).
 """
 
 from __future__ import annotations
