@@ -121,7 +121,7 @@ def install_catalog(con: duckdb.DuckDBPyConnection, in_transaction: bool = False
     try:
         con.execute("DELETE FROM metric_aliases")
         if aliases:
-            # One statement for every row (one statement per row took 10 ms of a new store's 30).
+            # One statement for every row: a new store's catalog took 15 ms of CPU with one statement per row, 9 ms so.
             con.execute("INSERT INTO metric_aliases SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
                         [list(aliases), list(aliases.values())])
         con.execute(view)
