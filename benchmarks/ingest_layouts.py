@@ -165,10 +165,11 @@ PHASES = [
     ("walk the folder", "files.py", "walk"),
     ("sniff each file (read and hash: a thread)", "runner.py", "_batch_member"),
     ("skip unchanged files", "runner.py", "_drop_unchanged"),
-    ("batch read (DuckDB) beside strict decoding", "jsonl.py", "load_batch_records"),
+    ("typed read into the table, strict decoding", "runner.py", "_store_batch_direct"),
+    ("  of which the read and INSERT (DuckDB)", "jsonl.py", "insert_typed_rows"),
+    ("batch read into records (DuckDB), decoding", "jsonl.py", "load_batch_records"),
+    ("write rows from records, files rows, commit", "runner.py", "_store_batch"),
     ("decide the runs' semantics", "runner.py", "decide_semantics"),
-    ("write rows, files rows, commit", "runner.py", "_store_batch"),
-    ("  of which the rows' INSERT (DuckDB)", "polytrace_packed.py", "write"),
     ("open and close the store (checkpoint)", "ingest.py", "_ingest_into_store"),
 ]
 
@@ -194,8 +195,8 @@ def where_time_goes(folder: Path) -> None:
             seconds -= cumulative("runner.py", "ingest_paths")
         if not label.startswith(" "):
             accounted += seconds
-        print(f"    {label:40s} {seconds:6.2f} s")
-    print(f"    {'the rest (interpreter, imports, output)':40s} {took - accounted:6.2f} s")
+        print(f"    {label:44s} {seconds:6.2f} s")
+    print(f"    {'the rest (interpreter, imports, output)':44s} {took - accounted:6.2f} s")
     store.unlink(missing_ok=True)
 
 
