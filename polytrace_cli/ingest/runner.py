@@ -426,7 +426,10 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
             con.execute("INSERT INTO ignored_lines (file_id, rule, lines) SELECT file_id, rule, lines"
                         " FROM appended_ignored ORDER BY rule")
             con.execute("DROP TABLE appended_ignored")
-            meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None}}
+            # A fact the grammar decides over the whole file again (`recomputed_meta`) is as this read
+            # says, null included; any other fact the earlier lines gave stays.
+            recomputed = set(state.get("recomputed_meta", ()))
+            meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None or k in recomputed}}
             version = ctx.format_version or previous_version
             seconds = time.perf_counter() - started
             complete = ranges.size if ranges.complete == ranges.size else None
