@@ -112,7 +112,7 @@ def test_rm_deletes_every_row_of_the_run_and_a_reingest_reads_it_again(two_runs,
     result = _invoke("rm", "alpha", "--db", two_runs, "--csv")
     assert result.exit_code == 0, result.output
     removed = {(r["table"]): int(r["rows"]) for r in csv.DictReader(io.StringIO(result.stdout)) if r["run"] == "alpha"}
-    assert removed == {"files": 3, "sample_groups": 6, "run_semantics": 1, "runs": 1}
+    assert removed == {"files": 3, "sample_groups": 6, "file_run_meta": 3, "run_semantics": 1, "runs": 1}
     after = _table_counts(two_runs)
     assert all(alpha_id not in per_run for per_run in after.values())
     assert all(after[table].get(beta_id) == rows.get(beta_id) for table, rows in before.items())
