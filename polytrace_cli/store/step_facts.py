@@ -21,6 +21,7 @@ from __future__ import annotations
 import duckdb
 
 from polytrace_cli.store.catalog import declared_catalog, declared_names, validation_key_sql
+from polytrace_cli.store.connection import whole_row_groups
 
 
 def _facts_sql(where: str) -> str:
@@ -89,7 +90,8 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         _add_grown(con, file_id, kept_line)
     if whole:
         con.execute("DELETE FROM step_facts WHERE file_id IN (SELECT unnest(?))", [whole])
-        con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id IN (SELECT unnest($1))')}", [whole])
+        with whole_row_groups(con, sum(stored[file_id][0] for file_id in whole)):
+            con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id IN (SELECT unnest($1))')}", [whole])
     con.execute("INSERT INTO step_facts_files SELECT unnest(?), ?, unnest(?), unnest(?), ?",
                 [changed, run_id, [stored[f][0] for f in changed], [stored[f][1] for f in changed], catalog])
     return True
