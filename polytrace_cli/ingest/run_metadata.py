@@ -234,7 +234,9 @@ def n_gpus_from_throughput(con: duckdb.DuckDBPyConnection, file_id: int) -> int 
                    max(value) FILTER (WHERE key = 'perf/total_num_tokens') AS tokens,
                    max(value) FILTER (WHERE key = 'perf/throughput') AS throughput,
                    max(value) FILTER (WHERE key = 'perf/time_per_step') AS seconds
-            FROM step_metrics WHERE file_id = ? GROUP BY segment, step
+            FROM step_metrics WHERE file_id = ?
+              AND key IN ('perf/total_num_tokens', 'perf/throughput', 'perf/time_per_step')
+            GROUP BY segment, step
         )
         SELECT median(tokens / (throughput * seconds)) FROM per_step
         WHERE tokens > 0 AND throughput > 0 AND seconds > 0 AND isfinite(tokens / (throughput * seconds))

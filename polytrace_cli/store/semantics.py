@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import statistics
+from itertools import accumulate
 
 import duckdb
 
@@ -68,15 +70,16 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
 RUN_STEPS = "semantics_run_steps"
 
 
-def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, timers: list[str]) -> None:
+def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, timers: list[str]) -> bool:
     """Keep the run's `steps` rows, with the columns the decision reads (`timers`: the stage, testing
     and checkpoint columns), in the table RUN_STEPS: from the run's step facts (`store.step_facts`),
-    or from the view where they cannot be kept."""
+    or from the view where they cannot be kept. True when read from the facts."""
     canonical = list(dict.fromkeys(["step_s", *timers, "total_tokens", "prompt_length_mean", "response_length_mean"]))
     columns = ", ".join(["step", *canonical, "is_validation_only", "has_testing", "has_checkpoint"])
-    source = f"({step_facts.run_steps_sql(canonical)})" if step_facts.refresh(con, run_id) else \
-        "(SELECT * FROM steps WHERE run_id = $1)"
+    from_facts = step_facts.refresh(con, run_id)
+    source = f"({step_facts.run_steps_sql(canonical)})" if from_facts else "(SELECT * FROM steps WHERE run_id = $1)"
     con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {columns} FROM {source}", [run_id])
+    return from_facts
 
 
 def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
@@ -106,11 +109,13 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: lis
     return {"step_time_basis": basis, "includes_testing": testing_in, "includes_checkpoint": checkpoint_in}
 
 
-def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
-    seqlen = set(row[0] for row in con.execute(
-        "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
-        " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)",
-        [run_id, PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX]).fetchall())
+def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts: bool) -> dict:
+    # The step facts hold a row per step and canonical name that any of the run's pairs maps to.
+    logged = ("SELECT DISTINCT canonical FROM step_facts WHERE run_id = ? AND canonical IN (?, ?, ?)" if from_facts
+              else "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
+                   " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)")
+    seqlen = {row[0] for row in con.execute(logged, [run_id, PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX]
+                                            ).fetchall()}
     told = meta.get("balance_batch")
     if isinstance(told, bool):
         balance, source = (ON if told else OFF), "trainer.balance_batch (printed config or overrides)"
@@ -229,14 +234,25 @@ def length_collapse(steps: list[int], means: list[float]) -> tuple[int, float, f
     suffix_max = list(means)
     for i in range(n - 2, -1, -1):
         suffix_max[i] = max(means[i], suffix_max[i + 1])
+    firsts = range(COLLAPSE_MIN_STEPS, n - COLLAPSE_MIN_STEPS + 1)
     before: list[float] = []
-    for k in range(n - COLLAPSE_MIN_STEPS + 1):
-        if k >= COLLAPSE_MIN_STEPS:
-            middle = len(before) // 2
-            typical = before[middle] if len(before) % 2 else (before[middle - 1] + before[middle]) / 2
-            if typical > 0 and suffix_max[k] <= COLLAPSE_SHARE * typical:
-                return int(steps[k]), sum(means[k:]) / (n - k), float(typical)
-        bisect.insort(before, float(means[k]))
+    read = 0  # the steps in `before`
+    if not any(math.isnan(mean) for mean in means):
+        # The median before k is at most the largest value before k: only a k whose suffix is that
+        # small needs the median.
+        prefix_max = list(accumulate(means, max))
+        firsts = [k for k in firsts if suffix_max[k] <= COLLAPSE_SHARE * prefix_max[k - 1]]
+        if not firsts:
+            return None
+        before, read = sorted(float(mean) for mean in means[:firsts[0]]), firsts[0]
+    for k in firsts:
+        for mean in means[read:k]:
+            bisect.insort(before, float(mean))
+        read = k
+        middle = len(before) // 2
+        typical = before[middle] if len(before) % 2 else (before[middle - 1] + before[middle]) / 2
+        if typical > 0 and suffix_max[k] <= COLLAPSE_SHARE * typical:
+            return int(steps[k]), sum(means[k:]) / (n - k), float(typical)
     return None
 
 
@@ -245,9 +261,9 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     name, meta = _meta(con, run_id)
     counts = _sample_counts(con, run_id)
     timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
-    _read_run_steps(con, run_id, timers)
+    from_facts = _read_run_steps(con, run_id, timers)
     try:
-        record = {"run": name, **_timing(con, run_id, meta, timers), **_balance(con, run_id, meta),
+        record = {"run": name, **_timing(con, run_id, meta, timers), **_balance(con, run_id, meta, from_facts),
                   **_responses(con, run_id, meta, counts)}
         collapse = length_collapse(*_mean_lengths(con, run_id))
     finally:
