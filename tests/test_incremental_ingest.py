@@ -313,3 +313,31 @@ def test_a_log_grown_twice_is_hashed_from_the_state_kept_for_its_prefix(tmp_path
     assert report.status == "appended"
     assert sha == hashlib.sha256(text + BAD_LINE.encode()).hexdigest() != hashlib.sha256(log.read_bytes()).hexdigest()
 
+
+
+@pytest.mark.parametrize("reopened", [False, True], ids=["store kept open", "store opened again"])
+def test_a_growth_that_changes_the_runs_decisions_ends_as_one_ingest(tmp_path, reopened):
+    """A verl 0.8 run (its step time leaves testing out) validating from step 10: before any validation
+    whether the step time counts testing cannot be told and the basis is 'logged'; the growth that
+    brings the validation steps decides both ('logged without overheads'), as one ingest does, whether
+    the store stayed open between the reads (as `watch` holds it) or was opened again (a new command)."""
+    model = StepTimeModel(validate_every=10, validate_before_train=False, step_includes_overheads=False)
+    text = console_text(step_table(LENGTHS, SPEC, model), SPEC, model).encode()
+    cut = text.index(b"\n", text.index(b"step:6 - ")) + 1
+    log = tmp_path / "grown" / "run" / "train.log"
+    log.parent.mkdir(parents=True)
+    db = tmp_path / "grown.duckdb"
+    con = open_store(db)
+    records = []
+    for part in (text[:cut], text):
+        log.write_bytes(part)
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        records.append((report.status, *con.execute(
+            "SELECT step_time_basis, includes_testing FROM run_semantics").fetchall()[0]))
+        if reopened:
+            con.close()
+            con = open_store(db)
+    assert records == [("ingested", "logged", None), ("appended", "logged without overheads", False)]
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, text)

@@ -66,20 +66,21 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
           "collapse_typical_length")
 
 
-# The temporary table holding the `steps` rows of the run being decided, read once per decision.
+# The temporary view of the `steps` rows of the run being decided, read once per decision.
 RUN_STEPS = "semantics_run_steps"
 
 
-def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, timers: list[str]) -> bool:
-    """Keep the run's `steps` rows, with the columns the decision reads (`timers`: the stage, testing
-    and checkpoint columns), in the table RUN_STEPS: from the run's step facts (`store.step_facts`),
-    or from the view where they cannot be kept. True when read from the facts."""
-    canonical = list(dict.fromkeys(["step_s", *timers, "total_tokens", "prompt_length_mean", "response_length_mean"]))
-    columns = ", ".join(["step", *canonical, "is_validation_only", "has_testing", "has_checkpoint"])
-    from_facts = step_facts.refresh(con, run_id)
-    source = f"({step_facts.run_steps_sql(canonical)})" if from_facts else "(SELECT * FROM steps WHERE run_id = $1)"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {columns} FROM {source}", [run_id])
-    return from_facts
+def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> bool:
+    """Show the run's `steps` rows, with the columns the decision reads (`step_timers.decision_columns`),
+    as the view RUN_STEPS: from the run's step facts (`step_facts.run_steps_table`), or from the
+    `steps` view where they cannot be kept. True when read from the facts."""
+    table = step_facts.run_steps_table(con, run_id, columns)
+    if table:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {RUN_STEPS} AS SELECT * FROM {table}")
+    else:
+        listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {RUN_STEPS} AS SELECT {listed} FROM steps WHERE run_id = {int(run_id)}")
+    return table is not None
 
 
 def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
@@ -260,14 +261,15 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """The run's semantics record (`FIELDS` and `run`, the run's name; see the module docstring)."""
     name, meta = _meta(con, run_id)
     counts = _sample_counts(con, run_id)
-    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
-    from_facts = _read_run_steps(con, run_id, timers)
+    columns = step_timers.decision_columns(con)
+    timers = [column for column in columns if column.endswith("_s") and column != "step_s"]  # stages, overheads
+    from_facts = _read_run_steps(con, run_id, columns)
     try:
         record = {"run": name, **_timing(con, run_id, meta, timers), **_balance(con, run_id, meta, from_facts),
                   **_responses(con, run_id, meta, counts)}
         collapse = length_collapse(*_mean_lengths(con, run_id))
     finally:
-        con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")
+        con.execute(f"DROP VIEW IF EXISTS {RUN_STEPS}")
     record["training_samples"] = sum(training for _, training, _ in counts)
     record["validation_samples"] = sum(validation for _, _, validation in counts)
     record["truncated_steps"] = [row[0] for row in con.execute(
