@@ -113,23 +113,25 @@ def _only_grew(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, ke
 
 def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_line: int) -> None:
     """Combine the facts of the file's pairs after line `kept_line` into those kept for the same steps."""
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE step_facts_combined AS
-        WITH added AS ({_facts_sql('sm.file_id = $1 AND sm.line_no > $2')})
-        SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
-               bool_and(validation_only) AS validation_only
-        FROM (SELECT f.* FROM step_facts f SEMI JOIN added a
-                  ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
-              UNION ALL SELECT * FROM added)
-        GROUP BY file_id, run_id, segment, step, canonical
-        """, [file_id, kept_line])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_added AS {_facts_sql('sm.file_id = $1 AND sm.line_no > $2')}",
+                [file_id, kept_line])
     try:
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE step_facts_combined AS
+            SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
+                   bool_and(validation_only) AS validation_only
+            FROM (SELECT f.* FROM step_facts f SEMI JOIN step_facts_added a
+                      ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
+                  UNION ALL SELECT * FROM step_facts_added)
+            GROUP BY file_id, run_id, segment, step, canonical
+            """)
         con.execute("DELETE FROM step_facts f WHERE f.file_id = ? AND EXISTS (SELECT 1 FROM step_facts_combined c"
                     " WHERE c.segment = f.segment AND c.step = f.step)", [file_id])
         con.execute("INSERT INTO step_facts SELECT * FROM step_facts_combined")
     finally:
         con.execute("DROP TABLE IF EXISTS step_facts_combined")
+        con.execute("DROP TABLE IF EXISTS step_facts_added")
 
 
 def run_steps_sql(columns: list[str], facts: str = "step_facts") -> str:
