@@ -206,23 +206,26 @@ def _short_group_steps(con: duckdb.DuckDBPyConnection, run_id: int, group_size: 
 
 def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[int], list[float]]:
     """(steps, mean response length) of the training steps, logged or from the samples."""
-    rows = con.execute(
+    # Two lists rather than a row per step (no tuple per step for the garbage collector to walk).
+    steps, means = con.execute(
         f"""
-        SELECT step, avg(response_length_mean) FROM {RUN_STEPS}
-        WHERE NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step ORDER BY step
-        """).fetchall()
-    if not rows:
-        # avg(response_len) over `samples`, from its two tables without unnesting the groups' lengths.
-        rows = con.execute(
-            """
-            SELECT step, sum(total) / sum(n) FROM (
-                SELECT step, sum(response_len) AS total, count(response_len) AS n FROM sample_rows
-                WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
-                UNION ALL
-                SELECT step, sum(list_sum(response_lens)), sum(list_count(response_lens)) FROM sample_groups
-                WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
-            ) GROUP BY step HAVING sum(n) > 0 ORDER BY step
-            """, [run_id]).fetchall()
+        SELECT list(step ORDER BY step), list(mean ORDER BY step) FROM (
+            SELECT step, avg(response_length_mean) AS mean FROM {RUN_STEPS}
+            WHERE NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step)
+        """).fetchall()[0]
+    if steps:
+        return steps, [float(mean) for mean in means]
+    # avg(response_len) over `samples`, from its two tables without unnesting the groups' lengths.
+    rows = con.execute(
+        """
+        SELECT step, sum(total) / sum(n) FROM (
+            SELECT step, sum(response_len) AS total, count(response_len) AS n FROM sample_rows
+            WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
+            UNION ALL
+            SELECT step, sum(list_sum(response_lens)), sum(list_count(response_lens)) FROM sample_groups
+            WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
+        ) GROUP BY step HAVING sum(n) > 0 ORDER BY step
+        """, [run_id]).fetchall()
     return [row[0] for row in rows], [float(row[1]) for row in rows]
 
 
