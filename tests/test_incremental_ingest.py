@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import replace
@@ -255,7 +256,6 @@ def test_a_growth_between_two_lines_of_one_step_goes_on_with_that_step(tmp_path,
     half = len(pairs) // 2
     lines[index:index + 1] = [head + b" - " + b" - ".join(pairs[:half]) + b"\n",
                               head + b" - " + b" - ".join(pairs[half:]) + b"\n"]
-    text = b"".join(lines)
     cut = len(b"".join(lines[:index + 1]))
     status, rows, once = grown_once(tmp_path, text[:cut], text)
     assert status == "appended"
@@ -341,3 +341,36 @@ def test_a_growth_that_changes_the_runs_decisions_ends_as_one_ingest(tmp_path, r
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, text)
+
+
+def _perf_line(step: int, pairs: str) -> bytes:
+    return f"step:{step} - {pairs}\n".encode()
+
+
+def test_the_gpu_count_follows_a_grown_log_as_one_ingest_gives_it(tmp_path):
+    """The GPU count is the median over steps of tokens / (throughput × seconds): 8 on steps 1-5, 16 on
+    later ones. Step 10 prints its tokens on one line and its throughput and time on the next, the log
+    growing between them: its estimate needs both lines (without it, the median of 1-11 would be 12)."""
+    def full(step: int, gpus: int) -> bytes:
+        return _perf_line(step, f"perf/total_num_tokens:{gpus * 1000} - perf/throughput:100 - perf/time_per_step:10"
+                                f" - timing_s/step:10")
+
+    lines = [full(step, 8) for step in range(1, 6)] + [full(step, 16) for step in range(6, 10)]
+    lines += [_perf_line(10, "perf/total_num_tokens:16000 - timing_s/gen:1"),
+              _perf_line(10, "perf/throughput:100 - perf/time_per_step:10 - timing_s/step:10"), full(11, 16)]
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    seen = []
+    for end in (5, 10, 12):
+        log.write_bytes(b"".join(lines[:end]))
+        (report,) = ingest_paths(con, [log], run_name="r", format_name="verl-console", complete_lines=True)
+        meta = con.execute("SELECT meta FROM runs").fetchall()[0][0]
+        seen.append((report.status, json.loads(meta)["n_gpus"]))
+    assert seen == [("ingested", 8), ("appended", 8), ("appended", 16)]
+    rows = store_rows(con)
+    con.close()
+    con = open_store(tmp_path / "once.duckdb")
+    ingest_paths(con, [log], run_name="r", format_name="verl-console")
+    assert store_rows(con) == rows
+    con.close()
