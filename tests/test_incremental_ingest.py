@@ -256,6 +256,7 @@ def test_a_growth_between_two_lines_of_one_step_goes_on_with_that_step(tmp_path,
     half = len(pairs) // 2
     lines[index:index + 1] = [head + b" - " + b" - ".join(pairs[:half]) + b"\n",
                               head + b" - " + b" - ".join(pairs[half:]) + b"\n"]
+    text = b"".join(lines)
     cut = len(b"".join(lines[:index + 1]))
     status, rows, once = grown_once(tmp_path, text[:cut], text)
     assert status == "appended"
