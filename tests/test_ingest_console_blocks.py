@@ -50,15 +50,18 @@ def _damaged_logs(folder: Path) -> list[Path]:
     return [folder / name for name in logs]
 
 
-def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, empty_store_file,
-                                                                     block_bytes=64):
-    """Blocks of 64 bytes cut every fixture in many places, in lines and between them."""
-    logs = CONSOLE_LOGS + _damaged_logs(tmp_path / "damaged")
+def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, empty_store_file):
+    """Blocks cut every fixture in several places, in lines and between them: eight blocks a fixture
+    (at least 64 bytes each), and 64-byte blocks through the damaged logs, whose byte-order mark, bad
+    bytes, NUL bytes and CRLF pairs a cut must not split differently."""
+    damaged = _damaged_logs(tmp_path / "damaged")
+    logs = CONSOLE_LOGS + damaged
     assert len(logs) >= 10
     for index, log in enumerate(logs):
         fmt = ("openrlhf-console" if "openrlhf" in str(log) else "trl-console" if log.parent.name == "trl"
                else "verl-console")
         whole = _ingest(tmp_path, log, f"whole{index}", fmt, empty_store_file)
+        block_bytes = 64 if log in damaged else max(64, log.stat().st_size // 8)
         monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", block_bytes)
         blocks = _ingest(tmp_path, log, f"blocks{index}", fmt, empty_store_file)
         monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", 8 << 20)
