@@ -15,13 +15,18 @@ as a whole `polytrace` process (median of --repeat runs):
                  store kept open since it read the log at its first size (as `polytrace watch` reads
                  each growth of a log), with the CPU seconds of the parts of the latter: the parse of
                  the new lines, the facts decided again over the whole file or run, closing the store.
-Checks that the appended store holds the rows of the whole read. Figures in benchmarks/results.md.
-Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3]
+Checks that the appended store holds the rows of the whole read. With `--against CHECKOUT` (a
+source tree of another version, e.g. `git archive main | tar -x -C /tmp/main`), that version also
+reads the log at its first size into a store of its own, and the appended read, the unchanged
+ingest and `polytrace runs` of both versions then take turns (--rounds rounds), so that a change in
+the machine's load hits both alike. Figures in benchmarks/results.md.
+Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3] [--against DIR --rounds 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import re
 import shutil
@@ -48,6 +53,23 @@ def grow(log: Path, megabytes: float, steps_before: int) -> int:
         handle.write(text)
     extra.unlink()
     return steps
+
+
+def in_turns(log: Path, firsts: dict[str, tuple[Path, dict]], rounds: int) -> dict[str, dict[str, list]]:
+    """Per version (its first store, its environment): (wall, CPU) seconds of the appended read (into
+    a copy of its first store), the ingest of the same file unchanged and `polytrace runs`, the
+    versions taking turns for `rounds` rounds."""
+    ingest = [POLYTRACE, "ingest", "--format", "verl-console", "--db"]
+    runs: dict[str, dict[str, list]] = {name: {"appended": [], "unchanged": [], "runs": []} for name in firsts}
+    for _ in range(rounds):
+        for name, (first, env) in firsts.items():
+            store = OUT / f"turns_{name}.duckdb"
+            shutil.copy(first, store)
+            for kind, argv in (("appended", [*ingest, str(store), str(log)]), ("unchanged", [*ingest, str(store), str(log)]),
+                               ("runs", [POLYTRACE, "runs", "--db", str(store)])):
+                os.sync()
+                runs[name][kind].append(run_child(argv, env)[:2])
+    return runs
 
 
 def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]]:
@@ -148,6 +170,8 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=50.0, help="size of the first log in MB")
     parser.add_argument("--grow", type=float, default=1.0, help="growth in percent of the first log")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each (median reported)")
+    parser.add_argument("--against", type=Path, help="another version's source tree, timed in turns with this one")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds of the versions' turns (with --against)")
     args = parser.parse_args()
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "run").mkdir(parents=True)
@@ -162,6 +186,11 @@ def main() -> None:
     ingest = [POLYTRACE, "ingest", "--format", "verl-console", "--db"]
     first_runs = timed([*ingest, str(first), str(log)], args.repeat, fresh(first))
     first_bytes = log.stat().st_size
+    other_env = {**os.environ, "PYTHONPATH": str(args.against.resolve())} if args.against else None
+    if args.against:
+        compileall.compile_dir(args.against / "polytrace_cli", quiet=1)  # no timed run compiles sources
+        other_first = OUT / "first_against.duckdb"
+        run_child([*ingest, str(other_first), str(log)], other_env)
     added = grow(log, args.mb * args.grow / 100, steps)
     grown_mb = log.stat().st_size / 1e6
     appended_runs = timed([*ingest, str(grown), str(log)], args.repeat, lambda: shutil.copy(first, grown))
@@ -207,6 +236,17 @@ def main() -> None:
               + f"; median CPU {cpu:.3f} s = {cpu / work_cpu:.1%} of the first ingest's CPU beyond `polytrace runs`")
     print("CPU s of one appended read into the store kept open, by part: "
           + "; ".join(f"{label.strip()} {seconds:.3f}" for label, seconds in parts))
+    if args.against:
+        turns = in_turns(log, {"this": (first, None), "against": (other_first, other_env)}, args.rounds)
+        print(f"in turns, {args.rounds} rounds, this version against {args.against} (median and least CPU s;"
+              " median wall s):")
+        for name, kinds in turns.items():
+            medians = {kind: statistics.median(c for _, c in got) for kind, got in kinds.items()}
+            print(f"  {name:8} " + "; ".join(
+                f"{kind} {medians[kind]:.3f} (least {min(c for _, c in got):.3f}; wall"
+                f" {statistics.median(w for w, _ in got):.3f})" for kind, got in kinds.items())
+                + f"; appended beyond unchanged {medians['appended'] - medians['unchanged']:.3f},"
+                  f" beyond runs {medians['appended'] - medians['runs']:.3f}")
     print(f"rows (step_metrics, lines, stored): appended {counts['appended']}, whole {counts['whole']}")
     if counts["appended"] != counts["whole"]:
         raise SystemExit("the appended store differs from the whole read")
