@@ -375,3 +375,24 @@ def test_the_gpu_count_follows_a_grown_log_as_one_ingest_gives_it(tmp_path):
     ingest_paths(con, [log], run_name="r", format_name="verl-console")
     assert store_rows(con) == rows
     con.close()
+
+
+def test_what_a_grown_read_keeps_for_the_next_is_no_table_of_the_store(tmp_path, log_text):
+    """The run's steps and the file's perf values kept in temporary tables for the next read are not
+    rows of the store: removing the run in the same session names only the store's tables."""
+    from polytrace_cli.facade import Store
+
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    half = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 2) + 1]
+    with Store.open(tmp_path / "s.duckdb") as store:
+        for text in (half, log_text):
+            log.write_bytes(text)
+            store.ingest([log], run="r")
+        kept = {name for (name,) in store.connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+        assert kept  # something is kept for the next read
+        stored = {name for (name,) in store.connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+        (removed,) = store.remove("r")
+    assert removed.rows and set(removed.rows) <= stored
