@@ -66,21 +66,21 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
           "collapse_typical_length")
 
 
-# The temporary view of the `steps` rows of the run being decided, read once per decision.
+# The temporary table holding the `steps` rows of the run being decided when its step facts cannot
+# be kept (a read-only store), read once per decision.
 RUN_STEPS = "semantics_run_steps"
 
 
-def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> bool:
-    """Show the run's `steps` rows, with the columns the decision reads (`step_timers.decision_columns`),
-    as the view RUN_STEPS: from the run's step facts (`step_facts.run_steps_table`), or from the
-    `steps` view where they cannot be kept. True when read from the facts."""
+def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> str | None:
+    """The table holding the run's `steps` rows with the columns the decision reads
+    (`step_timers.decision_columns`): the run's steps kept from its facts (`step_facts.run_steps_table`),
+    None when they cannot be kept, the rows then read from the `steps` view into RUN_STEPS."""
     table = step_facts.run_steps_table(con, run_id, columns)
-    if table:
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {RUN_STEPS} AS SELECT * FROM {table}")
-    else:
+    if table is None:
         listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {RUN_STEPS} AS SELECT {listed} FROM steps WHERE run_id = {int(run_id)}")
-    return table is not None
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {listed} FROM steps WHERE run_id = ?",
+                    [run_id])
+    return table
 
 
 def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
@@ -88,14 +88,14 @@ def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
     return name, json.loads(meta or "{}")
 
 
-def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: list[str]) -> dict:
+def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: list[str], run_steps: str) -> dict:
     any_timer = " OR ".join(f"{column} IS NOT NULL" for column in timers)
     logged, derived, testing, checkpoint = con.execute(
         f"""
         SELECT count(*) FILTER (WHERE step_s IS NOT NULL AND NOT is_validation_only),
                count(*) FILTER (WHERE step_s IS NULL AND NOT is_validation_only AND ({any_timer})),
                bool_or(has_testing), bool_or(has_checkpoint)
-        FROM {RUN_STEPS}
+        FROM {run_steps}
         """).fetchall()[0]
     keys = step_timers.EXTRA_TIMERS.values()
     decided = meta if all(key in meta for key in keys) else step_timers.step_time_inclusion(con, run_id)
@@ -163,7 +163,8 @@ def _sample_counts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[in
         """, [run_id]).fetchall()
 
 
-def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: list[tuple[int, int, int]]) -> dict:
+def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: list[tuple[int, int, int]],
+               run_steps: str) -> dict:
     batch, n = meta.get("train_batch_size"), meta.get("n_sampling")
     trained = [(step, training) for step, training, _ in counts if training > 0]
     if isinstance(batch, int) and isinstance(n, int) and batch > 0 and n > 0:
@@ -172,7 +173,7 @@ def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: 
         logged = con.execute(
             f"""
             SELECT median(round(total_tokens / (prompt_length_mean + response_length_mean)))
-            FROM {RUN_STEPS} WHERE NOT is_validation_only
+            FROM {run_steps} WHERE NOT is_validation_only
               AND total_tokens > 0 AND prompt_length_mean + response_length_mean > 0
             """).fetchall()[0][0]
         if logged is not None:
@@ -204,13 +205,13 @@ def _short_group_steps(con: duckdb.DuckDBPyConnection, run_id: int, group_size: 
     return {row[0] for row in rows}
 
 
-def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[int], list[float]]:
+def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int, run_steps: str) -> tuple[list[int], list[float]]:
     """(steps, mean response length) of the training steps, logged or from the samples."""
     # Two lists rather than a row per step (no tuple per step for the garbage collector to walk).
     steps, means = con.execute(
         f"""
         SELECT list(step ORDER BY step), list(mean ORDER BY step) FROM (
-            SELECT step, avg(response_length_mean) AS mean FROM {RUN_STEPS}
+            SELECT step, avg(response_length_mean) AS mean FROM {run_steps}
             WHERE NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step)
         """).fetchall()[0]
     if steps:
@@ -266,13 +267,15 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     counts = _sample_counts(con, run_id)
     columns = step_timers.decision_columns(con)
     timers = [column for column in columns if column.endswith("_s") and column != "step_s"]  # stages, overheads
-    from_facts = _read_run_steps(con, run_id, columns)
+    kept = _read_run_steps(con, run_id, columns)
+    run_steps = kept or RUN_STEPS
     try:
-        record = {"run": name, **_timing(con, run_id, meta, timers), **_balance(con, run_id, meta, from_facts),
-                  **_responses(con, run_id, meta, counts)}
-        collapse = length_collapse(*_mean_lengths(con, run_id))
+        record = {"run": name, **_timing(con, run_id, meta, timers, run_steps),
+                  **_balance(con, run_id, meta, kept is not None), **_responses(con, run_id, meta, counts, run_steps)}
+        collapse = length_collapse(*_mean_lengths(con, run_id, run_steps))
     finally:
-        con.execute(f"DROP VIEW IF EXISTS {RUN_STEPS}")
+        if kept is None:
+            con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")
     record["training_samples"] = sum(training for _, training, _ in counts)
     record["validation_samples"] = sum(validation for _, _, validation in counts)
     record["truncated_steps"] = [row[0] for row in con.execute(
