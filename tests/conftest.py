@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist tells its workers COLUMNS=80; the tests read the commands' output as a pipe gives it
+# (200 columns unless COLUMNS says otherwise), the same under one process or several.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
 
 from polytrace_cli.store import open_store
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.store.semantics import FIELDS
 from polytrace_cli.workload.distributions import LengthModel, Marginal
-from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, step_table
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
 
 LENGTHS = LengthModel(prompt=Marginal("lognorm", {"s": 0.2, "scale": 100.0}),
@@ -113,9 +114,9 @@ def test_an_appended_ingest_reads_only_the_new_lines(tmp_path, log_text):
     con.close()
 
 
-def ingested(tmp_path: Path, text: bytes) -> tuple[Path, duckdb.DuckDBPyConnection]:
-    """`text` written as run/train.log and ingested into a new store: (the log, the store)."""
-    log = tmp_path / "run" / "train.log"
+def ingested(tmp_path: Path, text: bytes, name: str = "train.log") -> tuple[Path, duckdb.DuckDBPyConnection]:
+    """`text` written as run/`name` and ingested into a new store: (the log, the store)."""
+    log = tmp_path / "run" / name
     log.parent.mkdir()
     log.write_bytes(text)
     con = open_store(tmp_path / "s.duckdb")
@@ -123,13 +124,17 @@ def ingested(tmp_path: Path, text: bytes) -> tuple[Path, duckdb.DuckDBPyConnecti
     return log, con
 
 
-def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, log_text):
-    log, con = ingested(tmp_path, log_text)
+@pytest.mark.parametrize("name, fixture, first_step", [("train.log", "log_text", b"step:1 -"),
+                                                     ("metrics.jsonl", "jsonl_log", b'{"step": 1,'),
+                                                     ("train.log", "trl", b"'loss': 0.001,")])
+def test_a_shrunk_or_rewritten_file_is_read_again_whole(tmp_path, request, name, fixture, first_step):
+    log_text = trl_text(tmp_path, "dict-below-its-bar") if fixture == "trl" else request.getfixturevalue(fixture)
+    log, con = ingested(tmp_path, log_text, name)
     shorter = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 3) + 1]
     log.write_bytes(shorter)
     (shrunk,) = ingest_paths(con, [log], run_name="r")
     assert shrunk.status == "truncated" and shrunk.notes[0].startswith("truncated:")
-    changed = shorter.replace(b"step:1 -", b"step:2 -", 1) + log_text[len(shorter):]
+    changed = shorter.replace(first_step, first_step.replace(b"1", b"2"), 1) + log_text[len(shorter):]
     log.write_bytes(changed)
     (rewritten,) = ingest_paths(con, [log], run_name="r")
     assert rewritten.status == "replaced" and "changed since it was read" in rewritten.notes[0]
@@ -171,8 +176,8 @@ def test_a_progress_bar_still_being_drawn_is_read_with_its_file(tmp_path, log_te
 
 @pytest.mark.parametrize("kind", ["cr-only", "byte-order-mark", "trl"])
 def test_a_grown_log_read_from_a_rewritten_copy_or_as_one_block_is_read_whole(tmp_path, log_text, kind):
-    """A rewritten copy's bytes are not the file's, and a TRL log's dicts are numbered over the whole
-    log: neither is read from where the last read ended."""
+    """A rewritten copy's bytes are not the file's, and a TRL log whose RL stage follows dicts read before
+    without RL keys (which then become an SFT stage): neither is read from where the last read ended."""
     if kind == "cr-only":
         text, end = log_text.replace(b"\n", b"\r"), b"\r"
     elif kind == "byte-order-mark":
@@ -228,12 +233,13 @@ def test_a_grown_file_is_hashed_on_from_the_digest_kept_for_its_prefix(tmp_path)
     assert (rewritten.sha, rewritten.size) == files.hash_and_count(log)[:2]
 
 
-def grown_once(tmp_path: Path, first: bytes, final: bytes, **options) -> tuple[str, dict, dict]:
+def grown_once(tmp_path: Path, first: bytes, final: bytes, name: str = "train.log",
+               **options) -> tuple[str, dict, dict]:
     """`first` ingested, then the log grown to `final` and ingested again (a new process's read: nothing
     hashed before is kept in memory): (the second read's status, its store's rows, one ingest's rows)."""
     from polytrace_cli.ingest import files
 
-    log = tmp_path / "run" / "train.log"
+    log = tmp_path / "run" / name
     log.parent.mkdir(exist_ok=True)
     log.write_bytes(first)
     con = open_store(tmp_path / "grown.duckdb")
@@ -314,6 +320,216 @@ def test_a_log_grown_twice_is_hashed_from_the_state_kept_for_its_prefix(tmp_path
     assert report.status == "appended"
     assert sha == hashlib.sha256(text + BAD_LINE.encode()).hexdigest() != hashlib.sha256(log.read_bytes()).hexdigest()
 
+
+
+# verl's file logger: one JSON object per step, appended as the job runs.
+JSONL_BAD_LINES = ['{"step": 7.5, "data": {"critic/score/mean": 0.5}}\n', '{"step": 8, "data": {"critic/sc\n']
+
+
+@pytest.fixture(scope="module")
+def jsonl_log() -> bytes:
+    """The generator's verl-jsonl log of SPEC and MODEL (a validation at step 0 and every 10 steps, the
+    resumed job's validation line at step 15), restarted into the same file after step 20 (its steps
+    16.. written again: a segment each), with two bad lines and a step whose data is empty between steps."""
+    lines = jsonl_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL).splitlines(keepends=True)
+    step_20 = next(i for i, line in enumerate(lines) if line.startswith('{"step": 20,'))
+    resumed = next(i for i, line in enumerate(lines) if line.startswith('{"step": 16,'))
+    lines = lines[:step_20 + 1] + lines[resumed - 1:]
+    lines[10:10] = JSONL_BAD_LINES
+    lines.insert(30, '{"step": 21, "data": {}}\n')  # then step 21's pairs: one step
+    return "".join(lines).encode()
+
+
+def grown_in_cuts(con: duckdb.DuckDBPyConnection, log: Path, text: bytes, cuts: list[int], fmt: str) -> list[str]:
+    """`text` written at `log` up to each cut in turn and ingested as a log being written (its complete
+    lines only), each read of format `fmt`: the reads' statuses."""
+    statuses = []
+    for cut in cuts:
+        log.write_bytes(text[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        assert report.format == fmt
+        statuses.append(report.status)
+        assert con.execute("SELECT bytes FROM files").fetchall()[0][0] == text[:cut].rfind(b"\n") + 1
+    return statuses
+
+
+def test_a_verl_jsonl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, jsonl_log):
+    """Cuts inside lines (read once complete), at the empty step, around the restart: after the first
+    complete line every growth is read from where the last read ended."""
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir(parents=True)
+    con = open_store(tmp_path / "grown.duckdb")
+    ends = [i + 1 for i, byte in enumerate(jsonl_log) if byte == ord("\n")]
+    cuts = sorted({*random.Random(5).sample(range(1, len(jsonl_log)), 16), ends[29], ends[30], ends[31],
+                   len(jsonl_log)})
+    statuses = grown_in_cuts(con, log, jsonl_log, cuts, "verl-jsonl")
+    after = statuses[next(i for i, cut in enumerate(cuts) if cut > ends[0]) + 1:]
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 12, statuses
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, jsonl_log)
+    assert [(line, code) for line, _, _, code in rows["ingest_errors"]] == [(11, "type-error"), (12, "invalid-json")]
+    restarts = [(step, line) for _, step, flag, _, line in rows["step_flags"] if flag == "restart"]
+    assert restarts == [(15, jsonl_log[:jsonl_log.rindex(b'{"step": 15, "data": {"val')].count(b"\n") + 1)]
+
+
+@pytest.mark.parametrize("cut_after", ['{"step": 20,', '{"step": 15, "data": {"val', '{"step": 21, "data": {}}'])
+def test_a_verl_jsonl_growth_after_a_restart_or_an_empty_step_ends_as_one_ingest(tmp_path, jsonl_log, cut_after):
+    """Cut before the restarted job's first line, after it (a step lower than the last: a new segment)
+    and after a step that stored no pair (its step and segment go on from the read's state)."""
+    find = jsonl_log.rindex if "val" in cut_after else jsonl_log.index
+    cut = jsonl_log.index(b"\n", find(cut_after.encode())) + 1
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(jsonl_log[:cut])
+    con = open_store(tmp_path / "grown.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    log.write_bytes(jsonl_log)
+    (report,) = ingest_paths(con, [log], run_name="r")
+    assert report.status == "appended" and report.notes[0].startswith(f"read from byte {cut:,}")
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, jsonl_log)
+
+
+def test_a_bad_line_in_a_verl_jsonl_growth_is_rejected_with_its_line_in_the_file(tmp_path, jsonl_log):
+    lines = jsonl_log.splitlines(keepends=True)
+    first = b"".join(lines[:40])
+    grown = first + lines[40] + b'{"step": 31, "data": [1, 2]}\n' + b"".join(lines[41:])
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(first)
+    con = open_store(tmp_path / "grown.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    log.write_bytes(grown)
+    (report,) = ingest_paths(con, [log], run_name="r")
+    assert (report.status, report.rejected, report.lines) == ("appended", 1, len(lines) - 40 + 1)
+    errors = con.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall()
+    assert errors[-1] == (42, "field data: expected an object")
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, grown)
+
+
+# TRL's console log: the Trainer's metric dicts under a progress bar redrawn by carriage returns.
+TRL_BAD_LINE = "{'loss': 0.5, 'reward': [, 'epoch': 0.5}\n"
+
+
+def newline_lines(text):
+    """The lines of `text` (str or bytes) with their newlines; a carriage return (a bar redrawn) ends none."""
+    end = "\n" if isinstance(text, str) else b"\n"
+    parts = text.split(end)
+    return [part + end for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+@pytest.fixture(scope="module", params=["bar-and-dict", "dict-below-its-bar"])
+def trl_log(tmp_path_factory, request) -> bytes:
+    return trl_text(tmp_path_factory.mktemp("trl"), request.param)
+
+
+def trl_text(folder: Path, variant: str) -> bytes:
+    """A GRPO run's console log of 80 steps (`test_trl_end_to_end.write_trl_log`), the job restarted
+    into the same log from its step-50 checkpoint after step 60 (a new bar from 50: a new stage and
+    segment), and a dict that does not parse after step 30. As written, or with each dict on the line
+    below its bar and without `step_time` (the bar's elapsed time gives the step time)."""
+    from test_trl_end_to_end import write_trl_log
+
+    path = folder / "written.log"
+    write_trl_log(path)
+    lines = newline_lines(path.read_bytes().decode())
+    lines = lines[:61] + lines[51:]  # lines[n] holds step n's dict, drawn after the bar at n - 1
+    lines.insert(31, TRL_BAD_LINE)
+    text = "".join(lines)
+    if variant == "dict-below-its-bar":
+        text = re.sub(r"\r {40}\r\{", "\n{", re.sub(r"'step_time': [0-9.]+, ", "", text))
+    return text.encode()
+
+
+def test_a_trl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, trl_log):
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    ends = dict_ends(trl_log)
+    cuts = sorted({*random.Random(7).sample(range(ends[0], len(trl_log)), 20), ends[0], ends[29], ends[30],
+                   ends[59], ends[60], len(trl_log)})
+    statuses = grown_in_cuts(con, log, trl_log, cuts, "trl-console")
+    # A read ending at a stage's first dict leaves a token count whose per-step count the next one decides.
+    whole = {index + 1 for index, cut in enumerate(cuts) if cut in (ends[0], ends[60])}
+    assert [status for index, status in enumerate(statuses) if index in whole] == ["replaced", "replaced"]
+    after = [status for index, status in enumerate(statuses[1:], start=1) if index not in whole]
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 15, statuses
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, trl_log)
+    bad_line = trl_log[:trl_log.index(TRL_BAD_LINE.encode())].count(b"\n") + 1
+    assert [(line, code) for line, _, _, code in rows["ingest_errors"]] == [(bad_line, "unparsable-line")]
+    assert [(segment, step) for segment, step, flag, _, _ in rows["step_flags"] if flag == "restart"] == [(1, 51)]
+    per_step = {(segment, step) for segment, step, key, *_ in rows["step_metrics"] if key == "num_tokens/per_step"}
+    assert len(per_step) == 60 + 30 - 1  # every logged step but the restarted stage's first
+
+
+def dict_ends(text: bytes) -> list[int]:
+    """The byte after each metrics dict's line (the dicts that log `num_tokens`), in order."""
+    return [match.end() for match in re.finditer(rb"[^\n]*'num_tokens'[^\n]*\n", text)]
+
+
+@pytest.mark.parametrize("cut", [(1, "after"), (2, "after"), (60, "after"), (61, "before"), (61, "after")])
+def test_a_trl_log_grown_once_from_a_stage_boundary_ends_as_one_ingest(tmp_path, trl_log, cut):
+    """Cut after the first dict (its stage's only token count: read whole, the second decides its per-step
+    count), the second, the last before the restart, before and after the restarted stage's first (before
+    it: after its bar, when the bar has a line of its own)."""
+    number, where = cut
+    end = dict_ends(trl_log)[number - 1]
+    if where == "before":
+        end = trl_log.rindex(b"\n", 0, end - 1) + 1
+    status, rows, once = grown_once(tmp_path, trl_log[:end], trl_log)
+    assert status == ("replaced" if cut in [(1, "after"), (61, "after")] else "appended")
+    assert rows == once
+
+
+def test_a_trl_log_grown_after_its_end_of_training_dict_goes_on_in_a_new_stage(tmp_path, trl_log):
+    """A second training in the same log after the first one's end-of-training dict: a new stage."""
+    summary = b"{'train_runtime': 400.5, 'train_samples_per_second': 1.5, 'train_loss': 0.001, 'epoch': 0.75}\n"
+    end = dict_ends(trl_log)[59]
+    first = trl_log[:end] + summary
+    status, rows, once = grown_once(tmp_path, first, first + trl_log[end:])
+    assert status == "appended"
+    del rows["runs"], once["runs"]  # a run's facts are merged over its reads: the summary read first stays
+    assert rows == once
+
+
+TRL_FIXTURES = sorted((Path(__file__).parent / "fixtures" / "trl").glob("*.log"))
+
+
+@pytest.mark.parametrize("fixture", TRL_FIXTURES, ids=lambda p: p.name)
+def test_every_trl_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, fixture):
+    """An SFT stage before the RL one, string values, no progress bar: fed one line at a time."""
+    text = fixture.read_bytes()
+    lines = newline_lines(text)
+    log = tmp_path / "run" / fixture.name
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    for end in range(1, len(lines) + 1):
+        log.write_bytes(b"".join(lines[:end]))
+        ingest_paths(con, [log], run_name="r", complete_lines=True)
+    rows = store_rows(con)
+    con.close()
+    once = one_shot(tmp_path / "once.duckdb", log, text)
+    if fixture.name == "grpo_unsloth_console.log":  # the SFT stage's end-of-training dict, merged into the run
+        del rows["runs"], once["runs"]
+    assert rows == once
+
+
+def test_a_verl_jsonl_log_of_a_resumed_job_grown_keeps_one_resumed_flag(tmp_path, jsonl_log):
+    """A log whose first step is above 1 (a job resumed into a new file): flagged `resumed` once, by the
+    first read; the appended lines add no flag of their own."""
+    lines = newline_lines(jsonl_log)
+    start = next(index for index, line in enumerate(lines) if line.startswith(b'{"step": 5,'))
+    text, first = b"".join(lines[start:]), b"".join(lines[start:start + 3])
+    status, rows, once = grown_once(tmp_path, first, text, name="metrics.jsonl")
+    assert status == "appended"
+    assert rows == once
+    assert [(step, flag) for _, step, flag, _, _ in rows["step_flags"] if flag == "resumed"] == [(5, "resumed")]
 
 
 @pytest.mark.parametrize("reopened", [False, True], ids=["store kept open", "store opened again"])

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -22,8 +23,9 @@ from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 from polytrace_cli.watch import WatchSettings, watch_log
 from polytrace_cli.watch.follow import crash_in
+from polytrace_cli.watch.judge import StepJudge
 from polytrace_cli.workload.distributions import LengthModel, Marginal
-from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, step_table
+from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, crash_lines, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
 from test_incremental_ingest import one_shot, store_rows
 
@@ -282,7 +284,7 @@ def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
     con = open_store(tmp_path / "w.duckdb")
     writer = threading.Thread(target=job)
     writer.start()
-    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=1.2, run="r"))
+    result = watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=3.0, run="r"))
     writer.join()
     watched = store_rows(con)
     con.close()
@@ -293,3 +295,143 @@ def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
     for event in events:
         jsonschema.validate(event, SCHEMA)
     assert watched == one_shot(tmp_path / "once.duckdb", log, second.encode())
+
+
+def test_watch_follows_a_verl_jsonl_log_line_by_line(tmp_path):
+    """verl's file logger written a line at a time: one step event per step, the injected slow steps
+    alerted, the store as one ingest of the final file."""
+    text = jsonl_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL)
+    log = tmp_path / "job" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text("")
+    watcher = Watcher(log, tmp_path / "watched.duckdb", "--idle-exit", "1", "--run", "r")
+    started(tmp_path / "watched.duckdb")
+    write_lines(log, text.splitlines(keepends=True))
+    code, stderr = watcher.finish()
+    assert code == 0, stderr
+    for _, event in watcher.events:
+        jsonschema.validate(event, SCHEMA)
+    assert [e["step"] for e in watcher.of("step")] == list(range(1, SPEC.steps + 1))
+    assert {e["step"] for e in watcher.of("alert", "slow_step")} >= set(INJECTED)
+    watched = open_store(tmp_path / "watched.duckdb")
+    rows = store_rows(watched)
+    statuses = watched.execute("SELECT format, lines FROM files").fetchall()
+    watched.close()
+    assert statuses == [("verl-jsonl", text.count("\n"))]
+    assert rows == one_shot(tmp_path / "once.duckdb", log, text.encode())
+
+
+def judged_run(tmp_path: Path, model: StepTimeModel) -> tuple[dict[int, dict], dict[int, dict]]:
+    """SPEC's run drawn with `model`, ingested whole and judged step by step as the watch judges it:
+    ({step: its record}, {step: its truth row})."""
+    frame = step_table(LENGTHS, SPEC, model)
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text(console_text(frame, SPEC, model))
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [log], run_name="r")
+    records = StepJudge(con, con.execute("SELECT run_id FROM runs").fetchall()[0][0]).new_steps()
+    con.close()
+    return {r["step"]: r for r in records}, {row["step"]: row for row in frame.iter_rows(named=True)}
+
+
+def test_a_step_is_judged_alike_whether_the_run_lands_at_once_or_a_piece_at_a_time(tmp_path, lines):
+    """Walk-forward: a step's record (expected seconds, slow, causes) depends on the steps before it
+    only, so the log read whole and judged once gives what the log read in seven growths gives, each
+    judged as it lands (steps landing in one growth see none of each other's later steps)."""
+    (tmp_path / "whole").mkdir()
+    at_once, _ = judged_run(tmp_path / "whole", MODEL)
+    log = tmp_path / "pieces" / "job" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    con = open_store(tmp_path / "pieces" / "s.duckdb")
+    judge, records = None, []
+    cuts = [len(lines) * k // 7 for k in range(1, 8)]
+    for start, end in zip([0, *cuts], cuts):
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines[start:end]))
+        ingest_paths(con, [log], run_name="r", complete_lines=True, batch=False)
+        if judge is None and con.execute("SELECT count(*) FROM runs").fetchall()[0][0]:
+            judge = StepJudge(con, con.execute("SELECT run_id FROM runs").fetchall()[0][0])
+        records.extend(judge.new_steps() if judge else [])
+    con.close()
+    piecewise = {r["step"]: r for r in records}
+    assert sorted(piecewise) == sorted(at_once) == list(range(1, SPEC.steps + 1))
+    for step, record in at_once.items():
+        other = piecewise[step]
+        assert (other["slow"], [c["cause"] for c in other["causes"]]) == \
+            (record["slow"], [c["cause"] for c in record["causes"]]), step
+        assert (other["expected_s"] is None) == (record["expected_s"] is None), step
+        if record["expected_s"] is not None:
+            assert other["expected_s"] == pytest.approx(record["expected_s"], rel=1e-9), step
+    assert sum(r["expected_s"] is not None for r in at_once.values()) >= SPEC.steps - 10
+
+
+# A run whose training stages are token-bound: their seconds per token of the busiest rank are 5 times
+# the generator's default (update_actor ≈ 10 s + 2.25e-4 s × ~18k tokens).
+TOKEN_BOUND = tuple((name, a, 5 * b) for name, a, b in StepTimeModel().token_stages)
+IMBALANCED_STEP = 24
+
+
+def test_the_judge_flags_an_injected_dp_imbalance_when_it_costs_the_step_time(tmp_path):
+    """The busiest DP rank holding 1.6 × the mean rank's tokens on step 24 of a token-bound run: the step
+    is slow, and its cause is dp_imbalance in a token stage, of the size the generator's truth gives."""
+    injected = {**INJECTED, IMBALANCED_STEP: "dp_imbalance"}
+    model = StepTimeModel(token_stages=TOKEN_BOUND,
+                          injections=tuple(Injection(step, cause) for step, cause in injected.items()))
+    judged, truth = judged_run(tmp_path, model)
+    for step, cause in injected.items():
+        record = judged[step]
+        assert record["slow"] and record["causes"][0]["cause"] == cause, (step, record)
+    (cause,) = judged[IMBALANCED_STEP]["causes"]
+    assert cause["stage"] == truth[IMBALANCED_STEP]["cause_dp_imbalance_stage"] == "update_actor"
+    assert cause["seconds"] == pytest.approx(truth[IMBALANCED_STEP]["cause_dp_imbalance_s"], rel=0.25)
+    assert sum(r["slow"] for step, r in judged.items() if step not in injected) <= 2
+
+
+def test_an_injected_dp_imbalance_under_the_slow_rule_is_not_flagged(tmp_path):
+    """With the generator's default costs the same imbalance adds under 1 s to a step of about 100 s,
+    below the 5 % of the expected step that any slow step exceeds: the judge rightly passes it."""
+    model = StepTimeModel(injections=(Injection(IMBALANCED_STEP, "dp_imbalance"),))
+    judged, truth = judged_run(tmp_path, model)
+    record = judged[IMBALANCED_STEP]
+    assert truth[IMBALANCED_STEP]["cause_dp_imbalance_s"] < 0.05 * record["expected_s"] / 4
+    assert not record["slow"]
+
+
+def test_watch_gives_each_validation_once_with_its_values(tmp_path):
+    """A run validating before training (step 0: a validation, not a step), every 10 steps and at its last
+    step, half its log there when watching starts: one validation event each, right after its step's
+    event, holding the values the log printed."""
+    spec = replace(SPEC, steps=24)
+    model = StepTimeModel(validate_every=10)
+    text = console_text(step_table(LENGTHS, spec, model), spec, model)
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    lines = text.splitlines(keepends=True)
+    log.write_text("".join(lines[:len(lines) // 2]))
+    events: list[dict] = []
+
+    def job():
+        wait_for(lambda: any(e["event"] == "step" for e in events))
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines[len(lines) // 2:]))
+
+    writer = threading.Thread(target=job)
+    writer.start()
+    con = open_store(tmp_path / "w.duckdb")
+    watch_log(con, log, events.append, WatchSettings(poll=0.05, idle_exit=0.5, run="r"))
+    writer.join()
+    printed = dict(con.execute("SELECT step, value FROM step_metrics WHERE key = 'val-core/math/reward/mean@1'"
+                               ).fetchall())
+    con.close()
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+    validations = [e for e in events if e["event"] == "validation"]
+    assert [e["step"] for e in validations] == [0, 10, 20, 24]
+    assert all(key.startswith("val-") for e in validations for key in e["metrics"])
+    assert {e["step"]: e["metrics"]["val-core/math/reward/mean@1"] for e in validations} == printed
+    order = [(e["event"], e["step"]) for e in events if e["event"] in ("step", "validation")]
+    for step in (10, 20, 24):
+        assert order.index(("validation", step)) == order.index(("step", step)) + 1
+    assert order[0] == ("validation", 0) and ("step", 0) not in order  # a validation alone is no step

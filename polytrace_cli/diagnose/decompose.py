@@ -60,10 +60,11 @@ def residual_seconds(frame: pl.DataFrame, model: StepTimeModel) -> np.ndarray:
     return np.where(np.isfinite(wall), total, np.nan)
 
 
-def around(frame: pl.DataFrame, model: StepTimeModel) -> dict[str, np.ndarray]:
+def around(frame: pl.DataFrame, model: StepTimeModel, trailing: bool = False) -> dict[str, np.ndarray]:
     """W̄_s per step (see the module docstring): for each workload feature of `model.typical`, the
     running median of its values (missing ones at the run's typical value) over the nearest
-    LOCAL_WINDOW training steps; for each busiest-rank feature, mean_rank_tokens̄_s + its gap̄_s,
+    LOCAL_WINDOW training steps (with `trailing`, the LOCAL_WINDOW up to the step:
+    `thresholds.local_baseline`); for each busiest-rank feature, mean_rank_tokens̄_s + its gap̄_s,
     gap = busiest − mean_rank_tokens (the gap's typical key holds gap̄_s)."""
     training = model.training.fill_null(False).to_numpy() if model.training.len() == frame.height \
         else np.ones(frame.height, dtype=bool)
@@ -73,7 +74,7 @@ def around(frame: pl.DataFrame, model: StepTimeModel) -> dict[str, np.ndarray]:
             if name in frame.columns else np.full(frame.height, np.nan)
         return np.where(np.isfinite(values), values, model.typical.get(name, 0.0))
 
-    local = {name: local_baseline(filled(name), training) for name in model.typical
+    local = {name: local_baseline(filled(name), training, trailing) for name in model.typical
              if name not in GAP_OF and name not in GAP_OF.values()}
     for feature, gap_name in GAP_OF.items():
         if feature not in model.typical or "mean_rank_tokens" not in local:
@@ -82,16 +83,19 @@ def around(frame: pl.DataFrame, model: StepTimeModel) -> dict[str, np.ndarray]:
         raw = frame[feature].cast(pl.Float64).fill_null(np.nan).fill_nan(np.nan).to_numpy() \
             if feature in frame.columns else np.full(frame.height, np.nan)
         gap = np.where(np.isfinite(raw), raw - mean, model.typical[gap_name])
-        local[gap_name] = local_baseline(gap, training)
+        local[gap_name] = local_baseline(gap, training, trailing)
         local[feature] = local["mean_rank_tokens"] + local[gap_name]
     return local
 
 
-def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame]:
+def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray,
+              trailing: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(steps, parts): one row per timed step (`STEP_COLUMNS`: seconds = wall time, expected_s = the
     model at the typical workload around the step, model_s = the model at the step's workload,
     residual_s = seconds − model_s − overheads − weight sync excess)
-    and one row per step × cause × stage with its seconds (`PART_COLUMNS`); see the module docstring."""
+    and one row per step × cause × stage with its seconds (`PART_COLUMNS`); see the module docstring.
+    With `trailing` the typical workload is that of the steps up to each step (`around`): a step's
+    row then depends on no later step."""
     timed = frame["wall_s"].is_not_null().to_numpy()
     typical = model.typical
     predicted = model.predict(frame)
@@ -105,7 +109,7 @@ def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray) -> 
         values = column(name)
         return np.where(np.isfinite(values), values, typical.get(name, 0.0))
 
-    local = around(frame, model)
+    local = around(frame, model, trailing)
     for stage, fit in model.stages.items():
         for name, b in fit.coefficients.items():
             if name == "r_max":

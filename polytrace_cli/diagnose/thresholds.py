@@ -75,22 +75,31 @@ def warmup_steps(frame: pl.DataFrame, residual: np.ndarray, expected: np.ndarray
     return warm
 
 
-def local_baseline(values: np.ndarray, training: np.ndarray) -> np.ndarray:
+def local_baseline(values: np.ndarray, training: np.ndarray, trailing: bool = False) -> np.ndarray:
     """Per step, the running median of the training steps' values over LOCAL_WINDOW training steps
     (centred), interpolated at the other steps: the cause's level around the step, which follows a
-    drift of the workload and ignores a single spike."""
+    drift of the workload and ignores a single spike.
+
+    `trailing` (a run judged as it goes): the window ends at the step, the LOCAL_WINDOW training steps
+    up to it, and another step takes the level of the last training step before it (the first's
+    before any), so that no step's level depends on a later step."""
     positions = np.flatnonzero(training)
     if positions.size == 0:
         return np.zeros(values.size)
-    running = pl.Series(values[positions]).rolling_median(window_size=LOCAL_WINDOW, center=True, min_samples=1)
-    return np.interp(np.arange(values.size), positions, running.to_numpy())
+    running = pl.Series(values[positions]).rolling_median(window_size=LOCAL_WINDOW, center=not trailing,
+                                                          min_samples=1).to_numpy()
+    if trailing:
+        last = np.searchsorted(positions, np.arange(values.size), side="right") - 1
+        return running[np.maximum(last, 0)]
+    return np.interp(np.arange(values.size), positions, running)
 
 
-def standing_out(steps: pl.DataFrame, causes: pl.DataFrame, in_training: np.ndarray) -> pl.DataFrame:
+def standing_out(steps: pl.DataFrame, causes: pl.DataFrame, in_training: np.ndarray,
+                 trailing: bool = False) -> pl.DataFrame:
     """Per step × cause (`causes`' rows): stands_out = the cause's seconds are above 2% of the
     step's expected_s and their deviation from the cause's local level (`local_baseline`, the
-    cause counted 0 where absent) is above median + 4.5·1.4826·MAD of the training steps'
-    deviations. `in_training` flags the training rows of `steps` (in step order)."""
+    cause counted 0 where absent; `trailing` as there) is above median + 4.5·1.4826·MAD of the
+    training steps' deviations. `in_training` flags the training rows of `steps` (in step order)."""
     keys = ["segment", "step"]
     expected = steps["expected_s"].to_numpy()
     wide = causes.pivot(on="cause", index=keys, values="seconds", aggregate_function="sum")
@@ -99,7 +108,7 @@ def standing_out(steps: pl.DataFrame, causes: pl.DataFrame, in_training: np.ndar
     flags = []
     for cause in [c for c in wide.columns if c not in keys]:
         values = wide[cause].to_numpy()
-        deviation = values - local_baseline(values, in_training)
+        deviation = values - local_baseline(values, in_training, trailing)
         rule = Threshold.robust(deviation[in_training], z=CAUSE_Z)
         flags.append(wide.select(keys).with_columns(
             cause=pl.lit(cause),
@@ -110,8 +119,8 @@ def standing_out(steps: pl.DataFrame, causes: pl.DataFrame, in_training: np.ndar
         .with_columns(pl.col("stands_out").fill_null(False))
 
 
-def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame,
-               training: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame, str]:
+def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame, training: pl.DataFrame,
+               trailing: bool = False) -> tuple[np.ndarray, pl.DataFrame, str]:
     """(flags over `steps` — the decomposition's step frame, in step order —, `standing_out` of
     each step × cause, the rule in words). A step is slow when excess_s > 5% of expected_s and
     either excess_s is above the robust threshold of the training steps' excess, or one of its
@@ -125,7 +134,7 @@ def slow_steps(steps: pl.DataFrame, causes: pl.DataFrame,
     expected = steps["expected_s"].to_numpy()
     excess = steps["excess_s"].to_numpy()
     by_excess = excess_rule.above(excess, expected)
-    standout = standing_out(steps, causes, in_training)
+    standout = standing_out(steps, causes, in_training, trailing)
     any_cause = steps.select(keys).join(
         standout.group_by(keys).agg(pl.col("stands_out").any()), on=keys, how="left", maintain_order="left"
     )["stands_out"].fill_null(False).to_numpy()

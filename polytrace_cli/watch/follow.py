@@ -6,6 +6,9 @@ lines are ingested (`ingest_paths(..., complete_lines=True)`: only the appended 
 the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/watch.schema.json):
 
     step       every new step: seconds, expected_s, slow, causes
+    validation every step whose validation metrics landed (keys with a format's validation prefix,
+               `val-core/...`, `test_score/...`, `eval/...`): their values, once per step; a
+               validation run before training (verl's `step:0` line) is one, though not a step
     alert      kind slow_step (a slow step), crash (an OOM, an NCCL timeout or a traceback in the
                new lines, named once a poll sees no growth, from the lines since its first sign;
                when CRASH_QUIET_POLLS polls in all pass without growth, watching ends with
@@ -24,6 +27,7 @@ watching ends (exit 0) after that many seconds without growth.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import time
@@ -163,6 +167,35 @@ def _metric_lines(con: duckdb.DuckDBPyConnection, file: Path, before: int) -> tu
     return row[0] if row else (None, None)
 
 
+class ValidationEvents:
+    """The `validation` events of one run: each step (segment and step) whose stored pairs hold a
+    validation key (`catalog.validation_key_sql` of the formats' declared prefixes), once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int):
+        from polytrace_cli.store.catalog import declared_names, validation_key_sql
+
+        self.con, self.run_id = con, run_id
+        self.is_validation = validation_key_sql(declared_names()[1])
+        self.seen: set[tuple[int, int]] = set()
+
+    def new(self) -> list[dict]:
+        """One event per step with validation values not yet given, in log order: step, segment and
+        its numeric validation values by key (NaN and infinities as null)."""
+        rows = self.con.execute(
+            f"SELECT segment, step, list(key ORDER BY line_no, key), list(value ORDER BY line_no, key)"
+            f" FROM step_metrics WHERE run_id = ? AND text_value IS NULL AND ({self.is_validation})"
+            f" GROUP BY segment, step ORDER BY segment, step", [self.run_id]).fetchall()
+        events = []
+        for segment, step, keys, values in rows:
+            if (segment, step) in self.seen:
+                continue
+            self.seen.add((segment, step))
+            metrics = {key: value if value is not None and math.isfinite(value) else None
+                       for key, value in zip(keys, values)}
+            events.append({"event": "validation", "step": step, "segment": segment, "metrics": metrics})
+        return events
+
+
 def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[dict], None],
               settings: WatchSettings = WatchSettings(), on_run: Callable[[str], None] | None = None,
               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
@@ -176,6 +209,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
     files = _Files(path)
     result = WatchResult()
     judge: StepJudge | None = None
+    validations: ValidationEvents | None = None
     last_growth = last_step_at = clock()
     gaps: list[float] = []
     stalled_at_step: int | None = None
@@ -206,7 +240,6 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
                 files.scanned[file] = (0, 0)
         if grown:
-            last_growth = now
             reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
             rewritten = {report.path for report in reports if report.status == "replaced"}
             for file, size in grown.items():
@@ -223,6 +256,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 result.run = run_name
                 run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [run_name]).fetchall()
                 judge = StepJudge(con, run_id[0][0]) if run_id else None
+                validations = ValidationEvents(con, run_id[0][0]) if run_id else None
                 total_steps = configured_steps(con, run_name)
                 if on_run is not None:
                     on_run(run_name)
@@ -239,18 +273,28 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 if last_step is not None:  # k steps in one gap landed gap / k apart
                     gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
                 last_step_at, stalled_at_step = now, None
+            # A validation follows its step's events; one without a step comes where its step would.
+            validated = validations.new() if validations is not None else []
             for record in steps:
+                while validated and (validated[0]["segment"], validated[0]["step"]) < (record["segment"], record["step"]):
+                    emit(validated.pop(0))
                 last_step = record["step"]
                 result.steps += 1
                 emit({"event": "step", **record})
                 if record["slow"]:
                     emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
                           "expected_s": record["expected_s"], "causes": record["causes"]})
+                if validated and (validated[0]["segment"], validated[0]["step"]) == (record["segment"], record["step"]):
+                    emit(validated.pop(0))
+            for event in validated:
+                emit(event)
             if steps and crash is not None and (_metric_lines(con, crash.file, crash.line)[1] or 0) > crash.line:
                 # Steps logged after the crash's lines: the job lives on.
                 if not crash.alerted:
                     alert_crash(crash)
                 crash, result.reason = None, ""
+            # Idle time counts from when the growth was read: a slow read never eats the idle window.
+            last_growth = clock()
         elif crash is not None:
             if not crash.alerted:
                 alert_crash(crash)

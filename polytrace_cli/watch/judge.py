@@ -3,7 +3,8 @@ fitted on earlier steps only.
 
 The model is `diagnose.explain.decompose_run` on the steps already seen (fitted once the run has
 MIN_TRAINING_STEPS timed training steps, refitted each time their number has grown by REFIT_GROWTH
-since the last fit). A new step is then decomposed with that model (`diagnose.decompose`): its
+since the last fit). A new step is then decomposed with that model (`diagnose.decompose`, trailing:
+the typical workload and each cause's level are those of the training steps up to the step): its
 seconds, the typical step the model expects (`expected_s`, no testing or checkpoint), the model
 at the step's own workload (`model_s`), and its excess split into causes. It is slow by
 `diagnose.thresholds.slow_steps`, with the thresholds of the fitted steps: excess > 5% of
@@ -51,7 +52,8 @@ class StepJudge:
     def new_steps(self) -> list[dict]:
         """One record per step stored since the last call, in log order: step, segment, seconds,
         expected_s, model_s, slow, causes, stages (seconds per stage) and, before the model exists,
-        `note` saying why there is no expectation.
+        `note` saying why there is no expectation. A step that so far holds validation values only
+        (a validation before training) is no step: it is left out until a training line lands for it.
 
         A step is judged by the model fitted on the steps before it, refitted where the count of
         timed training steps before a step reaches REFIT_GROWTH × the count the model was fitted
@@ -60,7 +62,8 @@ class StepJudge:
         if not frame.height:
             return []
         keys = list(zip(frame["segment"].to_list(), frame["step"].to_list()))
-        new = [index for index, key in enumerate(keys) if key not in self.seen]
+        validation_only = frame["validation_only"].to_list()
+        new = [index for index, key in enumerate(keys) if key not in self.seen and not validation_only[index]]
         if not new:
             return []
         training = training_mask(frame).to_numpy()
@@ -104,9 +107,9 @@ class StepJudge:
     def _judge(self, frame: pl.DataFrame, chunk: list[int], run, fitted: pl.DataFrame) -> dict[int, dict]:
         """The records of the rows `chunk` of `frame` (the run up to them), by `run`'s model with the
         thresholds of its `fitted` steps."""
-        steps, parts = decompose(frame, run.model, np.zeros(frame.height, dtype=bool))
+        steps, parts = decompose(frame, run.model, np.zeros(frame.height, dtype=bool), trailing=True)
         causes = step_causes(parts)
-        flags, standout, _ = slow_steps(steps, causes, fitted)
+        flags, standout, _ = slow_steps(steps, causes, fitted, trailing=True)
         causes = causes.join(standout, on=["segment", "step", "cause"], how="left") \
             .with_columns(pl.col("stands_out").fill_null(False))
         steps = steps.with_columns(slow=pl.Series(flags))

@@ -25,6 +25,7 @@ class WatchView:
         self.total_steps: int | None = None
         self.steps: list[dict] = []
         self.alerts: list[dict] = []
+        self.validation: dict | None = None
         self.run: str | None = None
 
     def add(self, event: dict) -> None:
@@ -32,6 +33,8 @@ class WatchView:
             self.steps.append(event)
         elif event["event"] in ("alert", "truncated"):
             self.alerts.append(event)
+        elif event["event"] == "validation":
+            self.validation = event
 
     def __rich__(self) -> Group:
         timed = [s["seconds"] for s in self.steps[-50:] if s.get("seconds")]
@@ -56,7 +59,10 @@ class WatchView:
             style = "bold red" if step["slow"] else None
             table.add_row(str(step["step"]), _seconds(seconds), _seconds(expected), ratio,
                           _bar(step.get("stages", {}), longest), causes or (step.get("note") or ""), style=style)
-        parts = [head, Text("  ".join(facts)), table]
+        parts = [head, Text("  ".join(facts))]
+        if self.validation is not None:
+            parts.append(Text(_validation_text(self.validation)))
+        parts.append(table)
         for alert in self.alerts[-4:]:
             parts.append(Text(_alert_text(alert), style="yellow"))
         return Group(*parts)
@@ -80,6 +86,18 @@ def _bar(stages: dict, longest: float) -> Text:
         if width:
             bar.append("█" * width, style=STAGE_STYLES.get(stage, "white"))
     return bar
+
+
+# How many of a validation's values the view shows (in the order they were logged).
+SHOWN_VALIDATION_VALUES = 3
+
+
+def _validation_text(event: dict) -> str:
+    values = list(event["metrics"].items())
+    shown = ", ".join(f"{key} {'—' if value is None else f'{value:.4g}'}"
+                      for key, value in values[:SHOWN_VALIDATION_VALUES])
+    more = f" (+{len(values) - SHOWN_VALIDATION_VALUES} more)" if len(values) > SHOWN_VALIDATION_VALUES else ""
+    return f"validation at step {event['step']}: {shown}{more}"
 
 
 def _alert_text(alert: dict) -> str:

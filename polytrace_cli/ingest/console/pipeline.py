@@ -119,8 +119,8 @@ class ConsoleGrammar:
     # the lines it is given): an appended read gives them as a whole read would, so they may change.
     recomputed_meta: ClassVar[frozenset[str]] = frozenset()
     # True for a grammar whose parse needs the whole log at once (TRL numbers its dicts from the
-    # progress bars and stages of the whole log): the log is then read as one block, and its
-    # ingester is not appendable (a log that grew is read whole again).
+    # progress bars and stages of the whole log): the log is then read as one block. Such a grammar
+    # follows a grown log only with the state its `follow_state` keeps.
     whole_log: ClassVar[bool] = False
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
@@ -150,6 +150,12 @@ class ConsoleGrammar:
         """Fill ctx.run_meta (and ctx.format_version) from the lines (metric lines without their
         text) and a digest of the stored pairs: the first pair of each key and the first
         `printed_values_read` pairs of `printed_sample` with their printed text, in line order."""
+
+    def follow_state(self) -> dict | None:
+        """What the grammar itself needs to read the lines appended to the log after this read as a
+        whole read would (kept in the file's resume state, given back in `ctx.resume`), or None when
+        they cannot be read on their own (the next read of the grown log is then whole)."""
+        return {}
 
 
 def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
@@ -202,9 +208,10 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
         metrics = _stored_line(ctx, ctx.resume["last_line"]).select(metrics.columns).with_columns(
             value=pl.lit(None, dtype=pl.Float64))
     grammar.record_meta(ctx, lines, metrics)
-    if from_metrics:
+    follow = grammar.follow_state() if from_metrics else None
+    if follow is not None:
         ctx.resume_state = {**resume_segments_state(writer.last_line_no, resumes),
-                            "recomputed_meta": sorted(grammar.recomputed_meta)}
+                            "recomputed_meta": sorted(grammar.recomputed_meta), **follow}
 
 
 def resume_segments_state(last_line: int, resumes: list[int]) -> dict:

@@ -30,6 +30,12 @@ and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps 
   is not flagged `resumed` for it.
 - The dicts of a log are numbered together (bars, stages, the SFT stage before the RL one), so the
   pipeline reads a TRL log as one block (`ConsoleGrammar.whole_log`), not block by block.
+- A log that grew is read from where the last read ended, with what that read kept of the bars,
+  the current stage, its numbering and its last cumulative token count (`follow_state`). It is
+  read whole again when the new lines would change how earlier dicts were read: an RL dict after
+  dicts without RL keys, a bar total drawn before that only now belongs to the training bar,
+  `logging_steps` first printed after estimated steps, or a second token count after a stage's
+  first (whose per-step count the second decides).
 - A log that stops mid-run (no end-of-training dict, bar below its total) keeps every step it
   has and says where it stops.
 - `eval_*` keys are stored as `eval/*` (validation), at the step of the training dict before.
@@ -89,6 +95,7 @@ class TrlConsoleIngester(Ingester):
     name = "trl-console"
     version = "1"
     framework = "trl"
+    appendable = True
     description = "TRL / Unsloth console log (Trainer metric dicts under a tqdm bar: GRPO, RLOO, PPO)"
     metric_aliases = trl_names.METRIC_ALIASES
     validation_prefixes = trl_names.VALIDATION_PREFIXES
@@ -107,11 +114,16 @@ class TrlGrammar(ConsoleGrammar):
 
     anchor = "{'"
     whole_log = True
+    # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
+    recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage"})
 
     def __init__(self) -> None:
         self.meta: dict = {}
         self.summary: dict | None = None
         self.dicts: list[dict] = []
+        self.before: dict | None = None  # the state the last read left (an appended read)
+        self.state: dict = {}
+        self.cannot_follow = False
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         starts = cleaned.str.starts_with("{'")
@@ -121,20 +133,38 @@ class TrlGrammar(ConsoleGrammar):
     def parse(self, ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         """Pairs of the RL stage's dicts (or of every dict when the log has no RL stage), the
         derived `num_tokens/per_step` and `tqdm/step_s`, and the flags of estimated steps."""
-        bars = _bar_points(lines)
+        before = self.before = (ctx.resume or {}).get("trl")
+        bars, self.state["bars"], retroactive = _bar_points(lines, before["bars"] if before else None)
+        self.cannot_follow |= retroactive
         pairs, dicts = self._read_dicts(ctx, lines.filter(pl.col("kind").is_in(["metric", "dirty"])), bars)
         self._stage_kinds(dicts, pairs)
-        has_rl = any(d["rl"] for d in dicts)
-        logging_steps = _logging_steps(lines)
-        self.meta = {"logging_steps": logging_steps}
+        has_rl = any(d["rl"] for d in dicts) or bool(before and before["has_rl"])
+        if before and before["dicts"] and not before["has_rl"] and has_rl:
+            self.cannot_follow = True  # the dicts read before become an SFT stage
+        logging_steps = found_steps = _logging_steps(lines)
+        if before:
+            logging_steps = before["logging_steps"] if before["logging_steps"] is not None else found_steps
+            if before["logging_steps"] is None and found_steps is not None and before["dicts"]:
+                self.cannot_follow = True  # the dicts read before would be numbered by it
+        self.meta = {"logging_steps": found_steps}
         sft = [d["line_no"] for d in dicts if has_rl and not d["rl_stage"]]
+        sft_before = before["sft"] if before else {"dicts": 0, "last_loss": None}
+        self.state.update(has_rl=has_rl, logging_steps=logging_steps, sft=sft_before,
+                          dicts=(before["dicts"] if before else 0) + len(dicts))
         if sft:
             ctx.ignore(SFT_RULE, len(sft))
             losses = pairs.filter(pl.col("line_no").is_in(sft) & (pl.col("key") == "loss")).get_column("value")
-            self.meta["trl_sft_stage"] = {"dicts": len(sft), "last_loss": losses[-1] if losses.len() else None}
+            last_loss = losses[-1] if losses.len() else sft_before["last_loss"]
+            self.meta["trl_sft_stage"] = self.state["sft"] = {"dicts": sft_before["dicts"] + len(sft),
+                                                              "last_loss": last_loss}
             ctx.note(f"{len(sft)} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
         kept = [d for d in dicts if not has_rl or d["rl_stage"]]
         return self._number(ctx, kept, pairs, logging_steps)
+
+    def follow_state(self) -> dict | None:
+        """The bars, the current stage and its numbering after this read (see the module), or None
+        when an appended read cannot go on from it."""
+        return None if self.cannot_follow else {"trl": self.state}
 
     def _read_dicts(self, ctx: FileContext, metric_lines: pl.DataFrame,
                     bars: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
@@ -191,35 +221,48 @@ class TrlGrammar(ConsoleGrammar):
     def _stage_kinds(self, dicts: list[dict], pairs: pl.DataFrame) -> None:
         """Cut the dicts into stages (a new bar, or the dict after an end-of-training dict, starts
         one), mark each `rl_stage`, and take out the end-of-training dicts: the last kept stage's
-        becomes `self.summary`."""
-        stage, last_bar_stage, current = 0, None, []
+        becomes `self.summary`. An appended read goes on in the stage the last read ended in."""
+        before = self.before
+        stage, last_bar_stage = (before["stage"], before["last_bar_stage"]) if before else (0, None)
+        earlier = before["stage_dicts"] if before else 0  # dicts of the current stage read before
+        current: list[dict] = []
         stages: list[list[dict]] = [current]
         summaries: dict[int, int] = {}
         for entry in dicts:
             if entry["summary"]:
                 summaries[stage] = entry["line_no"]
-                stage += 1
+                stage, earlier = stage + 1, 0
                 current = []
                 stages.append(current)
                 continue
             if entry["bar_stage"] is not None and last_bar_stage is not None and entry["bar_stage"] != last_bar_stage:
-                if current:
-                    stage += 1
+                if current or earlier:
+                    stage, earlier = stage + 1, 0
                     current = []
                     stages.append(current)
             last_bar_stage = entry["bar_stage"] if entry["bar_stage"] is not None else last_bar_stage
             entry["stage"] = stage
             current.append(entry)
-        for members in stages:
+        for index, members in enumerate(stages):
             rl = any(m["rl"] for m in members)
+            if index == 0 and before and before["stage_dicts"]:
+                if rl and not before["stage_rl"]:
+                    self.cannot_follow = True  # the stage's dicts read before become RL ones
+                rl = rl or before["stage_rl"]
             for member in members:
                 member["rl_stage"] = rl
         dicts[:] = [d for d in dicts if not d["summary"]]
-        has_rl = any(d["rl_stage"] for d in dicts)
+        has_rl = any(d["rl_stage"] for d in dicts) or bool(before and before["has_rl"])
         kept = [d["stage"] for d in dicts if d["rl_stage"] or not has_rl]
-        summary_line = summaries.get(kept[-1]) if kept else None
+        last_kept = kept[-1] if kept else (before["last_kept_stage"] if before else None)
+        summary_line = summaries.get(last_kept) if last_kept is not None else None
         if summary_line is not None:
             self.summary = dict(pairs.filter(pl.col("line_no") == summary_line).select("key", "value").iter_rows())
+        last_members = stages[-1]
+        self.state.update(stage=stage, last_bar_stage=last_bar_stage, last_kept_stage=last_kept,
+                          stage_dicts=earlier + len(last_members),
+                          stage_rl=any(m["rl_stage"] for m in last_members) or bool(
+                              len(stages) == 1 and before and before["stage_rl"]))
 
     def _number(self, ctx: FileContext, dicts: list[dict], pairs: pl.DataFrame,
                 logging_steps: int | None) -> ParsedMetrics:
@@ -231,6 +274,15 @@ class TrlGrammar(ConsoleGrammar):
         ordinal: dict[int, int] = {}
         previous: dict[int, tuple[int, float | None]] = {}
         last_train_step: dict[int, int] = {}
+        before = self.before
+        if before:  # the numbering of the stage the last read ended in goes on
+            stage = before["stage"]
+            if before["ordinal"]:
+                ordinal[stage] = before["ordinal"]
+            if before["previous"] is not None:
+                previous[stage] = tuple(before["previous"])
+            if before["last_train_step"] is not None:
+                last_train_step[stage] = before["last_train_step"]
         sources: set[str] = set()
         for entry in dicts:
             stage, line_no = entry["stage"], entry["line_no"]
@@ -266,9 +318,10 @@ class TrlGrammar(ConsoleGrammar):
             numbered, on="line_no").with_columns(
             key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
             .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
-        tokens = metrics.filter(~pl.col("eval") & (key == trl.CUMULATIVE_TOKENS) & pl.col("value").is_not_null())
-        derived = trl.tokens_per_step(tokens).with_columns(pair_index=pl.lit(1000, pl.Int64),
-                                                           text_value=pl.lit(None, pl.String))
+        tokens = metrics.filter(~pl.col("eval") & (key == trl.CUMULATIVE_TOKENS) & pl.col("value").is_not_null()
+                                ).select("group", "step", "key", "value", "line_no")
+        derived = trl.tokens_per_step(self._with_tokens_before(tokens)).filter(pl.col("line_no") > 0).with_columns(
+            pair_index=pl.lit(1000, pl.Int64), text_value=pl.lit(None, pl.String))
         columns = ["line_no", "step", "pair_index", "key", "value", "text_value"]
         metrics = pl.concat([metrics.select(columns), derived.select(columns)]).sort("line_no", "pair_index") \
             .with_columns(raw_value=pl.lit(None, pl.String)).select(list(metric_schema()))
@@ -280,7 +333,30 @@ class TrlGrammar(ConsoleGrammar):
         elif "logging_steps" in sources:
             ctx.note(f"no progress bar: steps from logging_steps={logging_steps} (flag step_estimated)")
         self.dicts = dicts
+        stage = self.state["stage"]
+        self.state.update(ordinal=ordinal.get(stage, 0), previous=list(previous[stage]) if stage in previous else None,
+                          last_train_step=last_train_step.get(stage))
         return ParsedMetrics(metrics, flag_frame, printed.sort("line_no"))
+
+    def _with_tokens_before(self, tokens: pl.DataFrame) -> pl.DataFrame:
+        """The cumulative token counts (group, step, key, value, line_no) with, in an appended read,
+        the last count read before in the stage it ended in (line 0); and what the next read needs of
+        the last stage's counts. A stage whose only count was read before cannot go on: its per-step
+        count depends on the next one."""
+        before = (self.before or {}).get("tokens")
+        stage = self.state["stage"]
+        if before is not None:
+            same_stage = tokens.filter(pl.col("group") == before["stage"])
+            if before["count"] == 1 and same_stage.height:
+                self.cannot_follow = True
+            seed = pl.DataFrame({"group": [before["stage"]], "step": [before["step"]], "key": [trl.CUMULATIVE_TOKENS],
+                                 "value": [before["value"]], "line_no": [0]}, schema=tokens.schema)
+            tokens = pl.concat([seed, tokens])
+        last = tokens.filter(pl.col("group") == stage).sort("step")
+        earlier = before["count"] - 1 if before is not None and before["stage"] == stage else 0
+        self.state["tokens"] = ({"stage": stage, "step": last["step"][-1], "value": last["value"][-1],
+                                 "count": earlier + last.height} if last.height else None)
+        return tokens
 
     def zero_steps(self, ctx: FileContext, lines: pl.DataFrame) -> None:
         ctx.note("zero steps: no Trainer metrics dict in the log")
@@ -300,7 +376,7 @@ class TrlGrammar(ConsoleGrammar):
         summary = self.summary
         if summary:
             meta["trl_train_summary"] = summary
-        if dicts and (dicts[0]["bar_from_zero"] or dicts[0]["counter"] is None) and ctx.stored:
+        if dicts and (dicts[0]["bar_from_zero"] or dicts[0]["counter"] is None) and ctx.stored and not self.before:
             # The first logged step is `logging_steps`, not 1, in a run that started at step 0:
             # the pipeline's `resumed` flag (first step above 1) does not apply.
             ctx.rows -= len(ctx.con.execute(
@@ -315,14 +391,16 @@ class TrlGrammar(ConsoleGrammar):
         ctx.run_meta.update(meta)
 
 
-def _bar_points(lines: pl.DataFrame) -> pl.DataFrame:
-    """Per line: the training bar last drawn at or before it (counter, total, elapsed seconds),
+def _bar_points(lines: pl.DataFrame, before: dict | None = None) -> tuple[pl.DataFrame, dict, bool]:
+    """(per line: the training bar last drawn at or before it (counter, total, elapsed seconds),
     `bar_stage` (a count of bars started so far: a counter lower than the one before starts a
     new bar) and `bar_from_zero` (the stage's bar was drawn at 0, so its elapsed time starts
-    with the stage).
+    with the stage); what a read of the lines after these needs; whether these lines make a bar
+    drawn before them a training bar, which an appended read cannot follow).
 
     Other bars without a description (the evaluation loop's) are left out: only bars whose total
-    is the one drawn last before some training dict count.
+    is the one drawn last before some training dict count. `before` is what the read of the
+    lines before these left (an appended read).
     """
     drawn = lines.select("line_no", "c", matches=pl.col("raw").str.extract_all(TRAINING_BAR)).with_columns(
         last=pl.col("matches").list.last(), first=pl.col("matches").list.first()).drop("matches")
@@ -335,17 +413,35 @@ def _bar_points(lines: pl.DataFrame) -> pl.DataFrame:
                  + pl.col("5").cast(pl.Float64)),
         first_counter=pl.col("first").str.extract(TRAINING_BAR, 1).cast(pl.Int64),
     )
+    last_bar = before["bar"] if before else None
     seen = points.with_columns(seen_total=pl.col("total").forward_fill())
-    training_totals = seen.filter(pl.col("c").str.starts_with("{'") & ~pl.col("c").str.starts_with("{'eval_")
-                                  ).get_column("seen_total").drop_nulls().unique().implode()
+    if before and before["last_total"] is not None:
+        seen = seen.with_columns(pl.col("seen_total").fill_null(before["last_total"]))
+    found = set(seen.filter(pl.col("c").str.starts_with("{'") & ~pl.col("c").str.starts_with("{'eval_")
+                            ).get_column("seen_total").drop_nulls().unique().to_list())
+    known = set(before["training_totals"]) if before else set()
+    drawn_before = set(before["totals_drawn"]) if before else set()
+    retroactive = bool((found - known) & drawn_before)
+    training_totals = sorted(found | known)
     drawn = points.filter(pl.col("total").is_in(training_totals))
     drawn = drawn.with_columns(
-        new_bar=((pl.col("first_counter") < pl.col("counter").shift(1)) | (pl.col("first_counter") == 0))
-        .fill_null(True),
-    ).with_columns(bar_stage=pl.col("new_bar").cast(pl.Int64).cum_sum())
-    drawn = drawn.with_columns(bar_from_zero=(pl.col("first_counter") == 0).any().over("bar_stage"))
-    return (points.select("line_no").join(drawn.drop("c", "first_counter", "new_bar"), on="line_no", how="left")
-            .sort("line_no").with_columns(pl.exclude("line_no").forward_fill()))
+        new_bar=((pl.col("first_counter") < pl.col("counter").shift(1, fill_value=last_bar and last_bar["counter"]))
+                 | (pl.col("first_counter") == 0)).fill_null(True),
+    ).with_columns(bar_stage=pl.col("new_bar").cast(pl.Int64).cum_sum() + (last_bar["bar_stage"] if last_bar else 0))
+    from_zero = (pl.col("first_counter") == 0).any().over("bar_stage")
+    if last_bar and last_bar["bar_from_zero"]:  # the bar the last read ended in goes on
+        from_zero = from_zero | (pl.col("bar_stage") == last_bar["bar_stage"])
+    drawn = drawn.with_columns(bar_from_zero=from_zero)
+    columns = ("counter", "total", "elapsed", "bar_stage", "bar_from_zero")
+    per_line = (points.select("line_no").join(drawn.drop("c", "first_counter", "new_bar"), on="line_no", how="left")
+                .sort("line_no").with_columns(pl.exclude("line_no").forward_fill()))
+    if last_bar:
+        per_line = per_line.with_columns(pl.col(name).fill_null(last_bar[name]) for name in columns)
+    state = {"bar": drawn.select(columns).row(-1, named=True) if drawn.height else last_bar,
+             "training_totals": training_totals,
+             "totals_drawn": sorted(drawn_before | set(points.get_column("total").drop_nulls().to_list())),
+             "last_total": seen.get_column("seen_total")[-1] if seen.height else (before or {}).get("last_total")}
+    return per_line, state, retroactive
 
 
 def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:

@@ -19,6 +19,9 @@ How a file is read (FORMATS.md, section 2):
   training line) is one step. A file whose first step is above 1 is flagged `resumed`.
 - Run meta: the version class, GPUs, and whether `timing_s/step` includes the testing and
   checkpoint timers (`store.step_timers.step_time_inclusion`, as for the console log).
+- A log that grew since its last read is read from there on (`appendable`): its new lines are
+  numbered after the stored ones and cut into segments on from the last line stored before
+  (`resume_state`: that line, its step and segment; its keys are its stored pairs).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class VerlJsonlIngester(Ingester):
     name = "verl-jsonl"
     version = "4"
     framework = "verl"
+    appendable = True
     description = 'verl file logger JSONL (`{"step": N, "data": {...}}` per line)'
     metric_aliases = verl_names.METRIC_ALIASES
     validation_prefixes = verl_names.VALIDATION_PREFIXES
@@ -79,7 +83,7 @@ class VerlJsonlIngester(Ingester):
             _read_line_by_line(ctx)
         _store_pairs(con)
         _reject_beyond_double(ctx)
-        _store(ctx)
+        last = _store(ctx, (ctx.resume or {}).get("last"))
         # The file logger writes full-precision JSON numbers and exists from verl 0.6.
         meta = {"framework": "verl", "verl_version": ">=0.6", "value_precision": None}
         meta.update(run_metadata.gpu_meta({}, run_metadata.n_gpus_from_throughput(con, ctx.file_id)))
@@ -87,6 +91,12 @@ class VerlJsonlIngester(Ingester):
             meta.update(step_time_inclusion(con, ctx.run_id))
         ctx.run_meta.update(meta)
         ctx.format_version = "verl>=0.6 file logger"
+        ctx.resume_state = {"last": last, "recomputed_meta": sorted(RECOMPUTED_META)}
+
+
+# Run meta computed from the file's (or run's) stored rows: an appended read gives it as a whole read would.
+RECOMPUTED_META = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
+                             "step_time_includes_checkpoint"})
 
 
 def _read_clean_file(ctx: FileContext) -> bool:
@@ -108,8 +118,8 @@ def _read_clean_file(ctx: FileContext) -> bool:
                              f" AND {step_sql(step_text)} IS NOT NULL AND data IS NOT NULL) FROM verl_jsonl_read",
                         [ctx.text_lines])[0]
     if clean:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE verl_jsonl_maps AS SELECT rowid + 1 AS line_no,"
-                    f" {step_sql(step_text)} AS step, NULL::JSON AS data, data AS pairs FROM verl_jsonl_read")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE verl_jsonl_maps AS SELECT rowid + 1 + {int(ctx.line_offset)}"
+                    f" AS line_no, {step_sql(step_text)} AS step, NULL::JSON AS data, data AS pairs FROM verl_jsonl_read")
         con.execute("CREATE OR REPLACE TEMP TABLE verl_jsonl_checked AS"
                     " SELECT line_no, step, NULL::VARCHAR AS problem FROM verl_jsonl_maps")
     con.execute("DROP TABLE verl_jsonl_read")
@@ -121,7 +131,7 @@ def _read_line_by_line(ctx: FileContext) -> None:
     `verl_jsonl_maps` (line_no, step, data, pairs) of the lines without a problem; blank and
     rejected lines accounted on `ctx`."""
     con = ctx.con
-    lines = _read_lines(ctx.path)
+    lines = _read_lines(ctx.path, ctx.line_offset)
     ctx.lines = lines.height
     blank = lines.filter(pl.col("raw").str.strip_chars() == "")
     ctx.ignore("blank", blank.height)
@@ -220,7 +230,7 @@ def _reject_beyond_double(ctx: FileContext) -> None:
                         " GROUP BY line_no ORDER BY line_no").fetchall()
     if found:
         wanted = {line_no: key for line_no, key in found}
-        for line_no, raw in _lines_numbered(ctx.path, wanted):
+        for line_no, raw in _lines_numbered(ctx.path, wanted, ctx.line_offset):
             ctx.reject(line_no, f"field data.{wanted[line_no]}: the number is out of range for DOUBLE", raw,
                        code="out-of-range")
         con.execute("DELETE FROM verl_jsonl_metrics WHERE line_no IN (SELECT unnest(?::BIGINT[]))", [list(wanted)])
@@ -230,24 +240,26 @@ def _reject_beyond_double(ctx: FileContext) -> None:
     con.execute("ALTER TABLE verl_jsonl_metrics DROP COLUMN beyond_double")
 
 
-def _lines_numbered(path: Path, wanted) -> list[tuple[int, str]]:
-    """(line number, text) of the wanted lines of a file, numbered from 1."""
+def _lines_numbered(path: Path, wanted, offset: int = 0) -> list[tuple[int, str]]:
+    """(line number, text) of the wanted lines of a file, numbered from `offset` + 1."""
     found = []
     with open(path, "rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
+        for line_no, raw in enumerate(handle, start=offset + 1):
             if line_no in wanted:
                 found.append((line_no, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
     return found
 
 
-def _read_lines(path: Path) -> pl.DataFrame:
-    """The file's lines numbered from 1 (columns line_no, raw); a final newline starts no line, a
-    UTF-8 byte order mark before the first line is not part of it."""
-    text = path.read_bytes().removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
+def _read_lines(path: Path, offset: int = 0) -> pl.DataFrame:
+    """The file's lines numbered from `offset` + 1 (columns line_no, raw); a final newline starts no
+    line, a UTF-8 byte order mark before the file's first line is not part of it."""
+    data = path.read_bytes()
+    text = (data if offset else data.removeprefix(codecs.BOM_UTF8)).decode("utf-8", errors="replace")
     parts = text.split("\n")
     if parts[-1] == "":
         parts.pop()
-    return pl.DataFrame({"raw": parts}, schema={"raw": pl.String}).with_row_index("line_no", offset=1).with_columns(
+    return pl.DataFrame({"raw": parts}, schema={"raw": pl.String}).with_row_index(
+        "line_no", offset=offset + 1).with_columns(
         pl.col("line_no").cast(pl.Int64), pl.col("raw").str.strip_chars_end("\r"))
 
 
@@ -275,9 +287,14 @@ def _json_reason(raw: str) -> str:
     return "not JSON"
 
 
-def _store(ctx: FileContext) -> None:
+def _store(ctx: FileContext, seed: dict | None = None) -> dict | None:
     """Segments (`segments.line_segments` over each stored line's step and keys), then
-    step_metrics and step_flags rows."""
+    step_metrics and step_flags rows; returns the last stored line, its step and segment (`seed`
+    when no line is new, None when no line is stored).
+
+    In an appended read, `seed` is the last line stored before: its step and keys (its pairs read
+    back from the store) come first, so the new lines' segments go on from its segment as in a
+    whole read, and only the new lines' flags are written."""
     con = ctx.con
     keyed_lines = con.sql(
         """
@@ -286,7 +303,12 @@ def _store(ctx: FileContext) -> None:
         WHERE c.problem IS NULL ORDER BY c.line_no, m.pair_index
         """
     ).pl()
-    con.register("verl_jsonl_line_segments", ArrowStream(line_segments(keyed_lines)))
+    if seed is not None:
+        keyed_lines = pl.concat([_stored_keys(ctx, seed), keyed_lines], how="vertical_relaxed")
+    segments = line_segments(keyed_lines).with_columns(pl.col("segment") + (seed or {}).get("segment", 0))
+    last = ({"line": segments["line_no"][-1], "step": segments["step"][-1], "segment": segments["segment"][-1]}
+            if segments.height else None)
+    con.register("verl_jsonl_line_segments", ArrowStream(segments))
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE verl_jsonl_segments AS SELECT * FROM verl_jsonl_line_segments")
     finally:
@@ -300,6 +322,17 @@ def _store(ctx: FileContext) -> None:
         """,
         [ctx.run_id, ctx.file_id],
     )
-    insert_step_flags(ctx, "verl_jsonl_segments")
-    if not ctx.stored:
+    insert_step_flags(ctx, "verl_jsonl_segments", after_line=seed["line"] if seed else None)
+    if last is None:
         ctx.note("zero steps: no valid step line")
+    return last
+
+
+def _stored_keys(ctx: FileContext, last: dict) -> pl.DataFrame:
+    """(line_no, step, key) of each pair the last line read before stored (`last`: its line, step
+    and segment), read back from the store; one row with a null key when its data object was empty."""
+    keys = [key for (key,) in ctx.con.execute(
+        "SELECT key FROM step_metrics WHERE file_id = ? AND line_no = ?",
+        [ctx.file_id, last["line"]]).fetchall()] or [None]
+    return pl.DataFrame({"line_no": [last["line"]] * len(keys), "step": [last["step"]] * len(keys), "key": keys},
+                        schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String})
