@@ -417,13 +417,14 @@ def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (
     con.register("console_segments", ArrowStream(segments))
     con.register("console_flags", ArrowStream(parsed.flags))
     try:
-        ctx.insert(
-            """
-            INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
-            SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
-            """,
-            [ctx.run_id, ctx.file_id],
-        )
+        with whole_row_groups(con, metrics.height):
+            ctx.insert(
+                """
+                INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+                SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+                """,
+                [ctx.run_id, ctx.file_id],
+            )
         insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
     finally:
         for view in ("console_metrics", "console_segments", "console_flags"):
