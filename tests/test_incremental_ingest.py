@@ -564,17 +564,25 @@ def _perf_line(step: int, pairs: str) -> bytes:
     return f"step:{step} - {pairs}\n".encode()
 
 
-def test_the_gpu_count_follows_a_grown_log_as_one_ingest_gives_it(tmp_path):
-    """The GPU count is the median over steps of tokens / (throughput × seconds): 8 on steps 1-5, 16 on
-    later ones. Step 10 prints its tokens on one line and its throughput and time on the next, the log
-    growing between them: its estimate needs both lines (without it, the median of 1-11 would be 12)."""
+def perf_log(first_gpus: int, then_gpus: int) -> list[bytes]:
+    """Lines of a verl console log whose perf metrics give `first_gpus` GPUs on steps 1-5 and
+    `then_gpus` on steps 6-11; step 10 prints its tokens on one line and its throughput and time on
+    the next."""
     def full(step: int, gpus: int) -> bytes:
         return _perf_line(step, f"perf/total_num_tokens:{gpus * 1000} - perf/throughput:100 - perf/time_per_step:10"
                                 f" - timing_s/step:10")
 
-    lines = [full(step, 8) for step in range(1, 6)] + [full(step, 16) for step in range(6, 10)]
-    lines += [_perf_line(10, "perf/total_num_tokens:16000 - timing_s/gen:1"),
-              _perf_line(10, "perf/throughput:100 - perf/time_per_step:10 - timing_s/step:10"), full(11, 16)]
+    lines = [full(step, first_gpus) for step in range(1, 6)] + [full(step, then_gpus) for step in range(6, 10)]
+    return lines + [_perf_line(10, f"perf/total_num_tokens:{then_gpus * 1000} - timing_s/gen:1"),
+                    _perf_line(10, "perf/throughput:100 - perf/time_per_step:10 - timing_s/step:10"),
+                    full(11, then_gpus)]
+
+
+def test_the_gpu_count_follows_a_grown_log_as_one_ingest_gives_it(tmp_path):
+    """The GPU count is the median over steps of tokens / (throughput × seconds): 8 on steps 1-5, 16 on
+    later ones. The log grows between step 10's two lines: its estimate needs both (without it, the
+    median of steps 1-11 would be 12)."""
+    lines = perf_log(8, 16)
     log = tmp_path / "run" / "train.log"
     log.parent.mkdir()
     con = open_store(tmp_path / "grown.duckdb")
@@ -590,6 +598,28 @@ def test_the_gpu_count_follows_a_grown_log_as_one_ingest_gives_it(tmp_path):
     con = open_store(tmp_path / "once.duckdb")
     ingest_paths(con, [log], run_name="r", format_name="verl-console")
     assert store_rows(con) == rows
+    con.close()
+
+
+def test_two_logs_of_a_run_grown_in_turns_each_get_their_own_gpu_count(tmp_path):
+    """Two logs of one run, read in turns as they grow with the store kept open, and each read again in
+    a store opened anew: the same GPU count per file (the second log's read does not take the first's
+    kept values)."""
+    logs = {tmp_path / "run" / "a.log": perf_log(8, 16), tmp_path / "run" / "b.log": perf_log(4, 32)}
+    (tmp_path / "run").mkdir()
+    con = open_store(tmp_path / "s.duckdb")
+    for end in (5, 10, 12):
+        for log, lines in logs.items():
+            log.write_bytes(b"".join(lines[:end]))
+            ingest_paths(con, [log], run_name="r", format_name="verl-console", complete_lines=True)
+    counts = {path: json.loads(state)["meta"]["n_gpus"] for path, state in con.execute(
+        "SELECT path, resume_state FROM files ORDER BY path").fetchall()}
+    con.close()
+    assert list(counts.values()) == [16, 32]
+    con = open_store(tmp_path / "once.duckdb")
+    ingest_paths(con, list(logs), run_name="r", format_name="verl-console")
+    assert {path: json.loads(state)["meta"]["n_gpus"] for path, state in con.execute(
+        "SELECT path, resume_state FROM files ORDER BY path").fetchall()} == counts
     con.close()
 
 
