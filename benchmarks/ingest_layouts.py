@@ -13,12 +13,15 @@ the same files, or the clean twin for the bad line. The step files are also read
 `--where` also runs one ingest of each chosen many-file layout under cProfile and prints where its
 time goes (profiling slows the Python parts a little; DuckDB's parts are timed as they are; the
 hashing and strict-decoding threads are not profiled: their time shows as the waits of the main one).
-Usage: python benchmarks/ingest_layouts.py [--only steps,tiny,bad] [--repeat 3] [--where]
+`--before CHECKOUT` also times `polytrace ingest` from an earlier checkout of the project (its
+package imported from there), in turns with the others, and prints both ratios.
+Usage: python benchmarks/ingest_layouts.py [--only steps,tiny,bad] [--repeat 3] [--where] [--before CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -162,10 +165,11 @@ PHASES = [
     ("walk the folder", "files.py", "walk"),
     ("sniff each file (read and hash: a thread)", "runner.py", "_batch_member"),
     ("skip unchanged files", "runner.py", "_drop_unchanged"),
-    ("batch read (DuckDB) beside strict decoding", "jsonl.py", "load_batch_records"),
+    ("typed read into the table, strict decoding", "runner.py", "_store_batch_direct"),
+    ("  of which the read and INSERT (DuckDB)", "jsonl.py", "insert_typed_rows"),
+    ("batch read into records (DuckDB), decoding", "jsonl.py", "load_batch_records"),
+    ("write rows from records, files rows, commit", "runner.py", "_store_batch"),
     ("decide the runs' semantics", "runner.py", "decide_semantics"),
-    ("write rows, files rows, commit", "runner.py", "_store_batch"),
-    ("  of which the rows' INSERT (DuckDB)", "polytrace_packed.py", "write"),
     ("open and close the store (checkpoint)", "ingest.py", "_ingest_into_store"),
 ]
 
@@ -191,8 +195,8 @@ def where_time_goes(folder: Path) -> None:
             seconds -= cumulative("runner.py", "ingest_paths")
         if not label.startswith(" "):
             accounted += seconds
-        print(f"    {label:40s} {seconds:6.2f} s")
-    print(f"    {'the rest (interpreter, imports, output)':40s} {took - accounted:6.2f} s")
+        print(f"    {label:44s} {seconds:6.2f} s")
+    print(f"    {'the rest (interpreter, imports, output)':44s} {took - accounted:6.2f} s")
     store.unlink(missing_ok=True)
 
 
@@ -201,6 +205,7 @@ def main() -> None:
     parser.add_argument("--only", default="steps,tiny,bad", help="comma-separated: steps, tiny, bad")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--where", action="store_true", help="also print where one ingest's time goes")
+    parser.add_argument("--before", type=Path, help="an earlier checkout, its ingest timed in turns with this one")
     args = parser.parse_args()
     layouts = generate()
     polytrace = [sys.executable, "-m", "polytrace_cli.cli", "ingest"]
@@ -212,6 +217,14 @@ def main() -> None:
     def plain(folder: Path):
         return lambda store: [sys.executable, "-c", BASELINE, str(folder), str(store)]
 
+    before = args.before.resolve() if args.before else None
+    if before:
+        compileall.compile_dir(before / "polytrace_cli", quiet=1)
+
+    def ingest_before(folder: Path):
+        # `env` sets the earlier checkout first on the path; this folder holds no package to shadow it.
+        return lambda store: ["env", f"PYTHONPATH={before}", *polytrace, str(folder), "--db", str(store)]
+
     for name, title in (("steps", f"{STEP_FILES} step files"), ("tiny", f"{TINY_FILES:,} one-line files")):
         if name not in chosen:
             continue
@@ -219,30 +232,44 @@ def main() -> None:
         mb = folder_mb(folder)
         print(f"{title} ({mb:.1f} MB):")
         methods = {"polytrace ingest (whole process)": ingest(folder), "plain-Python loop": plain(folder)}
+        if before:
+            methods["polytrace ingest, before"] = ingest_before(folder)
         if name == "steps":
             methods["DuckDB alone, unchecked (floor)"] = (
                 lambda store: [sys.executable, "-c", DUCKDB_ALONE, str(folder), str(store)])
         results = timed_in_turns(methods, args.repeat)
         for method, result in results.items():
             show(method, mb, result)
-        ours, loop = results["polytrace ingest (whole process)"], results["plain-Python loop"]
-        print(f"  polytrace vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster"
-              f" (CPU {loop['cpu_seconds'] / ours['cpu_seconds']:.2f}x)")
-        if name == "steps":
-            alone = results["DuckDB alone, unchecked (floor)"]
-            print(f"  polytrace vs DuckDB alone: {ours['seconds'] / alone['seconds']:.2f}x its time"
-                  f" (CPU {ours['cpu_seconds'] / alone['cpu_seconds']:.2f}x)")
+        loop = results["plain-Python loop"]
+        for label, method in (("polytrace", "polytrace ingest (whole process)"), ("before", "polytrace ingest, before")):
+            if method not in results:
+                continue
+            ours = results[method]
+            print(f"  {label} vs plain Python: {loop['seconds'] / ours['seconds']:.2f}x faster"
+                  f" (CPU {loop['cpu_seconds'] / ours['cpu_seconds']:.2f}x)")
+            if name == "steps":
+                alone = results["DuckDB alone, unchecked (floor)"]
+                print(f"  {label} vs DuckDB alone: {ours['seconds'] / alone['seconds']:.2f}x its time"
+                      f" (CPU {ours['cpu_seconds'] / alone['cpu_seconds']:.2f}x)")
         if args.where:
             where_time_goes(folder)
     if "bad" in chosen:
         mb = folder_mb(layouts["clean"])
         print(f"one {mb:.0f} MB file, one bad line in the middle:")
-        results = timed_in_turns({"polytrace ingest, one bad line": ingest(layouts["bad"]),
-                                  "polytrace ingest, clean twin": ingest(layouts["clean"])}, args.repeat)
+        methods = {"polytrace ingest, one bad line": ingest(layouts["bad"]),
+                   "polytrace ingest, clean twin": ingest(layouts["clean"])}
+        if before:
+            methods["before, one bad line"] = ingest_before(layouts["bad"])
+            methods["before, clean twin"] = ingest_before(layouts["clean"])
+        results = timed_in_turns(methods, args.repeat)
         for method, result in results.items():
             show(method, mb, result)
-        bad, clean = results["polytrace ingest, one bad line"], results["polytrace ingest, clean twin"]
-        print(f"  bad / clean: {bad['seconds'] / clean['seconds']:.2f}x (CPU {bad['cpu_seconds'] / clean['cpu_seconds']:.2f}x)")
+        for label, prefix in (("polytrace", "polytrace ingest, "), ("before", "before, ")):
+            if prefix + "clean twin" not in results:
+                continue
+            bad, clean = results[prefix + "one bad line"], results[prefix + "clean twin"]
+            print(f"  {label} bad / clean: {bad['seconds'] / clean['seconds']:.2f}x"
+                  f" (CPU {bad['cpu_seconds'] / clean['cpu_seconds']:.2f}x)")
     print("targets: steps >= 100 MB/s and >= 5x plain Python, peak RSS < 2 GB; tiny within 3x of plain Python;"
           " bad line within 2x of clean")
 

@@ -167,3 +167,24 @@ def test_data_is_never_read_as_markup(tmp_path):
     checked = runner.invoke(app, ["check", "[bold]run", "--max-p99-p50", "9", "--db", str(db)])
     assert checked.exit_code == 0, checked.output
     assert "check [bold]run" in checked.output
+
+
+def test_a_named_command_runs_from_an_app_holding_it_alone_and_answers_as_the_whole_app(tmp_path):
+    """The console script builds only the command it is asked for; its help, its errors and its run
+    are those of the app holding every command."""
+    from polytrace_cli.cli import COMMANDS, _app_for
+
+    assert _app_for([]) is app and _app_for(["--version"]) is app and _app_for(["nosuch"]) is app
+    for argv in (["ingest", "--help"], ["analyze", "--help"], ["ingest"], ["runs", "--db", str(tmp_path / "none.duckdb")]):
+        single = _app_for(argv)
+        assert single is not app
+        alone, whole = runner.invoke(single, argv), runner.invoke(app, argv)
+        assert (alone.exit_code, alone.output) == (whole.exit_code, whole.output)
+    assert len(COMMANDS) > 20
+    folder = tmp_path / "myrun"
+    folder.mkdir()
+    (folder / "packed_lengths_step_0.jsonl").write_text(GOOD % 0 + GOOD % 1)
+    done = subprocess.run([sys.executable, "-m", "polytrace_cli.cli", "ingest", str(folder), "--db",
+                           str(tmp_path / "s.duckdb"), "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [(r["status"], r["stored"], r["rows"]) for r in json.loads(done.stdout)] == [("ingested", 2, 6)]

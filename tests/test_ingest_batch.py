@@ -54,12 +54,15 @@ def write_run(folder: Path, steps: int = 24) -> list[Path]:
 
 
 def store_contents(con) -> dict[str, list[tuple]]:
-    """Every file-owned table keyed by file path instead of file_id, plus `files` and `runs`."""
+    """Every file-owned table keyed by file path instead of file_id (and how many of its rows belong to
+    no file), plus `files` and `runs`."""
     contents = {}
     for table in file_owned_tables(con):
         contents[table] = con.execute(
             f"SELECT f.path, t.* EXCLUDE (file_id) FROM {table} t JOIN files f USING (file_id) ORDER BY ALL"
         ).fetchall()
+        contents[f"{table} rows of no file"] = con.execute(
+            f"SELECT count(*) FROM {table} WHERE file_id NOT IN (SELECT file_id FROM files)").fetchone()[0]
     contents["files"] = con.execute(
         "SELECT * EXCLUDE (file_id, seconds, ingested_at) FROM files ORDER BY path").fetchall()
     contents["runs"] = con.execute("SELECT name, framework, task, source_dir, meta FROM runs ORDER BY name").fetchall()
@@ -68,15 +71,20 @@ def store_contents(con) -> dict[str, list[tuple]]:
 
 @pytest.fixture
 def batch_reads(monkeypatch) -> list[int]:
-    """The number of files in each batch read."""
+    """The number of files in each batch read, into `records` or straight into the format's table."""
     sizes = []
-    read = jsonl.load_batch_records
+    read, insert = jsonl.load_batch_records, jsonl.insert_typed_rows
 
     def counting(con, paths, *args, **options):
         sizes.append(len(paths))
         return read(con, paths, *args, **options)
 
+    def counting_insert(con, paths, ingester):
+        sizes.append(len(paths))
+        return insert(con, paths, ingester)
+
     monkeypatch.setattr(runner, "load_batch_records", counting)
+    monkeypatch.setattr(runner, "insert_typed_rows", counting_insert)
     return sizes
 
 
@@ -117,7 +125,9 @@ def test_a_bad_file_in_a_batch_does_not_block_the_others(store, tmp_path, batch_
     cut_short.write_text(packed_line(9, 0) + "\n" + packed_line(9, 1)[:-1] + "\n" + packed_line(9, 2) + "\n")
     reports = ingest_paths(store, [tmp_path / "run_b"])
     assert len(reports) == len(paths) and not any(r.failed for r in reports)
-    assert batch_reads[-1] == 24  # the file with a line that is not JSON leaves the batch once the read finds it
+    # The file with a line that is not JSON leaves the batch once the read finds it; read typed, so does the
+    # file the strict decoder refused.
+    assert batch_reads[-1] == (22 if read_kind == "as JSON records" else 24)
     errors = store.execute(
         "SELECT f.path, e.line_no, e.code, e.reason FROM ingest_errors e JOIN files f USING (file_id) ORDER BY 1"
     ).fetchall()
@@ -182,7 +192,7 @@ def test_reingest_of_a_batch_is_skipped_file_by_file_and_a_changed_file_replaces
     after = store_contents(store)
     key = str(changed.resolve())
     assert [row for row in after["sample_groups"] if row[0] == key] == [
-        (key, 1, 5, 0, 0, 0, 0, 10, False, [1, 2])]
+        (key, 1, 5, 0, 0, 0, 0, 10, False, [1, 2], 2)]  # n_sampling last (added by a later migration)
     assert [row for row in after["sample_groups"] if row[0] != key] == [
         row for row in before["sample_groups"] if row[0] != key]
     ids_after = dict(store.execute("SELECT path, file_id FROM files").fetchall())
@@ -323,9 +333,11 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
     monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
     monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0 if overlap else 1 << 40)
     typed_reads = []
-    typed = jsonl._create_typed_from_json
+    typed, insert = jsonl._create_typed_from_json, jsonl.insert_typed_rows
     monkeypatch.setattr(jsonl, "_create_typed_from_json",
                         lambda con, paths, *args, **kw: typed_reads.append(len(paths)) or typed(con, paths, *args, **kw))
+    monkeypatch.setattr(runner, "insert_typed_rows",
+                        lambda con, paths, ingester: typed_reads.append(len(paths)) or insert(con, paths, ingester))
     paths = write_run(tmp_path / "run_c")[:24]
     paths[23].write_text(paths[23].read_text() + packed_line(23, 9)[:-2] + "\n")  # and a line that is not JSON
     for path in paths[:lax_files]:
@@ -342,8 +354,8 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
         prompts = batched.execute("SELECT sum(prompt_len), count(*) FROM sample_groups").fetchone()
         assert prompts[1] > 24 and prompts == alone.execute("SELECT sum(prompt_len), count(*) FROM sample_groups").fetchone()
         # Beside the decoder all 24 packed files are read typed (the read fails on the line that is not
-        # JSON); the 23 others are read typed again only when few enough of them are refused.
-        assert (24 in typed_reads) == overlap and (23 in typed_reads) == (lax_files == 1)
+        # JSON); the 22 the decoder accepts are read typed again only when few enough are refused.
+        assert (24 in typed_reads) == overlap and (22 in typed_reads) == (lax_files == 1)
     finally:
         batched.close()
         alone.close()
@@ -369,3 +381,51 @@ def test_a_line_nested_past_the_decoders_depth_leaves_only_its_file_out_of_the_b
     assert len(reports) == len(paths) and not any(r.failed for r in reports)
     errors = store.execute("SELECT f.path, e.line_no, e.code FROM ingest_errors e JOIN files f USING (file_id)").fetchall()
     assert errors == [(str(paths[4].resolve()), 2, "invalid-json")]
+
+
+def test_packed_files_read_straight_into_their_table_store_what_file_by_file_ingest_stores(tmp_path, monkeypatch,
+                                                                                          fresh_store):
+    """A batch of packed files is read straight into `sample_groups` and checked there: a file missing a
+    required field, failing a check (no response, a negative length) or refused by the strict decoder has
+    its rows deleted before the commit and is read alone; a file of blank lines and a file that replaces
+    its earlier version are stored by the batch. Both stores match, before and after the change."""
+    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
+    monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0)
+    direct, table_writes = [], []
+    insert = jsonl.insert_typed_rows
+    monkeypatch.setattr(runner, "insert_typed_rows",
+                        lambda con, paths, ingester: direct.append(len(paths)) or insert(con, paths, ingester))
+    paths = write_run(tmp_path / "run_g", steps=12)[:12]
+    odd = {2: packed_line(2, 0) + "\n" + '{"step": 2, "input": 3}' + "\n",  # no output
+           4: packed_line(4, 0) + "\n" + packed_line(4, 1, outputs=()) + "\n",  # no response
+           6: packed_line(6, 0).replace('"input": 10', '"input": -1') + "\n",  # negative length
+           8: packed_line(8, 0) + "\n" + packed_line(8, 1).replace('"step": 8', '"step": "8"') + "\n"}  # refused
+    for step, text in odd.items():
+        paths[step].write_text(text)
+    batched, alone = open_store(fresh_store(tmp_path / "batched.duckdb")), open_store(fresh_store(tmp_path / "alone.duckdb"))
+    try:
+        before = {key: con.execute("SELECT count(*) FROM sample_groups").fetchone()[0] for key, con in
+                  (("batched", batched), ("alone", alone))}
+        assert before == {"batched": 0, "alone": 0}
+        reports = ingest_paths(batched, [tmp_path / "run_g"])
+        assert direct == [12] and {r.status for r in reports} == {"ingested"}
+        ingest_paths(alone, [tmp_path / "run_g"], batch=False)
+        assert store_contents(batched) == store_contents(alone)
+        codes = batched.execute("SELECT f.path, e.code FROM ingest_errors e JOIN files f USING (file_id) ORDER BY 1").fetchall()
+        assert codes == [(str(paths[2].resolve()), "missing-field"), (str(paths[4].resolve()), "constraint-error"),
+                         (str(paths[6].resolve()), "constraint-error"), (str(paths[8].resolve()), "type-error")]
+        assert batched.execute("SELECT count(*) FROM sample_groups WHERE n_sampling = len(response_lens)").fetchone()[0] \
+            == batched.execute("SELECT count(*) FROM sample_groups").fetchone()[0] > 0
+        paths[5].write_text(packed_line(5, 0, outputs=(1, 2)) + "\n\n")
+        paths[7].write_text(packed_line(7, 0) + "\n" + packed_line(7, 1, outputs=(4, -4)) + "\n")
+        for con, batch in ((batched, True), (alone, False)):
+            again = ingest_paths(con, [tmp_path / "run_g"], batch=batch)
+            assert {Path(r.path).name: r.status for r in again if r.status != "unchanged"} == {
+                paths[5].name: "replaced", paths[7].name: "replaced"}
+        assert direct == [12, 2]
+        assert store_contents(batched) == store_contents(alone)
+        assert batched.execute("SELECT response_lens FROM sample_groups JOIN files f USING (file_id) WHERE f.path = ?",
+                               [str(paths[5].resolve())]).fetchall() == [([1, 2],)]
+    finally:
+        batched.close()
+        alone.close()

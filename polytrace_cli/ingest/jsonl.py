@@ -20,7 +20,9 @@ refuses takes the paths above, which decide by the project's rule.
 
 `load_batch_records` reads many small files of one format in one `read_json` call, typed, while
 the strict decoder reads the same files in another thread; a file the decoder refuses, and any
-file with a bad line, is left to the per-file paths above (see `runner`).
+file with a bad line, is left to the per-file paths above (see `runner`). A format whose records
+are each one row of one table (`BulkJsonlIngester.row_table`) is read so straight into that table
+instead (`insert_typed_rows`) and checked there (`create_stored_keyed`, `stored_counts`).
 """
 
 from __future__ import annotations
@@ -590,6 +592,42 @@ def delete_records_of(con: duckdb.DuckDBPyConnection, names) -> None:
                 [sorted(names)])
 
 
+def insert_typed_rows(con: duckdb.DuckDBPyConnection, paths: Sequence[str], ingester: BulkJsonlIngester) -> None:
+    """Read `paths` with the spec's own column types (as `_create_typed_from_json`) straight into the
+    ingester's `row_table`, one row per record, keyed by the temp table `batch_files` (file_index: the
+    file's position in `paths`, file_id, run_id, file_rank). A record missing a required field is left
+    out, so a file holding one stores fewer rows than the strict decoder counted records. Only files
+    whose values the strict decoder accepts may keep their rows (see `_create_typed_from_json`).
+    Raises duckdb.Error when DuckDB cannot read the files so (a line that is not JSON)."""
+    spec = ingester.spec
+    columns = ", ".join(_quoted(column) for column in ingester.row_columns.values())
+    fields = ", ".join(f"r.{_quoted(name)}" for name in ingester.row_columns)
+    present = " AND ".join(f"r.{_quoted(name)} IS NOT NULL" for name in ingester.required) or "true"
+    con.execute(
+        f"INSERT INTO {ingester.row_table} (run_id, file_id, {columns}) SELECT k.run_id, k.file_id, {fields}"
+        f" FROM read_json(?, format='newline_delimited', records=true, columns={_columns_literal(spec)}) r"
+        f" JOIN batch_files k USING (file_index) WHERE {present}", [list(paths)])
+
+
+def create_stored_keyed(con: duckdb.DuckDBPyConnection, ingester: BulkJsonlIngester) -> None:
+    """Temp view `keyed` over the rows of the files of `batch_files` in the ingester's `row_table`,
+    each column named by its spec field, as `BulkJsonlIngester` describes `keyed`."""
+    low, high = con.execute("SELECT min(file_id), max(file_id) FROM batch_files").fetchall()[0]
+    fields = ", ".join(f"t.{_quoted(column)} AS {_quoted(name)}" for name, column in ingester.row_columns.items())
+    # The range lets DuckDB skip the table's older row groups before the join.
+    con.execute(f"CREATE OR REPLACE TEMP VIEW keyed AS SELECT k.file_id, k.run_id, k.file_rank, {fields}"
+                f" FROM {ingester.row_table} t JOIN batch_files k USING (file_id)"
+                f" WHERE t.file_id BETWEEN {int(low)} AND {int(high)}")
+
+
+def stored_counts(con: duckdb.DuckDBPyConnection, checks: Sequence[Check]) -> dict[int, tuple[int, int]]:
+    """Per file_id in `keyed`: (records, records failing one of `checks`)."""
+    failing = " OR ".join(f"({c.bad_when})" for c in checks) or "false"
+    return {file_id: (records, bad) for file_id, records, bad in con.execute(
+        f"SELECT file_id, count(*), count(*) FILTER (WHERE coalesce({failing}, false)) FROM keyed GROUP BY file_id"
+    ).fetchall()}
+
+
 def _checked_become_records(con: duckdb.DuckDBPyConnection) -> None:
     """Rename `checked`, every record of it good, to `records` (without its `bad` column)."""
     con.execute("DROP TABLE IF EXISTS records")
@@ -741,14 +779,25 @@ class BulkJsonlIngester(JsonlTraceIngester):
     checks: ClassVar[tuple[Check, ...]] = ()
     # Run metadata a file contributes even when it holds no record.
     meta_without_records: ClassVar[dict] = {}
+    # When each record becomes one row of one table holding every spec field: that table, and the
+    # column each field is stored in. A batch is then read straight into the table and checked there
+    # (`insert_typed_rows`, `create_stored_keyed`) instead of through `records`.
+    row_table: ClassVar[str | None] = None
+    row_columns: ClassVar[dict[str, str]] = {}
 
     def file_rank(self, path: Path) -> int | None:
         """The rank a file's name gives its records, or None."""
         return None
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Insert the rows of every record in `keyed` into the store's tables."""
-        raise NotImplementedError
+        """Insert the rows of every record in `keyed` into the store's tables (by default one row of
+        `row_table` per record)."""
+        if self.row_table is None:
+            raise NotImplementedError
+        columns = ", ".join(_quoted(column) for column in self.row_columns.values())
+        fields = ", ".join(_quoted(name) for name in self.row_columns)
+        con.execute(f"INSERT INTO {self.row_table} (run_id, file_id, {columns}) SELECT run_id, file_id, {fields}"
+                    " FROM keyed")
 
     def summaries(self, con: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, dict]]:
         """Per file_id in `keyed`: (rows as the store's views count them, run metadata)."""
@@ -802,11 +851,11 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     if whole_json and strict_counts is not None:
         known = strict_counts if isinstance(strict_counts, dict) else None
         typed = _create_typed_from_json(con, paths, spec, required, with_filename=True) \
-            if known is None or _typed_read_pays(paths, known) else None
+            if known is None or typed_read_pays(paths, known) else None
         strict = known if known is not None else strict_counts()
         not_json = {path for path in paths if strict.get(path) == NOT_JSON_LINES}
-        if typed is not None and _few_refused(paths, strict):
-            bad = {name for name in typed if strict.get(name) != typed[name]} | set(_refused(paths, strict))
+        if typed is not None and few_refused(paths, strict):
+            bad = {name for name in typed if strict.get(name) != typed[name]} | set(refused(paths, strict))
             missing = " OR ".join(f"{_quoted(name)} IS NULL" for name in required)
             if missing:
                 bad |= {name for (name,) in con.execute(
@@ -843,21 +892,21 @@ def load_batch_records(con: duckdb.DuckDBPyConnection, paths: Sequence[str], spe
     return _with_checks(con, checks, bad, counts)
 
 
-def _refused(paths: Sequence[str], strict: dict[str, int | None]) -> list[str]:
+def refused(paths: Sequence[str], strict: dict[str, int | None]) -> list[str]:
     """The files the strict decoder refused: a value it would not take, a line that is not JSON, or
     a file it could not read."""
     return [path for path in paths if strict.get(path) is None or strict[path] < 0]
 
 
-def _few_refused(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
+def few_refused(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
     """At most a quarter of the files refused: a typed read of the batch is kept, those read alone."""
-    return 4 * len(_refused(paths, strict)) <= len(paths)
+    return 4 * len(refused(paths, strict)) <= len(paths)
 
 
-def _typed_read_pays(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
+def typed_read_pays(paths: Sequence[str], strict: dict[str, int | None]) -> bool:
     """Whether a typed read of `paths` can be kept, by what the strict decoder said of them: no line
-    that is not JSON (the read would fail), and `_few_refused`."""
-    return NOT_JSON_LINES not in (strict.get(path) for path in paths) and _few_refused(paths, strict)
+    that is not JSON (the read would fail), and `few_refused`."""
+    return NOT_JSON_LINES not in (strict.get(path) for path in paths) and few_refused(paths, strict)
 
 
 def _with_checks(con: duckdb.DuckDBPyConnection, checks: Sequence[Check], bad: set[str],

