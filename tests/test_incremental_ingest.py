@@ -283,6 +283,25 @@ def test_a_growth_after_a_restart_ends_as_one_ingest(tmp_path, log_text, after):
     assert any(flag == "restart" for _, _, flag, _, _ in rows["step_flags"])
 
 
+def test_a_growth_of_a_validation_line_alone_is_appended_and_ends_as_one_ingest(tmp_path, log_text):
+    """The restarted job's validation line (no step total on it) arrives alone: the file still logs a
+    step total, as a whole read says, so the growth is read as appended, not the whole log again."""
+    start = log_text.index(b"step:15 - val-core", log_text.index(b"Load from checkpoint folder"))
+    end = log_text.index(b"\n", start) + 1
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    statuses = []
+    for cut in (start, end, len(log_text)):
+        log.write_bytes(log_text[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        statuses.append(report.status)
+    rows = store_rows(con)
+    con.close()
+    assert statuses == ["ingested", "appended", "appended"]
+    assert rows == one_shot(tmp_path / "once.duckdb", log, log_text)
+
+
 def test_a_log_grown_twice_is_hashed_from_the_state_kept_for_its_prefix(tmp_path, log_text):
     """The store keeps the sha256 state after a log's last whole 64-byte block; the next read of the grown
     log hashes only the bytes after it, in any process. Its prefix is not read again: a byte changed
