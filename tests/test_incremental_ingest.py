@@ -191,8 +191,6 @@ def test_a_grown_log_read_from_a_rewritten_copy_or_as_one_block_is_read_whole(tm
     rows = store_rows(con)
     con.close()
     once = one_shot(tmp_path / "once.duckdb", log, text)
-    if kind == "trl":  # a run's facts are merged over its reads: a fact only the first half gave stays
-        del rows["runs"], once["runs"]
     assert rows == once
 
 
@@ -513,7 +511,6 @@ def test_a_trl_log_grown_after_its_end_of_training_dict_goes_on_in_a_new_stage(t
     first = trl_log[:end] + summary
     status, rows, once = grown_once(tmp_path, first, first + trl_log[end:])
     assert status == "appended"
-    del rows["runs"], once["runs"]  # a run's facts are merged over its reads: the summary read first stays
     assert rows == once
 
 
@@ -534,8 +531,6 @@ def test_every_trl_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, fixtu
     rows = store_rows(con)
     con.close()
     once = one_shot(tmp_path / "once.duckdb", log, text)
-    if fixture.name == "grpo_unsloth_console.log":  # the SFT stage's end-of-training dict, merged into the run
-        del rows["runs"], once["runs"]
     assert rows == once
 
 
@@ -549,6 +544,52 @@ def test_a_verl_jsonl_log_of_a_resumed_job_grown_keeps_one_resumed_flag(tmp_path
     assert status == "appended"
     assert rows == once
     assert [(step, flag) for _, step, flag, _, _ in rows["step_flags"] if flag == "resumed"] == [(5, "resumed")]
+
+
+def _run_meta(con: duckdb.DuckDBPyConnection) -> dict:
+    return json.loads(con.execute("SELECT meta FROM runs").fetchall()[0][0])
+
+
+def test_a_log_written_over_keeps_no_fact_only_its_earlier_text_gave(tmp_path, log_text):
+    """The job's command line and config (its settings) printed in the first text only: once the log is
+    written over with its step lines alone, the run's meta is that of one ingest of the new text, not the settings
+    read before."""
+    rewritten = b"".join(line for line in log_text.splitlines(keepends=True) if b" step:" in line)
+    log, con = ingested(tmp_path, log_text)
+    before = _run_meta(con)
+    log.write_bytes(rewritten)
+    (report,) = ingest_paths(con, [log], run_name="r")
+    assert report.status == "truncated"  # shorter than it was: read again whole
+    after = _run_meta(con)
+    con.close()
+    (tmp_path / "once").mkdir()
+    once = one_shot(tmp_path / "once.duckdb", tmp_path / "once" / "train.log", rewritten)
+    assert set(before) - set(after), "the command line gave the run facts of its own"
+    assert after == json.loads(once["runs"][0][2])
+
+
+def test_a_run_of_two_files_folds_their_facts_in_the_order_they_were_read(tmp_path, log_text):
+    """Two logs of one run, the second read again after it changed: the run's meta is the fold of the
+    first file's facts and the second's new ones, as reading the two final files in that order gives."""
+    other = b"".join(line for line in log_text.splitlines(keepends=True) if b" step:" in line)  # no settings
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "a.log").write_bytes(log_text)
+    (folder / "b.log").write_bytes(other)
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [folder / "a.log"], run_name="r", format_name="verl-console")
+    ingest_paths(con, [folder / "b.log"], run_name="r", format_name="verl-console")
+    (folder / "a.log").write_bytes(other)
+    ingest_paths(con, [folder / "a.log"], run_name="r", format_name="verl-console")
+    again = _run_meta(con)
+    rows = con.execute("SELECT count(*) FILTER (WHERE file_id IS NULL), count(*) FROM file_run_meta").fetchall()
+    con.close()
+    fresh = open_store(tmp_path / "fresh.duckdb")
+    ingest_paths(fresh, [folder / "b.log"], run_name="r", format_name="verl-console")
+    ingest_paths(fresh, [folder / "a.log"], run_name="r", format_name="verl-console")
+    assert again == _run_meta(fresh)
+    fresh.close()
+    assert rows == [(0, 2)]  # one row per file read, none from before the table
 
 
 @pytest.mark.parametrize("reopened", [False, True], ids=["store kept open", "store opened again"])

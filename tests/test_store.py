@@ -274,3 +274,28 @@ def test_the_command_lines_report_upgrades_an_older_store(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert Path(completed.stdout.strip().splitlines()[-1]).exists()
     assert schema_version(duckdb.connect(str(db), read_only=True)) == SCHEMA_VERSION
+
+
+def test_a_store_from_before_file_run_meta_keeps_its_runs_meta_as_the_first_fold(tmp_path):
+    """Upgrading keeps each run's meta as one row without a file, folded before the files read later: a
+    file read into the run adds its facts, and a fact only the old meta had stays."""
+    from polytrace_cli.ingest.runner import ingest_paths
+
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    migrate(con, "old store", up_to=13)
+    con.execute("INSERT INTO runs (run_id, name, source_dir, meta) VALUES (1, 'r', '/nowhere',"
+                " '{\"model\": \"old-model\", \"kept\": 1}'), (2, 'empty', '/elsewhere', '{}')")
+    con.close()
+    con = open_store(db)
+    assert con.execute("SELECT file_id, run_id, meta FROM file_run_meta").fetchall() == \
+        [(None, 1, '{"model": "old-model", "kept": 1}')]
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    log.write_text("step:1 - timing_s/step:12.5 - response_length/mean:300.0\n")
+    ingest_paths(con, [log], run_name="r")
+    log.write_text("step:1 - timing_s/step:12.5 - response_length/mean:300.0\nstep:2 - timing_s/step:11.0\n")
+    ingest_paths(con, [log], run_name="r")
+    meta = json.loads(con.execute("SELECT meta FROM runs WHERE name = 'r'").fetchall()[0][0])
+    con.close()
+    assert meta["kept"] == 1 and meta["model"] == "old-model" and meta["framework"] == "verl"

@@ -152,8 +152,10 @@ def _parse_file(job: FileJob) -> ParsedFile:
         rows = _arrow(con, f"SELECT * FROM {table}")
         if rows.num_rows:
             tables[table] = rows
-    framework, model, meta = fetch_first(con, "SELECT framework, model, meta FROM runs WHERE run_id = ?",
-                                         [PRIVATE_RUN_ID])
+    # The file's own run facts (as a local read keeps them), not the private run's fold of them.
+    framework, model, meta = fetch_first(
+        con, "SELECT framework, model, (SELECT any_value(meta) FROM file_run_meta WHERE run_id = r.run_id)"
+             " FROM runs r WHERE run_id = ?", [PRIVATE_RUN_ID])
     return ParsedFile(job.index, report, tables, framework, model, meta or "{}")
 
 
@@ -219,7 +221,7 @@ def _store_parsed(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFi
             claim_run_framework(con, run_id, parsed.framework)
         if parsed.model:
             con.execute("UPDATE runs SET model = coalesce(model, ?) WHERE run_id = ?", [parsed.model, run_id])
-        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta))
+        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta), file_id, again=bool(existing))
         con.execute("COMMIT")
     except BaseException:
         rollback(con)

@@ -206,15 +206,34 @@ def fold_meta(merged: dict, meta: dict) -> dict:
     return merged
 
 
-def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict) -> None:
-    """Merge a file's run metadata into its run's `meta` (`fold_meta`); a key of NULL_MEANS_CANNOT_TELL
-    left undecided is stored as null. The run's framework is set to `framework` if it has none."""
-    current_framework, current_meta = fetch_first(con,
-        "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id]
-    )
-    merged = fold_meta(json.loads(current_meta or "{}"), meta)
-    for key in NULL_MEANS_CANNOT_TELL & {k for k, v in meta.items() if v is None}:
-        merged.setdefault(key, None)  # undecided is stored as null; a decided value stays
+def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict,
+                   file_id: int | None = None, again: bool = False) -> None:
+    """Merge a file's run metadata into its run's `meta`: the run's meta is the fold (`fold_meta`, in
+    the order the files were read) of what each of its files gave (`file_run_meta`); a key of
+    NULL_MEANS_CANNOT_TELL that some file left undecided is stored as null when no file decided it.
+    The run's framework is set to `framework` if it has none.
+
+    `meta` is all file `file_id` gives the run, kept as its row. A file read for the first time folds
+    in last; one read `again` (grown, or replaced: its earlier row is gone or replaced) has the run's
+    meta folded anew from every row, so nothing its earlier text gave stays behind."""
+    if file_id is not None:
+        con.execute("DELETE FROM file_run_meta WHERE file_id = ? AND run_id = ?", [file_id, run_id])
+        con.execute("INSERT INTO file_run_meta (file_id, run_id, meta) VALUES (?, ?, ?)",
+                    [file_id, run_id, json.dumps(meta, sort_keys=True)])
+    current_framework, current_meta = fetch_first(con, "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id])
+    if again:
+        merged, undecided = {}, set()
+        for (text,) in con.execute("SELECT meta FROM file_run_meta WHERE run_id = ? ORDER BY file_id NULLS FIRST",
+                                   [run_id]).fetchall():
+            given = json.loads(text)
+            fold_meta(merged, given)
+            undecided |= {key for key, value in given.items() if value is None}
+    else:
+        merged = fold_meta(json.loads(current_meta or "{}"), meta)
+        undecided = {key for key, value in meta.items() if value is None}
+    for key in NULL_MEANS_CANNOT_TELL & undecided:
+        if merged.get(key) is None:
+            merged[key] = None  # undecided is stored as null; a decided value stays
     con.execute(
         "UPDATE runs SET framework = ?, meta = ? WHERE run_id = ?",
         [current_framework or framework, json.dumps(merged, sort_keys=True), run_id],
@@ -407,7 +426,10 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
             con.execute("INSERT INTO ignored_lines (file_id, rule, lines) SELECT file_id, rule, lines"
                         " FROM appended_ignored ORDER BY rule")
             con.execute("DROP TABLE appended_ignored")
-            meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None}}
+            # A fact the grammar decides over the whole file again (`recomputed_meta`) is as this read
+            # says, null included; any other fact the earlier lines gave stays.
+            recomputed = set(state.get("recomputed_meta", ()))
+            meta = {**previous_meta, **{k: v for k, v in ctx.run_meta.items() if v is not None or k in recomputed}}
             version = ctx.format_version or previous_version
             seconds = time.perf_counter() - started
             complete = ranges.size if ranges.complete == ranges.size else None
@@ -420,7 +442,7 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
                  json.dumps({**ctx.resume_state, "meta": meta, "format_version": version,
                              **_growth_check(path, ranges.size, ranges.sha, complete)}, sort_keys=True),
                  file_id])
-            _commit(con, ctx, run_id, ingester.framework)
+            _commit(con, ctx, run_id, ingester.framework, meta, again=True)
         except BaseException:
             _roll_back(con, ctx)
             raise
@@ -430,9 +452,11 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
     return report
 
 
-def _commit(con, ctx: FileContext, run_id: int, framework: str | None) -> None:
-    """Merge the file's run facts into its run and commit its transaction."""
-    merge_run_meta(con, run_id, framework, ctx.run_meta)
+def _commit(con, ctx: FileContext, run_id: int, framework: str | None, meta: dict | None = None,
+            again: bool = False) -> None:
+    """Merge the file's run facts (`meta`, by default what this read found) into its run and commit its
+    transaction; `again`: the file was read before (`merge_run_meta`)."""
+    merge_run_meta(con, run_id, framework, ctx.run_meta if meta is None else meta, ctx.file_id, again)
     con.execute("COMMIT")
 
 
@@ -488,7 +512,7 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
              options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds, complete_bytes,
              state],
         )
-        _commit(con, ctx, run_id, ingester.framework)
+        _commit(con, ctx, run_id, ingester.framework, again=existing is not None)
     except BaseException:
         _roll_back(con, ctx)
         raise
@@ -871,7 +895,7 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[_BatchMemb
     total_bytes = sum(m.size for m in members)
     summaries = ingester.summaries(con)
     seconds = time.perf_counter() - started
-    files, ignored, reports, run_meta = [], [], {}, {}
+    files, ignored, reports, run_meta, file_metas = [], [], {}, {}, []
     for member in members:
         sha, size, lines = hashed[member.file_id]
         records = stored.get(member.file_id, 0)
@@ -886,6 +910,7 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[_BatchMemb
         if blank:
             ignored.append((member.file_id, "blank line", blank))
         fold_meta(run_meta.setdefault(member.run_id, {}), meta)
+        file_metas.append((member.file_id, member.run_id, json.dumps(meta, sort_keys=True)))
         reports[member.file_id] = FileReport(
             path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
             format=ingester.name, run=member.run, bytes=size, lines=lines, stored=records, ignored=blank,
@@ -895,8 +920,10 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[_BatchMemb
     _insert_rows(con, "files", columns, files)
     if ignored:
         _insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
+    _insert_rows(con, "file_run_meta", ["file_id", "run_id", "meta"], file_metas)
+    again = {m.run_id for m in members if m.existing is not None}
     for run_id, meta in run_meta.items():
-        merge_run_meta(con, run_id, ingester.framework, meta)
+        merge_run_meta(con, run_id, ingester.framework, meta, again=run_id in again)
     return reports
 
 

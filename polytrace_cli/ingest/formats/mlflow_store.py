@@ -238,7 +238,7 @@ class MlflowSqliteIngester(Ingester):
                 from polytrace_cli.ingest.runner import claim_run_framework, merge_run_meta
 
                 claim_run_framework(ctx.con, run_id, framework)
-                merge_run_meta(ctx.con, run_id, framework, meta)
+                merge_run_meta(ctx.con, run_id, framework, meta, ctx.file_id, again=True)
             if rows.height:
                 store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"),
                                 "_mlflow_sqlite", run_id=run_id)

@@ -115,7 +115,7 @@ class TrlGrammar(ConsoleGrammar):
     anchor = "{'"
     whole_log = True
     # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
-    recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage"})
+    recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary"})
 
     def __init__(self) -> None:
         self.meta: dict = {}
@@ -258,8 +258,10 @@ class TrlGrammar(ConsoleGrammar):
         summary_line = summaries.get(last_kept) if last_kept is not None else None
         if summary_line is not None:
             self.summary = dict(pairs.filter(pl.col("line_no") == summary_line).select("key", "value").iter_rows())
+        elif before and last_kept == before["last_kept_stage"]:
+            self.summary = before.get("summary")  # the kept stage's end-of-training dict, read before
         last_members = stages[-1]
-        self.state.update(stage=stage, last_bar_stage=last_bar_stage, last_kept_stage=last_kept,
+        self.state.update(stage=stage, last_bar_stage=last_bar_stage, last_kept_stage=last_kept, summary=self.summary,
                           stage_dicts=earlier + len(last_members),
                           stage_rl=any(m["rl_stage"] for m in last_members) or bool(
                               len(stages) == 1 and before and before["stage_rl"]))
@@ -374,8 +376,7 @@ class TrlGrammar(ConsoleGrammar):
                               else ">=0.15" if any(k.startswith("completions/") for k in keys) else None)
         dicts = [d for d in self.dicts if not d["eval"]]
         summary = self.summary
-        if summary:
-            meta["trl_train_summary"] = summary
+        meta["trl_train_summary"] = summary or None  # none, once a later stage follows the last one read
         if dicts and (dicts[0]["bar_from_zero"] or dicts[0]["counter"] is None) and ctx.stored and not self.before:
             # The first logged step is `logging_steps`, not 1, in a run that started at step 0:
             # the pipeline's `resumed` flag (first step above 1) does not apply.
