@@ -36,12 +36,13 @@ def run_measured(argv: list[str]) -> tuple[float, float]:
     return seconds, rss
 
 
-def run_child(argv: list[str]) -> tuple[float, float, float]:
+def run_child(argv: list[str], env: dict | None = None) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system, all its threads) and peak RSS (MB) of one child
-    process; exits with its stderr when it fails. CPU time barely changes with the machine's load."""
+    process (with `env`, by default this one's); exits with its stderr when it fails. CPU time
+    barely changes with the machine's load."""
     compile_package()
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
     if status != 0:

@@ -10,16 +10,23 @@ as a whole `polytrace` process (median of --repeat runs):
   start-up       `polytrace runs` on the store: a command that reads almost nothing; and
                  `polytrace ingest` of the grown log into the appended store again (status unchanged):
                  the ingest command's own start-up (its libraries, the sniff, the file's hash).
-  in process     the appended re-ingest inside one process with its libraries loaded, as `polytrace
-                 watch` reads each growth of a log, and the CPU seconds of its parts: the parse of the
-                 new lines, the facts decided again over the whole file or run, closing the store.
-Checks that the appended store holds the rows of the whole read. Figures in benchmarks/results.md.
-Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3]
+  in process     the appended re-ingest inside one process with its libraries loaded: into a copy of
+                 the first store opened for it (as a command reads, without its start-up), and into a
+                 store kept open since it read the log at its first size (as `polytrace watch` reads
+                 each growth of a log), with the CPU seconds of the parts of the latter: the parse of
+                 the new lines, the facts decided again over the whole file or run, closing the store.
+Checks that the appended store holds the rows of the whole read. With `--against CHECKOUT` (a
+source tree of another version, e.g. `git archive main | tar -x -C /tmp/main`), that version also
+reads the log at its first size into a store of its own, and the appended read, the unchanged
+ingest and `polytrace runs` of both versions then take turns (--rounds rounds), so that a change in
+the machine's load hits both alike. Figures in benchmarks/results.md.
+Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3] [--against DIR --rounds 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import re
 import shutil
@@ -46,6 +53,23 @@ def grow(log: Path, megabytes: float, steps_before: int) -> int:
         handle.write(text)
     extra.unlink()
     return steps
+
+
+def in_turns(log: Path, firsts: dict[str, tuple[Path, dict]], rounds: int) -> dict[str, dict[str, list]]:
+    """Per version (its first store, its environment): (wall, CPU) seconds of the appended read (into
+    a copy of its first store), the ingest of the same file unchanged and `polytrace runs`, the
+    versions taking turns for `rounds` rounds."""
+    ingest = [POLYTRACE, "ingest", "--format", "verl-console", "--db"]
+    runs: dict[str, dict[str, list]] = {name: {"appended": [], "unchanged": [], "runs": []} for name in firsts}
+    for _ in range(rounds):
+        for name, (first, env) in firsts.items():
+            store = OUT / f"turns_{name}.duckdb"
+            shutil.copy(first, store)
+            for kind, argv in (("appended", [*ingest, str(store), str(log)]), ("unchanged", [*ingest, str(store), str(log)]),
+                               ("runs", [POLYTRACE, "runs", "--db", str(store)])):
+                os.sync()
+                runs[name][kind].append(run_child(argv, env)[:2])
+    return runs
 
 
 def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]]:
@@ -80,7 +104,7 @@ def appended_in_process(first: Path, store: Path, log: Path, repeat: int) -> lis
     return runs[1:]
 
 
-# The parts of an appended read timed by `appended_parts`: (label, module, function).
+# The parts of an appended read timed by `appended_watching`: (label, module, function).
 PARTS = (
     ("parse and store the new lines", "polytrace_cli.ingest.console.pipeline", "load_console"),
     ("  of which: GPU count over the file's steps", "polytrace_cli.ingest.run_metadata", "n_gpus_from_throughput"),
@@ -89,19 +113,20 @@ PARTS = (
 )
 
 
-def appended_parts(first: Path, store: Path, log: Path) -> list[tuple[str, float]]:
-    """CPU seconds of the parts of one appended read in this process (libraries loaded; CPU of every
-    thread), each function timed where it is called, and of closing the store (DuckDB's checkpoint)."""
+def appended_watching(log: Path, first_bytes: int, repeat: int) -> tuple[list[tuple[float, float]], list]:
+    """As `polytrace watch` reads a log that grew: the log's first `first_bytes` read into a new store
+    kept open, then the rest of the grown log appended and read (timed), `repeat` times (after an
+    untimed round). Returns the (wall, CPU) seconds of each timed read and the CPU seconds of its parts
+    (`PARTS`, each function timed where it is called, and closing the store) in the last round."""
     import importlib
 
+    import polytrace_cli.ingest.formats  # noqa: F401
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
 
     spent: dict[str, float] = {}
-    originals = []
     for label, module_name, name in PARTS:
-        module = importlib.import_module(module_name)
-        function = getattr(module, name)
+        function = getattr(importlib.import_module(module_name), name)
 
         def timed_call(*args, _function=function, _label=label, **kwargs):
             started = time.process_time()
@@ -110,24 +135,34 @@ def appended_parts(first: Path, store: Path, log: Path) -> list[tuple[str, float
             finally:
                 spent[_label] = spent.get(_label, 0.0) + time.process_time() - started
 
-        # Patched in every module that imported the function by name, for this one read.
+        # Patched in every module that imported the function by name.
         for holder in [m for m in list(sys.modules.values()) if getattr(m, name, None) is function]:
-            originals.append((holder, name, function))
             setattr(holder, name, timed_call)
-    try:
-        shutil.copy(first, store)
+    text = log.read_bytes()
+    watched = OUT / "watched" / "run" / "train.log"
+    watched.parent.mkdir(parents=True, exist_ok=True)
+    store = OUT / "watched.duckdb"
+    runs = []
+    for _ in range(repeat + 1):
+        store.unlink(missing_ok=True)
+        watched.write_bytes(text[:first_bytes])
         con = open_store(store)
-        started = time.process_time()
-        ingest_paths(con, [log], format_name="verl-console")
-        spent["the whole appended read"] = time.process_time() - started
+        ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+        with open(watched, "ab") as handle:
+            handle.write(text[first_bytes:])
+        spent.clear()
+        started, cpu = time.perf_counter(), time.process_time()
+        (report,) = ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+        runs.append((time.perf_counter() - started, time.process_time() - cpu))
+        spent["the whole appended read"] = runs[-1][1]
         started = time.process_time()
         con.close()
         spent["closing the store (checkpoint)"] = time.process_time() - started
-    finally:
-        for holder, name, function in originals:
-            setattr(holder, name, function)
-    return [(label, spent.get(label, 0.0)) for label in
-            ("the whole appended read", *(label for label, _, _ in PARTS), "closing the store (checkpoint)")]
+        if report.status != "appended":
+            raise SystemExit(f"the watched log was {report.status}, not appended")
+    parts = [(label, spent.get(label, 0.0)) for label in
+             ("the whole appended read", *(label for label, _, _ in PARTS), "closing the store (checkpoint)")]
+    return runs[1:], parts
 
 
 def main() -> None:
@@ -135,6 +170,8 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=50.0, help="size of the first log in MB")
     parser.add_argument("--grow", type=float, default=1.0, help="growth in percent of the first log")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each (median reported)")
+    parser.add_argument("--against", type=Path, help="another version's source tree, timed in turns with this one")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds of the versions' turns (with --against)")
     args = parser.parse_args()
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "run").mkdir(parents=True)
@@ -148,6 +185,12 @@ def main() -> None:
 
     ingest = [POLYTRACE, "ingest", "--format", "verl-console", "--db"]
     first_runs = timed([*ingest, str(first), str(log)], args.repeat, fresh(first))
+    first_bytes = log.stat().st_size
+    other_env = {**os.environ, "PYTHONPATH": str(args.against.resolve())} if args.against else None
+    if args.against:
+        compileall.compile_dir(args.against / "polytrace_cli", quiet=1)  # no timed run compiles sources
+        other_first = OUT / "first_against.duckdb"
+        run_child([*ingest, str(other_first), str(log)], other_env)
     added = grow(log, args.mb * args.grow / 100, steps)
     grown_mb = log.stat().st_size / 1e6
     appended_runs = timed([*ingest, str(grown), str(log)], args.repeat, lambda: shutil.copy(first, grown))
@@ -156,7 +199,7 @@ def main() -> None:
     unchanged_runs = timed([*ingest, str(grown), str(log)], args.repeat)
 
     in_process = appended_in_process(first, grown, log, args.repeat)
-    parts = appended_parts(first, grown, log)
+    watching, parts = appended_watching(log, first_bytes, args.repeat)
 
     import duckdb
 
@@ -183,10 +226,27 @@ def main() -> None:
             beyond = medians["appended (re-ingest, grown)"][index] - medians[base][index]
             print(f"{unit}: appended beyond {base}: {beyond:.2f} s = {beyond / work:.1%} of the first ingest's"
                   f" {work:.2f} s beyond `polytrace runs`")
-    print("appended in one process with its libraries loaded (as `polytrace watch` reads each growth),"
-          " wall/CPU: " + ", ".join(f"{wall:.2f}/{cpu:.2f} s" for wall, cpu in in_process))
-    print("CPU s of one appended read in one process, by part: "
+    work_cpu = medians["first ingest"][1] - medians["start-up (polytrace runs)"][1]
+    for label, runs in (("into a copy of the first store opened for it", in_process),
+                        ("into the store kept open since the first read (as `polytrace watch` reads each growth)",
+                         watching)):
+        cpu = statistics.median(c for _, c in runs)
+        print(f"appended in one process with its libraries loaded, {label}, wall/CPU: "
+              + ", ".join(f"{wall:.3f}/{c:.3f} s" for wall, c in runs)
+              + f"; median CPU {cpu:.3f} s = {cpu / work_cpu:.1%} of the first ingest's CPU beyond `polytrace runs`")
+    print("CPU s of one appended read into the store kept open, by part: "
           + "; ".join(f"{label.strip()} {seconds:.3f}" for label, seconds in parts))
+    if args.against:
+        turns = in_turns(log, {"this": (first, None), "against": (other_first, other_env)}, args.rounds)
+        print(f"in turns, {args.rounds} rounds, this version against {args.against} (median and least CPU s;"
+              " median wall s):")
+        for name, kinds in turns.items():
+            medians = {kind: statistics.median(c for _, c in got) for kind, got in kinds.items()}
+            print(f"  {name:8} " + "; ".join(
+                f"{kind} {medians[kind]:.3f} (least {min(c for _, c in got):.3f}; wall"
+                f" {statistics.median(w for w, _ in got):.3f})" for kind, got in kinds.items())
+                + f"; appended beyond unchanged {medians['appended'] - medians['unchanged']:.3f},"
+                  f" beyond runs {medians['appended'] - medians['runs']:.3f}")
     print(f"rows (step_metrics, lines, stored): appended {counts['appended']}, whole {counts['whole']}")
     if counts["appended"] != counts["whole"]:
         raise SystemExit("the appended store differs from the whole read")

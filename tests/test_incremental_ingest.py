@@ -281,6 +281,25 @@ def test_a_growth_after_a_restart_ends_as_one_ingest(tmp_path, log_text, after):
     assert any(flag == "restart" for _, _, flag, _, _ in rows["step_flags"])
 
 
+def test_a_growth_of_a_validation_line_alone_is_appended_and_ends_as_one_ingest(tmp_path, log_text):
+    """The restarted job's validation line (no step total on it) arrives alone: the file still logs a
+    step total, as a whole read says, so the growth is read as appended, not the whole log again."""
+    start = log_text.index(b"step:15 - val-core", log_text.index(b"Load from checkpoint folder"))
+    end = log_text.index(b"\n", start) + 1
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    statuses = []
+    for cut in (start, end, len(log_text)):
+        log.write_bytes(log_text[:cut])
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        statuses.append(report.status)
+    rows = store_rows(con)
+    con.close()
+    assert statuses == ["ingested", "appended", "appended"]
+    assert rows == one_shot(tmp_path / "once.duckdb", log, log_text)
+
+
 def test_a_log_grown_twice_is_hashed_from_the_state_kept_for_its_prefix(tmp_path, log_text):
     """The store keeps the sha256 state after a log's last whole 64-byte block; the next read of the grown
     log hashes only the bytes after it, in any process. Its prefix is not read again: a byte changed
@@ -571,3 +590,115 @@ def test_a_run_of_two_files_folds_their_facts_in_the_order_they_were_read(tmp_pa
     assert again == _run_meta(fresh)
     fresh.close()
     assert rows == [(0, 2)]  # one row per file read, none from before the table
+
+
+@pytest.mark.parametrize("reopened", [False, True], ids=["store kept open", "store opened again"])
+def test_a_growth_that_changes_the_runs_decisions_ends_as_one_ingest(tmp_path, reopened):
+    """A verl 0.8 run (its step time leaves testing out) validating from step 10: before any validation
+    whether the step time counts testing cannot be told and the basis is 'logged'; the growth that
+    brings the validation steps decides both ('logged without overheads'), as one ingest does, whether
+    the store stayed open between the reads (as `watch` holds it) or was opened again (a new command)."""
+    model = StepTimeModel(validate_every=10, validate_before_train=False, step_includes_overheads=False)
+    text = console_text(step_table(LENGTHS, SPEC, model), SPEC, model).encode()
+    cut = text.index(b"\n", text.index(b"step:6 - ")) + 1
+    log = tmp_path / "grown" / "run" / "train.log"
+    log.parent.mkdir(parents=True)
+    db = tmp_path / "grown.duckdb"
+    con = open_store(db)
+    records = []
+    for part in (text[:cut], text):
+        log.write_bytes(part)
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        records.append((report.status, *con.execute(
+            "SELECT step_time_basis, includes_testing FROM run_semantics").fetchall()[0]))
+        if reopened:
+            con.close()
+            con = open_store(db)
+    assert records == [("ingested", "logged", None), ("appended", "logged without overheads", False)]
+    rows = store_rows(con)
+    con.close()
+    assert rows == one_shot(tmp_path / "once.duckdb", log, text)
+
+
+def _perf_line(step: int, pairs: str) -> bytes:
+    return f"step:{step} - {pairs}\n".encode()
+
+
+def perf_log(first_gpus: int, then_gpus: int) -> list[bytes]:
+    """Lines of a verl console log whose perf metrics give `first_gpus` GPUs on steps 1-5 and
+    `then_gpus` on steps 6-11; step 10 prints its tokens on one line and its throughput and time on
+    the next."""
+    def full(step: int, gpus: int) -> bytes:
+        return _perf_line(step, f"perf/total_num_tokens:{gpus * 1000} - perf/throughput:100 - perf/time_per_step:10"
+                                f" - timing_s/step:10")
+
+    lines = [full(step, first_gpus) for step in range(1, 6)] + [full(step, then_gpus) for step in range(6, 10)]
+    return lines + [_perf_line(10, f"perf/total_num_tokens:{then_gpus * 1000} - timing_s/gen:1"),
+                    _perf_line(10, "perf/throughput:100 - perf/time_per_step:10 - timing_s/step:10"),
+                    full(11, then_gpus)]
+
+
+def test_the_gpu_count_follows_a_grown_log_as_one_ingest_gives_it(tmp_path):
+    """The GPU count is the median over steps of tokens / (throughput × seconds): 8 on steps 1-5, 16 on
+    later ones. The log grows between step 10's two lines: its estimate needs both (without it, the
+    median of steps 1-11 would be 12)."""
+    lines = perf_log(8, 16)
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    seen = []
+    for end in (5, 10, 12):
+        log.write_bytes(b"".join(lines[:end]))
+        (report,) = ingest_paths(con, [log], run_name="r", format_name="verl-console", complete_lines=True)
+        meta = con.execute("SELECT meta FROM runs").fetchall()[0][0]
+        seen.append((report.status, json.loads(meta)["n_gpus"]))
+    assert seen == [("ingested", 8), ("appended", 8), ("appended", 16)]
+    rows = store_rows(con)
+    con.close()
+    con = open_store(tmp_path / "once.duckdb")
+    ingest_paths(con, [log], run_name="r", format_name="verl-console")
+    assert store_rows(con) == rows
+    con.close()
+
+
+def test_two_logs_of_a_run_grown_in_turns_each_get_their_own_gpu_count(tmp_path):
+    """Two logs of one run, read in turns as they grow with the store kept open, and each read again in
+    a store opened anew: the same GPU count per file (the second log's read does not take the first's
+    kept values)."""
+    logs = {tmp_path / "run" / "a.log": perf_log(8, 16), tmp_path / "run" / "b.log": perf_log(4, 32)}
+    (tmp_path / "run").mkdir()
+    con = open_store(tmp_path / "s.duckdb")
+    for end in (5, 10, 12):
+        for log, lines in logs.items():
+            log.write_bytes(b"".join(lines[:end]))
+            ingest_paths(con, [log], run_name="r", format_name="verl-console", complete_lines=True)
+    counts = {path: json.loads(state)["meta"]["n_gpus"] for path, state in con.execute(
+        "SELECT path, resume_state FROM files ORDER BY path").fetchall()}
+    con.close()
+    assert list(counts.values()) == [16, 32]
+    con = open_store(tmp_path / "once.duckdb")
+    ingest_paths(con, list(logs), run_name="r", format_name="verl-console")
+    assert {path: json.loads(state)["meta"]["n_gpus"] for path, state in con.execute(
+        "SELECT path, resume_state FROM files ORDER BY path").fetchall()} == counts
+    con.close()
+
+
+def test_what_a_grown_read_keeps_for_the_next_is_no_table_of_the_store(tmp_path, log_text):
+    """The run's steps and the file's perf values kept in temporary tables for the next read are not
+    rows of the store: removing the run in the same session names only the store's tables."""
+    from polytrace_cli.facade import Store
+
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    half = log_text[: log_text.rfind(b"\n", 0, len(log_text) // 2) + 1]
+    with Store.open(tmp_path / "s.duckdb") as store:
+        for text in (half, log_text):
+            log.write_bytes(text)
+            store.ingest([log], run="r")
+        kept = {name for (name,) in store.connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+        assert kept  # something is kept for the next read
+        stored = {name for (name,) in store.connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+        (removed,) = store.remove("r")
+    assert removed.rows and set(removed.rows) <= stored

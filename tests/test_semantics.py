@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from polytrace_cli.store.semantics import length_collapse
@@ -193,6 +196,25 @@ def test_length_collapse_rule():
     assert length_collapse(steps, [900.0] * 18 + [1.0] * 2) is None  # two steps are not a collapse
     # the typical length is the median of the steps before: 45 ≤ 5% of 900 even after a slow decline
     assert length_collapse(steps, [900.0] * 10 + [500.0, 300.0] + [45.0] * 8) == (13, 45.0, 900.0)
+
+
+def _collapse_by_definition(steps: list[int], means: list[float]) -> tuple[int, float, float] | None:
+    """The rule read literally: the first k (3 in, 3 before the end) whose later means all stay at or
+    below 5% of the median of the means before k."""
+    for k in range(3, len(means) - 2):
+        typical = statistics.median(means[:k])
+        if typical > 0 and max(means[k:]) <= 0.05 * typical:
+            return steps[k], sum(means[k:]) / (len(means) - k), typical
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(0, 1000), st.sampled_from([0.0, 1.0, 20.0, 900.0]),
+                          st.floats(0, 2)), min_size=0, max_size=40))
+def test_length_collapse_is_the_rule_read_literally(means):
+    # sampled values repeat (ties at the median), small ones make late steps that collapse
+    steps = list(range(1, len(means) + 1))
+    assert length_collapse(steps, means) == _collapse_by_definition(steps, means)
 
 
 def test_findings_on_a_run_that_collapsed_for_most_of_its_steps_give_no_ratio_to_its_median(tmp_path):

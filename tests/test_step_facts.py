@@ -108,3 +108,53 @@ def test_a_read_only_store_is_decided_from_the_view(two_files):
     assert not step_facts.refresh(reader, run_id)
     assert semantics.decide(reader, run_id) == written
     reader.close()
+
+
+def kept_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple]:
+    """The run's steps as the kept table holds them, with the view's columns."""
+    columns = list(STEP_COLUMNS)
+    table = step_facts.run_steps_table(con, run_id, columns)
+    listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
+    return comparable(con.execute(f"SELECT {listed} FROM {table}").fetchall())
+
+
+def test_the_kept_steps_of_a_run_follow_its_files_as_they_grow_and_change(two_files):
+    """Kept once read, the run's steps are read again for the steps of new pairs only (a log that grew,
+    a file added), and whole after any other change; each time they are the view's."""
+    con, tmp_path = two_files
+    (run_id,) = run_ids(con)
+    assert kept_steps(con, run_id) == from_view(con, run_id)
+    # Steps 2 and 4 are printed as two lines each, the log growing between them; step 3 is also a step
+    # of the other files.
+    lines = [b"step:1 - timing_s/gen:1.0 - timing_s/step:2.0\n", b"step:2 - timing_s/gen:1.5\n",
+             b"step:2 - timing_s/step:3.0 - timing_s/testing:0.5\n", b"step:3 - timing_s/gen:0.5 - timing_s/step:1.0\n",
+             b"step:4 - timing_s/gen:2.5 - timing_s/step:4.0\n", b"step:4 - val-core/acc:0.5\n"]
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    statuses = []
+    for end in range(2, len(lines) + 1):  # a file added, then grown line by line
+        log.write_bytes(b"".join(lines[:end]))
+        (report,) = ingest_paths(con, [log], run_name="both", format_name="verl-console", complete_lines=True)
+        statuses.append(report.status)
+        assert kept_steps(con, run_id) == from_view(con, run_id), end
+    assert statuses == ["ingested"] + ["appended"] * (len(lines) - 2)
+    made = con.execute("SELECT facts FROM step_facts_run_steps_made_from").fetchall()[0][0]
+    con.execute("UPDATE step_facts_files SET catalog = 'an older catalog'")  # the facts are taken again
+    assert kept_steps(con, run_id) == from_view(con, run_id)
+    log.write_bytes(b"".join(lines[: len(lines) // 2]))  # shrunk: a new file id, the old one's pairs gone
+    ingest_paths(con, [log], run_name="both", format_name="verl-console", complete_lines=True)
+    assert kept_steps(con, run_id) == from_view(con, run_id)
+    assert con.execute("SELECT facts FROM step_facts_run_steps_made_from").fetchall()[0][0] != made
+    con.close()
+
+
+def test_kept_steps_changed_in_a_transaction_rolled_back_are_as_before(two_files):
+    con, _ = two_files
+    (run_id,) = run_ids(con)
+    expected = kept_steps(con, run_id)
+    con.execute("BEGIN TRANSACTION")
+    con.execute("DELETE FROM step_metrics WHERE step = (SELECT max(step) FROM step_metrics)")
+    assert kept_steps(con, run_id) != expected  # read again whole: a file lost pairs
+    con.execute("ROLLBACK")
+    assert kept_steps(con, run_id) == expected == from_view(con, run_id)
+    con.close()

@@ -220,29 +220,85 @@ def openrlhf_settings(lines: list[str]) -> dict:
     return settings
 
 
+# The perf metrics the GPU count is estimated from, and the temporary tables keeping their largest
+# value per step of each file estimated and what they were read from (`n_gpus_from_throughput`).
+PERF_KEYS = ("perf/total_num_tokens", "perf/throughput", "perf/time_per_step")
+_PERF_STEPS = "gpu_count_perf_steps"
+_PERF_STEPS_MADE_FROM = "gpu_count_perf_steps_made_from"
+
+
 def n_gpus_from_throughput(con: duckdb.DuckDBPyConnection, file_id: int) -> int | None:
     """GPUs of a verl run from its perf metrics, median over steps, rounded:
 
         n_gpus = perf/total_num_tokens / (perf/throughput × perf/time_per_step)
 
     (verl defines throughput as tokens per second per GPU). None when the keys are missing.
+    The file's per-step perf values are kept for its next estimate (`_perf_steps`).
     """
+    _perf_steps(con, file_id)
     rows = con.execute(
-        """
-        WITH per_step AS (
-            SELECT segment, step,
-                   max(value) FILTER (WHERE key = 'perf/total_num_tokens') AS tokens,
-                   max(value) FILTER (WHERE key = 'perf/throughput') AS throughput,
-                   max(value) FILTER (WHERE key = 'perf/time_per_step') AS seconds
-            FROM step_metrics WHERE file_id = ? GROUP BY segment, step
-        )
-        SELECT median(tokens / (throughput * seconds)) FROM per_step
-        WHERE tokens > 0 AND throughput > 0 AND seconds > 0 AND isfinite(tokens / (throughput * seconds))
-        """,
-        [file_id],
-    ).fetchall()
+        f"""
+        SELECT median(tokens / (throughput * seconds)) FROM {_PERF_STEPS}
+        WHERE file_id = ? AND tokens > 0 AND throughput > 0 AND seconds > 0
+          AND isfinite(tokens / (throughput * seconds))
+        """, [file_id]).fetchall()
     estimate = rows[0][0] if rows else None
     return None if estimate is None else max(1, round(estimate))
+
+
+def _perf_step_sql(later: bool) -> str:
+    """The largest value of each perf key per step of file $1 (on lines after $2 when `later`)."""
+    picked = ", ".join(f"max(value) FILTER (WHERE key = '{key}') AS {name}"
+                       for key, name in zip(PERF_KEYS, ("tokens", "throughput", "seconds")))
+    keys = ", ".join(f"'{key}'" for key in PERF_KEYS)
+    return (f"SELECT file_id, segment, step, {picked} FROM step_metrics WHERE file_id = $1 AND key IN ({keys})"
+            f"{' AND line_no > $2' if later else ''} GROUP BY file_id, segment, step")
+
+
+def _perf_steps(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Bring the file's rows of the temporary table of per-step perf values up to date with its
+    pairs: kept per file estimated, with the pairs they were read from; a file that only gained
+    pairs on later lines since (a log that grew: a file's pairs are only ever added to, or removed
+    with it) has the steps of its new pairs combined in (the largest of the kept and the new values),
+    else its rows are read whole. A temporary table follows the transaction that changed it."""
+    pairs, last_line = con.execute("SELECT count(*), max(line_no) FROM step_metrics WHERE file_id = ?",
+                                   [file_id]).fetchall()[0]
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_PERF_STEPS} (file_id BIGINT, segment INTEGER, step BIGINT,"
+                " tokens DOUBLE, throughput DOUBLE, seconds DOUBLE)")
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_PERF_STEPS_MADE_FROM} (file_id BIGINT, pairs BIGINT,"
+                " last_line BIGINT)")
+    made = con.execute(f"SELECT pairs, last_line FROM {_PERF_STEPS_MADE_FROM} WHERE file_id = ?",
+                       [file_id]).fetchall()
+    if made and made[0] == (pairs, last_line):
+        return
+    grew = bool(made) and made[0][1] is not None and pairs > made[0][0] \
+        and con.execute("SELECT count(*) FROM step_metrics WHERE file_id = ? AND line_no > ?",
+                        [file_id, made[0][1]]).fetchall()[0][0] == pairs - made[0][0]
+    if grew:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE gpu_count_perf_added AS {_perf_step_sql(True)}",
+                    [file_id, made[0][1]])
+        try:
+            con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE gpu_count_perf_combined AS
+                SELECT file_id, segment, step, max(tokens) AS tokens, max(throughput) AS throughput,
+                       max(seconds) AS seconds
+                FROM (SELECT k.* FROM {_PERF_STEPS} k SEMI JOIN gpu_count_perf_added a
+                          USING (file_id, segment, step)
+                      UNION ALL SELECT * FROM gpu_count_perf_added)
+                GROUP BY file_id, segment, step
+                """)
+            con.execute(f"DELETE FROM {_PERF_STEPS} k USING gpu_count_perf_combined c"
+                        " WHERE k.file_id = c.file_id AND k.segment = c.segment AND k.step = c.step")
+            con.execute(f"INSERT INTO {_PERF_STEPS} SELECT * FROM gpu_count_perf_combined")
+        finally:
+            con.execute("DROP TABLE IF EXISTS gpu_count_perf_combined")
+            con.execute("DROP TABLE IF EXISTS gpu_count_perf_added")
+    else:
+        con.execute(f"DELETE FROM {_PERF_STEPS} WHERE file_id = ?", [file_id])
+        con.execute(f"INSERT INTO {_PERF_STEPS} {_perf_step_sql(False)}", [file_id])
+    con.execute(f"DELETE FROM {_PERF_STEPS_MADE_FROM} WHERE file_id = ?", [file_id])
+    con.execute(f"INSERT INTO {_PERF_STEPS_MADE_FROM} VALUES (?, ?, ?)", [file_id, pairs, last_line])
 
 
 def verl_console_version(value_texts: list[str]) -> tuple[str | None, float | None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -327,6 +329,33 @@ def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
 
 
 __all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "connect_duckdb", "open_store", "resolve_db_path", "schema_version"]
+
+
+# Rows of a DuckDB row group: the unit a checkpoint rewrites when it merges row groups left part-filled.
+ROW_GROUP_ROWS = 122_880
+
+
+@contextmanager
+def whole_row_groups(con: duckdb.DuckDBPyConnection, rows: int) -> Iterator[None]:
+    """Inside: an INSERT of about `rows` rows fills whole row groups, going on from the rows the
+    transaction inserted before.
+
+    On several threads DuckDB writes a large INSERT's rows as row groups of their own and keeps them
+    so, leaving the last one part-filled after every such statement; each later checkpoint (every
+    close of a written store) then merges some of them, rewriting whole row groups of rows that did
+    not change. On one thread the rows are appended after the transaction's earlier rows. A small
+    INSERT (under a row group) is appended so anyway, and keeps its threads; as does a connection
+    whose settings are locked (`confine`).
+    """
+    threads = fetch_first(con, "SELECT current_setting('threads'), current_setting('lock_configuration')")
+    if rows < ROW_GROUP_ROWS or threads[0] == 1 or threads[1]:
+        yield
+        return
+    con.execute("SET threads = 1")
+    try:
+        yield
+    finally:
+        con.execute(f"SET threads = {threads[0]}")
 
 
 def rollback(con: duckdb.DuckDBPyConnection) -> None:

@@ -51,10 +51,10 @@ SCHEMA_VERSION = max((m.version for m in available_migrations()), default=0)
 
 def has_ledger(con: duckdb.DuckDBPyConnection) -> bool:
     """True when the database has a migrations ledger, i.e. is a polytrace store."""
+    # duckdb_tables() rather than information_schema.tables (a view over every kind of catalog entry):
+    # asked several times at each open of the store.
     return bool(
-        con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
-        ).fetchall()[0][0]
+        con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_migrations'").fetchall()[0][0]
     )
 
 

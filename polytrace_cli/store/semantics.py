@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import statistics
+from itertools import accumulate
 
 import duckdb
 
@@ -64,19 +66,21 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
           "collapse_typical_length")
 
 
-# The temporary table holding the `steps` rows of the run being decided, read once per decision.
+# The temporary table holding the `steps` rows of the run being decided when its step facts cannot
+# be kept (a read-only store), read once per decision.
 RUN_STEPS = "semantics_run_steps"
 
 
-def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, timers: list[str]) -> None:
-    """Keep the run's `steps` rows, with the columns the decision reads (`timers`: the stage, testing
-    and checkpoint columns), in the table RUN_STEPS: from the run's step facts (`store.step_facts`),
-    or from the view where they cannot be kept."""
-    canonical = list(dict.fromkeys(["step_s", *timers, "total_tokens", "prompt_length_mean", "response_length_mean"]))
-    columns = ", ".join(["step", *canonical, "is_validation_only", "has_testing", "has_checkpoint"])
-    source = f"({step_facts.run_steps_sql(canonical)})" if step_facts.refresh(con, run_id) else \
-        "(SELECT * FROM steps WHERE run_id = $1)"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {columns} FROM {source}", [run_id])
+def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> str | None:
+    """The table holding the run's `steps` rows with the columns the decision reads
+    (`step_timers.decision_columns`): the run's steps kept from its facts (`step_facts.run_steps_table`),
+    None when they cannot be kept, the rows then read from the `steps` view into RUN_STEPS."""
+    table = step_facts.run_steps_table(con, run_id, columns)
+    if table is None:
+        listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {listed} FROM steps WHERE run_id = ?",
+                    [run_id])
+    return table
 
 
 def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
@@ -84,14 +88,14 @@ def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
     return name, json.loads(meta or "{}")
 
 
-def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: list[str]) -> dict:
+def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: list[str], run_steps: str) -> dict:
     any_timer = " OR ".join(f"{column} IS NOT NULL" for column in timers)
     logged, derived, testing, checkpoint = con.execute(
         f"""
         SELECT count(*) FILTER (WHERE step_s IS NOT NULL AND NOT is_validation_only),
                count(*) FILTER (WHERE step_s IS NULL AND NOT is_validation_only AND ({any_timer})),
                bool_or(has_testing), bool_or(has_checkpoint)
-        FROM {RUN_STEPS}
+        FROM {run_steps}
         """).fetchall()[0]
     keys = step_timers.EXTRA_TIMERS.values()
     decided = meta if all(key in meta for key in keys) else step_timers.step_time_inclusion(con, run_id)
@@ -106,11 +110,13 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: lis
     return {"step_time_basis": basis, "includes_testing": testing_in, "includes_checkpoint": checkpoint_in}
 
 
-def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict:
-    seqlen = set(row[0] for row in con.execute(
-        "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
-        " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)",
-        [run_id, PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX]).fetchall())
+def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts: bool) -> dict:
+    # The step facts hold a row per step and canonical name that any of the run's pairs maps to.
+    logged = ("SELECT DISTINCT canonical FROM step_facts WHERE run_id = ? AND canonical IN (?, ?, ?)" if from_facts
+              else "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
+                   " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)")
+    seqlen = {row[0] for row in con.execute(logged, [run_id, PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX]
+                                            ).fetchall()}
     told = meta.get("balance_batch")
     if isinstance(told, bool):
         balance, source = (ON if told else OFF), "trainer.balance_batch (printed config or overrides)"
@@ -157,7 +163,8 @@ def _sample_counts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[in
         """, [run_id]).fetchall()
 
 
-def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: list[tuple[int, int, int]]) -> dict:
+def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: list[tuple[int, int, int]],
+               run_steps: str) -> dict:
     batch, n = meta.get("train_batch_size"), meta.get("n_sampling")
     trained = [(step, training) for step, training, _ in counts if training > 0]
     if isinstance(batch, int) and isinstance(n, int) and batch > 0 and n > 0:
@@ -166,7 +173,7 @@ def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: 
         logged = con.execute(
             f"""
             SELECT median(round(total_tokens / (prompt_length_mean + response_length_mean)))
-            FROM {RUN_STEPS} WHERE NOT is_validation_only
+            FROM {run_steps} WHERE NOT is_validation_only
               AND total_tokens > 0 AND prompt_length_mean + response_length_mean > 0
             """).fetchall()[0][0]
         if logged is not None:
@@ -198,25 +205,28 @@ def _short_group_steps(con: duckdb.DuckDBPyConnection, run_id: int, group_size: 
     return {row[0] for row in rows}
 
 
-def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[int], list[float]]:
+def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int, run_steps: str) -> tuple[list[int], list[float]]:
     """(steps, mean response length) of the training steps, logged or from the samples."""
-    rows = con.execute(
+    # Two lists rather than a row per step (no tuple per step for the garbage collector to walk).
+    steps, means = con.execute(
         f"""
-        SELECT step, avg(response_length_mean) FROM {RUN_STEPS}
-        WHERE NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step ORDER BY step
-        """).fetchall()
-    if not rows:
-        # avg(response_len) over `samples`, from its two tables without unnesting the groups' lengths.
-        rows = con.execute(
-            """
-            SELECT step, sum(total) / sum(n) FROM (
-                SELECT step, sum(response_len) AS total, count(response_len) AS n FROM sample_rows
-                WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
-                UNION ALL
-                SELECT step, sum(list_sum(response_lens)), sum(list_count(response_lens)) FROM sample_groups
-                WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
-            ) GROUP BY step HAVING sum(n) > 0 ORDER BY step
-            """, [run_id]).fetchall()
+        SELECT list(step ORDER BY step), list(mean ORDER BY step) FROM (
+            SELECT step, avg(response_length_mean) AS mean FROM {run_steps}
+            WHERE NOT is_validation_only AND response_length_mean IS NOT NULL GROUP BY step)
+        """).fetchall()[0]
+    if steps:
+        return steps, [float(mean) for mean in means]
+    # avg(response_len) over `samples`, from its two tables without unnesting the groups' lengths.
+    rows = con.execute(
+        """
+        SELECT step, sum(total) / sum(n) FROM (
+            SELECT step, sum(response_len) AS total, count(response_len) AS n FROM sample_rows
+            WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
+            UNION ALL
+            SELECT step, sum(list_sum(response_lens)), sum(list_count(response_lens)) FROM sample_groups
+            WHERE run_id = $1 AND NOT coalesce(validate, false) GROUP BY step
+        ) GROUP BY step HAVING sum(n) > 0 ORDER BY step
+        """, [run_id]).fetchall()
     return [row[0] for row in rows], [float(row[1]) for row in rows]
 
 
@@ -229,14 +239,25 @@ def length_collapse(steps: list[int], means: list[float]) -> tuple[int, float, f
     suffix_max = list(means)
     for i in range(n - 2, -1, -1):
         suffix_max[i] = max(means[i], suffix_max[i + 1])
+    firsts = range(COLLAPSE_MIN_STEPS, n - COLLAPSE_MIN_STEPS + 1)
     before: list[float] = []
-    for k in range(n - COLLAPSE_MIN_STEPS + 1):
-        if k >= COLLAPSE_MIN_STEPS:
-            middle = len(before) // 2
-            typical = before[middle] if len(before) % 2 else (before[middle - 1] + before[middle]) / 2
-            if typical > 0 and suffix_max[k] <= COLLAPSE_SHARE * typical:
-                return int(steps[k]), sum(means[k:]) / (n - k), float(typical)
-        bisect.insort(before, float(means[k]))
+    read = 0  # the steps in `before`
+    if not any(math.isnan(mean) for mean in means):
+        # The median before k is at most the largest value before k: only a k whose suffix is that
+        # small needs the median.
+        prefix_max = list(accumulate(means, max))
+        firsts = [k for k in firsts if suffix_max[k] <= COLLAPSE_SHARE * prefix_max[k - 1]]
+        if not firsts:
+            return None
+        before, read = sorted(float(mean) for mean in means[:firsts[0]]), firsts[0]
+    for k in firsts:
+        for mean in means[read:k]:
+            bisect.insort(before, float(mean))
+        read = k
+        middle = len(before) // 2
+        typical = before[middle] if len(before) % 2 else (before[middle - 1] + before[middle]) / 2
+        if typical > 0 and suffix_max[k] <= COLLAPSE_SHARE * typical:
+            return int(steps[k]), sum(means[k:]) / (n - k), float(typical)
     return None
 
 
@@ -244,14 +265,17 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """The run's semantics record (`FIELDS` and `run`, the run's name; see the module docstring)."""
     name, meta = _meta(con, run_id)
     counts = _sample_counts(con, run_id)
-    timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
-    _read_run_steps(con, run_id, timers)
+    columns = step_timers.decision_columns(con)
+    timers = [column for column in columns if column.endswith("_s") and column != "step_s"]  # stages, overheads
+    kept = _read_run_steps(con, run_id, columns)
+    run_steps = kept or RUN_STEPS
     try:
-        record = {"run": name, **_timing(con, run_id, meta, timers), **_balance(con, run_id, meta),
-                  **_responses(con, run_id, meta, counts)}
-        collapse = length_collapse(*_mean_lengths(con, run_id))
+        record = {"run": name, **_timing(con, run_id, meta, timers, run_steps),
+                  **_balance(con, run_id, meta, kept is not None), **_responses(con, run_id, meta, counts, run_steps)}
+        collapse = length_collapse(*_mean_lengths(con, run_id, run_steps))
     finally:
-        con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")
+        if kept is None:
+            con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")
     record["training_samples"] = sum(training for _, training, _ in counts)
     record["validation_samples"] = sum(validation for _, _, validation in counts)
     record["truncated_steps"] = [row[0] for row in con.execute(

@@ -4,7 +4,8 @@ The `steps` view joins every pair of the store with its canonical name and pivot
 something over a whole run from it reads every pair of the run each time. `step_facts` keeps, per
 file, segment and step, the largest value of each canonical name and whether every key of the step
 has a validation prefix (the view's aggregates, which combine across files and across parts of a
-file), and `run_steps_sql` gives the view's rows of one run from them.
+file), and `run_steps_sql` gives the view's rows of one run from them (`run_steps_table` keeps
+them, for the decisions taken one after another over the same run).
 
 `refresh` brings a run's facts up to date with its pairs before they are read. A file's facts are
 taken once from its pairs; a log that grew (the same file, more pairs, all of the new ones on later
@@ -18,9 +19,12 @@ are then all replaced).
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 
 from polytrace_cli.store.catalog import declared_catalog, declared_names, validation_key_sql
+from polytrace_cli.store.connection import whole_row_groups
 
 
 def _facts_sql(where: str) -> str:
@@ -89,7 +93,8 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         _add_grown(con, file_id, kept_line)
     if whole:
         con.execute("DELETE FROM step_facts WHERE file_id IN (SELECT unnest(?))", [whole])
-        con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id IN (SELECT unnest($1))')}", [whole])
+        with whole_row_groups(con, sum(stored[file_id][0] for file_id in whole)):
+            con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id IN (SELECT unnest($1))')}", [whole])
     con.execute("INSERT INTO step_facts_files SELECT unnest(?), ?, unnest(?), unnest(?), ?",
                 [changed, run_id, [stored[f][0] for f in changed], [stored[f][1] for f in changed], catalog])
     return True
@@ -108,29 +113,31 @@ def _only_grew(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, ke
 
 def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_line: int) -> None:
     """Combine the facts of the file's pairs after line `kept_line` into those kept for the same steps."""
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE step_facts_combined AS
-        WITH added AS ({_facts_sql('sm.file_id = $1 AND sm.line_no > $2')})
-        SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
-               bool_and(validation_only) AS validation_only
-        FROM (SELECT f.* FROM step_facts f SEMI JOIN added a
-                  ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
-              UNION ALL SELECT * FROM added)
-        GROUP BY file_id, run_id, segment, step, canonical
-        """, [file_id, kept_line])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_added AS {_facts_sql('sm.file_id = $1 AND sm.line_no > $2')}",
+                [file_id, kept_line])
     try:
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE step_facts_combined AS
+            SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
+                   bool_and(validation_only) AS validation_only
+            FROM (SELECT f.* FROM step_facts f SEMI JOIN step_facts_added a
+                      ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
+                  UNION ALL SELECT * FROM step_facts_added)
+            GROUP BY file_id, run_id, segment, step, canonical
+            """)
         con.execute("DELETE FROM step_facts f WHERE f.file_id = ? AND EXISTS (SELECT 1 FROM step_facts_combined c"
                     " WHERE c.segment = f.segment AND c.step = f.step)", [file_id])
         con.execute("INSERT INTO step_facts SELECT * FROM step_facts_combined")
     finally:
         con.execute("DROP TABLE IF EXISTS step_facts_combined")
+        con.execute("DROP TABLE IF EXISTS step_facts_added")
 
 
-def run_steps_sql(columns: list[str]) -> str:
+def run_steps_sql(columns: list[str], facts: str = "step_facts") -> str:
     """A query of the `steps` view's rows of run $1 from its facts (after `refresh`): segment, step,
     the given canonical `columns`, is_validation_only, has_testing and has_checkpoint, as the view
-    gives them."""
+    gives them. `facts` may name a subset of `step_facts` (whole steps of it) to read instead."""
     picked = "".join(f", max(value) FILTER (WHERE canonical = '{column}') AS {column}" for column in columns)
     read = ", ".join(f"'{name}'" for name in dict.fromkeys([*columns, "testing_s", "save_checkpoint_s"]))
     return f"""
@@ -138,6 +145,88 @@ def run_steps_sql(columns: list[str]) -> str:
                bool_and(validation_only) FILTER (WHERE canonical IS NULL) AS is_validation_only,
                count(*) FILTER (WHERE canonical = 'testing_s') > 0 AS has_testing,
                count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
-        FROM step_facts WHERE run_id = $1 AND (canonical IS NULL OR canonical IN ({read}))
+        FROM {facts} WHERE run_id = $1 AND (canonical IS NULL OR canonical IN ({read}))
         GROUP BY segment, step
     """
+
+
+# The temporary table holding one run's `steps` rows read from its facts (`run_steps_table`), and the
+# one holding what they were read from.
+RUN_STEPS = "step_facts_run_steps"
+_RUN_STEPS_MADE_FROM = "step_facts_run_steps_made_from"
+
+
+def run_steps_table(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> str | None:
+    """The name of a temporary table holding the `steps` rows of the run as `run_steps_sql(columns)`
+    gives them, after `refresh`; None when the facts cannot be kept (`writable`).
+
+    The table is kept for the run it was last read for, with what it was read from (the run's
+    `step_facts_files` rows) and its columns, so that the decisions taken over one run one after
+    another (at ingest: whether the step time counts testing, then the semantics record) read the
+    run's steps once, and a run whose files only grew or were added to since (a log being watched)
+    has only the steps of the new pairs read again. Any other change, or columns it lacks, reads
+    it whole. A temporary table follows the transaction that changed it: one rolled back leaves the
+    table and what it was read from as they were.
+    """
+    if not refresh(con, run_id):
+        return None
+    facts = {file_id: [pairs, last_line, catalog] for file_id, pairs, last_line, catalog in con.execute(
+        "SELECT file_id, pairs, last_line, catalog FROM step_facts_files WHERE run_id = ?", [run_id]).fetchall()}
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_RUN_STEPS_MADE_FROM} (run_id INTEGER, facts VARCHAR,"
+                " columns VARCHAR[])")
+    made = con.execute(f"SELECT run_id, facts, columns FROM {_RUN_STEPS_MADE_FROM}").fetchall()
+    if made and made[0][0] == run_id and set(columns) <= set(made[0][2]):
+        before = {int(file_id): kept for file_id, kept in json.loads(made[0][1]).items()}
+        if before == facts:
+            return RUN_STEPS
+        grown = _grown_since(before, facts)
+        if grown is not None:
+            _read_steps_again(con, run_id, grown, made[0][2])
+            _made_from(con, run_id, facts, made[0][2])
+            return RUN_STEPS
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS {run_steps_sql(columns)}", [run_id])
+    _made_from(con, run_id, facts, columns)
+    return RUN_STEPS
+
+
+def _made_from(con: duckdb.DuckDBPyConnection, run_id: int, facts: dict, columns: list[str]) -> None:
+    con.execute(f"DELETE FROM {_RUN_STEPS_MADE_FROM}")
+    con.execute(f"INSERT INTO {_RUN_STEPS_MADE_FROM} VALUES (?, ?, ?)", [run_id, json.dumps(facts), list(columns)])
+
+
+def _grown_since(before: dict, now: dict) -> dict[int, int | None] | None:
+    """file id -> the last line whose facts `before` held (None: a file new since), for each file of
+    the run whose facts changed only by pairs on later lines (a file keeps its pairs until it is
+    removed: a file read again gets a new id); None when any other change happened (a file gone,
+    fewer pairs, another catalog)."""
+    changed: dict[int, int | None] = {}
+    for file_id, kept in before.items():
+        current = now.get(file_id)
+        if current is None or current[2] != kept[2] or current[0] < kept[0] or kept[1] is None \
+                or (current[1] or 0) < kept[1]:
+            return None
+        if current != kept:
+            changed[file_id] = kept[1]
+    changed.update({file_id: None for file_id in now.keys() - before.keys()})
+    return changed
+
+
+def _read_steps_again(con: duckdb.DuckDBPyConnection, run_id: int, grown: dict[int, int | None],
+                      columns: list[str]) -> None:
+    """Read again the RUN_STEPS rows of every step that a pair of `grown` (file id -> last line read
+    before, None for all its lines) falls in, from all the run's facts of those steps."""
+    # One select per file, its line bound a constant: only the row groups holding later lines are read.
+    selects, arguments = [], []
+    for file_id, after in grown.items():
+        selects.append("SELECT segment, step FROM step_metrics WHERE file_id = ?"
+                       + ("" if after is None else " AND line_no > ?"))
+        arguments += [file_id] if after is None else [file_id, after]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_touched AS SELECT DISTINCT segment, step FROM"
+                f" ({' UNION ALL '.join(selects)})", arguments)
+    try:
+        con.execute(f"DELETE FROM {RUN_STEPS} r USING step_facts_touched t WHERE r.segment = t.segment"
+                    " AND r.step = t.step")
+        facts = "(SELECT f.* FROM step_facts f SEMI JOIN step_facts_touched t USING (segment, step))"
+        con.execute(f"INSERT INTO {RUN_STEPS} {run_steps_sql(columns, facts)}", [run_id])
+    finally:
+        con.execute("DROP TABLE IF EXISTS step_facts_touched")

@@ -29,6 +29,14 @@ def stage_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
 
 
+def decision_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The `steps` columns the decisions over a whole run read (`step_time_inclusion`, the semantics
+    record): step_s, the stages, testing_s, save_checkpoint_s, the tokens and the mean lengths; asked
+    for together, the run's steps are read once for all of them (`step_facts.run_steps_table`)."""
+    return ["step_s", *stage_columns(con), *(f"{timer}_s" for timer in EXTRA_TIMERS), "total_tokens",
+            "prompt_length_mean", "response_length_mean"]
+
+
 def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """Whether a run's step time includes its testing and checkpoint timers, from its numbers.
 
@@ -41,11 +49,13 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
 
     Returns {'step_time_includes_testing': bool | None, 'step_time_includes_checkpoint': ...}.
     """
-    stages = stage_columns(con)
+    columns = decision_columns(con)
+    stages = [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
     stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
     wanted = [*stages, "step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)]
-    if step_facts.refresh(con, run_id):
-        timers, arguments = step_facts.run_steps_sql(wanted), [run_id]
+    table = step_facts.run_steps_table(con, run_id, columns)
+    if table:
+        timers, arguments = f"SELECT * FROM {table}", []
     else:  # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
         timers = f"""
             PIVOT (SELECT sm.segment, sm.step, a.canonical, sm.value
@@ -54,21 +64,26 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
             ON canonical IN ({", ".join(f"'{column}'" for column in wanted)})
             USING max(value) GROUP BY segment, step"""
         arguments = [run_id, wanted]
-    rows = con.execute(
+    # Three lists in step order rather than a row per step: no tuple per step for the interpreter's
+    # garbage collector to walk.
+    lists = con.execute(
         f"""
         WITH timers AS ({timers})
-        SELECT step_s - ({stage_sum}) AS residual, coalesce(testing_s, 0) AS testing,
-               coalesce(save_checkpoint_s, 0) AS save_checkpoint
+        SELECT list(step_s - ({stage_sum}) ORDER BY segment, step), list(coalesce(testing_s, 0) ORDER BY segment, step),
+               list(coalesce(save_checkpoint_s, 0) ORDER BY segment, step)
         FROM timers WHERE step_s IS NOT NULL
         """,
         arguments,
-    ).fetchall()
-    baseline = sorted(residual for residual, testing, checkpoint in rows if testing <= 0 and checkpoint <= 0)
+    ).fetchall()[0]
+    residuals, testing, checkpoint = (values or [] for values in lists)
+    baseline = sorted(residual for residual, test, save in zip(residuals, testing, checkpoint) if test <= 0 and save <= 0)
     centre = _quantile(baseline, 0.5) if baseline else 0.0
     spread = _quantile(baseline, 0.75) - _quantile(baseline, 0.25) if baseline else 0.0
     decided: dict = {}
-    for index, (timer, meta_key) in enumerate(EXTRA_TIMERS.items()):
-        with_timer = [(row[0], row[1 + index], row[2 - index]) for row in rows if row[1 + index] > 0]
+    for meta_key, seconds_of, other_of in ((EXTRA_TIMERS["testing"], testing, checkpoint),
+                                           (EXTRA_TIMERS["save_checkpoint"], checkpoint, testing)):
+        with_timer = [(residual, seconds, other) for residual, seconds, other in zip(residuals, seconds_of, other_of)
+                      if seconds > 0]
         alone = [row for row in with_timer if row[2] <= 0] or with_timer
         votes = [residual > centre + seconds / 2 for residual, seconds, _ in alone if seconds > 2 * spread]
         decided[meta_key] = None

@@ -41,6 +41,7 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_prob
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
 from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
+from polytrace_cli.store.connection import whole_row_groups
 
 # Kinds of line that are not noise.
 METRIC, DIRTY, ENCODING = "metric", "dirty", "encoding"
@@ -279,13 +280,14 @@ class BlockWriter:
         con = self.ctx.con
         con.register("console_metrics", ArrowStream(metrics))
         try:
-            self.ctx.insert(
-                """
-                INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
-                SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
-                """,
-                [self.ctx.run_id, self.ctx.file_id],
-            )
+            with whole_row_groups(con, metrics.height):
+                self.ctx.insert(
+                    """
+                    INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+                    SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+                    """,
+                    [self.ctx.run_id, self.ctx.file_id],
+                )
         finally:
             con.unregister("console_metrics")
         self.digests.append(_detached(metrics.drop("segment").filter(
@@ -415,13 +417,14 @@ def store_parsed(ctx: FileContext, parsed: ParsedMetrics, resumes: list[int] = (
     con.register("console_segments", ArrowStream(segments))
     con.register("console_flags", ArrowStream(parsed.flags))
     try:
-        ctx.insert(
-            """
-            INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
-            SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
-            """,
-            [ctx.run_id, ctx.file_id],
-        )
+        with whole_row_groups(con, metrics.height):
+            ctx.insert(
+                """
+                INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)
+                SELECT ?, segment, step, key, value, text_value, ?, line_no FROM console_metrics
+                """,
+                [ctx.run_id, ctx.file_id],
+            )
         insert_step_flags(ctx, "console_segments", extra_flags="console_flags")
     finally:
         for view in ("console_metrics", "console_segments", "console_flags"):

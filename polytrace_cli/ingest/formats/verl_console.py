@@ -153,7 +153,7 @@ class VerlGrammar(ConsoleGrammar):
     reclaimable = "tqdm"
     printed_values_read = PRINTED_SAMPLE_SIZE
     recomputed_meta = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
-                                 "step_time_includes_checkpoint"})
+                                 "step_time_includes_checkpoint", "step_time_logged"})
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")
@@ -327,13 +327,22 @@ def _printed_config(lines: pl.DataFrame) -> dict:
     return run_metadata.verl_config_from_lines(cleaned.slice(first, 5000).to_list())
 
 
+# The keys of a step total.
+STEP_TOTALS = ("timing_s/step", "timing/step")
+
+
 def _step_time_logged(ctx: FileContext, metrics: pl.DataFrame) -> dict:
     """`step_time_logged`: whether the log holds a step total (`timing_s/step`, or verl <= 0.1's
     `timing/step`). verl <= 0.1 logs `timing/<stage>` often without one; the stages are read and
     every view takes the step time as their sum, labelled "derived from stage timers"
-    (`analyze.semantics`)."""
+    (`analyze.semantics`). An appended read whose lines hold none (a validation line alone) asks the
+    file's stored pairs, as a whole read would see them."""
     keys = set(metrics.filter(pl.col("key").str.starts_with("timing")).get_column("key").unique().to_list())
-    logged = bool(keys & {"timing_s/step", "timing/step"})
+    logged = bool(keys & set(STEP_TOTALS))
+    if not logged and ctx.resume is not None:
+        logged = bool(ctx.con.execute("SELECT count(*) FROM (SELECT 1 FROM step_metrics WHERE file_id = ?"
+                                      " AND key IN (SELECT unnest(?)) LIMIT 1)",
+                                      [ctx.file_id, list(STEP_TOTALS)]).fetchall()[0][0])
     if not logged and any(key.startswith("timing/") for key in keys):
         ctx.note("verl <= 0.1 timers (timing/*) without a step total: the step time is derived from stage timers "
                  "(their sum)")
