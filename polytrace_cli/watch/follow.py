@@ -14,7 +14,8 @@ the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/wa
                when CRASH_QUIET_POLLS polls in all pass without growth, watching ends with
                EXIT_CRASH; a step logged after the crash's lines means the job lives on, and
                watching goes on), stall (no new step for
-               `stall_factor` × the usual time between steps; none once the run reached its
+               `stall_factor` × the usual time between steps, and for at least STALL_MIN_POLLS
+               polls: a gap is not seen finer than the poll; none once the run reached its
                configured last step)
     truncated  the file shrank: it is read again whole
 
@@ -47,6 +48,8 @@ CRASH_QUIET_POLLS = 5
 # Gaps between steps needed before the stall rule uses them instead of the model's step time.
 STALL_MIN_GAPS = 3
 STALL_WINDOW = 20
+# A stall lasts at least this many poll intervals, however short the usual gap between steps.
+STALL_MIN_POLLS = 10
 # The crash signs searched in new lines, in order: (cause, pattern).
 CRASH_SIGNS = (
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)),
@@ -305,7 +308,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
         finished = total_steps is not None and last_step is not None and last_step >= total_steps
         if judge is not None and last_step is not None and stalled_at_step != last_step and not finished:
             usual = statistics.median(gaps[-STALL_WINDOW:]) if len(gaps) >= STALL_MIN_GAPS else judge.typical_s
-            if usual and now - last_step_at > settings.stall_factor * usual:
+            if usual and now - last_step_at > max(settings.stall_factor * usual, STALL_MIN_POLLS * settings.poll):
                 stalled_at_step = last_step
                 emit({"event": "alert", "kind": "stall", "step": last_step,
                       "seconds_since_step": round(now - last_step_at, 3), "usual_gap_s": round(usual, 3)})
