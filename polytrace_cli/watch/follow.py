@@ -172,7 +172,11 @@ def _metric_lines(con: duckdb.DuckDBPyConnection, file: Path, before: int) -> tu
 
 class ValidationEvents:
     """The `validation` events of one run: each step (segment and step) whose stored pairs hold a
-    validation key (`catalog.validation_key_sql` of the formats' declared prefixes), once."""
+    validation key (`catalog.validation_key_sql` of the formats' declared prefixes), once.
+
+    Each call reads only the pairs of lines not read before: per file, those after the lines it had
+    at the last call (a file's pairs are only added to on later lines; a file read again whole gets
+    a new id), so a poll costs what grew, not the run."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int):
         from polytrace_cli.store.catalog import declared_names, validation_key_sql
@@ -180,14 +184,25 @@ class ValidationEvents:
         self.con, self.run_id = con, run_id
         self.is_validation = validation_key_sql(declared_names()[1])
         self.seen: set[tuple[int, int]] = set()
+        self.lines_read: dict[int, int] = {}
 
     def new(self) -> list[dict]:
         """One event per step with validation values not yet given, in log order: step, segment and
         its numeric validation values by key (NaN and infinities as null)."""
+        grown = [(file_id, lines) for file_id, lines in self.con.execute(
+            "SELECT file_id, lines FROM files WHERE run_id = ?", [self.run_id]).fetchall()
+            if self.lines_read.get(file_id) != lines]
+        if not grown:
+            return []
+        # One select per file, its line bound a constant: only the row groups holding later lines are read.
+        selects = " UNION ALL ".join(
+            f"SELECT segment, step, key, value, line_no FROM step_metrics WHERE file_id = ? AND line_no > ?"
+            f" AND text_value IS NULL AND ({self.is_validation})" for _ in grown)
+        arguments = [value for file_id, _ in grown for value in (file_id, self.lines_read.get(file_id, 0))]
         rows = self.con.execute(
             f"SELECT segment, step, list(key ORDER BY line_no, key), list(value ORDER BY line_no, key)"
-            f" FROM step_metrics WHERE run_id = ? AND text_value IS NULL AND ({self.is_validation})"
-            f" GROUP BY segment, step ORDER BY segment, step", [self.run_id]).fetchall()
+            f" FROM ({selects}) GROUP BY segment, step ORDER BY segment, step", arguments).fetchall()
+        self.lines_read.update(grown)
         events = []
         for segment, step, keys, values in rows:
             if (segment, step) in self.seen:
