@@ -286,13 +286,15 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                     crash = _Crash(file, "".join(text.splitlines(keepends=True)[sign:]), first_line + sign)
             files.sizes.update(grown)
             files.stamps.update({file: stats[file][1] for file in grown})
-            steps = judge.new_steps() if judge is not None else []
+            # Lines that stored nothing (progress bars, noise) bring no step: the run is not read again.
+            stored = any(report.rows for report in reports)
+            steps = judge.new_steps() if judge is not None and stored else []
             if steps:
                 if last_step is not None:  # k steps in one gap landed gap / k apart
                     gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
                 last_step_at, stalled_at_step = now, None
             # A validation follows its step's events; one without a step comes where its step would.
-            validated = validations.new() if validations is not None else []
+            validated = validations.new() if validations is not None and stored else []
             for record in steps:
                 while validated and (validated[0]["segment"], validated[0]["step"]) < (record["segment"], record["step"]):
                     emit(validated.pop(0))
