@@ -265,8 +265,8 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """The run's semantics record (`FIELDS` and `run`, the run's name; see the module docstring)."""
     name, meta = _meta(con, run_id)
     counts = _sample_counts(con, run_id)
-    columns = step_timers.decision_columns(con)
-    timers = [column for column in columns if column.endswith("_s") and column != "step_s"]  # stages, overheads
+    stages, columns = step_timers.decision_columns(con)
+    timers = [*stages, *(f"{timer}_s" for timer in step_timers.EXTRA_TIMERS)]  # the stages and overheads
     kept = _read_run_steps(con, run_id, columns)
     run_steps = kept or RUN_STEPS
     try:

@@ -29,12 +29,14 @@ def stage_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
 
 
-def decision_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The `steps` columns the decisions over a whole run read (`step_time_inclusion`, the semantics
-    record): step_s, the stages, testing_s, save_checkpoint_s, the tokens and the mean lengths; asked
-    for together, the run's steps are read once for all of them (`step_facts.run_steps_table`)."""
-    return ["step_s", *stage_columns(con), *(f"{timer}_s" for timer in EXTRA_TIMERS), "total_tokens",
-            "prompt_length_mean", "response_length_mean"]
+def decision_columns(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[str]]:
+    """(the stage columns (`stage_columns`), every `steps` column the decisions over a whole run read
+    (`step_time_inclusion`, the semantics record): step_s, the stages, testing_s, save_checkpoint_s,
+    the tokens and the mean lengths); asked for together, the run's steps are read once for all of
+    them (`step_facts.run_steps_table`)."""
+    stages = stage_columns(con)
+    return stages, ["step_s", *stages, *(f"{timer}_s" for timer in EXTRA_TIMERS), "total_tokens",
+                    "prompt_length_mean", "response_length_mean"]
 
 
 def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
@@ -49,8 +51,7 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
 
     Returns {'step_time_includes_testing': bool | None, 'step_time_includes_checkpoint': ...}.
     """
-    columns = decision_columns(con)
-    stages = [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
+    stages, columns = decision_columns(con)
     stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
     wanted = [*stages, "step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)]
     table = step_facts.run_steps_table(con, run_id, columns)
