@@ -152,8 +152,7 @@ class VerlGrammar(ConsoleGrammar):
     anchor = "step:"
     reclaimable = "tqdm"
     printed_values_read = PRINTED_SAMPLE_SIZE
-    recomputed_meta = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
-                                 "step_time_includes_checkpoint", "step_time_logged"})
+    recomputed_meta = run_metadata.VERL_META_FROM_STORED_ROWS | {"step_time_logged"}
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")

@@ -91,12 +91,7 @@ class VerlJsonlIngester(Ingester):
             meta.update(step_time_inclusion(con, ctx.run_id))
         ctx.run_meta.update(meta)
         ctx.format_version = "verl>=0.6 file logger"
-        ctx.resume_state = {"last": last, "recomputed_meta": sorted(RECOMPUTED_META)}
-
-
-# Run meta computed from the file's (or run's) stored rows: an appended read gives it as a whole read would.
-RECOMPUTED_META = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
-                             "step_time_includes_checkpoint"})
+        ctx.resume_state = {"last": last, "recomputed_meta": sorted(run_metadata.VERL_META_FROM_STORED_ROWS)}
 
 
 def _read_clean_file(ctx: FileContext) -> bool:
