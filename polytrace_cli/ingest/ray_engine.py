@@ -221,7 +221,8 @@ def _store_parsed(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFi
             claim_run_framework(con, run_id, parsed.framework)
         if parsed.model:
             con.execute("UPDATE runs SET model = coalesce(model, ?) WHERE run_id = ?", [parsed.model, run_id])
-        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta), file_id, again=bool(existing))
+        # The file's `file_run_meta` row came with its other file-owned rows.
+        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta), again=bool(existing))
         con.execute("COMMIT")
     except BaseException:
         rollback(con)
