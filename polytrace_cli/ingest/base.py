@@ -141,8 +141,10 @@ class FileContext:
         self.rows += written
         return written
 
-    def flush(self) -> None:
-        """Write the buffered rejections and ignore counts."""
+    def flush(self, ignored_before: Mapping[str, int] | None = None) -> None:
+        """Write the buffered rejections and ignore counts, one row per rule in rule order.
+        `ignored_before`: the counts per rule the file's earlier lines left (an appended read, whose
+        caller deleted their rows), written summed with this read's."""
         self.begin_writes()
         if self._errors:
             self.con.executemany(
@@ -150,10 +152,12 @@ class FileContext:
                 self._errors,
             )
             self._errors.clear()
-        if self.ignored:
-            self.con.executemany(
-                "INSERT INTO ignored_lines (file_id, rule, lines) VALUES (?, ?, ?)",
-                [(self.file_id, rule, n) for rule, n in sorted(self.ignored.items())],
+        counts = self.ignored + Counter(ignored_before or {})
+        if counts:
+            rules = sorted(counts)
+            self.con.execute(
+                "INSERT INTO ignored_lines (file_id, rule, lines) SELECT ?, unnest(?::VARCHAR[]), unnest(?::BIGINT[])",
+                [self.file_id, rules, [counts[rule] for rule in rules]],
             )
 
     @property

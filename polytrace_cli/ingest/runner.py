@@ -13,6 +13,7 @@ import functools
 import json
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -408,7 +409,13 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
                           resume=state)
         try:
             ingester.load(ctx)
-            ctx.flush()
+            ctx.begin_writes()
+            # Counts per rule: the file's earlier counts are written again summed with this read's.
+            before: Counter = Counter()
+            for rule, lines in con.execute("DELETE FROM ignored_lines WHERE file_id = ? RETURNING rule, lines",
+                                           [file_id]).fetchall():
+                before[rule] += lines
+            ctx.flush(ignored_before=before)
             if ctx.lines != added_lines or ctx.lines != ctx.stored + ctx.ignored_total + ctx.rejected:
                 raise RuntimeError(
                     f"{ingester.name} lost lines appended to {path}: {added_lines} appended, {ctx.lines} read,"
@@ -419,13 +426,6 @@ def _append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run
             if changed or ctx.resume_state is None:
                 raise _ReadWhole(f"the appended lines change {', '.join(changed)}" if changed
                                  else "the appended lines cannot follow the lines read before")
-            # Counts per rule: the appended lines' rows were added beside the file's earlier ones.
-            con.execute("CREATE OR REPLACE TEMP TABLE appended_ignored AS SELECT file_id, rule, sum(lines) AS lines"
-                        " FROM ignored_lines WHERE file_id = ? GROUP BY file_id, rule", [file_id])
-            con.execute("DELETE FROM ignored_lines WHERE file_id = ?", [file_id])
-            con.execute("INSERT INTO ignored_lines (file_id, rule, lines) SELECT file_id, rule, lines"
-                        " FROM appended_ignored ORDER BY rule")
-            con.execute("DROP TABLE appended_ignored")
             # A fact the grammar decides over the whole file again (`recomputed_meta`) is as this read
             # says, null included; any other fact the earlier lines gave stays.
             recomputed = set(state.get("recomputed_meta", ()))

@@ -83,9 +83,12 @@ def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[s
     return table
 
 
-def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict]:
-    name, meta = con.execute("SELECT name, meta FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]
-    return name, json.loads(meta or "{}")
+def _meta(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, dict, bool]:
+    """(the run's name, its meta, whether it holds any sample: a row of `sample_rows` or `sample_groups`)."""
+    name, meta, samples = con.execute(
+        "SELECT name, meta, EXISTS (SELECT 1 FROM sample_rows WHERE run_id = $1)"
+        " OR EXISTS (SELECT 1 FROM sample_groups WHERE run_id = $1) FROM runs WHERE run_id = $1", [run_id]).fetchall()[0]
+    return name, json.loads(meta or "{}"), samples
 
 
 def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: list[str], run_steps: str) -> dict:
@@ -110,7 +113,7 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: lis
     return {"step_time_basis": basis, "includes_testing": testing_in, "includes_checkpoint": checkpoint_in}
 
 
-def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts: bool) -> dict:
+def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts: bool, samples: bool) -> dict:
     # The step facts hold a row per step and canonical name that any of the run's pairs maps to.
     logged = ("SELECT DISTINCT canonical FROM step_facts WHERE run_id = ? AND canonical IN (?, ?, ?)" if from_facts
               else "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
@@ -125,7 +128,7 @@ def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts
     else:
         balance, source = UNKNOWN, None
     # The rows of `samples`, read from its two tables without unnesting the groups' lengths.
-    ranked = con.execute(
+    ranked = samples and con.execute(
         """
         SELECT EXISTS (
             SELECT 1 FROM (
@@ -146,8 +149,10 @@ def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts
     return {"balance_batch": balance, "balance_batch_source": source, "lambda_basis": basis}
 
 
-def _sample_counts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[int, int, int]]:
-    """Per step, in step order: (step, training samples, validation samples)."""
+def _sample_counts(con: duckdb.DuckDBPyConnection, run_id: int, samples: bool) -> list[tuple[int, int, int]]:
+    """Per step, in step order: (step, training samples, validation samples); none without `samples`."""
+    if not samples:
+        return []
     return con.execute(
         """
         WITH counted AS (
@@ -164,7 +169,7 @@ def _sample_counts(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[in
 
 
 def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: list[tuple[int, int, int]],
-               run_steps: str) -> dict:
+               run_steps: str, samples: bool) -> dict:
     batch, n = meta.get("train_batch_size"), meta.get("n_sampling")
     trained = [(step, training) for step, training, _ in counts if training > 0]
     if isinstance(batch, int) and isinstance(n, int) and batch > 0 and n > 0:
@@ -183,7 +188,8 @@ def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: 
         else:
             per_step, source = None, None
     partial = {step for step, count in trained if per_step is not None and count < per_step}
-    partial |= _short_group_steps(con, run_id, n if isinstance(n, int) and n > 1 else None)
+    if samples:
+        partial |= _short_group_steps(con, run_id, n if isinstance(n, int) and n > 1 else None)
     return {"responses_per_step": per_step, "responses_per_step_source": source, "partial_steps": sorted(partial)}
 
 
@@ -205,8 +211,10 @@ def _short_group_steps(con: duckdb.DuckDBPyConnection, run_id: int, group_size: 
     return {row[0] for row in rows}
 
 
-def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int, run_steps: str) -> tuple[list[int], list[float]]:
-    """(steps, mean response length) of the training steps, logged or from the samples."""
+def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int, run_steps: str,
+                  samples: bool) -> tuple[list[int], list[float]]:
+    """(steps, mean response length) of the training steps, logged or from the samples (when the run
+    holds any, `samples`)."""
     # Two lists rather than a row per step (no tuple per step for the garbage collector to walk).
     steps, means = con.execute(
         f"""
@@ -216,6 +224,8 @@ def _mean_lengths(con: duckdb.DuckDBPyConnection, run_id: int, run_steps: str) -
         """).fetchall()[0]
     if steps:
         return steps, [float(mean) for mean in means]
+    if not samples:
+        return [], []
     # avg(response_len) over `samples`, from its two tables without unnesting the groups' lengths.
     rows = con.execute(
         """
@@ -236,20 +246,24 @@ def length_collapse(steps: list[int], means: list[float]) -> tuple[int, float, f
     n = len(means)
     if n < 2 * COLLAPSE_MIN_STEPS:
         return None
-    suffix_max = list(means)
-    for i in range(n - 2, -1, -1):
-        suffix_max[i] = max(means[i], suffix_max[i + 1])
     firsts = range(COLLAPSE_MIN_STEPS, n - COLLAPSE_MIN_STEPS + 1)
     before: list[float] = []
     read = 0  # the steps in `before`
-    if not any(math.isnan(mean) for mean in means):
-        # The median before k is at most the largest value before k: only a k whose suffix is that
-        # small needs the median.
+    if not any(map(math.isnan, means)):
+        # Without a NaN the order of max's arguments does not matter: the running maxima are taken
+        # in C. The median before k is at most the largest value before k: only a k whose suffix
+        # is that small needs the median.
+        suffix_max = list(accumulate(reversed(means), max))[::-1]
         prefix_max = list(accumulate(means, max))
-        firsts = [k for k in firsts if suffix_max[k] <= COLLAPSE_SHARE * prefix_max[k - 1]]
+        firsts = [k for k, later, earlier in zip(firsts, suffix_max[COLLAPSE_MIN_STEPS:], prefix_max[COLLAPSE_MIN_STEPS - 1:])
+                  if later <= COLLAPSE_SHARE * earlier]
         if not firsts:
             return None
         before, read = sorted(float(mean) for mean in means[:firsts[0]]), firsts[0]
+    else:
+        suffix_max = list(means)
+        for i in range(n - 2, -1, -1):
+            suffix_max[i] = max(means[i], suffix_max[i + 1])
     for k in firsts:
         for mean in means[read:k]:
             bisect.insort(before, float(mean))
@@ -263,16 +277,17 @@ def length_collapse(steps: list[int], means: list[float]) -> tuple[int, float, f
 
 def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     """The run's semantics record (`FIELDS` and `run`, the run's name; see the module docstring)."""
-    name, meta = _meta(con, run_id)
-    counts = _sample_counts(con, run_id)
+    name, meta, samples = _meta(con, run_id)
+    counts = _sample_counts(con, run_id, samples)
     stages, columns = step_timers.decision_columns(con)
     timers = [*stages, *(f"{timer}_s" for timer in step_timers.EXTRA_TIMERS)]  # the stages and overheads
     kept = _read_run_steps(con, run_id, columns)
     run_steps = kept or RUN_STEPS
     try:
         record = {"run": name, **_timing(con, run_id, meta, timers, run_steps),
-                  **_balance(con, run_id, meta, kept is not None), **_responses(con, run_id, meta, counts, run_steps)}
-        collapse = length_collapse(*_mean_lengths(con, run_id, run_steps))
+                  **_balance(con, run_id, meta, kept is not None, samples),
+                  **_responses(con, run_id, meta, counts, run_steps, samples)}
+        collapse = length_collapse(*_mean_lengths(con, run_id, run_steps, samples))
     finally:
         if kept is None:
             con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")

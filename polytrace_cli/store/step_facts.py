@@ -20,6 +20,7 @@ are then all replaced).
 from __future__ import annotations
 
 import json
+import weakref
 
 import duckdb
 
@@ -44,13 +45,23 @@ def _facts_sql(where: str) -> str:
     """
 
 
+# The connections known to be `writable` (a connection opened for writing stays so).
+_WRITABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def writable(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the connection can keep facts: a store opened for writing, with the facts tables."""
+    """Whether the connection can keep facts: a store opened for writing, with the facts tables
+    (which no code drops: a connection found writable is asked once)."""
+    if _WRITABLE.get(con):
+        return True
     rows = con.execute(
         "SELECT NOT d.readonly FROM duckdb_databases() d WHERE d.database_name = current_database()"
         " AND EXISTS (SELECT 1 FROM duckdb_tables() t WHERE t.database_name = current_database()"
         "             AND t.table_name = 'step_facts_files')").fetchall()
-    return bool(rows and rows[0][0])
+    found = bool(rows and rows[0][0])
+    if found:
+        _WRITABLE[con] = True
+    return found
 
 
 def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:

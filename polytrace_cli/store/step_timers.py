@@ -11,6 +11,7 @@ from __future__ import annotations
 import duckdb
 
 from polytrace_cli.store import step_facts
+from polytrace_cli.store.catalog import installed_fingerprint
 
 # Timers that verl may or may not count inside `timing_s/step`, depending on its version, and the
 # run meta key recording which way a run logged them.
@@ -22,11 +23,22 @@ NULL_MEANS_CANNOT_TELL = frozenset(EXTRA_TIMERS.values())
 INCLUSION_AGREEMENT = 0.8
 
 
+# The stage columns of each generated `steps` view, by the fingerprint it was generated from.
+_STAGES_OF_VIEW: dict[str, list[str]] = {}
+
+
 def stage_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The stage columns of the `steps` view, in its order: its `*_s` columns other than step_s,
-    testing_s and save_checkpoint_s (the view's column list is the one source of them)."""
+    testing_s and save_checkpoint_s (the view's column list is the one source of them). A view the
+    catalog generated is described once per fingerprint (`catalog.installed_fingerprint`)."""
+    fingerprint = installed_fingerprint(con)
+    if fingerprint in _STAGES_OF_VIEW:
+        return list(_STAGES_OF_VIEW[fingerprint])
     columns = [row[0] for row in con.execute("DESCRIBE steps").fetchall()]
-    return [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
+    stages = [column for column in columns if column.endswith("_s") and column not in _NOT_STAGES]
+    if fingerprint is not None:
+        _STAGES_OF_VIEW[fingerprint] = stages
+    return list(stages)
 
 
 def decision_columns(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[str]]:
