@@ -702,3 +702,36 @@ def test_what_a_grown_read_keeps_for_the_next_is_no_table_of_the_store(tmp_path,
             "SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
         (removed,) = store.remove("r")
     assert removed.rows and set(removed.rows) <= stored
+
+
+def _printed_lines(steps: range, value: str) -> bytes:
+    """verl console lines of 50 pairs each, every value printed as `value`."""
+    return b"".join(f"step:{step} - {' - '.join(f'm/k{i}:{value}' for i in range(50))}\n".encode() for step in steps)
+
+
+@pytest.mark.parametrize("first_steps, status", [(101, "appended"), (3, "replaced")])
+def test_the_printed_values_read_for_the_verl_version_are_the_files_first_in_every_read(tmp_path, first_steps, status):
+    """verl's version class is read from the printed text of the file's first PRINTED_SAMPLE_SIZE values
+    (5,000; 50 a line here). A log whose earlier lines gave them all (100 lines of `.3f` values) and
+    then grows with repr values keeps its class, as one read of the whole log decides it, and its
+    growth is appended; a log whose earlier lines gave fewer (2 lines) has the growth's values
+    decide the class with them: the class changes and the log is read again whole."""
+    from polytrace_cli.ingest.formats.verl_console import PRINTED_SAMPLE_SIZE
+
+    assert PRINTED_SAMPLE_SIZE == 100 * 50
+    first = _printed_lines(range(1, first_steps), "0.125")
+    final = first + _printed_lines(range(first_steps, first_steps + 5), "np.float64(0.1234567)")
+    log = tmp_path / "grown" / "run" / "train.log"
+    log.parent.mkdir(parents=True)
+    con = open_store(tmp_path / "grown.duckdb")
+    reports = []
+    for text in (first, final):
+        log.write_bytes(text)
+        (report,) = ingest_paths(con, [log], run_name="r", complete_lines=True)
+        reports.append(report.status)
+    version = con.execute("SELECT format_version FROM files").fetchall()[0][0]
+    rows = store_rows(con)
+    con.close()
+    assert reports == ["ingested", status]
+    assert version == ("verl<=0.4 (.3f values)" if status == "appended" else "verl>=0.5 (repr values)")
+    assert rows == one_shot(tmp_path / "once.duckdb", log, final)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+from polars.testing import assert_frame_equal
+
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest.base import FileContext
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
+from polytrace_cli.ingest.console.pipeline import metric_schema
+from polytrace_cli.ingest.segments import line_segments, lone_line_segment
 
 
 class IterGrammar(ConsoleGrammar):
@@ -52,3 +57,11 @@ def test_a_new_grammar_gets_cleaning_noise_segments_and_accounting(store, tmp_pa
     assert store.execute("SELECT segment, step, flag FROM step_flags").fetchall() == [(1, 1, "restart")]
     assert store.execute("SELECT line_no, reason FROM ingest_errors ORDER BY line_no").fetchall() == [
         (5, "not an iter line"), (8, "line holds NUL bytes and no text")]
+
+
+@pytest.mark.parametrize("segment", [0, 3])
+def test_a_lone_line_segment_is_what_line_segments_gives_for_the_line_alone(segment):
+    pairs = pl.DataFrame([(10, 5, 1, "a", 1.0, None, None), (10, 5, 2, "b", 2.0, None, None)],
+                         schema=metric_schema(), orient="row")
+    expected = line_segments(pairs, resumes=[4]).with_columns(pl.col("segment") + segment)
+    assert_frame_equal(lone_line_segment(10, 5, segment), expected)

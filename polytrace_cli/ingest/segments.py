@@ -37,6 +37,15 @@ def line_segments(metrics: pl.DataFrame, resumes: list[int] = ()) -> pl.DataFram
     return lines.with_columns(segment=restart.fill_null(False).cast(pl.Int32).cum_sum()).drop("previous_line")
 
 
+def lone_line_segment(line_no: int, step: int, segment: int) -> pl.DataFrame:
+    """What `line_segments` gives for one metric line alone (it cannot restart), in `segment`: the
+    row an appended read starts from, built without `line_segments`' dozen frame operations."""
+    return pl.DataFrame({"line_no": [line_no], "step": [step], "previous": [None], "resumed": [False],
+                         "segment": [segment]},
+                        schema={"line_no": pl.Int64, "step": pl.Int64, "previous": pl.Int64, "resumed": pl.Boolean,
+                                "segment": pl.Int32})
+
+
 def _lines_sharing_a_key(metrics: pl.DataFrame, repeated: pl.DataFrame) -> list[int]:
     """The lines of `repeated` (line_no, previous_line) holding a key that the line before also holds."""
     involved = pl.concat([repeated.get_column("line_no"), repeated.get_column("previous_line")])

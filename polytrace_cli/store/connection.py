@@ -347,8 +347,11 @@ def whole_row_groups(con: duckdb.DuckDBPyConnection, rows: int) -> Iterator[None
     INSERT (under a row group) is appended so anyway, and keeps its threads; as does a connection
     whose settings are locked (`confine`).
     """
+    if rows < ROW_GROUP_ROWS:
+        yield
+        return
     threads = fetch_first(con, "SELECT current_setting('threads'), current_setting('lock_configuration')")
-    if rows < ROW_GROUP_ROWS or threads[0] == 1 or threads[1]:
+    if threads[0] == 1 or threads[1]:
         yield
         return
     con.execute("SET threads = 1")

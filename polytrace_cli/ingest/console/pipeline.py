@@ -40,7 +40,7 @@ from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_problem_sql, step_sql
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
 from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
-from polytrace_cli.ingest.segments import insert_step_flags, line_segments
+from polytrace_cli.ingest.segments import insert_step_flags, line_segments, lone_line_segment
 from polytrace_cli.store.connection import whole_row_groups
 
 # Kinds of line that are not noise.
@@ -113,7 +113,8 @@ class ConsoleGrammar:
     noise: ClassVar[NoiseRules] = CONSOLE_NOISE
     reclaimable: ClassVar[str | None] = None
     # How many leading pairs with a finite number (`printed_sample`) `record_meta` reads the printed
-    # text (`raw_value`) of; None: all. The pipeline keeps no other printed text once steps are checked.
+    # text (`raw_value`) of, counted from the file's first line over the reads of a growing log; None:
+    # all. The pipeline keeps no other printed text once steps are checked.
     printed_values_read: ClassVar[int | None] = None
     # Run meta keys `record_meta` computes from the rows stored for the whole file or run (not from
     # the lines it is given): an appended read gives them as a whole read would, so they may change.
@@ -211,7 +212,8 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     follow = grammar.follow_state() if from_metrics else None
     if follow is not None:
         ctx.resume_state = {**resume_segments_state(writer.last_line_no, resumes),
-                            "recomputed_meta": sorted(grammar.recomputed_meta), **follow}
+                            "recomputed_meta": sorted(grammar.recomputed_meta), "printed_sampled": writer.sampled,
+                            **follow}
 
 
 def resume_segments_state(last_line: int, resumes: list[int]) -> dict:
@@ -230,15 +232,18 @@ class BlockWriter:
     line) and the flags are kept, and the step flags written at the end. What `record_meta` reads
     of the pairs is kept too (`digest`).
 
-    In an appended read, `previous` (the `resume_segments_state` the last read left) names the last
-    metric line stored before: its stored pairs and segment are the block before the first one, and
-    only the flags of later lines are written.
+    In an appended read, `previous` (the resume state the last read left) names the last metric line
+    stored before: its stored pairs and segment are the block before the first one, and only the
+    flags of later lines are written. Its `printed_sampled` (the printed texts kept so far) goes on,
+    so that the texts kept are those of the file's first pairs, as in one read of the whole log.
     """
 
     def __init__(self, ctx: FileContext, printed_values_read: int | None, previous: dict | None = None):
         self.ctx = ctx
         self.printed_values_read = printed_values_read
-        self.sampled = 0
+        # Pairs of `printed_sample` whose printed text was kept, counted from the file's first line:
+        # once the grammar's `printed_values_read` are reached, later reads keep none.
+        self.sampled = previous.get("printed_sampled", 0) if previous is not None else 0
         self.segments: list[pl.DataFrame] = []
         self.flags: list[pl.DataFrame] = []
         self.digests: list[pl.DataFrame] = []
@@ -250,7 +255,7 @@ class BlockWriter:
             pairs = seed.select(list(metric_schema()))
             self.seed_line = previous["last_line"]
             self.last_line = (pairs, segment)
-            self.segments.append(line_segments(pairs).with_columns(pl.col("segment") + segment))
+            self.segments.append(lone_line_segment(self.seed_line, pairs.get_column("step")[0], segment))
 
     @property
     def last_line_no(self) -> int | None:

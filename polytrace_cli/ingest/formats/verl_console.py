@@ -360,7 +360,10 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
     meta = {"framework": "verl", **settings}
     reads_a_step = lines.filter(pl.col("kind").is_in([METRIC, DIRTY])).height > 0
     if metrics.height:
-        sample = metrics.filter(printed_sample()).head(PRINTED_SAMPLE_SIZE).get_column("raw_value")
+        # The values whose printed text was kept: the file's first PRINTED_SAMPLE_SIZE (none in an appended
+        # read of a log whose earlier lines gave them all; its class then stays the one they gave).
+        sample = metrics.filter(printed_sample() & pl.col("raw_value").is_not_null()).head(PRINTED_SAMPLE_SIZE) \
+            .get_column("raw_value")
         version, precision = run_metadata.verl_console_version(sample.to_list())
         meta["verl_version"] = version
         meta["value_precision"] = precision
