@@ -297,8 +297,11 @@ def _perf_steps(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     else:
         con.execute(f"DELETE FROM {_PERF_STEPS} WHERE file_id = ?", [file_id])
         con.execute(f"INSERT INTO {_PERF_STEPS} {_perf_step_sql(False)}", [file_id])
-    con.execute(f"DELETE FROM {_PERF_STEPS_MADE_FROM} WHERE file_id = ?", [file_id])
-    con.execute(f"INSERT INTO {_PERF_STEPS_MADE_FROM} VALUES (?, ?, ?)", [file_id, pairs, last_line])
+    if made:
+        con.execute(f"UPDATE {_PERF_STEPS_MADE_FROM} SET pairs = ?, last_line = ? WHERE file_id = ?",
+                    [pairs, last_line, file_id])
+    else:
+        con.execute(f"INSERT INTO {_PERF_STEPS_MADE_FROM} VALUES (?, ?, ?)", [file_id, pairs, last_line])
 
 
 def verl_console_version(value_texts: list[str]) -> tuple[str | None, float | None]:

@@ -114,12 +114,18 @@ def _timing(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, timers: lis
 
 
 def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts: bool, samples: bool) -> dict:
-    # The step facts hold a row per step and canonical name that any of the run's pairs maps to.
-    logged = ("SELECT DISTINCT canonical FROM step_facts WHERE run_id = ? AND canonical IN (?, ?, ?)" if from_facts
-              else "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
-                   " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)")
-    seqlen = {row[0] for row in con.execute(logged, [run_id, PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX]
-                                            ).fetchall()}
+    # The step facts hold a row per step and canonical name that any of the run's pairs maps to; each
+    # name is looked for until its first row.
+    names = (PRE_BALANCING_MAX, RANK_TOKENS_MEAN, BALANCED_MAX)
+    if from_facts:
+        found = con.execute("SELECT " + ", ".join(
+            "EXISTS (SELECT 1 FROM step_facts WHERE run_id = $1 AND canonical = $%d)" % (index + 2)
+            for index in range(len(names))), [run_id, *names]).fetchall()[0]
+        seqlen = {name for name, present in zip(names, found) if present}
+    else:
+        seqlen = {row[0] for row in con.execute(
+            "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
+            " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)", [run_id, *names]).fetchall()}
     told = meta.get("balance_batch")
     if isinstance(told, bool):
         balance, source = (ON if told else OFF), "trainer.balance_batch (printed config or overrides)"

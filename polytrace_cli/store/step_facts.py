@@ -193,16 +193,20 @@ def run_steps_table(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[s
         grown = _grown_since(before, facts)
         if grown is not None:
             _read_steps_again(con, run_id, grown, made[0][2])
-            _made_from(con, run_id, facts, made[0][2])
+            _made_from(con, run_id, facts, made[0][2], replaced=True)
             return RUN_STEPS
     con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS {run_steps_sql(columns)}", [run_id])
-    _made_from(con, run_id, facts, columns)
+    _made_from(con, run_id, facts, columns, replaced=bool(made))
     return RUN_STEPS
 
 
-def _made_from(con: duckdb.DuckDBPyConnection, run_id: int, facts: dict, columns: list[str]) -> None:
-    con.execute(f"DELETE FROM {_RUN_STEPS_MADE_FROM}")
-    con.execute(f"INSERT INTO {_RUN_STEPS_MADE_FROM} VALUES (?, ?, ?)", [run_id, json.dumps(facts), list(columns)])
+def _made_from(con: duckdb.DuckDBPyConnection, run_id: int, facts: dict, columns: list[str], replaced: bool) -> None:
+    """Record what RUN_STEPS was read from; `replaced`: the table holds the row of an earlier read."""
+    arguments = [run_id, json.dumps(facts), list(columns)]
+    if replaced:
+        con.execute(f"UPDATE {_RUN_STEPS_MADE_FROM} SET run_id = ?, facts = ?, columns = ?", arguments)
+    else:
+        con.execute(f"INSERT INTO {_RUN_STEPS_MADE_FROM} VALUES (?, ?, ?)", arguments)
 
 
 def _grown_since(before: dict, now: dict) -> dict[int, int | None] | None:
