@@ -65,3 +65,37 @@ def test_a_lone_line_segment_is_what_line_segments_gives_for_the_line_alone(segm
                          schema=metric_schema(), orient="row")
     expected = line_segments(pairs, resumes=[4]).with_columns(pl.col("segment") + segment)
     assert_frame_equal(lone_line_segment(10, 5, segment), expected)
+
+
+def test_a_step_printed_in_canonical_form_is_the_step_the_shared_rule_reads():
+    """`check_steps` skips `base.step_sql` for steps printed as short canonical integers: each such
+    text must read as its integer by that rule, and every text the rule reads otherwise (a sign, a
+    leading zero, a decimal point, ten digits, out of range) must not look canonical."""
+    import re
+
+    import duckdb
+
+    from polytrace_cli.ingest.base import step_sql
+    from polytrace_cli.ingest.console.pipeline import CANONICAL_STEP
+
+    canonical = ["0", "1", "-1", "42", "999999999", "-999999999", "123456789"]
+    other = ["+5", "007", "-0", "3.0", "1e3", "1000000000", "2147483648", " 5", "5 ", "", "٣"]
+    con = duckdb.connect()
+    read = dict(con.execute(f"SELECT t, {step_sql('t')} FROM (SELECT unnest(?::VARCHAR[]) AS t)",
+                            [canonical + other]).fetchall())
+    assert all(re.fullmatch(CANONICAL_STEP, text) and read[text] == int(text) for text in canonical)
+    assert not any(re.search(CANONICAL_STEP, text) for text in other)
+
+
+@pytest.mark.parametrize("first_step, flags", [(1, []), (3, [(3, "resumed")])])
+def test_a_log_of_one_segment_gets_only_its_resumed_flag(tmp_path, first_step, flags):
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    log.write_text("".join(f"step:{step} - timing_s/step:{step}.5\n" for step in range(first_step, first_step + 4)))
+    con = open_store(tmp_path / "s.duckdb")
+    ingest_paths(con, [log], format_name="verl-console")
+    assert con.execute("SELECT step, flag FROM step_flags ORDER BY step").fetchall() == flags
+    con.close()

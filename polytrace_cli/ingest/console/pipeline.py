@@ -305,6 +305,11 @@ class BlockWriter:
             return 0
         segments = pl.concat(self.segments, how="vertical_relaxed")
         flags = pl.concat(self.flags)
+        if not flags.height and segments.get_column("segment").n_unique() == 1 \
+                and (seeded or segments.get_column("step")[0] <= 1):
+            # One segment, no grammar flag, and no `resumed` flag to write: `insert_step_flags` would
+            # write nothing.
+            return segments.height - seeded
         con = self.ctx.con
         con.register("console_segments", ArrowStream(segments))
         con.register("console_flags", ArrowStream(flags))
@@ -359,17 +364,23 @@ def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) ->
     when some line is rejected or was not printed as its integer step (`3.0`).
     """
     metrics, flags = parsed.metrics, parsed.flags
-    con = ctx.con
-    con.register("console_printed_steps", ArrowStream(parsed.printed))
-    try:
-        rows = con.execute(
-            f"SELECT line_no, printed, {step_sql('printed')} AS step, {step_problem_sql('printed')} AS code"
-            " FROM console_printed_steps ORDER BY line_no"
-        ).fetchall()
-    finally:
-        con.unregister("console_printed_steps")
-    steps = pl.DataFrame(rows, schema={"line_no": pl.Int64, "printed": pl.String, "step": pl.Int64, "code": pl.String},
-                         orient="row")
+    schema = {"line_no": pl.Int64, "printed": pl.String, "step": pl.Int64, "code": pl.String}
+    if parsed.printed.select(pl.col("printed").str.contains(CANONICAL_STEP).fill_null(False).all()).item():
+        # Every step printed as an integer in its shortest form, well within range: the step is the
+        # integer the text names, and `step_sql` need not be asked.
+        steps = parsed.printed.sort("line_no").select("line_no", "printed", step=pl.col("printed").cast(pl.Int64),
+                                                      code=pl.lit(None, pl.String))
+    else:
+        con = ctx.con
+        con.register("console_printed_steps", ArrowStream(parsed.printed))
+        try:
+            rows = con.execute(
+                f"SELECT line_no, printed, {step_sql('printed')} AS step, {step_problem_sql('printed')} AS code"
+                " FROM console_printed_steps ORDER BY line_no"
+            ).fetchall()
+        finally:
+            con.unregister("console_printed_steps")
+        steps = pl.DataFrame(rows, schema=schema, orient="row")
     bad_steps = steps.filter(pl.col("step").is_null())
     overflow = metrics.filter(pl.col("value").is_infinite() & pl.col("raw_value").is_not_null()
                               & ~pl.col("raw_value").str.contains("(?i)inf"))
@@ -390,6 +401,11 @@ def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) ->
     kept = ~pl.col("line_no").is_in(rejected)
     return ParsedMetrics(_with_steps(metrics.filter(kept), steps), _with_steps(flags.filter(kept), steps),
                          parsed.printed.filter(kept))
+
+
+# A step printed as an integer in its shortest form (no sign but a minus, no leading zero) of at most
+# nine digits: a whole number within STEP_MIN..STEP_MAX, which `step_sql` reads as that integer.
+CANONICAL_STEP = r"^(?:0|-?[1-9][0-9]{0,8})$"
 
 
 def _with_steps(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
