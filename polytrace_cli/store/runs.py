@@ -16,6 +16,7 @@ import duckdb
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import rollback
 from polytrace_cli.store.queries import run_ids
+from polytrace_cli.store.step_facts import DERIVED_TABLES
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,13 @@ class RemovedRun:
 
     @property
     def total_rows(self) -> int:
-        return sum(self.rows.values())
+        """Rows removed from the tables that hold the run's data (not its derived step facts)."""
+        return sum(n for table, n in self.rows.items() if table not in DERIVED_TABLES)
+
+    @property
+    def derived_rows(self) -> int:
+        """Rows removed from the step facts kept from the run's data (`step_facts.DERIVED_TABLES`)."""
+        return sum(n for table, n in self.rows.items() if table in DERIVED_TABLES)
 
 
 def _keyed_tables(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[str]]:
