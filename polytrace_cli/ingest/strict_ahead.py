@@ -30,6 +30,7 @@ from pathlib import Path
 from polytrace_cli import side_process
 from polytrace_cli.ingest.files import walk
 from polytrace_cli.ingest.jsonl import BulkJsonlIngester, strict_file_records
+from polytrace_cli.ingest.registry import all_ingesters
 from polytrace_cli.ingest.runner import BATCH_JSON_MIN_MEAN_BYTES, batchable
 
 
@@ -59,6 +60,7 @@ class StrictAhead:
         if not (side_process.fresh() and side_process.can_fork()):
             return cls()
         targets = list(paths)
+        all_ingesters()  # the formats' modules, loaded once for both processes (sniffing needs them)
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
