@@ -106,7 +106,6 @@ def rm(
 ) -> None:
     """Remove runs and every row they hold, in one transaction; their files ingest again afterwards."""
     from polytrace_cli.facade import Store
-    from polytrace_cli.store.step_facts import DERIVED_TABLES
 
     with Store.open(db, wait=wait) as store:
         removed = store.remove(runs)
@@ -118,7 +117,7 @@ def rm(
                   as_csv=True)
         return
     for run in removed:
-        data = ", ".join(f"{table} {cell(n)}" for table, n in run.rows.items() if table not in DERIVED_TABLES)
+        data = ", ".join(f"{table} {cell(n)}" for table, n in run.data_rows.items())
         derived = f"; and {cell(run.derived_rows)} rows of step facts kept from them" if run.derived_rows else ""
         console.print(f"removed run {run.name}: {cell(run.total_rows)} rows ({data}){derived}", highlight=False)
 

@@ -25,9 +25,14 @@ class RemovedRun:
     rows: dict[str, int]
 
     @property
+    def data_rows(self) -> dict[str, int]:
+        """Rows removed per table that holds the run's data (`rows` without its derived step facts)."""
+        return {table: n for table, n in self.rows.items() if table not in DERIVED_TABLES}
+
+    @property
     def total_rows(self) -> int:
-        """Rows removed from the tables that hold the run's data (not its derived step facts)."""
-        return sum(n for table, n in self.rows.items() if table not in DERIVED_TABLES)
+        """Rows removed from the tables that hold the run's data."""
+        return sum(self.data_rows.values())
 
     @property
     def derived_rows(self) -> int:
