@@ -129,6 +129,25 @@ def test_rm_of_an_unknown_run_removes_nothing(two_runs):
     assert _table_counts(two_runs) == before
 
 
+def test_rm_counts_the_step_facts_apart_from_the_runs_data(demo_run, tmp_path):
+    _, folder = demo_run
+    db = copy_store(folder / "demo.duckdb", tmp_path / "demo.duckdb")
+    con = open_store(db, read_only=True)
+    run = con.execute("SELECT name FROM runs WHERE framework = 'verl'").fetchall()[0][0]
+    facts = con.execute("SELECT (SELECT count(*) FROM step_facts JOIN runs USING (run_id) WHERE name = ?)"
+                        " + (SELECT count(*) FROM step_facts_files JOIN runs USING (run_id) WHERE name = ?)",
+                        [run, run]).fetchone()[0]
+    metrics = con.execute("SELECT count(*) FROM step_metrics JOIN runs USING (run_id) WHERE name = ?",
+                          [run]).fetchone()[0]
+    con.close()
+    assert facts > 0
+    result = _invoke("rm", run, "--db", db)
+    assert result.exit_code == 0, result.output
+    line = " ".join(result.stdout.split())
+    assert f"step_metrics {cell(metrics)}" in line and "step_facts " not in line
+    assert line.endswith(f"and {cell(facts)} rows of step facts kept from them")
+
+
 def test_rename_keeps_the_rows_under_the_new_name(two_runs):
     result = _invoke("rename", "alpha", "gamma", "--db", two_runs)
     assert result.exit_code == 0, result.output

@@ -117,8 +117,9 @@ def rm(
                   as_csv=True)
         return
     for run in removed:
-        console.print(f"removed run {run.name}: {cell(run.total_rows)} rows "
-                      f"({', '.join(f'{table} {cell(n)}' for table, n in run.rows.items())})", highlight=False)
+        data = ", ".join(f"{table} {cell(n)}" for table, n in run.data_rows.items())
+        derived = f"; and {cell(run.derived_rows)} rows of step facts kept from them" if run.derived_rows else ""
+        console.print(f"removed run {run.name}: {cell(run.total_rows)} rows ({data}){derived}", highlight=False)
 
 
 @user_errors

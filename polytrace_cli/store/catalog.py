@@ -110,10 +110,12 @@ def catalog_is_current(con: duckdb.DuckDBPyConnection) -> bool:
     return installed_fingerprint(con) == declared_catalog()[2]
 
 
-def install_catalog(con: duckdb.DuckDBPyConnection, in_transaction: bool = False) -> bool:
+def install_catalog(con: duckdb.DuckDBPyConnection, in_transaction: bool = False,
+                    declared: tuple[dict[str, str], str, str] | None = None) -> bool:
     """Write the declared `metric_aliases` rows and `steps` view when the store's differ; True when written.
-    Inside the caller's transaction with `in_transaction`, else in one of its own."""
-    aliases, view, digest = declared_catalog()
+    Inside the caller's transaction with `in_transaction`, else in one of its own. `declared`: the
+    `declared_catalog()` the caller already has."""
+    aliases, view, digest = declared or declared_catalog()
     if installed_fingerprint(con) == digest:
         return False
     if not in_transaction:

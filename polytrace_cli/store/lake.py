@@ -40,6 +40,7 @@ import duckdb
 from polytrace_cli.errors import StoreError
 from polytrace_cli.store.catalog import install_catalog_views
 from polytrace_cli.store.migrations import SCHEMA_VERSION, schema_version
+from polytrace_cli.store.step_facts import DERIVED_TABLES
 
 MANIFEST = "manifest.json"
 LAKE_FORMAT = "polytrace-lake/1"
@@ -92,7 +93,9 @@ def _sql_text(value: str) -> str:
 
 
 def store_tables(con: duckdb.DuckDBPyConnection) -> list[TableShape]:
-    """Every base table of the store with its columns and its link to a run."""
+    """Every base table of the store with its columns and its link to a run, except the step facts
+    the store keeps from its other rows (`step_facts.DERIVED_TABLES`): a lake is read through the
+    `steps` view, as a read-only store is."""
     rows = con.execute(
         """
         SELECT c.table_name, list(c.column_name ORDER BY c.column_index), list(c.data_type ORDER BY c.column_index)
@@ -103,6 +106,8 @@ def store_tables(con: duckdb.DuckDBPyConnection) -> list[TableShape]:
     ).fetchall()
     shapes = []
     for name, names, types in rows:
+        if name in DERIVED_TABLES:
+            continue
         if name == "runs":
             link = "runs"
         elif "run_id" in names:

@@ -18,7 +18,7 @@ from importlib import resources
 import duckdb
 
 from polytrace_cli.errors import StoreError
-from polytrace_cli.store.catalog import install_catalog
+from polytrace_cli.store.catalog import declared_catalog, install_catalog
 
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
@@ -97,6 +97,7 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
     # One transaction for the ledger and every pending file: a store is created or upgraded
     # completely or not at all (a process killed half-way leaves no ledger without tables), and a
     # new store costs one commit (one sync to disk) instead of one per file.
+    declared = declared_catalog()
     con.execute("BEGIN TRANSACTION")
     try:
         if new_ledger:
@@ -112,7 +113,7 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
             )
             # The generated view exists from the first file on, for a later file that reads it; a file
             # that replaces it loses the fingerprint, and the declared view is written again.
-            install_catalog(con, in_transaction=True)
+            install_catalog(con, in_transaction=True, declared=declared)
         con.execute("COMMIT")
     except Exception:
         try:

@@ -16,6 +16,7 @@ import duckdb
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import rollback
 from polytrace_cli.store.queries import run_ids
+from polytrace_cli.store.step_facts import DERIVED_TABLES
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,19 @@ class RemovedRun:
     rows: dict[str, int]
 
     @property
+    def data_rows(self) -> dict[str, int]:
+        """Rows removed per table that holds the run's data (`rows` without its derived step facts)."""
+        return {table: n for table, n in self.rows.items() if table not in DERIVED_TABLES}
+
+    @property
     def total_rows(self) -> int:
-        return sum(self.rows.values())
+        """Rows removed from the tables that hold the run's data."""
+        return sum(self.data_rows.values())
+
+    @property
+    def derived_rows(self) -> int:
+        """Rows removed from the step facts kept from the run's data (`step_facts.DERIVED_TABLES`)."""
+        return sum(n for table, n in self.rows.items() if table in DERIVED_TABLES)
 
 
 def _keyed_tables(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[str]]:

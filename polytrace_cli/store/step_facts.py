@@ -28,6 +28,10 @@ from polytrace_cli.store.catalog import declared_catalog, declared_names, valida
 from polytrace_cli.store.connection import whole_row_groups
 
 
+# The tables `refresh` keeps from the store's other rows: a copy of the store needs only the rest.
+DERIVED_TABLES = ("step_facts", "step_facts_files")
+
+
 def _facts_sql(where: str) -> str:
     """The facts of the pairs of `step_metrics sm` that satisfy `where` (`step_facts` columns)."""
     like = validation_key_sql(declared_names()[1])
