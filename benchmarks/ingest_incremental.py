@@ -19,7 +19,9 @@ Checks that the appended store holds the rows of the whole read. With `--against
 source tree of another version, e.g. `git archive main | tar -x -C /tmp/main`), that version also
 reads the log at its first size into a store of its own, and the appended read, the unchanged
 ingest and `polytrace runs` of both versions then take turns (--rounds rounds), so that a change in
-the machine's load hits both alike. Figures in benchmarks/results.md.
+the machine's load hits both alike, as do their appended reads into a store kept open (a child
+process per version and round, each reading the grown log as `watch` does, --repeat times).
+Figures in benchmarks/results.md.
 Usage: python benchmarks/ingest_incremental.py [--mb 50] [--grow 1] [--repeat 3] [--against DIR --rounds 12]
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import os
 import re
 import shutil
@@ -165,6 +168,49 @@ def appended_watching(log: Path, first_bytes: int, repeat: int) -> tuple[list[tu
     return runs[1:], parts
 
 
+def watched_reads(log: Path, first_bytes: int, repeat: int, store: Path) -> list[float]:
+    """CPU seconds of `repeat` appended reads into a store kept open, as `appended_watching` reads them
+    (after an untimed round), with the version of polytrace this process imports and nothing patched."""
+    import polytrace_cli.ingest.formats  # noqa: F401
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+
+    text = log.read_bytes()
+    watched = store.parent / store.stem / "run" / "train.log"
+    watched.parent.mkdir(parents=True, exist_ok=True)
+    spent = []
+    for _ in range(repeat + 1):
+        store.unlink(missing_ok=True)
+        watched.write_bytes(text[:first_bytes])
+        con = open_store(store)
+        ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+        with open(watched, "ab") as handle:
+            handle.write(text[first_bytes:])
+        cpu = time.process_time()
+        (report,) = ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+        spent.append(time.process_time() - cpu)
+        con.close()
+        if report.status != "appended":
+            raise SystemExit(f"the watched log was {report.status}, not appended")
+    return spent[1:]
+
+
+def watched_in_turns(log: Path, first_bytes: int, envs: dict[str, dict | None], rounds: int,
+                     repeat: int) -> dict[str, list[float]]:
+    """Per version (its environment): the CPU seconds of the appended reads into a store kept open, a
+    child process per version and round (`watched_reads`), the versions taking turns."""
+    spent: dict[str, list[float]] = {name: [] for name in envs}
+    for _ in range(rounds):
+        for name, env in envs.items():
+            argv = [sys.executable, __file__, "--watched-child", str(first_bytes), "--repeat", str(repeat),
+                    "--child-store", str(OUT / f"watched_{name}.duckdb")]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            if done.returncode:
+                raise SystemExit(f"{name}: {done.stderr[-500:]}")
+            spent[name] += json.loads(done.stdout.splitlines()[-1])
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=50.0, help="size of the first log in MB")
@@ -172,7 +218,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each (median reported)")
     parser.add_argument("--against", type=Path, help="another version's source tree, timed in turns with this one")
     parser.add_argument("--rounds", type=int, default=12, help="rounds of the versions' turns (with --against)")
+    parser.add_argument("--watched-child", type=int, help=argparse.SUPPRESS)  # first bytes: `watched_in_turns`' child
+    parser.add_argument("--child-store", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.watched_child is not None:
+        print(json.dumps(watched_reads(OUT / "run" / "train.log", args.watched_child, args.repeat, args.child_store)))
+        return
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "run").mkdir(parents=True)
     log = OUT / "run" / "train.log"
@@ -247,6 +298,12 @@ def main() -> None:
                 f" {statistics.median(w for w, _ in got):.3f})" for kind, got in kinds.items())
                 + f"; appended beyond unchanged {medians['appended'] - medians['unchanged']:.3f},"
                   f" beyond runs {medians['appended'] - medians['runs']:.3f}")
+        watched = watched_in_turns(log, first_bytes, {"this": None, "against": other_env}, args.rounds, args.repeat)
+        print(f"appended reads into a store kept open, in turns, {args.rounds} rounds of {args.repeat} reads"
+              " (median and least CPU s; share of this version's first ingest's CPU beyond `polytrace runs`):")
+        for name, spent in watched.items():
+            print(f"  {name:8} {statistics.median(spent):.3f} (least {min(spent):.3f});"
+                  f" {statistics.median(spent) / work_cpu:.1%} (least {min(spent) / work_cpu:.1%})")
     print(f"rows (step_metrics, lines, stored): appended {counts['appended']}, whole {counts['whole']}")
     if counts["appended"] != counts["whole"]:
         raise SystemExit("the appended store differs from the whole read")
