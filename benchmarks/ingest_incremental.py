@@ -123,9 +123,7 @@ def appended_watching(log: Path, first_bytes: int, repeat: int) -> tuple[list[tu
     (`PARTS`, each function timed where it is called, and closing the store) in the last round."""
     import importlib
 
-    import polytrace_cli.ingest.formats  # noqa: F401
-    from polytrace_cli.ingest.runner import ingest_paths
-    from polytrace_cli.store import open_store
+    import polytrace_cli.ingest.formats  # noqa: F401  (imported before the parts are patched)
 
     spent: dict[str, float] = {}
     for label, module_name, name in PARTS:
@@ -147,22 +145,15 @@ def appended_watching(log: Path, first_bytes: int, repeat: int) -> tuple[list[tu
     store = OUT / "watched.duckdb"
     runs = []
     for _ in range(repeat + 1):
-        store.unlink(missing_ok=True)
-        watched.write_bytes(text[:first_bytes])
-        con = open_store(store)
-        ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
-        with open(watched, "ab") as handle:
-            handle.write(text[first_bytes:])
+        con = _watched_store(store, watched, text, first_bytes)
         spent.clear()
         started, cpu = time.perf_counter(), time.process_time()
-        (report,) = ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+        _read_growth(con, watched)
         runs.append((time.perf_counter() - started, time.process_time() - cpu))
         spent["the whole appended read"] = runs[-1][1]
         started = time.process_time()
         con.close()
         spent["closing the store (checkpoint)"] = time.process_time() - started
-        if report.status != "appended":
-            raise SystemExit(f"the watched log was {report.status}, not appended")
     parts = [(label, spent.get(label, 0.0)) for label in
              ("the whole appended read", *(label for label, _, _ in PARTS), "closing the store (checkpoint)")]
     return runs[1:], parts
@@ -171,28 +162,42 @@ def appended_watching(log: Path, first_bytes: int, repeat: int) -> tuple[list[tu
 def watched_reads(log: Path, first_bytes: int, repeat: int, store: Path) -> list[float]:
     """CPU seconds of `repeat` appended reads into a store kept open, as `appended_watching` reads them
     (after an untimed round), with the version of polytrace this process imports and nothing patched."""
-    import polytrace_cli.ingest.formats  # noqa: F401
-    from polytrace_cli.ingest.runner import ingest_paths
-    from polytrace_cli.store import open_store
-
     text = log.read_bytes()
     watched = store.parent / store.stem / "run" / "train.log"
     watched.parent.mkdir(parents=True, exist_ok=True)
     spent = []
     for _ in range(repeat + 1):
-        store.unlink(missing_ok=True)
-        watched.write_bytes(text[:first_bytes])
-        con = open_store(store)
-        ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
-        with open(watched, "ab") as handle:
-            handle.write(text[first_bytes:])
+        con = _watched_store(store, watched, text, first_bytes)
         cpu = time.process_time()
-        (report,) = ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+        _read_growth(con, watched)
         spent.append(time.process_time() - cpu)
         con.close()
-        if report.status != "appended":
-            raise SystemExit(f"the watched log was {report.status}, not appended")
     return spent[1:]
+
+
+def _watched_store(store: Path, watched: Path, text: bytes, first_bytes: int):
+    """A new store at `store`, kept open, holding the log `watched` read at its first `first_bytes` of
+    `text`; the rest of `text` is then appended to the log."""
+    import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
+    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.store import open_store
+
+    store.unlink(missing_ok=True)
+    watched.write_bytes(text[:first_bytes])
+    con = open_store(store)
+    ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+    with open(watched, "ab") as handle:
+        handle.write(text[first_bytes:])
+    return con
+
+
+def _read_growth(con, watched: Path) -> None:
+    """Read the log's growth as `polytrace watch` does; exits unless it was appended."""
+    from polytrace_cli.ingest.runner import ingest_paths
+
+    (report,) = ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
+    if report.status != "appended":
+        raise SystemExit(f"the watched log was {report.status}, not appended")
 
 
 def watched_in_turns(log: Path, first_bytes: int, envs: dict[str, dict | None], rounds: int,
