@@ -71,8 +71,14 @@ def writable(con: duckdb.DuckDBPyConnection) -> bool:
 def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     """Bring the run's facts up to date with its pairs (see the module); False, with nothing done,
     when the connection cannot keep them (`writable`): the caller then reads the `steps` view."""
+    return _refreshed(con, run_id) is not None
+
+
+def _refreshed(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, list] | None:
+    """`refresh`, returning the run's `step_facts_files` rows as it leaves them (file id -> [pairs,
+    last line, catalog]: each file holding pairs, as the pairs are now), or None when it cannot."""
     if not writable(con):
-        return False
+        return None
     catalog = declared_catalog()[2]
     stored, kept = {}, {}
     for file_id, pairs, last_line, kept_pairs, kept_line, made_with in con.execute(
@@ -101,8 +107,9 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         else:
             whole.append(file_id)
     changed = whole + [file_id for file_id, _ in grown]
+    facts = {file_id: [pairs, last_line, catalog] for file_id, (pairs, last_line) in stored.items()}
     if not changed:
-        return True
+        return facts
     con.execute("DELETE FROM step_facts_files WHERE file_id IN (SELECT unnest(?))", [changed])
     for file_id, kept_line in grown:
         _add_grown(con, file_id, kept_line)
@@ -112,7 +119,7 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
             con.execute(f"INSERT INTO step_facts {_facts_sql('sm.file_id IN (SELECT unnest($1))')}", [whole])
     con.execute("INSERT INTO step_facts_files SELECT unnest(?), ?, unnest(?), unnest(?), ?",
                 [changed, run_id, [stored[f][0] for f in changed], [stored[f][1] for f in changed], catalog])
-    return True
+    return facts
 
 
 def _only_grew(con: duckdb.DuckDBPyConnection, file_id: int, kept_pairs: int, kept_line: int | None,
@@ -183,10 +190,9 @@ def run_steps_table(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[s
     it whole. A temporary table follows the transaction that changed it: one rolled back leaves the
     table and what it was read from as they were.
     """
-    if not refresh(con, run_id):
+    facts = _refreshed(con, run_id)
+    if facts is None:
         return None
-    facts = {file_id: [pairs, last_line, catalog] for file_id, pairs, last_line, catalog in con.execute(
-        "SELECT file_id, pairs, last_line, catalog FROM step_facts_files WHERE run_id = ?", [run_id]).fetchall()}
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_RUN_STEPS_MADE_FROM} (run_id INTEGER, facts VARCHAR,"
                 " columns VARCHAR[])")
     made = con.execute(f"SELECT run_id, facts, columns FROM {_RUN_STEPS_MADE_FROM}").fetchall()
