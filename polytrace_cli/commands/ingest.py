@@ -133,10 +133,13 @@ def ingest(
 def _strict_ahead(paths: list[Path], format_name: str | None, ray: dict | None) -> StrictAhead | nullcontext:
     """Step files' strict decoding, started in a child before the store is opened (a local ingest
     from the command line: `ingest.strict_ahead`); nothing to start for Ray or a format not known."""
-    from polytrace_cli.ingest.registry import get_ingester
     from polytrace_cli.ingest.strict_ahead import StrictAhead
 
-    forced = get_ingester(format_name) if format_name else None
+    forced = None
+    if format_name:
+        from polytrace_cli.ingest.registry import get_ingester
+
+        forced = get_ingester(format_name)
     if ray is not None or (format_name and forced is None):
         return nullcontext()
     return StrictAhead.start(paths, forced)
