@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from polytrace_cli.ingest.files import FileHashes
     from polytrace_cli.ingest.ray_engine import RaySettings
     from polytrace_cli.ingest.runner import FileReport
-    from polytrace_cli.ingest.strict_ahead import StrictAhead
     from polytrace_cli.simulate import BacktestResult, WhatIfResult
     from polytrace_cli.watch import WatchResult, WatchSettings
 
@@ -111,14 +110,13 @@ class Store:
     def ingest(self, paths: str | Path | Iterable[str | Path], run: str | None = None, task: str | None = None,
                format: str | None = None, *, tokenizer: str | object | None = None,
                on_file: Callable[[FileReport], None] | None = None, hashes: FileHashes | None = None,
-               ray: RaySettings | None = None, strict_ahead: StrictAhead | None = None) -> list[FileReport]:
+               ray: RaySettings | None = None) -> list[FileReport]:
         """Read files and folders into the store, one transaction per file, as `polytrace ingest`.
         Returns one report per file: path, run, format, status, lines, rows, ignored, rejected, ...
         `tokenizer`: a local Hugging Face tokenizer (its name or path, or the loaded tokenizer) that counts
         rollout-dump lengths for this ingest; `on_file`: called with each file's report as it is done;
         `hashes`: files' hashes already computed or computing; `ray`: parse on the Ray session these
-        settings describe (`polytrace ingest --ray`); `strict_ahead`: step files' strict decoding
-        started before the store was opened (`polytrace_cli.ingest.strict_ahead`)."""
+        settings describe (`polytrace ingest --ray`)."""
         from polytrace_cli.ingest.base import counting_tokens_with, load_tokenizer
 
         if self.read_only:
@@ -130,7 +128,7 @@ class Store:
             if ray is None:
                 from polytrace_cli.ingest.runner import ingest_paths
 
-                return ingest_paths(self.connection, targets, strict_ahead=strict_ahead, **options)
+                return ingest_paths(self.connection, targets, **options)
             from polytrace_cli.ingest.ray_engine import ingest_paths_ray
 
             # Ray's workers load the tokenizer again, by the name or path it was loaded from.

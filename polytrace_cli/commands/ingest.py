@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,7 +19,6 @@ from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
 
 if TYPE_CHECKING:
     from polytrace_cli.ingest.runner import FileReport
-    from polytrace_cli.ingest.strict_ahead import StrictAhead
 
 
 SUMMARY_COLUMNS = ["file", "run", "format", "status", "lines", "rows", "ignored", "rejected", "seconds", "MB/s"]
@@ -87,10 +85,10 @@ def ingest(
     if ray_address and workers:
         raise fail("--workers sizes a local Ray; a cluster at --ray-address has its own workers")
     ray = {"address": ray_address, "workers": workers} if engine == "ray" else None
-    with FileHashes() as hashes, _strict_ahead(paths, format, ray) as ahead:
+    with FileHashes() as hashes:
         # A file is hashed once the store says it must be: a log that only grew is hashed from the
         # state kept for it, an unchanged one first by size (`ingest.unchanged`).
-        reports = _ingest_all(paths, db, run, task, format, as_json or as_csv, tokenizer, hashes, wait, ray, ahead)
+        reports = _ingest_all(paths, db, run, task, format, as_json or as_csv, tokenizer, hashes, wait, ray)
     if as_csv:
         records = [{**r.__dict__, "mb_per_s": r.mb_per_s} for r in reports]
         columns = list(records[0]) if records else ["path"]
@@ -130,30 +128,15 @@ def ingest(
         raise fail(f"--strict: {sum(r.rejected for r in reports)} line(s) rejected; see `polytrace errors`", 1)
 
 
-def _strict_ahead(paths: list[Path], format_name: str | None, ray: dict | None) -> StrictAhead | nullcontext:
-    """Step files' strict decoding, started in a child before the store is opened (a local ingest
-    from the command line: `ingest.strict_ahead`); nothing to start for Ray or a format not known."""
-    from polytrace_cli.ingest.strict_ahead import StrictAhead
-
-    forced = None
-    if format_name:
-        from polytrace_cli.ingest.registry import get_ingester
-
-        forced = get_ingester(format_name)
-    if ray is not None or (format_name and forced is None):
-        return nullcontext()
-    return StrictAhead.start(paths, forced)
-
-
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
                 as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0,
-                ray: dict | None = None, ahead: StrictAhead | None = None) -> list[FileReport]:
+                ray: dict | None = None) -> list[FileReport]:
     from polytrace_cli.ingest.base import load_tokenizer
 
     # A tokenizer that cannot be loaded is an error before the store is created or touched.
     loaded = load_tokenizer(tokenizer) if tokenizer else None
     if ray is None:
-        return _ingest_into_store(paths, db, run, task, format_name, as_json, loaded, hashes, wait, ahead=ahead)
+        return _ingest_into_store(paths, db, run, task, format_name, as_json, loaded, hashes, wait)
     from polytrace_cli.ingest.ray_engine import RaySettings, ray_session
 
     settings = RaySettings(**ray)
@@ -172,12 +155,12 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
             raise PolytraceError(f"the Ray ingest failed: {detail}") from None
 
 
-def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ray=None, ahead=None):
+def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ray=None):
     from polytrace_cli.facade import Store
 
     with Store.open(db, wait=wait) as store:
         options = {"run": run, "task": task, "format": format_name, "tokenizer": tokenizer, "hashes": hashes,
-                   "ray": ray, **({"strict_ahead": ahead} if ahead else {})}
+                   "ray": ray}
         if not (sys.stderr.isatty() and not as_json):
             return store.ingest(paths, **options)
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn

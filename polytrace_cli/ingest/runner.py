@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -39,9 +38,6 @@ from polytrace_cli.ingest.registry import (
 from polytrace_cli.ingest.unchanged import StoredFile, is_unchanged, reads_the_same, stored_file, stored_files
 from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first, rollback, stops_the_store
-
-if TYPE_CHECKING:
-    from polytrace_cli.ingest.strict_ahead import StrictAhead
 
 # Folder names that say what a folder holds rather than which run it is.
 GENERIC_FOLDERS = {
@@ -535,7 +531,6 @@ def ingest_paths(
     hashes: FileHashes | None = None,
     batch: bool = True,
     complete_lines: bool = False,
-    strict_ahead: StrictAhead | None = None,
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
@@ -548,14 +543,11 @@ def ingest_paths(
     it is loaded. With `batch` (the default), small step files are read in batches (see the module
     docstring); the store ends the same either way. With `complete_lines` (logs still being
     written), a log of an appendable format is read up to its last newline (`ingest_file`).
-    `strict_ahead` may hold batches' strict counts decoded by a child started before the store was
-    opened (`ingest.strict_ahead`).
     """
     if hashes is None:
         with FileHashes() as own:
             return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
-                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines,
-                                strict_ahead=strict_ahead)
+                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines)
     forced = None
     if format_name:
         forced = get_ingester(format_name)
@@ -580,18 +572,18 @@ def ingest_paths(
         member = _batch_member(path, explicit, forced, hashes) if batch and not problem else None
         if member and pending and (member.ingester is not pending[0].ingester or len(pending) >= BATCH_MAX_FILES
                                    or pending_bytes + member.size > BATCH_MAX_BYTES):
-            _ingest_batch(con, pending, resolver, hashes, done, load_alone, strict_ahead)
+            _ingest_batch(con, pending, resolver, hashes, done, load_alone)
             pending, pending_bytes = [], 0
         if member:
             pending.append(member)
             pending_bytes += member.size
             continue
         if pending:
-            _ingest_batch(con, pending, resolver, hashes, done, load_alone, strict_ahead)
+            _ingest_batch(con, pending, resolver, hashes, done, load_alone)
             pending, pending_bytes = [], 0
         done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole, complete_lines))
     if pending:
-        _ingest_batch(con, pending, resolver, hashes, done, load_alone, strict_ahead)
+        _ingest_batch(con, pending, resolver, hashes, done, load_alone)
     record_failures(con, resolver, failed_whole)
     decide_semantics(con, reports)
     return reports
@@ -640,10 +632,7 @@ class _BatchMember:
     existing: int | None = None
 
 
-def batchable(path: Path, forced: Ingester | None, keep_text: bool = True) -> tuple[BulkJsonlIngester, int, bytes] | None:
-    """(ingester, size, head) of a file that may be read in a batch (plain, small, UTF-8-named, of
-    a bulk JSON-lines format), or None. With `keep_text`, the head of a file of at most
-    BATCH_TEXT_KEEP_BYTES is the whole file (read once for sniffing, hashing and counting lines)."""
+def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: FileHashes) -> _BatchMember | None:
     if is_compressed(path) or path_text(path) != str(path):
         return None
     try:
@@ -655,18 +644,11 @@ def batchable(path: Path, forced: Ingester | None, keep_text: bool = True) -> tu
             ingester = forced or detect(path, head)
             if not isinstance(ingester, BulkJsonlIngester):
                 return None
-            if keep_text and size <= BATCH_TEXT_KEEP_BYTES and len(head) == SNIFF_BYTES:
-                head += handle.read()  # a shorter head ended the file
+            if size <= BATCH_TEXT_KEEP_BYTES and len(head) == SNIFF_BYTES:
+                # small: read once for sniffing, hashing and counting lines (a shorter head ended the file)
+                head += handle.read()
     except OSError:
         return None  # loaded alone, which reports why it cannot be read
-    return ingester, size, head
-
-
-def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: FileHashes) -> _BatchMember | None:
-    sniffed = batchable(path, forced)
-    if sniffed is None:
-        return None
-    ingester, size, head = sniffed
     resolved = path.resolve() if explicit else path  # `walk` resolves the files it finds in folders
     if size > BATCH_TEXT_KEEP_BYTES:
         # The hashing thread reads and hashes it while this one sniffs the next file.
@@ -684,16 +666,14 @@ def _batch_member(path: Path, explicit: bool, forced: Ingester | None, hashes: F
 
 def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], resolver: RunResolver,
                   hashes: FileHashes, done: Callable[[FileReport], None],
-                  load_alone: Callable[[_BatchMember], None], ahead: StrictAhead | None = None) -> None:
+                  load_alone: Callable[[_BatchMember], None]) -> None:
     """Store `members` in one read and one transaction; files it cannot take are loaded alone.
 
     Unchanged files are reported as such first. A file with a bad line, or every file of a batch
     whose transaction fails, is loaded alone; a batch whose read fails is split in halves. A format
     whose records are rows of one table (`row_table`) is read straight into it (`_store_batch_direct`);
     when that read fails beside the strict decoder (a line that is not JSON), the files the decoder
-    accepted are read so again, unless more than a quarter were refused. The files' strict counts
-    come from `ahead` when a child decoded them before this process reached the batch
-    (`ingest.strict_ahead`), else from the decoder run here.
+    accepted are read so again, unless more than a quarter were refused.
     """
     if len(members) == 1:
         load_alone(members[0])
@@ -711,17 +691,14 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
     batch_bytes = sum(m.size for m in changed)
     whole_json = batch_bytes >= BATCH_JSON_MIN_MEAN_BYTES * len(changed)
     paths = [str(m.path) for m in changed]
-    files = [m.path for m in changed]
     with ThreadPoolExecutor(max_workers=1) as decoding:
         if not whole_json:
             strict = None
         elif batch_bytes < BATCH_OVERLAP_MIN_BYTES:
-            strict = ahead.counts(files, ingester) if ahead else _strict_counts(files, ingester.spec)
-        elif ahead:
-            strict = functools.partial(ahead.counts, files, ingester)  # asked once DuckDB has read them
+            strict = _strict_counts([m.path for m in changed], ingester.spec)
         else:
             # The strict decoder (which holds the interpreter) runs while DuckDB reads the files (which does not).
-            strict = decoding.submit(_strict_counts, files, ingester.spec).result
+            strict = decoding.submit(_strict_counts, [m.path for m in changed], ingester.spec).result
         if whole_json and ingester.row_table is not None:
             try:
                 stored, tried = None, False
@@ -760,8 +737,8 @@ def _ingest_batch(con: duckdb.DuckDBPyConnection, members: list[_BatchMember], r
                 load_alone(member)
             return
         half = len(changed) // 2
-        _ingest_batch(con, changed[:half], resolver, hashes, done, load_alone, ahead)
-        _ingest_batch(con, changed[half:], resolver, hashes, done, load_alone, ahead)
+        _ingest_batch(con, changed[:half], resolver, hashes, done, load_alone)
+        _ingest_batch(con, changed[half:], resolver, hashes, done, load_alone)
         return
     bad, line_counts = read
     uncounted = _uncounted(changed, bad, line_counts, hashes)
