@@ -77,41 +77,35 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
             ON canonical IN ({", ".join(f"'{column}'" for column in wanted)})
             USING max(value) GROUP BY segment, step"""
         arguments = [run_id, wanted]
-    # Three lists in step order rather than a row per step: no tuple per step for the interpreter's
-    # garbage collector to walk.
-    lists = con.execute(
+    # The rule in one query: the run's steps never come to Python (it ran on every growth of a watched log).
+    rows = con.execute(
         f"""
-        WITH timers AS ({timers})
-        SELECT list(step_s - ({stage_sum}) ORDER BY segment, step), list(coalesce(testing_s, 0) ORDER BY segment, step),
-               list(coalesce(save_checkpoint_s, 0) ORDER BY segment, step)
-        FROM timers WHERE step_s IS NOT NULL
+        WITH timers AS ({timers}),
+        t AS (SELECT step_s - ({stage_sum}) AS residual, coalesce(testing_s, 0) AS testing,
+                     coalesce(save_checkpoint_s, 0) AS save_checkpoint
+              FROM timers WHERE step_s IS NOT NULL),
+        base AS (SELECT coalesce(quantile_cont(residual, 0.5), 0) AS centre,
+                        coalesce(quantile_cont(residual, 0.75) - quantile_cont(residual, 0.25), 0) AS spread
+                 FROM t WHERE testing <= 0 AND save_checkpoint <= 0),
+        with_timer AS (SELECT 'testing' AS timer, residual, testing AS seconds, save_checkpoint AS other
+                       FROM t WHERE testing > 0
+                       UNION ALL
+                       SELECT 'save_checkpoint', residual, save_checkpoint, testing FROM t WHERE save_checkpoint > 0),
+        voters AS (SELECT *, bool_or(other <= 0) OVER (PARTITION BY timer) AS some_alone FROM with_timer)
+        SELECT timer, count(*) FILTER (WHERE residual > centre + seconds / 2), count(*)
+        FROM voters, base WHERE (other <= 0 OR NOT some_alone) AND seconds > 2 * spread GROUP BY timer
         """,
         arguments,
-    ).fetchall()[0]
-    residuals, testing, checkpoint = (values or [] for values in lists)
-    baseline = sorted(residual for residual, test, save in zip(residuals, testing, checkpoint) if test <= 0 and save <= 0)
-    centre = _quantile(baseline, 0.5) if baseline else 0.0
-    spread = _quantile(baseline, 0.75) - _quantile(baseline, 0.25) if baseline else 0.0
+    ).fetchall()
+    votes = {timer: (included, voters) for timer, included, voters in rows}
     decided: dict = {}
-    for meta_key, seconds_of, other_of in ((EXTRA_TIMERS["testing"], testing, checkpoint),
-                                           (EXTRA_TIMERS["save_checkpoint"], checkpoint, testing)):
-        with_timer = [(residual, seconds, other) for residual, seconds, other in zip(residuals, seconds_of, other_of)
-                      if seconds > 0]
-        alone = [row for row in with_timer if row[2] <= 0] or with_timer
-        votes = [residual > centre + seconds / 2 for residual, seconds, _ in alone if seconds > 2 * spread]
+    for timer, meta_key in EXTRA_TIMERS.items():
+        included, voters = votes.get(timer, (0, 0))
         decided[meta_key] = None
-        if votes:
-            share = sum(votes) / len(votes)
+        if voters:
+            share = included / voters
             if share >= INCLUSION_AGREEMENT:
                 decided[meta_key] = True
             elif share <= 1 - INCLUSION_AGREEMENT:
                 decided[meta_key] = False
     return decided
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    """Linear-interpolation quantile of an ascending list."""
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
