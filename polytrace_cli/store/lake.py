@@ -314,7 +314,7 @@ def write_lake(con: duckdb.DuckDBPyConnection, out: str | os.PathLike, runs: lis
                              "rows": rows, "bytes": target.stat().st_size, "sha256": _sha256(target)})
     known_tables = {t.name for t in tables}
     for folder in out.iterdir():
-        # A table that left the store (none do today) leaves no folder behind.
+        # A table no longer written (gone from the store, or step facts an older lake held) leaves no folder.
         if folder.is_dir() and folder.name not in known_tables:
             shutil.rmtree(folder)
     files = sorted([*kept_files, *new_files, *global_files], key=lambda entry: entry["path"])
