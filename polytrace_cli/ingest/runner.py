@@ -30,7 +30,7 @@ from polytrace_cli.ingest.files import (
 )
 from polytrace_cli.ingest.jsonl import (
     BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows,
-    load_batch_records, refused, stored_counts, strict_file_records, typed_read_pays,
+    load_batch_records, refused, stored_counts, strict_file_records,
 )
 from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,

@@ -349,8 +349,6 @@ def stored_records(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[i
     return {row[0]: dict(zip(["run", *FIELDS], row[1:])) for row in rows}
 
 
-
-
 def records(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]:
     """One record per run, in run-id order: the stored one, or decided now for a run without a current one."""
     stored = stored_records(con, run_ids)
