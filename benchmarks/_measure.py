@@ -70,3 +70,15 @@ def baseline_run(script: str, folder: Path, log: Path) -> tuple[float, float, Pa
     path.write_text(script)
     seconds, rss = run_measured([sys.executable, str(path), str(log), str(store)])
     return seconds, rss, store
+
+
+def stored_counts(store: Path) -> tuple[int, int, int]:
+    """(step_metrics rows, lines read, lines stored) of a store: what two reads of the same log must share."""
+    import duckdb
+
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        return con.execute("SELECT (SELECT count(*) FROM step_metrics), (SELECT sum(lines) FROM files),"
+                           " (SELECT sum(stored) FROM files)").fetchall()[0]
+    finally:
+        con.close()

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from _measure import run_child
+from _measure import run_child, stored_counts
 from ingest_console import write_log
 
 HERE = Path(__file__).resolve().parent
@@ -257,14 +257,7 @@ def main() -> None:
     in_process = appended_in_process(first, grown, log, args.repeat)
     watching, parts = appended_watching(log, first_bytes, args.repeat)
 
-    import duckdb
-
-    counts = {}
-    for name, store in (("appended", grown), ("whole", whole)):
-        con = duckdb.connect(str(store), read_only=True)
-        counts[name] = con.execute("SELECT (SELECT count(*) FROM step_metrics), (SELECT sum(lines) FROM files),"
-                                   " (SELECT sum(stored) FROM files)").fetchall()[0]
-        con.close()
+    counts = {name: stored_counts(store) for name, store in (("appended", grown), ("whole", whole))}
     print(f"log: {first_mb:.1f} MB, {steps:,} steps; grown by {grown_mb - first_mb:.2f} MB ({added:,} steps)"
           f" to {grown_mb:.1f} MB")
     print(f"{'':28} {'wall s':>7} {'CPU s':>7}  (medians; runs: wall/CPU)")

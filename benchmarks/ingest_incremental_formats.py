@@ -18,9 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-import duckdb
-
-from _measure import fresh_log_path
+from _measure import fresh_log_path, stored_counts
 from ingest_trl_console import write_log as write_trl_log
 from ingest_verl_jsonl import write_log as write_jsonl_log
 
@@ -61,12 +59,7 @@ def measure(name: str, text: bytes, grow: float, repeat: int) -> None:
     wholes = [timed_ingest(log, whole) for _ in range(repeat)]
     if {status for status, _, _ in appended} != {"appended"}:
         raise SystemExit(f"{name}: the grown log was read {appended[0][0]}, not appended")
-    counts = {}
-    for label, store in (("appended", grown), ("whole", whole)):
-        con = duckdb.connect(str(store), read_only=True)
-        counts[label] = con.execute("SELECT (SELECT count(*) FROM step_metrics), (SELECT sum(lines) FROM files),"
-                                    " (SELECT sum(stored) FROM files)").fetchall()[0]
-        con.close()
+    counts = {label: stored_counts(store) for label, store in (("appended", grown), ("whole", whole))}
     print(f"{name}: {cut / 1e6:.1f} MB grown by {(len(text) - cut) / 1e6:.2f} MB")
     medians = {}
     for label, runs in (("first ingest", firsts), ("appended", appended), ("whole re-read", wholes)):

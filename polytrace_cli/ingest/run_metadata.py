@@ -13,6 +13,8 @@ import re
 
 import duckdb
 
+from polytrace_cli.store.connection import fold_added_rows
+
 # Hydra overrides on a verl command line, and the meta key each one fills.
 VERL_OVERRIDES: dict[str, str] = {
     "trainer.n_gpus_per_node": "n_gpus_per_node",
@@ -277,23 +279,9 @@ def _perf_steps(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     if grew:
         con.execute(f"CREATE OR REPLACE TEMP TABLE gpu_count_perf_added AS {_perf_step_sql(True)}",
                     [file_id, made[0][1]])
-        try:
-            con.execute(
-                f"""
-                CREATE OR REPLACE TEMP TABLE gpu_count_perf_combined AS
-                SELECT file_id, segment, step, max(tokens) AS tokens, max(throughput) AS throughput,
-                       max(seconds) AS seconds
-                FROM (SELECT k.* FROM {_PERF_STEPS} k SEMI JOIN gpu_count_perf_added a
-                          USING (file_id, segment, step)
-                      UNION ALL SELECT * FROM gpu_count_perf_added)
-                GROUP BY file_id, segment, step
-                """)
-            con.execute(f"DELETE FROM {_PERF_STEPS} k USING gpu_count_perf_combined c"
-                        " WHERE k.file_id = c.file_id AND k.segment = c.segment AND k.step = c.step")
-            con.execute(f"INSERT INTO {_PERF_STEPS} SELECT * FROM gpu_count_perf_combined")
-        finally:
-            con.execute("DROP TABLE IF EXISTS gpu_count_perf_combined")
-            con.execute("DROP TABLE IF EXISTS gpu_count_perf_added")
+        fold_added_rows(con, _PERF_STEPS, "gpu_count_perf_added", ("file_id", "segment", "step"),
+                        "file_id, segment, step",
+                        "max(tokens) AS tokens, max(throughput) AS throughput, max(seconds) AS seconds")
     else:
         con.execute(f"DELETE FROM {_PERF_STEPS} WHERE file_id = ?", [file_id])
         con.execute(f"INSERT INTO {_PERF_STEPS} {_perf_step_sql(False)}", [file_id])

@@ -780,9 +780,12 @@ def _uncounted(members: list[_BatchMember], bad: set[str], line_counts: dict[str
     are counted here (and set in `line_counts`), and a file whose lines still do not add up is read alone."""
     uncounted = set()
     for member in members:
-        name, lines = str(member.path), hashes.result(member.path)[2]
+        name = str(member.path)
+        if name in bad:
+            continue  # read alone, which hashes it then
+        lines = hashes.result(member.path)[2]
         read_lines, blank = line_counts.get(name, (0, 0))
-        if name in bad or read_lines == lines:
+        if read_lines == lines:
             continue
         blank = _blank_lines(member.path)
         if blank is not None and read_lines + blank == lines:

@@ -361,6 +361,26 @@ def whole_row_groups(con: duckdb.DuckDBPyConnection, rows: int) -> Iterator[None
         con.execute(f"SET threads = {threads[0]}")
 
 
+def fold_added_rows(con: duckdb.DuckDBPyConnection, table: str, added: str, keys: tuple[str, ...], group: str,
+                    aggregates: str) -> None:
+    """Fold the rows of the temporary table `added` (the columns of `table`, in its order) into
+    `table`: the rows of `table` that share `keys` with an added row, and the added rows, are
+    replaced by `SELECT {group}, {aggregates} ... GROUP BY {group}` over them. For aggregates kept
+    per key and grown by later rows (a largest value, a count), so only the keys the rows touch are
+    rewritten. `added` is dropped."""
+    combined = f"{added}_combined"
+    matching = " AND ".join(f"t.{key} = a.{key}" for key in keys)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {combined} AS SELECT {group}, {aggregates}"
+                    f" FROM (SELECT t.* FROM {table} t SEMI JOIN {added} a ON {matching}"
+                    f" UNION ALL SELECT * FROM {added}) GROUP BY {group}")
+        con.execute(f"DELETE FROM {table} t USING {combined} a WHERE {matching}")
+        con.execute(f"INSERT INTO {table} SELECT * FROM {combined}")
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {combined}")
+        con.execute(f"DROP TABLE IF EXISTS {added}")
+
+
 def rollback(con: duckdb.DuckDBPyConnection) -> None:
     """Roll back the open transaction; when DuckDB has already ended it (a failed commit, a full
     disk), there is nothing to roll back and the error that ended it is the one to report."""

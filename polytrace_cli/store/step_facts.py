@@ -25,7 +25,7 @@ import weakref
 import duckdb
 
 from polytrace_cli.store.catalog import declared_catalog, declared_names, validation_key_sql
-from polytrace_cli.store.connection import whole_row_groups
+from polytrace_cli.store.connection import fold_added_rows, whole_row_groups
 
 
 # The tables `refresh` keeps from the store's other rows: a copy of the store needs only the rest.
@@ -137,23 +137,21 @@ def _add_grown(con: duckdb.DuckDBPyConnection, file_id: int, kept_line: int) -> 
     """Combine the facts of the file's pairs after line `kept_line` into those kept for the same steps."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_added AS {_facts_sql('sm.file_id = $1 AND sm.line_no > $2')}",
                 [file_id, kept_line])
-    try:
-        con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE step_facts_combined AS
-            SELECT file_id, run_id, segment, step, canonical, max(value) AS value, sum(pairs)::BIGINT AS pairs,
-                   bool_and(validation_only) AS validation_only
-            FROM (SELECT f.* FROM step_facts f SEMI JOIN step_facts_added a
-                      ON f.file_id = a.file_id AND f.segment = a.segment AND f.step = a.step
-                  UNION ALL SELECT * FROM step_facts_added)
-            GROUP BY file_id, run_id, segment, step, canonical
-            """)
-        con.execute("DELETE FROM step_facts f WHERE f.file_id = ? AND EXISTS (SELECT 1 FROM step_facts_combined c"
-                    " WHERE c.segment = f.segment AND c.step = f.step)", [file_id])
-        con.execute("INSERT INTO step_facts SELECT * FROM step_facts_combined")
-    finally:
-        con.execute("DROP TABLE IF EXISTS step_facts_combined")
-        con.execute("DROP TABLE IF EXISTS step_facts_added")
+    fold_added_rows(con, "step_facts", "step_facts_added", ("file_id", "segment", "step"),
+                    "file_id, run_id, segment, step, canonical",
+                    "max(value) AS value, sum(pairs)::BIGINT AS pairs, bool_and(validation_only) AS validation_only")
+
+
+def pairs_after_sql(after: dict[int, int | None], columns: str, where: str = "true") -> tuple[str, list]:
+    """(query, parameters): `columns` of the `step_metrics` pairs satisfying `where` of each file of
+    `after` (file id -> the last line read before, None for all its lines) on its later lines. One
+    select per file, its line bound a constant: DuckDB reads only the row groups holding later lines."""
+    selects, parameters = [], []
+    for file_id, line in after.items():
+        selects.append(f"SELECT {columns} FROM step_metrics WHERE file_id = ? AND ({where})"
+                       + ("" if line is None else " AND line_no > ?"))
+        parameters += [file_id] if line is None else [file_id, line]
+    return " UNION ALL ".join(selects), parameters
 
 
 def run_steps_sql(columns: list[str], facts: str = "step_facts") -> str:
@@ -240,14 +238,9 @@ def _read_steps_again(con: duckdb.DuckDBPyConnection, run_id: int, grown: dict[i
                       columns: list[str]) -> None:
     """Read again the RUN_STEPS rows of every step that a pair of `grown` (file id -> last line read
     before, None for all its lines) falls in, from all the run's facts of those steps."""
-    # One select per file, its line bound a constant: only the row groups holding later lines are read.
-    selects, arguments = [], []
-    for file_id, after in grown.items():
-        selects.append("SELECT segment, step FROM step_metrics WHERE file_id = ?"
-                       + ("" if after is None else " AND line_no > ?"))
-        arguments += [file_id] if after is None else [file_id, after]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_touched AS SELECT DISTINCT segment, step FROM"
-                f" ({' UNION ALL '.join(selects)})", arguments)
+    later, arguments = pairs_after_sql(grown, "segment, step")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE step_facts_touched AS SELECT DISTINCT segment, step FROM ({later})",
+                arguments)
     try:
         con.execute(f"DELETE FROM {RUN_STEPS} r USING step_facts_touched t WHERE r.segment = t.segment"
                     " AND r.step = t.step")

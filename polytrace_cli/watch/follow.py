@@ -40,6 +40,7 @@ import duckdb
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import last_newline_end, path_text, walk
+from polytrace_cli.store.step_facts import pairs_after_sql
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3
@@ -194,11 +195,9 @@ class ValidationEvents:
             if self.lines_read.get(file_id) != lines]
         if not grown:
             return []
-        # One select per file, its line bound a constant: only the row groups holding later lines are read.
-        selects = " UNION ALL ".join(
-            f"SELECT segment, step, key, value, line_no FROM step_metrics WHERE file_id = ? AND line_no > ?"
-            f" AND text_value IS NULL AND ({self.is_validation})" for _ in grown)
-        arguments = [value for file_id, _ in grown for value in (file_id, self.lines_read.get(file_id, 0))]
+        selects, arguments = pairs_after_sql({file_id: self.lines_read.get(file_id) for file_id, _ in grown},
+                                             "segment, step, key, value, line_no",
+                                             f"text_value IS NULL AND ({self.is_validation})")
         rows = self.con.execute(
             f"SELECT segment, step, list(key ORDER BY line_no, key), list(value ORDER BY line_no, key)"
             f" FROM ({selects}) GROUP BY segment, step ORDER BY segment, step", arguments).fetchall()
