@@ -68,17 +68,17 @@ FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance
 
 # The temporary table holding the `steps` rows of the run being decided when its step facts cannot
 # be kept (a read-only store), read once per decision.
-RUN_STEPS = "semantics_run_steps"
+RUN_STEPS_FROM_VIEW = "semantics_run_steps"
 
 
 def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> str | None:
     """The table holding the run's `steps` rows with the columns the decision reads
     (`step_timers.decision_columns`): the run's steps kept from its facts (`step_facts.run_steps_table`),
-    None when they cannot be kept, the rows then read from the `steps` view into RUN_STEPS."""
+    None when they cannot be kept, the rows then read from the `steps` view into RUN_STEPS_FROM_VIEW."""
     table = step_facts.run_steps_table(con, run_id, columns)
     if table is None:
         listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS SELECT {listed} FROM steps WHERE run_id = ?",
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS_FROM_VIEW} AS SELECT {listed} FROM steps WHERE run_id = ?",
                     [run_id])
     return table
 
@@ -288,7 +288,7 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     stages, columns = step_timers.decision_columns(con)
     timers = [*stages, *(f"{timer}_s" for timer in step_timers.EXTRA_TIMERS)]  # the stages and overheads
     kept = _read_run_steps(con, run_id, columns)
-    run_steps = kept or RUN_STEPS
+    run_steps = kept or RUN_STEPS_FROM_VIEW
     try:
         record = {"run": name, **_timing(con, run_id, meta, timers, run_steps),
                   **_balance(con, run_id, meta, kept is not None, samples),
@@ -296,7 +296,7 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
         collapse = length_collapse(*_mean_lengths(con, run_id, run_steps, samples))
     finally:
         if kept is None:
-            con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS}")
+            con.execute(f"DROP TABLE IF EXISTS {RUN_STEPS_FROM_VIEW}")
     record["training_samples"] = sum(training for _, training, _ in counts)
     record["validation_samples"] = sum(validation for _, _, validation in counts)
     record["truncated_steps"] = [row[0] for row in con.execute(
