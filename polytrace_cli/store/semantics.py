@@ -78,7 +78,8 @@ def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[s
     table = step_facts.run_steps_table(con, run_id, columns)
     if table is None:
         listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS_FROM_VIEW} AS SELECT {listed} FROM steps WHERE run_id = ?",
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS_FROM_VIEW} AS SELECT {listed} FROM steps"
+                    " WHERE run_id = ?",
                     [run_id])
     return table
 
