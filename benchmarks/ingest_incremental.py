@@ -2,8 +2,8 @@
 start-up of any command, in one run.
 
 Writes a verl console log of --mb MB (the generator of `ingest_console.py`), then measures, each
-as a whole `polytrace` process (median of --repeat runs):
-  first ingest   `polytrace ingest` of the log into a new store;
+as a whole `polytrace` process (median of --repeat runs, the kinds taking turns round by round):
+  first ingest   `polytrace ingest` of the log (a copy at its first size) into a new store;
   appended       the log grown by --grow percent (more steps, numbered on), `polytrace ingest` into
                  a copy of that store: only the new lines are read (status appended);
   whole re-read  `polytrace ingest` of the grown log into a new store: what reading it again costs;
@@ -75,14 +75,17 @@ def in_turns(log: Path, firsts: dict[str, tuple[Path, dict]], rounds: int) -> di
     return runs
 
 
-def timed(argv: list[str], repeat: int, before=None) -> list[tuple[float, float]]:
-    """(wall, CPU) seconds of `repeat` runs of `argv`, each after `before()` and a sync."""
-    runs = []
+def timed_in_turns(kinds: dict[str, tuple[list[str], object]], repeat: int) -> dict[str, list[tuple[float, float]]]:
+    """Per kind (name -> argv and a `before()` or None): (wall, CPU) seconds of `repeat` runs, the kinds
+    taking turns round by round (so a change in the machine's load hits them alike), each run after
+    its `before()` and a sync."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in kinds}
     for _ in range(repeat):
-        if before:
-            before()
-        os.sync()
-        runs.append(run_child(argv)[:2])
+        for name, (argv, before) in kinds.items():
+            if before:
+                before()
+            os.sync()
+            runs[name].append(run_child(argv)[:2])
     return runs
 
 
@@ -240,7 +243,11 @@ def main() -> None:
         return lambda: store.unlink(missing_ok=True)
 
     ingest = [POLYTRACE, "ingest", "--format", "verl-console", "--db"]
-    first_runs = timed([*ingest, str(first), str(log)], args.repeat, fresh(first))
+    run_child([*ingest, str(first), str(log)])
+    # The first ingest is timed on a copy of the log at its first size, in turns with the rest.
+    (OUT / "first_size" / "run").mkdir(parents=True)
+    first_log = OUT / "first_size" / "run" / "train.log"
+    shutil.copy(log, first_log)
     first_bytes = log.stat().st_size
     other_env = {**os.environ, "PYTHONPATH": str(args.against.resolve())} if args.against else None
     if args.against:
@@ -249,10 +256,16 @@ def main() -> None:
         run_child([*ingest, str(other_first), str(log)], other_env)
     added = grow(log, args.mb * args.grow / 100, steps)
     grown_mb = log.stat().st_size / 1e6
-    appended_runs = timed([*ingest, str(grown), str(log)], args.repeat, lambda: shutil.copy(first, grown))
-    whole_runs = timed([*ingest, str(whole), str(log)], args.repeat, fresh(whole))
-    startup_runs = timed([POLYTRACE, "runs", "--db", str(grown)], args.repeat)
-    unchanged_runs = timed([*ingest, str(grown), str(log)], args.repeat)
+    first_again = OUT / "first_again.duckdb"
+    turns = timed_in_turns({
+        "first": ([*ingest, str(first_again), str(first_log)], fresh(first_again)),
+        "appended": ([*ingest, str(grown), str(log)], lambda: shutil.copy(first, grown)),
+        "whole": ([*ingest, str(whole), str(log)], fresh(whole)),
+        "runs": ([POLYTRACE, "runs", "--db", str(grown)], None),
+        "unchanged": ([*ingest, str(grown), str(log)], None),
+    }, args.repeat)
+    first_runs, appended_runs, whole_runs = turns["first"], turns["appended"], turns["whole"]
+    startup_runs, unchanged_runs = turns["runs"], turns["unchanged"]
 
     in_process = appended_in_process(first, grown, log, args.repeat)
     watching, parts = appended_watching(log, first_bytes, args.repeat)
