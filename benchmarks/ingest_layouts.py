@@ -139,9 +139,9 @@ REQUIRED_WORK = DUCKDB_ALONE.replace(
         from polytrace_cli.ingest.files import hash_and_count
         from polytrace_cli.ingest.formats.polytrace_packed import PackedLengthsIngester
         from polytrace_cli.ingest.jsonl import strict_file_records
-        def decode():
-            if not all(strict_file_records(path, PackedLengthsIngester.spec) for path in files):
-                raise SystemExit("a step file was refused by the strict decoder")
+        refused = []
+        def decode():  # a thread cannot end the process: the refusal is raised after the join
+            refused.extend(path for path in files if not strict_file_records(path, PackedLengthsIngester.spec))
         jobs = [decode] + ([lambda: [hash_and_count(Path(path)) for path in files]] if sys.argv[3] == "hash" else [])
         threads = [threading.Thread(target=job) for job in jobs]
         for thread in threads:
@@ -149,7 +149,8 @@ REQUIRED_WORK = DUCKDB_ALONE.replace(
         con = duckdb.connect(db)
         """
     ),
-).replace("con.close()", "con.close()\nfor thread in threads:\n    thread.join()")
+).replace("con.close()", "con.close()\nfor thread in threads:\n    thread.join()\n"
+          "if refused:\n    raise SystemExit(f'the strict decoder refused {refused[0]}')")
 
 
 def folder_mb(folder: Path) -> float:
