@@ -5,8 +5,8 @@ from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
-from polytrace_cli.ingest.formats import verl_jsonl  # noqa: F401
-from polytrace_cli.ingest.formats import verl_rollout  # noqa: F401
+import polytrace_cli.ingest.formats.verl.jsonl  # noqa: F401
+import polytrace_cli.ingest.formats.verl.rollout  # noqa: F401
 from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
 from polytrace_cli.ingest.formats import trl_console  # noqa: F401
 from polytrace_cli.ingest.formats import trl_state  # noqa: F401
@@ -16,4 +16,4 @@ from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_run  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_table  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_csv  # noqa: F401
-from polytrace_cli.ingest.formats import verl_console  # noqa: F401
+import polytrace_cli.ingest.formats.verl.console  # noqa: F401

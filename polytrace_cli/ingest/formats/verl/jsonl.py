@@ -39,7 +39,7 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
-from polytrace_cli.ingest import verl_names
+from polytrace_cli.ingest.formats.verl import names as verl_names
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 from polytrace_cli.store.connection import fetch_first
