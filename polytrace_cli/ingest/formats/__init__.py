@@ -8,8 +8,8 @@ from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
 import polytrace_cli.ingest.formats.verl.jsonl  # noqa: F401
 import polytrace_cli.ingest.formats.verl.rollout  # noqa: F401
 import polytrace_cli.ingest.formats.openrlhf.console  # noqa: F401
-from polytrace_cli.ingest.formats import trl_console  # noqa: F401
-from polytrace_cli.ingest.formats import trl_state  # noqa: F401
+import polytrace_cli.ingest.formats.trl.console  # noqa: F401
+import polytrace_cli.ingest.formats.trl.trainer_state  # noqa: F401
 from polytrace_cli.ingest.formats import mlflow_store  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_offline  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401

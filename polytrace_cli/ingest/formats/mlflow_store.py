@@ -29,7 +29,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest import trl
+from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.formats.wandb_run import detect_framework, run_meta_from_config

@@ -48,7 +48,8 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.ingest import trl, trl_names
+from polytrace_cli.ingest.formats.trl import names as trl_names
+from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import flag_schema, metric_schema
