@@ -11,9 +11,9 @@ import polytrace_cli.ingest.formats.openrlhf.console  # noqa: F401
 import polytrace_cli.ingest.formats.trl.console  # noqa: F401
 import polytrace_cli.ingest.formats.trl.trainer_state  # noqa: F401
 from polytrace_cli.ingest.formats import mlflow_store  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_offline  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.offline  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_run  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_table  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_csv  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.run_files  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.table  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.csv_export  # noqa: F401
 import polytrace_cli.ingest.formats.verl.console  # noqa: F401
