@@ -12,7 +12,7 @@ import polytrace_cli.ingest.formats.trl.console  # noqa: F401
 import polytrace_cli.ingest.formats.trl.trainer_state  # noqa: F401
 import polytrace_cli.ingest.formats.mlflow.store  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.offline  # noqa: F401
-from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
+import polytrace_cli.ingest.formats.tensorboard.events  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.run_files  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.table  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.csv_export  # noqa: F401
