@@ -1,10 +1,10 @@
 """Built-in input formats, one module each. Import order is sniffing order: specific first."""
 
-from polytrace_cli.ingest.formats import polytrace_packed  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.packed  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.reward  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.dapo  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.multiturn  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.dataset  # noqa: F401
 import polytrace_cli.ingest.formats.verl.jsonl  # noqa: F401
 import polytrace_cli.ingest.formats.verl.rollout  # noqa: F401
 import polytrace_cli.ingest.formats.openrlhf.console  # noqa: F401
