@@ -14,7 +14,7 @@ import pytest
 
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
-from polytrace_cli.store.semantics import FIELDS
+from polytrace_cli.semantics.record import FIELDS
 from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
