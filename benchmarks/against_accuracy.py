@@ -26,6 +26,7 @@ from polytrace_cli.diagnose import explain_run
 from polytrace_cli.diagnose.against import explain_against
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
+from polytrace_cli.ingest.registry import declared_metric_names
 from polytrace_cli.workload.presets import preset
 from polytrace_cli.workload.steplog import StepTimeModel, write_step_log
 from polytrace_cli.workload.synth import WorkloadSpec
@@ -54,7 +55,7 @@ def main() -> None:
     lengths, _ = preset("math")
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        con = open_store(root / "store.duckdb")
+        con = open_store(root / "store.duckdb", metric_names=declared_metric_names)
         first = {name: 0 for name in FACTORS}
         smallest = {name: float("inf") for name in FACTORS}
         same_worst = 0.0

@@ -53,9 +53,10 @@ def build_store(path: Path, samples: int, steps: int) -> float:
     """Create the store; returns seconds spent."""
     sys.path.insert(0, str(HERE.parent))
     from polytrace_cli.store import open_store
+    from polytrace_cli.ingest.registry import declared_metric_names
 
     started = time.perf_counter()
-    con = open_store(path)
+    con = open_store(path, metric_names=declared_metric_names)
     per_step = samples // steps
     per_rank = per_step // RANKS
     meta = json.dumps({"max_response_len": CAP, "n_sampling": N_SAMPLING})
@@ -149,8 +150,9 @@ def run_analyses(path: Path) -> None:
     from polytrace_cli.analyze.common import StepRange
     from polytrace_cli.analyze.registry import all_analyses
     from polytrace_cli.store import open_store
+    from polytrace_cli.ingest.registry import declared_metric_names
 
-    con = open_store(path, read_only=True)
+    con = open_store(path, read_only=True, metric_names=declared_metric_names)
     ids = [row[0] for row in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
     timings = {}
     for name, analysis in all_analyses().items():

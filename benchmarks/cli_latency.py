@@ -46,13 +46,14 @@ def build_stores() -> None:
     sys.path.insert(0, str(ROOT))
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
+    from polytrace_cli.ingest.registry import declared_metric_names
     from polytrace_cli.workload.presets import PRESETS, preset
     from polytrace_cli.workload.synth import synthesize, with_overrides
 
     OUT.mkdir(parents=True, exist_ok=True)
     demo_db = OUT / "demo.duckdb"
     if not demo_db.exists():
-        con = open_store(demo_db)
+        con = open_store(demo_db, metric_names=declared_metric_names)
         for task in PRESETS:
             model, spec = preset(task)
             synthesize(model, with_overrides(spec, seed=DEMO_SEED), OUT / "demo_logs" / task)
@@ -62,7 +63,7 @@ def build_stores() -> None:
     if not lengths_db.exists():
         model, spec = preset("math")
         synthesize(model, with_overrides(spec, steps=LENGTH_STEPS, seed=1), OUT / "lengths_logs" / "math82k")
-        con = open_store(lengths_db)
+        con = open_store(lengths_db, metric_names=declared_metric_names)
         ingest_paths(con, [OUT / "lengths_logs" / "math82k"], task="math")
         con.close()
     if not MAKE_DEMO_DB.exists():

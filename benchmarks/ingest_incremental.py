@@ -96,11 +96,12 @@ def appended_in_process(first: Path, store: Path, log: Path, repeat: int) -> lis
     import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
+    from polytrace_cli.ingest.registry import declared_metric_names
 
     runs = []
     for _ in range(repeat + 1):
         shutil.copy(first, store)
-        con = open_store(store)
+        con = open_store(store, metric_names=declared_metric_names)
         started, cpu = time.perf_counter(), time.process_time()
         (report,) = ingest_paths(con, [log], format_name="verl-console")
         runs.append((time.perf_counter() - started, time.process_time() - cpu))
@@ -184,10 +185,11 @@ def _watched_store(store: Path, watched: Path, text: bytes, first_bytes: int):
     import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
+    from polytrace_cli.ingest.registry import declared_metric_names
 
     store.unlink(missing_ok=True)
     watched.write_bytes(text[:first_bytes])
-    con = open_store(store)
+    con = open_store(store, metric_names=declared_metric_names)
     ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
     with open(watched, "ab") as handle:
         handle.write(text[first_bytes:])

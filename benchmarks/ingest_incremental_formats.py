@@ -34,11 +34,12 @@ def timed_ingest(log: Path, store: Path, start_from: Path | None = None) -> tupl
     import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
     from polytrace_cli.ingest.runner import ingest_paths
     from polytrace_cli.store import open_store
+    from polytrace_cli.ingest.registry import declared_metric_names
 
     store.unlink(missing_ok=True)
     if start_from is not None:
         shutil.copy(start_from, store)
-    con = open_store(store)
+    con = open_store(store, metric_names=declared_metric_names)
     started, cpu = time.perf_counter(), time.process_time()
     (report,) = ingest_paths(con, [log])
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu

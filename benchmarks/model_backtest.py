@@ -19,6 +19,7 @@ from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.model import fit_model, read_workload, training_mask
 from polytrace_cli.simulate.backtest import _eligible, accuracy, backtest_run
 from polytrace_cli.store import open_store
+from polytrace_cli.ingest.registry import declared_metric_names
 from polytrace_cli.workload.presets import preset
 from polytrace_cli.workload.steplog import StepTimeModel, write_step_log
 from polytrace_cli.workload.synth import with_overrides
@@ -60,7 +61,7 @@ def fixed_form_step_accuracy(con, run: str) -> float | None:
 def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         db = Path(folder) / "bench.duckdb"
-        con = open_store(db)
+        con = open_store(db, metric_names=declared_metric_names)
         for name, (task, overrides, truth) in LOGS.items():
             lengths, base = preset(task)
             spec = with_overrides(base, **overrides)

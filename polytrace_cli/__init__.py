@@ -14,12 +14,6 @@ __all__ = ["Store", "__version__"]
 if TYPE_CHECKING:
     from polytrace_cli.facade import Store
 
-# The store generates its `steps` view from the formats' metric names, which the ingest layer (above the
-# store) declares: this names the function that returns them, so that no module imports a layer above
-# its own (store/catalog.py calls it).
-METRIC_NAMES_SOURCE = "polytrace_cli.ingest.registry:declared_metric_names"
-
-
 def __getattr__(name: str):
     if name == "Store":
         from polytrace_cli.facade import Store

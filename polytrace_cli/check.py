@@ -18,7 +18,7 @@ import polars as pl
 from polytrace_cli.analyze import filtering, imbalance, lengths, stages, tools
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange
 from polytrace_cli.analyze.registry import all_analyses
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "FAIL", "not measurable"
 

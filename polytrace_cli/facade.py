@@ -69,10 +69,13 @@ class Store:
         """Open (creating and migrating when needed) the store at `path`; by default, as the CLI,
         $POLYTRACE_DB or ./polytrace.duckdb. While another process holds it, retry for up to `wait`
         seconds; with upgrade=False, a read-only open of an older store is an error instead of an upgrade."""
+        from polytrace_cli.ingest.registry import declared_metric_names
         from polytrace_cli.store import open_store, resolve_db_path
 
         resolved = resolve_db_path(path)
-        return cls(open_store(resolved, read_only=read_only, wait=wait, upgrade=upgrade), resolved, read_only)
+        connection = open_store(resolved, read_only=read_only, wait=wait, upgrade=upgrade,
+                                metric_names=declared_metric_names)
+        return cls(connection, resolved, read_only)
 
     @classmethod
     def write_report(cls, path: str | Path | None = None, runs: Runs = None, out: str | Path = "reports",
@@ -404,7 +407,7 @@ class Store:
     def confined(self) -> Store:
         """This store with its connection locked to it: no file read or written, no extension loaded, as
         `polytrace query` runs SQL. Returns the store."""
-        from polytrace_cli.store.connection import confine
+        from polytrace_cli.store.sql import confine
 
         confine(self.connection)
         return self

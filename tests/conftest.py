@@ -14,7 +14,13 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
 
+from polytrace_cli.ingest.registry import declared_metric_names
 from polytrace_cli.store import open_store
+from polytrace_cli.store.catalog import hand_down
+
+# Tests open stores with `open_store` as well as `Store.open`: the store is handed the formats' metric names
+# as `Store.open` hands them.
+hand_down(declared_metric_names)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"

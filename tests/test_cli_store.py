@@ -116,7 +116,7 @@ def test_query_cannot_reach_outside_the_store(tmp_path):
         assert "error:" in result.output and "Traceback" not in result.output and "secret" not in result.output
     assert not written.exists() and not (tmp_path / "other.duckdb").exists()
     from polytrace_cli.store import open_store
-    from polytrace_cli.store.connection import confine
+    from polytrace_cli.store.sql import confine
 
     con = confine(open_store(db, read_only=True))
     try:

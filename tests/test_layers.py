@@ -1,14 +1,17 @@
-"""Imports run one way: no module imports from a layer above its own (docs/architecture.md, Layers)."""
+"""Imports run one way: no module imports from a layer above its own (docs/architecture.md, Layers), by any
+means: an import statement anywhere in the module, or a module named in a string (an `importlib` call)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "polytrace_cli"
 # Lowest first. A module may import its own package and the layers below it; packages side by side in a
 # layer know nothing of each other (ingesters know no analyses, analyses know no formats). The first layer
-# holds small shared modules, which may import one another.
+# holds small shared modules, which may import one another. The package root (`polytrace_cli/__init__.py`,
+# which hands out `Store`) is the top: nothing imports from it.
 LAYERS = [
     {"errors", "jsontext", "display", "lazy", "side_process", "plugins", "schemas"},
     {"store"},
@@ -20,28 +23,53 @@ LAYERS = [
     {"facade"},
     {"commands"},
     {"cli"},
+    {"__init__"},
 ]
+# A module named in a string: `polytrace_cli.<package>` followed by a dot, a colon or the string's end.
+_NAMED_MODULE = re.compile(r"^polytrace_cli\.([a-z_]+)(?:[.:][\w.:]*)?$")
 
 
 def _layer(name: str) -> int | None:
     return next((index for index, names in enumerate(LAYERS) if name in names), None)
 
 
+def _imported_tops(tree: ast.AST, package: Path) -> list[tuple[str, str, int]]:
+    """(top-level name, what was imported, line) for every reference to a polytrace module in the tree."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "polytrace_cli":
+                for alias in node.names:
+                    is_module = (package / alias.name).is_dir() or (package / f"{alias.name}.py").is_file()
+                    if alias.name != "__version__":  # the root's one constant, which needs nothing
+                        found.append((alias.name if is_module else "__init__", f"polytrace_cli.{alias.name}",
+                                      node.lineno))
+            elif node.module.startswith("polytrace_cli."):
+                found.append((node.module.split(".")[1], node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("polytrace_cli."):
+                    found.append((alias.name.split(".")[1], alias.name, node.lineno))
+                elif alias.name == "polytrace_cli":
+                    found.append(("__init__", alias.name, node.lineno))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _NAMED_MODULE.match(node.value.strip())
+            if match:
+                found.append((match.group(1), node.value.strip(), node.lineno))
+    return found
+
+
 def _upward_imports(package: Path = PACKAGE) -> list[tuple[str, str, int]]:
     found = []
     for path in sorted(package.rglob("*.py")):
         top = path.relative_to(package).parts[0].removesuffix(".py")
-        if top == "__init__":  # the package root hands out `Store` lazily
-            continue
         own = _layer(top)
         assert own is not None, f"{path.relative_to(package)} is in no layer: add it to LAYERS"
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("polytrace_cli."):
-                name = node.module.split(".")[1]
-                target = _layer(name)
-                sideways = target == own and name != top and own > 0
-                if target is not None and (target > own or sideways):
-                    found.append((str(path.relative_to(package)), node.module, node.lineno))
+        for name, imported, line in _imported_tops(ast.parse(path.read_text()), package):
+            target = _layer(name)
+            sideways = target == own and name != top and own > 0
+            if target is not None and (target > own or sideways):
+                found.append((str(path.relative_to(package)), imported, line))
     return found
 
 
@@ -55,5 +83,23 @@ def test_the_check_sees_an_upward_import(tmp_path):
     (tmp_path / "analyze" / "stages.py").write_text(
         "def stages(con):\n    from polytrace_cli.ingest import run_metadata\n    return run_metadata\n")
     (tmp_path / "store").mkdir()
-    (tmp_path / "store" / "catalog.py").write_text("from polytrace_cli.store.connection import fetch_first\n")
+    (tmp_path / "store" / "catalog.py").write_text("from polytrace_cli.store.sql import fetch_first\n")
     assert _upward_imports(tmp_path) == [("analyze/stages.py", "polytrace_cli.ingest", 2)]
+
+
+def test_the_check_sees_every_other_way_up(tmp_path):
+    # A name the package root holds, a plain `import`, and a module named in a string for importlib.
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "__init__.py").write_text("")
+    (tmp_path / "store" / "catalog.py").write_text(
+        "import importlib\n"
+        "from polytrace_cli import NAMES\n"
+        "import polytrace_cli.ingest.registry\n"
+        "SOURCE = 'polytrace_cli.ingest.registry:declared_metric_names'\n"
+        "def names():\n    return importlib.import_module('polytrace_cli.ingest.registry')\n")
+    assert _upward_imports(tmp_path) == [
+        ("store/catalog.py", "polytrace_cli.NAMES", 2),
+        ("store/catalog.py", "polytrace_cli.ingest.registry", 3),
+        ("store/catalog.py", "polytrace_cli.ingest.registry:declared_metric_names", 4),
+        ("store/catalog.py", "polytrace_cli.ingest.registry", 6),
+    ]

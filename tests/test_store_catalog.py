@@ -137,3 +137,27 @@ def test_a_lake_reads_with_the_codes_aliases_not_those_it_was_written_with(verl_
         assert lake.execute("SELECT step, gen_s FROM steps ORDER BY step").fetchall() == [(1, 12.5), (2, 14.0), (3, None)]
     finally:
         lake.close()
+
+
+def test_the_store_asks_for_the_names_handed_down_and_says_so_when_none_were(tmp_path):
+    # In a fresh process that has loaded no format: `open_store` alone has no names to build the steps view
+    # from (a one-line error), and `Store.open` hands the ingest registry's down.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from polytrace_cli.errors import StoreError\n"
+        "from polytrace_cli.store import open_store\n"
+        "try:\n"
+        "    open_store(sys.argv[1])\n"
+        "except StoreError as error:\n"
+        "    print('refused:', error)\n"
+        "from polytrace_cli import Store\n"
+        "with Store.open(sys.argv[1]) as store:\n"
+        "    print('columns:', len(store.connection.execute('DESCRIBE steps').fetchall()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "s.duckdb")], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out[0] == "refused: the store was given no metric names: open it with polytrace_cli.Store.open"
+    assert out[1] == f"columns: {3 + len(STEP_COLUMNS) + 5}"

@@ -52,7 +52,7 @@ from polytrace_cli.ingest.runner import (
     record_failures,
     reject_whole_file,
 )
-from polytrace_cli.store.connection import fetch_first, rollback
+from polytrace_cli.store.sql import fetch_first, rollback
 
 # Files per Ray task: enough tasks to keep every worker busy (and balance uneven files), few enough
 # that the per-task cost (scheduling, a private store per worker) stays small.

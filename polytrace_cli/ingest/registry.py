@@ -13,6 +13,7 @@ from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.files import is_log_like
+from polytrace_cli.store.catalog import hand_down
 
 SNIFF_BYTES = 64 * 1024
 
@@ -26,12 +27,11 @@ ENTRY_POINT_GROUP = "polytrace.formats"
 
 
 def metric_name_modules() -> list[str]:
-    """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
+    """The modules `ingest/formats/<framework>/names.py` that declare a built-in framework's metric names
     (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
     view against them without loading every format (see `declared_metric_names`)."""
-    here = Path(__file__).parent
-    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(here.glob("*_names.py"))] + [
-        f"polytrace_cli.ingest.formats.{path.parent.name}.names" for path in sorted(here.glob("formats/*/names.py"))]
+    formats = Path(__file__).parent / "formats"
+    return [f"polytrace_cli.ingest.formats.{path.parent.name}.names" for path in sorted(formats.glob("*/names.py"))]
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
@@ -104,9 +104,14 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     return _merged_names(sources)
 
 
+# The store generates its `steps` view from these names; loading the registry hands them down, so that every
+# store this process opens (also with `store.open_store`) knows the formats it ingests.
+hand_down(declared_metric_names)
+
+
 def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
-    `declared_metric_names` when each built-in framework's names sit in an `ingest/<framework>_names.py` module."""
+    `declared_metric_names` when each built-in framework's names sit in its `ingest/formats/<framework>/names.py`."""
     return _merged_names([(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes))
                           for i in all_ingesters()])
 

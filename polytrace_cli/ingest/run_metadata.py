@@ -13,7 +13,7 @@ import re
 
 import duckdb
 
-from polytrace_cli.store.connection import fold_added_rows
+from polytrace_cli.store.sql import fold_added_rows
 
 # Hydra overrides on a verl command line, and the meta key each one fills.
 VERL_OVERRIDES: dict[str, str] = {

@@ -37,7 +37,8 @@ from polytrace_cli.ingest.registry import (
 )
 from polytrace_cli.ingest.unchanged import StoredFile, is_unchanged, reads_the_same, stored_file, stored_files
 from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL
-from polytrace_cli.store.connection import fetch_first, rollback, stops_the_store
+from polytrace_cli.store.connection import stops_the_store
+from polytrace_cli.store.sql import fetch_first, rollback
 
 # Folder names that say what a folder holds rather than which run it is.
 GENERIC_FOLDERS = {

@@ -44,7 +44,7 @@ import polars as pl
 
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
 MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
@@ -129,7 +129,7 @@ def run_info(con: duckdb.DuckDBPyConnection, run: str | int) -> RunInfo:
     from polytrace_cli.store.queries import run_ids
 
     run_id = run if isinstance(run, int) else run_ids(con, [run])[0]
-    from polytrace_cli.store.connection import fetch_first
+    from polytrace_cli.store.sql import fetch_first
 
     row = fetch_first(con, "SELECT name, meta FROM runs WHERE run_id = ?", [run_id])
     if row is None:

@@ -22,15 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli import side_process
+from polytrace_cli.report.folder import check_report_name
 
 if TYPE_CHECKING:
     import duckdb
-
-
-def check_report_name(name: str | None) -> None:
-    """Refuse a report folder name that is not a plain folder name."""
-    if name is not None and (not name.strip() or "/" in name or name in {".", ".."}):
-        raise PolytraceError(f"--name must be a plain folder name, not {name!r}")
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.numbers import ReportNumbers, compute_numbers, first_line
 from polytrace_cli.report.painting import paint_all
 from polytrace_cli.analyze.shared_frames import once_per_report
-from polytrace_cli.report.store_report import check_report_name
+from polytrace_cli.report.folder import check_report_name
 
 # Where a report takes the numbers beside its figures from: (con, run_ids, steps) -> ReportNumbers.
 NumbersSource = Callable[[duckdb.DuckDBPyConnection, list[int], StepRange], ReportNumbers]

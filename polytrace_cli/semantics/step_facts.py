@@ -25,7 +25,7 @@ import weakref
 import duckdb
 
 from polytrace_cli.store.catalog import declared_catalog, declared_names, validation_key_sql
-from polytrace_cli.store.connection import fold_added_rows, whole_row_groups
+from polytrace_cli.store.sql import fold_added_rows, whole_row_groups
 from polytrace_cli.store.migrations import DERIVED_TABLES  # noqa: F401  (the tables `refresh` keeps)
 
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 
 import duckdb
+
+from polytrace_cli.errors import StoreError
 
 # The `steps` view's canonical columns, in order. Analyses read the stage columns (the names ending in
 # `_s`) from the view, not from a list of their own. A new column is its name here plus a format's
@@ -76,15 +79,25 @@ LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
 """
 
 
+# What returns the formats' metric names, (aliases, validation prefixes): the store knows no format, so the
+# layer that does hands its function down (`Store.open`, and the ingest registry as it loads).
+MetricNamesSource = Callable[[], tuple[dict[str, str], tuple[str, ...]]]
+_NAMES_SOURCE: MetricNamesSource | None = None
+
+
+def hand_down(source: MetricNamesSource) -> None:
+    """Make `source` the function the store asks for the formats' metric names from now on (in this
+    process; a forked child keeps it)."""
+    global _NAMES_SOURCE
+    _NAMES_SOURCE = source
+
+
 def declared_names() -> tuple[dict[str, str], tuple[str, ...]]:
-    """(aliases, validation prefixes): what the function the package root names in
-    `METRIC_NAMES_SOURCE` returns from the formats' declarations."""
-    import importlib
-
-    from polytrace_cli import METRIC_NAMES_SOURCE
-
-    module, function = METRIC_NAMES_SOURCE.split(":")
-    return getattr(importlib.import_module(module), function)()
+    """(aliases, validation prefixes): what the source handed down (`hand_down`) returns from the formats'
+    declarations, asked again at each call so that an edited declaration reaches the next open."""
+    if _NAMES_SOURCE is None:
+        raise StoreError("the store was given no metric names: open it with polytrace_cli.Store.open")
+    return _NAMES_SOURCE()
 
 
 def declared_catalog() -> tuple[dict[str, str], str, str]:

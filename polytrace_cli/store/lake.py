@@ -401,7 +401,7 @@ def manifest_problem(manifest: object) -> str | None:
 def polytrace_views() -> dict[str, str]:
     """This polytrace's own views (name -> CREATE VIEW statement), read from an empty store built by
     its migrations."""
-    from polytrace_cli.store.connection import connect_duckdb
+    from polytrace_cli.store.sql import connect_duckdb
     from polytrace_cli.store.migrations import migrate
 
     con = connect_duckdb()
@@ -420,7 +420,7 @@ def open_lake(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     names the manifest lists. The connection is confined (`confine`) with only the lake's listed
     Parquet files readable.
     """
-    from polytrace_cli.store.connection import confine, connect_duckdb
+    from polytrace_cli.store.sql import confine, connect_duckdb
 
     root = Path(path)
     manifest = read_manifest(root)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 if TYPE_CHECKING:
     import polars as pl

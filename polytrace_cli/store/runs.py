@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store.connection import rollback
+from polytrace_cli.store.sql import rollback
 from polytrace_cli.store.migrations import DERIVED_TABLES
 from polytrace_cli.store.queries import run_ids
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 FORMATS = ("polytrace-json", "packed")
 

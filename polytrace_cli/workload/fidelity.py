@@ -34,7 +34,7 @@ from scipy import stats
 from polytrace_cli.workload.distributions import LengthModel, load_own, read_params_json
 from polytrace_cli.workload.synth import WorkloadSpec, synthesize
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 KS_TARGET = 0.05
 P99_TARGET = 0.10

@@ -29,7 +29,7 @@ import polars as pl
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.runner import ingest_paths
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step")
 

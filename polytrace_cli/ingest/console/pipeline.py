@@ -41,7 +41,7 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_prob
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
 from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments, lone_line_segment
-from polytrace_cli.store.connection import whole_row_groups
+from polytrace_cli.store.sql import whole_row_groups
 
 # Kinds of line that are not noise.
 METRIC, DIRTY, ENCODING = "metric", "dirty", "encoding"

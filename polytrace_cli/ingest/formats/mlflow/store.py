@@ -35,7 +35,7 @@ from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, fra
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.step_rows import store_step_rows
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 METRIC_LINE = r"^\s*(-?\d+)\s+(\S+)\s+(-?\d+)\s*$"
 SQLITE_HEADER = b"SQLite format 3\x00"

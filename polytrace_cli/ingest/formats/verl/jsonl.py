@@ -42,7 +42,7 @@ from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, s
 from polytrace_cli.ingest.formats.verl import names as verl_names
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 from polytrace_cli.semantics.step_timers import step_time_inclusion
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
