@@ -24,7 +24,7 @@ from pathlib import Path
 
 from polytrace_cli.diagnose import explain_run
 from polytrace_cli.diagnose.against import explain_against
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.ingest.registry import declared_metric_names
 from polytrace_cli.workload.presets import preset

@@ -44,7 +44,7 @@ MAKE_DEMO_DB = OUT / "make_demo" / "demo.duckdb"
 def build_stores() -> None:
     """The demo store, the 82k-response store and the `make demo` store (each skipped when it exists)."""
     sys.path.insert(0, str(ROOT))
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
     from polytrace_cli.store import open_store
     from polytrace_cli.ingest.registry import declared_metric_names
     from polytrace_cli.workload.presets import PRESETS, preset

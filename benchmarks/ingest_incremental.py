@@ -94,7 +94,7 @@ def appended_in_process(first: Path, store: Path, log: Path, repeat: int) -> lis
     `repeat` times, in this process (a first, untimed run loads polars, DuckDB and the ingesters; CPU
     counts every thread of the process)."""
     import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
     from polytrace_cli.store import open_store
     from polytrace_cli.ingest.registry import declared_metric_names
 
@@ -183,7 +183,7 @@ def _watched_store(store: Path, watched: Path, text: bytes, first_bytes: int):
     """A new store at `store`, kept open, holding the log `watched` read at its first `first_bytes` of
     `text`; the rest of `text` is then appended to the log."""
     import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
     from polytrace_cli.store import open_store
     from polytrace_cli.ingest.registry import declared_metric_names
 
@@ -198,7 +198,7 @@ def _watched_store(store: Path, watched: Path, text: bytes, first_bytes: int):
 
 def _read_growth(con, watched: Path) -> None:
     """Read the log's growth as `polytrace watch` does; exits unless it was appended."""
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
 
     (report,) = ingest_paths(con, [watched], format_name="verl-console", complete_lines=True, batch=False)
     if report.status != "appended":

@@ -32,7 +32,7 @@ def timed_ingest(log: Path, store: Path, start_from: Path | None = None) -> tupl
     """(status, wall s, CPU s) of `ingest_paths` of `log` into `store`: a new store, or a copy of
     `start_from`."""
     import polytrace_cli.ingest.formats  # noqa: F401  (the ingesters register on import)
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
     from polytrace_cli.store import open_store
     from polytrace_cli.ingest.registry import declared_metric_names
 

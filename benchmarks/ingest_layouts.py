@@ -191,13 +191,13 @@ def show(name: str, mb: float, result: dict) -> None:
 # Phases of one ingest, as the functions that carry them out (cumulative seconds under cProfile).
 PHASES = [
     ("walk the folder", "files.py", "walk"),
-    ("sniff each file (read and hash: a thread)", "runner.py", "_batch_member"),
-    ("skip unchanged files", "runner.py", "_drop_unchanged"),
-    ("typed read into the table, strict decoding", "runner.py", "_store_batch_direct"),
+    ("sniff each file (read and hash: a thread)", "batch.py", "batch_member"),
+    ("skip unchanged files", "batch.py", "_drop_unchanged"),
+    ("typed read into the table, strict decoding", "batch.py", "_store_batch_direct"),
     ("  of which the read and INSERT (DuckDB)", "jsonl.py", "insert_typed_rows"),
     ("batch read into records (DuckDB), decoding", "jsonl.py", "load_batch_records"),
-    ("write rows from records, files rows, commit", "runner.py", "_store_batch"),
-    ("decide the runs' semantics", "runner.py", "decide_semantics"),
+    ("write rows from records, files rows, commit", "batch.py", "_store_batch"),
+    ("decide the runs' semantics", "driver.py", "decide_semantics"),
     ("open and close the store (checkpoint)", "ingest.py", "_ingest_into_store"),
 ]
 
@@ -220,7 +220,7 @@ def where_time_goes(folder: Path) -> None:
     for label, file_name, function in PHASES:
         seconds = cumulative(file_name, function)
         if function == "_ingest_into_store":
-            seconds -= cumulative("runner.py", "ingest_paths")
+            seconds -= cumulative("driver.py", "ingest_paths")
         if not label.startswith(" "):
             accounted += seconds
         print(f"    {label:44s} {seconds:6.2f} s")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import fit_model, read_workload, training_mask
 from polytrace_cli.simulate.backtest import _eligible, accuracy, backtest_run
 from polytrace_cli.store import open_store

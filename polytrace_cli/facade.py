@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from polytrace_cli.diagnose.against import Comparison
     from polytrace_cli.ingest.files import FileHashes
     from polytrace_cli.ingest.ray_engine import RaySettings
-    from polytrace_cli.ingest.runner import FileReport
+    from polytrace_cli.ingest.ledger import FileReport
     from polytrace_cli.simulate import BacktestResult, WhatIfResult
     from polytrace_cli.watch import WatchResult, WatchSettings
 
@@ -129,7 +129,7 @@ class Store:
         options = {"run_name": run, "task": task, "format_name": format, "on_file": on_file, "hashes": hashes}
         with counting_tokens_with(loaded):
             if ray is None:
-                from polytrace_cli.ingest.runner import ingest_paths
+                from polytrace_cli.ingest.driver import ingest_paths
 
                 return ingest_paths(self.connection, targets, **options)
             from polytrace_cli.ingest.ray_engine import ingest_paths_ray

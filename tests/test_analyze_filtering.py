@@ -10,7 +10,7 @@ import pytest
 from polytrace_cli.analyze import filtering
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.analyze.registry import all_analyses
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 
 

@@ -13,7 +13,7 @@ from polytrace_cli.analyze import fit
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.workload.distributions import load_params
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 from tests.test_analyze_lengths import add_run, add_samples, ids_of
 

@@ -10,7 +10,7 @@ from scipy import stats
 
 from polytrace_cli.analyze import lengths
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 
 

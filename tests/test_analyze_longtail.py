@@ -9,7 +9,7 @@ import pytest
 
 from polytrace_cli.analyze import longtail
 from polytrace_cli.analyze.common import StepRange
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 from tests.test_analyze_lengths import add_run, add_samples, add_step_metrics, ids_of
 

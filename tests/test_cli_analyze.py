@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 from tests.conftest import need_real_data
 from tests.test_analyze_lengths import add_run, add_samples

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from conftest import copy_store
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.registry import get_ingester
+from polytrace_cli.ingest.sniffing import get_ingester
 
 runner = CliRunner()
 

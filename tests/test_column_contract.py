@@ -202,7 +202,7 @@ DETAIL_FRAMES = [
 
 @pytest.fixture(scope="module")
 def sample_store(tmp_path_factory):
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
 
     samples = PROJECT_ROOT / "sample_logs"
     if not (samples / "math").exists():

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose import CAUSES, explain_run
 from polytrace_cli.diagnose.findings import cadence
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from test_model import ingest_known, write_known_log
 from conftest import need_real_data
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import Side, compare_sides, explain_against
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import StageFit, StepTimeModel as FittedModel
 from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store

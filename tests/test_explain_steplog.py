@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose import explain_run
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("polytrace_cli.workload.steplog") is None,
                                 reason="the verl step-log generator is not in this tree")

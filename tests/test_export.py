@@ -9,7 +9,7 @@ import pytest
 
 from polytrace_cli.workload.export import export_run
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 
 SAMPLE_KEY = "step, dp_rank, prompt_idx, sample_idx, prompt_len, response_len"

@@ -9,7 +9,7 @@ import pytest
 
 from polytrace_cli.workload.fidelity import compare_lengths, fidelity, read_params, run_lengths, run_shape
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import fit_forecaster, fit_model, forecast_next, read_workload, training_mask
 from polytrace_cli.model.forecast import RECENT_STEPS, fit_line, level_shift
 from polytrace_cli.simulate import backtest_run

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.semantics.record import FIELDS
 from polytrace_cli.workload.distributions import LengthModel, Marginal

@@ -14,7 +14,7 @@ from conftest import copy_store
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.registry import _REGISTRY
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 GOOD = ('{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": %d, "input": 10, "output": [5, 6], '
         '"n_sampling": 2, "validate": false}')

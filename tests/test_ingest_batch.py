@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_store
-from polytrace_cli.ingest import jsonl, runner
+from polytrace_cli.ingest import batch as batching
+from polytrace_cli.ingest import jsonl
 from polytrace_cli.ingest.base import file_owned_tables
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 
 
@@ -83,16 +84,16 @@ def batch_reads(monkeypatch) -> list[int]:
         sizes.append(len(paths))
         return insert(con, paths, ingester)
 
-    monkeypatch.setattr(runner, "load_batch_records", counting)
-    monkeypatch.setattr(runner, "insert_typed_rows", counting_insert)
+    monkeypatch.setattr(batching, "load_batch_records", counting)
+    monkeypatch.setattr(batching, "insert_typed_rows", counting_insert)
     return sizes
 
 
 @pytest.fixture(params=["as text lines", "as JSON records"])
 def read_kind(request, monkeypatch) -> str:
     """Each test runs with batches read both ways (the choice is by the files' mean size)."""
-    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 1 << 40 if request.param == "as text lines" else 0)
-    monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0)  # decoded beside the read, as large batches are
+    monkeypatch.setattr(batching, "BATCH_JSON_MIN_MEAN_BYTES", 1 << 40 if request.param == "as text lines" else 0)
+    monkeypatch.setattr(batching, "BATCH_OVERLAP_MIN_BYTES", 0)  # decoded beside the read, as large batches are
     return request.param
 
 
@@ -160,7 +161,7 @@ def test_a_large_file_that_is_not_utf8_is_found_by_splitting_the_batch(store, tm
     paths = write_run(tmp_path / "run_c", steps=20)
     latin = paths[11]
     good = "".join(packed_line(11, index) + "\n" for index in range(1, 600))
-    assert len(good) > runner.BATCH_TEXT_KEEP_BYTES
+    assert len(good) > batching.BATCH_TEXT_KEEP_BYTES
     latin.write_bytes((packed_line(11, 0) + "\n").encode() + b'{"note": "caf\xe9"}\n' + good.encode())
     reports = ingest_paths(store, [tmp_path / "run_c"])
     assert not any(r.failed for r in reports)
@@ -249,7 +250,7 @@ def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_pat
                                                                           step, output, json_read):
     """Whichever way a batch is read, an odd line is stored as its values or its file is read alone
     and the line rejected with the code `value_problem` gives (checks aside)."""
-    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0 if json_read else 1 << 40)
+    monkeypatch.setattr(batching, "BATCH_JSON_MIN_MEAN_BYTES", 0 if json_read else 1 << 40)
     folder = tmp_path_factory.mktemp("agree") / "run"
     folder.mkdir()
     record = {"step": step, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 10, "output": output,
@@ -330,13 +331,13 @@ def test_files_the_strict_decoder_refuses_are_stored_as_file_by_file_ingest_stor
     typed batch read and is loaded alone; when more than a quarter of the files are such, the whole
     batch is read as JSON text and checked (decoded first, without a typed read). Either way the
     store is the file-by-file store."""
-    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
-    monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0 if overlap else 1 << 40)
+    monkeypatch.setattr(batching, "BATCH_JSON_MIN_MEAN_BYTES", 0)
+    monkeypatch.setattr(batching, "BATCH_OVERLAP_MIN_BYTES", 0 if overlap else 1 << 40)
     typed_reads = []
     typed, insert = jsonl._create_typed_from_json, jsonl.insert_typed_rows
     monkeypatch.setattr(jsonl, "_create_typed_from_json",
                         lambda con, paths, *args, **kw: typed_reads.append(len(paths)) or typed(con, paths, *args, **kw))
-    monkeypatch.setattr(runner, "insert_typed_rows",
+    monkeypatch.setattr(batching, "insert_typed_rows",
                         lambda con, paths, ingester: typed_reads.append(len(paths)) or insert(con, paths, ingester))
     paths = write_run(tmp_path / "run_c")[:24]
     paths[23].write_text(paths[23].read_text() + packed_line(23, 9)[:-2] + "\n")  # and a line that is not JSON
@@ -389,11 +390,11 @@ def test_packed_files_read_straight_into_their_table_store_what_file_by_file_ing
     required field, failing a check (no response, a negative length) or refused by the strict decoder has
     its rows deleted before the commit and is read alone; a file of blank lines and a file that replaces
     its earlier version are stored by the batch. Both stores match, before and after the change."""
-    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
-    monkeypatch.setattr(runner, "BATCH_OVERLAP_MIN_BYTES", 0)
+    monkeypatch.setattr(batching, "BATCH_JSON_MIN_MEAN_BYTES", 0)
+    monkeypatch.setattr(batching, "BATCH_OVERLAP_MIN_BYTES", 0)
     direct, table_writes = [], []
     insert = jsonl.insert_typed_rows
-    monkeypatch.setattr(runner, "insert_typed_rows",
+    monkeypatch.setattr(batching, "insert_typed_rows",
                         lambda con, paths, ingester: direct.append(len(paths)) or insert(con, paths, ingester))
     paths = write_run(tmp_path / "run_g", steps=12)[:12]
     odd = {2: packed_line(2, 0) + "\n" + '{"step": 2, "input": 3}' + "\n",  # no output

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import copy_store, store_snapshot
 from polytrace_cli.ingest.console import reading
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 
 def _ingest_one(store, path: Path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "verl" / "console_fixes"
 

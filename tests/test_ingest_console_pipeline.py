@@ -89,7 +89,7 @@ def test_a_step_printed_in_canonical_form_is_the_step_the_shared_rule_reads():
 
 @pytest.mark.parametrize("first_step, flags", [(1, []), (3, [(3, "resumed")])])
 def test_a_log_of_one_segment_gets_only_its_resumed_flag(tmp_path, first_step, flags):
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
     from polytrace_cli.store import open_store
 
     log = tmp_path / "run" / "train.log"

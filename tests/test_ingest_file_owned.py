@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from polytrace_cli.ingest.base import file_owned_tables
-from polytrace_cli.ingest.runner import delete_file_rows
+from polytrace_cli.ingest.ledger import delete_file_rows
 
 KNOWN_FILE_OWNED = {
     "sample_rows", "sample_groups", "turns", "tool_calls", "rank_timings", "filter_batches",

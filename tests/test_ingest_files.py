@@ -90,7 +90,7 @@ import pytest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from polytrace_cli.cli import app  # noqa: E402
-from polytrace_cli.ingest.runner import ingest_paths  # noqa: E402
+from polytrace_cli.ingest.driver import ingest_paths  # noqa: E402
 
 REWARD_LINES = b"".join(b'{"step": %d, "rank": 0, "reward_time_s": 1.5}\n' % step for step in (1, 2, 3)) + b"\n"
 

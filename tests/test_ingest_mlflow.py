@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 pytest.importorskip("mlflow")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from polytrace_cli.ingest.runner import derive_run, ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
+from polytrace_cli.ingest.ledger import derive_run
 from tests.conftest import need_real_data
 
 

@@ -19,7 +19,7 @@ from polytrace_cli.ingest import jsonl
 from polytrace_cli.ingest.formats.polytrace.multiturn import SPEC as MULTITURN_SPEC
 from polytrace_cli.ingest.formats.polytrace.packed import SPEC as PACKED_SPEC
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, duckdb_type, strict_file_records, strict_records, value_problem
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 
 _EDGES = [2**15, -(2**15) - 1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, -(2**63) - 1]
@@ -108,9 +108,9 @@ def _trajectory(step: int, sample: int, completion) -> str:
 @pytest.fixture
 def json_text_reads(monkeypatch) -> list:
     """The specs read as JSON text and checked (`_create_checked`), which is made to fail."""
-    from polytrace_cli.ingest import runner
+    from polytrace_cli.ingest import batch as batching
 
-    monkeypatch.setattr(runner, "BATCH_JSON_MIN_MEAN_BYTES", 0)
+    monkeypatch.setattr(batching, "BATCH_JSON_MIN_MEAN_BYTES", 0)
     calls = []
 
     def refuse(*args, **kwargs):

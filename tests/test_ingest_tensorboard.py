@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 pytest.importorskip("tensorboard")
 

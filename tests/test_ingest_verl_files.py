@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.base import counting_tokens_with
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verl"
 
@@ -66,7 +66,7 @@ def test_file_logger_pairs_keep_their_order_lists_objects_and_a_key_written_twic
 
 
 def test_file_logger_sniffing_accepts_either_key_order(tmp_path):
-    from polytrace_cli.ingest.registry import detect
+    from polytrace_cli.ingest.sniffing import detect
 
     for first in ('{"step": 1, "data": {"a": 1}}', '{"data": {"a": 1}, "step": 1}'):
         path = tmp_path / "log.jsonl"
@@ -116,7 +116,7 @@ def test_tokenizer_counts_replace_the_character_estimate(store, monkeypatch):
 
 @pytest.mark.parametrize("name", ["7.jsonl", "12.jsonl"])
 def test_rollout_sniffing_needs_step_file_name_and_text_fields(tmp_path, name):
-    from polytrace_cli.ingest.registry import detect
+    from polytrace_cli.ingest.sniffing import detect
 
     path = tmp_path / name
     path.write_text('{"input": "p", "output": "r", "score": 1.0, "step": 1}\n')

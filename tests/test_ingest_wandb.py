@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "wandb"
 RUN_FOLDER = FIXTURES / "wandb" / "run-20250518_123456-abc123xy"

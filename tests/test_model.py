@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import fit_model, read_workload, training_mask
 
 TRUE = {

@@ -9,7 +9,7 @@ import pytest
 
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.analyze.per_step import COLUMNS, per_step
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store.queries import run_ids
 from tests.conftest import need_real_data
 

@@ -163,7 +163,7 @@ def test_ray_option_errors_are_one_line(tmp_path, monkeypatch):
 def test_ray_stores_what_the_local_ingest_stores_in_batches(tmp_path, monkeypatch):
     """Consecutive small step files, which the local ingest reads in all-or-nothing batches, and the
     same files parsed one by one as Ray tasks end in the same store."""
-    from polytrace_cli.ingest import runner as local_runner
+    from polytrace_cli.ingest import batch as batching
 
     folder = tmp_path / "logs"
     _ok("synth", "--task", "math", "--out", folder / "steps", "--num-steps", 12, "--batch", 4, "--n", 2,
@@ -171,13 +171,13 @@ def test_ray_stores_what_the_local_ingest_stores_in_batches(tmp_path, monkeypatc
     step_files = sorted((folder / "steps").glob("packed_lengths_step_*.jsonl"))
     assert len(step_files) == 12
     batched = []
-    store_batch = local_runner._store_batch
+    store_batch = batching._store_batch
 
     def counting_store_batch(con, members, *args):
         batched.append(len(members))
         return store_batch(con, members, *args)
 
-    monkeypatch.setattr(local_runner, "_store_batch", counting_store_batch)
+    monkeypatch.setattr(batching, "_store_batch", counting_store_batch)
     local, on_ray = tmp_path / "local.duckdb", tmp_path / "ray.duckdb"
     local_reports = json.loads(_ok("ingest", folder, "--db", local, "--json").stdout)
     assert sum(batched) >= 12  # every step file went in through a batch

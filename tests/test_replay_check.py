@@ -6,7 +6,7 @@ import pytest
 
 from polytrace_cli.workload.replay import STAGES, compare_runs, load_log, replay_check
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.registry import get_ingester
+from polytrace_cli.ingest.sniffing import get_ingester
 
 FORMAL = {"gen": 100.0, "reward": 20.0, "old_log_prob": 10.0, "ref": 8.0, "adv": 0.5, "update_actor": 40.0,
           "step": 180.0}

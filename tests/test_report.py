@@ -17,7 +17,7 @@ from conftest import PROJECT_ROOT, need_real_data
 from polytrace_cli.analyze.common import ALL_STEPS
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.report.figures import FIGURE_MODULES, figure_modules
 from polytrace_cli.report.figures.base import Omitted
 from polytrace_cli.report.writer import build_report, default_name

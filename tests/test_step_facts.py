@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.semantics import step_facts
 from polytrace_cli.semantics import record as semantics

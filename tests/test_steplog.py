@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.workload.steplog import (
     CAUSES, STAGES, Injection, StepTimeModel, console_text, jsonl_text, parse_injection, step_table, write_step_log,

@@ -252,7 +252,7 @@ def test_the_command_lines_report_upgrades_an_older_store(tmp_path):
     import sys
 
     from conftest import PROJECT_ROOT
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
 
     db = tmp_path / "old.duckdb"
     con = duckdb.connect(str(db))
@@ -279,7 +279,7 @@ def test_the_command_lines_report_upgrades_an_older_store(tmp_path):
 def test_a_store_from_before_file_run_meta_keeps_its_runs_meta_as_the_first_fold(tmp_path):
     """Upgrading keeps each run's meta as one row without a file, folded before the files read later: a
     file read into the run adds its facts, and a fact only the old meta had stays."""
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
 
     db = tmp_path / "old.duckdb"
     con = duckdb.connect(str(db))

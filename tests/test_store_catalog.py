@@ -11,8 +11,9 @@ import pytest
 
 from polytrace_cli.ingest.formats.openrlhf import names as openrlhf_names
 from polytrace_cli.ingest.formats.verl import names as verl_names
-from polytrace_cli.ingest.registry import declared_metric_names, registered_metric_names
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.registry import declared_metric_names
+from polytrace_cli.ingest.sniffing import registered_metric_names
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.store.catalog import STEP_COLUMNS, catalog_is_current
 

@@ -13,7 +13,7 @@ from polytrace_cli.workload.distributions import GaussianMixture2D, LengthModel,
 from polytrace_cli.workload.presets import preset
 from polytrace_cli.workload.synth import WorkloadSpec, drift_factor, synthesize
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from tests.conftest import need_real_data
 
 

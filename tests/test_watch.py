@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from conftest import need_real_data, store_snapshot
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
 from polytrace_cli.watch import WatchSettings, watch_log

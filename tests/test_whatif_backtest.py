@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.simulate import accuracy, backtest_run
 from test_model import TRUE, _stage_seconds, write_known_log
 

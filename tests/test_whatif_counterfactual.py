@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.simulate import whatif_run
 from polytrace_cli.workload.presets import preset
 from polytrace_cli.workload.steplog import StepTimeModel, write_step_log

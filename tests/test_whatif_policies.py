@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.simulate import parse_policy, whatif_run
 from polytrace_cli.simulate.lengths import fitted_lengths
 from test_model import TRUE, write_known_log

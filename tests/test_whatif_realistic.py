@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.simulate import backtest_run, whatif_run
 from polytrace_cli.store import open_store
 from polytrace_cli.workload.presets import preset

@@ -18,7 +18,7 @@ from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
 
 if TYPE_CHECKING:
-    from polytrace_cli.ingest.runner import FileReport
+    from polytrace_cli.ingest.ledger import FileReport
 
 
 SUMMARY_COLUMNS = ["file", "run", "format", "status", "lines", "rows", "ignored", "rejected", "seconds", "MB/s"]
@@ -181,7 +181,7 @@ def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
     """List the input formats polytrace recognises, in sniffing order."""
     import polars as pl
 
-    from polytrace_cli.ingest.registry import all_ingesters
+    from polytrace_cli.ingest.sniffing import all_ingesters
 
     frame = pl.DataFrame(
         {

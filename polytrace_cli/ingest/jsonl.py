@@ -20,7 +20,7 @@ refuses takes the paths above, which decide by the project's rule.
 
 `load_batch_records` reads many small files of one format in one `read_json` call, typed, while
 the strict decoder reads the same files in another thread; a file the decoder refuses, and any
-file with a bad line, is left to the per-file paths above (see `runner`). A format whose records
+file with a bad line, is left to the per-file paths above (see `batch`). A format whose records
 are each one row of one table (`BulkJsonlIngester.row_table`) is read so straight into that table
 instead (`insert_typed_rows`) and checked there (`create_stored_keyed`, `stored_counts`).
 """
@@ -771,7 +771,7 @@ class BulkJsonlIngester(JsonlTraceIngester):
     Subclasses give `spec`, `required` and `checks` (see `load_records`) and write their rows from
     the view `keyed`: the table `records` with each record's `file_id`, `run_id` and `file_rank`
     (the rank a file's name gives, else NULL). The same SQL serves one file (`load`) and a batch
-    of files (`runner`), so both store the same rows.
+    of files (`batch`), so both store the same rows.
     """
 
     spec: ClassVar[Spec]

@@ -5,7 +5,7 @@ The shape, and why it stores exactly what the local ingest stores:
 - The driver walks the paths and sniffs each file's format. A file whose stored version has the
   same format, size, parser version, read options and sha256 is unchanged and is not dispatched;
   files the tasks cannot take (unknown format, unreadable, compressed, a text to rewrite) are left to the local
-  ingest's own `runner.ingest_one`, on the driver.
+  ingest's own `driver.ingest_one`, on the driver.
 - The remaining files go to Ray tasks in batches. A task runs the local ingester
   (`runner.ingest_file`) for each of its files into a private in-memory store (the same schema,
   with a placeholder run) and returns, per file, the rows of every file-owned table and of `files`
@@ -14,8 +14,8 @@ The shape, and why it stores exactly what the local ingest stores:
 - The driver handles the files in walk order, as the local ingest does: it resolves each file's
   run (creating runs in the same order), then commits the file in one transaction (the previous
   version, if any, is deleted, the rows are inserted with the store's run id and a new file id,
-  the run fields merged with the runner's own rules), or hands a file the driver reads to
-  `runner.ingest_one`. A file rejected as a whole is recorded with `runner.record_failures` once
+  the run fields merged with the ledger's own rules), or hands a file the driver reads to
+  `driver.ingest_one`. A file rejected as a whole is recorded with `ledger.record_failures` once
   every file is handled, and never creates a run; a file whose task failed stores nothing.
 
 Ray is an optional dependency (`pip install 'polytrace[ray]'`).
@@ -37,21 +37,14 @@ import duckdb
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester, counting_tokens_with, file_owned_tables, load_tokenizer
 from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, needs_text_rewrite, path_text, walk
-from polytrace_cli.ingest.registry import detect_deep, get_ingester, read_head
+from polytrace_cli.ingest.sniffing import detect_deep, get_ingester, read_head
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_file
-from polytrace_cli.ingest.runner import (
-    FileReport,
-    RunResolver,
-    WholeFileFailure,
-    claim_run_framework,
-    decide_semantics,
-    delete_file_rows,
-    ingest_file,
-    ingest_one,
-    merge_run_meta,
-    record_failures,
+from polytrace_cli.ingest.driver import decide_semantics, ingest_one
+from polytrace_cli.ingest.ledger import (
+    FileReport, RunResolver, WholeFileFailure, claim_run_framework, delete_file_rows, merge_run_meta, record_failures,
     reject_whole_file,
 )
+from polytrace_cli.ingest.runner import ingest_file
 from polytrace_cli.store.sql import fetch_first, rollback
 
 # Files per Ray task: enough tasks to keep every worker busy (and balance uneven files), few enough
@@ -174,7 +167,7 @@ def parse_batch(jobs: list[FileJob], tokenizer: str | None) -> list[ParsedFile]:
 def commit(con: duckdb.DuckDBPyConnection, resolver: RunResolver, job: FileJob, parsed: ParsedFile,
            failed_whole: list[WholeFileFailure]) -> FileReport:
     """Resolve the file's run and store the parsed file in one transaction (see the module
-    docstring), as `runner.ingest_one` stores a file it reads; returns the file's report."""
+    docstring), as `driver.ingest_one` stores a file it reads; returns the file's report."""
     ingester = get_ingester(job.format)
     path = Path(job.path)
     run_id, run = resolver.resolve(path, ingester.framework, resolved=True)
@@ -323,7 +316,7 @@ def ingest_paths_ray(
     on_file: Callable[[FileReport], None] | None = None,
     hashes: FileHashes | None = None,
 ) -> list[FileReport]:
-    """`runner.ingest_paths` with the parsing fanned out as Ray tasks; same reports, same store.
+    """`driver.ingest_paths` with the parsing fanned out as Ray tasks; same reports, same store.
 
     Ray is joined (or started, and shut down afterwards) before the store is touched, so that a
     cluster that cannot be reached leaves no trace in the store.

@@ -1,21 +1,15 @@
-"""The registry of input formats: sniffing a file and finding its ingester.
-
-Ingesters are tried in registration order; the first whose `sniff` accepts the file wins, so
-specific formats (a PolyTrace trace recognised by its file name) are registered before general
-ones (any text log).
+"""The registry of input formats: each format module registers its ingester here (`register`) as it is
+imported, plugins through the `polytrace.formats` entry points; and the formats' metric names, which the
+store is handed (`declared_metric_names`). Finding the ingester of a file is `sniffing`'s.
 """
 
 from __future__ import annotations
 
-import codecs
-
 from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
-from polytrace_cli.ingest.files import is_log_like
 from polytrace_cli.store.catalog import hand_down
 
-SNIFF_BYTES = 64 * 1024
 
 _REGISTRY: list[Ingester] = []
 _PLUGINS: list[Ingester] = []
@@ -43,9 +37,10 @@ def register(ingester_class: type[Ingester]) -> type[Ingester]:
     return ingester_class
 
 
-def _load_builtin_formats() -> None:
-    # Importing the package registers every built-in ingester, in the order it lists them.
-    import polytrace_cli.ingest.formats  # noqa: F401
+def builtin_ingesters() -> list[Ingester]:
+    """The built-in ingesters registered so far, in registration order (every one once `sniffing` has
+    loaded the formats)."""
+    return list(_REGISTRY)
 
 
 def plugin_ingesters() -> list[Ingester]:
@@ -70,15 +65,7 @@ def plugin_ingesters() -> list[Ingester]:
     return list(_PLUGINS)
 
 
-def all_ingesters() -> list[Ingester]:
-    """Every registered ingester, in sniffing order: the plugins' first (a team's own format is more
-    specific than the general built-in ones), then the built-in formats."""
-    plugins = plugin_ingesters()
-    _load_builtin_formats()
-    return [*plugins, *_REGISTRY]
-
-
-def _merged_names(sources: list[tuple[str, dict[str, str], tuple[str, ...]]]) -> tuple[dict[str, str], tuple[str, ...]]:
+def merged_names(sources: list[tuple[str, dict[str, str], tuple[str, ...]]]) -> tuple[dict[str, str], tuple[str, ...]]:
     merged: dict[str, str] = {}
     owner: dict[str, str] = {}
     for source, aliases, _ in sources:
@@ -101,30 +88,12 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
         module = importlib.import_module(name)
         sources.append((name, module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
     sources += [(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes)) for i in plugin_ingesters()]
-    return _merged_names(sources)
+    return merged_names(sources)
 
 
 # The store generates its `steps` view from these names; loading the registry hands them down, so that every
 # store this process opens (also with `store.open_store`) knows the formats it ingests.
 hand_down(declared_metric_names)
-
-
-def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
-    """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
-    `declared_metric_names` when each built-in framework's names sit in its `ingest/formats/<framework>/names.py`."""
-    return _merged_names([(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes))
-                          for i in all_ingesters()])
-
-
-def get_ingester(name: str) -> Ingester | None:
-    """The ingester named `name` (the --format value), or None."""
-    return next((i for i in all_ingesters() if i.name == name), None)
-
-
-def read_head(path: Path) -> bytes:
-    """The first bytes of a file, enough for every sniffer."""
-    with open(path, "rb") as handle:
-        return handle.read(SNIFF_BYTES)
 
 
 def is_binary(head: bytes) -> bool:
@@ -151,54 +120,3 @@ def is_binary(head: bytes) -> bool:
     return clean < len(head) / 2
 
 
-def detect(path: Path, head: bytes) -> Ingester | None:
-    """The first registered ingester that accepts the file, or None. A UTF-8 byte order mark before
-    the first line is not shown to the sniffers: it is not part of the line. A sniffer that fails on
-    odd bytes (it should not) counts as a no: one file's head never stops the command."""
-    head = head.removeprefix(codecs.BOM_UTF8)
-    for ingester in all_ingesters():
-        try:
-            accepted = ingester.sniff(path, head)
-        except Exception:
-            accepted = False
-        if accepted:
-            return ingester
-    return None
-
-
-# How far into a log-like file (`files.is_log_like`) sniffing looks for its first record.
-DEEP_SNIFF_BYTES = 32 << 20
-
-
-def detect_deep(name_path: Path, text_path: Path, head: bytes) -> Ingester | None:
-    """`detect` on the first block; for a log-like file (`is_log_like`) whose first block sniffs as
-    nothing, `detect` on each following block of `text_path` (each cut to start at a line) up to
-    DEEP_SNIFF_BYTES. A block of binary junk is passed over like any other."""
-    found = detect(name_path, head)
-    if found is not None or not is_log_like(name_path) or len(head) < SNIFF_BYTES:
-        return found
-    with open(text_path, "rb") as handle:
-        handle.seek(len(head))
-        read = len(head)
-        carry = head[head.rfind(b"\n") + 1:]  # the start of a line the next block ends
-        skipping = b"\n" not in head  # inside a line longer than a block: passed over
-        while read < DEEP_SNIFF_BYTES:
-            block = handle.read(SNIFF_BYTES)
-            if not block:
-                return detect(name_path, carry) if carry and not skipping else None
-            read += len(block)
-            if skipping:
-                cut = block.find(b"\n")
-                if cut < 0:
-                    continue
-                block, carry, skipping = block[cut + 1:], b"", False
-            window = carry + block
-            end = window.rfind(b"\n") + 1
-            if end:
-                found = detect(name_path, window[:end])
-                if found is not None:
-                    return found
-            carry = window[end:]
-            if len(carry) >= SNIFF_BYTES:
-                carry, skipping = b"", True
-    return None

@@ -219,7 +219,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
     """Follow `path` (a log file or a run folder) until it stays idle `settings.idle_exit` seconds
     or a crash is seen in it; `on_event` gets each event as it happens (see the module), `on_run`
     the run's name once its first rows are stored."""
-    from polytrace_cli.ingest.runner import ingest_paths
+    from polytrace_cli.ingest.driver import ingest_paths
 
     if not path.exists():
         raise PolytraceError(f"{path}: no such file or directory")

@@ -28,7 +28,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store.sql import fetch_first
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step")

@@ -6,7 +6,7 @@ metric key (a key with '/' is a nested path: `metrics/timing_s/gen`), one line p
 `timestamp value step` (milliseconds since the epoch; the value as Python prints a float, `nan`
 included; the step). One file per parameter under `params/` and per tag under `tags/`, holding the
 value; the run's `meta.yaml` (run name, status, start and end times). Every file of a run folder
-belongs to the run (`runner.derive_run`). A metric line is stored or rejected; a parameter or tag
+belongs to the run (`ledger.derive_run`). A metric line is stored or rejected; a parameter or tag
 file is one entry, stored into the run meta (`mlflow_params`, `mlflow_tags`).
 
 **SQLite store**: tables `runs`, `metrics` (key, value, timestamp, run_uuid, step, is_nan: a NaN is
@@ -235,7 +235,7 @@ class MlflowSqliteIngester(Ingester):
                 claim_framework(ctx, framework)
                 ctx.run_meta.update(meta)
             else:
-                from polytrace_cli.ingest.runner import claim_run_framework, merge_run_meta
+                from polytrace_cli.ingest.ledger import claim_run_framework, merge_run_meta
 
                 claim_run_framework(ctx.con, run_id, framework)
                 merge_run_meta(ctx.con, run_id, framework, meta, ctx.file_id, again=True)

@@ -54,7 +54,7 @@ def framework_of_keys(keys) -> str | None:
 def claim_framework(ctx: FileContext, framework: str | None) -> None:
     """Set the run's framework from this file's content when no file has set it yet."""
     if framework:
-        from polytrace_cli.ingest.runner import claim_run_framework
+        from polytrace_cli.ingest.ledger import claim_run_framework
 
         ctx.begin_writes()
         claim_run_framework(ctx.con, ctx.run_id, framework)

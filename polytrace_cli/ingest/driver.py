@@ -1,0 +1,189 @@
+"""Walking paths and ingesting every file found: the loop over files (`ingest_paths`), sending small step
+files to the batch path (`batch`), each other file to its own transaction (`runner.ingest_file`), and
+deciding the semantics of the runs that changed at the end.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import duckdb
+
+from polytrace_cli.errors import IngestError, PolytraceError
+from polytrace_cli.ingest.base import Ingester
+from polytrace_cli.ingest.files import CorruptFile, FileHashes, Readable, UnreadableFile, path_text, readable, walk
+from polytrace_cli.ingest.files import is_log_like
+from polytrace_cli.ingest.registry import is_binary
+from polytrace_cli.ingest.sniffing import DEEP_SNIFF_BYTES, detect_deep, get_ingester, read_head
+from polytrace_cli.store.connection import stops_the_store
+from polytrace_cli.ingest.ledger import FileReport, RunResolver, WholeFileFailure, record_failures, reject_whole_file
+from polytrace_cli.ingest.batch import BATCH_MAX_BYTES, BATCH_MAX_FILES, BatchMember, batch_member, ingest_batch
+from polytrace_cli.ingest.runner import ingest_file
+
+
+def ingest_paths(
+    con: duckdb.DuckDBPyConnection,
+    paths: Iterable[str | Path],
+    *,
+    run_name: str | None = None,
+    task: str | None = None,
+    format_name: str | None = None,
+    on_file: Callable[[FileReport], None] | None = None,
+    hashes: FileHashes | None = None,
+    batch: bool = True,
+    complete_lines: bool = False,
+) -> list[FileReport]:
+    """Ingest every file under `paths`; return one report per file seen.
+
+    A file that cannot be read is an error, whether named or met while walking a folder; a file
+    met in a folder whose format is unknown is skipped and reported as such. A file rejected as a
+    whole (unknown format when named, binary, damaged archive, a format's whole-file error) is
+    stored with its reason once every file is read, under its run if that run exists: a failure
+    never creates a run. One bad file never stops the others.
+    `hashes` may already hold (or be computing) files' hashes; by default each file is hashed as
+    it is loaded. With `batch` (the default), small step files are read in batches (see the module
+    docstring); the store ends the same either way. With `complete_lines` (logs still being
+    written), a log of an appendable format is read up to its last newline (`ingest_file`).
+    """
+    if hashes is None:
+        with FileHashes() as own:
+            return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
+                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines)
+    forced = None
+    if format_name:
+        forced = get_ingester(format_name)
+        if forced is None:
+            raise PolytraceError(f"unknown format {format_name!r}; see `polytrace formats`")
+    resolver = RunResolver(con, run_name, task)
+    reports: list[FileReport] = []
+    failed_whole: list[WholeFileFailure] = []
+
+    def done(report: FileReport) -> None:
+        reports.append(report)
+        if on_file:
+            on_file(report)
+
+    def load_alone(member: BatchMember) -> None:
+        done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole,
+                        complete_lines))
+
+    pending: list[BatchMember] = []
+    pending_bytes = 0
+    for path, explicit, problem in walk(paths):
+        member = batch_member(path, explicit, forced, hashes) if batch and not problem else None
+        if member and pending and (member.ingester is not pending[0].ingester or len(pending) >= BATCH_MAX_FILES
+                                   or pending_bytes + member.size > BATCH_MAX_BYTES):
+            ingest_batch(con, pending, resolver, hashes, done, load_alone)
+            pending, pending_bytes = [], 0
+        if member:
+            pending.append(member)
+            pending_bytes += member.size
+            continue
+        if pending:
+            ingest_batch(con, pending, resolver, hashes, done, load_alone)
+            pending, pending_bytes = [], 0
+        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole, complete_lines))
+    if pending:
+        ingest_batch(con, pending, resolver, hashes, done, load_alone)
+    record_failures(con, resolver, failed_whole)
+    decide_semantics(con, reports)
+    return reports
+
+
+def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
+    """The end-of-ingest hook: decide again the semantics record of every run a file was added to,
+    replaced in, or grew in (`semantics.record`)."""
+    from polytrace_cli.semantics.record import decide_runs
+
+    names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced", "appended", "truncated")})
+    if names:
+        rows = con.execute("SELECT run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall()
+        decide_runs(con, [row[0] for row in rows])
+
+
+def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
+               resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
+               complete_lines: bool = False) -> FileReport:
+    """Load one file as `ingest_paths` does outside a batch: `problem` (from `walk`) makes it an error,
+    an unknown format skips it (rejects it when `explicit`), a whole-file rejection is appended to
+    `failed_whole` for `record_failures`, and a run that only this file created is dropped if it fails."""
+    shown = path_text(path)
+    if problem:
+        return FileReport(path=shown, status="error", message=problem)
+    try:
+        with readable(path) as source:
+            return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole,
+                                  complete_lines)
+    except UnreadableFile as error:
+        return FileReport(path=shown, status="error", message=f"cannot read: {error}")
+    except CorruptFile as error:
+        return _reject_whole(path, None, "unknown", str(error), "corrupt-file", hashes, failed_whole)
+
+
+def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: str, hashes: FileHashes,
+                  failed_whole: list[WholeFileFailure]) -> FileReport:
+    sha, size, lines = hashes.result(path)
+    if source is not None and source.rewritten:
+        lines = hashes.result(source.path)[2]
+    elif source is None and code == "corrupt-file":
+        lines = 0  # the text of a damaged archive cannot be counted
+    return reject_whole_file(path, fmt, reason, code, sha, size, lines, failed_whole)
+
+
+def skip_reason(name_path: Path, head: bytes, binary: bool) -> str:
+    """Why a file met in a folder was not read: empty, binary, or no record of a known format."""
+    if not head:
+        return "empty file"
+    if binary:
+        return "binary file of unknown format"
+    if is_log_like(name_path):
+        return f"log of unknown format: no line of a known format in its first {DEEP_SNIFF_BYTES >> 20} MB"
+    return "unknown format"
+
+
+def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: Ingester | None,
+                   resolver: RunResolver, hashes: FileHashes, failed_whole: list[WholeFileFailure],
+                   complete_lines: bool = False) -> FileReport:
+    shown = path_text(path)
+    try:
+        head = read_head(source.path)
+    except OSError as error:
+        return FileReport(path=shown, status="error", message=f"cannot read: {error.strerror or error}")
+    ingester = forced or detect_deep(source.name_path, source.path, head)
+    if ingester is None:
+        binary = bool(head) and is_binary(head)
+        if not explicit:
+            return FileReport(path=shown, status="skipped", message=skip_reason(source.name_path, head, binary))
+        reason = "empty file of unknown format" if not head else (
+            "binary file of unknown format" if binary else "unknown format (use --format to name it)")
+        return _reject_whole(path, source, "unknown", reason, "binary-file" if binary else "unknown-format", hashes,
+                             failed_whole)
+    run_id, run = resolver.resolve(path, ingester.framework)
+    try:
+        return ingest_file(con, path, ingester, run_id, run, head, hashes, source, complete_lines)
+    except IngestError as error:
+        resolver.drop_if_empty(run_id)
+        return _reject_whole(path, source, ingester.name, str(error), error.code, hashes, failed_whole)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise
+        resolver.drop_if_empty(run_id)
+        return FileReport(path=shown, status="error", format=ingester.name,
+                          message=f"cannot read: {error.strerror or error}")
+    except Exception as error:
+        if isinstance(error, duckdb.Error) and stops_the_store(error):
+            raise
+        # Anything else this file raised (it should not) is this file's failure, not the command's.
+        resolver.drop_if_empty(run_id)
+        text = str(error).strip()
+        detail = f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+        return FileReport(path=shown, status="error", format=ingester.name, message=f"could not be read: {detail}")
+    except BaseException:
+        # The command stops (interrupt, full disk, a bug): leave no run that only this file created.
+        try:
+            resolver.drop_if_empty(run_id)
+        except Exception:
+            pass
+        raise

@@ -1,0 +1,335 @@
+"""The store's ledger of runs and files: which run a file belongs to (`derive_run`, `RunResolver`), the
+`files` row of every file read, the run facts folded from what each file gave (`merge_run_meta`), a
+file's rows removed, the files rejected as a whole, and what a read reports (`FileReport`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from polytrace_cli.ingest.base import FileContext, file_owned_tables
+from polytrace_cli.ingest.files import block_sha, path_text, state_kept_for
+from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL
+from polytrace_cli.store.sql import fetch_first, rollback
+
+
+@dataclass
+class FileReport:
+    """What happened to one input file."""
+
+    path: str
+    status: str  # ingested, appended, replaced, truncated, unchanged, rejected, skipped, error
+    format: str | None = None
+    run: str | None = None
+    bytes: int = 0
+    lines: int = 0
+    stored: int = 0
+    ignored: int = 0
+    rejected: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    message: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("rejected", "error")
+
+    @property
+    def unread(self) -> bool:
+        """True when the file could not be opened at all (missing, unreadable): nothing of it was read."""
+        return self.status == "error" and self.format is None and self.lines == 0
+
+
+# Folder names that say what a folder holds rather than which run it is.
+GENERIC_FOLDERS = {
+    "profile", "packed_length_log", "multiturn_workload_log", "logs", "log", "files", "media",
+    "table", "tables", "output", "outputs", "rollout_data", "validation_data", "rollout_data_dir",
+    "validation_data_dir", "tensorboard", "tensorboard_log", "tb", "events", "runs", "wandb",
+}
+
+
+_TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
+
+
+# transformers' TensorBoard folder `runs/Nov26_15-55-36_host` names a start time, and its
+# `checkpoint-N` folders a point of the run in its output folder.
+_TRAINER_TIMESTAMP = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
+
+
+_CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+
+
+# The folders of an MLflow file-store run (`mlruns/<experiment>/<run>/metrics/<key>`) below the run's.
+_MLFLOW_RUN_PARTS = {"metrics", "params", "tags", "artifacts"}
+
+
+def derive_run(file: Path, resolved: bool = False) -> tuple[str, Path]:
+    """A run's name and root folder from a file's location.
+
+    Walks up from the file's folder past generic names (`files`, `profile`, `logs`, ...) and
+    timestamp folders; the first other folder names the run. The deepest timestamp folder passed
+    on the way, if any, is the run's root, so two timestamped runs under one folder stay apart.
+    `resolved` says `file` is already a resolved path. Files under a `media` folder (wandb's `files/media/table/<key>/...`) belong to the folder that
+    holds `media`: the key folders below it name a logged key, not a run. transformers' `checkpoint-N` folders are passed like generic ones
+    and its TensorBoard `MonDD_HH-MM-SS_host` folders like timestamp folders, and the files of an
+    MLflow file-store run (`<run>/metrics/<key>`, `params/`, `tags/`, `artifacts/`) belong to the run's folder.
+    """
+    return _run_of_folder((file if resolved else file.resolve()).parent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_of_folder(folder: Path) -> tuple[str, Path]:
+    media = next((current for current in (folder, *folder.parents) if current.name.lower() == "media"), None)
+    if media is not None:
+        folder = media.parent
+    mlflow = next((current for current in (folder, *folder.parents)
+                   if current.name in _MLFLOW_RUN_PARTS and (current.parent / "meta.yaml").is_file()), None)
+    if mlflow is not None:
+        return mlflow.parent.name, mlflow.parent
+    timestamp_root = None
+    for current in (folder, *folder.parents):
+        name = current.name
+        if not name:
+            break
+        if _TIMESTAMP_LIKE.fullmatch(name) or _TRAINER_TIMESTAMP.fullmatch(name):
+            timestamp_root = timestamp_root or current
+            continue
+        if name.lower() in GENERIC_FOLDERS or _CHECKPOINT_FOLDER.fullmatch(name):
+            continue
+        return name, timestamp_root or current
+    return (folder.name or "run"), folder
+
+
+class RunResolver:
+    """Finds or creates the run a file belongs to."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_name: str | None, task: str | None):
+        self.con = con
+        self.run_name = run_name
+        self.task = task
+        self._cache: dict[Path, tuple[int, str]] = {}
+
+    def _identity(self, file: Path, resolved: bool = False) -> tuple[str, str, Path | None]:
+        name, root = derive_run(file, resolved)
+        if self.run_name:
+            return self.run_name, path_text(root), None
+        return path_text(name), path_text(root), root
+
+    def resolve(self, file: Path, framework: str | None, resolved: bool = False) -> tuple[int, str]:
+        name, source_dir, key = self._identity(file, resolved)
+        cache_key = key or Path("::" + name)
+        if cache_key not in self._cache:
+            self._cache[cache_key] = self._find_or_create(name, source_dir, framework, explicit=key is None)
+        return self._cache[cache_key]
+
+    def existing(self, file: Path) -> tuple[int, str] | None:
+        """The run the file belongs to if it is already in the store (never creates one)."""
+        name, source_dir, key = self._identity(file)
+        if key is None:
+            return fetch_first(self.con, "SELECT run_id, name FROM runs WHERE name = ?", [name])
+        return fetch_first(self.con, "SELECT run_id, name FROM runs WHERE source_dir = ?", [source_dir])
+
+    def drop_if_empty(self, run_id: int) -> None:
+        """Delete a run that holds no file (one whose only file just failed), so failures create no run."""
+        if fetch_first(self.con, "SELECT 1 FROM files WHERE run_id = ? LIMIT 1", [run_id]):
+            return
+        self.con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+        self._cache = {key: value for key, value in self._cache.items() if value[0] != run_id}
+
+    def _find_or_create(self, name: str, source_dir: str, framework: str | None, explicit: bool) -> tuple[int, str]:
+        con = self.con
+        if explicit:
+            row = fetch_first(con, "SELECT run_id, name FROM runs WHERE name = ?", [name])
+        else:
+            row = fetch_first(con, "SELECT run_id, name FROM runs WHERE source_dir = ?", [source_dir])
+        if row:
+            if self.task:
+                con.execute("UPDATE runs SET task = ? WHERE run_id = ?", [self.task, row[0]])
+            return row[0], row[1]
+        unique = name
+        suffix = Path(source_dir).name
+        attempt = 1
+        while con.execute("SELECT count(*) FROM runs WHERE name = ?", [unique]).fetchall()[0][0]:
+            attempt += 1
+            unique = f"{name}-{suffix}" if attempt == 2 and suffix != name else f"{name}-{attempt}"
+        run_id = con.execute("SELECT nextval('run_id_seq')").fetchall()[0][0]
+        con.execute(
+            "INSERT INTO runs (run_id, name, framework, task, source_dir, meta) VALUES (?, ?, ?, ?, ?, ?)",
+            [run_id, unique, framework, self.task, source_dir, "{}"],
+        )
+        return run_id, unique
+
+
+def claim_run_framework(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None) -> None:
+    """Set a run's framework from a file's content (a wandb or TensorBoard log whose keys name verl or
+    OpenRLHF) unless a file of a training framework has already set it."""
+    if framework:
+        con.execute("UPDATE runs SET framework = ? WHERE run_id = ?"
+                    " AND (framework IS NULL OR framework IN ('wandb', 'tensorboard'))", [framework, run_id])
+
+
+# Run facts each file counts on its own, of which the run's is the largest any of its files gave.
+LARGEST_OVER_FILES = frozenset({"dp_ranks_seen"})
+
+
+def fold_meta(merged: dict, meta: dict) -> dict:
+    """`merged` with a file's run metadata folded in: a value overwrites, a null never erases a value,
+    and a fact of LARGEST_OVER_FILES keeps the largest value (the same whatever order files are read in)."""
+    for key, value in meta.items():
+        if value is None:
+            continue
+        if key in LARGEST_OVER_FILES and isinstance(merged.get(key), (int, float)) and isinstance(value, (int, float)):
+            value = max(merged[key], value)
+        merged[key] = value
+    return merged
+
+
+def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict,
+                   file_id: int | None = None, again: bool = False) -> None:
+    """Merge a file's run metadata into its run's `meta`: the run's meta is the fold (`fold_meta`, in
+    the order the files were read) of what each of its files gave (`file_run_meta`); a key of
+    NULL_MEANS_CANNOT_TELL that some file left undecided is stored as null when no file decided it.
+    The run's framework is set to `framework` if it has none.
+
+    `meta` is all file `file_id` gives the run, kept as its row. A file read for the first time folds
+    in last; one read `again` (grown, or replaced: its earlier row is gone or replaced) has the run's
+    meta folded anew from every row, so nothing its earlier text gave stays behind."""
+    if file_id is not None:
+        con.execute("DELETE FROM file_run_meta WHERE file_id = ? AND run_id = ?", [file_id, run_id])
+        con.execute("INSERT INTO file_run_meta (file_id, run_id, meta) VALUES (?, ?, ?)",
+                    [file_id, run_id, json.dumps(meta, sort_keys=True)])
+    current_framework, current_meta = fetch_first(con, "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id])
+    if again:
+        merged, undecided = {}, set()
+        for (text,) in con.execute("SELECT meta FROM file_run_meta WHERE run_id = ? ORDER BY file_id NULLS FIRST",
+                                   [run_id]).fetchall():
+            given = json.loads(text)
+            fold_meta(merged, given)
+            undecided |= {key for key, value in given.items() if value is None}
+    else:
+        merged = fold_meta(json.loads(current_meta or "{}"), meta)
+        undecided = {key for key, value in meta.items() if value is None}
+    for key in NULL_MEANS_CANNOT_TELL & undecided:
+        if merged.get(key) is None:
+            merged[key] = None  # undecided is stored as null; a decided value stays
+    con.execute(
+        "UPDATE runs SET framework = ?, meta = ? WHERE run_id = ?",
+        [current_framework or framework, json.dumps(merged, sort_keys=True), run_id],
+    )
+
+
+def delete_file_rows(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Remove everything one file contributed to the store."""
+    for table in file_owned_tables(con):
+        con.execute(f"DELETE FROM {table} WHERE file_id = ?", [file_id])
+    con.execute("DELETE FROM files WHERE file_id = ?", [file_id])
+
+
+def _record_whole_file_rejection(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: Path, sha: str, size: int, lines: int, fmt: str, reason: str,
+    code: str,
+) -> None:
+    """Store a file that failed as a whole: all its lines count as rejected, under one error with line NULL."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        old = fetch_first(con, "SELECT file_id FROM files WHERE run_id = ? AND path = ?", [run_id, path_text(path)])
+        if old:
+            delete_file_rows(con, old[0])
+        file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
+        con.execute(
+            "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, parser_version, lines, stored,"
+            " ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, '-', ?, 0, 0, ?, 0, 0)",
+            [file_id, run_id, path_text(path), sha, size, fmt, lines, lines],
+        )
+        con.execute("INSERT INTO ingest_errors (file_id, line_no, reason, code) VALUES (?, NULL, ?, ?)",
+                    [file_id, reason, code])
+        con.execute("COMMIT")
+    except BaseException:
+        rollback(con)
+        raise
+
+
+def growth_check(path: Path, size: int, sha: str, complete: int | None) -> dict:
+    """What the file's next read needs to take it as grown and hash only its growth: the sha256 of its
+    last block read (`block_sha`) and the hash state after its last whole 64-byte block (`sha_state`),
+    when the read ended at a newline (`complete`, the bytes read); else nothing to go on from."""
+    if not complete:
+        return {"block_sha": None}
+    return {"block_sha": block_sha(path, complete), "sha_state": state_kept_for(path, size, sha)}
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[tuple]) -> None:
+    """Insert many rows in one statement (each column passed as one list), typed by the table's columns."""
+    names = ", ".join(columns)
+    unnested = ", ".join(f"unnest(?) AS {name}" for name in columns)
+    con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM (SELECT {unnested})",
+                [[row[index] for row in rows] for index in range(len(columns))])
+
+
+@dataclass
+class WholeFileFailure:
+    """A file rejected as a whole, recorded once every file has been read (see `record_failures`)."""
+
+    path: Path
+    sha: str
+    size: int
+    lines: int
+    format: str
+    reason: str
+    code: str
+    report: FileReport
+
+
+def record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, failures: list[WholeFileFailure]) -> None:
+    """Store each file rejected whole under its run, when that run exists (other files of it were
+    stored); a failure never creates a run, so such a file is only reported."""
+    for failure in failures:
+        run = resolver.existing(failure.path)
+        if run is None:
+            failure.report.notes.append("not stored: its run holds no other file")
+            continue
+        _record_whole_file_rejection(con, run[0], failure.path.resolve(), failure.sha, failure.size, failure.lines,
+                                     failure.format, failure.reason, failure.code)
+        failure.report.run = run[1]
+
+
+def reject_whole_file(path: Path, fmt: str, reason: str, code: str, sha: str, size: int, lines: int,
+                      failed_whole: list[WholeFileFailure]) -> FileReport:
+    """The report of a file rejected as a whole (all its `lines` rejected); the failure is appended to
+    `failed_whole`, for `record_failures` once every file is read."""
+    report = FileReport(path=path_text(path), status="rejected", format=None if fmt == "unknown" else fmt,
+                        bytes=size, lines=lines, rejected=lines, message=reason)
+    failed_whole.append(WholeFileFailure(path, sha, size, lines, fmt, reason, code, report))
+    return report
+
+
+def commit_file(con, ctx: FileContext, run_id: int, framework: str | None, meta: dict | None = None,
+            again: bool = False) -> None:
+    """Merge the file's run facts (`meta`, by default what this read found) into its run and commit its
+    transaction; `again`: the file was read before (`merge_run_meta`)."""
+    merge_run_meta(con, run_id, framework, ctx.run_meta if meta is None else meta, ctx.file_id, again)
+    con.execute("COMMIT")
+
+
+def roll_back_file(con, ctx: FileContext) -> None:
+    if ctx.in_transaction:
+        rollback(con)
+
+
+def fill_report(report: FileReport, ctx: FileContext, started: float) -> None:
+    """Fill `report` with what the file's read accounted for."""
+    report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
+    report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, list(ctx.notes)
+    report.seconds = time.perf_counter() - started
