@@ -24,6 +24,7 @@ the store's connection, the run ids and the step range, e.g.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,6 +110,61 @@ class Store:
         from polytrace_cli.analyze.common import StepRange
 
         return StepRange.of(steps)
+
+    @classmethod
+    def ingest_into(cls, path: str | Path | None, paths: str | Path | Iterable[str | Path], run: str | None = None,
+                    task: str | None = None, format: str | None = None, *, tokenizer: str | None = None,
+                    hashes: FileHashes | None = None, wait: float = 0, ray: RaySettings | None = None,
+                    progress: Callable[[int], Callable[[FileReport], None]] | None = None) -> list[FileReport]:
+        """`polytrace ingest`: open (creating) the store at `path` and `ingest` into it. A tokenizer that cannot
+        be loaded is an error before the store is touched. With `ray`, the Ray session is joined (or started,
+        and ended afterwards) first, so a cluster that cannot be reached leaves no store; a failure of the Ray
+        driver or a task is one line (the files committed before it stay). `progress(total bytes)` gives the
+        callback that each file's report is passed to as it is done."""
+        from polytrace_cli.ingest.base import load_tokenizer
+
+        loaded = load_tokenizer(tokenizer) if tokenizer else None
+        if ray is None:
+            return cls._ingest_opened(path, paths, run, task, format, loaded, hashes, wait, None, progress)
+        from polytrace_cli.ingest.ray_engine import ray_session
+
+        with ray_session(ray):
+            try:
+                return cls._ingest_opened(path, paths, run, task, format, loaded, hashes, wait, ray, progress)
+            except PolytraceError:
+                raise
+            except Exception as error:
+                if cls.error_message(error) is not None or getattr(error, "errno", None) == errno.ENOSPC:
+                    raise  # the store's and the full disk's own one-line errors
+                text = str(error).strip()
+                detail = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+                raise PolytraceError(f"the Ray ingest failed: {detail}") from None
+
+    @classmethod
+    def _ingest_opened(cls, path, paths, run, task, format, tokenizer, hashes, wait, ray, progress) -> list[FileReport]:
+        from polytrace_cli.ingest.files import walk
+
+        with cls.open(path, wait=wait) as store:
+            targets = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+            on_file = None
+            if progress is not None:
+                on_file = progress(sum(p.stat().st_size for p, _, problem in walk(targets) if not problem))
+            return store.ingest(targets, run, task, format, tokenizer=tokenizer, on_file=on_file, hashes=hashes,
+                                ray=ray)
+
+    @staticmethod
+    def error_message(error: BaseException) -> str | None:
+        """The one line that tells a DuckDB error about the store file (a lock, damage, a full disk, a file
+        that is not a store), or the first line of another DuckDB error; None for an error not DuckDB's."""
+        import sys
+
+        duckdb = sys.modules.get("duckdb")
+        if duckdb is None or not isinstance(error, duckdb.Error):
+            return None
+        from polytrace_cli.store.connection import store_problem
+
+        text = str(error).strip()
+        return store_problem("the store", error) or (text.splitlines()[0] if text else type(error).__name__)
 
     def ingest(self, paths: str | Path | Iterable[str | Path], run: str | None = None, task: str | None = None,
                format: str | None = None, *, tokenizer: str | object | None = None,
@@ -369,19 +425,19 @@ class Store:
     def fit_lengths(self, run: str) -> dict:
         """The run's fitted prompt and response length distributions, a polytrace-params/1 document, as
         `polytrace fit --json`."""
-        from polytrace_cli.workload.export import resolve_run
+        from polytrace_cli.store.queries import run_id
         from polytrace_cli.workload.fidelity import fitted_params
 
-        return fitted_params(self.connection, resolve_run(self.connection, run))
+        return fitted_params(self.connection, run_id(self.connection, run))
 
     def fidelity(self, run: str, params: dict | None = None, seed: int = 0,
                  samplers: tuple[str, ...] = ("parametric", "empirical")) -> pl.DataFrame:
         """KS and mean/p50/p99/clip errors of a synthetic workload drawn from the run's fit (or `params`)
         against the run, as `polytrace fidelity`."""
-        from polytrace_cli.workload.export import resolve_run
+        from polytrace_cli.store.queries import run_id as queries_run_id
         from polytrace_cli.workload.fidelity import fidelity, fitted_params
 
-        run_id = resolve_run(self.connection, run)
+        run_id = queries_run_id(self.connection, run)
         document = params if params is not None else fitted_params(self.connection, run_id)
         return fidelity(self.connection, run_id, document, seed=seed, samplers=samplers)
 

@@ -330,11 +330,12 @@ def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, empty_store_f
 
 
 def test_the_error_codes_are_the_documented_vocabulary(store, tmp_path):
-    from polytrace_cli.ingest.base import ERROR_CODES, FileContext
+    from polytrace_cli.errors import ErrorCode
+    from polytrace_cli.ingest.base import FileContext
 
     documented = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
     listed = re.findall(r"^\| `([a-z-]+)` \|", documented, flags=re.MULTILINE)
-    assert listed == list(ERROR_CODES) and len(ERROR_CODES) == 12
+    assert listed == [code.value for code in ErrorCode] and len(ErrorCode) == 12
     ctx = FileContext(con=store, path=tmp_path, run_id=1, file_id=1, run_name="r")
     with pytest.raises(ValueError, match="unknown ingest error code"):
         ctx.reject(1, "made up", code="not-a-code")

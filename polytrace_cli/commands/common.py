@@ -70,11 +70,6 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def user_errors(command):
     """Turn the errors a user can cause into one line on stderr and a non-zero exit."""
 
@@ -87,21 +82,16 @@ def user_errors(command):
         except KeyboardInterrupt:
             raise fail("interrupted; the file being read was rolled back", 130) from None
         except Exception as error:
-            if _is_duckdb_error(error):
-                from polytrace_cli.store.connection import store_problem
+            from polytrace_cli.facade import Store
 
-                raise fail(store_problem("the store", error) or _first_line(error)) from None
+            worded = Store.error_message(error)
+            if worded is not None:
+                raise fail(worded) from None
             if isinstance(error, OSError) and error.errno == errno.ENOSPC:
                 raise fail(f"the disk is full: {error.strerror}; free space and run again") from None
             raise
 
     return wrapper
-
-
-def _is_duckdb_error(error: Exception) -> bool:
-    # DuckDB is imported only by the commands that use it; an error cannot come from it otherwise.
-    duckdb = sys.modules.get("duckdb")
-    return duckdb is not None and isinstance(error, duckdb.Error)
 
 
 def plain(value: Any) -> Any:

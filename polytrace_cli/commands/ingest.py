@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -14,8 +14,7 @@ from rich.markup import escape
 
 from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, emit_rows,
                                           emit_table, err_console, fail, user_errors)
-from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
+from polytrace_cli.ingest.files import FileHashes, is_log_like
 
 if TYPE_CHECKING:
     from polytrace_cli.ingest.ledger import FileReport
@@ -131,50 +130,26 @@ def ingest(
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,
                 as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0,
                 ray: dict | None = None) -> list[FileReport]:
-    from polytrace_cli.ingest.base import load_tokenizer
-
-    # A tokenizer that cannot be loaded is an error before the store is created or touched.
-    loaded = load_tokenizer(tokenizer) if tokenizer else None
-    if ray is None:
-        return _ingest_into_store(paths, db, run, task, format_name, as_json, loaded, hashes, wait)
-    from polytrace_cli.ingest.ray_engine import RaySettings, ray_session
-
-    settings = RaySettings(**ray)
-    # Ray first: a cluster that cannot be reached leaves the store untouched.
-    with ray_session(settings):
-        try:
-            return _ingest_into_store(paths, db, run, task, format_name, as_json, loaded, hashes, wait, settings)
-        except PolytraceError:
-            raise
-        except Exception as error:
-            if isinstance(error, sys.modules["duckdb"].Error) or getattr(error, "errno", None) == errno.ENOSPC:
-                raise  # the store's and the full disk's own one-line errors
-            # A bug in the driver or a task: the files committed before it stay; say what failed.
-            text = str(error).strip()
-            detail = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-            raise PolytraceError(f"the Ray ingest failed: {detail}") from None
-
-
-def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, hashes, wait, ray=None):
     from polytrace_cli.facade import Store
+    from polytrace_cli.ingest.ray_engine import RaySettings
 
-    with Store.open(db, wait=wait) as store:
-        options = {"run": run, "task": task, "format": format_name, "tokenizer": tokenizer, "hashes": hashes,
-                   "ray": ray}
-        if not (sys.stderr.isatty() and not as_json):
-            return store.ingest(paths, **options)
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+    settings = RaySettings(**ray) if ray is not None else None
+    if not (sys.stderr.isatty() and not as_json):
+        return Store.ingest_into(db, paths, run, task, format_name, tokenizer=tokenizer, hashes=hashes, wait=wait,
+                                 ray=settings)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
-        total_bytes = sum(p.stat().st_size for p, _, problem in walk(paths) if not problem)
-        with Progress(TextColumn("[bold]ingest"), BarColumn(), TransferSpeedColumn(),
-                      TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=err_console, transient=True) as progress:
-            bar = progress.add_task("", total=total_bytes)
+    with Progress(TextColumn("[bold]ingest"), BarColumn(), TransferSpeedColumn(),
+                  TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
 
-            def advance(report: FileReport) -> None:
-                progress.update(bar, advance=report.bytes, description=escape(Path(report.path).name))
+        def bar(total_bytes: int) -> Callable[[FileReport], None]:
+            task_id = progress.add_task("", total=total_bytes)
+            return lambda report: progress.update(task_id, advance=report.bytes,
+                                                  description=escape(Path(report.path).name))
 
-            return store.ingest(paths, on_file=advance, **options)
+        return Store.ingest_into(db, paths, run, task, format_name, tokenizer=tokenizer, hashes=hashes, wait=wait,
+                                 ray=settings, progress=bar)
 
 
 def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 
 from polytrace_cli.ingest.base import FileContext, Ingester
-from polytrace_cli.ingest.files import RangeHashes, byte_range_copy
+from polytrace_cli.ingest.files import RangeHashes, byte_range_copy, path_text
 from polytrace_cli.ingest.unchanged import StoredFile
-from polytrace_cli.ingest.ledger import FileReport, commit_file, fill_report, growth_check, roll_back_file
+from polytrace_cli.ingest.ledger import (
+    FileReport, FileRow, commit_file, fill_report, growth_check, record_growth, roll_back_file,
+)
 
 
 class ReadWhole(Exception):
@@ -82,15 +84,12 @@ def append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_
             version = ctx.format_version or previous_version
             seconds = time.perf_counter() - started
             complete = ranges.size if ranges.complete == ranges.size else None
-            con.execute(
-                "UPDATE files SET sha256 = ?, bytes = ?, complete_bytes = ?, format_version = ?, lines = lines + ?,"
-                " stored = stored + ?, ignored = ignored + ?, rejected = rejected + ?, rows = rows + ?,"
-                " seconds = seconds + ?, resume_state = ?, ingested_at = current_timestamp WHERE file_id = ?",
-                [ranges.sha, ranges.size, complete, version, ctx.lines, ctx.stored, ctx.ignored_total,
-                 ctx.rejected, ctx.rows, seconds,
-                 json.dumps({**ctx.resume_state, "meta": meta, "format_version": version,
-                             **growth_check(path, ranges.size, ranges.sha, complete)}, sort_keys=True),
-                 file_id])
+            state = json.dumps({**ctx.resume_state, "meta": meta, "format_version": version,
+                                **growth_check(path, ranges.size, ranges.sha, complete)}, sort_keys=True)
+            record_growth(con, FileRow(file_id, run_id, path_text(path), ranges.sha, ranges.size, ingester.name,
+                                       ingester.version, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected,
+                                       ctx.rows, seconds, format_version=version, complete_bytes=complete,
+                                       resume_state=state))
             commit_file(con, ctx, run_id, ingester.framework, meta, again=True)
         except BaseException:
             roll_back_file(con, ctx)

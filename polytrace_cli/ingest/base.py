@@ -20,15 +20,11 @@ from typing import ClassVar
 
 import duckdb
 
-from polytrace_cli.errors import PolytraceError
+from polytrace_cli.errors import ErrorCode, PolytraceError
 
 RAW_EXCERPT_CHARS = 300
 
 # The `ingest_errors.code` vocabulary: what kind of problem a quarantined line (or file) has.
-ERROR_CODES = (
-    "invalid-json", "not-an-object", "missing-field", "type-error", "out-of-range", "constraint-error",
-    "encoding-error", "unparsable-line", "unreadable-file", "unknown-format", "binary-file", "corrupt-file",
-)
 # Steps are stored as INTEGER (samples, turns, rank timings); a step outside this range is rejected.
 STEP_MIN, STEP_MAX = -(2**31), 2**31 - 1
 
@@ -44,7 +40,7 @@ def step_sql(text: str) -> str:
 def step_problem_sql(text: str) -> str:
     """SQL for the ingest error code of a step text that `step_sql` turns into NULL."""
     number = f"TRY_CAST(trim({text}) AS DOUBLE)"
-    return f"(CASE WHEN {number} = floor({number}) THEN 'out-of-range' ELSE 'type-error' END)"
+    return f"(CASE WHEN {number} = floor({number}) THEN '{ErrorCode.OUT_OF_RANGE}' ELSE '{ErrorCode.TYPE_ERROR}' END)"
 
 def file_owned_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Tables whose rows belong to one file, read from the catalog: every base table of the store
@@ -116,8 +112,8 @@ class FileContext:
 
     def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None, *, code: str) -> None:
         """Quarantine one line (or the whole file, with line_no None) with a reason and an error code
-        (one of ERROR_CODES)."""
-        if code not in ERROR_CODES:
+        (an `ErrorCode`)."""
+        if code not in ErrorCode.__members__.values():
             raise ValueError(f"unknown ingest error code {code!r}")
         if isinstance(raw, bytes):
             raw = raw.decode("utf-8", errors="replace")

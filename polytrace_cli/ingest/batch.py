@@ -24,36 +24,25 @@ from polytrace_cli.ingest.jsonl import (
     BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows,
     load_batch_records, refused, stored_counts, strict_file_records,
 )
+from polytrace_cli.ingest.ledger import (
+    FileReport, FileRow, RunResolver, fold_meta, insert_files, insert_rows, merge_run_meta,
+)
 from polytrace_cli.ingest.sniffing import SNIFF_BYTES, detect
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_files
 from polytrace_cli.store.sql import fetch_first, rollback
-from polytrace_cli.ingest.ledger import FileReport, RunResolver, fold_meta, insert_rows, merge_run_meta
-
 
 # A batch holds files of at most BATCH_FILE_MAX_BYTES each, up to BATCH_MAX_FILES files or
 # BATCH_MAX_BYTES in all; a larger file is read alone (one file already makes a bulk read).
 BATCH_FILE_MAX_BYTES = 4 << 20
-
-
 BATCH_MAX_FILES = 10_000
-
-
 BATCH_MAX_BYTES = 128 << 20
-
-
 # A batch whose files hold this many bytes on average is read as JSON records, fewer as text lines.
 BATCH_JSON_MIN_MEAN_BYTES = 64 << 10
-
-
 # The text of a file this small is kept from sniffing for the batch read (DuckDB need not open it).
 BATCH_TEXT_KEEP_BYTES = 64 << 10
-
-
 # A batch of fewer bytes is decoded strictly before DuckDB reads it, not beside: the read is then
 # skipped when the decoder refuses too many of its files, which costs more than the overlap saves.
 BATCH_OVERLAP_MIN_BYTES = 8 << 20
-
-
 # A batch whose read fails (a line that does not parse, in a file unknown) is split in halves
 # until this many files remain, which are then read one by one.
 BATCH_SPLIT_MIN_FILES = 4
@@ -350,8 +339,9 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[BatchMembe
                                f" {records} stored, {blank} blank")
         rows, meta = summaries.get(member.file_id, (0, dict(ingester.meta_without_records)))
         share = seconds * size / total_bytes if total_bytes else 0.0
-        files.append((member.file_id, member.run_id, path_text(member.path), sha, size, ingester.name, None,
-                      ingester.version, ingester.read_options(), lines, records, blank, 0, rows, share))
+        files.append(FileRow(member.file_id, member.run_id, path_text(member.path), sha, size, ingester.name,
+                             ingester.version, lines, records, blank, 0, rows, share,
+                             read_options=ingester.read_options()))
         if blank:
             ignored.append((member.file_id, "blank line", blank))
         fold_meta(run_meta.setdefault(member.run_id, {}), meta)
@@ -360,9 +350,7 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[BatchMembe
             path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
             format=ingester.name, run=member.run, bytes=size, lines=lines, stored=records, ignored=blank,
             rows=rows, seconds=share)
-    columns = ["file_id", "run_id", "path", "sha256", "bytes", "format", "format_version", "parser_version",
-               "read_options", "lines", "stored", "ignored", "rejected", "rows", "seconds"]
-    insert_rows(con, "files", columns, files)
+    insert_files(con, files)
     if ignored:
         insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
     insert_rows(con, "file_run_meta", ["file_id", "run_id", "meta"], file_metas)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from polytrace_cli.errors import IngestError, PolytraceError
+from polytrace_cli.errors import ErrorCode, IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.files import CorruptFile, FileHashes, Readable, UnreadableFile, path_text, readable, walk
 from polytrace_cli.ingest.files import is_log_like
@@ -119,7 +119,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
     except UnreadableFile as error:
         return FileReport(path=shown, status="error", message=f"cannot read: {error}")
     except CorruptFile as error:
-        return _reject_whole(path, None, "unknown", str(error), "corrupt-file", hashes, failed_whole)
+        return _reject_whole(path, None, "unknown", str(error), ErrorCode.CORRUPT_FILE, hashes, failed_whole)
 
 
 def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: str, hashes: FileHashes,
@@ -127,7 +127,7 @@ def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, co
     sha, size, lines = hashes.result(path)
     if source is not None and source.rewritten:
         lines = hashes.result(source.path)[2]
-    elif source is None and code == "corrupt-file":
+    elif source is None and code == ErrorCode.CORRUPT_FILE:
         lines = 0  # the text of a damaged archive cannot be counted
     return reject_whole_file(path, fmt, reason, code, sha, size, lines, failed_whole)
 
@@ -158,7 +158,7 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
             return FileReport(path=shown, status="skipped", message=skip_reason(source.name_path, head, binary))
         reason = "empty file of unknown format" if not head else (
             "binary file of unknown format" if binary else "unknown format (use --format to name it)")
-        return _reject_whole(path, source, "unknown", reason, "binary-file" if binary else "unknown-format", hashes,
+        return _reject_whole(path, source, "unknown", reason, ErrorCode.BINARY_FILE if binary else ErrorCode.UNKNOWN_FORMAT, hashes,
                              failed_whole)
     run_id, run = resolver.resolve(path, ingester.framework)
     try:

@@ -41,6 +41,7 @@ from typing import Annotated, ClassVar
 import duckdb
 import msgspec
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 
 # A spec maps field names to DuckDB scalar type names, [spec] for lists, {..} for objects.
@@ -124,29 +125,29 @@ def value_problem(value, spec, where: str) -> tuple[str, str] | None:
         expected = _PY_TYPES[spec]
         if kind == "number" and not math.isfinite(value) and expected in ("integer", "number"):
             # JSON has no infinity: a number read as ±inf or NaN was too large to hold (1e400).
-            return "out-of-range", f"field {where}: {value!r} is out of range for {spec}"
+            return ErrorCode.OUT_OF_RANGE, f"field {where}: {value!r} is out of range for {spec}"
         if spec in INTEGER_RANGES:
             if kind not in ("integer", "number") or (
                 kind == "number" and not (math.isfinite(value) and value.is_integer())
             ):
-                return "type-error", f"field {where}: expected integer, got {kind}"
+                return ErrorCode.TYPE_ERROR, f"field {where}: expected integer, got {kind}"
             low, high = INTEGER_RANGES[spec]
             if not low <= value < high + 1:
-                return "out-of-range", f"field {where}: {value!r} is out of range for {spec}"
+                return ErrorCode.OUT_OF_RANGE, f"field {where}: {value!r} is out of range for {spec}"
             return None
         if expected == "any" or kind == expected or (expected == "number" and kind == "integer"):
             return None
-        return "type-error", f"field {where}: expected {expected}, got {kind}"
+        return ErrorCode.TYPE_ERROR, f"field {where}: expected {expected}, got {kind}"
     if isinstance(spec, list):
         if kind != "list":
-            return "type-error", f"field {where}: expected a list, got {kind}"
+            return ErrorCode.TYPE_ERROR, f"field {where}: expected a list, got {kind}"
         for index, item in enumerate(value):
             problem = value_problem(item, spec[0], f"{where}[{index}]")
             if problem:
                 return problem
         return None
     if kind != "object":
-        return "type-error", f"field {where}: expected an object, got {kind}"
+        return ErrorCode.TYPE_ERROR, f"field {where}: expected an object, got {kind}"
     for name, sub in spec.items():
         problem = value_problem(value.get(name), sub, f"{where}.{name}")
         if problem:
@@ -442,21 +443,21 @@ def _line_problem(raw: bytes, spec: Spec, required: Sequence[str]) -> tuple[str,
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return "encoding-error", "not UTF-8 text", raw
+        return ErrorCode.ENCODING_ERROR, "not UTF-8 text", raw
     if not text.strip():
         return "", "blank line", text
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
         reason = "truncated JSON (line cut short)" if error.pos >= len(text.rstrip()) else f"not JSON: {error.msg}"
-        return "invalid-json", reason, text
+        return ErrorCode.INVALID_JSON, reason, text
     except RecursionError:
-        return "invalid-json", "JSON nested too deep to read", text
+        return ErrorCode.INVALID_JSON, "JSON nested too deep to read", text
     if not isinstance(record, dict):
-        return "not-an-object", f"not a JSON object ({_json_kind(record)})", text
+        return ErrorCode.NOT_AN_OBJECT, f"not a JSON object ({_json_kind(record)})", text
     missing = [name for name in required if record.get(name) is None]
     if missing:
-        return "missing-field", f"missing field {', '.join(missing)}", text
+        return ErrorCode.MISSING_FIELD, f"missing field {', '.join(missing)}", text
     problem = value_problem(record, spec, "")
     if problem:
         code, reason = problem
@@ -506,7 +507,7 @@ def _apply_checks(ctx: FileContext, checks: Sequence[Check], text_of) -> None:
         failing = con.execute(f"SELECT line_no FROM records WHERE {check.bad_when} ORDER BY line_no").fetchall()
         if failing:
             for (line_no,) in failing:
-                ctx.reject(line_no, check.reason, text_of(line_no), code="constraint-error")
+                ctx.reject(line_no, check.reason, text_of(line_no), code=ErrorCode.CONSTRAINT_ERROR)
             con.execute(f"DELETE FROM records WHERE {check.bad_when}")
 
 

@@ -9,7 +9,7 @@ import functools
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 
 import duckdb
@@ -58,19 +58,11 @@ GENERIC_FOLDERS = {
     "table", "tables", "output", "outputs", "rollout_data", "validation_data", "rollout_data_dir",
     "validation_data_dir", "tensorboard", "tensorboard_log", "tb", "events", "runs", "wandb",
 }
-
-
 _TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
-
-
 # transformers' TensorBoard folder `runs/Nov26_15-55-36_host` names a start time, and its
 # `checkpoint-N` folders a point of the run in its output folder.
 _TRAINER_TIMESTAMP = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
-
-
 _CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
-
-
 # The folders of an MLflow file-store run (`mlruns/<experiment>/<run>/metrics/<key>`) below the run's.
 _MLFLOW_RUN_PARTS = {"metrics", "params", "tags", "artifacts"}
 
@@ -248,11 +240,7 @@ def _record_whole_file_rejection(
         if old:
             delete_file_rows(con, old[0])
         file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
-        con.execute(
-            "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, parser_version, lines, stored,"
-            " ignored, rejected, rows, seconds) VALUES (?, ?, ?, ?, ?, ?, '-', ?, 0, 0, ?, 0, 0)",
-            [file_id, run_id, path_text(path), sha, size, fmt, lines, lines],
-        )
+        insert_files(con, [FileRow(file_id, run_id, path_text(path), sha, size, fmt, "-", lines, 0, 0, lines, 0, 0.0)])
         con.execute("INSERT INTO ingest_errors (file_id, line_no, reason, code) VALUES (?, NULL, ?, ?)",
                     [file_id, reason, code])
         con.execute("COMMIT")
@@ -276,6 +264,50 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[str], 
     unnested = ", ".join(f"unnest(?) AS {name}" for name in columns)
     con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM (SELECT {unnested})",
                 [[row[index] for row in rows] for index in range(len(columns))])
+
+
+@dataclass
+class FileRow:
+    """A `files` row: what the store records of one file read (its provenance, how it was read, its
+    accounting `lines = stored + ignored + rejected`, and what its next read of a grown log goes on from)."""
+
+    file_id: int
+    run_id: int
+    path: str
+    sha256: str
+    bytes: int
+    format: str
+    parser_version: str
+    lines: int
+    stored: int
+    ignored: int
+    rejected: int
+    rows: int
+    seconds: float
+    format_version: str | None = None
+    read_options: str | None = None
+    complete_bytes: int | None = None
+    resume_state: str | None = None
+
+
+FILE_COLUMNS = [column.name for column in fields(FileRow)]
+
+
+def insert_files(con: duckdb.DuckDBPyConnection, files: list[FileRow]) -> None:
+    """Write the `files` rows of files read (one read, a batch, files rejected whole): every `files` row is
+    written here, in one statement."""
+    insert_rows(con, "files", FILE_COLUMNS, [astuple(row) for row in files])
+
+
+def record_growth(con: duckdb.DuckDBPyConnection, grown: FileRow) -> None:
+    """Add an appended read to its file's `files` row: the counts, rows and seconds of the new lines (in
+    `grown`) added to the row's, the provenance and the state to go on from replaced."""
+    con.execute(
+        "UPDATE files SET sha256 = ?, bytes = ?, complete_bytes = ?, format_version = ?, lines = lines + ?,"
+        " stored = stored + ?, ignored = ignored + ?, rejected = rejected + ?, rows = rows + ?,"
+        " seconds = seconds + ?, resume_state = ?, ingested_at = current_timestamp WHERE file_id = ?",
+        [grown.sha256, grown.bytes, grown.complete_bytes, grown.format_version, grown.lines, grown.stored,
+         grown.ignored, grown.rejected, grown.rows, grown.seconds, grown.resume_state, grown.file_id])
 
 
 @dataclass

@@ -17,10 +17,10 @@ from polytrace_cli.ingest.files import (
 )
 from polytrace_cli.ingest.unchanged import is_unchanged, reads_the_same, stored_file
 from polytrace_cli.store.sql import fetch_first
-from polytrace_cli.ingest.ledger import (
-    FileReport, commit_file, delete_file_rows, fill_report, growth_check, roll_back_file,
-)
 from polytrace_cli.ingest.append import ReadWhole, append_in_transaction, complete_bytes, ends_a_line
+from polytrace_cli.ingest.ledger import (
+    FileReport, FileRow, commit_file, delete_file_rows, fill_report, growth_check, insert_files, roll_back_file,
+)
 
 
 def ingest_file(
@@ -134,14 +134,10 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
         if ctx.resume_state is not None and complete_bytes is not None:
             state = json.dumps({**ctx.resume_state, "meta": ctx.run_meta, "format_version": ctx.format_version,
                                 **growth_check(path, size, sha, complete_bytes)}, sort_keys=True)
-        con.execute(
-            "INSERT INTO files (file_id, run_id, path, sha256, bytes, format, format_version, parser_version,"
-            " read_options, lines, stored, ignored, rejected, rows, seconds, complete_bytes, resume_state)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [file_id, run_id, path_text(path), sha, size, ingester.name, ctx.format_version, ingester.version,
-             options, ctx.lines, ctx.stored, ctx.ignored_total, ctx.rejected, ctx.rows, seconds, complete_bytes,
-             state],
-        )
+        insert_files(con, [FileRow(
+            file_id, run_id, path_text(path), sha, size, ingester.name, ingester.version, ctx.lines, ctx.stored,
+            ctx.ignored_total, ctx.rejected, ctx.rows, seconds, format_version=ctx.format_version,
+            read_options=options, complete_bytes=complete_bytes, resume_state=state)])
         commit_file(con, ctx, run_id, ingester.framework, again=existing is not None)
     except BaseException:
         roll_back_file(con, ctx)

@@ -13,22 +13,18 @@ from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.files import is_log_like
+from polytrace_cli.ingest.formats import load_builtin_formats
 from polytrace_cli.ingest.registry import builtin_ingesters, merged_names, plugin_ingesters
 
 
 SNIFF_BYTES = 64 * 1024
 
 
-def _load_builtin_formats() -> None:
-    # Importing the package registers every built-in ingester, in the order it lists them.
-    import polytrace_cli.ingest.formats  # noqa: F401
-
-
 def all_ingesters() -> list[Ingester]:
     """Every registered ingester, in sniffing order: the plugins' first (a team's own format is more
     specific than the general built-in ones), then the built-in formats."""
     plugins = plugin_ingesters()
-    _load_builtin_formats()
+    load_builtin_formats()
     return [*plugins, *builtin_ingesters()]
 
 

@@ -51,16 +51,31 @@ def runs_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[Any
     return [column[0] for column in cursor.description], cursor.fetchall()
 
 
+def _ids_by_name(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, int]:
+    """{name: run_id} of the runs among `names`: the one query from a run's name to its id."""
+    return dict(con.execute("SELECT name, run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall())
+
+
 def run_ids(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int]:
     """Run ids for the given names (all runs when none are given); unknown names are an error."""
     if not names:
         return [row[0] for row in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
-    found = dict(con.execute("SELECT name, run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall())
+    found = _ids_by_name(con, names)
     missing = [n for n in names if n not in found]
     if missing:
         known = ", ".join(r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()) or "none"
         raise PolytraceError(f"no run named {', '.join(missing)} (runs: {known})")
     return [found[n] for n in names]
+
+
+def run_id(con: duckdb.DuckDBPyConnection, name: str) -> int:
+    """The id of the run named `name` (`run_ids` of one name: an unknown name is an error listing the runs)."""
+    return run_ids(con, [name])[0]
+
+
+def run_id_if_any(con: duckdb.DuckDBPyConnection, name: str) -> int | None:
+    """The id of the run named `name`, or None when the store holds no run of that name."""
+    return _ids_by_name(con, [name]).get(name)
 
 
 def run_ids_to_analyze(con: duckdb.DuckDBPyConnection, names: list[str] | None) -> list[int]:

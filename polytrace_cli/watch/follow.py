@@ -41,6 +41,7 @@ import duckdb
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import last_newline_end, path_text, walk
 from polytrace_cli.semantics.step_facts import pairs_after_sql
+from polytrace_cli.store.queries import run_id_if_any
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3
@@ -271,9 +272,9 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
             run_name = next((r.run for r in reports if r.run and r.rows), None) or result.run
             if run_name and judge is None:
                 result.run = run_name
-                run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [run_name]).fetchall()
-                judge = StepJudge(con, run_id[0][0]) if run_id else None
-                validations = ValidationEvents(con, run_id[0][0]) if run_id else None
+                run_id = run_id_if_any(con, run_name)
+                judge = StepJudge(con, run_id) if run_id is not None else None
+                validations = ValidationEvents(con, run_id) if run_id is not None else None
                 total_steps = configured_steps(con, run_name)
                 if on_run is not None:
                     on_run(run_name)

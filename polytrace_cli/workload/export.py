@@ -30,6 +30,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store.queries import run_id as run_id_of
 from polytrace_cli.store.sql import fetch_first
 
 FORMATS = ("polytrace-json", "packed")
@@ -43,15 +44,6 @@ class ExportResult:
     steps: int = 0
     samples: int = 0
     multiturn: bool = False
-
-
-def resolve_run(con: duckdb.DuckDBPyConnection, run: str) -> int:
-    """The run_id of the run named `run`; an unknown name is a user error listing the known runs."""
-    row = fetch_first(con, "SELECT run_id FROM runs WHERE name = ?", [run])
-    if row is None:
-        known = ", ".join(r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()) or "none"
-        raise PolytraceError(f"no run named {run} (runs: {known})")
-    return row[0]
 
 
 def _safe_name(text: str) -> str:
@@ -165,7 +157,7 @@ def export_run(con: duckdb.DuckDBPyConnection, run: str, out_dir: str | Path, fo
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise PolytraceError(f"unknown export format {', '.join(unknown) or '(none)'}; choose from {', '.join(FORMATS)}")
-    run_id = resolve_run(con, run)
+    run_id = run_id_of(con, run)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise PolytraceError(f"{out} exists and is not a folder")

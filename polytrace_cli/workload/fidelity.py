@@ -212,9 +212,9 @@ def workload_from_run(con: duckdb.DuckDBPyConnection, run: str, sampler: str = "
     Multi-turn runs (whose fit carries a multi-turn model) default to multi-turn trajectories, and
     the drift per step is the fitted one.
     """
-    from polytrace_cli.workload.export import resolve_run
+    from polytrace_cli.store.queries import run_id as run_id_of
 
-    run_id = resolve_run(con, run)
+    run_id = run_id_of(con, run)
     document = fitted_params(con, run_id)
     model = load_own(document, sampler)
     shape = run_shape(con, run_id, document.get("max_response_len"))

@@ -29,6 +29,7 @@ import polars as pl
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.driver import ingest_paths
+from polytrace_cli.store.queries import run_id as run_id_of, run_id_if_any
 from polytrace_cli.store.sql import fetch_first
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step")
@@ -68,7 +69,7 @@ def load_log(con: duckdb.DuckDBPyConnection, log: str | Path, role: str) -> str:
     """
     path = Path(log)
     if not path.exists():
-        if fetch_first(con, "SELECT 1 FROM runs WHERE name = ?", [str(log)]):
+        if run_id_if_any(con, str(log)) is not None:
             return str(log)
         raise PolytraceError(f"{log}: no such log file or folder, and no run of that name in the store")
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
@@ -80,13 +81,6 @@ def load_log(con: duckdb.DuckDBPyConnection, log: str | Path, role: str) -> str:
     if not any(r.status in ("ingested", "replaced", "unchanged") for r in reports):
         raise PolytraceError(f"{log}: no file of a known format (see `polytrace formats`)")
     return name
-
-
-def _run_id(con: duckdb.DuckDBPyConnection, name: str) -> int:
-    row = fetch_first(con, "SELECT run_id FROM runs WHERE name = ?", [name])
-    if row is None:
-        raise PolytraceError(f"no run named {name}")
-    return row[0]
 
 
 _LATEST_STEPS = """
@@ -115,7 +109,7 @@ _PER_STEP = """
 
 def compare_runs(con: duckdb.DuckDBPyConnection, benchmark_run: str, formal_run: str) -> ReplayReport:
     """Pair the two runs' steps and compute per-stage errors and accuracies (module docstring)."""
-    bench_id, formal_id = _run_id(con, benchmark_run), _run_id(con, formal_run)
+    bench_id, formal_id = run_id_of(con, benchmark_run), run_id_of(con, formal_run)
     con.execute(_LATEST_STEPS, [bench_id, formal_id])
     for run_id, name in ((bench_id, benchmark_run), (formal_id, formal_run)):
         if not fetch_first(con, "SELECT count(*) FROM replay_steps WHERE run_id = ?", [run_id])[0]:

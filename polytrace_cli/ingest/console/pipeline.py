@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ClassVar
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -389,11 +390,11 @@ def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) ->
     if not bad_steps.height and not overflow.height:
         return ParsedMetrics(_with_steps(metrics, steps), _with_steps(flags, steps), parsed.printed)
     problems = pl.concat([
-        bad_steps.select("line_no", reason=pl.when(pl.col("code") == "out-of-range")
+        bad_steps.select("line_no", reason=pl.when(pl.col("code") == ErrorCode.OUT_OF_RANGE)
                          .then(pl.format("step {} is out of range ({}..{})", "printed", pl.lit(STEP_MIN), pl.lit(STEP_MAX)))
                          .otherwise(pl.format("step {} is not a whole number", "printed")), code="code"),
         overflow.select("line_no", reason=pl.format("key {}: value {} is out of range for a double", "key", "raw_value"),
-                        code=pl.lit("out-of-range")),
+                        code=pl.lit(ErrorCode.OUT_OF_RANGE)),
     ]).sort("line_no").join(lines.select("line_no", "raw"), on="line_no", how="left", maintain_order="left")
     for line_no, reason, code, raw in problems.select("line_no", "reason", "code", "raw").iter_rows():
         ctx.reject(line_no, reason, raw, code=code)
@@ -494,7 +495,7 @@ def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:
         return lines
     bad = pl.col("encoding").is_not_null() & ~pl.col("kind").is_in([METRIC, DIRTY])
     for line_no, reason, raw in lines.filter(bad).select("line_no", "encoding", "raw").iter_rows():
-        ctx.reject(line_no, reason, raw, code="encoding-error")
+        ctx.reject(line_no, reason, raw, code=ErrorCode.ENCODING_ERROR)
     return _mark_bad_text(lines)
 
 

@@ -1,19 +1,37 @@
-"""Built-in input formats, one module each. Import order is sniffing order: specific first."""
+"""Built-in input formats: a folder per framework or tracker, holding its metric names (`names.py`) and one
+module per format.
 
-import polytrace_cli.ingest.formats.polytrace.packed  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.reward  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.dapo  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.multiturn  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.dataset  # noqa: F401
-import polytrace_cli.ingest.formats.verl.jsonl  # noqa: F401
-import polytrace_cli.ingest.formats.verl.rollout  # noqa: F401
-import polytrace_cli.ingest.formats.openrlhf.console  # noqa: F401
-import polytrace_cli.ingest.formats.trl.console  # noqa: F401
-import polytrace_cli.ingest.formats.trl.trainer_state  # noqa: F401
-import polytrace_cli.ingest.formats.mlflow.store  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.offline  # noqa: F401
-import polytrace_cli.ingest.formats.tensorboard.events  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.run_files  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.table  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.csv_export  # noqa: F401
-import polytrace_cli.ingest.formats.verl.console  # noqa: F401
+Importing this package loads no format: a framework's `names.py` is read at every store open and must stay
+cheap. `load_builtin_formats` imports the format modules, which register their ingesters as they load, in
+sniffing order (the first format whose sniff accepts a file reads it).
+"""
+
+import importlib
+from pathlib import Path
+
+# Specific formats first (a PolyTrace trace recognised by its file name), general ones last (verl's console
+# log: any text log with `step:N - key:value` lines). A module of a framework folder named in neither list
+# (a new framework's format) is sniffed between them, in name order.
+SPECIFIC_FIRST = (
+    "polytrace.packed", "polytrace.reward", "polytrace.dapo", "polytrace.multiturn", "polytrace.dataset",
+    "verl.jsonl", "verl.rollout", "openrlhf.console", "trl.console", "trl.trainer_state", "mlflow.store",
+    "wandb.offline", "tensorboard.events", "wandb.run_files", "wandb.table", "wandb.csv_export",
+)
+GENERAL_LAST = ("verl.console",)
+# Modules of a framework folder that hold no format.
+NOT_FORMATS = ("__init__", "names")
+
+
+def format_modules() -> list[str]:
+    """Every built-in format module as `<framework>.<module>`, in sniffing order: SPECIFIC_FIRST, then the
+    other modules of the framework folders by name, then GENERAL_LAST."""
+    folder = Path(__file__).parent
+    found = {f"{path.parent.name}.{path.stem}" for path in folder.glob("*/*.py") if path.stem not in NOT_FORMATS}
+    listed = {*SPECIFIC_FIRST, *GENERAL_LAST}
+    return [*SPECIFIC_FIRST, *sorted(found - listed), *GENERAL_LAST]
+
+
+def load_builtin_formats() -> None:
+    """Import every built-in format module (`format_modules`), registering their ingesters in sniffing order."""
+    for module in format_modules():
+        importlib.import_module(f"{__name__}.{module}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
@@ -101,7 +101,7 @@ class MlflowMetricIngester(Ingester):
         ctx.ignore("blank line", parsed.filter(blank).height)
         for line_no, raw, step in parsed.filter(~good & ~blank).select("line_no", "raw", "step").iter_rows():
             ctx.reject(line_no, "not an MLflow metric line `timestamp value step`", raw,
-                       code="out-of-range" if step is not None and not STEP_MIN <= step <= STEP_MAX else "unparsable-line")
+                       code=ErrorCode.OUT_OF_RANGE if step is not None and not STEP_MIN <= step <= STEP_MAX else ErrorCode.UNPARSABLE_LINE)
         rows = parsed.filter(good).select("line_no", "step", "timestamp", "value",
                                           key=pl.lit(key), text_value=pl.lit(None, pl.String))
         ctx.stored = rows.height
@@ -133,9 +133,9 @@ class MlflowRunFileIngester(Ingester):
             try:
                 document = yaml.safe_load(ctx.path.read_text(encoding="utf-8", errors="replace"))
             except yaml.YAMLError:
-                raise IngestError("meta.yaml is not valid YAML", "unparsable-line") from None
+                raise IngestError("meta.yaml is not valid YAML", ErrorCode.UNPARSABLE_LINE) from None
             if not isinstance(document, dict):
-                raise IngestError("meta.yaml does not hold a mapping", "not-an-object")
+                raise IngestError("meta.yaml does not hold a mapping", ErrorCode.NOT_AN_OBJECT)
             ctx.run_meta.update({"mlflow_run_name": document.get("run_name"), "mlflow_run_id": document.get("run_id"),
                                  "mlflow_experiment_id": document.get("experiment_id"),
                                  "mlflow_start_time_ms": document.get("start_time"),
@@ -203,7 +203,7 @@ class MlflowSqliteIngester(Ingester):
             finally:
                 con.close()
         except sqlite3.Error as error:
-            raise IngestError(f"MLflow SQLite store cannot be read: {error}", "unreadable-file") from None
+            raise IngestError(f"MLflow SQLite store cannot be read: {error}", ErrorCode.UNREADABLE_FILE) from None
         ctx.lines = len(metrics) + len(params) + len(tags)
         deleted = {run[0] for run in runs if run[5] == "deleted"}
         live = [run for run in runs if run[0] not in deleted]
@@ -214,7 +214,7 @@ class MlflowSqliteIngester(Ingester):
                                      "timestamp": pl.Int64, "step": pl.Int64, "is_nan": pl.Int64}, orient="row")
         bad = ~pl.col("step").is_between(STEP_MIN, STEP_MAX) | pl.col("step").is_null()
         for line_no, step in frame.filter(bad).select("line_no", "step").iter_rows():
-            ctx.reject(line_no, f"metrics row step {step} is outside the step range", None, code="out-of-range")
+            ctx.reject(line_no, f"metrics row step {step} is outside the step range", None, code=ErrorCode.OUT_OF_RANGE)
         frame = frame.filter(~bad).with_columns(
             value=pl.when(pl.col("is_nan") == 1).then(float("nan")).otherwise(pl.col("value")),
             text_value=pl.lit(None, pl.String))

@@ -37,6 +37,7 @@ import math
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -213,10 +214,10 @@ class OpenRLHFGrammar(ConsoleGrammar):
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
                 kind = "evaluation" if is_eval else "Global step"
                 ctx.reject(line_no, f"{kind} payload is not a Python dict literal: {type(error).__name__}", raw,
-                           code="unparsable-line")
+                           code=ErrorCode.UNPARSABLE_LINE)
                 continue
             if not isinstance(value, dict):
-                ctx.reject(line_no, f"payload is a {type(value).__name__}, not a dict", raw, code="unparsable-line")
+                ctx.reject(line_no, f"payload is a {type(value).__name__}, not a dict", raw, code=ErrorCode.UNPARSABLE_LINE)
                 continue
             try:
                 rows = _flatten("eval/" if is_eval else "", value)
@@ -226,7 +227,7 @@ class OpenRLHFGrammar(ConsoleGrammar):
                 isinstance(row[1], float) and math.isinf(row[1]) for row in rows) else None
             if rows is None or too_large is not None:
                 ctx.reject(line_no, f"value {(too_large or 'an integer')[:40]} is out of range for a double", raw,
-                           code="out-of-range")
+                           code=ErrorCode.OUT_OF_RANGE)
                 continue
             if is_eval:
                 rows = [(k if not k.startswith("eval/eval/") else k[5:], v, t) for k, v, t in rows]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import duckdb
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.jsonl import fits_sql, value_problem
 from polytrace_cli.ingest.registry import register
@@ -40,17 +40,17 @@ def _list_problem(key: str, turns: list[str]) -> tuple[str, str]:
         try:
             turn = json.loads(text) if text else None
         except RecursionError:
-            return f"step {key}: nested too deep to read", "invalid-json"
+            return f"step {key}: nested too deep to read", ErrorCode.INVALID_JSON
         if not isinstance(turn, dict):
-            return f"step {key}: expected an object with input and output lists", "type-error"
+            return f"step {key}: expected an object with input and output lists", ErrorCode.TYPE_ERROR
         for side in ("input", "output"):
             if not isinstance(turn.get(side), list):
-                return f"step {key}: {side} must be a list of integers", "type-error"
+                return f"step {key}: {side} must be a list of integers", ErrorCode.TYPE_ERROR
         problem = value_problem(turn, {"input": ["INTEGER"], "output": ["INTEGER"]}, "")
         if problem:
             code, reason = problem
             return f"step {key}: {reason.replace('field .', '')}", code
-    return f"step {key}: input and output must be lists of integers", "type-error"
+    return f"step {key}: input and output must be lists of integers", ErrorCode.TYPE_ERROR
 
 
 @register
@@ -79,7 +79,7 @@ class DatasetJsonIngester(Ingester):
                 [str(ctx.path)],
             )
         except duckdb.Error as error:
-            raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}", "invalid-json") from None
+            raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}", ErrorCode.INVALID_JSON) from None
         ctx.lines = con.execute("SELECT count(*) FROM entries").fetchall()[0][0]
         # Lengths must be whole numbers an INTEGER holds (the rule of every JSON trace), else the entry is rejected.
         fits = " AND ".join(_lengths_fit_sql(side) for side in ("input", "output"))
@@ -114,7 +114,7 @@ class DatasetJsonIngester(Ingester):
         ).fetchall()
         for position, key, _broken, bad_key, broken_turns in bad:
             if bad_key:
-                reason, code = f"step key {key!r} is not an integer", "type-error"
+                reason, code = f"step key {key!r} is not an integer", ErrorCode.TYPE_ERROR
             else:
                 reason, code = _list_problem(key, broken_turns)
             ctx.reject(position, reason, key, code=code)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
@@ -88,7 +88,7 @@ class TensorBoardEventsIngester(Ingester):
             from tensorboard.compat.proto import event_pb2
             from tensorboard.util import tensor_util
         except ImportError:
-            raise IngestError(EXTRA_HINT, "unreadable-file") from None
+            raise IngestError(EXTRA_HINT, ErrorCode.UNREADABLE_FILE) from None
         size = ctx.path.stat().st_size
         consumed = 0
         steps: list[int] = []
@@ -102,11 +102,11 @@ class TensorBoardEventsIngester(Ingester):
             try:
                 event = event_pb2.Event.FromString(record)
             except DecodeError:
-                ctx.reject(record_no, "event record is not a valid Event protobuf", None, code="unparsable-line")
+                ctx.reject(record_no, "event record is not a valid Event protobuf", None, code=ErrorCode.UNPARSABLE_LINE)
                 continue
             kind = event.WhichOneof("what")
             if kind == "summary" and not STEP_MIN <= event.step <= STEP_MAX:
-                ctx.reject(record_no, f"step {event.step} is outside the step range", None, code="out-of-range")
+                ctx.reject(record_no, f"step {event.step} is outside the step range", None, code=ErrorCode.OUT_OF_RANGE)
                 continue
             if kind != "summary":
                 ctx.ignore("file header" if kind == "file_version" else f"{kind or 'empty'} event")
@@ -132,7 +132,7 @@ class TensorBoardEventsIngester(Ingester):
                 record_no + 1,
                 f"event file damaged after {record_no} readable records: byte {consumed} of {size}"
                 " is a truncated or corrupt record; the records before it are kept",
-                code="corrupt-file",
+                code=ErrorCode.CORRUPT_FILE,
             )
             ctx.note(f"damaged at byte {consumed} of {size}; {record_no} records kept")
         self._store(ctx, steps, tags, values, record_nos)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest.formats.trl import names as trl_names
@@ -208,10 +209,10 @@ class TrlGrammar(ConsoleGrammar):
                 payload = _literal_payload(cleaned.strip())
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
                 ctx.reject(line_no, f"metrics dict is not a Python dict literal: {type(error).__name__}", raw,
-                           code="unparsable-line")
+                           code=ErrorCode.UNPARSABLE_LINE)
                 continue
             if not isinstance(payload, dict):
-                ctx.reject(line_no, f"payload is a {type(payload).__name__}, not a dict", raw, code="unparsable-line")
+                ctx.reject(line_no, f"payload is a {type(payload).__name__}, not a dict", raw, code=ErrorCode.UNPARSABLE_LINE)
                 continue
             if not payload:
                 ctx.ignore(OTHER_DICT_RULE)
@@ -477,7 +478,7 @@ def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) 
             "line_no", "raw", "c").iter_rows():
         too_large = _too_large_for_double(cleaned)
         if too_large is not None:
-            ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code="out-of-range")
+            ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code=ErrorCode.OUT_OF_RANGE)
             bad.append(line_no)
     return pairs.filter(~pl.col("line_no").is_in(bad))
 

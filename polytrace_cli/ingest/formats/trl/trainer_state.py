@@ -20,7 +20,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.formats.trl import names as trl_names
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
@@ -39,9 +39,9 @@ def read_state(path: Path) -> dict:
         document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except json.JSONDecodeError as error:
         raise IngestError(f"trainer_state.json is not valid JSON: {error.msg} at line {error.lineno}",
-                          "invalid-json") from None
+                          ErrorCode.INVALID_JSON) from None
     if not isinstance(document, dict) or not isinstance(document.get("log_history"), list):
-        raise IngestError("trainer_state.json has no log_history list", "missing-field")
+        raise IngestError("trainer_state.json has no log_history list", ErrorCode.MISSING_FIELD)
     return document
 
 
@@ -95,7 +95,7 @@ class TrainerStateIngester(Ingester):
         summary = None
         for line_no, entry in enumerate(history, start=1):
             if not isinstance(entry, dict):
-                ctx.reject(line_no, "log_history entry is not an object", json.dumps(entry)[:300], code="not-an-object")
+                ctx.reject(line_no, "log_history entry is not an object", json.dumps(entry)[:300], code=ErrorCode.NOT_AN_OBJECT)
                 continue
             if trl.is_summary_dict(entry):
                 summary = {key: trl.scalar(value)[0] for key, value in entry.items()}
@@ -104,10 +104,10 @@ class TrainerStateIngester(Ingester):
             step = entry.get("step")
             if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
                 ctx.reject(line_no, "log_history entry has no whole-number step", json.dumps(entry)[:300],
-                           code="missing-field" if step is None else "type-error")
+                           code=ErrorCode.MISSING_FIELD if step is None else ErrorCode.TYPE_ERROR)
                 continue
             if not STEP_MIN <= step <= STEP_MAX:
-                ctx.reject(line_no, f"step {step} is out of range", json.dumps(entry)[:300], code="out-of-range")
+                ctx.reject(line_no, f"step {step} is out of range", json.dumps(entry)[:300], code=ErrorCode.OUT_OF_RANGE)
                 continue
             in_eval = trl.is_eval_dict(entry)
             pairs = [(trl.store_key(key, in_eval), *trl.scalar(value)) for key, value in entry.items() if key != "step"]

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -227,7 +228,7 @@ def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame,
         cut = raw_chars == WANDB_LINE_LIMIT
         parsed = parse_metric_line(cleaned, cut=cut)
         if parsed.problem:
-            ctx.reject(line_no, parsed.problem, raw, code="unparsable-line")
+            ctx.reject(line_no, parsed.problem, raw, code=ErrorCode.UNPARSABLE_LINE)
             continue
         printed.append((line_no, parsed.step_text))
         step = int64_step(parsed.step_text)

@@ -34,6 +34,7 @@ import re
 import duckdb
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import run_metadata
@@ -155,7 +156,7 @@ def _read_line_by_line(ctx: FileContext) -> None:
                  WHEN kind <> 'OBJECT' THEN 'not a JSON object'
                  WHEN json_type(parts[1]) IS NULL OR json_type(parts[1]) = 'NULL' THEN 'missing field step'
                  WHEN json_type(parts[1]) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE')
-                      OR ({step_sql(step_text)} IS NULL AND {step_problem_sql(step_text)} = 'type-error')
+                      OR ({step_sql(step_text)} IS NULL AND {step_problem_sql(step_text)} = '{ErrorCode.TYPE_ERROR}')
                       THEN 'field step: expected an integer'
                  WHEN {step_sql(step_text)} IS NULL
                       THEN 'field step: ' || {step_text} || ' is out of range for INTEGER'
@@ -227,7 +228,7 @@ def _reject_beyond_double(ctx: FileContext) -> None:
         wanted = {line_no: key for line_no, key in found}
         for line_no, raw in _lines_numbered(ctx.path, wanted, ctx.line_offset):
             ctx.reject(line_no, f"field data.{wanted[line_no]}: the number is out of range for DOUBLE", raw,
-                       code="out-of-range")
+                       code=ErrorCode.OUT_OF_RANGE)
         con.execute("DELETE FROM verl_jsonl_metrics WHERE line_no IN (SELECT unnest(?::BIGINT[]))", [list(wanted)])
         con.execute("UPDATE verl_jsonl_checked SET problem = 'out of range' WHERE line_no IN"
                     " (SELECT unnest(?::BIGINT[]))", [list(wanted)])
@@ -261,12 +262,12 @@ def _read_lines(path: Path, offset: int = 0) -> pl.DataFrame:
 def _problem_code(problem: str) -> str:
     """The ingest error code of a problem named by the line check."""
     if problem == "not JSON":
-        return "invalid-json"
+        return ErrorCode.INVALID_JSON
     if problem == "not a JSON object":
-        return "not-an-object"
+        return ErrorCode.NOT_AN_OBJECT
     if problem.startswith("missing field"):
-        return "missing-field"
-    return "out-of-range" if problem.endswith("out of range for INTEGER") else "type-error"
+        return ErrorCode.MISSING_FIELD
+    return ErrorCode.OUT_OF_RANGE if problem.endswith("out of range for INTEGER") else ErrorCode.TYPE_ERROR
 
 
 def _json_reason(raw: str) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import duckdb
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.registry import register
@@ -73,11 +73,11 @@ class WandbCsvIngester(Ingester):
             rows = _read_line_by_line(ctx)
         columns = [row[0] for row in con.execute("DESCRIBE wandb_csv").fetchall()][1:]
         if not any(c in STEP_COLUMNS for c in columns):
-            raise IngestError("the CSV header names no Step column", "missing-field")
+            raise IngestError("the CSV header names no Step column", ErrorCode.MISSING_FIELD)
         step_column, keys, runs = split_columns(columns)
         if len(runs) > 1:
             raise IngestError(f"the export holds {len(runs)} runs ({', '.join(runs)}); export one run per file",
-                              "constraint-error")
+                              ErrorCode.CONSTRAINT_ERROR)
         ctx.lines = rows + 1
         ctx.ignore("CSV header")
         _reject_rows_with_nul(ctx, columns)
@@ -104,7 +104,7 @@ class WandbCsvIngester(Ingester):
             f"SELECT row_no, {_ident(step_column)}, {step_problem_sql(_ident(step_column))} FROM wandb_csv"
             f" WHERE {step_sql(_ident(step_column))} IS NULL ORDER BY row_no"
         ).fetchall():
-            what = "is outside the step range" if code == "out-of-range" else "is not an integer"
+            what = "is outside the step range" if code == ErrorCode.OUT_OF_RANGE else "is not an integer"
             ctx.reject(row_no + 1, f"{step_column} {what}: {step_text!r}", step_text, code=code)
         with_values = con.execute(
             "SELECT count(DISTINCT row_no) FROM wandb_csv_cells WHERE step IS NOT NULL").fetchall()[0][0]
@@ -141,7 +141,7 @@ def _reject_rows_with_nul(ctx: FileContext, columns: list[str]) -> None:
     for row_no, *cells in ctx.con.execute(
             f"SELECT row_no, * EXCLUDE (row_no) FROM wandb_csv WHERE {holds_nul} ORDER BY row_no").fetchall():
         ctx.reject(row_no + 1, "holds a NUL byte", ",".join("" if c is None else c for c in cells),
-                   code="unparsable-line")
+                   code=ErrorCode.UNPARSABLE_LINE)
     ctx.con.execute(f"DELETE FROM wandb_csv WHERE {holds_nul}")
 
 
@@ -158,14 +158,14 @@ def _read_line_by_line(ctx: FileContext) -> int:
         lines.pop()
     header = _parse_row(lines[0].removeprefix(b"\xef\xbb\xbf")) if lines else None
     if not isinstance(header, list) or not header:
-        raise IngestError("the CSV header is not one readable CSV row", "unparsable-line")
+        raise IngestError("the CSV header is not one readable CSV row", ErrorCode.UNPARSABLE_LINE)
     good: list[tuple[int, list[str]]] = []
     for line_no, raw in enumerate(lines[1:], start=2):
         row = _parse_row(raw)
         if isinstance(row, str):
-            ctx.reject(line_no, row, raw, code="encoding-error" if row.startswith("not UTF-8") else "unparsable-line")
+            ctx.reject(line_no, row, raw, code=ErrorCode.ENCODING_ERROR if row.startswith("not UTF-8") else ErrorCode.UNPARSABLE_LINE)
         elif len(row) != len(header):
-            ctx.reject(line_no, f"row has {len(row)} fields, the header {len(header)}", raw, code="unparsable-line")
+            ctx.reject(line_no, f"row has {len(row)} fields, the header {len(header)}", raw, code=ErrorCode.UNPARSABLE_LINE)
         else:
             good.append((line_no - 1, row))
     table = pa.table({"row_no": pa.array([n for n, _ in good], pa.int64()),

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
@@ -53,7 +53,7 @@ def read_records(data: bytes) -> tuple[list[bytes], int | None]:
     """(the records' data in order, byte offset where the readable part ends or None when the
     whole file read). Raises IngestError when the file header is not wandb's."""
     if len(data) < FILE_HEADER.size or FILE_HEADER.unpack_from(data) != MAGIC:
-        raise IngestError("not a wandb record log: the file does not start with the :W&B header", "corrupt-file")
+        raise IngestError("not a wandb record log: the file does not start with the :W&B header", ErrorCode.CORRUPT_FILE)
     records: list[bytes] = []
     pending: bytes | None = None
     offset = FILE_HEADER.size
@@ -115,7 +115,7 @@ class WandbOfflineIngester(Ingester):
             from google.protobuf.message import DecodeError
             from wandb.proto import wandb_internal_pb2
         except ImportError:
-            raise IngestError(EXTRA_HINT, "unreadable-file") from None
+            raise IngestError(EXTRA_HINT, ErrorCode.UNREADABLE_FILE) from None
         data = ctx.path.read_bytes()
         records, damaged_at = read_records(data)
         rows: list[tuple] = []
@@ -126,7 +126,7 @@ class WandbOfflineIngester(Ingester):
             try:
                 record = wandb_internal_pb2.Record.FromString(body)
             except DecodeError:
-                ctx.reject(record_no, "record is not a valid wandb Record protobuf", None, code="unparsable-line")
+                ctx.reject(record_no, "record is not a valid wandb Record protobuf", None, code=ErrorCode.UNPARSABLE_LINE)
                 continue
             kind = record.WhichOneof("record_type")
             if kind == "history":
@@ -155,7 +155,7 @@ class WandbOfflineIngester(Ingester):
             ctx.lines += 1
             ctx.reject(len(records) + 1, f"record log damaged after {len(records)} readable records: byte {damaged_at}"
                        f" of {len(data)} is a truncated or corrupt record; the records before it are kept",
-                       code="corrupt-file")
+                       code=ErrorCode.CORRUPT_FILE)
             ctx.note(f"damaged at byte {damaged_at} of {len(data)}; {len(records)} records kept")
         self._store(ctx, rows, config, summary, meta)
 
@@ -168,10 +168,10 @@ class WandbOfflineIngester(Ingester):
             step = history.step.num
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
             ctx.reject(record_no, "history row has no whole-number _step", json.dumps(items)[:300],
-                       code="missing-field" if step is None else "type-error")
+                       code=ErrorCode.MISSING_FIELD if step is None else ErrorCode.TYPE_ERROR)
             return False
         if not STEP_MIN <= step <= STEP_MAX:
-            ctx.reject(record_no, f"step {step} is outside the step range", None, code="out-of-range")
+            ctx.reject(record_no, f"step {step} is outside the step range", None, code=ErrorCode.OUT_OF_RANGE)
             return False
         found = False
         for key, text in items.items():

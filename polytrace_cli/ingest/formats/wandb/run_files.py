@@ -24,7 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, metric_key
 from polytrace_cli.ingest.registry import register
@@ -131,9 +131,9 @@ class WandbConfigIngester(Ingester):
             document = yaml.safe_load(ctx.path.read_text(encoding="utf-8", errors="replace"))
         except yaml.YAMLError as error:
             raise IngestError(f"config.yaml is not valid YAML: {str(error).splitlines()[0]}",
-                                  "unparsable-line") from None
+                                  ErrorCode.UNPARSABLE_LINE) from None
         if not isinstance(document, dict):
-            raise IngestError("config.yaml does not hold a mapping of config entries", "not-an-object")
+            raise IngestError("config.yaml does not hold a mapping of config entries", ErrorCode.NOT_AN_OBJECT)
         ctx.lines = len(document)
         ctx.ignore("wandb bookkeeping", sum(1 for key in document if key in WANDB_BOOKKEEPING))
         config = unwrap_config(document)
@@ -179,11 +179,11 @@ class WandbSummaryIngester(Ingester):
             document = json.loads(text) if text.strip() else {}
         except json.JSONDecodeError as error:
             raise IngestError(f"wandb-summary.json is not valid JSON: {error.msg} at line {error.lineno}",
-                                  "invalid-json") from None
+                                  ErrorCode.INVALID_JSON) from None
         except RecursionError:
-            raise IngestError("wandb-summary.json is nested too deep to read", "invalid-json") from None
+            raise IngestError("wandb-summary.json is nested too deep to read", ErrorCode.INVALID_JSON) from None
         if not isinstance(document, dict):
-            raise IngestError("wandb-summary.json does not hold an object", "not-an-object")
+            raise IngestError("wandb-summary.json does not hold an object", ErrorCode.NOT_AN_OBJECT)
         ctx.lines = len(document)
         summary = {}
         for key, value in document.items():

@@ -24,7 +24,7 @@ import json
 import re
 from pathlib import Path
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.registry import register
 
@@ -40,12 +40,12 @@ def _read_table(path: Path) -> tuple[list, list]:
         document = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
     except json.JSONDecodeError as error:
         raise IngestError(f"wandb table is not valid JSON: {error.msg} at line {error.lineno}",
-                          "invalid-json") from None
+                          ErrorCode.INVALID_JSON) from None
     except RecursionError:
-        raise IngestError("wandb table is nested too deep to read", "invalid-json") from None
+        raise IngestError("wandb table is nested too deep to read", ErrorCode.INVALID_JSON) from None
     if not isinstance(document, dict) or not isinstance(document.get("columns"), list) \
             or not isinstance(document.get("data"), list):
-        raise IngestError('wandb table must be an object with "columns" and "data" lists', "missing-field")
+        raise IngestError('wandb table must be an object with "columns" and "data" lists', ErrorCode.MISSING_FIELD)
     return document["columns"], document["data"]
 
 
@@ -136,7 +136,7 @@ class WandbTableIngester(Ingester):
             # Each row holding a byte that is not UTF-8 is rejected; the others are read from the rest.
             for row_no in sorted(bad_bytes):
                 if row_no > repeated:
-                    ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
+                    ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code=ErrorCode.ENCODING_ERROR)
             kept = [None if row_no in bad_bytes else row for row_no, row in enumerate(data, start=1)]
             source, params = "SELECT ?::JSON AS j", [json.dumps({"data": kept})]
         con.execute(
@@ -157,14 +157,14 @@ class WandbTableIngester(Ingester):
             " WHERE step IS NULL OR NOT complete ORDER BY row_no"
         ).fetchall():
             if complete and text is not None:
-                what = "is outside the step range" if code == "out-of-range" else "is not an integer"
+                what = "is outside the step range" if code == ErrorCode.OUT_OF_RANGE else "is not an integer"
                 ctx.reject(row_no, f"step {what}: {text!r}", row, code=code)
             elif complete:
                 ctx.reject(row_no, "row has no step (no step column and none in the file name)", row,
-                           code="missing-field")
+                           code=ErrorCode.MISSING_FIELD)
             else:
                 ctx.reject(row_no, f"row does not have the table's {len(columns)} columns", row,
-                           code="constraint-error")
+                           code=ErrorCode.CONSTRAINT_ERROR)
         pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
         ctx.insert(
             f"""
