@@ -103,3 +103,74 @@ def test_the_check_sees_every_other_way_up(tmp_path):
         ("store/catalog.py", "polytrace_cli.ingest.registry:declared_metric_names", 4),
         ("store/catalog.py", "polytrace_cli.ingest.registry", 6),
     ]
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, an import of a name from a package counting as an import
+    of the package (its `__init__.py`), of a module as an import of the module."""
+    modules = {_module_name(path, package): path for path in package.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    target = f"{node.module}.{alias.name}"
+                    imported.add(target if target in modules else node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        graph[name] = {target for target in imported if target in modules and target != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_circle_of_files():
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_check_sees_two_files_that_import_each_other(tmp_path):
+    package = tmp_path / "polytrace_cli"
+    (package / "store").mkdir(parents=True)
+    (package / "store" / "lake.py").write_text("def f():\n    from polytrace_cli.store.queries import run_ids\n")
+    (package / "store" / "queries.py").write_text("from polytrace_cli.store.lake import f\n")
+    (package / "store" / "catalog.py").write_text("from polytrace_cli.store.queries import f\n")
+    assert _circles(_import_graph(package)) == [["polytrace_cli.store.lake", "polytrace_cli.store.queries"]]

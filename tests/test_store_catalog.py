@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.formats.openrlhf import names as openrlhf_names
 from polytrace_cli.ingest.formats.verl import names as verl_names
 from polytrace_cli.ingest.registry import declared_metric_names
@@ -94,10 +95,32 @@ def test_a_view_replaced_behind_the_code_is_written_again(verl_store):
     assert columns[3:3 + len(STEP_COLUMNS)] == list(STEP_COLUMNS)
 
 
-def test_two_formats_that_disagree_on_a_key_are_an_error(monkeypatch):
+def test_two_formats_that_disagree_on_a_key_are_an_error(verl_store, monkeypatch):
     monkeypatch.setattr(openrlhf_names, "METRIC_ALIASES", {**openrlhf_names.METRIC_ALIASES, "timing_s/gen": "reward_s"})
-    with pytest.raises(ValueError, match="timing_s/gen"):
+    with pytest.raises(PolytraceError, match="timing_s/gen"):
         declared_metric_names()
+    # Every command then says so in one line, not a traceback.
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    result = CliRunner().invoke(app, ["runs", "--db", str(verl_store)])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "error: metric key 'timing_s/gen' is 'reward_s' in polytrace_cli.ingest.formats.openrlhf.names but 'gen_s' in"
+        " polytrace_cli.ingest.formats.verl.names: the steps view cannot say which it is"]
+
+
+def test_a_format_that_maps_a_key_its_framework_does_not_declare_is_refused_at_registration():
+    from polytrace_cli.ingest.base import Ingester
+    from polytrace_cli.ingest.registry import register
+
+    class Mapped(Ingester):
+        name = "verl-made-up"
+        metric_aliases = {"timing_s/made_up": "gen_s"}
+
+    Mapped.__module__ = "polytrace_cli.ingest.formats.verl.made_up"
+    with pytest.raises(PolytraceError, match="format verl-made-up maps 'timing_s/made_up' to 'gen_s'"):
+        register(Mapped)
 
 
 def test_the_cheap_declarations_are_those_of_the_registered_formats():

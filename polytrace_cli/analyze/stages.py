@@ -41,8 +41,6 @@ def stages(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
 
 
 STEP_TIME_INCLUSION_COLUMNS = {"run": pl.String, "includes_testing": pl.Boolean, "includes_checkpoint": pl.Boolean}
-# The `step_time_inclusion` column saying whether a run's step time counts each extra timer.
-INCLUSION_OF = {"testing": "includes_testing", "save_checkpoint": "includes_checkpoint"}
 
 
 def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> pl.DataFrame:

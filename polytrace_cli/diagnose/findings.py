@@ -25,7 +25,6 @@ from polytrace_cli.model.fit import GAP_OF
 
 # A cause is part of a slow step's story when it adds at least this share of the step's excess.
 MAJOR_SHARE = 0.25
-FINDING_COLUMNS = ("cause", "seconds", "share", "steps", "text")
 
 
 def cadence(steps: list[int]) -> str:

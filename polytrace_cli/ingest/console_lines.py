@@ -84,11 +84,6 @@ def clean_line(line: str, anchor: str = "step:") -> str:
     return anchored[-1] if anchored else (pieces[-1] if pieces else "")
 
 
-def has_ray_prefix(line: str) -> bool:
-    """True when the (ANSI-free) line starts with a Ray actor prefix."""
-    return bool(_RAY_PREFIX.match(_ANSI.sub("", line)))
-
-
 def parse_scalar(text: str) -> tuple[float | None, str | None]:
     """(value, text_value) of one printed scalar.
 

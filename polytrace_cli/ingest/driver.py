@@ -1,26 +1,68 @@
-"""Walking paths and ingesting every file found: the loop over files (`ingest_paths`), sending small step
-files to the batch path (`batch`), each other file to its own transaction (`runner.ingest_file`), and
-deciding the semantics of the runs that changed at the end.
+"""Walking paths and ingesting every file found: the one loop over files of both engines (`ingest_paths`:
+local, or with the parsing on Ray), sending small step files to the batch path (`batch`), each other file
+to its own transaction (`runner.ingest_file`) or to the remote engine, and deciding the semantics of the
+runs that changed at the end.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import duckdb
 
 from polytrace_cli.errors import ErrorCode, IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester
-from polytrace_cli.ingest.files import CorruptFile, FileHashes, Readable, UnreadableFile, path_text, readable, walk
-from polytrace_cli.ingest.files import is_log_like
+from polytrace_cli.ingest.batch import BATCH_MAX_BYTES, BATCH_MAX_FILES, BatchMember, batch_member, ingest_batch
+from polytrace_cli.ingest.files import (
+    CorruptFile, FileHashes, Readable, UnreadableFile, is_log_like, path_text, readable, walk,
+)
+from polytrace_cli.ingest.ledger import FileReport, RunResolver, WholeFileFailure, record_failures, reject_whole_file
 from polytrace_cli.ingest.registry import is_binary
+from polytrace_cli.ingest.runner import ingest_file
 from polytrace_cli.ingest.sniffing import DEEP_SNIFF_BYTES, detect_deep, get_ingester, read_head
 from polytrace_cli.store.connection import stops_the_store
-from polytrace_cli.ingest.ledger import FileReport, RunResolver, WholeFileFailure, record_failures, reject_whole_file
-from polytrace_cli.ingest.batch import BATCH_MAX_BYTES, BATCH_MAX_FILES, BatchMember, batch_member, ingest_batch
-from polytrace_cli.ingest.runner import ingest_file
+
+
+@dataclass
+class PlannedFile:
+    """One file of the walk, in walk order, and the path it takes: `batch` (a small step file, `member`),
+    `remote` (parsed by the remote engine, `job`), `unchanged` (the store holds it read the same way,
+    `ingester`) or `alone` (read in its own transaction here, `problem` from `walk`)."""
+
+    kind: str
+    path: Path
+    explicit: bool = False
+    problem: str | None = None
+    member: BatchMember | None = None
+    job: Any = None
+    ingester: Ingester | None = None
+
+
+class RemoteParsing(Protocol):
+    """An engine that parses files elsewhere (Ray tasks: `ray_engine.RayParsing`) while the driver commits them
+    in walk order."""
+
+    def plan(self, con: duckdb.DuckDBPyConnection, index: int, path: Path, explicit: bool, problem: str | None,
+             forced: Ingester | None, resolver: RunResolver, hashes: FileHashes) -> PlannedFile: ...
+
+    def parsed_in_order(self, jobs: list) -> Iterator: ...
+
+    def commit(self, con: duckdb.DuckDBPyConnection, resolver: RunResolver, job, parsed,
+               failed_whole: list[WholeFileFailure]) -> FileReport: ...
+
+
+def _local_plan(paths: Iterable[str | Path], forced: Ingester | None, hashes: FileHashes,
+                batch: bool) -> Iterator[PlannedFile]:
+    for path, explicit, problem in walk(paths):
+        member = batch_member(path, explicit, forced, hashes) if batch and not problem else None
+        if member:
+            yield PlannedFile("batch", path, explicit, member=member)
+        else:
+            yield PlannedFile("alone", path, explicit, problem)
 
 
 def ingest_paths(
@@ -34,6 +76,7 @@ def ingest_paths(
     hashes: FileHashes | None = None,
     batch: bool = True,
     complete_lines: bool = False,
+    remote: RemoteParsing | None = None,
 ) -> list[FileReport]:
     """Ingest every file under `paths`; return one report per file seen.
 
@@ -46,11 +89,17 @@ def ingest_paths(
     it is loaded. With `batch` (the default), small step files are read in batches (see the module
     docstring); the store ends the same either way. With `complete_lines` (logs still being
     written), a log of an appendable format is read up to its last newline (`ingest_file`).
+
+    One loop for both engines: locally the walk is planned as the loop goes (a small step file joins the
+    batch being gathered); with `remote` (Ray), the whole walk is planned first, the files the engine
+    takes are sent to it, and the loop commits each as it arrives, in walk order, beside the files read
+    here.
     """
     if hashes is None:
         with FileHashes() as own:
             return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name,
-                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines)
+                                on_file=on_file, hashes=own, batch=batch, complete_lines=complete_lines,
+                                remote=remote)
     forced = None
     if format_name:
         forced = get_ingester(format_name)
@@ -69,24 +118,44 @@ def ingest_paths(
         done(ingest_one(con, member.path, member.explicit, None, forced, resolver, hashes, failed_whole,
                         complete_lines))
 
+    parsed: Iterator | None = None
+    if remote is None:
+        planned: Iterable[PlannedFile] = _local_plan(paths, forced, hashes, batch)
+    else:
+        planned = [remote.plan(con, index, path, explicit, problem, forced, resolver, hashes)
+                   for index, (path, explicit, problem) in enumerate(walk(paths))]
+        parsed = remote.parsed_in_order([item.job for item in planned if item.kind == "remote"])
     pending: list[BatchMember] = []
     pending_bytes = 0
-    for path, explicit, problem in walk(paths):
-        member = batch_member(path, explicit, forced, hashes) if batch and not problem else None
-        if member and pending and (member.ingester is not pending[0].ingester or len(pending) >= BATCH_MAX_FILES
-                                   or pending_bytes + member.size > BATCH_MAX_BYTES):
-            ingest_batch(con, pending, resolver, hashes, done, load_alone)
-            pending, pending_bytes = [], 0
-        if member:
-            pending.append(member)
-            pending_bytes += member.size
-            continue
+    try:
+        for item in planned:
+            member = item.member
+            if member and pending and (member.ingester is not pending[0].ingester
+                                       or len(pending) >= BATCH_MAX_FILES
+                                       or pending_bytes + member.size > BATCH_MAX_BYTES):
+                ingest_batch(con, pending, resolver, hashes, done, load_alone)
+                pending, pending_bytes = [], 0
+            if member:
+                pending.append(member)
+                pending_bytes += member.size
+                continue
+            if pending:
+                ingest_batch(con, pending, resolver, hashes, done, load_alone)
+                pending, pending_bytes = [], 0
+            if item.kind == "remote":
+                done(remote.commit(con, resolver, item.job, next(parsed), failed_whole))
+            elif item.kind == "unchanged":
+                _, run = resolver.resolve(item.path, item.ingester.framework, resolved=True)
+                done(FileReport(path=path_text(item.path), status="unchanged", format=item.ingester.name, run=run,
+                                bytes=item.path.stat().st_size))
+            else:
+                done(ingest_one(con, item.path, item.explicit, item.problem, forced, resolver, hashes, failed_whole,
+                                complete_lines))
         if pending:
             ingest_batch(con, pending, resolver, hashes, done, load_alone)
-            pending, pending_bytes = [], 0
-        done(ingest_one(con, path, explicit, problem, forced, resolver, hashes, failed_whole, complete_lines))
-    if pending:
-        ingest_batch(con, pending, resolver, hashes, done, load_alone)
+    finally:
+        if parsed is not None:
+            parsed.close()
     record_failures(con, resolver, failed_whole)
     decide_semantics(con, reports)
     return reports

@@ -2,7 +2,8 @@
 
 The shape, and why it stores exactly what the local ingest stores:
 
-- The driver walks the paths and sniffs each file's format. A file whose stored version has the
+- The driver (`driver.ingest_paths`, the loop of both engines) walks the paths and `RayParsing.plan`
+  sniffs each file's format. A file whose stored version has the
   same format, size, parser version, read options and sha256 is unchanged and is not dispatched;
   files the tasks cannot take (unknown format, unreadable, compressed, a text to rewrite) are left to the local
   ingest's own `driver.ingest_one`, on the driver.
@@ -36,13 +37,12 @@ import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester, counting_tokens_with, file_owned_tables, load_tokenizer
-from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, needs_text_rewrite, path_text, walk
+from polytrace_cli.ingest.driver import PlannedFile, ingest_paths
+from polytrace_cli.ingest.files import FileHashes, hash_and_count, is_compressed, needs_text_rewrite, path_text
 from polytrace_cli.ingest.sniffing import detect_deep, get_ingester, read_head
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_file
-from polytrace_cli.ingest.driver import decide_semantics, ingest_one
 from polytrace_cli.ingest.ledger import (
-    FileReport, RunResolver, WholeFileFailure, claim_run_framework, delete_file_rows, merge_run_meta, record_failures,
-    reject_whole_file,
+    FileReport, RunResolver, WholeFileFailure, claim_run_framework, delete_file_rows, merge_run_meta, reject_whole_file,
 )
 from polytrace_cli.ingest.runner import ingest_file
 from polytrace_cli.store.sql import fetch_first, rollback
@@ -316,76 +316,50 @@ def ingest_paths_ray(
     on_file: Callable[[FileReport], None] | None = None,
     hashes: FileHashes | None = None,
 ) -> list[FileReport]:
-    """`driver.ingest_paths` with the parsing fanned out as Ray tasks; same reports, same store.
+    """`driver.ingest_paths` with the parsing fanned out as Ray tasks (`RayParsing`); same reports, same store.
 
     Ray is joined (or started, and shut down afterwards) before the store is touched, so that a
     cluster that cannot be reached leaves no trace in the store.
     """
     with ray_session(settings) as ray:
-        return _ingest_paths_ray(ray, con, paths, run_name=run_name, task=task, format_name=format_name,
-                                 tokenizer=tokenizer, on_file=on_file, hashes=hashes)
+        return ingest_paths(con, paths, run_name=run_name, task=task, format_name=format_name, on_file=on_file,
+                            hashes=hashes, remote=RayParsing(ray, tokenizer))
 
 
-def _ingest_paths_ray(ray, con, paths, *, run_name, task, format_name, tokenizer, on_file, hashes):
-    own_hashes = hashes is None
-    hashes = hashes or FileHashes()
-    try:
-        forced = None
-        if format_name:
-            forced = get_ingester(format_name)
-            if forced is None:
-                raise PolytraceError(f"unknown format {format_name!r}; see `polytrace formats`")
-        resolver = RunResolver(con, run_name, task)
-        # In walk order: ("job", FileJob) for a Ray task, ("unchanged", (path, ingester)) for a file the
-        # store already holds, ("local", (path, explicit, problem)) for a file the driver reads.
-        items: list[tuple[str, Any]] = []
-        jobs: list[FileJob] = []
-        seen: set[Path] = set()
-        for index, (path, explicit, problem) in enumerate(walk(paths)):
-            ingester = None
-            if not problem and not is_compressed(path):
-                try:
-                    head = read_head(path)
-                    # A text the driver rewrites first (byte order mark, CR-only line ends) is read locally.
-                    ingester = None if needs_text_rewrite(head) else forced or detect_deep(path, path, head)
-                except OSError:
-                    ingester = None
-            if ingester is None:
-                items.append(("local", (path, explicit, problem)))
-                continue
-            resolved = path.resolve()
-            if resolved in seen or _unchanged(con, resolver, resolved, ingester, hashes):
-                items.append(("unchanged", (resolved, ingester)))
-                continue
-            seen.add(resolved)
-            job = FileJob(index, str(resolved), ingester.name, str(path))
-            jobs.append(job)
-            items.append(("job", job))
-        failed_whole: list[WholeFileFailure] = []
-        reports: list[FileReport] = []
-        parsed_files = _parsed_in_order(ray, jobs, tokenizer)
-        try:
-            for kind, item in items:
-                if kind == "job":
-                    report = commit(con, resolver, item, next(parsed_files), failed_whole)
-                elif kind == "unchanged":
-                    path, ingester = item
-                    _, run = resolver.resolve(path, ingester.framework, resolved=True)
-                    report = FileReport(path=path_text(path), status="unchanged", format=ingester.name, run=run,
-                                        bytes=path.stat().st_size)
-                else:
-                    report = ingest_one(con, *item, forced, resolver, hashes, failed_whole)
-                reports.append(report)
-                if on_file:
-                    on_file(report)
-        finally:
-            parsed_files.close()
-        record_failures(con, resolver, failed_whole)
-        decide_semantics(con, reports)
-        return reports
-    finally:
-        if own_hashes:
-            hashes.close()
+class RayParsing:
+    """The driver's remote engine on Ray (`driver.RemoteParsing`): which files Ray tasks parse, the tasks
+    dispatched and their parsed files handed back in walk order, each committed by the driver."""
+
+    def __init__(self, ray, tokenizer: str | None):
+        self.ray = ray
+        self.tokenizer = tokenizer
+        self.seen: set[Path] = set()
+
+    def plan(self, con: duckdb.DuckDBPyConnection, index: int, path: Path, explicit: bool, problem: str | None,
+             forced: Ingester | None, resolver: RunResolver, hashes: FileHashes) -> PlannedFile:
+        """A Ray task's file, one the store already holds, or one the driver reads itself (unknown format,
+        unreadable, compressed, a text to rewrite first: a byte order mark, CR-only line ends)."""
+        ingester = None
+        if not problem and not is_compressed(path):
+            try:
+                head = read_head(path)
+                ingester = None if needs_text_rewrite(head) else forced or detect_deep(path, path, head)
+            except OSError:
+                ingester = None
+        if ingester is None:
+            return PlannedFile("alone", path, explicit, problem)
+        resolved = path.resolve()
+        if resolved in self.seen or _unchanged(con, resolver, resolved, ingester, hashes):
+            return PlannedFile("unchanged", resolved, ingester=ingester)
+        self.seen.add(resolved)
+        return PlannedFile("remote", resolved, job=FileJob(index, str(resolved), ingester.name, str(path)))
+
+    def parsed_in_order(self, jobs: list[FileJob]):
+        return _parsed_in_order(self.ray, jobs, self.tokenizer)
+
+    def commit(self, con: duckdb.DuckDBPyConnection, resolver: RunResolver, job: FileJob, parsed: ParsedFile,
+               failed_whole: list[WholeFileFailure]) -> FileReport:
+        return commit(con, resolver, job, parsed, failed_whole)
 
 
 def _unchanged(con, resolver: RunResolver, resolved: Path, ingester: Ingester, hashes: FileHashes) -> bool:

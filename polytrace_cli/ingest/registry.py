@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.store.catalog import hand_down
 
@@ -29,12 +30,33 @@ def metric_name_modules() -> list[str]:
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
-    """Class decorator adding an ingester to the registry."""
+    """Class decorator adding an ingester to the registry. A built-in format's `metric_aliases` must be its
+    framework's `names.py` (the store's `steps` view is built from those modules alone): a key it maps
+    otherwise is a one-line error here, not a name the view drops without a word."""
     instance = ingester_class()
     if any(existing.name == instance.name for existing in (*_PLUGINS, *_REGISTRY)):
         raise ValueError(f"duplicate ingester name {instance.name!r}")
+    _check_declared_in_names(instance)
     _REGISTRY.append(instance)
     return ingester_class
+
+
+def _check_declared_in_names(ingester: Ingester) -> None:
+    module = type(ingester).__module__
+    parts = module.split(".")
+    if not module.startswith("polytrace_cli.ingest.formats.") or len(parts) < 5 or not ingester.metric_aliases:
+        return
+    import importlib
+
+    names_module = ".".join(parts[:4]) + ".names"
+    try:
+        declared = importlib.import_module(names_module).METRIC_ALIASES
+    except ModuleNotFoundError:
+        declared = {}
+    for key, canonical in ingester.metric_aliases.items():
+        if declared.get(key) != canonical:
+            raise PolytraceError(f"format {ingester.name} maps {key!r} to {canonical!r}, which {names_module} does not"
+                                 " declare: the steps view reads a framework's names from its names.py only")
 
 
 def builtin_ingesters() -> list[Ingester]:
@@ -71,7 +93,8 @@ def merged_names(sources: list[tuple[str, dict[str, str], tuple[str, ...]]]) -> 
     for source, aliases, _ in sources:
         for key, canonical in aliases.items():
             if merged.setdefault(key, canonical) != canonical:
-                raise ValueError(f"metric key {key!r} is {merged[key]!r} in {owner[key]} but {canonical!r} in {source}")
+                raise PolytraceError(f"metric key {key!r} is {merged[key]!r} in {owner[key]} but {canonical!r} in"
+                                     f" {source}: the steps view cannot say which it is")
             owner.setdefault(key, source)
     prefixes = tuple(sorted({prefix for _, _, declared in sources for prefix in declared}))
     return dict(sorted(merged.items())), prefixes

@@ -44,8 +44,6 @@ from polytrace_cli.model.fit import TRAINING_STAGES, float_values, values_or
 from polytrace_cli.simulate.lengths import FITTED_BASIS, StepLengths, step_lengths
 from polytrace_cli.simulate.uncertainty import bootstrap_contexts, bootstrap_standard_error
 
-POLICY_HELP = ("balance, no-validation, validate-every=K, checkpoint-every=K, max-response-len=N, "
-               "partial-rollout=F, one-step-off[=G]")
 SCENARIO_COLUMNS = ("policy", "predicted_s", "saving_s", "saving_se_s", "saving_share", "note")
 DEFAULT_ROLLOUT_SHARE = 0.5
 # Largest share of a saving that a term the fit could not see may leave unknown (see RunContext.predict).
@@ -67,11 +65,6 @@ class Policy:
             return self.name
         value = float(self.value)
         return f"{self.name}={int(value)}" if value.is_integer() else f"{self.name}={value:g}"
-
-
-_INTEGER_POLICIES = {"validate-every", "checkpoint-every", "max-response-len"}
-_SHARE_POLICIES = {"partial-rollout", "one-step-off"}
-_PLAIN_POLICIES = {"balance", "no-validation", "one-step-off"}
 
 
 def parse_policy(text: str) -> Policy:
@@ -494,15 +487,22 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     return ctx.plan.with_stages(stages), note
 
 
-POLICIES: dict[str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]] = {
-    "balance": _policy_balance,
-    "no-validation": _policy_no_validation,
-    "validate-every": _policy_validate_every,
-    "checkpoint-every": _policy_checkpoint_every,
-    "max-response-len": _policy_max_response_len,
-    "partial-rollout": _policy_partial_rollout,
-    "one-step-off": _policy_one_step_off,
-}
+# Every policy, once: its name, what it takes after the name (`=K`, `=N`: a whole number ≥ 1; `=F`, `=G`: a
+# share; in brackets: optional) and how it changes the run's plan.
+POLICY_TABLE: tuple[tuple[str, str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]], ...] = (
+    ("balance", "", _policy_balance),
+    ("no-validation", "", _policy_no_validation),
+    ("validate-every", "=K", _policy_validate_every),
+    ("checkpoint-every", "=K", _policy_checkpoint_every),
+    ("max-response-len", "=N", _policy_max_response_len),
+    ("partial-rollout", "=F", _policy_partial_rollout),
+    ("one-step-off", "[=G]", _policy_one_step_off),
+)
+POLICIES = {name: plan for name, _, plan in POLICY_TABLE}
+POLICY_HELP = ", ".join(name + takes for name, takes, _ in POLICY_TABLE)
+_INTEGER_POLICIES = {name for name, takes, _ in POLICY_TABLE if takes.strip("[]") in ("=K", "=N")}
+_SHARE_POLICIES = {name for name, takes, _ in POLICY_TABLE if takes.strip("[]") in ("=F", "=G")}
+_PLAIN_POLICIES = {name for name, takes, _ in POLICY_TABLE if not takes or takes.startswith("[")}
 
 
 def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:

@@ -35,18 +35,11 @@ TRL_MARKERS = frozenset((
 # Key prefixes of an RL dict, as opposed to an SFT dict of the same log (`loss`, `grad_norm`, ...).
 RL_PREFIXES = ("reward", "kl", "completions/", "completion_length", "objective/", "frac_reward_zero_std",
                "clip_ratio", "policy/", "rewards/")
-# The dict the transformers Trainer logs once at the end of training: run meta, not a step.
-SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 
 
 def is_trl(keys: Iterable[str]) -> bool:
     """True when the keys (with or without TRL's `train/` prefix) include one only TRL logs."""
     return any(key.removeprefix("train/") in TRL_MARKERS for key in keys)
-
-
-def is_rl_dict(keys: Iterable[str]) -> bool:
-    """True when a logged dict holds a key of an RL trainer (reward, KL, completions, ...)."""
-    return any(key.startswith(RL_PREFIXES) for key in keys)
 
 
 def is_summary_dict(keys: Iterable[str]) -> bool:
