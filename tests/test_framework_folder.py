@@ -112,3 +112,16 @@ def test_a_framework_folder_is_two_files_in_the_package(tmp_path):
     assert result["report"] == ["acme-console", "ingested", 6, 3, 2, 1]
     assert result["steps"] == [[1, 12.5, 20.0, False], [2, 14.0, 22.0, False], [3, None, None, True]]
     assert result["acme_before_verl"]
+
+
+def test_the_built_in_formats_are_sniffed_in_their_order():
+    # The order the formats package gave before its folders (import order then): specific formats first,
+    # verl's console log, which reads any `step:N - key:value` text, last.
+    from polytrace_cli.ingest.sniffing import all_ingesters
+
+    builtin = [i.name for i in all_ingesters() if type(i).__module__.startswith("polytrace_cli.")]
+    assert builtin == [
+        "polytrace-packed", "polytrace-reward", "polytrace-dapo-filter", "polytrace-multiturn", "polytrace-dataset",
+        "verl-jsonl", "verl-rollout", "openrlhf-console", "trl-console", "tensorboard-events", "trl-trainer-state",
+        "wandb-config", "wandb-summary", "mlflow-metric", "mlflow-run-file", "mlflow-sqlite", "wandb-offline",
+        "wandb-table", "wandb-csv", "verl-console"]

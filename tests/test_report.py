@@ -571,10 +571,11 @@ def test_the_first_process_of_a_report_loads_neither_scipy_nor_scikit_learn(samp
 import sys
 from polytrace_cli.report.numbers import ModelledNumbers, compute_numbers
 from polytrace_cli.report.writer import build_report
+from polytrace_cli.ingest.registry import declared_metric_names
 from polytrace_cli.store import open_store
 from polytrace_cli.store.queries import run_ids
 
-con = open_store({str(db)!r}, read_only=True)
+con = open_store({str(db)!r}, read_only=True, metric_names=declared_metric_names)
 ids = run_ids(con, None)
 modelled = ModelledNumbers(explained={{i: (None, None) for i in ids}}, model_help={{i: None for i in ids}})
 report = build_report(con, ids, {str(tmp_path)!r}, numbers=lambda c, r, s: compute_numbers(c, r, s, lambda: modelled))

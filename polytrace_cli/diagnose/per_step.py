@@ -22,7 +22,7 @@ from polytrace_cli.analyze.common import ALL_STEPS, StepRange
 from polytrace_cli.analyze.per_step import per_step
 from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS, decompose_run
 from polytrace_cli.model import read_workload, training_mask
-from polytrace_cli.store.queries import run_ids
+from polytrace_cli.store.queries import run_ids as ids_of_runs
 
 EXPLAINED_COLUMNS = {"segment": pl.Int64, "step": pl.Int64, "expected_step_s": pl.Float64, "top_cause": pl.String}
 
@@ -52,7 +52,7 @@ def steps_with_causes(con: duckdb.DuckDBPyConnection, run_ids: list[int],
     timed = frame.filter(pl.col("basis") == "step_aggregates")["run"].unique(maintain_order=True).to_list()
     if not timed:
         return frame
-    names = dict(zip(timed, run_ids(con, timed)))
+    names = dict(zip(timed, ids_of_runs(con, timed)))
     parts = [explained_steps(con, names[name]).with_columns(run=pl.lit(name)) for name in timed]
     explained = pl.concat(parts).rename({"expected_step_s": "explained_s", "top_cause": "explained_cause"})
     return (frame.join(explained, on=["run", "segment", "step"], how="left", maintain_order="left")
