@@ -52,6 +52,36 @@ METRIC_ALIASES = {
     # A console log without metric lines still yields step times from its tqdm progress bar; the rows
     # carry the step flag `tqdm_estimate`, so the estimate stays visible in the steps view.
     "tqdm/step_s": "step_s",
+    # Asynchronous trainers (one-step-off, fully async, the V1 trainer's async modes). What `timing_s/gen`
+    # means there (the trainer waiting for a trainable batch, not generating) is the run's execution mode
+    # (`run_semantics.execution_mode`), not a name: the key keeps its alias above.
+    # one_step_off_policy/ray_trainer.py: the weight sync to the rollout GPUs; docs/advance/one_step_off.md:
+    # the wait for the previous step's generation, and the rollout's own generation time.
+    "timing_s/sync_rollout_weights": "update_weights_s",
+    "timing_s/wait_prev_gen": "trainer_wait_s",
+    # fully_async_policy: the trainer's weight sync to the rollouter (fully_async_trainer.py), the
+    # rollouter's busy seconds and idle share between two weight versions (fully_async_rollouter.py),
+    # the trainer's idle share (detach_utils.py: timing_s/gen / timing_s/step), counters of stale and
+    # dropped samples and the partial rollouts' share (detach_utils.py).
+    "timing_s/param_sync": "update_weights_s",
+    "rollouter/active_time": "rollout_s",
+    "fully_async/rollouter/active_time": "rollout_s",
+    "rollouter/idle_ratio": "rollout_idle_ratio",
+    "fully_async/rollouter/idle_ratio": "rollout_idle_ratio",
+    "trainer/idle_ratio": "trainer_idle_ratio",
+    "fully_async/trainer/idle_ratio": "trainer_idle_ratio",
+    "fully_async/count/stale_samples_processed": "stale_samples",
+    "fully_async/count/dropped_stale_samples": "dropped_samples",
+    "count/dropped_stale_samples": "dropped_samples",
+    "fully_async/partial/partial_ratio": "partial_ratio",
+    "timing_s/wait_for_enough_samples": "trainer_wait_s",
+    # V1 trainer (docs/advance/v1_async_trainer.md): staleness in model versions, dropped stale groups, and
+    # the hybrid GPUs' mode switches (names the model reads; no `steps` column).
+    "training/off_policy/trajectory_staleness/mean": "staleness_mean",
+    "training/off_policy/trajectory_staleness/max": "staleness_max",
+    "training/off_policy/dropped_samples": "dropped_samples",
+    "timing_s/switch_to_rollout": "switch_to_rollout_s",
+    "timing_s/switch_to_trainer": "switch_to_trainer_s",
 }
 # Keys logged by validation only (`val-core/...`, `val/...`, older `test_score/...`).
 VALIDATION_PREFIXES = ("val-", "val/", "test_score/")
