@@ -69,8 +69,10 @@ def semantics_notes(record: dict) -> list[str]:
         notes.append(f"response lengths collapsed from step {record['collapse_step']:,} on (mean "
                      f"{record['collapse_length']:,.1f} tokens, typical {record['collapse_typical_length']:,.0f} before)")
     if record.get("execution_mode") not in (None, "sync"):
-        notes.append(f"execution mode {record['execution_mode']} ({'; '.join(record['execution_mode_evidence'])}): "
-                     "the trainer's step is its own compute plus its wait for the rollout side")
+        evidence = record["execution_mode_evidence"] or []
+        more = f"; {len(evidence) - 2} more" if len(evidence) > 2 else ""
+        notes.append(f"execution mode {record['execution_mode']} ({'; '.join(evidence[:2])}{more}): the trainer's "
+                     "step is its own compute plus its wait for the rollout side")
     if record["crash"]:
         notes.append(f"the log ends with an error after its last step: {record['crash']}")
     return notes

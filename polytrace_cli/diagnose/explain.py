@@ -8,7 +8,9 @@ With step timings (console, JSONL, wandb or TensorBoard logs):
 3. decompose every step's excess over the expected step into causes (`decompose`);
 4. slow steps (`thresholds.slow_steps`): excess > 5% of the expected step, and above the robust
    threshold of the training steps' excess or with one cause standing out from its local level;
-5. findings ranked by seconds (`findings`).
+5. findings ranked by seconds (`findings`);
+6. what bounds the run, per window of steps (`bounds`): rollout-bound, train-bound or overhead-bound,
+   each with its seconds per step, read from the execution mode's timers.
 Per-sample traces add, to a slow step's long_tail and dp_imbalance causes, the busiest DP rank and
 the longest samples.
 
@@ -28,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.diagnose.bounds import run_bounds
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -56,12 +59,13 @@ class Explanation:
     run_seconds: float | None = None
     slow_steps: int = 0
     model: StepTimeModel | None = field(default=None, repr=False)
+    bounds: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document as Python values (NaN and infinities as None)."""
         document = {"run": self.run, "basis": self.basis, "expected_s": self.expected_s,
                     "run_seconds": self.run_seconds, "slow_steps": self.slow_steps, "slow_rule": self.slow_rule,
-                    "steps": self.steps, "findings": self.findings, "notes": self.notes}
+                    "steps": self.steps, "findings": self.findings, "notes": self.notes, "bounds": self.bounds}
         if self.model is not None:
             document["model"] = {stage: {"intercept": fit.intercept, **fit.coefficients, "steps": fit.steps}
                                  for stage, fit in self.model.stages.items()}
@@ -158,6 +162,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     slow = steps.filter(pl.Series(run.slow_flags))
     record = record_of(con, info.run_id)
     findings = run_findings(steps, causes, frame, slow, model, record["collapse_step"])
+    bounds = run_bounds(frame, mask, record.get("execution_mode"))
     if step is not None:
         chosen = steps.filter(pl.col("step") == step)
         if chosen.height == 0:
@@ -195,7 +200,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     return Explanation(
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
-        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model,
+        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model, bounds=bounds,
     )
 
 

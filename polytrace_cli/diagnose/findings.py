@@ -135,6 +135,10 @@ def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, ro
                 f"{usual:.2f}) in {count}: {lost}")
     if cause == "weight_sync":
         return f"weight sync ran slower than usual in {count}: {lost} more"
+    if cause == "rollout_wait":
+        return f"the trainer waited longer than usual for the rollout side in {count}: {lost} more"
+    if cause == "mode_switch":
+        return f"the GPUs' switches between rollout and training ran slower than usual in {count}: {lost} more"
     if cause == "warmup":
         return f"warm-up ({count} at the start{' and after restarts' if at['segment'].max() else ''}) took {lost} more"
     stage = rows.group_by("stage").agg(pl.col("seconds").sum()).sort("seconds", descending=True)["stage"][0]
