@@ -123,7 +123,8 @@ def _windows(count: int) -> list[np.ndarray]:
     starts = list(range(0, count, WINDOW))
     blocks = [np.arange(start, min(start + WINDOW, count)) for start in starts]
     if len(blocks) > 1 and blocks[-1].size < WINDOW / 2:
-        blocks[-2] = np.concatenate([blocks[-2], blocks.pop()])
+        tail = blocks.pop()
+        blocks[-1] = np.concatenate([blocks[-1], tail])
     return blocks
 
 
