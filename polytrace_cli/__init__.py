@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 # store) declares: this names the function that returns them, so that no module imports a layer above
 # its own (store/catalog.py calls it).
 METRIC_NAMES_SOURCE = "polytrace_cli.ingest.registry:declared_metric_names"
+# The same for the key families that tell a run's execution mode (store/execution_mode.py calls it).
+EXECUTION_MODE_SOURCE = "polytrace_cli.ingest.registry:declared_execution_mode_keys"
 
 
 def __getattr__(name: str):

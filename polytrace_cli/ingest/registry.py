@@ -102,6 +102,19 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     return _merged_names(sources)
 
 
+def declared_execution_mode_keys() -> dict[str, str]:
+    """Key prefix -> execution mode, from every built-in framework's `EXECUTION_MODE_KEYS` (a framework
+    without asynchronous families declares none), in the frameworks' order and each's own: the first
+    prefix a run's keys hold decides its mode, so each framework lists its most specific first."""
+    import importlib
+
+    keys: dict[str, str] = {}
+    for name in metric_name_modules():
+        for prefix, mode in getattr(importlib.import_module(name), "EXECUTION_MODE_KEYS", {}).items():
+            keys.setdefault(prefix, mode)
+    return keys
+
+
 def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
     `declared_metric_names` when each built-in framework's names sit in an `ingest/<framework>_names.py` module."""

@@ -85,3 +85,17 @@ METRIC_ALIASES = {
 }
 # Keys logged by validation only (`val-core/...`, `val/...`, older `test_score/...`).
 VALIDATION_PREFIXES = ("val-", "val/", "test_score/")
+# Key prefixes that tell an asynchronous recipe's execution mode (store/execution_mode.py), most
+# specific first: one-step-off's wait and weight sync (one_step_off_policy/ray_trainer.py,
+# docs/advance/one_step_off.md), the V1 trainer's switches and off-policy family
+# (docs/advance/v1_async_trainer.md), the fully async policy's families (fully_async_policy/).
+EXECUTION_MODE_KEYS = {
+    "timing_s/wait_prev_gen": "one-step-off",
+    "timing_s/sync_rollout_weights": "one-step-off",
+    "timing_s/switch_": "separate-async",
+    "fully_async/": "fully-async",
+    "rollouter/": "fully-async",
+    "trainer/idle_ratio": "fully-async",
+    "timing_s/param_sync": "fully-async",
+    "training/off_policy/": "separate-async",
+}

@@ -20,9 +20,10 @@ Evidence, first that applies, each kept as a line of `execution_mode_evidence`:
 1. config: run meta `trainer_mode` (trainer.v1.trainer_mode: colocate_async / separate_async / sync),
    `entrypoint` (python -m verl.experimental.fully_async_policy... / ...one_step_off_policy...),
    `staleness_threshold` (async_training.*: the fully async policy);
-2. metric families (raw keys of the run's pairs): `timing_s/wait_prev_gen` → one-step-off;
-   `fully_async/*`, `rollouter/*`, `trainer/idle_ratio` → fully-async; `training/off_policy/*` with
-   `timing_s/switch_*` → separate-async; `rollout/score_wait_s`, `rollout/inflight` → async-grpo;
+2. metric families (raw keys of the run's pairs, as each framework declares them in its names module's
+   `EXECUTION_MODE_KEYS`, most specific first): verl's `timing_s/wait_prev_gen` → one-step-off;
+   `timing_s/switch_*`, `training/off_policy/*` → separate-async; `fully_async/*`, `rollouter/*`,
+   `trainer/idle_ratio` → fully-async; TRL's `rollout/score_wait_s`, `rollout/inflight` → async-grpo;
 3. canonical families (any framework that maps its keys to them): trainer_wait_s, rollout_s,
    trainer_idle_ratio, rollout_idle_ratio, staleness_mean, staleness_max → fully-async;
 4. otherwise sync, with the evidence "no asynchronous config key or metric family".
@@ -44,20 +45,47 @@ WAIT_MODES = (ONE_STEP_OFF, FULLY_ASYNC, COLOCATE_ASYNC, SEPARATE_ASYNC)
 
 _TRAINER_MODES = {"sync": SYNC, "colocate_async": COLOCATE_ASYNC, "separate_async": SEPARATE_ASYNC}
 _ENTRYPOINTS = (("fully_async_policy", FULLY_ASYNC), ("one_step_off_policy", ONE_STEP_OFF))
-# Raw key prefixes of each framework's asynchronous families, most specific first.
-_KEY_FAMILIES = (
-    ("timing_s/wait_prev_gen", ONE_STEP_OFF),
-    ("timing_s/sync_rollout_weights", ONE_STEP_OFF),
-    ("timing_s/switch_", SEPARATE_ASYNC),
-    ("fully_async/", FULLY_ASYNC),
-    ("rollouter/", FULLY_ASYNC),
-    ("trainer/idle_ratio", FULLY_ASYNC),
-    ("timing_s/param_sync", FULLY_ASYNC),
-    ("training/off_policy/", SEPARATE_ASYNC),
-    ("rollout/score_wait_s", ASYNC_GRPO),
-    ("rollout/inflight", ASYNC_GRPO),
-    ("rollout/generated_tok_s", ASYNC_GRPO),
-)
+
+
+def key_families() -> dict[str, str]:
+    """Key prefix -> mode, as the formats declare them (the function the package root names in
+    `EXECUTION_MODE_SOURCE`; each framework's `EXECUTION_MODE_KEYS`, most specific first)."""
+    import importlib
+
+    from polytrace_cli import EXECUTION_MODE_SOURCE
+
+    module, function = EXECUTION_MODE_SOURCE.split(":")
+    return getattr(importlib.import_module(module), function)()
+
+
+# What each mode's timers mean, for `polytrace formats` and the docs: (how the mode is told, the timers).
+MODE_TIMERS = {
+    SYNC: ("no asynchronous key or family",
+           "timing_s/gen is generation on every GPU; the step is generation + training + weight sync, one after "
+           "the other"),
+    ONE_STEP_OFF: ("python -m verl.experimental.one_step_off_policy..., timing_s/wait_prev_gen",
+                   "timing_s/wait_prev_gen (older: timing_s/gen) is the trainer waiting for the previous step's "
+                   "generation; timing_s/generate_sequences is the rollout's own generation of the batch, beside "
+                   "training; timing_s/sync_rollout_weights is the weight sync, inside the step"),
+    FULLY_ASYNC: ("python -m verl.experimental.fully_async_policy..., async_training.*, fully_async/*, "
+                  "rollouter/*; or any framework's keys mapped to trainer_wait_s, rollout_s, the idle ratios or "
+                  "staleness",
+                  "timing_s/gen is the trainer waiting for enough samples; timing_s/param_sync is the weight sync, "
+                  "timed after the step and added to its wall time; rollouter/active_time is the rollout's busy "
+                  "time between two weight versions; trainer/idle_ratio = gen / step, rollouter/idle_ratio = "
+                  "1 − active / version time (recomputed from the timers, not trusted)"),
+    COLOCATE_ASYNC: ("trainer.v1.trainer_mode=colocate_async",
+                     "timing_s/gen is the trainer waiting for a trainable batch (warm-up batches and partial "
+                     "rollouts on the same GPUs)"),
+    SEPARATE_ASYNC: ("trainer.v1.trainer_mode=separate_async, timing_s/switch_*, training/off_policy/*",
+                     "timing_s/gen is the trainer waiting for the next trainable mini-batch; timing_s/update_weights "
+                     "is the standalone rollout's weight sync; timing_s/switch_to_rollout and _to_trainer are the "
+                     "hybrid GPUs' mode switches; training/off_policy/trajectory_staleness/* is the lag in model "
+                     "versions"),
+    ASYNC_GRPO: ("TRL rollout/score_wait_s, rollout/inflight, rollout/generated_tok_s",
+                 "step_time is the trainer's step; rollout/score_wait_s is a group's wait to be scored, "
+                 "rollout/inflight the requests generating, rollout/generated_tok_s the rollout's throughput"),
+}
 CANONICAL_FAMILIES = ("trainer_wait_s", "rollout_s", "trainer_idle_ratio", "rollout_idle_ratio", "staleness_mean",
                       "staleness_max")
 
@@ -65,7 +93,7 @@ CANONICAL_FAMILIES = ("trainer_wait_s", "rollout_s", "trainer_idle_ratio", "roll
 def _families(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], list[str]]:
     """(the raw asynchronous family prefixes the run's pairs hold, the canonical families its keys map to),
     from one pass over the run's pairs (their distinct keys of those families)."""
-    prefixes = [prefix for prefix, _ in _KEY_FAMILIES]
+    prefixes = list(key_families())
     aliased = dict(con.execute("SELECT key, canonical FROM metric_aliases WHERE canonical IN (SELECT unnest(?))",
                                [list(CANONICAL_FAMILIES)]).fetchall())
     tests = " OR ".join(f"starts_with(key, ${i + 2})" for i in range(len(prefixes)))
@@ -96,12 +124,13 @@ def decide_mode(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict) -> dict
         mode = mode or FULLY_ASYNC
         evidence.append(f"config: async_training.staleness_threshold={meta['staleness_threshold']}")
     families, canonical = _families(con, run_id)
-    by_key = [next(m for p, m in _KEY_FAMILIES if p == prefix) for prefix in families]
+    declared = key_families()
+    by_key = [declared[prefix] for prefix in families]
     for prefix in families:
         evidence.append(f"metrics: {prefix}{'*' if prefix.endswith(('/', '_')) else ''} logged")
     if mode is None and by_key:
-        # The most specific family present decides (the order of _KEY_FAMILIES).
-        mode = next(m for p, m in _KEY_FAMILIES if p in families)
+        # The most specific family present decides (the declared order).
+        mode = by_key[0]
     if canonical:
         evidence.append(f"canonical families: {', '.join(canonical)}")
         mode = mode or FULLY_ASYNC

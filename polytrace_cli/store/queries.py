@@ -33,15 +33,18 @@ RUNS_SQL = """
                greatest(coalesce(s.sample_steps, 0), coalesce(m.metric_steps, 0)) AS steps,
                least(m.first_step, s.first_step) AS first_step, greatest(m.last_step, s.last_step) AS last_step,
                m.segments,
-               coalesce(f.rejected, 0)::BIGINT AS rejected
+               coalesce(f.rejected, 0)::BIGINT AS rejected,
+               sem.execution_mode AS mode
         FROM runs r LEFT JOIN f USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
+        LEFT JOIN run_semantics sem USING (run_id)
         ORDER BY r.name
 """
 
 
 def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: name, framework, task, files, formats, samples, steps, step range (over step
-    metrics and samples), segments of its logs, rejected lines."""
+    metrics and samples), segments of its logs, rejected lines, the execution mode its stored semantics
+    record names (null before one is decided)."""
     return con.sql(RUNS_SQL).pl()
 
 
