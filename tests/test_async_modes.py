@@ -212,3 +212,47 @@ def test_the_log_prints_each_mode_as_verl_does(store, tmp_path):
     # The weight sync and the rollouter's times are logged on lines of their own at the same step.
     assert "step:2 - timing_s/wait_last_valid:0.0 - timing_s/param_sync:" in text
     assert "step:2 - rollouter/active_time:" in text
+
+
+def test_async_alerts_by_hand():
+    from polytrace_cli.watch.asynchronous import AsyncAlerts
+
+    alerts = AsyncAlerts()
+    raised = []
+    # Ten steps waiting 10% of a 100 s step, then the wait jumps to 50%: the fifth high step alerts, once.
+    for step in range(1, 19):
+        wait = 10.0 if step <= 10 else 50.0
+        raised += [(step, a["signal"]) for a in alerts.observe(step, step == 1, 100.0, wait, None, None, False)]
+    assert raised == [(15, "wait_share")]
+    # Staleness 1, 1, 2, 3, 4, 5, 6: five rises in a row by the seventh step; a cumulative drop counter
+    # 0, 0, 4, 4: no growth of the per-step count.
+    grow = AsyncAlerts()
+    staleness = [1, 1, 2, 3, 4, 5, 6]
+    dropped = [0, 0, 4, 4, 4, 4, 4]
+    raised = [(step, a["signal"]) for step, (s, d) in enumerate(zip(staleness, dropped), start=1)
+              for a in grow.observe(step, False, None, None, s, d, True)]
+    assert raised == [(7, "staleness")]
+
+
+def test_watch_alerts_a_wait_above_its_usual_share(tmp_path):
+    import jsonschema
+
+    from polytrace_cli.schemas import json_schema
+    from polytrace_cli.watch import WatchSettings, watch_log
+
+    lengths, _ = preset("math")
+    spec = WorkloadSpec(task="math", steps=24, batch=48, n=8, dp_ranks=2, max_response_len=20480, seed=5)
+    # The rollout on 2/3 of the GPUs keeps up with the trainer (a small wait) until, from step 15,
+    # generation takes 300 s more (450 s more on 2/3 of the GPUs), most of it waited for.
+    model = replace(RUNS["fully-async"], rollout_gpu_share=0.67, level_shifts=((15, "gen", 300.0),))
+    write_step_log(lengths, spec, model, tmp_path / "run")
+    con = open_store(tmp_path / "store.duckdb")
+    events: list[dict] = []
+    watch_log(con, tmp_path / "run" / "train.log", events.append, WatchSettings(poll=0.05, idle_exit=0.3))
+    con.close()
+    schema = json_schema("watch")
+    for event in events:
+        jsonschema.validate(event, schema)
+    waits = [e for e in events if e.get("kind") == "async" and e["signal"] == "wait_share"]
+    assert [e["step"] for e in waits] == [19]
+    assert waits[0]["value"] > waits[0]["usual"] + 0.1
