@@ -9,7 +9,9 @@ token_volume cause was put on the trainer's wait (never, in an asynchronous mode
 --backtest` step accuracy against the median baseline given the same split (the target: mean step error
 within 10%, ahead of the baseline), and, for the sync run against the fully-async run of the same
 workload at p = 0.55, the overlap gained `explain --against` names against the truth (the sync run's
-true generation seconds per step; within 10%).
+true generation seconds per step; within 10%); then `whatif --policy gpu-split=G / staleness=K` on a
+fully-async run at p = 0.5 (4 GPUs), its saving as a share of the run against the generator's run at that
+setting.
 Usage: python benchmarks/async_bounds.py [--steps N] [--seed S]
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from polytrace_cli.diagnose import explain_run
@@ -25,6 +28,7 @@ from polytrace_cli.diagnose.explain import decompose_run
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.model import read_workload, run_info, training_mask
 from polytrace_cli.simulate.backtest import backtest_run
+from polytrace_cli.simulate.policies import whatif_run
 from polytrace_cli.store import open_store
 from polytrace_cli.workload.async_scenarios import SCENARIOS, relative_error, truth_bound
 from polytrace_cli.workload.presets import preset
@@ -71,6 +75,21 @@ def main() -> None:
                 backtests.append((name, step["accuracy"], step["median_baseline"]))
                 line += f"; backtest step {step['accuracy']:.1f}% vs median {step['median_baseline']:.1f}%"
             print(line)
+        # whatif on an asynchronous run: another GPU split and another staleness limit, priced from the run
+        # at p = 0.5 (4 GPUs: 2 rollout, 2 trainer), against the generator's runs at those settings.
+        wide = replace(spec, dp_ranks=4)
+        priced = {}
+        base_model = replace(SCENARIOS["rollout-bound p=0.55"][0], rollout_gpu_share=0.5)
+        settings = {"gpu-split=0.75": dict(rollout_gpu_share=0.75), "gpu-split=0.25": dict(rollout_gpu_share=0.25),
+                    "staleness=0": dict(staleness_limit=0), "staleness=2": dict(staleness_limit=2)}
+        base_truth = write_step_log(lengths, wide, base_model, root / "w-base", ("verl-console",)).frame
+        ingest_paths(con, [root / "w-base"], run_name="w-base")
+        result = whatif_run(con, "w-base", list(settings)).to_dict()
+        for scenario in result["scenarios"]:
+            other = write_step_log(lengths, wide, replace(base_model, **settings[scenario["policy"]]),
+                                   root / scenario["policy"], ("verl-console",)).frame
+            true_share = 1.0 - float(other["step_s"].sum()) / float(base_truth["step_s"].sum())
+            priced[scenario["policy"]] = (scenario["saving_share"], true_share)
         sync_run, sync_frame = truths["sync"]
         async_run, _ = truths["rollout-bound p=0.55"]
         comparison = explain_against(con, async_run, sync_run).to_dict()
@@ -83,6 +102,9 @@ def main() -> None:
     worst = min(accuracy for _, accuracy, _ in backtests)
     print(f"backtest on {len(backtests)} asynchronous runs: worst step accuracy {worst:.1f}% (error "
           f"{100 - worst:.1f}%), ahead of the median baseline on {ahead}/{len(backtests)}")
+    for policy, (share, true_share) in priced.items():
+        print(f"whatif --policy {policy} on the fully-async run at p=0.5: saving {share:+.1%} of the run, "
+              f"truth {true_share:+.1%} (the generator's run at that setting)")
     print(f"overlap gained (fully-async p=0.55 against sync): {gained:+.1f} s/step, truth {true_gain:+.1f} "
           f"({relative_error(gained, true_gain):.1%})")
 

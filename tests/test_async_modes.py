@@ -63,6 +63,11 @@ def store(tmp_path_factory):
         written = write_step_log(lengths, spec, model, root / name, ("verl-console",))
         ingest_paths(con, [root / name], run_name=name)
         truth[name] = written.frame
+    # Four GPUs, two on the rollout: a split whatif can price exactly in whole GPUs.
+    four = replace(spec, dp_ranks=4)
+    written = write_step_log(lengths, four, replace(RUNS["fully-async"], rollout_gpu_share=0.5), root / "four")
+    ingest_paths(con, [root / "four"], run_name="four")
+    truth["four"] = written.frame
     # Another framework's keys that map to the canonical families only (no verl family prefix).
     other = root / "other" / "metrics.jsonl"
     other.parent.mkdir()
@@ -256,3 +261,28 @@ def test_watch_alerts_a_wait_above_its_usual_share(tmp_path):
     waits = [e for e in events if e.get("kind") == "async" and e["signal"] == "wait_share"]
     assert [e["step"] for e in waits] == [19]
     assert waits[0]["value"] > waits[0]["usual"] + 0.1
+
+
+@pytest.mark.parametrize("policy, setting", [("gpu-split=0.75", {"rollout_gpu_share": 0.75}),
+                                             ("staleness=0", {"staleness_limit": 0})])
+def test_whatif_prices_another_split_and_staleness_limit(store, policy, setting):
+    from polytrace_cli.simulate.policies import whatif_run
+    from polytrace_cli.workload.steplog import step_table
+
+    con, truth = store
+    scenario = whatif_run(con, "four", [policy]).to_dict()["scenarios"][0]
+    lengths, _ = preset("math")
+    spec = WorkloadSpec(task="math", steps=STEPS, batch=48, n=8, dp_ranks=4, max_response_len=20480, seed=3)
+    other = step_table(lengths, spec, replace(RUNS["fully-async"], **{"rollout_gpu_share": 0.5, **setting}))
+    true_share = 1.0 - float(other["step_s"].sum()) / float(truth["four"]["step_s"].sum())
+    assert scenario["saving_share"] == pytest.approx(true_share, abs=0.03)
+    assert "0.50 of the GPUs on the rollout, staleness limit 1" in scenario["note"]
+
+
+def test_whatif_refuses_an_asynchronous_policy_on_a_sync_run(store):
+    from polytrace_cli.simulate.policies import whatif_run
+
+    con, _ = store
+    scenario = whatif_run(con, "sync", ["gpu-split=0.6"]).to_dict()["scenarios"][0]
+    assert scenario["saving_s"] is None and "one-step-off" in scenario["note"]
+

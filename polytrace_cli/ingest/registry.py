@@ -115,6 +115,14 @@ def declared_execution_mode_keys() -> dict[str, str]:
     return keys
 
 
+def execution_mode_timers() -> dict[str, tuple[str, str]]:
+    """Per execution mode, (what tells it, what its timers mean) (`store.execution_mode.MODE_TIMERS`), for
+    `polytrace formats`."""
+    from polytrace_cli.store.execution_mode import MODE_TIMERS
+
+    return dict(MODE_TIMERS)
+
+
 def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
     `declared_metric_names` when each built-in framework's names sit in an `ingest/<framework>_names.py` module."""

@@ -683,7 +683,12 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
     ]
     entry = "verl.trainer.main_ppo"
     if model.mode != "sync":
-        rollout_gpus = max(int(round(spec.dp_ranks * spec.tp_size * model.rollout_gpu_share)), 1)
+        # The rollout's and the trainer's own GPUs, as the asynchronous recipes print them (the share rounded
+        # to whole GPUs).
+        total = spec.dp_ranks * spec.tp_size
+        rollout_gpus = min(max(int(round(total * model.rollout_gpu_share)), 1), max(total - 1, 1))
+        settings = [f"trainer.n_gpus_per_node={max(total - rollout_gpus, 1)}" if item.startswith("trainer.n_gpus_per_node=")
+                    else item for item in settings]
         settings += [f"rollout.n_gpus_per_node={rollout_gpus}", "rollout.nnodes=1"]
     if model.mode == "one-step-off":
         entry = "verl.experimental.one_step_off_policy.main_ppo"
