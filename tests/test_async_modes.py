@@ -286,3 +286,17 @@ def test_whatif_refuses_an_asynchronous_policy_on_a_sync_run(store):
     scenario = whatif_run(con, "sync", ["gpu-split=0.6"]).to_dict()["scenarios"][0]
     assert scenario["saving_s"] is None and "one-step-off" in scenario["note"]
 
+
+
+@pytest.mark.parametrize("folder", ["verl05dev-agentloop-opd-wandb", "verl06-multiturn-gui-agent",
+                                    "trl-new-grpo-7b-steptime-collapse"])
+def test_real_colocated_runs_read_as_sync(tmp_path, folder):
+    from conftest import need_real_data
+
+    # Colocated trainers (verl's agent loop serves rollouts asynchronously inside a synchronous step).
+    path = need_real_data("real", folder)
+    con = open_store(tmp_path / "store.duckdb")
+    ingest_paths(con, [path], run_name="real")
+    record = record_of(con, run_info(con, "real").run_id)
+    con.close()
+    assert record["execution_mode"] == "sync"

@@ -91,12 +91,12 @@ def _print_bounds(out: Console, bounds: dict) -> None:
 
     sync = bounds["mode"] == "sync"
     columns = (("steps", "right"), ("bound", "left"), ("s/step", "right"), ("step", "right"),
-               *((("gen", "right"), ("train", "right")) if sync else (("wait", "right"), ("rollout idle", "right"))),
-               ("sync+switch", "right"), *(() if sync else (("trainer idle", "right"), ("rollout idle %", "right"))))
+               *((("gen", "right"), ("train", "right")) if sync else (("wait", "right"), ("idle", "right"))),
+               ("sync", "right"), *(() if sync else (("wait %", "right"), ("idle %", "right"))))
     table = Table(title=f"What bounds the run ({bounds['mode']}), per window of steps", title_justify="left",
                   header_style="bold")
     for name, justify in columns:
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=justify, no_wrap=name == "bound")
 
     def number(value, percent=False):
         return "—" if value is None else (f"{value:.0%}" if percent else _seconds(value))
@@ -108,6 +108,9 @@ def _print_bounds(out: Console, bounds: dict) -> None:
                       _seconds(window["seconds_per_step"]), number(window["step_s"]), *map(number, first),
                       number(window["overhead_s"]), *ratios)
     out.print(table)
+    if not sync:
+        print_item(out, "wait: the trainer's wait for a batch; idle: the rollout side idle; sync: weight sync and "
+                        "switches (s per step); wait % and idle %: the idle ratios, recomputed from the timers")
     print_item(out, bound_sentence(bounds))
     if bounds["run"].get("rule"):
         print_item(out, bounds["run"]["rule"])

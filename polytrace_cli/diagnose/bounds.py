@@ -19,8 +19,7 @@ The bound of a set of steps is the largest of the three means, with that mean as
 
     rollout-bound   mean wait_s             the trainer waits while the rollout is busy
     train-bound     mean rollout_idle_s     the rollout idles (done early, or throttled by the
-                                            staleness limit: `throttled` when staleness sits at its
-                                            logged maximum on most steps)
+                                            staleness limit: either way the trainer sets the pace)
     overhead-bound  mean overhead_s         weight sync and switches exceed both
 
 (`workload.async_pipeline.bound_of`, the rule the generator's truth is computed by.) A sync run
