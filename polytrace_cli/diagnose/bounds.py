@@ -204,4 +204,17 @@ def bound_sentence(bounds: dict) -> str:
     return f"{run['bound']} ({bounds['mode']}): {what} {seconds:,.1f} s of a {run['step_s']:,.1f} s step"
 
 
-__all__ = ["BOUNDS", "WINDOW", "bound_sentence", "rule_of_thumb", "run_bounds", "step_parts"]
+def bound_finding(bounds: dict | None) -> tuple[float, float | None, int, list[int], str] | None:
+    """An asynchronous run's bound as a finding: (seconds = its seconds per step × the steps it was measured
+    on, share = its seconds per step / the mean step, the steps, their numbers, the sentence with the
+    framework's rule of thumb); None for a sync run or without bounds."""
+    if not bounds or bounds["mode"] == SYNC:
+        return None
+    run = bounds["run"]
+    rule = f"; {run['rule']}" if run.get("rule") else ""
+    steps = [step for window in bounds["windows"] for step in range(window["first_step"], window["last_step"] + 1)]
+    share = run["seconds_per_step"] / run["step_s"] if run["step_s"] else None
+    return run["seconds_per_step"] * run["steps"], share, run["steps"], steps, f"{bound_sentence(bounds)}{rule}"
+
+
+__all__ = ["bound_finding", "BOUNDS", "WINDOW", "bound_sentence", "rule_of_thumb", "run_bounds", "step_parts"]

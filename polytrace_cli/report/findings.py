@@ -217,17 +217,14 @@ def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[l
                            f"{run}: {found['text']}.")
         finding["at_steps"] = at_steps
         out.append(finding)
-    bounds = explanation.bounds
-    if bounds and bounds["mode"] != "sync":
-        from polytrace_cli.diagnose.bounds import bound_sentence
+    from polytrace_cli.diagnose.bounds import bound_finding
 
-        whole = bounds["run"]
-        # What bounds an asynchronous run, first: the seconds its bound costs over the run's steps.
-        rule = f"; {whole['rule']}" if whole.get("rule") else ""
-        finding = _finding(run, "bound", whole["seconds_per_step"] * whole["steps"],
-                           whole["seconds_per_step"] / whole["step_s"] if whole["step_s"] else None, whole["steps"],
-                           f"{run}: {bound_sentence(bounds)}{rule}.")
-        finding["at_steps"] = [int(step) for w in bounds["windows"] for step in range(w["first_step"], w["last_step"] + 1)]
+    bound = bound_finding(explanation.bounds)
+    if bound is not None:
+        # What bounds an asynchronous run, first.
+        seconds, share, count, at_steps, text = bound
+        finding = _finding(run, "bound", seconds, share, count, f"{run}: {text}.")
+        finding["at_steps"] = at_steps
         out.insert(0, finding)
     return out, None
 
