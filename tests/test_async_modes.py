@@ -300,3 +300,21 @@ def test_real_colocated_runs_read_as_sync(tmp_path, folder):
     record = record_of(con, run_info(con, "real").run_id)
     con.close()
     assert record["execution_mode"] == "sync"
+
+
+def test_bounds_by_hand():
+    from polytrace_cli.diagnose.bounds import run_bounds
+
+    # Four steps of 10 s: the trainer waits 2 s, the rollout works 3 s, the weight sync takes 1 s, so the
+    # rollout idles 10 − 3 − 1 = 6 s a step: train-bound, 6 s; trainer idle 2 / 10 = 0.2 against a logged 0.05.
+    frame = pl.DataFrame({"step": [1, 2, 3, 4], "wall_s": [10.0] * 4, "trainer_wait_s": [2.0] * 4,
+                          "rollout_s": [3.0] * 4, "update_weights_s": [1.0] * 4, "switch_s": [None] * 4,
+                          "trainer_idle_ratio": [0.05] * 4, "rollout_idle_ratio": [None] * 4,
+                          "r_max": [100.0] * 4, "response_tokens": [800.0] * 4, "n_responses": [16.0] * 4},
+                         schema_overrides={"switch_s": pl.Float64, "rollout_idle_ratio": pl.Float64})
+    bounds = run_bounds(frame, pl.Series([True] * 4), "fully-async")
+    run = bounds["run"]
+    assert (run["bound"], run["seconds_per_step"], run["wait_s"], run["overhead_s"]) == ("train-bound", 6.0, 2.0, 1.0)
+    assert run["trainer_idle_ratio"] == pytest.approx(0.2) and run["rollout_idle_ratio"] == pytest.approx(0.7)
+    assert any("logged trainer idle ratio (0.05) differs from the one its timers give (0.20)" in n for n in bounds["notes"])
+    assert run["rule"].startswith("rollout idle high, trainer idle low")
