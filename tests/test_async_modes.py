@@ -318,3 +318,11 @@ def test_bounds_by_hand():
     assert run["trainer_idle_ratio"] == pytest.approx(0.2) and run["rollout_idle_ratio"] == pytest.approx(0.7)
     assert any("logged trainer idle ratio (0.05) differs from the one its timers give (0.20)" in n for n in bounds["notes"])
     assert run["rule"].startswith("rollout idle high, trainer idle low")
+
+
+def test_no_bound_from_no_timers():
+    from polytrace_cli.diagnose.bounds import run_bounds
+
+    # An asynchronous run (TRL's AsyncGRPO logs a step time, no wait and no rollout busy time): no bound.
+    frame = pl.DataFrame({"step": [1, 2, 3], "wall_s": [10.0, 11.0, 10.5]})
+    assert run_bounds(frame, pl.Series([True] * 3), "async-grpo") is None

@@ -46,6 +46,8 @@ from polytrace_cli.store.execution_mode import ONE_STEP_OFF, SYNC
 from polytrace_cli.workload.async_pipeline import BOUNDS, bound_of
 
 WINDOW = 20
+UNTOLD = ("what bounds the run cannot be told: its log holds neither the trainer's wait for a batch nor the "
+          "rollout side's busy time or idle ratio")
 LONG_TAIL_RATIO = 3.0
 # An idle ratio is "high" above this share of the step (verl#7601's rule of thumb), and a logged ratio
 # is said to disagree with the recomputed one beyond RATIO_GAP.
@@ -162,13 +164,17 @@ def rule_of_thumb(summary: dict, mode: str, long_tailed: bool | None) -> str | N
 
 def run_bounds(frame: pl.DataFrame, training: pl.Series, mode: str | None) -> dict | None:
     """{'mode', 'run': the run's bound, 'windows': one per WINDOW training steps, 'notes'}, each bound with
-    its seconds per step and parts (module docstring); None without at least 2 timed training steps."""
+    its seconds per step and parts (module docstring); None without at least 2 timed training steps, or for
+    an asynchronous run that logs neither side's timers (`UNTOLD`)."""
     mode = mode or SYNC
     mask = training.fill_null(False).to_numpy() & np.isfinite(_values(frame, "wall_s"))
     rows = np.flatnonzero(mask)
     if rows.size < 2:
         return None
     parts = step_parts(frame, mode)
+    if mode != SYNC and not (np.isfinite(_values(frame, "trainer_wait_s")[rows]).any()
+                             or np.isfinite(parts["rollout_idle_s"][rows]).any()):
+        return None  # neither side's timers: what bounds the run cannot be told (UNTOLD)
     notes = []
     if mode != SYNC and not np.isfinite(parts["rollout_idle_s"][rows]).any():
         notes.append("the rollout side's busy time and idle ratio are not logged: train-bound cannot be told, so "

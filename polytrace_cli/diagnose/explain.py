@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze.semantics import record_of, semantics_notes
-from polytrace_cli.diagnose.bounds import run_bounds
+from polytrace_cli.diagnose.bounds import UNTOLD, run_bounds
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -163,6 +163,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     record = record_of(con, info.run_id)
     findings = run_findings(steps, causes, frame, slow, model, record["collapse_step"])
     bounds = run_bounds(frame, mask, record.get("execution_mode"))
+    untold = bounds is None and record.get("execution_mode") not in (None, "sync")
     if step is not None:
         chosen = steps.filter(pl.col("step") == step)
         if chosen.height == 0:
@@ -194,6 +195,8 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
         notes.append("verl balanced the batch across ranks: the training stages follow global_seqlen/balanced_max, "
                      "not global_seqlen/max; the imbalance before balancing does not set their time")
     notes += semantics_notes(record)
+    if untold:
+        notes.append(UNTOLD)
     if frame["workload_basis"].is_null().all():
         notes.append("the log has no response lengths or token counts: every stage is fitted as a constant, so "
                      "long_tail, token_volume and dp_imbalance cannot be told apart from unexplained time")
