@@ -68,11 +68,13 @@ def store(tmp_path_factory):
     written = write_step_log(lengths, four, replace(RUNS["fully-async"], rollout_gpu_share=0.5), root / "four")
     ingest_paths(con, [root / "four"], run_name="four")
     truth["four"] = written.frame
-    # Another framework's keys that map to the canonical families only (no verl family prefix).
+    # Another framework whose trainer wait maps to the canonical name (as a plugin format's `metric_aliases`
+    # declares it; the row is what the catalog writes for one), in a file verl's file logger shape reads.
+    con.execute("INSERT INTO metric_aliases VALUES ('perf/trainer_wait_time', 'trainer_wait_s')")
     other = root / "other" / "metrics.jsonl"
     other.parent.mkdir()
     other.write_text("".join(json.dumps({"step": step, "data": {"timing_s/step": 10.0 + step,
-                                                                  "timing_s/wait_for_enough_samples": 4.0}}) + "\n"
+                                                                  "perf/trainer_wait_time": 4.0}}) + "\n"
                              for step in range(1, 6)), encoding="utf-8")
     ingest_paths(con, [other], run_name="other")
     yield con, truth

@@ -74,7 +74,9 @@ METRIC_ALIASES = {
     "fully_async/count/dropped_stale_samples": "dropped_samples",
     "count/dropped_stale_samples": "dropped_samples",
     "fully_async/partial/partial_ratio": "partial_ratio",
-    "timing_s/wait_for_enough_samples": "trainer_wait_s",
+    # With dynamic resource scheduling, the time the trainer's hybrid GPUs help the rollout while the trainer
+    # waits for enough samples (fully_async_trainer.py): a part of the wait, not the whole (a name no view reads).
+    "timing_s/wait_for_enough_samples": "hybrid_rollout_s",
     # V1 trainer (docs/advance/v1_async_trainer.md): staleness in model versions, dropped stale groups, and
     # the hybrid GPUs' mode switches (names the model reads; no `steps` column).
     "training/off_policy/trajectory_staleness/mean": "staleness_mean",
@@ -97,5 +99,6 @@ EXECUTION_MODE_KEYS = {
     "rollouter/": "fully-async",
     "trainer/idle_ratio": "fully-async",
     "timing_s/param_sync": "fully-async",
+    "timing_s/wait_for_enough_samples": "fully-async",
     "training/off_policy/": "separate-async",
 }
