@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 # store) declares: this names the function that returns them, so that no module imports a layer above
 # its own (store/catalog.py calls it).
 METRIC_NAMES_SOURCE = "polytrace_cli.ingest.registry:declared_metric_names"
-# The same for the key families that tell a run's execution mode (store/execution_mode.py calls it).
+# The same for the key families that tell a run's execution mode (semantics/execution_mode.py calls it).
 EXECUTION_MODE_SOURCE = "polytrace_cli.ingest.registry:declared_execution_mode_keys"
 
 

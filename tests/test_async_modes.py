@@ -30,8 +30,8 @@ from polytrace_cli.diagnose import explain_run
 from polytrace_cli.diagnose.against import explain_against
 from polytrace_cli.diagnose.explain import decompose_run
 from polytrace_cli.ingest.runner import ingest_paths
-from polytrace_cli.ingest.trl_names import METRIC_ALIASES as TRL_ALIASES
-from polytrace_cli.ingest.verl_names import METRIC_ALIASES as VERL_ALIASES
+from polytrace_cli.ingest.formats.trl.names import METRIC_ALIASES as TRL_ALIASES
+from polytrace_cli.ingest.formats.verl.names import METRIC_ALIASES as VERL_ALIASES
 from polytrace_cli.model import read_workload, run_info, training_mask
 from polytrace_cli.simulate.backtest import backtest_run
 from polytrace_cli.store import open_store

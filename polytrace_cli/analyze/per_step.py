@@ -198,7 +198,7 @@ def _by_mode(con: duckdb.DuckDBPyConnection, run_ids: list[int], df: pl.DataFram
     """Each run's execution mode (`mode`), and in the modes where verl's `timing_s/gen` is the trainer's wait
     (`execution_mode.WAIT_MODES`) its seconds as trainer_wait_s, gen_s left empty."""
     from polytrace_cli.analyze.semantics import semantics
-    from polytrace_cli.store.execution_mode import WAIT_MODES
+    from polytrace_cli.semantics.execution_mode import WAIT_MODES
 
     modes = semantics(con, run_ids).select("run", pl.col("execution_mode").alias("mode_of_run"))
     waits = pl.col("mode_of_run").is_in(list(WAIT_MODES)).fill_null(False)

@@ -16,7 +16,7 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.shared_frames import once_per_report, shared
-from polytrace_cli.store import step_timers
+from polytrace_cli.semantics import step_timers
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
 # which way each run logged them (`step_timers.step_time_inclusion`).
@@ -124,7 +124,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     if "gen" in names and "trainer_wait" in names:
         # In the modes where verl's timing_s/gen is the trainer's wait, its seconds are the trainer_wait stage.
         from polytrace_cli.analyze.semantics import semantics
-        from polytrace_cli.store.execution_mode import WAIT_MODES
+        from polytrace_cli.semantics.execution_mode import WAIT_MODES
 
         waiting = [row["run"] for row in semantics(con, run_ids).select("run", "execution_mode").iter_rows(named=True)
                    if row["execution_mode"] in WAIT_MODES]

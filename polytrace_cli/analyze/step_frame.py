@@ -41,7 +41,7 @@ import polars as pl
 from polytrace_cli.analyze import semantics as sem
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.shared_frames import shared
-from polytrace_cli.store import step_timers
+from polytrace_cli.semantics import step_timers
 
 # The mode whose weight sync is timed outside the logged step total (fully_async_trainer.py:
 # `_trigger_parameter_sync_after_step` runs after the `step` timer closes).

@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from polytrace_cli.store.execution_mode import ONE_STEP_OFF, SYNC
+from polytrace_cli.semantics.execution_mode import ONE_STEP_OFF, SYNC
 from polytrace_cli.workload.async_pipeline import BOUNDS, bound_of
 
 WINDOW = 20

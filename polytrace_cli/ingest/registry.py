@@ -29,7 +29,9 @@ def metric_name_modules() -> list[str]:
     """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
     (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
     view against them without loading every format (see `declared_metric_names`)."""
-    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(Path(__file__).parent.glob("*_names.py"))]
+    here = Path(__file__).parent
+    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(here.glob("*_names.py"))] + [
+        f"polytrace_cli.ingest.formats.{path.parent.name}.names" for path in sorted(here.glob("formats/*/names.py"))]
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
@@ -116,9 +118,9 @@ def declared_execution_mode_keys() -> dict[str, str]:
 
 
 def execution_mode_timers() -> dict[str, tuple[str, str]]:
-    """Per execution mode, (what tells it, what its timers mean) (`store.execution_mode.MODE_TIMERS`), for
+    """Per execution mode, (what tells it, what its timers mean) (`semantics.execution_mode.MODE_TIMERS`), for
     `polytrace formats`."""
-    from polytrace_cli.store.execution_mode import MODE_TIMERS
+    from polytrace_cli.semantics.execution_mode import MODE_TIMERS
 
     return dict(MODE_TIMERS)
 

@@ -51,7 +51,7 @@ import polars as pl
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import fetch_first
-from polytrace_cli.store.execution_mode import WAIT_MODES
+from polytrace_cli.semantics.execution_mode import WAIT_MODES
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
 MODELLED_STAGES = ("gen", "trainer_wait", "reward", "old_log_prob", "ref", "values", "adv", "update_actor",

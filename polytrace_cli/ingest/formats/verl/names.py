@@ -87,7 +87,7 @@ METRIC_ALIASES = {
 }
 # Keys logged by validation only (`val-core/...`, `val/...`, older `test_score/...`).
 VALIDATION_PREFIXES = ("val-", "val/", "test_score/")
-# Key prefixes that tell an asynchronous recipe's execution mode (store/execution_mode.py), most
+# Key prefixes that tell an asynchronous recipe's execution mode (semantics/execution_mode.py), most
 # specific first: one-step-off's wait and weight sync (one_step_off_policy/ray_trainer.py,
 # docs/advance/one_step_off.md), the V1 trainer's switches and off-policy family
 # (docs/advance/v1_async_trainer.md), the fully async policy's families (fully_async_policy/).

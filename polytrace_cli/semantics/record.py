@@ -38,7 +38,7 @@ One record per run (`FIELDS`):
     execution_mode, execution_mode_evidence
                        how the run executed (sync, one-step-off, fully-async, colocate-async,
                        separate-async, async-grpo) and the config keys and metric families it was decided
-                       from (`store.execution_mode`)
+                       from (`semantics.execution_mode`)
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from itertools import accumulate
 
 import duckdb
 
-from polytrace_cli.store import execution_mode, step_facts, step_timers
+from polytrace_cli.semantics import execution_mode, step_facts
+from polytrace_cli.semantics import step_timers
 
 LOGGED, WITHOUT_OVERHEADS, DERIVED = "logged", "logged without overheads", "derived from stage timers"
 ON, OFF, UNKNOWN = "on", "off", "unknown"

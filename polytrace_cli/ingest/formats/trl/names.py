@@ -30,7 +30,7 @@ METRIC_ALIASES = {
 }
 # The Trainer's `eval_*` keys are stored as `eval/*`.
 VALIDATION_PREFIXES = ("eval/",)
-# Key prefixes that tell TRL's AsyncGRPO (store/execution_mode.py).
+# Key prefixes that tell TRL's AsyncGRPO (semantics/execution_mode.py).
 EXECUTION_MODE_KEYS = {
     "rollout/score_wait_s": "async-grpo",
     "rollout/inflight": "async-grpo",
