@@ -328,3 +328,15 @@ def test_no_bound_from_no_timers():
     # An asynchronous run (TRL's AsyncGRPO logs a step time, no wait and no rollout busy time): no bound.
     frame = pl.DataFrame({"step": [1, 2, 3], "wall_s": [10.0, 11.0, 10.5]})
     assert run_bounds(frame, pl.Series([True] * 3), "async-grpo") is None
+
+
+def test_a_rollout_wait_says_what_the_rollout_did(store):
+    con, truth = store
+    frame = truth["fully-async"]
+    step = int(frame.filter(pl.col("step") >= 3).sort("trainer_wait_s", descending=True)["step"][0])
+    causes = explain_run(con, "fully-async", step=step).to_dict()["steps"][0]["causes"]
+    (wait,) = [c for c in causes if c["cause"] == "rollout_wait"]
+    assert wait["stage"] == "trainer_wait"
+    true_busy = float(frame.filter(pl.col("step") == step)["rollout_active_s"][0])
+    assert wait["rollout"]["rollout_s"] == pytest.approx(true_busy, rel=1e-6)
+    assert wait["rollout"]["typical_rollout_s"] > 0

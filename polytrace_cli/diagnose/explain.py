@@ -177,8 +177,10 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     by_step = {key: part for key, part in wanted.group_by("segment", "step", maintain_order=True)}
     empty = causes.clear()
     slow_keys = set(slow.select("segment", "step").iter_rows())
+    rollout = _rollout_side(frame, mask)
     step_rows = [_step_row(row, by_step.get((row["segment"], row["step"]), empty), detail,
-                           (row["segment"], row["step"]) in slow_keys) for row in chosen.iter_rows(named=True)]
+                           (row["segment"], row["step"]) in slow_keys, rollout)
+                 for row in chosen.iter_rows(named=True)]
     notes = [f"expected step {duration(expected)} (the model at the run's median workload, no validation or "
              f"checkpoint), fitted on {int(mask.sum())} training steps"]
     estimated = con.execute("SELECT count(DISTINCT step) FROM step_flags WHERE run_id = ? AND flag = 'tqdm_estimate'",
@@ -207,9 +209,22 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     )
 
 
-def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool) -> dict:
+def _rollout_side(frame: pl.DataFrame, mask: pl.Series) -> dict:
+    """What the rollout side did, for a `rollout_wait` cause: per (segment, step) its busy seconds
+    (rollout_s) and longest response (r_max), and their medians over the training steps (key None)."""
+    if "rollout_s" not in frame.columns or frame["trainer_wait_s"].is_null().all():
+        return {}
+    columns = frame.select("segment", "step", "rollout_s", "r_max")
+    trained = columns.filter(mask)
+    out = {(row["segment"], row["step"]): (row["rollout_s"], row["r_max"]) for row in columns.iter_rows(named=True)}
+    out[None] = (trained["rollout_s"].median(), trained["r_max"].median())
+    return out
+
+
+def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool, rollout: dict | None = None) -> dict:
     """One step of the JSON: its seconds and its causes, those standing out from their usual level
-    first, each group largest first."""
+    first, each group largest first. A `rollout_wait` cause carries the rollout side's busy seconds and
+    longest response at the step beside their typical values (`_rollout_side`): what the wait came from."""
     listed = []
     for cause in mine.sort(["stands_out", "seconds"], descending=True).iter_rows(named=True):
         entry = {"cause": cause["cause"], "seconds": cause["seconds"], "stage": cause["stage"],
@@ -219,6 +234,11 @@ def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool
             entry["samples"] = more["tail_samples"]
         if more and cause["cause"] == "dp_imbalance" and cause["seconds"] > 0 and more["busiest_rank"]:
             entry["rank"] = more["busiest_rank"]
+        if cause["cause"] == "rollout_wait" and rollout:
+            (busy, longest), (usual_busy, usual_longest) = rollout.get((row["segment"], row["step"]), (None, None)), \
+                rollout[None]
+            entry["rollout"] = {"rollout_s": busy, "typical_rollout_s": usual_busy, "r_max": longest,
+                                "typical_r_max": usual_longest}
         listed.append(entry)
     return {"step": row["step"], "segment": row["segment"], "seconds": row["seconds"],
             "expected_s": row["expected_s"], "excess_s": row["excess_s"], "slow": slow, "causes": listed}
