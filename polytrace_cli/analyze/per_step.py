@@ -30,6 +30,10 @@ Flags: partial (fewer training samples than the run's responses per step), valid
 samples), checkpoint (checkpoint time logged), restart (first step after a restart or resume),
 truncated (a log line cut short). Flags a basis cannot observe are null, not false.
 
+`mode` is the run's execution mode (the semantics record); in the modes where verl's `timing_s/gen` is
+the trainer's wait, its seconds are `trainer_wait_s` and `gen_s` is empty; `rollout_s` is the rollout
+side's busy seconds beside the step.
+
 `expected_step_s` and `top_cause` belong to the step-time explanation and are null here;
 `diagnose.per_step.steps_with_causes` (what `polytrace steps` shows) fills them.
 """
@@ -42,11 +46,11 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
 from polytrace_cli.analyze.common import caps_sql, ids_sql, training_samples_sql
 
-STAGE_COLUMNS = ("gen_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_actor_s",
+STAGE_COLUMNS = ("gen_s", "trainer_wait_s", "rollout_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_actor_s",
                  "update_critic_s", "update_weights_s", "testing_s", "save_checkpoint_s")
 
 COLUMNS: dict[str, pl.DataType] = {
-    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "basis": pl.String,
+    "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "basis": pl.String, "mode": pl.String,
     **{name: pl.Float64 for name in STAGE_COLUMNS},
     "step_s": pl.Float64, "logged_step_s": pl.Float64, "step_time_basis": pl.String,
     "response_mean": pl.Float64, "response_max": pl.Float64, "prompt_mean": pl.Float64, "prompt_max": pl.Float64,
@@ -186,4 +190,21 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
               .join(canonical, on=keys, how="left", nulls_equal=True, maintain_order="left")
               .join(tools, on=["run", "step"], how="left", maintain_order="left")
               for part in parts]
-    return pl.concat([_conform(part) for part in joined]).sort("run", "segment", "step", nulls_last=False)
+    return _by_mode(con, run_ids, pl.concat([_conform(part) for part in joined])).sort(
+        "run", "segment", "step", nulls_last=False)
+
+
+def _by_mode(con: duckdb.DuckDBPyConnection, run_ids: list[int], df: pl.DataFrame) -> pl.DataFrame:
+    """Each run's execution mode (`mode`), and in the modes where verl's `timing_s/gen` is the trainer's wait
+    (`execution_mode.WAIT_MODES`) its seconds as trainer_wait_s, gen_s left empty."""
+    from polytrace_cli.analyze.semantics import semantics
+    from polytrace_cli.semantics.execution_mode import WAIT_MODES
+
+    modes = semantics(con, run_ids).select("run", pl.col("execution_mode").alias("mode_of_run"))
+    waits = pl.col("mode_of_run").is_in(list(WAIT_MODES)).fill_null(False)
+    return (df.join(modes, on="run", how="left", maintain_order="left")
+            .with_columns(mode=pl.col("mode_of_run"),
+                          trainer_wait_s=pl.when(waits).then(pl.coalesce("trainer_wait_s", "gen_s"))
+                          .otherwise(pl.col("trainer_wait_s")),
+                          gen_s=pl.when(waits).then(None).otherwise(pl.col("gen_s")))
+            .select(list(COLUMNS)))

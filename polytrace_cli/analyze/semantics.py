@@ -4,7 +4,7 @@ stores it at ingest, with every field's rule) read for analyses, figures and the
 One row per run (`SEMANTICS_COLUMNS`): run, step_time_basis, includes_testing, includes_checkpoint,
 balance_batch, balance_batch_source, lambda_basis, responses_per_step, responses_per_step_source,
 training_samples, validation_samples, truncated_steps, crash, partial_steps, collapse_step,
-collapse_length, collapse_typical_length.
+collapse_length, collapse_typical_length, execution_mode, execution_mode_evidence.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ SEMANTICS_COLUMNS: dict[str, pl.DataType] = {
     "training_samples": pl.Int64, "validation_samples": pl.Int64, "truncated_steps": pl.List(pl.Int64),
     "crash": pl.String, "partial_steps": pl.List(pl.Int64), "collapse_step": pl.Int64,
     "collapse_length": pl.Float64, "collapse_typical_length": pl.Float64,
+    "execution_mode": pl.String, "execution_mode_evidence": pl.List(pl.String),
 }
 
 
@@ -67,6 +68,11 @@ def semantics_notes(record: dict) -> list[str]:
     if record["collapse_step"] is not None:
         notes.append(f"response lengths collapsed from step {record['collapse_step']:,} on (mean "
                      f"{record['collapse_length']:,.1f} tokens, typical {record['collapse_typical_length']:,.0f} before)")
+    if record.get("execution_mode") not in (None, "sync"):
+        evidence = record["execution_mode_evidence"] or []
+        more = f"; {len(evidence) - 2} more" if len(evidence) > 2 else ""
+        notes.append(f"execution mode {record['execution_mode']} ({'; '.join(evidence[:2])}{more}): the trainer's "
+                     "step is its own compute plus its wait for the rollout side")
     if record["crash"]:
         notes.append(f"the log ends with an error after its last step: {record['crash']}")
     return notes

@@ -119,6 +119,18 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     canonical = shared_step_frame(con, run_ids, steps).select(
         "run", "segment", "step", "step_s", "step_time_basis", "step_s_counts_testing", "step_s_counts_checkpoint")
     detail = detail.join(canonical, on=["run", "segment", "step"], how="left", maintain_order="left")
+    if "gen" in names and "trainer_wait" in names:
+        # In the modes where verl's timing_s/gen is the trainer's wait, its seconds are the trainer_wait stage.
+        from polytrace_cli.analyze.semantics import semantics
+        from polytrace_cli.semantics.execution_mode import WAIT_MODES
+
+        waiting = [row["run"] for row in semantics(con, run_ids).select("run", "execution_mode").iter_rows(named=True)
+                   if row["execution_mode"] in WAIT_MODES]
+        if waiting:
+            wait = pl.col("run").is_in(waiting)
+            detail = detail.with_columns(
+                trainer_wait_s=pl.when(wait).then(pl.coalesce("trainer_wait_s", "gen_s")).otherwise(pl.col("trainer_wait_s")),
+                gen_s=pl.when(wait).then(None).otherwise(pl.col("gen_s")))
 
     def counted(timer: str, counts: str) -> pl.Expr:
         seconds = pl.col(f"{timer}_s")

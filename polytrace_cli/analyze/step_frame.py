@@ -10,6 +10,8 @@ samples that the view lacks (segment null). Columns (`STEP_FRAME_COLUMNS`):
     step_s             the step's wall time:
                          logged_step_s + testing_s (when the run's step total leaves testing out)
                                        + save_checkpoint_s (when it leaves the checkpoint out)
+                                       + update_weights_s (fully-async: verl's fully async policy
+                                         times its param_sync after the step, outside timing_s/step)
                          Σ every logged timer (stages, testing, checkpoint) when no total is logged
                        an inclusion that cannot be told is taken as included (verl up to 0.7)
     step_time_basis    'logged', 'logged without overheads' (the run's total leaves an overhead out,
@@ -40,6 +42,10 @@ from polytrace_cli.analyze import semantics as sem
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.semantics import step_timers
+
+# The mode whose weight sync is timed outside the logged step total (fully_async_trainer.py:
+# `_trigger_parameter_sync_after_step` runs after the `step` timer closes).
+SYNC_OUTSIDE_STEP = "fully-async"
 
 STEP_FRAME_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64,
@@ -93,7 +99,7 @@ def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -
             WHERE NOT EXISTS (SELECT 1 FROM st WHERE st.run_id = trained.run_id AND st.step = trained.step)
         )
         SELECT r.name AS run, k.segment::BIGINT AS segment, k.step::BIGINT AS step,
-               st.step_s AS logged_step_s, st.testing_s, st.save_checkpoint_s,
+               st.step_s AS logged_step_s, st.testing_s, st.save_checkpoint_s, st.update_weights_s,
                CASE WHEN {any_timer} THEN {timer_sum} END AS timers_sum_s,
                seq.seq_max, seq.seq_mean, seq.seq_balanced, sampled.sample_mean, sampled.sample_max,
                coalesce(st.is_validation_only, false) AS validation_only,
@@ -114,7 +120,8 @@ def step_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     if not run_ids:
         return pl.DataFrame(schema=STEP_FRAME_COLUMNS)
     records = sem.semantics(con, run_ids).select(
-        "run", "step_time_basis", "includes_testing", "includes_checkpoint", "lambda_basis", "partial_steps")
+        "run", "step_time_basis", "includes_testing", "includes_checkpoint", "lambda_basis", "partial_steps",
+        "execution_mode")
     df = _raw(con, run_ids, steps).join(records, on="run", how="left")
     c = pl.col
     left_out_testing = c("includes_testing").eq(False)
@@ -127,7 +134,8 @@ def step_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
         step_s=pl.when(logged).then(
             c("logged_step_s")
             + pl.when(left_out_testing).then(c("testing_s").fill_null(0)).otherwise(0)
-            + pl.when(left_out_checkpoint).then(c("save_checkpoint_s").fill_null(0)).otherwise(0))
+            + pl.when(left_out_checkpoint).then(c("save_checkpoint_s").fill_null(0)).otherwise(0)
+            + pl.when(c("execution_mode") == SYNC_OUTSIDE_STEP).then(c("update_weights_s").fill_null(0)).otherwise(0))
         .when(derived).then(c("timers_sum_s")),
         step_time_basis=pl.when(logged).then(
             pl.when(c("step_time_basis") == sem.WITHOUT_OVERHEADS).then(pl.lit(sem.WITHOUT_OVERHEADS))

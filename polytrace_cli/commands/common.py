@@ -143,8 +143,8 @@ def _text(value: Any) -> str:
 
 
 # What a narrow table of runs keeps first, after the run's name: what the run is, then how much it holds.
-RUNS_ORDER = ("framework", "task", "samples", "steps", "first_step", "last_step", "files", "rejected", "segments",
-              "formats")
+RUNS_ORDER = ("framework", "mode", "task", "samples", "steps", "first_step", "last_step", "files", "rejected",
+              "segments", "formats")
 
 
 def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] | None = None, *,

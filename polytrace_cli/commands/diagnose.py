@@ -64,6 +64,8 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
         out.print(table)
     for finding in doc["findings"]:
         print_item(out, finding["text"])
+    if doc.get("bounds"):
+        _print_bounds(out, doc["bounds"])
     steps = doc["steps"] if shown_steps is None else doc["steps"][:shown_steps]
     if steps and doc["basis"] == "tokens":
         _print_token_steps(out, steps)
@@ -82,6 +84,38 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
         out.print(f"{hidden} more slow steps: --top K or --json for all", highlight=False)
     if doc["slow_rule"]:
         out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
+
+
+def _print_bounds(out: Console, bounds: dict) -> None:
+    from polytrace_cli.diagnose.bounds import bound_sentence
+
+    sync = bounds["mode"] == "sync"
+    columns = (("steps", "right"), ("bound", "left"), ("s/step", "right"), ("step", "right"),
+               *((("gen", "right"), ("train", "right")) if sync else (("wait", "right"), ("idle", "right"))),
+               ("sync", "right"), *(() if sync else (("wait %", "right"), ("idle %", "right"))))
+    table = Table(title=f"What bounds the run ({bounds['mode']}), per window of steps", title_justify="left",
+                  header_style="bold")
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=name == "bound")
+
+    def number(value, percent=False):
+        return "—" if value is None else (f"{value:.0%}" if percent else _seconds(value))
+
+    for window in bounds["windows"]:
+        first = (window["gen_s"], window["train_s"]) if sync else (window["wait_s"], window["rollout_idle_s"])
+        ratios = () if sync else (number(window["trainer_idle_ratio"], True), number(window["rollout_idle_ratio"], True))
+        table.add_row(f"{window['first_step']:,}–{window['last_step']:,}", window["bound"],
+                      _seconds(window["seconds_per_step"]), number(window["step_s"]), *map(number, first),
+                      number(window["overhead_s"]), *ratios)
+    out.print(table)
+    if not sync:
+        print_item(out, "wait: the trainer's wait for a batch; idle: the rollout side idle; sync: weight sync and "
+                        "switches (s per step); wait % and idle %: the idle ratios, recomputed from the timers")
+    print_item(out, bound_sentence(bounds))
+    if bounds["run"].get("rule"):
+        print_item(out, bounds["run"]["rule"])
+    for note in bounds["notes"]:
+        print_item(out, note)
 
 
 def _cause_rows(steps: list[dict]) -> list[tuple]:

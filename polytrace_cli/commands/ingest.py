@@ -166,3 +166,14 @@ def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
         }
     )
     emit_frame(frame, as_json=as_json, as_csv=as_csv, title="formats", identity=["format"])
+    if not (as_json or as_csv):
+        from polytrace_cli.ingest.registry import execution_mode_timers
+
+        from polytrace_cli.commands.common import console
+        from polytrace_cli.commands.tables import print_item
+
+        # Whole sentences, never cut to the terminal's width as a table's cells would be.
+        console.print("execution modes (each run's semantics record; docs/metrics.md): what the timers mean",
+                      highlight=False)
+        for mode, (told, meaning) in execution_mode_timers().items():
+            print_item(console, f"{mode} (told by {told}): {meaning}")

@@ -11,7 +11,7 @@ from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, Step
 from polytrace_cli.errors import PolytraceError
 
 # The narrow table's columns, most telling first; flags are shown as one text column.
-TABLE_ORDER = ("step", "step_s", "gen_s", "reward_s", "update_actor_s", "response_mean", "response_max", "clip_ratio",
+TABLE_ORDER = ("step", "step_s", "gen_s", "trainer_wait_s", "rollout_s", "reward_s", "update_actor_s", "response_mean", "response_max", "clip_ratio",
                "lambda_tokens", "lambda_makespan", "slot_idle", "flags", "expected_step_s", "top_cause",
                "tool_latency_mean_s", "tool_latency_p99_s", "prefix_cache_hit_ratio", "tokens", "step_time_basis",
                "lambda_tokens_before_balancing", "logged_step_s",
@@ -49,7 +49,9 @@ def steps(
     shown = _for_people(frame)
     # After a restart a step number repeats: the segment tells the rows apart.
     identity = ["segment", "step"] if "segment" in shown.columns else ["step"]
-    emit_frame(shown, title=f"{run}: {frame.height} step(s), basis {', '.join(frame['basis'].unique(maintain_order=True))}",
+    modes = ", ".join(mode for mode in frame["mode"].unique(maintain_order=True) if mode)
+    emit_frame(shown, title=f"{run}: {frame.height} step(s), basis {', '.join(frame['basis'].unique(maintain_order=True))}"
+                            + (f", mode {modes}" if modes else ""),
                identity=identity, order=TABLE_ORDER, wide=wide)
 
 
@@ -65,4 +67,6 @@ def _for_people(frame):
         shown = shown.drop("basis")
     if shown["segment"].n_unique() == 1:
         shown = shown.drop("segment")
+    if shown["mode"].n_unique() == 1:
+        shown = shown.drop("mode")  # named in the title
     return shown.select([name for name in shown.columns if shown[name].null_count() < shown.height])

@@ -47,6 +47,10 @@ def synth(
     balance_batch: Annotated[bool, typer.Option("--balance-batch", help="verl logs: trainer.balance_batch=True, the training stages follow the busiest rank after balancing.")] = False,
     response_scale: Annotated[float | None, typer.Option(help="verl logs: every response of every step × this, clipped at the cap.")] = None,
     imbalance: Annotated[float | None, typer.Option(help="verl logs: every step's busiest DP rank holds this × the mean rank's tokens.")] = None,
+    mode: Annotated[str | None, typer.Option(help="verl logs: execution mode, sync (colocated), one-step-off, fully-async or separate-async (a rollout pipeline and a trainer joined by a bounded queue).")] = None,
+    rollout_gpu_share: Annotated[float | None, typer.Option(help="verl logs, asynchronous modes: the rollout's share of the GPUs (default 0.5).")] = None,
+    staleness_limit: Annotated[int | None, typer.Option(help="verl logs, fully-async and separate-async: model versions a batch may lag (default 1).")] = None,
+    switch_s: Annotated[float | None, typer.Option(help="verl logs, separate-async: seconds per step of the hybrid GPUs' switch to rollout.")] = None,
     db: DbOption = None,
     wait: WaitOption = 0,
     old_steps: Annotated[str | None, typer.Option("--steps", hidden=True)] = None,
@@ -87,7 +91,11 @@ def synth(
                                    balance_batch=balance_batch,
                                    response_scale=1.0 if response_scale is None else response_scale,
                                    imbalance=imbalance,
-                                   injections=tuple(parse_injection(text) for text in inject or []))
+                                   injections=tuple(parse_injection(text) for text in inject or []),
+                                   mode=mode or "sync",
+                                   rollout_gpu_share=0.5 if rollout_gpu_share is None else rollout_gpu_share,
+                                   staleness_limit=1 if staleness_limit is None else staleness_limit,
+                                   switch_s=switch_s)
         written = write_step_log(model, spec, step_model, out, (log_format,), style=style, truth=truth)
         console.print(f"wrote {', '.join(str(p) for p in written.files)}: {written.steps} steps of verl "
                       f"{verl_version} logs", highlight=False)
@@ -97,7 +105,9 @@ def synth(
     verl_only = [name for name, value in (("--validate-every", validate_every), ("--checkpoint-every", checkpoint_every),
                                           ("--inject", inject), ("--truth", truth),
                                           ("--resume-after", resume_after), ("--response-scale", response_scale),
-                                          ("--imbalance", imbalance), ("--balance-batch", balance_batch)) if value]
+                                          ("--imbalance", imbalance), ("--balance-batch", balance_batch),
+                                          ("--mode", mode), ("--rollout-gpu-share", rollout_gpu_share),
+                                          ("--staleness-limit", staleness_limit), ("--switch-s", switch_s)) if value]
     if verl_only:
         raise fail(f"{verl_only[0]} applies to verl logs: add --format verl-console or --format verl-jsonl")
     result = synthesize(model, spec, out)

@@ -543,4 +543,101 @@ def explain_against(con: duckdb.DuckDBPyConnection, run: str, against: str | Non
                          "stage, and so in other's efficiency")
     comparison = compare_sides(side_a, side_b)
     comparison.notes.extend(notes)
+    modes = (_execution_mode(frame_a), _execution_mode(frame_b))
+    if modes[0] != modes[1] and SYNC in modes:
+        cross_mode_split(comparison, frame_a, frame_b, modes)
     return comparison
+
+
+SYNC = "sync"
+# The trainer's own stages: what it computes between two waits (no generation, wait, weight sync or switch).
+TRAINER_STAGES = ("reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic")
+MODE_CAUSES = ("overlap_gained", "trainer_wait", "stale_samples")
+
+
+def _execution_mode(frame: pl.DataFrame) -> str:
+    modes = frame["execution_mode"].drop_nulls() if "execution_mode" in frame.columns else pl.Series([], dtype=pl.String)
+    return modes[0] if modes.len() else SYNC
+
+
+def _mode_means(frame: pl.DataFrame) -> dict[str, float]:
+    """Per timed training step (validation-only steps left out), the means the cross-mode split reads:
+    step (wall), generation, wait, the trainer's stages, weight sync with switches, the share of samples
+    dropped as stale."""
+    rows = frame.filter(pl.col("wall_s").is_not_null() & ~pl.col("validation_only"))
+
+    def mean(name: str) -> float:
+        if name not in rows.columns or rows.height == 0:
+            return 0.0
+        return float(rows[name].cast(pl.Float64).fill_null(0.0).fill_nan(0.0).mean())
+
+    dropped = rows["dropped_samples"].cast(pl.Float64).fill_nan(None) if "dropped_samples" in rows.columns else None
+    share = 0.0
+    if dropped is not None and dropped.drop_nulls().len():
+        values = dropped.fill_null(strategy="forward").fill_null(0.0).to_numpy()
+        # verl's fully async counter is cumulative; the V1 trainer logs a step's own count.
+        per_step = np.diff(values, prepend=0.0) if np.all(np.diff(values) >= 0) and values[-1] > values[0] else values
+        kept = rows["n_responses"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = per_step / (per_step + kept)
+        share = float(np.nanmean(ratio)) if np.isfinite(ratio).any() else 0.0
+    return {"step": mean("wall_s"), "gen": mean("gen_s"), "wait": mean("trainer_wait_s"),
+            "train": sum(mean(f"{stage}_s") for stage in TRAINER_STAGES),
+            "sync": mean("update_weights_s") + mean("switch_s"), "dropped_share": share}
+
+
+def cross_mode_split(comparison: Comparison, frame_a: pl.DataFrame, frame_b: pl.DataFrame,
+                     modes: tuple[str, str]) -> None:
+    """Replace the causes of a comparison between a sync run and an asynchronous one by the split of the
+    mean step's difference across modes, B − A, per step (each side's means over its timed training steps):
+
+        overlap_gained  − generation of the sync side's step, which the asynchronous trainer no longer runs
+                        in its step (it runs beside training): −gen_A (A sync) or +gen_B (B sync)
+        trainer_wait    + the asynchronous trainer's wait for the rollout side, less what the stale share
+                        of its samples cost: wait · (1 − d), d = dropped / (dropped + trained) samples
+        stale_samples   wait · d: the rollout work spent on samples dropped as stale, waited for again
+        efficiency      Σ trainer stages B − A: training on the trainer's share of the GPUs
+        weight_sync     (update_weights + switch) B − A
+        unexplained     the rest: delta − the causes above (the `other` time, validation, checkpoints)
+
+    They sum to delta_s exactly. One-step-off priced on a sync run stays `whatif --policy one-step-off`."""
+    means = {"a": _mode_means(frame_a), "b": _mode_means(frame_b)}
+    a, b = comparison.a, comparison.b
+    delta = b.step_s - a.step_s
+    sign = {"a": -1.0, "b": 1.0}
+    sync_side = "a" if modes[0] == SYNC else "b"
+    async_side = "b" if sync_side == "a" else "a"
+    wait, dropped = means[async_side]["wait"], means[async_side]["dropped_share"]
+    parts = {
+        ("overlap_gained", "mode", "gen"): sign[sync_side] * means[sync_side]["gen"],
+        ("trainer_wait", "mode", "trainer_wait"): sign[async_side] * wait * (1.0 - dropped),
+        ("stale_samples", "mode", "trainer_wait"): sign[async_side] * wait * dropped,
+        ("efficiency", "mode", "training stages"): means["b"]["train"] - means["a"]["train"],
+        ("weight_sync", "mode", "update_weights"): means["b"]["sync"] - means["a"]["sync"],
+    }
+    parts[("unexplained", "unexplained", None)] = delta - sum(parts.values())
+    shared = abs(delta) >= SHARE_MIN_DELTA * abs(a.step_s)
+    rows = []
+    for (cause, group, stage), seconds in parts.items():
+        rows.append({"cause": cause, "group": group, "stage": stage, "seconds": seconds,
+                     "share": seconds / delta if shared and delta else None,
+                     "of_step": seconds / a.step_s if a.step_s else None})
+    rows.sort(key=lambda row: abs(row["seconds"]), reverse=True)
+    comparison.causes = rows
+    label = {"a": a.label, "b": b.label}
+    gained = means[sync_side]["gen"]
+    comparison.findings = [
+        comparison.findings[0],
+        f"{label[async_side]} runs {modes[1] if async_side == 'b' else modes[0]}: the {duration(gained)} of generation "
+        f"in {label[sync_side]}'s step runs beside training instead (overlap gained), and its trainer waits "
+        f"{duration(wait)} a step for the rollout side",
+        f"training on the trainer's share of the GPUs: {duration(means[async_side]['train'])} a step against "
+        f"{duration(means[sync_side]['train'])}",
+    ]
+    if dropped > 0:
+        comparison.findings.append(f"{dropped:.1%} of the samples were dropped as stale: {duration(wait * dropped)} "
+                                   "of the wait regenerated them")
+    comparison.interaction_s = 0.0
+    comparison.notes = [f"{label['a']} runs {modes[0]}, {label['b']} {modes[1]}: the difference is split across "
+                            "modes (overlap gained, trainer wait, stale samples, training efficiency, weight sync), "
+                            "each side's means over its timed steps, not by the workload model"]

@@ -17,6 +17,9 @@ workload over the run and ignores a single step's spike.
         validation   = testing_s                                                    stage testing
         checkpoint   = save_checkpoint_s                                            stage save_checkpoint
         weight_sync  = update_weights_s − a_w                                       stage update_weights
+        rollout_wait = trainer_wait_s − a_wait  (an asynchronous trainer waiting longer than its usual level
+                       for the rollout side: never long_tail or token_volume)       stage trainer_wait
+        mode_switch  = switch_s − a_switch                                           stage switch
         warmup       = Σ_k (actual_k − f_k(W)) on warm-up steps
         unexplained  = Σ_k (actual_k − f_k(W)) on the other steps (the `other` stage is
                        T − Σ logged stages − overheads; a stage missing at a step counts 0 s)
@@ -37,7 +40,9 @@ from polytrace_cli.model import StepTimeModel, stage_seconds
 from polytrace_cli.model.fit import GAP_OF
 
 CAUSES = ("long_tail", "token_volume", "dp_imbalance", "unexplained", "validation", "checkpoint", "weight_sync",
-          "warmup")
+          "warmup", "rollout_wait", "mode_switch")
+# Stages whose excess over their level is a cause of its own rather than unexplained time.
+STAGE_CAUSE = {"update_weights": "weight_sync", "trainer_wait": "rollout_wait", "switch": "mode_switch"}
 VOLUME_FEATURES = ("response_tokens", "n_responses", "total_tokens")
 
 STEP_COLUMNS = {"segment": pl.Int64, "step": pl.Int64, "seconds": pl.Float64, "expected_s": pl.Float64,
@@ -123,8 +128,8 @@ def decompose(frame: pl.DataFrame, model: StepTimeModel, warmup: np.ndarray,
                 parts.append(("token_volume", stage, b * (mean - local["mean_rank_tokens"])))
                 parts.append(("dp_imbalance", stage, b * ((busiest - mean) - gap)))
         residual = np.nan_to_num(actual.get(stage, np.zeros(frame.height))) - predicted[f"{stage}_s"].to_numpy()
-        if stage == "update_weights":
-            parts.append(("weight_sync", stage, np.where(warmup, 0.0, residual)))
+        if stage in STAGE_CAUSE:
+            parts.append((STAGE_CAUSE[stage], stage, np.where(warmup, 0.0, residual)))
             parts.append(("warmup", stage, np.where(warmup, residual, 0.0)))
         else:
             parts.append(("unexplained", stage, np.where(warmup, 0.0, residual)))

@@ -8,7 +8,9 @@ With step timings (console, JSONL, wandb or TensorBoard logs):
 3. decompose every step's excess over the expected step into causes (`decompose`);
 4. slow steps (`thresholds.slow_steps`): excess > 5% of the expected step, and above the robust
    threshold of the training steps' excess or with one cause standing out from its local level;
-5. findings ranked by seconds (`findings`).
+5. findings ranked by seconds (`findings`);
+6. what bounds the run, per window of steps (`bounds`): rollout-bound, train-bound or overhead-bound,
+   each with its seconds per step, read from the execution mode's timers.
 Per-sample traces add, to a slow step's long_tail and dp_imbalance causes, the busiest DP rank and
 the longest samples.
 
@@ -28,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.diagnose.bounds import UNTOLD, run_bounds
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -56,12 +59,13 @@ class Explanation:
     run_seconds: float | None = None
     slow_steps: int = 0
     model: StepTimeModel | None = field(default=None, repr=False)
+    bounds: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document as Python values (NaN and infinities as None)."""
         document = {"run": self.run, "basis": self.basis, "expected_s": self.expected_s,
                     "run_seconds": self.run_seconds, "slow_steps": self.slow_steps, "slow_rule": self.slow_rule,
-                    "steps": self.steps, "findings": self.findings, "notes": self.notes}
+                    "steps": self.steps, "findings": self.findings, "notes": self.notes, "bounds": self.bounds}
         if self.model is not None:
             document["model"] = {stage: {"intercept": fit.intercept, **fit.coefficients, "steps": fit.steps}
                                  for stage, fit in self.model.stages.items()}
@@ -158,6 +162,8 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     slow = steps.filter(pl.Series(run.slow_flags))
     record = record_of(con, info.run_id)
     findings = run_findings(steps, causes, frame, slow, model, record["collapse_step"])
+    bounds = run_bounds(frame, mask, record.get("execution_mode"))
+    untold = bounds is None and record.get("execution_mode") not in (None, "sync")
     if step is not None:
         chosen = steps.filter(pl.col("step") == step)
         if chosen.height == 0:
@@ -171,8 +177,10 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     by_step = {key: part for key, part in wanted.group_by("segment", "step", maintain_order=True)}
     empty = causes.clear()
     slow_keys = set(slow.select("segment", "step").iter_rows())
+    rollout = _rollout_side(frame, mask)
     step_rows = [_step_row(row, by_step.get((row["segment"], row["step"]), empty), detail,
-                           (row["segment"], row["step"]) in slow_keys) for row in chosen.iter_rows(named=True)]
+                           (row["segment"], row["step"]) in slow_keys, rollout)
+                 for row in chosen.iter_rows(named=True)]
     notes = [f"expected step {duration(expected)} (the model at the run's median workload, no validation or "
              f"checkpoint), fitted on {int(mask.sum())} training steps"]
     estimated = con.execute("SELECT count(DISTINCT step) FROM step_flags WHERE run_id = ? AND flag = 'tqdm_estimate'",
@@ -189,19 +197,34 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
         notes.append("verl balanced the batch across ranks: the training stages follow global_seqlen/balanced_max, "
                      "not global_seqlen/max; the imbalance before balancing does not set their time")
     notes += semantics_notes(record)
+    if untold:
+        notes.append(UNTOLD)
     if frame["workload_basis"].is_null().all():
         notes.append("the log has no response lengths or token counts: every stage is fitted as a constant, so "
                      "long_tail, token_volume and dp_imbalance cannot be told apart from unexplained time")
     return Explanation(
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
-        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model,
+        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model, bounds=bounds,
     )
 
 
-def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool) -> dict:
+def _rollout_side(frame: pl.DataFrame, mask: pl.Series) -> dict:
+    """What the rollout side did, for a `rollout_wait` cause: per (segment, step) its busy seconds
+    (rollout_s) and longest response (r_max), and their medians over the training steps (key None)."""
+    if "rollout_s" not in frame.columns or frame["trainer_wait_s"].is_null().all():
+        return {}
+    columns = frame.select("segment", "step", "rollout_s", "r_max")
+    trained = columns.filter(mask)
+    out = {(row["segment"], row["step"]): (row["rollout_s"], row["r_max"]) for row in columns.iter_rows(named=True)}
+    out[None] = (trained["rollout_s"].median(), trained["r_max"].median())
+    return out
+
+
+def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool, rollout: dict | None = None) -> dict:
     """One step of the JSON: its seconds and its causes, those standing out from their usual level
-    first, each group largest first."""
+    first, each group largest first. A `rollout_wait` cause carries the rollout side's busy seconds and
+    longest response at the step beside their typical values (`_rollout_side`): what the wait came from."""
     listed = []
     for cause in mine.sort(["stands_out", "seconds"], descending=True).iter_rows(named=True):
         entry = {"cause": cause["cause"], "seconds": cause["seconds"], "stage": cause["stage"],
@@ -211,6 +234,11 @@ def _step_row(row: dict, mine: pl.DataFrame, detail: dict[int, dict], slow: bool
             entry["samples"] = more["tail_samples"]
         if more and cause["cause"] == "dp_imbalance" and cause["seconds"] > 0 and more["busiest_rank"]:
             entry["rank"] = more["busiest_rank"]
+        if cause["cause"] == "rollout_wait" and rollout:
+            (busy, longest), (usual_busy, usual_longest) = rollout.get((row["segment"], row["step"]), (None, None)), \
+                rollout[None]
+            entry["rollout"] = {"rollout_s": busy, "typical_rollout_s": usual_busy, "r_max": longest,
+                                "typical_r_max": usual_longest}
         listed.append(entry)
     return {"step": row["step"], "segment": row["segment"], "seconds": row["seconds"],
             "expected_s": row["expected_s"], "excess_s": row["excess_s"], "slow": slow, "causes": listed}

@@ -134,6 +134,19 @@ def _sentence(cause: str, seconds: float, steps: list[int], at: pl.DataFrame, ro
                 f"{usual:.2f}) in {count}: {lost}")
     if cause == "weight_sync":
         return f"weight sync ran slower than usual in {count}: {lost} more"
+    if cause == "rollout_wait":
+        # What the rollout side did on those steps, beside the wait: its busy seconds and the longest response
+        # (the rollout's tail), never a generation cause of the trainer's step.
+        busy = at["rollout_s"].max() if "rollout_s" in at.columns else None
+        longest = at["r_max"].max()
+        detail = [f"the rollout busy up to {duration(busy)}" if busy is not None else None,
+                  f"longest response up to {longest:,.0f} tokens (typical {typical['r_max']:,.0f})"
+                  if longest is not None and "r_max" in typical else None]
+        shown = "; ".join(part for part in detail if part)
+        return (f"the trainer waited longer than usual for the rollout side in {count}: {lost} more"
+                + (f" ({shown})" if shown else ""))
+    if cause == "mode_switch":
+        return f"the GPUs' switches between rollout and training ran slower than usual in {count}: {lost} more"
     if cause == "warmup":
         return f"warm-up ({count} at the start{' and after restarts' if at['segment'].max() else ''}) took {lost} more"
     stage = rows.group_by("stage").agg(pl.col("seconds").sum()).sort("seconds", descending=True)["stage"][0]

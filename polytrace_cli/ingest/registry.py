@@ -9,6 +9,7 @@ from pathlib import Path
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.base import Ingester
+from polytrace_cli.semantics import execution_mode
 from polytrace_cli.store.catalog import hand_down
 
 
@@ -117,6 +118,29 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
 # The store generates its `steps` view from these names; loading the registry hands them down, so that every
 # store this process opens (also with `store.open_store`) knows the formats it ingests.
 hand_down(declared_metric_names)
+
+
+def declared_execution_mode_keys() -> dict[str, str]:
+    """Key prefix -> execution mode, from every built-in framework's `EXECUTION_MODE_KEYS` (a framework
+    without asynchronous families declares none), in the frameworks' order and each's own: the first
+    prefix a run's keys hold decides its mode, so each framework lists its most specific first."""
+    import importlib
+
+    keys: dict[str, str] = {}
+    for name in metric_name_modules():
+        for prefix, mode in getattr(importlib.import_module(name), "EXECUTION_MODE_KEYS", {}).items():
+            keys.setdefault(prefix, mode)
+    return keys
+
+
+# The semantics layer tells a run's execution mode from these key families; handed down likewise.
+execution_mode.hand_down(declared_execution_mode_keys)
+
+
+def execution_mode_timers() -> dict[str, tuple[str, str]]:
+    """Per execution mode, (what tells it, what its timers mean) (`semantics.execution_mode.MODE_TIMERS`), for
+    `polytrace formats`."""
+    return dict(execution_mode.MODE_TIMERS)
 
 
 def is_binary(head: bytes) -> bool:

@@ -30,9 +30,24 @@ VERL_OVERRIDES: dict[str, str] = {
     "trainer.experiment_name": "experiment_name",
     "trainer.total_training_steps": "total_training_steps",
     "trainer.balance_batch": "balance_batch",
+    # Asynchronous trainers: the V1 trainer's mode (docs/advance/v1_async_trainer.md), the fully async
+    # policy's staleness limit, partial rollouts and weight-sync period (docs/advance/fully_async.md), and
+    # the rollout side's own GPUs.
+    "trainer.v1.trainer_mode": "trainer_mode",
+    "trainer.v1.sampler.max_off_policy_threshold": "max_off_policy_threshold",
+    "async_training.staleness_threshold": "staleness_threshold",
+    "async_training.partial_rollout": "partial_rollout",
+    "async_training.trigger_parameter_sync_step": "trigger_parameter_sync_step",
+    "rollout.n_gpus_per_node": "rollout_n_gpus_per_node",
+    "rollout.nnodes": "rollout_nnodes",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "rollout_n_gpus_per_node",
+    "actor_rollout_ref.rollout.nnodes": "rollout_nnodes",
 }
 # Overrides whose value is a switch (`trainer.balance_batch=False`): stored as true / false.
-VERL_SWITCHES = frozenset({"balance_batch"})
+VERL_SWITCHES = frozenset({"balance_batch", "partial_rollout"})
+# The module a verl job was started with (`python3 -m verl.experimental.fully_async_policy.fully_async_main`):
+# the meta key `entrypoint`, which tells an asynchronous recipe from the colocated trainer.
+_ENTRYPOINT = re.compile(r"-m\s+(verl\.[\w.]+)")
 # The same settings as printed by verl's pprint of its resolved config (`'max_response_length': 1024`);
 # used only when no command-line override names them. `rollout.n` is not among them: `'n'` is ambiguous.
 VERL_CONFIG_KEYS: dict[str, str] = {
@@ -43,9 +58,10 @@ VERL_CONFIG_KEYS: dict[str, str] = {
 }
 
 # A line that may name a setting (cheap to test on every line of a log).
-VERL_SETTINGS_LINE = (r"(?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model)\.[\w.]+="
-                      r"|'(?:n_gpus_per_node|nnodes|max_response_length|max_prompt_length)':")
-_OVERRIDE = re.compile(r"(?:^|[\s'\"\[,+])((?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model)\.[\w.]+)"
+VERL_SETTINGS_LINE = (r"(?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model|async_training|rollout)\.[\w.]+="
+                      r"|'(?:n_gpus_per_node|nnodes|max_response_length|max_prompt_length)':|-m\s+verl\.")
+_OVERRIDE = re.compile(r"(?:^|[\s'\"\[,+])((?:trainer|data|actor_rollout_ref|algorithm|critic|reward_model|async_training"
+                       r"|rollout)\.[\w.]+)"
                        r"=([^\s'\",\]]+)")
 _CONFIG = re.compile(r"'(n_gpus_per_node|nnodes|max_response_length|max_prompt_length)':\s*(\d+)")
 _THREE_DECIMALS = re.compile(r"^-?\d+\.\d{3}$")
@@ -93,6 +109,9 @@ def verl_settings(lines: list[str]) -> dict:
                     settings[name] = switch
         for key, value in _CONFIG.findall(line):
             from_config[VERL_CONFIG_KEYS[key]] = int(value)
+        entry = _ENTRYPOINT.search(line)
+        if entry:
+            settings["entrypoint"] = entry[1]
     for key, value in from_config.items():
         settings.setdefault(key, value)
     return settings

@@ -6,6 +6,9 @@
     reward_s         = a_r + b_r · n_responses
     adv_s            = a_adv
     update_weights_s = a_w                      (weight sync: a constant per step)
+    trainer_wait_s   = a_wait                   (an asynchronous trainer's wait for a batch: a level, set
+                                                 by the rollout side, never fitted as generation)
+    switch_s         = a_switch                 (the V1 trainer's mode switches)
     other_s          = a_rest                   (wall_s − Σ stages − testing_s − save_checkpoint_s)
                        + b_rest · busiest_rank_tokens when no training stage (old_log_prob, ref,
                        values, update_actor, update_critic) is logged: their time is then in the rest
@@ -43,6 +46,10 @@ STAGE_FEATURES: dict[str, tuple[str, ...]] = {
     **{stage: ("busiest_rank_tokens",) for stage in TRAINING_STAGES},
     "adv": (),
     "update_weights": (),
+    # An asynchronous trainer's wait for a batch is set by the rollout side, not by this step's workload:
+    # a level, never a generation line. The V1 trainer's mode switches: a constant per step.
+    "trainer_wait": (),
+    "switch": (),
     "other": (),
 }
 STEP_ONLY_FEATURES = ("r_max", "response_tokens", "busiest_rank_tokens")

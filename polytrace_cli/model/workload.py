@@ -24,7 +24,13 @@ else its rank):
     busiest_after_balancing  busiest_rank_tokens is the busiest rank after verl's balancing
 
 Stage seconds are the `steps` view's columns plus update_weights_s (verl `timing_s/update_weights`,
-OpenRLHF `timing/broadcast`); generate_sequences_s is verl's `timing_s/generate_sequences`, the
+`timing_s/param_sync`, `timing_s/sync_rollout_weights`, OpenRLHF `timing/broadcast`) and switch_s (the
+V1 trainer's `timing_s/switch_to_rollout` + `timing_s/switch_to_trainer`); trainer_wait_s is the
+trainer waiting for a trainable batch: in the modes where verl's `timing_s/gen` is that wait
+(`execution_mode.WAIT_MODES`) gen_s moves into it and generate_sequences_s into rollout_s, the rollout
+side's busy seconds, so no generation line is ever fitted to a wait. The rollout side's columns
+(`ASYNC_COLUMNS`: rollout_s, the logged idle ratios, staleness, stale and dropped samples, the partial
+rollouts' share) and the run's execution_mode ride along; generate_sequences_s is verl's `timing_s/generate_sequences`, the
 decoding inside gen_s (the rest of gen_s is the colocated engine's switch: waking, resharding and
 offloading). wall_s is the canonical frame's step_s (the run's semantics record decides it: the
 logged total, with testing and checkpoint added back when the total leaves them out, or Σ logged
@@ -44,11 +50,15 @@ import polars as pl
 
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.semantics.execution_mode import WAIT_MODES
 from polytrace_cli.store.sql import fetch_first
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
-MODELLED_STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
-                   "update_weights")
+MODELLED_STAGES = ("gen", "trainer_wait", "reward", "old_log_prob", "ref", "values", "adv", "update_actor",
+                   "update_critic", "update_weights", "switch")
+# The rollout side of an asynchronous run, read beside the trainer's stages (never a stage of its step).
+ASYNC_COLUMNS = ("rollout_s", "trainer_idle_ratio", "rollout_idle_ratio", "staleness_mean", "staleness_max",
+                 "stale_samples", "dropped_samples", "partial_ratio")
 OVERHEADS = ("testing", "save_checkpoint")
 FEATURES = ("r_max", "response_tokens", "total_tokens", "busiest_rank_tokens", "mean_rank_tokens", "n_responses",
             "balanced_busiest_tokens")
@@ -61,6 +71,7 @@ WORKLOAD_COLUMNS = {
     "step_s": pl.Float64, "wall_s": pl.Float64, "step_time_basis": pl.String, "generate_sequences_s": pl.Float64,
     "validation_only": pl.Boolean, "has_testing": pl.Boolean, "has_checkpoint": pl.Boolean,
     "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
+    **{name: pl.Float64 for name in ASYNC_COLUMNS}, "execution_mode": pl.String,
 }
 
 _WORKLOAD_SQL = """
@@ -70,10 +81,11 @@ WITH st AS (
     SELECT sm.segment, sm.step,
            max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
-           max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s
+           max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s,
+           sum(sm.value) FILTER (WHERE a.canonical IN ('switch_to_rollout_s', 'switch_to_trainer_s')) AS switch_s
     FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
     WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_mean',
-                                               'generate_sequences_s')
+                                               'generate_sequences_s', 'switch_to_rollout_s', 'switch_to_trainer_s')
     GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
@@ -98,7 +110,8 @@ SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
        sampled.r_max AS sample_r_max, sampled.response_tokens AS sample_response_tokens,
        sampled.total_tokens AS sample_total_tokens, sampled.n_responses::DOUBLE AS sample_n,
        sampled.sample_ranks,
-       st.gen_s, st.reward_s, st.old_log_prob_s, st.ref_s, st.values_s, st.adv_s, st.update_actor_s,
+       st.gen_s, st.trainer_wait_s, extra.switch_s, st.rollout_s, st.trainer_idle_ratio, st.rollout_idle_ratio,
+       st.staleness_mean, st.staleness_max, st.stale_samples, st.dropped_samples, st.partial_ratio, st.reward_s, st.old_log_prob_s, st.ref_s, st.values_s, st.adv_s, st.update_actor_s,
        st.update_critic_s, extra.update_weights_s, extra.generate_sequences_s, st.testing_s, st.save_checkpoint_s,
        st.step_s,
        coalesce(st.is_validation_only, false) AS validation_only,
@@ -202,7 +215,14 @@ def _workload_frame(con: duckdb.DuckDBPyConnection, info: RunInfo) -> pl.DataFra
         .then(pl.lit("step_aggregates"))
         .when(c("sample_r_max").is_not_null()).then(pl.lit("samples")),
         wall_s=c("canonical_step_s"),
+        execution_mode=pl.lit(record.get("execution_mode"), dtype=pl.String),
     )
+    if record.get("execution_mode") in WAIT_MODES:
+        # verl's `timing_s/gen` is the trainer waiting for a trainable batch in these modes, and
+        # `timing_s/generate_sequences` the rollout's own generation of the batch.
+        df = df.with_columns(trainer_wait_s=pl.coalesce(c("trainer_wait_s"), c("gen_s")),
+                             rollout_s=pl.coalesce(c("rollout_s"), c("generate_sequences_s")),
+                             gen_s=pl.lit(None, dtype=pl.Float64), generate_sequences_s=pl.lit(None, dtype=pl.Float64))
     # A segment's first step is its first timed training step (a validation-only step 0 is not it).
     trained = c("wall_s").is_not_null() & ~c("validation_only")
     first = c("step").filter(trained).min().over("segment")

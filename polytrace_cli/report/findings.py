@@ -32,7 +32,9 @@ For a run with step timings that `polytrace explain` can model (`diagnose.explai
 'seconds'), the run's findings are explain's instead: seconds beyond the run's typical step per cause
 (explain's cause words: `long_tail`, `dp_imbalance`, `validation`, `unexplained`, ...), ranked by
 seconds, share = seconds / the run's wall time, `steps` the number of steps and `at_steps` their list;
-then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN`). A run explain cannot model keeps
+then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN`). An asynchronous run's findings
+start with what bounds it (`bound`: explain's run-level bound, its seconds per step × the steps it was
+measured on, its share of the mean step, and the framework's rule of thumb where one applies). A run explain cannot model keeps
 the analyses' entries; when explain fails on a run, a `not-modelled` finding says why.
 """
 
@@ -215,6 +217,15 @@ def _explained(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> tuple[l
                            f"{run}: {found['text']}.")
         finding["at_steps"] = at_steps
         out.append(finding)
+    from polytrace_cli.diagnose.bounds import bound_finding
+
+    bound = bound_finding(explanation.bounds)
+    if bound is not None:
+        # What bounds an asynchronous run, first.
+        seconds, share, count, at_steps, text = bound
+        finding = _finding(run, "bound", seconds, share, count, f"{run}: {text}.")
+        finding["at_steps"] = at_steps
+        out.insert(0, finding)
     return out, None
 
 

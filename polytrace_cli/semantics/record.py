@@ -35,6 +35,10 @@ One record per run (`FIELDS`):
                        before the end) from which every step's mean response length stays at or
                        below 5% of the median m of the steps before k; collapse_length is the mean
                        over the collapsed steps and collapse_typical_length is m
+    execution_mode, execution_mode_evidence
+                       how the run executed (sync, one-step-off, fully-async, colocate-async,
+                       separate-async, async-grpo) and the config keys and metric families it was decided
+                       from (`semantics.execution_mode`)
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from itertools import accumulate
 
 import duckdb
 
-from polytrace_cli.semantics import step_facts
+from polytrace_cli.semantics import execution_mode, step_facts
 from polytrace_cli.semantics import step_timers
 
 LOGGED, WITHOUT_OVERHEADS, DERIVED = "logged", "logged without overheads", "derived from stage timers"
@@ -64,7 +68,7 @@ COLLAPSE_MIN_STEPS = 3
 FIELDS = ("step_time_basis", "includes_testing", "includes_checkpoint", "balance_batch", "balance_batch_source",
           "lambda_basis", "responses_per_step", "responses_per_step_source", "training_samples",
           "validation_samples", "truncated_steps", "crash", "partial_steps", "collapse_step", "collapse_length",
-          "collapse_typical_length")
+          "collapse_typical_length", "execution_mode", "execution_mode_evidence")
 
 
 # The temporary table holding the `steps` rows of the run being decided when its step facts cannot
@@ -306,6 +310,7 @@ def decide(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
         [run_id]).fetchall()]
     record["crash"] = meta.get("crash") if isinstance(meta.get("crash"), str) else None
     record["collapse_step"], record["collapse_length"], record["collapse_typical_length"] = collapse or (None,) * 3
+    record.update(execution_mode.decide_mode(con, run_id, meta))
     return record
 
 
@@ -348,7 +353,8 @@ def stored_records(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[i
         WHERE s.run_id IN (SELECT unnest(?))
           AND NOT EXISTS (SELECT 1 FROM files f WHERE f.run_id = s.run_id AND f.ingested_at > s.decided_at)
         """, [run_ids]).fetchall()
-    return {row[0]: dict(zip(["run", *FIELDS], row[1:])) for row in rows}
+    # A record stored before the execution mode existed is not current: it is decided again.
+    return {row[0]: dict(zip(["run", *FIELDS], row[1:])) for row in rows if row[-2] is not None}
 
 
 def records(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]:

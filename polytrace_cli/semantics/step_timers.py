@@ -16,7 +16,10 @@ from polytrace_cli.store.catalog import installed_fingerprint
 # Timers that verl may or may not count inside `timing_s/step`, depending on its version, and the
 # run meta key recording which way a run logged them.
 EXTRA_TIMERS = {"testing": "step_time_includes_testing", "save_checkpoint": "step_time_includes_checkpoint"}
-_NOT_STAGES = {"step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)}
+# `rollout_s` is the rollout side's busy time in an asynchronous run: it runs beside the trainer's step,
+# so it is no part of the step's sum of timers.
+PARALLEL_TIMERS = ("rollout_s",)
+_NOT_STAGES = {"step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS), *PARALLEL_TIMERS}
 # Meta keys whose null is an answer ("cannot tell", from `step_time_inclusion`), kept in runs.meta.
 NULL_MEANS_CANNOT_TELL = frozenset(EXTRA_TIMERS.values())
 # Share of the voting steps that must agree before a run is decided.

@@ -1,7 +1,7 @@
 """Backtest of the step-time forecaster on held-out steps, against baselines given the same information.
 
 The steps with both a step time (the canonical step frame's wall time, `analyze.step_frame`) and a
-generation time are taken in step order; the first half
+generation time (an asynchronous trainer's wait for the rollout side in its stead) are taken in step order; the first half
 (⌊n/2⌋ steps) is the training half, the rest is held out. The forecaster (`model.forecast`: per stage
 the workload model, a recency-weighted or level-shifted fit, or the stage's recent level, chosen by
 cross-validation inside the training half) is fitted on the training half's steps that
@@ -217,11 +217,13 @@ def _previous(values: np.ndarray) -> np.ndarray:
 
 def _eligible(frame: pl.DataFrame, run: str) -> tuple[pl.DataFrame, int]:
     # wall_s is the step time every view reads: logged, or derived from stage timers when no total is logged.
-    eligible = frame.filter(pl.col("gen_s").is_not_null() & pl.col("wall_s").is_not_null())
+    # An asynchronous trainer's step has no generation of its own: its wait for the rollout side stands in.
+    first_stage = pl.coalesce("gen_s", "trainer_wait_s") if "trainer_wait_s" in frame.columns else pl.col("gen_s")
+    eligible = frame.filter(first_stage.is_not_null() & pl.col("wall_s").is_not_null())
     n = eligible.height
     if n < MIN_STEPS:
         raise PolytraceError(f"a backtest needs at least {MIN_STEPS} steps with both a step time and a "
-                             f"generation time; run {run!r} has {n}")
+                             f"generation time (or, asynchronous, a wait for the rollout); run {run!r} has {n}")
     return eligible, n // 2
 
 

@@ -24,6 +24,8 @@ The policies (their assumptions are the docstrings of the functions named `_poli
                          carried to the next step
     one-step-off[=G]     rollout of step t+1 overlaps training of step t, a share G of the GPUs
                          (default 0.5) generating and 1 − G training
+    gpu-split=G          an asynchronous run with a share G of its GPUs on the rollout side
+    staleness=K          an asynchronous run whose rollout may run K model versions ahead
 """
 
 from __future__ import annotations
@@ -85,9 +87,10 @@ def parse_policy(text: str) -> Policy:
         value = float(raw)
     except ValueError:
         raise PolytraceError(f"--policy {name} takes a number, not {raw!r}") from None
-    if name in _INTEGER_POLICIES and (value < 1 or not value.is_integer()):
-        raise PolytraceError(f"--policy {name} takes a whole number ≥ 1, not {raw}")
-    upper_ok = value < 1 if name == "one-step-off" else value <= 1
+    least = 0 if name in _FROM_ZERO else 1
+    if name in _INTEGER_POLICIES and (value < least or not value.is_integer()):
+        raise PolytraceError(f"--policy {name} takes a whole number ≥ {least}, not {raw}")
+    upper_ok = value < 1 if name in ("one-step-off", "gpu-split") else value <= 1
     if name in _SHARE_POLICIES and not (value > 0 and upper_ok):
         raise PolytraceError(f"--policy {name} takes a share between 0 and 1, not {raw}")
     return Policy(name, value)
@@ -487,6 +490,75 @@ def _policy_one_step_off(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str 
     return ctx.plan.with_stages(stages), note
 
 
+ASYNC_TRAINER_STAGES = ("reward", *TRAINING_STAGES, "adv")
+
+
+def _async_setting(ctx: RunContext) -> tuple[float, int, str]:
+    """(the rollout's share of the GPUs, the staleness limit, the mode) of an asynchronous run, from its
+    printed config: rollout.n_gpus_per_node × rollout.nnodes against trainer.n_gpus_per_node ×
+    trainer.nnodes; async_training.staleness_threshold (fully-async), 1 (one-step-off),
+    trainer.v1.sampler.max_off_policy_threshold (the V1 modes)."""
+    mode = ctx.frame["execution_mode"].drop_nulls()
+    mode = mode[0] if mode.len() else "sync"
+    if mode == "sync":
+        raise NotSupported("the run is sync (colocated): price a pipeline with --policy one-step-off")
+    meta = ctx.meta
+    rollout = (meta.get("rollout_n_gpus_per_node") or 0) * (meta.get("rollout_nnodes") or 1)
+    trainer = (meta.get("n_gpus_per_node") or 0) * (meta.get("nnodes") or 1)
+    if not rollout or not trainer:
+        raise NotSupported("the run's rollout and trainer GPUs are not printed (rollout.n_gpus_per_node, "
+                           "trainer.n_gpus_per_node): its split cannot be told")
+    limit = {"one-step-off": 1}.get(mode, meta.get("staleness_threshold", meta.get("max_off_policy_threshold")))
+    if not isinstance(limit, (int, float)):
+        raise NotSupported("the run's staleness limit is not printed (async_training.staleness_threshold)")
+    return rollout / (rollout + trainer), int(limit), mode
+
+
+def _pipeline(ctx: RunContext, plan: RunPlan, share: float, limit: int) -> tuple[np.ndarray, str]:
+    """Per step, the step time `workload.async_pipeline.simulate` gives the run at another rollout share and
+    staleness limit, from the replay's trainer stages C_s (on 1 − p0 of the GPUs) and the rollout's seconds
+    R_s per batch (on p0): rollout_s when logged, else wait + C + rest (the rollout-bound steady state)."""
+    from polytrace_cli.workload.async_pipeline import simulate
+
+    p0, _, _ = _async_setting(ctx)
+    stages = plan.stages
+    train = np.sum([stages[s] for s in ASYNC_TRAINER_STAGES if s in stages], axis=0)
+    rest = stages.get("other", np.zeros(train.size))
+    sync = stages.get("update_weights", np.zeros(train.size)) + stages.get("switch", np.zeros(train.size))
+    wait = stages.get("trainer_wait", np.zeros(train.size))
+    logged = float_values(ctx.frame["rollout_s"]) if "rollout_s" in ctx.frame.columns else np.full(train.size, np.nan)
+    source = "the logged rollout seconds"
+    if not np.isfinite(logged).all():
+        source = "the trainer's wait + its stages (rollout seconds not logged: taken as the rollout-bound steady state)"
+        logged = np.where(np.isfinite(logged), logged, wait + train + rest)
+    run = simulate(logged * p0, train * (1.0 - p0), rest, sync, share, limit)
+    return run["step_s"], source
+
+
+def _policy_async(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
+    """Another rollout/trainer GPU split (`gpu-split=G`) or staleness limit (`staleness=K`) of an asynchronous
+    run: the run is put through the pipeline (`workload.async_pipeline`) at its own split p0 and limit K0
+    and at the new one, and the difference of the two pipelines' step times is added to the replay (a
+    stage `pipeline`), so the model's error in replaying the pipeline cancels. Assumptions: the rollout's
+    seconds scale as p0 / G and the trainer's as (1 − p0) / (1 − G) (linear scaling: a long tail that does
+    not shorten with more GPUs makes more rollout GPUs worth less than predicted); the weight sync pauses
+    the rollout; stale samples are waited for, never dropped; the staleness of the samples is not priced
+    in learning."""
+    p0, k0, mode = _async_setting(ctx)
+    share = p0 if policy.name == "staleness" else float(policy.value)
+    limit = int(policy.value) if policy.name == "staleness" else (1 if mode == "one-step-off" else k0)
+    if policy.name == "staleness" and mode == "one-step-off":
+        raise NotSupported("one-step-off is a staleness limit of 1 by construction: price fully-async instead")
+    own, source = _pipeline(ctx, ctx.plan, p0, k0)
+    other, _ = _pipeline(ctx, ctx.plan, share, limit)
+    stages = {name: values.copy() for name, values in ctx.plan.stages.items()}
+    stages["pipeline"] = other - own
+    note = (f"the run as it ran: {p0:.2f} of the GPUs on the rollout, staleness limit {k0}; priced at {share:.2f} "
+            f"and {limit}; R_s from {source}; rollout seconds × {p0:.2f}/{share:.2f}, trainer stages × "
+            f"{1 - p0:.2f}/{1 - share:.2f} (linear scaling, assumed)")
+    return ctx.plan.with_stages(stages), note
+
+
 # Every policy, once: its name, what it takes after the name (`=K`, `=N`: a whole number ≥ 1; `=F`, `=G`: a
 # share; in brackets: optional) and how it changes the run's plan.
 POLICY_TABLE: tuple[tuple[str, str, Callable[[RunContext, Policy], tuple[RunPlan, str | None]]], ...] = (
@@ -497,12 +569,16 @@ POLICY_TABLE: tuple[tuple[str, str, Callable[[RunContext, Policy], tuple[RunPlan
     ("max-response-len", "=N", _policy_max_response_len),
     ("partial-rollout", "=F", _policy_partial_rollout),
     ("one-step-off", "[=G]", _policy_one_step_off),
+    ("gpu-split", "=G", _policy_async),
+    ("staleness", "=K", _policy_async),
 )
 POLICIES = {name: plan for name, _, plan in POLICY_TABLE}
 POLICY_HELP = ", ".join(name + takes for name, takes, _ in POLICY_TABLE)
 _INTEGER_POLICIES = {name for name, takes, _ in POLICY_TABLE if takes.strip("[]") in ("=K", "=N")}
 _SHARE_POLICIES = {name for name, takes, _ in POLICY_TABLE if takes.strip("[]") in ("=F", "=G")}
 _PLAIN_POLICIES = {name for name, takes, _ in POLICY_TABLE if not takes or takes.startswith("[")}
+# Whole-number policies for which 0 is a value (a staleness limit of 0: no version ahead).
+_FROM_ZERO = {"staleness"}
 
 
 def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunContext, str, float, int]:

@@ -33,21 +33,34 @@ RUNS_SQL = """
                greatest(coalesce(s.sample_steps, 0), coalesce(m.metric_steps, 0)) AS steps,
                least(m.first_step, s.first_step) AS first_step, greatest(m.last_step, s.last_step) AS last_step,
                m.segments,
-               coalesce(f.rejected, 0)::BIGINT AS rejected
+               coalesce(f.rejected, 0)::BIGINT AS rejected,
+               {mode} AS mode
         FROM runs r LEFT JOIN f USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
+        {semantics}
         ORDER BY r.name
 """
 
 
+def _runs_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """RUNS_SQL with the execution mode of the stored semantics records, or null where the store has none
+    (a lake written before the mode existed)."""
+    has_mode = fetch_first(con, "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'run_semantics'"
+                                " AND column_name = 'execution_mode'")[0]
+    if not has_mode:
+        return RUNS_SQL.format(mode="NULL::VARCHAR", semantics="")
+    return RUNS_SQL.format(mode="sem.execution_mode", semantics="LEFT JOIN run_semantics sem USING (run_id)")
+
+
 def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: name, framework, task, files, formats, samples, steps, step range (over step
-    metrics and samples), segments of its logs, rejected lines."""
-    return con.sql(RUNS_SQL).pl()
+    metrics and samples), segments of its logs, rejected lines, the execution mode its stored semantics
+    record names (null before one is decided)."""
+    return con.sql(_runs_sql(con)).pl()
 
 
 def runs_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The rows of `runs_frame` as column names and tuples (no polars needed)."""
-    cursor = con.execute(RUNS_SQL)
+    cursor = con.execute(_runs_sql(con))
     return [column[0] for column in cursor.description], cursor.fetchall()
 
 

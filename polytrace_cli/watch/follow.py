@@ -16,7 +16,9 @@ the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/wa
                watching goes on), stall (no new step for
                `stall_factor` × the usual time between steps, and for at least STALL_MIN_POLLS
                polls: a gap is not seen finer than the poll; none once the run reached its
-               configured last step)
+               configured last step), async (an asynchronous run's trainer waiting above its usual
+               share of the step, or staleness or dropped samples growing, K steps in a row:
+               `watch.asynchronous`)
     truncated  the file shrank: it is read again whole
 
 The usual time between steps is the median of the wall-clock gaps between steps as they landed
@@ -42,6 +44,7 @@ from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import last_newline_end, path_text, walk
 from polytrace_cli.semantics.step_facts import pairs_after_sql
 from polytrace_cli.store.queries import run_id_if_any
+from polytrace_cli.watch.asynchronous import AsyncAlerts
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3
@@ -227,6 +230,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
     files = _Files(path)
     result = WatchResult()
     judge: StepJudge | None = None
+    asynchronous = AsyncAlerts()
     validations: ValidationEvents | None = None
     last_growth = last_step_at = clock()
     gaps: list[float] = []
@@ -304,6 +308,10 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 if record["slow"]:
                     emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
                           "expected_s": record["expected_s"], "causes": record["causes"]})
+                side = judge.rollout_side.get((record["segment"], record["step"]))
+                if side is not None:
+                    for alert in asynchronous.observe(record["step"], *side):
+                        emit(alert)
                 if validated and (validated[0]["segment"], validated[0]["step"]) == (record["segment"], record["step"]):
                     emit(validated.pop(0))
             for event in validated:

@@ -48,6 +48,9 @@ class StepJudge:
     typical_s: float | None = None
     _run: tuple | None = None  # (the fitted RunDecomposition, its fitted steps)
     _model_of: dict[int, tuple | None] = field(default_factory=dict)
+    # (segment, step) -> what `watch.asynchronous` reads of the step (its first-of-segment flag, wall time,
+    # wait, staleness, dropped samples and whether that count is cumulative), for the steps `new_steps` returned.
+    rollout_side: dict[tuple[int, int], tuple] = field(default_factory=dict)
 
     def new_steps(self) -> list[dict]:
         """One record per step stored since the last call, in log order: step, segment, seconds,
@@ -83,8 +86,13 @@ class StepJudge:
             if self._model_of[chunk[0]] is not None:
                 judged.update(self._judge(frame.head(chunk[-1] + 1), chunk, *self._model_of[chunk[0]]))
         records = []
+        self.rollout_side.clear()
         for index in new:
             row = frame.row(index, named=True)
+            self.rollout_side[keys[index]] = (
+                bool(row["segment_start"]), row["wall_s"], row["trainer_wait_s"],
+                row["staleness_mean"] if row["staleness_mean"] is not None else row["staleness_max"],
+                row["dropped_samples"], row["execution_mode"] == "fully-async")
             record = {"step": row["step"], "segment": row["segment"], "seconds": _number(row["wall_s"]),
                       "stages": {c[:-2]: _number(row[c]) for c in STAGE_COLUMNS if c in row and _number(row[c])}}
             if index in judged:

@@ -14,7 +14,8 @@ SHOWN_STEPS = 12
 BAR_CHARS = 24
 STAGE_STYLES = {"gen": "cyan", "reward": "yellow", "old_log_prob": "blue", "ref": "magenta", "values": "green",
                 "adv": "white", "update_critic": "bright_green", "update_actor": "bright_blue",
-                "update_weights": "bright_magenta", "testing": "red", "save_checkpoint": "bright_red"}
+                "update_weights": "bright_magenta", "testing": "red", "save_checkpoint": "bright_red",
+                "trainer_wait": "bright_black", "switch": "bright_yellow"}
 
 
 class WatchView:
@@ -112,4 +113,6 @@ def _alert_text(alert: dict) -> str:
                 f" (usually {alert['usual_gap_s']:.1f} s between steps)")
     if kind == "crash":
         return f"crash ({alert['cause']}): {alert['reason']}"
+    if kind == "async":
+        return f"{alert['signal'].replace('_', ' ')} at step {alert['step']}: {alert['reason']}"
     return f"{kind}: {alert.get('reason', '')}"

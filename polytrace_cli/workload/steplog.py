@@ -142,6 +142,13 @@ class StepTimeModel:
     truncate_responses_at: int | None = None  # every response cut at this many tokens after it is drawn
     response_scale: float = 1.0        # every response of every step × this (clipped at the cap): longer answers
     imbalance: float | None = None     # every step: busiest rank / mean rank after balancing (None: verl's dispatch)
+    # Asynchronous execution (`workload.async_pipeline`): the mode as verl prints it, the rollout's share of
+    # the GPUs, the staleness limit in model versions, and the seconds of the hybrid GPUs' mode switches
+    # per step (separate-async).
+    mode: str = "sync"
+    rollout_gpu_share: float = 0.5
+    staleness_limit: int = 1
+    switch_s: float | None = None
 
     def coefficients(self) -> dict:
         """The model as a JSON-able dict (what truth.json records)."""
@@ -155,6 +162,16 @@ class StepTimeModel:
 
 
 def _check(model: StepTimeModel, spec: WorkloadSpec) -> None:
+    if model.mode not in MODES:
+        raise PolytraceError(f"unknown execution mode {model.mode!r} (known: {', '.join(MODES)})")
+    if model.mode != "sync":
+        if model.injections or model.validate_every or model.checkpoint_every or model.resume_after:
+            raise PolytraceError(f"a {model.mode} log is written without injected causes, validation, checkpoints "
+                                 "or a resume (their truth is that of a colocated step)")
+        if not 0.0 < model.rollout_gpu_share < 1.0:
+            raise PolytraceError(f"--rollout-gpu-share is between 0 and 1, not {model.rollout_gpu_share}")
+        if model.staleness_limit < 0:
+            raise PolytraceError(f"--staleness-limit counts model versions, at least 0, not {model.staleness_limit}")
     if spec.steps < 1 or spec.batch < 1 or spec.n < 1 or spec.dp_ranks < 1:
         raise PolytraceError("steps, batch, n and dp ranks must all be at least 1")
     if spec.multiturn:
@@ -434,7 +451,79 @@ def step_table(length_model: LengthModel, spec: WorkloadSpec, model: StepTimeMod
                                                "prompt_length_max", "prompt_length_min")})
     schema.update({name: pl.Boolean for name in ("is_validation", "is_checkpoint", "is_warmup")})
     schema.update({f"cause_{cause}_stage": pl.String for cause in CAUSES})
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    frame = pl.DataFrame(rows, schema=schema, orient="row")
+    return frame if model.mode == "sync" else _asynchronous(frame, model)
+
+
+# Execution modes the generator writes, as verl prints them (`_asynchronous`, `metric_records`).
+MODES = ("sync", "one-step-off", "fully-async", "separate-async")
+TRAINER_STAGES = ("reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+
+
+def _asynchronous(frame: pl.DataFrame, model: StepTimeModel) -> pl.DataFrame:
+    """The colocated steps run through the asynchronous pipeline (`async_pipeline.simulate`): generation on
+    the rollout's share of the GPUs, the trainer stages on the rest, the staleness limit (one-step-off: 1).
+    gen_s becomes null (the rollout's seconds are rollout_s) and the trainer stages take their seconds on
+    the trainer's GPUs; the rows gain the pipeline's truth (wait, rollout busy and idle, idle ratios,
+    staleness, bound and its seconds)."""
+    from polytrace_cli.workload.async_pipeline import simulate
+
+    limit = 1 if model.mode == "one-step-off" else model.staleness_limit
+    share = model.rollout_gpu_share
+    trainer = [c for c in TRAINER_STAGES if frame[f"{c}_s"].is_not_null().any()]
+    train = sum(frame[f"{c}_s"].fill_null(0).to_numpy() for c in trainer)
+    sync = frame["update_weights_s"].fill_null(0).to_numpy()
+    switch = np.full(frame.height, model.switch_s or 0.0)
+    rest = frame["step_s"].to_numpy() - frame["gen_s"].to_numpy() - train - sync
+    run = simulate(frame["gen_s"].to_numpy(), train, rest, sync, share, limit, switch)
+    scaled = {f"{c}_s": pl.col(f"{c}_s") / (1.0 - share) for c in trainer}
+    return frame.with_columns(
+        **scaled, gen_s=pl.lit(None, dtype=pl.Float64),
+        trainer_wait_s=pl.Series(run["wait_s"]), rollout_s=pl.Series(run["rollout_s"]),
+        rollout_active_s=pl.Series(run["rollout_active_s"]), rollout_idle_s=pl.Series(run["rollout_idle_s"]),
+        rollout_idle_ratio=pl.Series(run["rollout_idle_ratio"]),
+        trainer_idle_ratio=pl.Series(run["trainer_idle_ratio"]), staleness=pl.Series(run["staleness"]),
+        throttled=pl.Series(run["throttled"] > 0), switch_s=pl.Series(switch),
+        compute_s=pl.Series(run["compute_s"]), step_s=pl.Series(run["step_s"]),
+        bound=pl.Series(run["bound"].tolist(), dtype=pl.String), bound_s=pl.Series(run["bound_s"]),
+    )
+
+
+def _async_records(row: dict, model: StepTimeModel, stale_so_far: float, batch_responses: int
+                   ) -> tuple[list[tuple[str, float, str]], list[list[tuple[str, float, str]]]]:
+    """(the timers of the step's metric line, further lines logged at the same step) as verl of the run's
+    mode prints them: one-step-off's wait_prev_gen, generate_sequences (the rollout's own generation of
+    the batch) and sync_rollout_weights inside the step (verl one_step_off_policy/ray_trainer.py,
+    docs/advance/one_step_off.md); the fully async policy's gen (the wait) and idle ratio in the step
+    line, its param_sync after the step and outside its total, and the rollouter's active time and idle
+    ratio on their own line (fully_async_trainer.py, fully_async_rollouter.py, detach_utils.py); the V1
+    trainer's gen (the wait), update_weights, switch_to_rollout and off-policy staleness
+    (docs/advance/v1_async_trainer.md)."""
+    stages = [(f"timing_s/{stage}", row[f"{stage}_s"], PLAIN) for stage in TRAINER_STAGES if row[f"{stage}_s"] is not None]
+    wait, sync = row["trainer_wait_s"], row["update_weights_s"] or 0.0
+    if model.mode == "one-step-off":
+        timers = [("timing_s/wait_prev_gen", wait, PLAIN), ("timing_s/generate_sequences", row["rollout_s"], PLAIN),
+                  ("timing_s/sync_rollout_weights", sync, PLAIN), *stages, ("timing_s/step", row["step_s"], PLAIN)]
+        return timers, []
+    if model.mode == "fully-async":
+        logged_step = row["step_s"] - sync
+        timers = [("timing_s/gen", wait, PLAIN), *stages, ("timing_s/step", logged_step, PLAIN),
+                  ("fully_async/count/stale_samples_processed", stale_so_far, PLAIN),
+                  ("fully_async/count/dropped_stale_samples", 0, PLAIN),
+                  ("trainer/idle_ratio", wait / logged_step, PLAIN)]
+        later = [[("timing_s/wait_last_valid", 0.0, PLAIN), ("timing_s/param_sync", sync, PLAIN)],
+                 [("rollouter/active_time", row["rollout_active_s"], PLAIN),
+                  ("rollouter/version_time", row["step_s"], PLAIN),
+                  ("rollouter/idle_ratio", row["rollout_idle_ratio"], PLAIN)]]
+        return timers, later
+    staleness = row["staleness"]
+    timers = [("timing_s/gen", wait, PLAIN), *stages, ("timing_s/update_weights", sync, PLAIN),
+              *([("timing_s/switch_to_rollout", row["switch_s"], PLAIN)] if model.switch_s else []),
+              ("timing_s/step", row["step_s"], PLAIN),
+              ("training/off_policy/trajectory_staleness/mean", staleness, PLAIN),
+              ("training/off_policy/trajectory_staleness/max", staleness, PLAIN),
+              ("training/off_policy/trajectory_spans/max", 1, PLAIN)]
+    return timers, []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -492,6 +581,7 @@ def metric_records(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel
     n_gpus = spec.dp_ranks * spec.tp_size
     val_key = f"val-core/{spec.task}/reward/mean@1"
     records: list[tuple[int, list[tuple[str, float, str]]]] = []
+    stale = 0.0  # samples trained at least one model version stale, so far (fully async's counter)
     if model.validate_before_train and model.validate_every is not None:
         records.append((0, [(val_key, float(np.clip(curves["val_score"][0] - 0.1, 0, 1)), NP_FLOAT)]))
     for index, row in enumerate(frame.iter_rows(named=True)):
@@ -533,14 +623,21 @@ def metric_records(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel
             ("prompt_length/min", float(row["prompt_length_min"]), NP_FLOAT),
             ("prompt_length/clip_ratio", row["prompt_clip_ratio"], NP_FLOAT),
         ]
-        pairs += [(f"timing_s/{stage}", row[f"{stage}_s"], PLAIN) for stage in STAGES if row[f"{stage}_s"] is not None]
+        later: list[list[tuple[str, float, str]]] = []
+        if model.mode == "sync":
+            pairs += [(f"timing_s/{stage}", row[f"{stage}_s"], PLAIN) for stage in STAGES if row[f"{stage}_s"] is not None]
+            pairs.append(("timing_s/step", row["step_s"], PLAIN))
+        else:
+            stale += row["n_responses"] if row["staleness"] >= 1 else 0
+            timers, later = _async_records(row, model, stale, row["n_responses"])
+            pairs += timers
         pairs += [
-            ("timing_s/step", row["step_s"], PLAIN),
             ("perf/total_num_tokens", row["total_tokens"], PLAIN),
             ("perf/time_per_step", row["step_s"], PLAIN),
             ("perf/throughput", row["total_tokens"] / (row["step_s"] * n_gpus), PLAIN),
         ]
         records.append((row["step"], pairs))
+        records.extend((row["step"], line) for line in later)
     return records
 
 
@@ -584,9 +681,27 @@ def _head_lines(spec: WorkloadSpec, model: StepTimeModel, style: str) -> list[st
         f"trainer.save_freq={model.checkpoint_every or -1}", f"trainer.total_training_steps={spec.steps}",
         f"trainer.experiment_name=synthetic-{spec.task}", f"trainer.balance_batch={balancing}",
     ]
+    entry = "verl.trainer.main_ppo"
+    if model.mode != "sync":
+        # The rollout's and the trainer's own GPUs, as the asynchronous recipes print them (the share rounded
+        # to whole GPUs).
+        total = spec.dp_ranks * spec.tp_size
+        rollout_gpus = min(max(int(round(total * model.rollout_gpu_share)), 1), max(total - 1, 1))
+        settings = [f"trainer.n_gpus_per_node={max(total - rollout_gpus, 1)}" if item.startswith("trainer.n_gpus_per_node=")
+                    else item for item in settings]
+        settings += [f"rollout.n_gpus_per_node={rollout_gpus}", "rollout.nnodes=1"]
+    if model.mode == "one-step-off":
+        entry = "verl.experimental.one_step_off_policy.main_ppo"
+    elif model.mode == "fully-async":
+        entry = "verl.experimental.fully_async_policy.fully_async_main"
+        settings += [f"async_training.staleness_threshold={model.staleness_limit}",
+                     "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=False"]
+    elif model.mode == "separate-async":
+        settings += ["trainer.use_v1=True", "trainer.v1.trainer_mode=separate_async",
+                     f"trainer.v1.sampler.max_off_policy_threshold={model.staleness_limit}"]
     prefix = RAY_PREFIX if style == "repr" else "(main_task pid=27182) "
     return [
-        "+ python3 -m verl.trainer.main_ppo " + " ".join(settings),
+        f"+ python3 -m {entry} " + " ".join(settings),
         "2026-01-05 10:00:00,123\tINFO worker.py:1821 -- Started a local Ray instance.",
         f"{prefix}{{'actor_rollout_ref': {{'actor': {{'ppo_mini_batch_size': {max(spec.batch // 4, 1)}}},",
         f"{prefix}                       'rollout': {{'n': {spec.n}, 'tensor_model_parallel_size': {spec.tp_size}}}}},",
@@ -638,9 +753,9 @@ def console_text(frame: pl.DataFrame, spec: WorkloadSpec, model: StepTimeModel, 
     for step, pairs in records:
         body = " - ".join(f"{key}:{_value_text(value, kind, style)}" for key, value, kind in pairs)
         lines.append(f"{prefix}step:{step} - {body}")
-        if step == 0:
-            continue
-        step_s = next(value for key, value, _ in pairs if key == "timing_s/step")
+        if step == 0 or not any(key == "timing_s/step" for key, _, _ in pairs):
+            continue  # a validation before training, or a line the step logs apart (a weight sync)
+        step_s = next(value for key, value, _ in pairs if key == "perf/time_per_step")
         elapsed += step_s
         lines.append(_tqdm_line(step, spec.steps, elapsed, elapsed / (step - first + 1)))
         if any(key == "timing_s/save_checkpoint" for key, _, _ in pairs):

@@ -22,6 +22,17 @@ METRIC_ALIASES = {
     "entropy": "entropy_mean",
     "objective/entropy": "entropy_mean",
     "objective/rlhf_reward": "reward_mean",
+    # AsyncGRPO (trl/experimental/async_grpo/async_rollout_worker.py): the rollout worker's scoring wait,
+    # requests in flight and generated tokens per second (names the model reads; no `steps` column).
+    "rollout/score_wait_s": "score_wait_s",
+    "rollout/inflight": "rollout_inflight",
+    "rollout/generated_tok_s": "rollout_tokens_per_s",
 }
 # The Trainer's `eval_*` keys are stored as `eval/*`.
 VALIDATION_PREFIXES = ("eval/",)
+# Key prefixes that tell TRL's AsyncGRPO (semantics/execution_mode.py).
+EXECUTION_MODE_KEYS = {
+    "rollout/score_wait_s": "async-grpo",
+    "rollout/inflight": "async-grpo",
+    "rollout/generated_tok_s": "async-grpo",
+}

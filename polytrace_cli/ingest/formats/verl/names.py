@@ -52,6 +52,53 @@ METRIC_ALIASES = {
     # A console log without metric lines still yields step times from its tqdm progress bar; the rows
     # carry the step flag `tqdm_estimate`, so the estimate stays visible in the steps view.
     "tqdm/step_s": "step_s",
+    # Asynchronous trainers (one-step-off, fully async, the V1 trainer's async modes). What `timing_s/gen`
+    # means there (the trainer waiting for a trainable batch, not generating) is the run's execution mode
+    # (`run_semantics.execution_mode`), not a name: the key keeps its alias above.
+    # one_step_off_policy/ray_trainer.py: the weight sync to the rollout GPUs; docs/advance/one_step_off.md:
+    # the wait for the previous step's generation, and the rollout's own generation time.
+    "timing_s/sync_rollout_weights": "update_weights_s",
+    "timing_s/wait_prev_gen": "trainer_wait_s",
+    # fully_async_policy: the trainer's weight sync to the rollouter (fully_async_trainer.py), the
+    # rollouter's busy seconds and idle share between two weight versions (fully_async_rollouter.py),
+    # the trainer's idle share (detach_utils.py: timing_s/gen / timing_s/step), counters of stale and
+    # dropped samples and the partial rollouts' share (detach_utils.py).
+    "timing_s/param_sync": "update_weights_s",
+    "rollouter/active_time": "rollout_s",
+    "fully_async/rollouter/active_time": "rollout_s",
+    "rollouter/idle_ratio": "rollout_idle_ratio",
+    "fully_async/rollouter/idle_ratio": "rollout_idle_ratio",
+    "trainer/idle_ratio": "trainer_idle_ratio",
+    "fully_async/trainer/idle_ratio": "trainer_idle_ratio",
+    "fully_async/count/stale_samples_processed": "stale_samples",
+    "fully_async/count/dropped_stale_samples": "dropped_samples",
+    "count/dropped_stale_samples": "dropped_samples",
+    "fully_async/partial/partial_ratio": "partial_ratio",
+    # With dynamic resource scheduling, the time the trainer's hybrid GPUs help the rollout while the trainer
+    # waits for enough samples (fully_async_trainer.py): a part of the wait, not the whole (a name no view reads).
+    "timing_s/wait_for_enough_samples": "hybrid_rollout_s",
+    # V1 trainer (docs/advance/v1_async_trainer.md): staleness in model versions, dropped stale groups, and
+    # the hybrid GPUs' mode switches (names the model reads; no `steps` column).
+    "training/off_policy/trajectory_staleness/mean": "staleness_mean",
+    "training/off_policy/trajectory_staleness/max": "staleness_max",
+    "training/off_policy/dropped_samples": "dropped_samples",
+    "timing_s/switch_to_rollout": "switch_to_rollout_s",
+    "timing_s/switch_to_trainer": "switch_to_trainer_s",
 }
 # Keys logged by validation only (`val-core/...`, `val/...`, older `test_score/...`).
 VALIDATION_PREFIXES = ("val-", "val/", "test_score/")
+# Key prefixes that tell an asynchronous recipe's execution mode (semantics/execution_mode.py), most
+# specific first: one-step-off's wait and weight sync (one_step_off_policy/ray_trainer.py,
+# docs/advance/one_step_off.md), the V1 trainer's switches and off-policy family
+# (docs/advance/v1_async_trainer.md), the fully async policy's families (fully_async_policy/).
+EXECUTION_MODE_KEYS = {
+    "timing_s/wait_prev_gen": "one-step-off",
+    "timing_s/sync_rollout_weights": "one-step-off",
+    "timing_s/switch_": "separate-async",
+    "fully_async/": "fully-async",
+    "rollouter/": "fully-async",
+    "trainer/idle_ratio": "fully-async",
+    "timing_s/param_sync": "fully-async",
+    "timing_s/wait_for_enough_samples": "fully-async",
+    "training/off_policy/": "separate-async",
+}
