@@ -25,7 +25,7 @@ from pathlib import Path
 from polytrace_cli.diagnose import explain_run
 from polytrace_cli.diagnose.against import explain_against
 from polytrace_cli.diagnose.explain import decompose_run
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import read_workload, run_info, training_mask
 from polytrace_cli.simulate.backtest import backtest_run
 from polytrace_cli.simulate.policies import whatif_run

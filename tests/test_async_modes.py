@@ -29,7 +29,7 @@ from polytrace_cli.analyze.step_frame import step_frame
 from polytrace_cli.diagnose import explain_run
 from polytrace_cli.diagnose.against import explain_against
 from polytrace_cli.diagnose.explain import decompose_run
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.ingest.formats.trl.names import METRIC_ALIASES as TRL_ALIASES
 from polytrace_cli.ingest.formats.verl.names import METRIC_ALIASES as VERL_ALIASES
 from polytrace_cli.model import read_workload, run_info, training_mask
