@@ -12,8 +12,8 @@ import typer
 
 from rich.markup import escape
 
-from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, emit_rows,
-                                          emit_table, err_console, fail, user_errors)
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console,
+                                          emit_frame, emit_rows, emit_table, err_console, fail, user_errors)
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
 
@@ -177,7 +177,7 @@ def _ingest_into_store(paths, db, run, task, format_name, as_json, tokenizer, ha
             return store.ingest(paths, on_file=advance, **options)
 
 
-def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
+def formats(as_json: JsonOption = False, as_csv: CsvOption = False, wide: WideOption = False) -> None:
     """List the input formats polytrace recognises, in sniffing order."""
     import polars as pl
 
@@ -190,4 +190,6 @@ def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
             "reads": [i.description for i in all_ingesters()],
         }
     )
-    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="formats", identity=["format"])
+    # The description is the answer: it wraps at the terminal's width instead of being cut.
+    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="formats", identity=["format"], wide=wide,
+               wrap=["reads"])
