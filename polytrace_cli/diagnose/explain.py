@@ -8,7 +8,8 @@ With step timings (console, JSONL, wandb or TensorBoard logs):
 3. decompose every step's excess over the expected step into causes (`decompose`);
 4. slow steps (`thresholds.slow_steps`): excess > 5% of the expected step, and above the robust
    threshold of the training steps' excess or with one cause standing out from its local level;
-5. findings ranked by seconds (`findings`).
+5. findings ranked by seconds (`findings`);
+6. the typical step (`typical_step`): its median time and where it goes, in one sentence.
 Per-sample traces add, to a slow step's long_tail and dp_imbalance causes, the busiest DP rank and
 the longest samples.
 
@@ -28,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.analyze.typical_step import typical_steps
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -56,12 +58,14 @@ class Explanation:
     run_seconds: float | None = None
     slow_steps: int = 0
     model: StepTimeModel | None = field(default=None, repr=False)
+    typical_step: dict | None = None  # `analyze.typical_step.typical_step` without its run; None untimed
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document as Python values (NaN and infinities as None)."""
         document = {"run": self.run, "basis": self.basis, "expected_s": self.expected_s,
                     "run_seconds": self.run_seconds, "slow_steps": self.slow_steps, "slow_rule": self.slow_rule,
-                    "steps": self.steps, "findings": self.findings, "notes": self.notes}
+                    "steps": self.steps, "findings": self.findings, "notes": self.notes,
+                    "typical_step": self.typical_step}
         if self.model is not None:
             document["model"] = {stage: {"intercept": fit.intercept, **fit.coefficients, "steps": fit.steps}
                                  for stage, fit in self.model.stages.items()}
@@ -105,7 +109,10 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         raise PolytraceError(f"run {info.name} has no step {step} (steps {first}–{last})")
     mask = training_mask(frame)
     if explained_in_seconds(frame):
-        return _explain_seconds(con, info, frame, mask, step, top)
+        explanation = _explain_seconds(con, info, frame, mask, step, top)
+        typical = typical_steps(con, [info.run_id]).get(info.name)
+        explanation.typical_step = {k: v for k, v in typical.items() if k != "run"} if typical else None
+        return explanation
     trained = int(mask.sum())
     few = (f"{trained} timed training step{'' if trained == 1 else 's'} (a step-time model needs "
            f"{MIN_TRAINING_STEPS})")

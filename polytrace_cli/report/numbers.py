@@ -20,7 +20,7 @@ import polars as pl
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.analyze.registry import ANALYSES, SCIPY_ANALYSES, named_analyses
 from polytrace_cli.analyze.shared_frames import once_per_report
-from polytrace_cli.diagnose.typical_step import typical_steps
+from polytrace_cli.analyze.typical_step import typical_steps
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import help as what_would_help
 from polytrace_cli.report.comparison import run_comparisons
@@ -40,7 +40,7 @@ class ReportNumbers:
     findings: list[dict] = field(default_factory=list)
     help: list[dict] = field(default_factory=list)
     comparisons: list[dict] = field(default_factory=list)
-    typical_steps: dict[str, dict] = field(default_factory=dict)  # run -> `diagnose.typical_step.typical_steps`
+    typical_steps: dict[str, dict] = field(default_factory=dict)  # run -> `analyze.typical_step.typical_steps`
 
 
 @dataclass

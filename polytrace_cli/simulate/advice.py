@@ -128,11 +128,11 @@ def priced_policies(con: duckdb.DuckDBPyConnection, run: str | int) -> Priced:
     """FIXED_POLICIES, `advised_policies` and one-step-off at each of ONE_STEP_OFF_SHARES priced on the
     run's step-time model (`whatif_run`), one-step-off kept at the share of the GPUs with the largest
     predicted saving (all shares' first, with its note, when none is priced)."""
-    from polytrace_cli.simulate.policies import whatif_run
+    from polytrace_cli import simulate
 
     why = {choice.policy: choice.why for choice in advised_policies(con, run)}
     policies = [*FIXED_POLICIES, *why, *(f"one-step-off={share:g}" for share in ONE_STEP_OFF_SHARES)]
-    result = whatif_run(con, run, policies)
+    result = simulate.whatif_run(con, run, policies)
     splits = {float(s.policy.split("=")[1]): s for s in result.scenarios if s.policy.startswith("one-step-off=")}
     rest = [s for s in result.scenarios if not s.policy.startswith("one-step-off=")]
     best = choose_rollout_share({share: s.saving_s for share, s in splits.items()})

@@ -9,7 +9,7 @@ them when every step logged one):
   the TOP_STAGES largest of those at least MIN_STAGE_SHARE, largest first; `unaccounted` = 1 − Σ shares
   of every stage when that is at least UNACCOUNTED_SHARE (step time no stage timer covers);
 - per overhead (validation, checkpoint), its cadence over the steps that logged it
-  (`diagnose.findings.cadence`) and the median seconds it adds to such a step.
+  (`cadence`) and the median seconds it adds to such a step.
 
 "Typical step 11 s (median of 300): gen 45%, update_actor 30%, ref 10%; validation every 10 steps
 +6.8 s; checkpoints every 10 steps +20 s". A run without step times (PolyTrace traces alone) has none.
@@ -18,12 +18,12 @@ them when every step logged one):
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze import stages
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange
 from polytrace_cli.analyze.shared_frames import shared
-from polytrace_cli.diagnose.findings import cadence
 from polytrace_cli.display import duration
 
 TOP_STAGES = 3
@@ -32,6 +32,20 @@ UNACCOUNTED_SHARE = 0.10
 # The keys of a typical step; `stages` is [[stage, share], ...] and `overheads` [[what, cadence, seconds], ...].
 TYPICAL_STEP_KEYS = ("run", "step_s", "steps", "stages", "unaccounted", "overheads", "text")
 _OVERHEADS = (("validation", "testing_s", "testing"), ("checkpoints", "save_checkpoint_s", "checkpoint"))
+
+
+def cadence(steps: list[int]) -> str:
+    """'every 10 steps' when 3 or more steps are evenly spaced; 'mostly every 10 steps (26 steps)'
+    when one spacing makes up at least 70% of the gaps; else 'at 4 steps'."""
+    if len(steps) >= 3:
+        gaps = np.diff(sorted(steps))
+        values, counts = np.unique(gaps, return_counts=True)
+        common = int(values[np.argmax(counts)])
+        if counts.max() == gaps.size:
+            return f"every {common} steps"
+        if counts.max() >= 0.7 * gaps.size:
+            return f"mostly every {common} steps ({len(steps)} steps)"
+    return f"at {len(steps)} step{'s' if len(steps) != 1 else ''}"
 
 
 def typical_steps(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> dict[str, dict]:
