@@ -20,6 +20,17 @@ def test_the_cap_cuts_the_longest_five_percent_and_never_goes_below_the_mean():
     assert response_cap([np.full(50, 512.0)]) is None and response_cap([None]) is None
 
 
+def test_no_cap_on_a_collapsed_run_or_below_the_typical_length():
+    # 8 steps collapsed to 1 token, 2 of about 1,000: the 95% quantile would cap at about 1,000, but read from
+    # a collapsed run it would cut the responses the run should write.
+    collapsed = [np.ones(50)] * 8 + [np.arange(1000.0, 1050.0)] * 2
+    assert response_cap(collapsed) is not None and response_cap(collapsed, collapsed=True) is None
+    # 3 steps of 10 responses of 1,000 tokens, 2 of 1,000 responses of 10: the pooled quantile is 10 and the
+    # pooled mean 24.6, so the cap would be 25, below the typical step's mean response (the median, 1,000).
+    few_long = [np.full(10, 1000.0)] * 3 + [np.full(1000, 10.0)] * 2
+    assert response_cap(few_long) is None
+
+
 def test_an_overhead_above_five_percent_is_spaced_out_to_about_two():
     steps = np.arange(1, 101)
     testing = np.where(steps % 10 == 0, 60.0, 0.0)            # 10 validations of 60 s
