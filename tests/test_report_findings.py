@@ -407,8 +407,8 @@ def test_what_would_help_a_timed_run_comes_from_the_step_time_model(generated_re
     assert f"| no-validation | {minutes} | 0 | exact | drop the logged validation |" in markdown
     assert f"<td>no-validation</td><td>{minutes}</td><td>0</td><td>exact</td>" in html
     assert f"<summary>assumptions</summary>Assumes {no_validation['assumption']}." in html
-    for entry in entries:
-        assert entry["on_page"] == (entry["saving"] is not None and entry["saving"] >= 0.005)
+    for index, entry in enumerate(entries):  # the four largest savings of at least 0.5% of the run
+        assert entry["on_page"] == (entry["saving"] is not None and entry["saving"] >= 0.005 and index < 4)
         if not entry["on_page"]:  # named in the folded line, never a row of the table
             assert f"<td>{entry['policy']}</td>" not in html and entry["policy"] in html
 

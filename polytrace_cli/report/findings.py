@@ -44,6 +44,7 @@ import polars as pl
 from polytrace_cli.analyze import filtering, imbalance, longtail, stages
 from polytrace_cli.analyze.common import StepRange, run_names
 from polytrace_cli.analyze.shared_frames import shared
+from polytrace_cli.display import duration
 
 FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text", "on_page")
 # A finding from explain also lists the steps it was found at.
@@ -51,7 +52,7 @@ EXPLAINED_FINDING_KEYS = (*FINDING_KEYS, "at_steps")
 # Causes of the analyses that explain's decomposition does not cover: kept after explain's findings.
 NOT_IN_EXPLAIN = ("slot-idle", "dapo-discarded")
 # Per run, the page shows at most SHOWN costs, each of at least ON_PAGE_SHARE; every finding is in summary.json.
-SHOWN = 5
+SHOWN = 3
 ON_PAGE_SHARE = 0.005
 # What a run's numbers mean, rather than what its time costs: always on the page, before the costs.
 CAVEATS = ("length-collapse", "crash", "partial-steps", "truncated-lines", "not-modelled", "not-measured")
@@ -79,11 +80,11 @@ def _longtail(summary: pl.DataFrame) -> list[dict]:
     for row in _rows(summary, longtail.SUMMARY_COLUMNS).iter_rows(named=True):
         if row["mean_slot_idle"] is None:
             continue
-        estimate = " (estimated from per-step mean and max)" if row["estimate"] else ""
+        estimate = " (estimated from each step's mean and max)" if row["estimate"] else ""
         out.append(_finding(
             row["run"], "slot-idle", None, row["mean_slot_idle"], row["steps"],
-            f"{row['run']}: {_percent(row['mean_slot_idle'])} of decode slots sit idle waiting for the longest "
-            f"response of their batch{estimate}, over {_step_word(row['steps'], row['basis'])}."))
+            f"{row['run']}: {_percent(row['mean_slot_idle'])} of decode slots sit idle waiting for their batch's "
+            f"longest response{estimate}, over {_step_word(row['steps'], row['basis'])}."))
     return out
 
 
@@ -144,8 +145,8 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
             out.append(_finding(
                 run, "length-collapse", None, None, 0,
                 f"{run}: response lengths collapsed from step {row['collapse_step']:,} on (mean "
-                f"{row['collapse_length']:,.1f} tokens, against {row['collapse_typical_length']:,.0f} typical before) "
-                "and never recovered; comparisons with the run's typical step read a collapsed run."))
+                f"{row['collapse_length']:,.1f} tokens, against {row['collapse_typical_length']:,.0f} before) and never "
+                "recovered: its typical step mixes both regimes."))
         if row["crash"]:
             out.append(_finding(run, "crash", None, None, 0,
                                 f"{run}: the log ends with an error after its last step: {row['crash']}"))
@@ -153,8 +154,8 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
             ("partial-steps", row["partial_steps"],
              f"hold fewer responses than a step has ({row['responses_per_step_source'] or 'prompt groups short'})"),
             ("truncated-lines", row["truncated_steps"],
-             "had a log line cut short (wandb cuts output.log lines at 4,096 characters): timers printed after the "
-             "cut are lost"),
+             "had a log line cut short (wandb cuts output.log lines at 4,096 characters): their later timers are "
+             "lost"),
         )
         for cause, steps, what in per_step:
             if steps:
@@ -169,16 +170,16 @@ def _largest_stage(summary: pl.DataFrame, with_overheads: set[str]) -> list[dict
     holds validation or checkpoints (the sentence says the share counts those steps too)."""
     rows = _rows(summary, stages.SUMMARY_COLUMNS).filter(
         (pl.col("stage") != "step") & pl.col("share").is_not_null())
-    overheads = {run: ", steps with validation or checkpoints included" for run in with_overheads}
+    overheads = {run: ", validation and checkpoint steps included" for run in with_overheads}
     out = []
     for run in rows["run"].unique(maintain_order=True).to_list():
         top = rows.filter(pl.col("run") == run).sort("share", descending=True).row(0, named=True)
         seconds = top["mean_s"] * top["steps"] if top["mean_s"] is not None else None
         out.append(_finding(
             run, f"stage:{top['stage']}", seconds, top["share"], top["steps"],
-            f"{run}: the {top['stage']} stage takes {_percent(top['share'])} of the run's step time "
-            + (f"({seconds:,.0f} s over {top['steps']} trainer steps" if seconds is not None
-               else f"(over {top['steps']} trainer steps") + f"{overheads.get(run, '')}), the largest stage."))
+            f"{run}: the largest stage, {top['stage']}, takes {_percent(top['share'])} of all step time "
+            + (f"({duration(seconds)} over {top['steps']} trainer steps" if seconds is not None
+               else f"(over {top['steps']} trainer steps") + f"{overheads.get(run, '')})."))
     return out
 
 
@@ -272,8 +273,7 @@ def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: St
         elif all(f["seconds"] is None for f in costs):
             caveats.append(_finding(
                 run, "not-measured", None, None, 0,
-                f"{run}: seconds lost could not be measured: the logs carry no stage timings, so its findings "
-                "are shares of slots, rank time or tokens, not of step time."))
+                f"{run}: no step timings, so these are shares of decode slots, rank time or tokens, not seconds."))
         costs.sort(key=rank_key)
         out += mark_on_page(caveats + costs)
     return out

@@ -11,8 +11,8 @@ cannot price last, with their note instead of a number); saving = saving_s / the
 run; saving_se_s is the bootstrap standard error over steps; `certainty` is how sure the saving is
 (POLICY_NOTES: `exact` from the log, `model` from the fitted model, "model, doubtful" when the backtest
 is flagged, `assumption-bound` when it rests on what the run would have done that the logs cannot
-check); `on_page` is whether the page's table shows it (a saving of at least ON_PAGE_SAVING of the run;
-the others are folded into one line).
+check); `on_page` is whether the page's table shows it (the SHOWN_POLICIES largest savings of at least
+ON_PAGE_SAVING of the run; the others are folded into one line).
 `backtest` is the model's step-time accuracy on held-out steps (`simulate.backtest_run`) beside the
 fair median baseline's and the recent baseline's, `flagged` when below the better of the two.
 
@@ -35,15 +35,16 @@ from polytrace_cli.analyze import imbalance
 from polytrace_cli.analyze.common import run_names
 from polytrace_cli.display import duration
 
-WHATIF_NOTE = ("Runs with step timings are priced by their step-time model, as polytrace whatif RUN --policy P "
-               "does (it also takes other policies and values); runs without timings get only the rebalancing "
-               "counterfactual.")
+WHATIF_NOTE = ("Savings are priced by each run's step-time model, as polytrace whatif RUN --policy P prices them "
+               "(and other policies); runs without step timings get only the rebalancing counterfactual.")
 # The keys of a model entry and of its `backtest`.
 MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s", "certainty", "assumption", "reason",
                     "why", "backtest", "on_page", "text")
 BACKTEST_KEYS = ("accuracy", "median_baseline", "recent_baseline", "flagged", "steps", "reason")
-# A saving smaller than this share of the run (or none, or a cost) is folded into one line on the page.
+# A saving smaller than this share of the run (or none, or a cost), or past the SHOWN_POLICIES largest, is
+# folded into one line on the page.
 ON_PAGE_SAVING = 0.005
+SHOWN_POLICIES = 4
 # How sure a saving is: read from the log, priced on the fitted model, or resting on an assumption about what
 # the run would have done that the logs cannot check.
 EXACT, MODEL, ASSUMPTION_BOUND = "exact", "model", "assumption-bound"
@@ -178,6 +179,8 @@ def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[di
                     "on_page": scenario.saving_share is not None and scenario.saving_share >= ON_PAGE_SAVING,
                     "text": _model_text(run, scenario, baseline, why.get(scenario.policy))})
     out.sort(key=lambda e: (e["saving_s"] is None, -(e["saving_s"] or 0.0)))
+    for index, entry in enumerate(out):
+        entry["on_page"] = entry["on_page"] and index < SHOWN_POLICIES
     return out
 
 

@@ -68,6 +68,8 @@ def _why(entry: dict) -> str:
 
 def _folded_reason(entry: dict) -> str:
     seconds, share = entry.get("saving_s"), entry.get("saving")
+    if seconds is not None and share is not None and share >= ON_PAGE_SAVING:
+        return f"{entry['policy']}: saves {saving_cells(entry)[0]} ± {saving_cells(entry)[1]} ({_why(entry)})"
     if seconds is None and entry["policy"] != "rebalance-dp-ranks":
         return f"{entry['policy']}: no estimate: {entry.get('reason') or 'the model cannot price it'}"
     if seconds is not None and seconds < 0:
@@ -118,10 +120,11 @@ def folded_title(folded: list[dict]) -> str:
     """The one line naming the entries left out of a run's table, with how many of each kind."""
     none = sum(1 for h in folded if h.get("saving_s") is None and h["policy"] != "rebalance-dp-ranks")
     cost = sum(1 for h in folded if (h.get("saving_s") or 0) < 0)
-    small = len(folded) - none - cost
+    smaller = sum(1 for h in folded if (h.get("saving") or 0) >= ON_PAGE_SAVING)
+    small = len(folded) - none - cost - smaller
     kinds = [f"{count} {what}" for count, what in (
-        (none, "gave no estimate"), (small, f"saved under {100 * ON_PAGE_SAVING:.1f}% of the run"),
-        (cost, "would cost time")) if count]
+        (smaller, "saved less"), (small, f"saved under {100 * ON_PAGE_SAVING:.1f}% of the run"),
+        (none, "gave no estimate"), (cost, "would cost time")) if count]
     word = "policy" if len(folded) == 1 else "policies"
     return f"{len(folded)} more {word}: {', '.join(h['policy'] for h in folded)} ({', '.join(kinds)})"
 

@@ -59,8 +59,8 @@ def response_cap(lengths: list[np.ndarray | None], collapsed: bool = False) -> C
     typical = float(np.median([float(x.mean()) for x in known]))
     if cut == 0.0 or cap < typical:
         return None
-    return Choice(f"max-response-len={cap}", f"cuts the longest {cut:.1%} of the responses (those above {cap:,} "
-                                             f"tokens; the mean response is {mean:,.0f})")
+    return Choice(f"max-response-len={cap}", f"cuts the longest {cut:.1%} of the responses (above {cap:,} tokens; "
+                                             f"mean {mean:,.0f})")
 
 
 def overhead_interval(steps: np.ndarray, seconds: np.ndarray, wall_s: float, name: str, option: str) -> Choice | None:
@@ -79,8 +79,8 @@ def overhead_interval(steps: np.ndarray, seconds: np.ndarray, wall_s: float, nam
     # verl's rule: every K-th step and the last one
     scheduled = int(np.sum(steps % proposed == 0)) + int(steps.max() % proposed != 0)
     after = share * scheduled / int(logged.sum())
-    return Choice(f"{option}={proposed}", f"{name} takes {share:.1%} of the run's wall time every {every} steps; "
-                                          f"every {proposed} ({scheduled} times) it would take about {after:.1%}")
+    return Choice(f"{option}={proposed}", f"{name} every {every} steps takes {share:.1%} of the wall time; "
+                                          f"every {proposed} ({scheduled} times) about {after:.1%}")
 
 
 def choose_rollout_share(savings: dict[float, float | None]) -> float | None:
@@ -140,8 +140,7 @@ def priced_policies(con: duckdb.DuckDBPyConnection, run: str | int) -> Priced:
         scenarios = [*rest, next(iter(splits.values()))] if splits else rest
     else:
         tried = ", ".join(f"{share:g}" for share in splits)
-        why[splits[best].policy] = (f"{best:g} of the GPUs generating gives the lowest predicted wall time of the "
-                                    f"shares tried ({tried})")
+        why[splits[best].policy] = f"{best:g} of the GPUs generating: the lowest predicted wall time of {tried}"
         scenarios = [*rest, splits[best]]
     return Priced(result, scenarios, why)
 
