@@ -604,3 +604,12 @@ def test_no_text_of_a_drawn_figure_overlaps_another(sample_report):
     finally:
         con.close()
     assert drawn >= 8
+
+
+def test_the_top_of_the_sample_report_stays_within_its_word_budget(sample_report):
+    from test_report_findings import top_words
+
+    from polytrace_cli.report.top import TOP_WORDS_PER_RUN
+
+    runs = json.loads((sample_report.parent / "summary.json").read_text())["runs"]
+    assert 0 < top_words(sample_report) <= TOP_WORDS_PER_RUN * len(runs)

@@ -328,14 +328,20 @@ def test_findings_of_a_timed_run_come_from_explain(generated_report):
     costs = [f for f in findings if f["cause"] != "not-measured"]
     shares = [f["share"] for f in costs]
     assert shares == sorted(shares, reverse=True)
-    # The page shows the first five costs of at least 0.5% of the run; the rest are in summary.json only.
-    assert [f["on_page"] for f in costs] == [f["share"] >= 0.005 and i < 5 for i, f in enumerate(costs)]
-    hidden = [f for f in costs if not f["on_page"]]
-    assert hidden and by_cause["unexplained"]["on_page"]
+    # The page shows the first SHOWN costs of at least 0.5% of the run; the rest are in summary.json only.
+    from polytrace_cli.report.findings import SHOWN
+
+    assert [f["on_page"] for f in costs] == [f["share"] >= 0.005 and i < SHOWN for i, f in enumerate(costs)]
+    shown, hidden = [f for f in costs if f["on_page"]], [f for f in costs if not f["on_page"]]
+    assert shown and hidden and by_cause["validation"]["on_page"] and not by_cause["dp_imbalance"]["on_page"]
     html, markdown = (out / "index.html").read_text(), (out / "summary.md").read_text()
-    for page in (html, markdown):
-        assert by_cause["unexplained"]["text"].removeprefix("verl: ")[1:] in page
-        assert all(f["text"].removeprefix("verl: ")[1:] not in page for f in hidden)
+    from html import escape
+
+    from polytrace_cli.report.markdown import md_text
+
+    for page, written in ((html, escape), (markdown, md_text)):
+        assert all(written(f["text"].removeprefix("verl: ")[1:]) in page for f in shown)
+        assert all(written(f["text"].removeprefix("verl: ")[1:]) not in page for f in hidden)
         assert f"{len(hidden)} smaller finding" in page and "in summary.json" in page
 
 
@@ -447,3 +453,22 @@ def test_a_failing_whatif_keeps_the_rebalancing_counterfactual_and_says_why(gene
         con.close()
     assert [(e["policy"], e["text"]) for e in entries] == [
         ("not-modelled", "verl: the step-time model's predictions failed (ValueError: fit blew up).")]
+
+
+def top_words(index: Path) -> int:
+    """The words of the page's top section (findings and what would help) a person sees without opening a
+    folded line: each <details> counts its summary only."""
+    import html as html_text
+
+    page = index.read_text()
+    top = re.search(r"<section id='top'>(.*?)</section>", page, flags=re.S).group(1)
+    top = re.sub(r"<details[^>]*>\s*<summary>(.*?)</summary>.*?</details>", r" \1 ", top, flags=re.S)
+    return len(html_text.unescape(re.sub(r"<[^>]+>", " ", top)).split())
+
+
+def test_the_top_of_the_page_stays_within_its_word_budget(mixed_report, generated_report):
+    from polytrace_cli.report.top import TOP_WORDS_PER_RUN
+
+    for index in (mixed_report, generated_report[1] / "index.html"):
+        runs = json.loads((index.parent / "summary.json").read_text())["runs"]
+        assert 0 < top_words(index) <= TOP_WORDS_PER_RUN * len(runs), index

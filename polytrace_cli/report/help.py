@@ -64,7 +64,7 @@ class PolicyNote:
 # One per policy of `simulate.policies.POLICIES`, under its name there (tests/test_report_help.py checks).
 POLICY_NOTES = {
     "balance": PolicyNote(
-        MODEL, "give every DP rank the mean rank's tokens in the token-bound stages",
+        MODEL, "even out the DP ranks' tokens in the training stages",
         "every DP rank gets the mean rank's tokens in the forward and update stages; generation is unchanged "
         "and the balancing itself is free"),
     "no-validation": PolicyNote(
@@ -81,7 +81,7 @@ POLICY_NOTES = {
         "responses are cut at the new cap and are otherwise the same (what the policy learns to write under a "
         "shorter cap is not modelled)"),
     "partial-rollout": PolicyNote(
-        ASSUMPTION_BOUND, "stop each rollout once 90% of its responses are done",
+        ASSUMPTION_BOUND, "stop each rollout at 90% of its responses done",
         "each step's rollout stops once 90% of its new responses are done and the rest finish in later steps "
         "(their staleness is not modelled)"),
     "one-step-off": PolicyNote(

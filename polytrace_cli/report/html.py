@@ -21,8 +21,10 @@ th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: right; white
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 details { margin: .4rem 0; } summary { cursor: pointer; font-weight: 600; }
 h3 { margin: 1.2rem 0 .3rem; font-size: 1.1rem; } p.typical { margin: .2rem 0 .4rem; font-weight: 600; }
-table.help { display: table; width: 100%; } table.help td { white-space: normal; text-align: left; }
-table.help td:nth-child(2), table.help td:nth-child(3) { text-align: right; white-space: nowrap; }
+table.help { display: table; width: 100%; } table.help td, table.help th { white-space: normal; text-align: left; }
+table.help td:first-child { white-space: nowrap; }
+table.help td:nth-child(2), table.help td:nth-child(3), table.help th:nth-child(2), table.help th:nth-child(3) {
+  text-align: right; white-space: nowrap; }
 table.help tr.folded td { border-top: none; padding: 0 .5rem; font-size: .8rem; color: #444; }
 table.help tr.folded summary { font-weight: 400; color: #555; } details.meta summary { font-weight: 400; }
 """
@@ -47,6 +49,11 @@ window.addEventListener('load', function () {
   }
   document.body.setAttribute('data-figure-boxes', JSON.stringify(boxes));
   document.body.setAttribute('data-page-height', String(document.documentElement.scrollHeight));
+  document.body.setAttribute('data-page-width', String(document.documentElement.scrollWidth));
+  var top = document.getElementById('top');
+  if (top) {
+    document.body.setAttribute('data-top-height', String(Math.round(top.getBoundingClientRect().bottom + window.scrollY)));
+  }
 });
 """
 
@@ -105,7 +112,7 @@ def help_section(report) -> str:
             parts.append(f"<details class='meta'><summary>{escape(top.folded_title)}</summary><ul>{items}</ul></details>")
         if top.backtest:
             parts.append(f"<p class='meta'>{escape(top.backtest)}</p>")
-    parts.append(f"<p class='meta'>{escape(WHATIF_NOTE)}</p>")
+    parts.append(f"<details class='meta'><summary>how these savings are priced</summary>{escape(WHATIF_NOTE)}</details>")
     return "".join(parts)
 
 
@@ -149,8 +156,7 @@ def render(report) -> str:
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>polytrace: {escape(report.name)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>polytrace report: {escape(report.name)}</h1>",
-        findings_section(report),
-        help_section(report),
+        f"<section id='top'>{findings_section(report)}{help_section(report)}</section>",
         html_section(report.comparisons),
         f"<h2>Runs</h2><p class='meta'>Runs: {runs}{escape(step_range)}. "
         "Numbers behind every figure are in <a href='summary.json'>summary.json</a> and "

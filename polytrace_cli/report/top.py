@@ -16,6 +16,9 @@ from polytrace_cli.report.findings import CAVEATS, ON_PAGE_SHARE, SHOWN
 from polytrace_cli.report.help import ON_PAGE_SAVING, backtest_sentence, policy_note
 
 HELP_COLUMNS = ("policy", "saving", "±", "how sure", "why")
+# The top is written to be read in about a minute: at most this many words per run are shown before a person
+# opens a folded line (tests read the page and hold it to this).
+TOP_WORDS_PER_RUN = 200
 
 
 @dataclass
@@ -122,7 +125,7 @@ def folded_title(folded: list[dict]) -> str:
     cost = sum(1 for h in folded if (h.get("saving_s") or 0) < 0)
     smaller = sum(1 for h in folded if (h.get("saving") or 0) >= ON_PAGE_SAVING)
     small = len(folded) - none - cost - smaller
-    kinds = [f"{count} {what}" for count, what in (
+    kinds = [f"{count} {what}" if len(folded) > 1 else what for count, what in (
         (smaller, "saved less"), (small, f"saved under {100 * ON_PAGE_SAVING:.1f}% of the run"),
         (none, "gave no estimate"), (cost, "would cost time")) if count]
     word = "policy" if len(folded) == 1 else "policies"
