@@ -1,13 +1,17 @@
-"""Findings: where the runs' time and work go, largest first, built from the registered analyses.
+"""Findings: where the runs' time and work go, run by run, largest first, built from the registered analyses.
 
-Each finding is a dict `{cause, seconds, share, steps, text}` (plus `run`):
+Each finding is a dict `{cause, seconds, share, steps, text, on_page}` (plus `run`):
 
 - cause: what the time or work is lost to (`slot-idle`, `dp-idle`, `validation`, `checkpoint`,
   `stage:<name>`, `dapo-discarded`), or `not-measured` for what the runs cannot tell;
 - seconds: seconds of step time it took over the steps counted, when the logs time it (else null);
 - share: its share of the quantity named in the text (step time, decode slots, rank time, tokens);
 - steps: how many steps it was measured over;
-- text: one sentence saying all that.
+- text: one sentence saying all that;
+- on_page: whether the report's page shows it (`mark_on_page`: every caveat, and per run the first SHOWN
+  costs of at least ON_PAGE_SHARE; the rest are in summary.json only).
+
+Per run, the caveats (CAVEATS) come first, then the costs ranked by share (`rank_key`).
 
 The shares:
 
@@ -32,7 +36,7 @@ For a run with step timings that `polytrace explain` can model (`diagnose.explai
 'seconds'), the run's findings are explain's instead: seconds beyond the run's typical step per cause
 (explain's cause words: `long_tail`, `dp_imbalance`, `validation`, `unexplained`, ...), ranked by
 seconds, share = seconds / the run's wall time, `steps` the number of steps and `at_steps` their list;
-then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN`). A run explain cannot model keeps
+then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN` and the largest stage). A run explain cannot model keeps
 the analyses' entries; when explain fails on a run, a `not-modelled` finding says why.
 """
 
