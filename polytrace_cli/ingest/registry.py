@@ -29,7 +29,9 @@ def metric_name_modules() -> list[str]:
     """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
     (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
     view against them without loading every format (see `declared_metric_names`)."""
-    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(Path(__file__).parent.glob("*_names.py"))]
+    here = Path(__file__).parent
+    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(here.glob("*_names.py"))] + [
+        f"polytrace_cli.ingest.formats.{path.parent.name}.names" for path in sorted(here.glob("formats/*/names.py"))]
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
