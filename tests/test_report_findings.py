@@ -424,6 +424,11 @@ def test_every_policy_has_its_note_under_its_name():
     from polytrace_cli.simulate.policies import POLICIES
 
     assert set(POLICY_NOTES) == set(POLICIES)
+    # explain's levers and the report's table hold their savings to one threshold.
+    from polytrace_cli.report.help import ON_PAGE_SAVING
+    from polytrace_cli.simulate.advice import MIN_LEVER_SHARE
+
+    assert MIN_LEVER_SHARE == ON_PAGE_SAVING
     assert {note.certainty for note in POLICY_NOTES.values()} == {"exact", "model", "assumption-bound"}
 
 

@@ -67,14 +67,16 @@ def _print(explanation, shown_steps: int | None, one_step: bool, levers: list[di
     out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} {what} step(s), in {unit}", highlight=False)
     if doc.get("typical_step"):
         print_item(out, doc["typical_step"]["text"], first="  ", rest="    ")
+    for caveat in explanation.caveats:
+        print_item(out, caveat, first="  ! ", rest="    ")
     if levers is not None:
         if levers:
             out.print("Top levers (polytrace whatif, saving ± its standard error):", highlight=False)
             for lever in levers:
                 print_item(out, _lever_line(lever), first="  - ", rest="    ")
         else:
-            out.print("No policy the model prices would save time on this run (polytrace whatif RUN --policy P "
-                      "prices others).", highlight=False)
+            out.print("No policy the model prices would save 0.5% of the run or more (polytrace whatif RUN "
+                      "--policy P prices others).", highlight=False)
     if doc["findings"] and doc["basis"] == "seconds":
         table = Table(title="Where the time went, ranked", title_justify="left", header_style="bold")
         for name, justify in (("cause", "left"), ("seconds", "right"), ("share", "right"), ("steps", "right")):
@@ -107,7 +109,8 @@ def _print(explanation, shown_steps: int | None, one_step: bool, levers: list[di
     if doc["slow_rule"]:
         out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
     for note in doc["notes"]:
-        print_item(out, f"note: {note}", first="", rest="  ")
+        if note not in explanation.caveats:
+            print_item(out, f"note: {note}", first="", rest="  ")
 
 
 def _cause_rows(steps: list[dict]) -> list[tuple]:

@@ -59,6 +59,8 @@ class Explanation:
     slow_steps: int = 0
     model: StepTimeModel | None = field(default=None, repr=False)
     typical_step: dict | None = None  # `analyze.typical_step.typical_step` without its run; None untimed
+    # The notes that say what the run's numbers mean (its semantics record), which a reader needs first.
+    caveats: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document as Python values (NaN and infinities as None)."""
@@ -120,7 +122,10 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
         raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
-    return _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id)))
+    caveats = semantics_notes(record_of(con, info.run_id))
+    explanation = _explain_tokens(con, info, frame, step, top, notes + caveats)
+    explanation.caveats = caveats
+    return explanation
 
 
 @dataclass
@@ -195,14 +200,15 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     if frame["busiest_after_balancing"].any():
         notes.append("verl balanced the batch across ranks: the training stages follow global_seqlen/balanced_max, "
                      "not global_seqlen/max; the imbalance before balancing does not set their time")
-    notes += semantics_notes(record)
+    caveats = semantics_notes(record)
+    notes += caveats
     if frame["workload_basis"].is_null().all():
         notes.append("the log has no response lengths or token counts: every stage is fitted as a constant, so "
                      "long_tail, token_volume and dp_imbalance cannot be told apart from unexplained time")
     return Explanation(
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
-        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model,
+        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model, caveats=caveats,
     )
 
 

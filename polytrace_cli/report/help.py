@@ -43,7 +43,7 @@ MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s
 BACKTEST_KEYS = ("accuracy", "median_baseline", "recent_baseline", "flagged", "steps", "reason")
 # A saving smaller than this share of the run (or none, or a cost), or past the SHOWN_POLICIES largest, is
 # folded into one line on the page.
-ON_PAGE_SAVING = 0.005
+ON_PAGE_SAVING = 0.005  # as simulate.advice.MIN_LEVER_SHARE: explain's levers and the table agree
 SHOWN_POLICIES = 4
 # How sure a saving is: read from the log, priced on the fitted model, or resting on an assumption about what
 # the run would have done that the logs cannot check.

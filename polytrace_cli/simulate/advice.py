@@ -145,11 +145,15 @@ def priced_policies(con: duckdb.DuckDBPyConnection, run: str | int) -> Priced:
     return Priced(result, scenarios, why)
 
 
+# A lever saves at least this share of the run (the report's table holds its rows to the same).
+MIN_LEVER_SHARE = 0.005
+
+
 def levers(con: duckdb.DuckDBPyConnection, run: str | int, top: int = 3) -> list[dict]:
-    """The `top` policies of `priced_policies` that save the most (a positive saving only), largest first:
-    `{policy, saving_s, saving_se_s, saving_share, why, note}`."""
+    """The `top` policies of `priced_policies` that save the most, each at least MIN_LEVER_SHARE of the run,
+    largest first: `{policy, saving_s, saving_se_s, saving_share, why, note}`."""
     priced = priced_policies(con, run)
-    saving = [s for s in priced.scenarios if s.saving_s is not None and s.saving_s > 0]
+    saving = [s for s in priced.scenarios if s.saving_s is not None and (s.saving_share or 0) >= MIN_LEVER_SHARE]
     saving.sort(key=lambda s: -s.saving_s)
     return [{"policy": s.policy, "saving_s": s.saving_s, "saving_se_s": s.saving_se_s, "saving_share": s.saving_share,
              "why": priced.why.get(s.policy), "note": s.note} for s in saving[:top]]
