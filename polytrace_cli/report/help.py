@@ -47,7 +47,8 @@ ON_PAGE_SAVING = 0.005  # as simulate.advice.MIN_LEVER_SHARE: explain's levers a
 SHOWN_POLICIES = 4
 # How sure a saving is: read from the log, priced on the fitted model, or resting on an assumption about what
 # the run would have done that the logs cannot check.
-EXACT, MODEL, ASSUMPTION_BOUND = "exact", "model", "assumption-bound"
+CERTAINTY_KEYS = ("exact", "model", "assumption-bound")
+EXACT, MODEL, ASSUMPTION_BOUND = CERTAINTY_KEYS
 
 
 @dataclass(frozen=True)
