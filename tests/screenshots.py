@@ -77,5 +77,9 @@ def take_screenshots(index: Path, out: Path, widths: tuple[int, ...] = WIDTHS) -
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: python tests/screenshots.py REPORT/index.html OUT_FOLDER")
-    for shot in take_screenshots(Path(sys.argv[1]), Path(sys.argv[2])):
+    try:
+        shots = take_screenshots(Path(sys.argv[1]), Path(sys.argv[2]))
+    except RuntimeError as error:
+        sys.exit(f"error: {error}")
+    for shot in shots:
         print(shot)

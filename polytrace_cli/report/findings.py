@@ -56,7 +56,7 @@ EXPLAINED_FINDING_KEYS = (*FINDING_KEYS, "at_steps")
 # Causes of the analyses that explain's decomposition does not cover: kept after explain's findings.
 NOT_IN_EXPLAIN = ("slot-idle", "dapo-discarded")
 # Per run, the page shows at most SHOWN costs, each of at least ON_PAGE_SHARE; every finding is in summary.json.
-SHOWN = 3
+SHOWN = 4
 ON_PAGE_SHARE = 0.005
 # What a run's numbers mean, rather than what its time costs: always on the page, before the costs.
 CAVEATS = ("length-collapse", "crash", "partial-steps", "truncated-lines", "not-modelled", "not-measured")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from polytrace_cli.display import duration
-from polytrace_cli.report.findings import CAVEATS, ON_PAGE_SHARE, SHOWN
+from polytrace_cli.report.findings import CAVEATS
 from polytrace_cli.report.help import ON_PAGE_SAVING, backtest_sentence, policy_note
 
 HELP_COLUMNS = ("policy", "saving", "±", "how sure", "why")
@@ -133,9 +133,8 @@ def folded_title(folded: list[dict]) -> str:
 
 
 def hidden_line(top: RunTop) -> str | None:
-    """The line counting the costs the page leaves out, or None."""
+    """The line counting the costs the page leaves out (under ON_PAGE_SHARE of the run, or past the first
+    SHOWN), or None."""
     if not top.hidden_costs:
         return None
-    many = top.hidden_costs != 1
-    return (f"{top.hidden_costs} smaller finding{'s' if many else ''}, under {100 * ON_PAGE_SHARE:.1f}% of the run "
-            f"or past the first {SHOWN}, {'are' if many else 'is'} in summary.json.")
+    return f"{top.hidden_costs} smaller finding{'s' if top.hidden_costs != 1 else ''} in summary.json."
