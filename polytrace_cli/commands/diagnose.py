@@ -67,8 +67,10 @@ def _print(explanation, shown_steps: int | None, one_step: bool, levers: list[di
     out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} {what} step(s), in {unit}", highlight=False)
     if doc.get("typical_step"):
         print_item(out, doc["typical_step"]["text"], first="  ", rest="    ")
-    for caveat in explanation.caveats:
-        print_item(out, caveat, first="  ! ", rest="    ")
+    # Without seconds, the notes say why: they come first, as the caveats do.
+    first_notes = doc["notes"] if doc["basis"] != "seconds" else explanation.caveats
+    for note in first_notes:
+        print_item(out, note, first="  ! " if note in explanation.caveats else "  ", rest="    ")
     if levers is not None:
         if levers:
             out.print("Top levers (polytrace whatif, saving ± its standard error):", highlight=False)
@@ -109,7 +111,7 @@ def _print(explanation, shown_steps: int | None, one_step: bool, levers: list[di
     if doc["slow_rule"]:
         out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
     for note in doc["notes"]:
-        if note not in explanation.caveats:
+        if note not in first_notes:
             print_item(out, f"note: {note}", first="", rest="  ")
 
 
