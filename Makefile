@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench screenshots lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The demo report's whole page in headless Chromium at 1400 and 800 px (reports/screenshots/, kept by CI).
+screenshots: demo
+	$(BIN)/python tests/screenshots.py reports/demo/index.html reports/screenshots
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) polytrace.duckdb reports/demo benchmarks/out
+	rm -rf $(VENV) polytrace.duckdb reports/demo reports/screenshots benchmarks/out

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Callable
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+
+try:
+    from typer._click import core as click_core, exceptions as click_errors  # typer 0.28 carries its own click
+except ImportError:  # older typer runs on click itself
+    from click import core as click_core, exceptions as click_errors
 
 from polytrace_cli import __version__
 from polytrace_cli.commands import analyze as analyze_commands
@@ -69,8 +76,69 @@ COMMANDS: dict[str, Callable] = {
 }
 
 
+def usage_line(error: click_errors.UsageError) -> str:
+    """A usage error as the one line a person reads: what was wrong, in which command, and the nearest
+    option or command when one is close ("--step is not an option of steps; did you mean --steps?")."""
+    ctx = error.ctx
+    command = ctx.info_name if ctx is not None and ctx.parent is not None else None
+    where = f" of {command}" if command else ""
+    if isinstance(error, click_errors.NoSuchOption):
+        text = f"{error.option_name} is not an option{where}"
+        close = [name for name in error.possibilities or () if name not in ("--help", "-h")]
+        if close:
+            return f"{text}; did you mean {' or '.join(close)}?"
+        argument = _argument_named(ctx, error.option_name)
+        if argument:
+            return f"{text}; {argument} is an argument: polytrace {command} {argument}"
+        return f"{text}; polytrace {command or ''} -h lists them".replace("  ", " ")
+    message = " ".join(error.format_message().split())
+    if message.startswith("No such command"):
+        wrong = message.split("'")[1] if "'" in message else ""
+        close = difflib.get_close_matches(wrong, list(COMMANDS))
+        text = f"{wrong} is not a polytrace command"
+        return f"{text}; did you mean {' or '.join(close)}?" if close else f"{text}; polytrace -h lists them"
+    first = message[:1].lower() + message[1:]
+    return f"{first.rstrip('.')} (polytrace {command + ' ' if command else ''}-h for help)"
+
+
+def _argument_named(ctx: click_core.Context | None, option: str) -> str | None:
+    """The metavar of the command's argument that `--NAME` names (`errors --run x`: RUN), or None."""
+    if ctx is None:
+        return None
+    wanted = option.lstrip("-").replace("-", "_").lower()
+    for param in ctx.command.params:
+        if param.param_type_name == "argument" and param.name and param.name.lower() == wanted:
+            return param.name.upper()
+    return None
+
+
+class OneLineErrors(TyperGroup):
+    """The command group whose usage errors (an unknown option or command, a missing argument, a value
+    of the wrong type) print one line on stderr, `error: ...`, and exit 2, through one handler
+    (`usage_line`); help for no arguments is printed as before."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_errors.NoArgsIsHelpError as error:
+            typer.echo(error.format_message())
+            sys.exit(error.exit_code)
+        except click_errors.UsageError as error:
+            typer.echo(f"error: {usage_line(error)}", err=True)
+            sys.exit(2)
+        except click_errors.ClickException as error:
+            typer.echo(f"error: {' '.join(error.format_message().split())}", err=True)
+            sys.exit(error.exit_code)
+        except (getattr(click_errors, "Abort", typer.Abort), typer.Abort):
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 def _new_app() -> typer.Typer:
-    made = typer.Typer(name="polytrace", help=HELP, no_args_is_help=True, add_completion=False,
+    made = typer.Typer(name="polytrace", help=HELP, cls=OneLineErrors, no_args_is_help=True, add_completion=False,
                        pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
     made.callback()(_options)
     return made

@@ -272,6 +272,13 @@ class Store:
 
         return explain_run(self.connection, run, step=step, top=top)
 
+    def levers(self, run: str, top: int = 3) -> list[dict]:
+        """The `top` policies that would save the run the most time, priced on its step-time model as the
+        report's "what would help" prices them (`simulate.advice.levers`), as `polytrace explain` opens with."""
+        from polytrace_cli.simulate.advice import levers
+
+        return levers(self.connection, run, top)
+
     def explain_against(self, run: str, against: str | None = None, steps: Steps = None,
                         against_steps: Steps = None) -> Comparison:
         """Why the run's mean step (in `steps`) differs from `against`'s (in `against_steps`; the same

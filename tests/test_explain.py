@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -240,6 +241,18 @@ def test_cli_explain_json_table_and_errors(tmp_path):
     table = _cli("explain", "known", "--db", db)
     assert table.exit_code == 0
     assert "validation every 10 steps took" in table.stdout
+    # It opens with where the typical step goes, then the top levers with their what-if savings, then the
+    # time lost ranked and the slow steps.
+    lines = table.stdout.splitlines()
+    assert lines[1].strip() == doc["typical_step"]["text"][:len(lines[1].strip())]
+    assert lines[1].strip().startswith("Typical step ")
+    order = [next(i for i, line in enumerate(lines) if line.startswith(head))
+             for head in ("Top levers", "Where the time went", "Slow steps")]
+    assert order == sorted(order)
+    levers = [line for line in lines[order[0] + 1:order[1]] if line.startswith("  - ")]
+    assert 1 <= len(levers) <= 3
+    shares = [float(re.search(r", ([0-9.]+)% of the run", line).group(1)) for line in levers]
+    assert shares == sorted(shares, reverse=True) and shares[-1] > 0
     assert max(len(line) for line in table.stdout.splitlines()) <= 100
     for args, message in ((("explain", "nope"), "no run named nope"),
                           (("explain", "known", "--step", "999"), "has no step 999"),

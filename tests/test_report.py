@@ -586,3 +586,31 @@ print(sorted(name for name in ("scipy", "sklearn") if name in sys.modules))
                                env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "[]"
+
+
+def test_no_text_of_a_drawn_figure_overlaps_another(sample_report):
+    """Every figure of the sample report, laid out as it is painted: no tick label, title, axis label, point
+    label or legend entry overlaps another (matplotlib's text extents)."""
+    from test_report_figures_fit import assert_texts_apart
+
+    con = open_store(sample_report.parent.parent.parent / "store.duckdb", read_only=True)
+    try:
+        ids = [row[0] for row in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+        drawn = 0
+        for module in figure_modules():
+            figure = module.render(module.frames(con, ids, ALL_STEPS))
+            if not isinstance(figure, Omitted):
+                assert_texts_apart(figure)
+                drawn += 1
+    finally:
+        con.close()
+    assert drawn >= 8
+
+
+def test_the_top_of_the_sample_report_stays_within_its_word_budget(sample_report):
+    from test_report_findings import top_words
+
+    from polytrace_cli.report.top import TOP_WORDS_PER_RUN
+
+    runs = json.loads((sample_report.parent / "summary.json").read_text())["runs"]
+    assert 0 < top_words(sample_report) <= TOP_WORDS_PER_RUN * len(runs)

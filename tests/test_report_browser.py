@@ -7,8 +7,6 @@ import io
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import matplotlib.image
@@ -16,25 +14,19 @@ import pytest
 from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
+from screenshots import SCREEN_HEIGHT, WIDTHS, chromium_executable, page_facts, run_chromium, screenshot
 
 runner = CliRunner()
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def chromium() -> str:
     """The chromium executable; skipped when absent, except under CI where it must be installed."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = chromium_executable()
     if found:
         return found
     if os.environ.get("CI"):
         pytest.fail("chromium is not installed but CI is set: the browser test must run in CI")
     pytest.skip("chromium not installed (apt-get install chromium)")
-
-
-def run_chromium(executable: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=180, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +112,21 @@ def test_screenshot_of_each_figure_is_drawn(report_index, tmp_path):
         assert abs(float(region.mean()) - float(source.mean())) < 0.05, f"{name} is not what the page shows"
         if following is not None:
             assert top + tall <= following[1][1], f"{name} overlaps {following[0]}"
+
+
+@pytest.mark.browser
+def test_screenshots_at_1400_and_800_px_open_with_the_answers(report_index, tmp_path):
+    """The top of the page at the two widths people read it at: the top section (findings and what would
+    help) starts on the first screen, nothing runs wider than the window at 800 px, and each screenshot is the
+    page, not a blank. `make screenshots` keeps the whole page at both widths (reports/screenshots/)."""
+    executable = chromium()
+    url = report_index.resolve().as_uri()
+    facts = page_facts(executable, tmp_path / "profile-800", url, 800)
+    assert int(facts["page-width"]) <= 800, facts
+    assert 0 < int(facts["top-height"]) <= int(facts["page-height"])
+    for width in WIDTHS:
+        shot = screenshot(executable, tmp_path / f"profile-{width}", url, tmp_path / f"top-{width}.png", width,
+                          SCREEN_HEIGHT)
+        pixels = matplotlib.image.imread(shot)
+        assert pixels.shape[:2] == (SCREEN_HEIGHT, width)
+        assert float(pixels[..., :3].std()) > 0.05 and float(pixels[:300, :, :3].min()) < 0.3

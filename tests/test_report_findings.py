@@ -72,7 +72,8 @@ def test_page_opens_with_findings_then_what_would_help(mixed_report):
 def test_findings_numbers_by_hand(mixed_report):
     summary = json.loads((mixed_report.parent / "summary.json").read_text())
     findings = summary["findings"]
-    assert findings and all(set(f) == {"run", "cause", "seconds", "share", "steps", "text"} for f in findings)
+    assert findings and all(set(f) == {"run", "cause", "seconds", "share", "steps", "text", "on_page"}
+                            for f in findings)
     by = {(f["run"], f["cause"]): f for f in findings}
     # c: validation 10 + 10 s of 160 s of step time, in 2 of 6 steps. The step timer includes it: at steps 3
     # and 6 step − stages = 40 − 22 = 18 = the other steps' 20 − 12 plus the 10 s of validation.
@@ -86,9 +87,13 @@ def test_findings_numbers_by_hand(mixed_report):
     # a: the rollout waits for the longest response: makespan λ = 200 / 155, idle 1 − 155/200.
     assert by[("a", "dp-idle")]["share"] == pytest.approx(1 - 155 / 200)
     assert "makespan λ 1.29" in by[("a", "dp-idle")]["text"]
-    shares = [f["share"] for f in findings if f["share"] is not None]
-    assert shares == sorted(shares, reverse=True)
-    assert "Findings" in mixed_report.read_text() and validation["text"] in mixed_report.read_text()
+    # Run by run, in report order, the costs ranked by share.
+    assert list(dict.fromkeys(f["run"] for f in findings)) == summary["runs"]
+    for run in summary["runs"]:
+        shares = [f["share"] for f in findings if f["run"] == run and f["share"] is not None]
+        assert shares == sorted(shares, reverse=True)
+    html = mixed_report.read_text()
+    assert "Findings" in html and validation["text"].removeprefix("c: ").capitalize()[:40] in html
 
 
 def test_validation_outside_the_step_timer_is_a_share_of_step_plus_validation(tmp_path):
@@ -307,21 +312,37 @@ def test_findings_of_a_timed_run_come_from_explain(generated_report):
     _, out = generated_report
     findings = [f for f in json.loads((out / "summary.json").read_text())["findings"] if f["run"] == "verl"]
     explained = [f for f in findings if "at_steps" in f]
-    # explain's findings lead, ranked by seconds, with its cause words and `steps` the count of `at_steps`.
-    assert findings[:len(explained)] == explained and explained
+    # explain's findings, ranked by seconds among the run's costs, with its cause words and `steps` the count
+    # of `at_steps`.
+    assert explained
     seconds = [f["seconds"] for f in explained]
     assert seconds == sorted(seconds, reverse=True)
     assert all(f["steps"] == len(f["at_steps"]) for f in explained)
     by_cause = {f["cause"]: f for f in explained}
     assert by_cause["unexplained"]["at_steps"] == [INJECTED_STEP]
     assert by_cause["validation"]["at_steps"] == [10, 20, 30, 40, 50, 60]
-    # The analyses' entries explain covers are gone; the ones it does not cover follow.
-    rest = {f["cause"] for f in findings[len(explained):]}
-    assert rest <= {"slot-idle", "dapo-discarded", "not-measured"} and "slot-idle" in rest
-    assert not {"dp-idle", "checkpoint"} & {f["cause"] for f in findings} and "stage:gen" not in rest
-    html = (out / "index.html").read_text()
-    assert by_cause["unexplained"]["text"] in html
-    assert by_cause["unexplained"]["text"] in (out / "summary.md").read_text()
+    # The analyses' entries explain covers are gone; the ones it does not cover (and the largest stage) stay.
+    rest = {f["cause"] for f in findings if "at_steps" not in f}
+    assert rest <= {"slot-idle", "dapo-discarded", "not-measured", "stage:gen"} and {"slot-idle", "stage:gen"} <= rest
+    assert not {"dp-idle", "checkpoint"} & {f["cause"] for f in findings}
+    costs = [f for f in findings if f["cause"] != "not-measured"]
+    shares = [f["share"] for f in costs]
+    assert shares == sorted(shares, reverse=True)
+    # The page shows the first SHOWN costs of at least 0.5% of the run; the rest are in summary.json only.
+    from polytrace_cli.report.findings import SHOWN
+
+    assert [f["on_page"] for f in costs] == [f["share"] >= 0.005 and i < SHOWN for i, f in enumerate(costs)]
+    shown, hidden = [f for f in costs if f["on_page"]], [f for f in costs if not f["on_page"]]
+    assert shown and hidden and by_cause["validation"]["on_page"] and not by_cause["dp_imbalance"]["on_page"]
+    html, markdown = (out / "index.html").read_text(), (out / "summary.md").read_text()
+    from html import escape
+
+    from polytrace_cli.report.markdown import md_text
+
+    for page, written in ((html, escape), (markdown, md_text)):
+        assert all(written(f["text"].removeprefix("verl: ")[1:]) in page for f in shown)
+        assert all(written(f["text"].removeprefix("verl: ")[1:]) not in page for f in hidden)
+        assert f"{len(hidden)} smaller finding" in page and "in summary.json" in page
 
 
 def test_a_failing_explain_keeps_the_analyses_findings_and_says_why(generated_report, monkeypatch):
@@ -385,7 +406,30 @@ def test_what_would_help_a_timed_run_comes_from_the_step_time_model(generated_re
     line = f"held-out step times {backtest['accuracy']:.1f}% accurately"
     html, markdown = (out / "index.html").read_text(), (out / "summary.md").read_text()
     assert line in html and line in markdown
-    assert no_validation["text"] in markdown
+    # One row per policy saving at least 0.5% of the run: policy | saving (s and %) | ± | how sure | why, the
+    # assumption folded under it; exact from the log for no-validation.
+    assert no_validation["certainty"] == "exact" and no_validation["on_page"]
+    minutes = f"{no_validation['saving_s'] / 60:.1f} min ({100 * no_validation['saving']:.1f}%)"
+    assert f"| no-validation | {minutes} | 0 | exact | drop the logged validation |" in markdown
+    assert f"<td>no-validation</td><td>{minutes}</td><td>0</td><td>exact</td>" in html
+    assert f"<summary>assumptions</summary>Assumes {no_validation['assumption']}." in html
+    for index, entry in enumerate(entries):  # the four largest savings of at least 0.5% of the run
+        assert entry["on_page"] == (entry["saving"] is not None and entry["saving"] >= 0.005 and index < 4)
+        if not entry["on_page"]:  # named in the folded line, never a row of the table
+            assert f"<td>{entry['policy']}</td>" not in html and entry["policy"] in html
+
+
+def test_every_policy_has_its_note_under_its_name():
+    from polytrace_cli.report.help import POLICY_NOTES
+    from polytrace_cli.simulate.policies import POLICIES
+
+    assert set(POLICY_NOTES) == set(POLICIES)
+    # explain's levers and the report's table hold their savings to one threshold.
+    from polytrace_cli.report.help import ON_PAGE_SAVING
+    from polytrace_cli.simulate.advice import MIN_LEVER_SHARE
+
+    assert MIN_LEVER_SHARE == ON_PAGE_SAVING
+    assert {note.certainty for note in POLICY_NOTES.values()} == {"exact", "model", "assumption-bound"}
 
 
 def test_backtest_below_a_baseline_is_flagged():
@@ -414,3 +458,22 @@ def test_a_failing_whatif_keeps_the_rebalancing_counterfactual_and_says_why(gene
         con.close()
     assert [(e["policy"], e["text"]) for e in entries] == [
         ("not-modelled", "verl: the step-time model's predictions failed (ValueError: fit blew up).")]
+
+
+def top_words(index: Path) -> int:
+    """The words of the page's top section (findings and what would help) a person sees without opening a
+    folded line: each <details> counts its summary only."""
+    import html as html_text
+
+    page = index.read_text()
+    top = re.search(r"<section id='top'>(.*?)</section>", page, flags=re.S).group(1)
+    top = re.sub(r"<details[^>]*>\s*<summary>(.*?)</summary>.*?</details>", r" \1 ", top, flags=re.S)
+    return len(html_text.unescape(re.sub(r"<[^>]+>", " ", top)).split())
+
+
+def test_the_top_of_the_page_stays_within_its_word_budget(mixed_report, generated_report):
+    from polytrace_cli.report.top import TOP_WORDS_PER_RUN
+
+    for index in (mixed_report, generated_report[1] / "index.html"):
+        runs = json.loads((index.parent / "summary.json").read_text())["runs"]
+        assert 0 < top_words(index) <= TOP_WORDS_PER_RUN * len(runs), index

@@ -444,3 +444,21 @@ def test_watch_gives_each_validation_once_with_its_values(tmp_path):
     for step in (10, 20, 24):
         assert order.index(("validation", step)) == order.index(("step", step)) + 1
     assert order[0] == ("validation", 0) and ("step", 0) not in order  # a validation alone is no step
+
+
+def test_the_live_view_says_what_each_bar_colour_is():
+    from rich.console import Console
+
+    from polytrace_cli.watch.view import STAGE_STYLES, WatchView, stage_legend
+
+    view = WatchView("train.log")
+    for step in (1, 2):
+        view.add({"event": "step", "step": step, "seconds": 10.0, "expected_s": 9.0, "slow": False, "causes": [],
+                  "stages": {"gen": 6.0, "update_actor": 3.0, "testing": 0.0}})
+    console = Console(width=120, record=True, color_system="truecolor")
+    console.print(view)
+    assert console.export_text().rstrip().splitlines()[-1] == "stages: █ gen  █ update_actor"
+    legend = stage_legend(view.steps)
+    # Each swatch has its stage's bar colour; a stage with no seconds in the shown steps is not listed.
+    swatches = [str(span.style) for span in legend.spans if legend.plain[span.start:span.end] == "█"]
+    assert swatches == [STAGE_STYLES["gen"], STAGE_STYLES["update_actor"]]

@@ -174,10 +174,10 @@ def emit_rows(columns: list[str], rows: list[Sequence[Any]], numeric: set[str] |
 
 def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = False, title: str | None = None,
                identity: Sequence[str] = (), order: Sequence[str] | None = None, wide: bool = False,
-               right: Sequence[str] = (), shared_decimals: str = "column") -> None:
+               right: Sequence[str] = (), shared_decimals: str = "column", wrap: Sequence[str] = ()) -> None:
     """Print a frame as a table fitted to the terminal (see `tables`), or as JSON records / CSV for scripts.
     Numeric columns and those named in `right` are right-aligned; `shared_decimals="row"` formats a row's
-    numbers alike, for rows that are quantities."""
+    numbers alike, for rows that are quantities; `wrap` columns wrap instead of being cut (`tables.fit_columns`)."""
     if as_json:
         sys.stdout.write(json.dumps(frame.to_dicts(), default=json_default, indent=2) + "\n")
         return
@@ -188,7 +188,7 @@ def emit_frame(frame: pl.DataFrame, *, as_json: bool = False, as_csv: bool = Fal
         return
     numeric = {name for name, dtype in frame.schema.items() if dtype.is_numeric()} | set(right)
     print_table(console, frame.columns, frame.iter_rows(), numeric, title=title, identity=identity, order=order,
-                wide=wide, shared_decimals=shared_decimals)
+                wide=wide, shared_decimals=shared_decimals, wrap=wrap)
 
 
 def emit_table(columns: list[str], rows: Iterable[Sequence[Any]], numeric: set[str], title: str | None = None,

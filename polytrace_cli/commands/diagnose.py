@@ -1,4 +1,5 @@
-"""`polytrace explain`: why a run's steps were slow, and where its wall time went, ranked; with
+"""`polytrace explain`: where a run's typical step goes, the levers that would save it the most, why its
+steps were slow, and where its wall time went, ranked; with
 --against or --against-steps, why its mean step differs from another run's or window's."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from polytrace_cli.commands.common import (
     CsvOption, DbOption, JsonOption, StepsOption, WaitOption, console, emit_rows, user_errors,
 )
 from polytrace_cli.commands.tables import print_item
+from polytrace_cli.display import duration
 from polytrace_cli.errors import PolytraceError
 
 # People get tables that fit 100 columns; the JSON has every number.
@@ -44,14 +46,39 @@ def _causes_cell(step: dict, limit: int = 3) -> str:
     return ", ".join(shown)
 
 
-def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
+# Findings smaller than this share of the run are left to the table and --json.
+SMALL_FINDING = 0.005
+
+
+def _lever_line(lever: dict) -> str:
+    spread = f" ± {duration(lever['saving_se_s'])}" if lever["saving_se_s"] else ""
+    why = f" ({lever['why']})" if lever["why"] else ""
+    return (f"{lever['policy']}: {duration(lever['saving_s'])}{spread}, {lever['saving_share']:.1%} of the run"
+            f"{why}")
+
+
+def _print(explanation, shown_steps: int | None, one_step: bool, levers: list[dict] | None = None) -> None:
+    """Where a typical step goes, the top levers with their what-if savings, where the time went, the slow
+    steps, then the notes the numbers rest on."""
     out = Console(width=TABLE_WIDTH) if not sys.stdout.isatty() else console
     doc = explanation.to_dict()
     unit = "seconds" if doc["basis"] == "seconds" else "tokens (no step timings)"
     what = "slow" if doc["basis"] == "seconds" else "unusual"
     out.print(f"[bold]{doc['run']}[/]: {doc['slow_steps']} {what} step(s), in {unit}", highlight=False)
-    for note in doc["notes"]:
-        print_item(out, note, first="  ", rest="    ")
+    if doc.get("typical_step"):
+        print_item(out, doc["typical_step"]["text"], first="  ", rest="    ")
+    # Without seconds, the notes say why: they come first, as the caveats do.
+    first_notes = doc["notes"] if doc["basis"] != "seconds" else explanation.caveats
+    for note in first_notes:
+        print_item(out, note, first="  ! " if note in explanation.caveats else "  ", rest="    ")
+    if levers is not None:
+        if levers:
+            out.print("Top levers (polytrace whatif, saving ± its standard error):", highlight=False)
+            for lever in levers:
+                print_item(out, _lever_line(lever), first="  - ", rest="    ")
+        else:
+            out.print("No policy the model prices would save 0.5% of the run or more (polytrace whatif RUN "
+                      "--policy P prices others).", highlight=False)
     if doc["findings"] and doc["basis"] == "seconds":
         table = Table(title="Where the time went, ranked", title_justify="left", header_style="bold")
         for name, justify in (("cause", "left"), ("seconds", "right"), ("share", "right"), ("steps", "right")):
@@ -63,7 +90,8 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
             table.add_row(name, _seconds(finding["seconds"]), share, f"{len(finding['steps']):,}")
         out.print(table)
     for finding in doc["findings"]:
-        print_item(out, finding["text"])
+        if finding["share"] is None or finding["share"] >= SMALL_FINDING:
+            print_item(out, finding["text"])
     if doc.get("bounds"):
         _print_bounds(out, doc["bounds"])
     steps = doc["steps"] if shown_steps is None else doc["steps"][:shown_steps]
@@ -84,6 +112,9 @@ def _print(explanation, shown_steps: int | None, one_step: bool) -> None:
         out.print(f"{hidden} more slow steps: --top K or --json for all", highlight=False)
     if doc["slow_rule"]:
         out.print(f"[dim]slow: {doc['slow_rule']}[/]", highlight=False)
+    for note in doc["notes"]:
+        if note not in first_notes:
+            print_item(out, f"note: {note}", first="", rest="  ")
 
 
 def _print_bounds(out: Console, bounds: dict) -> None:
@@ -213,12 +244,16 @@ def explain(
 
     with Store.open(db, read_only=True, wait=wait) as store:
         explanation = store.explain(run, step=step, top=top)
+        # The levers cost a what-if of the run: only for a person reading the whole run's story.
+        levers = (store.levers(run) if not (as_json or as_csv) and step is None
+                  and explanation.basis == "seconds" else None)
     if as_json:
         sys.stdout.write(explanation.to_json() + "\n")
     elif as_csv:
         emit_rows(list(CSV_COLUMNS), _cause_rows(explanation.to_dict()["steps"]), as_csv=True)
     else:
-        _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS, one_step=step is not None)
+        _print(explanation, None if (top or step is not None) else DEFAULT_TABLE_STEPS, one_step=step is not None,
+               levers=levers)
 
 
 def _explain_against(run: str, against: str | None, steps: str | None, against_steps: str | None, as_json: bool,

@@ -12,9 +12,10 @@ import typer
 
 from rich.markup import escape
 
-from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, console, emit_frame, emit_rows,
-                                          emit_table, err_console, fail, user_errors)
-from polytrace_cli.ingest.files import FileHashes, is_log_like
+from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console,
+                                          emit_frame, emit_rows, emit_table, err_console, fail, user_errors)
+from polytrace_cli.errors import PolytraceError
+from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
 
 if TYPE_CHECKING:
     from polytrace_cli.ingest.ledger import FileReport
@@ -152,7 +153,7 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
                                  ray=settings, progress=bar)
 
 
-def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
+def formats(as_json: JsonOption = False, as_csv: CsvOption = False, wide: WideOption = False) -> None:
     """List the input formats polytrace recognises, in sniffing order."""
     import polars as pl
 
@@ -165,11 +166,12 @@ def formats(as_json: JsonOption = False, as_csv: CsvOption = False) -> None:
             "reads": [i.description for i in all_ingesters()],
         }
     )
-    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="formats", identity=["format"])
+    # The description is the answer: it wraps at the terminal's width instead of being cut.
+    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="formats", identity=["format"], wide=wide,
+               wrap=["reads"])
     if not (as_json or as_csv):
         from polytrace_cli.ingest.registry import execution_mode_timers
 
-        from polytrace_cli.commands.common import console
         from polytrace_cli.commands.tables import print_item
 
         # Whole sentences, never cut to the terminal's width as a table's cells would be.

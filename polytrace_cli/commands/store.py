@@ -70,6 +70,11 @@ def _numeric_columns(relation) -> set[str]:
             if str(kind) in numeric or str(kind).startswith("DECIMAL")}
 
 
+# The columns of `errors` a narrow table keeps whatever the width, then the others while they fit.
+ERRORS_KEPT = ("file", "line", "reason")
+ERRORS_ORDER = ("code", "raw", "run")
+
+
 @user_errors
 def errors(
     run: Annotated[str | None, typer.Argument(help="Only this run.")] = None,
@@ -90,7 +95,9 @@ def errors(
     if total == 0 and not (as_json or as_csv):
         console.print(f"no rejected lines in {where}", highlight=False, markup=False)
         return
-    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="rejected lines", wide=wide)
+    # A narrow table keeps where the line is and why it was rejected; the raw text and the rest go first.
+    emit_frame(frame, as_json=as_json, as_csv=as_csv, title="rejected lines", wide=wide, identity=ERRORS_KEPT,
+               order=ERRORS_ORDER, wrap=["reason"])
     if total > frame.height:
         console.print(f"{frame.height:,} of {total:,} rejected lines in {where} shown; --limit N shows more",
                       style="dim", highlight=False, markup=False)

@@ -14,7 +14,9 @@ order given while the table still fits, and the rest are named in a note under t
 column is as wide as its widest cell and the longest word of its header, so no cell ever wraps
 (only headers may break between words). A cell is one line: line breaks in text show as "↵". In a
 fitted table, text cells longer than `MAX_TEXT` are cut with "…", a path at its start (so the file
-name stays), other text at its end; `--wide` prints them whole.
+name stays), other text at its end; `--wide` prints them whole. A `wrap` column (prose, such as a
+format's description) is never cut: it takes the width the kept columns leave (at least
+MIN_WRAP_WIDTH) and its cells wrap between words.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from rich.text import Text
 from polytrace_cli.display import cell, column_cells
 
 MAX_TEXT = 40
+# A wrapped column is given at least this many characters, even when the terminal is narrower.
+MIN_WRAP_WIDTH = 24
 _NUMBER_AND_UNIT = re.compile(r"(\d) (?=(?:s|ms|min|h|tokens?|steps?)\b)")
 COLUMN_OVERHEAD = 3
 TABLE_OVERHEAD = 1
@@ -82,13 +86,14 @@ class Fitted:
 
 def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: int | None,
                 identity: Sequence[str] = (), order: Sequence[str] | None = None,
-                shared_decimals: str = "column") -> Fitted:
+                shared_decimals: str = "column", wrap: Sequence[str] = ()) -> Fitted:
     """Format the rows and keep the columns that fit in `width` characters (all when None).
 
     The floats of a column share their decimals (`column_cells`); with `shared_decimals="row"`, those
     of a row do, for tables whose rows are quantities and whose columns are runs. `identity` columns
     always stay; the others are tried in `order` (default: as given), and a column in neither is left
-    out of a narrow table. Text is cut to MAX_TEXT characters only when a width is given."""
+    out of a narrow table. Text is cut to MAX_TEXT characters only when a width is given, and never in
+    a `wrap` column, which is kept whatever the width and takes the room the others leave."""
     if shared_decimals not in ("column", "row"):
         raise ValueError(f"shared_decimals is 'column' or 'row', not {shared_decimals!r}")
     limit = None if width is None else MAX_TEXT
@@ -98,8 +103,9 @@ def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: in
     else:
         by_column = [column_cells([row[i] for row in rows]) for i in range(len(columns))]
         formatted = [[by_column[i][r] for i in range(len(columns))] for r in range(len(rows))]
-    texts = [[_short(text, limit) for text in row] for row in formatted]
     position = {name: i for i, name in enumerate(columns)}
+    wrapped = {position[name] for name in wrap if name in position}
+    texts = [[_short(text, None if i in wrapped else limit) for i, text in enumerate(row)] for row in formatted]
     widths = {}
     for name, i in position.items():
         widest = max((len(row[i]) for row in texts), default=1)
@@ -109,13 +115,21 @@ def fit_columns(columns: Sequence[str], rows: Iterable[Sequence[Any]], width: in
     if width is None:
         chosen = kept_identity + candidates
     else:
-        used = TABLE_OVERHEAD + sum(widths[name] + COLUMN_OVERHEAD for name in kept_identity)
+        wrapping = [name for name in (*kept_identity, *candidates) if position[name] in wrapped]
+        used = TABLE_OVERHEAD + sum((MIN_WRAP_WIDTH if name in wrapping else widths[name]) + COLUMN_OVERHEAD
+                                    for name in dict.fromkeys((*kept_identity, *wrapping)))
         chosen = list(kept_identity)
         for name in candidates:
+            if name in wrapping:
+                chosen.append(name)
+                continue
             need = widths[name] + COLUMN_OVERHEAD
             if used + need <= width:
                 chosen.append(name)
                 used += need
+        room = width - used + len(wrapping) * MIN_WRAP_WIDTH
+        for name in wrapping:
+            widths[name] = max(MIN_WRAP_WIDTH, min(widths[name], room // len(wrapping)))
     left_out = [name for name in columns if name not in chosen]
     return Fitted(chosen, [[row[position[name]] for name in chosen] for row in texts], widths, left_out)
 
@@ -135,9 +149,11 @@ def build_table(fitted: Fitted, numeric: set[str], title: str | None = None) -> 
 
 def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[str], *,
                 title: str | None = None, identity: Sequence[str] = (), order: Sequence[str] | None = None,
-                wide: bool = False, more: str = "--wide or --json", shared_decimals: str = "column") -> None:
+                wide: bool = False, more: str = "--wide or --json", shared_decimals: str = "column",
+                wrap: Sequence[str] = ()) -> None:
     """Print a table fitted to the console's width; with `wide`, every column at full width
-    (lines may then run past the terminal, but cells stay whole). `shared_decimals` as in `fit_columns`."""
+    (lines may then run past the terminal, but cells stay whole). `shared_decimals` and `wrap` as in
+    `fit_columns`."""
     rows = list(rows)
     if title:
         console.print(Text(title, style="italic"))
@@ -153,7 +169,7 @@ def print_table(console: Console, columns: Sequence[str], rows: Iterable[Sequenc
         finally:
             console.width = width
         return
-    fitted = fit_columns(columns, rows, console.width, identity, order, shared_decimals)
+    fitted = fit_columns(columns, rows, console.width, identity, order, shared_decimals, wrap)
     console.print(build_table(fitted, numeric))
     if fitted.left_out:
         note = f"{len(fitted.left_out)} more column(s) with {more}: {', '.join(fitted.left_out)}"

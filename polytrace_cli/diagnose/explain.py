@@ -10,7 +10,8 @@ With step timings (console, JSONL, wandb or TensorBoard logs):
    threshold of the training steps' excess or with one cause standing out from its local level;
 5. findings ranked by seconds (`findings`);
 6. what bounds the run, per window of steps (`bounds`): rollout-bound, train-bound or overhead-bound,
-   each with its seconds per step, read from the execution mode's timers.
+   each with its seconds per step, read from the execution mode's timers;
+7. the typical step (`typical_step`): its median time and where it goes, in one sentence.
 Per-sample traces add, to a slow step's long_tail and dp_imbalance causes, the busiest DP rank and
 the longest samples.
 
@@ -31,6 +32,7 @@ import polars as pl
 
 from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.diagnose.bounds import UNTOLD, run_bounds
+from polytrace_cli.analyze.typical_step import typical_steps
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -60,12 +62,16 @@ class Explanation:
     slow_steps: int = 0
     model: StepTimeModel | None = field(default=None, repr=False)
     bounds: dict | None = None
+    typical_step: dict | None = None  # `analyze.typical_step.typical_step` without its run; None untimed
+    # The notes that say what the run's numbers mean (its semantics record), which a reader needs first.
+    caveats: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document as Python values (NaN and infinities as None)."""
         document = {"run": self.run, "basis": self.basis, "expected_s": self.expected_s,
                     "run_seconds": self.run_seconds, "slow_steps": self.slow_steps, "slow_rule": self.slow_rule,
-                    "steps": self.steps, "findings": self.findings, "notes": self.notes, "bounds": self.bounds}
+                    "steps": self.steps, "findings": self.findings, "notes": self.notes, "bounds": self.bounds,
+                    "typical_step": self.typical_step}
         if self.model is not None:
             document["model"] = {stage: {"intercept": fit.intercept, **fit.coefficients, "steps": fit.steps}
                                  for stage, fit in self.model.stages.items()}
@@ -109,7 +115,10 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         raise PolytraceError(f"run {info.name} has no step {step} (steps {first}–{last})")
     mask = training_mask(frame)
     if explained_in_seconds(frame):
-        return _explain_seconds(con, info, frame, mask, step, top)
+        explanation = _explain_seconds(con, info, frame, mask, step, top)
+        typical = typical_steps(con, [info.run_id]).get(info.name)
+        explanation.typical_step = {k: v for k, v in typical.items() if k != "run"} if typical else None
+        return explanation
     trained = int(mask.sum())
     few = (f"{trained} timed training step{'' if trained == 1 else 's'} (a step-time model needs "
            f"{MIN_TRAINING_STEPS})")
@@ -117,7 +126,10 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
         raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
-    return _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id)))
+    caveats = semantics_notes(record_of(con, info.run_id))
+    explanation = _explain_tokens(con, info, frame, step, top, notes + caveats)
+    explanation.caveats = caveats
+    return explanation
 
 
 @dataclass
@@ -196,7 +208,8 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     if frame["busiest_after_balancing"].any():
         notes.append("verl balanced the batch across ranks: the training stages follow global_seqlen/balanced_max, "
                      "not global_seqlen/max; the imbalance before balancing does not set their time")
-    notes += semantics_notes(record)
+    caveats = semantics_notes(record)
+    notes += caveats
     if untold:
         notes.append(UNTOLD)
     if frame["workload_basis"].is_null().all():
@@ -206,6 +219,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
         run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model, bounds=bounds,
+        caveats=caveats,
     )
 
 

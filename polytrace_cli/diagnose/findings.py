@@ -16,29 +16,15 @@ and the step the run collapsed from, never a ratio against that median.
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
+from polytrace_cli.analyze.typical_step import cadence
 from polytrace_cli.display import duration
 from polytrace_cli.model import StepTimeModel
 from polytrace_cli.model.fit import GAP_OF
 
 # A cause is part of a slow step's story when it adds at least this share of the step's excess.
 MAJOR_SHARE = 0.25
-
-
-def cadence(steps: list[int]) -> str:
-    """'every 10 steps' when 3 or more steps are evenly spaced; 'mostly every 10 steps (26 steps)'
-    when one spacing makes up at least 70% of the gaps; else 'at 4 steps'."""
-    if len(steps) >= 3:
-        gaps = np.diff(sorted(steps))
-        values, counts = np.unique(gaps, return_counts=True)
-        common = int(values[np.argmax(counts)])
-        if counts.max() == gaps.size:
-            return f"every {common} steps"
-        if counts.max() >= 0.7 * gaps.size:
-            return f"mostly every {common} steps ({len(steps)} steps)"
-    return f"at {_count(steps)}"
 
 
 def _count(steps: list[int]) -> str:

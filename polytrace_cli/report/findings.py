@@ -1,13 +1,17 @@
-"""Findings: where the runs' time and work go, largest first, built from the registered analyses.
+"""Findings: where the runs' time and work go, run by run, largest first, built from the registered analyses.
 
-Each finding is a dict `{cause, seconds, share, steps, text}` (plus `run`):
+Each finding is a dict `{cause, seconds, share, steps, text, on_page}` (plus `run`):
 
 - cause: what the time or work is lost to (`slot-idle`, `dp-idle`, `validation`, `checkpoint`,
   `stage:<name>`, `dapo-discarded`), or `not-measured` for what the runs cannot tell;
 - seconds: seconds of step time it took over the steps counted, when the logs time it (else null);
 - share: its share of the quantity named in the text (step time, decode slots, rank time, tokens);
 - steps: how many steps it was measured over;
-- text: one sentence saying all that.
+- text: one sentence saying all that;
+- on_page: whether the report's page shows it (`mark_on_page`: every caveat, and per run the first SHOWN
+  costs of at least ON_PAGE_SHARE; the rest are in summary.json only).
+
+Per run, the caveats (CAVEATS) come first, then the costs ranked by share (`rank_key`).
 
 The shares:
 
@@ -32,9 +36,10 @@ For a run with step timings that `polytrace explain` can model (`diagnose.explai
 'seconds'), the run's findings are explain's instead: seconds beyond the run's typical step per cause
 (explain's cause words: `long_tail`, `dp_imbalance`, `validation`, `unexplained`, ...), ranked by
 seconds, share = seconds / the run's wall time, `steps` the number of steps and `at_steps` their list;
-then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN`). An asynchronous run's findings
-start with what bounds it (`bound`: explain's run-level bound, its seconds per step × the steps it was
-measured on, its share of the mean step, and the framework's rule of thumb where one applies). A run explain cannot model keeps
+then the analyses' entries explain does not cover (`NOT_IN_EXPLAIN` and the largest stage). An asynchronous
+run's findings start with what bounds it (`bound`: explain's run-level bound, its seconds per step × the
+steps it was measured on, its share of the mean step, and the framework's rule of thumb where one
+applies). A run explain cannot model keeps
 the analyses' entries; when explain fails on a run, a `not-modelled` finding says why.
 """
 
@@ -46,14 +51,18 @@ import polars as pl
 from polytrace_cli.analyze import filtering, imbalance, longtail, stages
 from polytrace_cli.analyze.common import StepRange, run_names
 from polytrace_cli.analyze.shared_frames import shared
+from polytrace_cli.display import duration
 
-FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text")
+FINDING_KEYS = ("run", "cause", "seconds", "share", "steps", "text", "on_page")
 # A finding from explain also lists the steps it was found at.
 EXPLAINED_FINDING_KEYS = (*FINDING_KEYS, "at_steps")
 # Causes of the analyses that explain's decomposition does not cover: kept after explain's findings.
 NOT_IN_EXPLAIN = ("slot-idle", "dapo-discarded")
-# Findings shown on the page; every finding is in summary.json.
-SHOWN = 8
+# Per run, the page shows at most SHOWN costs, each of at least ON_PAGE_SHARE; every finding is in summary.json.
+SHOWN = 4
+ON_PAGE_SHARE = 0.005
+# What a run's numbers mean, rather than what its time costs: always on the page, before the costs.
+CAVEATS = ("length-collapse", "crash", "partial-steps", "truncated-lines", "not-modelled", "not-measured")
 
 
 def _finding(run: str, cause: str, seconds: float | None, share: float | None, steps: int, text: str) -> dict:
@@ -78,11 +87,11 @@ def _longtail(summary: pl.DataFrame) -> list[dict]:
     for row in _rows(summary, longtail.SUMMARY_COLUMNS).iter_rows(named=True):
         if row["mean_slot_idle"] is None:
             continue
-        estimate = " (estimated from per-step mean and max)" if row["estimate"] else ""
+        estimate = " (estimated from each step's mean and max)" if row["estimate"] else ""
         out.append(_finding(
             row["run"], "slot-idle", None, row["mean_slot_idle"], row["steps"],
-            f"{row['run']}: {_percent(row['mean_slot_idle'])} of decode slots sit idle waiting for the longest "
-            f"response of their batch{estimate}, over {_step_word(row['steps'], row['basis'])}."))
+            f"{row['run']}: {_percent(row['mean_slot_idle'])} of decode slots sit idle waiting for their batch's "
+            f"longest response{estimate}, over {_step_word(row['steps'], row['basis'])}."))
     return out
 
 
@@ -143,8 +152,8 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
             out.append(_finding(
                 run, "length-collapse", None, None, 0,
                 f"{run}: response lengths collapsed from step {row['collapse_step']:,} on (mean "
-                f"{row['collapse_length']:,.1f} tokens, against {row['collapse_typical_length']:,.0f} typical before) "
-                "and never recovered; comparisons with the run's typical step read a collapsed run."))
+                f"{row['collapse_length']:,.1f} tokens, against {row['collapse_typical_length']:,.0f} before) and never "
+                "recovered: its typical step mixes both regimes."))
         if row["crash"]:
             out.append(_finding(run, "crash", None, None, 0,
                                 f"{run}: the log ends with an error after its last step: {row['crash']}"))
@@ -152,8 +161,8 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
             ("partial-steps", row["partial_steps"],
              f"hold fewer responses than a step has ({row['responses_per_step_source'] or 'prompt groups short'})"),
             ("truncated-lines", row["truncated_steps"],
-             "had a log line cut short (wandb cuts output.log lines at 4,096 characters): timers printed after the "
-             "cut are lost"),
+             "had a log line cut short (wandb cuts output.log lines at 4,096 characters): their later timers are "
+             "lost"),
         )
         for cause, steps, what in per_step:
             if steps:
@@ -163,18 +172,21 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
     return out
 
 
-def _largest_stage(summary: pl.DataFrame) -> list[dict]:
+def _largest_stage(summary: pl.DataFrame, with_overheads: set[str]) -> list[dict]:
+    """The largest stage's share of each run's step time; `with_overheads` are the runs whose step time
+    holds validation or checkpoints (the sentence says the share counts those steps too)."""
     rows = _rows(summary, stages.SUMMARY_COLUMNS).filter(
         (pl.col("stage") != "step") & pl.col("share").is_not_null())
+    overheads = {run: ", validation and checkpoint steps included" for run in with_overheads}
     out = []
     for run in rows["run"].unique(maintain_order=True).to_list():
         top = rows.filter(pl.col("run") == run).sort("share", descending=True).row(0, named=True)
         seconds = top["mean_s"] * top["steps"] if top["mean_s"] is not None else None
         out.append(_finding(
             run, f"stage:{top['stage']}", seconds, top["share"], top["steps"],
-            f"{run}: the {top['stage']} stage takes {_percent(top['share'])} of step time "
-            + (f"({seconds:,.0f} s over {top['steps']} trainer steps)" if seconds is not None
-               else f"(over {top['steps']} trainer steps)") + ", the largest stage."))
+            f"{run}: the largest stage, {top['stage']}, takes {_percent(top['share'])} of all step time "
+            + (f"({duration(seconds)} over {top['steps']} trainer steps" if seconds is not None
+               else f"(over {top['steps']} trainer steps") + f"{overheads.get(run, '')})."))
     return out
 
 
@@ -239,45 +251,67 @@ def explained_by_run(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> Expl
 
 def build_findings(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange,
                    summaries: dict[str, pl.DataFrame], explained: Explained | None = None) -> list[dict]:
-    """The findings of the runs: per run explain can model, explain's findings (largest seconds first) then
-    the analyses' entries explain does not cover; the other runs' findings from the analyses, largest share
-    first; then a `not-measured` finding per run the analyses could say nothing about (so the list is never
-    empty). See the module docstring for each share. `explained` is `explained_by_run` when computed
-    already (the report's second process computes it)."""
+    """The findings of the runs, run by run in report order: first the caveats (CAVEATS: what the semantics
+    record says about the numbers, a failed explanation, what could not be measured; a run the analyses
+    could say nothing about gets a `not-measured` one, so no run goes without an entry), then the run's
+    costs ranked by share, largest first (`rank_key`). A run explain can model has explain's findings and
+    the analyses' entries explain does not cover (NOT_IN_EXPLAIN and the largest stage); another run the
+    analyses' entries. Each finding says whether the page shows it (`on_page`, see `mark_on_page`).
+    See the module docstring for each share. `explained` is `explained_by_run` when computed already (the
+    report's second process computes it)."""
+    overheads = _overheads(con, run_ids, steps)
     analysed = [
-        *_longtail(summaries.get("longtail")), *_imbalance(summaries.get("imbalance")),
-        *_overheads(con, run_ids, steps), *_largest_stage(summaries.get("stages")),
+        *_longtail(summaries.get("longtail")), *_imbalance(summaries.get("imbalance")), *overheads,
+        *_largest_stage(summaries.get("stages"), {f["run"] for f in overheads}),
         *_filtering(summaries.get("filtering")),
     ]
-    analysed.sort(key=lambda f: (-(f["share"] or 0.0), f["run"], f["cause"]))
-    from_explain: list[dict] = []
-    modelled: set[str] = set()
-    failures: list[dict] = []
     if explained is None:
         explained = explained_by_run(con, run_ids)
+    semantic = _semantics(con, run_ids)
+    out: list[dict] = []
     for run_id, run in run_names(con, run_ids).items():
         found, error = explained[run_id]
+        caveats = [f for f in semantic if f["run"] == run]
         if error is not None:
-            failures.append(_finding(
+            caveats.append(_finding(
                 run, "not-modelled", None, None, 0,
                 f"{run}: the step-time explanation failed ({error}); its findings are the analyses'."))
-        if not found:
+        mine = [f for f in analysed if f["run"] == run]
+        if found:
+            costs = found + [f for f in mine if f["cause"] in NOT_IN_EXPLAIN or f["cause"].startswith("stage:")]
+        else:
+            costs = mine
+        if not costs:
+            caveats.append(_finding(
+                run, "not-measured", None, None, 0,
+                f"{run}: no time sink could be measured: the run has no per-sample lengths, rank loads, "
+                "stage timings or DAPO filter batches."))
+        elif all(f["seconds"] is None for f in costs):
+            caveats.append(_finding(
+                run, "not-measured", None, None, 0,
+                f"{run}: no step timings, so these are shares of decode slots, rank time or tokens, not seconds."))
+        costs.sort(key=rank_key)
+        out += mark_on_page(caveats + costs)
+    return out
+
+
+def rank_key(finding: dict) -> tuple:
+    """Costs ranked by the share they cost (of the run, of step time, of decode slots, rank time or
+    tokens, as the finding says), largest first; findings without a share last, by seconds."""
+    return (finding["share"] is None, -(finding["share"] or 0.0), -(finding["seconds"] or 0.0), finding["cause"])
+
+
+def mark_on_page(findings: list[dict]) -> list[dict]:
+    """One run's findings with `on_page` set: every caveat (CAVEATS), and the first SHOWN costs whose share is
+    at least ON_PAGE_SHARE (a cost without a share is shown when its seconds are unknown too: it cannot be
+    told small); the others stay in summary.json only."""
+    shown = 0
+    for finding in findings:
+        if finding["cause"] in CAVEATS:
+            finding["on_page"] = True
             continue
-        modelled.add(run)
-        from_explain += found + [f for f in analysed if f["run"] == run and f["cause"] in NOT_IN_EXPLAIN]
-    measured = from_explain + [f for f in analysed if f["run"] not in modelled]
-    covered = {f["run"] for f in measured}
-    names = list(run_names(con, run_ids).values())
-    unmeasured = [
-        _finding(run, "not-measured", None, None, 0,
-                 f"{run}: no time sink could be measured: the run has no per-sample lengths, rank loads, "
-                 "stage timings or DAPO filter batches.")
-        for run in sorted(names) if run not in covered]
-    timed = {f["run"] for f in measured if f["seconds"] is not None}
-    untimed = sorted(run for run in names if run in covered and run not in timed)
-    if untimed:
-        unmeasured.append(_finding(
-            ", ".join(untimed), "not-measured", None, None, 0,
-            f"Seconds lost could not be measured for {', '.join(untimed)}: the logs carry no stage timings, "
-            "so their findings are shares of slots, rank time or tokens, not of step time."))
-    return _semantics(con, run_ids) + measured + failures + unmeasured
+        share = finding["share"]
+        large = share is None and finding["seconds"] is None or share is not None and share >= ON_PAGE_SHARE
+        finding["on_page"] = bool(large and shown < SHOWN)
+        shown += finding["on_page"]
+    return findings

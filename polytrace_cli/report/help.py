@@ -1,19 +1,23 @@
 """What would help: counterfactual savings the data can support, each computed on the quantity that sets
 the step's time.
 
-For a run with step timings (a fitted step-time model), `simulate.whatif_run` prices MODEL_POLICIES and
-the policies whose parameters the run's data chooses (`simulate.advice`: a max-response-len cutting
-the longest 5% of responses, the validate-every / checkpoint-every that brings an overhead above 5% of
-the wall time to about 2%, and the one-step-off share of GPUs with the lowest predicted wall time):
-one entry per policy `{run, policy, basis, saving, saving_s, saving_se_s, assumption, reason, why,
-backtest, text}` (`why` says how the parameter was chosen, null for the fixed policies), ranked by
-saving_s (policies the model cannot price last, with their note instead of a number); saving =
-saving_s / the model's replay of the run; saving_se_s is the bootstrap standard error over steps.
+For a run with step timings (a fitted step-time model), `simulate.advice.priced_policies` prices the
+fixed policies and those whose parameters the run's data chooses (a max-response-len cutting the
+longest 5% of responses, never on a collapsed run or below its typical length, the validate-every /
+checkpoint-every that brings an overhead above 5% of the wall time to about 2%, and the one-step-off
+share of GPUs with the lowest predicted wall time): one entry per policy (MODEL_ENTRY_KEYS) (`why` says
+how the parameter was chosen, null for the fixed policies), ranked by saving_s (policies the model
+cannot price last, with their note instead of a number); saving = saving_s / the model's replay of the
+run; saving_se_s is the bootstrap standard error over steps; `certainty` is how sure the saving is
+(POLICY_NOTES: `exact` from the log, `model` from the fitted model, "model, doubtful" when the backtest
+is flagged, `assumption-bound` when it rests on what the run would have done that the logs cannot
+check); `on_page` is whether the page's table shows it (the SHOWN_POLICIES largest savings of at least
+ON_PAGE_SAVING of the run; the others are folded into one line).
 `backtest` is the model's step-time accuracy on held-out steps (`simulate.backtest_run`) beside the
 fair median baseline's and the recent baseline's, `flagged` when below the better of the two.
 
 Every other run with imbalance data gets the data-parallel rebalancing counterfactual of the imbalance
-analysis: `{run, policy, basis, saving, text}` where saving = the mean over steps of
+analysis: `{run, policy, basis, saving, certainty, reason, on_page, text}` where saving = the mean over steps of
 `step_saving` (see `analyze.imbalance`): for sampled runs the rollout waits for the longest response
 (makespan λ), which moving prompts between ranks cannot shorten, so the saving is 0 and the text says
 what the token-load figure would have claimed; for console runs with verl's global_seqlen metrics,
@@ -22,6 +26,8 @@ saving = 1 − balanced_max / max of the token loads. Other policies are predict
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import duckdb
 import polars as pl
 
@@ -29,63 +35,72 @@ from polytrace_cli.analyze import imbalance
 from polytrace_cli.analyze.common import run_names
 from polytrace_cli.display import duration
 
-WHATIF_NOTE = ("Runs with step timings are priced by their step-time model, as polytrace whatif RUN --policy P "
-               "does (it also takes other policies and values); runs without timings get only the rebalancing "
-               "counterfactual.")
-# The policies priced for every run with step timings; the data-chosen ones (`simulate.advice`) are added.
-MODEL_POLICIES = "balance no-validation partial-rollout=0.9".split()
+WHATIF_NOTE = ("Savings are priced by each run's step-time model, as polytrace whatif RUN --policy P prices them "
+               "(and other policies); runs without step timings get only the rebalancing counterfactual.")
 # The keys of a model entry and of its `backtest`.
-MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s", "assumption", "reason", "why",
-                    "backtest", "text")
+MODEL_ENTRY_KEYS = ("run", "policy", "basis", "saving", "saving_s", "saving_se_s", "certainty", "assumption", "reason",
+                    "why", "backtest", "on_page", "text")
 BACKTEST_KEYS = ("accuracy", "median_baseline", "recent_baseline", "flagged", "steps", "reason")
-# Each policy's assumption in one line (the full statement is its docstring in simulate.policies).
-ASSUMPTIONS = {
-    "balance": "every DP rank gets the mean rank's tokens in the forward and update stages; generation is "
-               "unchanged and the balancing itself is free",
-    "no-validation": "the logged validation seconds are removed and nothing else changes (exact from the log)",
-    "validate-every": "validation runs on every K-th step and the last, each at the median logged validation "
-                      "seconds",
-    "checkpoint-every": "a checkpoint on every K-th step and the last, each at the median logged checkpoint "
-                        "seconds",
-    "max-response-len": "responses are cut at the new cap and are otherwise the same (what the policy learns "
-                        "to write under a shorter cap is not modelled)",
-    "partial-rollout": "each step's rollout stops once 90% of its new responses are done and the rest finish "
-                       "in later steps (their staleness is not modelled)",
-    "one-step-off": "rollout of step t+1 overlaps training of step t on split GPUs; the longest response decodes "
-                    "no faster on more GPUs, the token volume does (the one-step staleness is not modelled)",
+# A saving smaller than this share of the run (or none, or a cost), or past the SHOWN_POLICIES largest, is
+# folded into one line on the page.
+ON_PAGE_SAVING = 0.005  # as simulate.advice.MIN_LEVER_SHARE: explain's levers and the table agree
+SHOWN_POLICIES = 4
+# How sure a saving is: read from the log, priced on the fitted model, or resting on an assumption about what
+# the run would have done that the logs cannot check.
+CERTAINTY_KEYS = ("exact", "model", "assumption-bound")
+EXACT, MODEL, ASSUMPTION_BOUND = CERTAINTY_KEYS
+
+
+@dataclass(frozen=True)
+class PolicyNote:
+    """What the page says of a policy: how sure its saving is, what it does (the row's why when the data
+    did not choose its parameter) and its assumption (the full statement is its docstring in
+    simulate.policies)."""
+
+    certainty: str
+    does: str
+    assumption: str
+
+
+# One per policy of `simulate.policies.POLICIES`, under its name there (tests/test_report_help.py checks).
+POLICY_NOTES = {
+    "balance": PolicyNote(
+        MODEL, "even out the DP ranks' tokens in the training stages",
+        "every DP rank gets the mean rank's tokens in the forward and update stages; generation is unchanged "
+        "and the balancing itself is free"),
+    "no-validation": PolicyNote(
+        EXACT, "drop the logged validation",
+        "the logged validation seconds are removed and nothing else changes (exact from the log)"),
+    "validate-every": PolicyNote(
+        MODEL, "validate less often",
+        "validation runs on every K-th step and the last, each at the median logged validation seconds"),
+    "checkpoint-every": PolicyNote(
+        MODEL, "checkpoint less often",
+        "a checkpoint on every K-th step and the last, each at the median logged checkpoint seconds"),
+    "max-response-len": PolicyNote(
+        ASSUMPTION_BOUND, "cap the response length",
+        "responses are cut at the new cap and are otherwise the same (what the policy learns to write under a "
+        "shorter cap is not modelled)"),
+    "partial-rollout": PolicyNote(
+        ASSUMPTION_BOUND, "stop each rollout at 90% of its responses done",
+        "each step's rollout stops once 90% of its new responses are done and the rest finish in later steps "
+        "(their staleness is not modelled)"),
+    "one-step-off": PolicyNote(
+        ASSUMPTION_BOUND, "overlap the next rollout with training on split GPUs",
+        "rollout of step t+1 overlaps training of step t on split GPUs; the longest response decodes no faster "
+        "on more GPUs, the token volume does (the one-step staleness is not modelled)"),
 }
+# Kept for readers of the assumptions alone.
+ASSUMPTIONS = {name: note.assumption for name, note in POLICY_NOTES.items()}
 
 
 def _percent(share: float) -> str:
     return f"{100 * share:.1f}%"
 
 
-def _policies(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], dict[str, str]]:
-    """MODEL_POLICIES, the data-chosen policies (`simulate.advice`) with why, and one-step-off at every
-    share of ONE_STEP_OFF_SHARES (the best is kept)."""
-    from polytrace_cli.simulate.advice import ONE_STEP_OFF_SHARES, advised_policies
-
-    chosen = advised_policies(con, run_id)
-    why = {choice.policy: choice.why for choice in chosen}
-    return [*MODEL_POLICIES, *why, *(f"one-step-off={share:g}" for share in ONE_STEP_OFF_SHARES)], why
-
-
-def _best_split(scenarios: list, why: dict[str, str]) -> list:
-    """The scenarios with one-step-off kept at the share of the GPUs the stage times favour (the largest
-    predicted saving), `why` saying so; all of them when none is priced (the first, with its note)."""
-    from polytrace_cli.simulate.advice import choose_rollout_share
-
-    splits = {float(s.policy.split("=")[1]): s for s in scenarios if s.policy.startswith("one-step-off=")}
-    rest = [s for s in scenarios if not s.policy.startswith("one-step-off=")]
-    if not splits:
-        return rest
-    best = choose_rollout_share({share: s.saving_s for share, s in splits.items()})
-    if best is None:
-        return [*rest, next(iter(splits.values()))]
-    tried = ", ".join(f"{share:g}" for share in splits)
-    why[splits[best].policy] = (f"{best:g} of the GPUs generating gives the lowest predicted wall time of the "
-                                f"shares tried ({tried})")
-    return [*rest, splits[best]]
+def policy_note(policy: str) -> PolicyNote:
+    """The note of a policy as priced (`max-response-len=206` is `max-response-len`'s)."""
+    return POLICY_NOTES[policy.split("=")[0]]
 
 
 def _backtest(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
@@ -129,7 +144,7 @@ def _model_text(run: str, scenario, baseline_s: float, why: str | None = None) -
     note = f" {scenario.note[0].upper()}{scenario.note[1:]}." if scenario.note else ""
     return (f"{run}: {scenario.policy}{chosen} {verb} {duration(abs(scenario.saving_s))}{spread}, "
             f"{abs(scenario.saving_share or 0):.1%} of the {duration(baseline_s)} the model replays. "
-            f"Assumes {ASSUMPTIONS[scenario.policy.split('=')[0]]}.{note}")
+            f"Assumes {policy_note(scenario.policy).assumption}.{note}")
 
 
 def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[dict] | None:
@@ -137,27 +152,36 @@ def model_help(con: duckdb.DuckDBPyConnection, run_id: int, run: str) -> list[di
     None when the run has no step-time model; a `not-modelled` entry with the reason when whatif fails."""
     from polytrace_cli.errors import PolytraceError
     from polytrace_cli.model import logs_step_metrics
-    from polytrace_cli.simulate import whatif_run
+    from polytrace_cli.simulate.advice import priced_policies
 
     if not logs_step_metrics(con, run_id):
         return None
     try:
-        policies, why = _policies(con, run_id)
-        result = whatif_run(con, run_id, policies)
+        priced = priced_policies(con, run_id)
     except PolytraceError:
         return None
     except Exception as error:  # noqa: BLE001 - one run's failure must not break the report
         reason = f"{type(error).__name__}: {error}".splitlines()[0]
         return [{"run": run, "policy": "not-modelled", "basis": "step-time model", "saving": None,
-                 "reason": reason, "text": f"{run}: the step-time model's predictions failed ({reason})."}]
+                 "reason": reason, "on_page": True,
+                 "text": f"{run}: the step-time model's predictions failed ({reason})."}]
     backtest = _backtest(con, run_id)
-    out = [{"run": run, "policy": scenario.policy, "basis": "step-time model", "saving": scenario.saving_share,
-            "saving_s": scenario.saving_s, "saving_se_s": scenario.saving_se_s,
-            "assumption": ASSUMPTIONS[scenario.policy.split("=")[0]], "reason": scenario.note,
-            "why": why.get(scenario.policy), "backtest": backtest,
-            "text": _model_text(run, scenario, result.baseline_s, why.get(scenario.policy))}
-           for scenario in _best_split(result.scenarios, why)]
+    why, baseline = priced.why, priced.result.baseline_s
+    out = []
+    for scenario in priced.scenarios:
+        note = policy_note(scenario.policy)
+        certainty = note.certainty
+        if certainty == MODEL and backtest["flagged"]:
+            certainty = f"{MODEL}, doubtful"
+        out.append({"run": run, "policy": scenario.policy, "basis": "step-time model", "saving": scenario.saving_share,
+                    "saving_s": scenario.saving_s, "saving_se_s": scenario.saving_se_s, "certainty": certainty,
+                    "assumption": note.assumption, "reason": scenario.note, "why": why.get(scenario.policy),
+                    "backtest": backtest,
+                    "on_page": scenario.saving_share is not None and scenario.saving_share >= ON_PAGE_SAVING,
+                    "text": _model_text(run, scenario, baseline, why.get(scenario.policy))})
     out.sort(key=lambda e: (e["saving_s"] is None, -(e["saving_s"] or 0.0)))
+    for index, entry in enumerate(out):
+        entry["on_page"] = entry["on_page"] and index < SHOWN_POLICIES
     return out
 
 
@@ -211,5 +235,6 @@ def _rebalancing(summaries: dict[str, pl.DataFrame]) -> list[dict]:
         else:
             continue
         out.append({"run": row["run"], "policy": "rebalance-dp-ranks", "basis": row["saving_basis"],
-                    "saving": saving, "reason": row["saving_basis_reason"], "text": text})
+                    "saving": saving, "certainty": MODEL, "reason": row["saving_basis_reason"],
+                    "on_page": saving is not None and saving >= ON_PAGE_SAVING, "text": text})
     return out

@@ -6,9 +6,9 @@ import base64
 from html import escape
 
 from polytrace_cli.report.comparison import html_section
-from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
-from polytrace_cli.report.help import WHATIF_NOTE, backtest_lines
+from polytrace_cli.report.help import WHATIF_NOTE
+from polytrace_cli.report.top import HELP_COLUMNS, hidden_line, run_tops
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
@@ -20,6 +20,13 @@ table { border-collapse: collapse; font-size: .85rem; margin: .5rem 0 1rem; disp
 th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: right; white-space: nowrap; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 details { margin: .4rem 0; } summary { cursor: pointer; font-weight: 600; }
+h3 { margin: 1.2rem 0 .3rem; font-size: 1.1rem; } p.typical { margin: .2rem 0 .4rem; font-weight: 600; }
+table.help { display: table; width: 100%; } table.help td, table.help th { white-space: normal; text-align: left; }
+table.help td:first-child { white-space: nowrap; }
+table.help td:nth-child(2), table.help td:nth-child(3), table.help th:nth-child(2), table.help th:nth-child(3) {
+  text-align: right; white-space: nowrap; }
+table.help tr.folded td { border-top: none; padding: 0 .5rem; font-size: .8rem; color: #444; }
+table.help tr.folded summary { font-weight: 400; color: #555; } details.meta summary { font-weight: 400; }
 """
 
 # Marks images the browser could not decode, so a headless browser's DOM dump can be checked.
@@ -42,6 +49,11 @@ window.addEventListener('load', function () {
   }
   document.body.setAttribute('data-figure-boxes', JSON.stringify(boxes));
   document.body.setAttribute('data-page-height', String(document.documentElement.scrollHeight));
+  document.body.setAttribute('data-page-width', String(document.documentElement.scrollWidth));
+  var top = document.getElementById('top');
+  if (top) {
+    document.body.setAttribute('data-top-height', String(Math.round(top.getBoundingClientRect().bottom + window.scrollY)));
+  }
 });
 """
 
@@ -59,25 +71,49 @@ def table(frame, limit: int | None = SUMMARY_ROW_LIMIT) -> str:
 
 
 def findings_section(report) -> str:
-    """The Findings list: the largest `SHOWN` findings, then every `not-measured` one."""
-    measured = [f for f in report.findings if f["cause"] != "not-measured"]
-    unmeasured = [f for f in report.findings if f["cause"] == "not-measured"]
-    items = "".join(f"<li>{escape(f['text'])}</li>" for f in measured[:SHOWN])
-    more = (f"<p class='meta'>{len(measured) - SHOWN} more findings in summary.json</p>"
-            if len(measured) > SHOWN else "")
-    missing = "".join(f"<li>{escape(f['text'])}</li>" for f in unmeasured)
-    missing = f"<ul class='omitted'>{missing}</ul>" if missing else ""
-    listed = f"<ol class='findings'>{items}</ol>" if items else ""
-    return f"<h2 id='findings'>Findings</h2>{listed}{more}{missing}"
+    """The Findings, per run: its typical step, its caveats, then its costs ranked (`top.run_tops`)."""
+    parts = ["<h2 id='findings'>Findings</h2>"]
+    for top in run_tops(report):
+        parts.append(f"<h3>{escape(top.run)}</h3>")
+        if top.typical:
+            parts.append(f"<p class='typical'>{escape(top.typical)}</p>")
+        if top.caveats:
+            parts.append("<ul class='omitted'>" + "".join(f"<li>{escape(c)}</li>" for c in top.caveats) + "</ul>")
+        if top.costs:
+            parts.append("<ol class='findings'>" + "".join(f"<li>{escape(c)}</li>" for c in top.costs) + "</ol>")
+        hidden = hidden_line(top)
+        if hidden:
+            parts.append(f"<p class='meta'>{escape(hidden)}</p>")
+    return "".join(parts)
 
 
 def help_section(report) -> str:
-    """What would help: the counterfactual savings and where more will come from."""
-    items = "".join(f"<li>{escape(h['text'])}</li>" for h in report.help)
-    backtests = "".join(f"<p class='meta'>{escape(line)}</p>" for line in backtest_lines(report.help).values())
-    body = (f"<ul>{items}</ul>{backtests}" if items else
-            "<p class='meta'>No counterfactual could be computed: the runs have no data-parallel rank loads.</p>")
-    return f"<h2 id='help'>What would help</h2>{body}<p class='meta'>{escape(WHATIF_NOTE)}</p>"
+    """What would help, one table per run: policy, saving, its error, how sure, why; each row's assumption
+    folded under it, the policies not in the table in one folded line, the model's backtest below."""
+    tops = [top for top in run_tops(report) if top.rows or top.folded]
+    if not tops:
+        return ("<h2 id='help'>What would help</h2><p class='meta'>No counterfactual could be computed: the runs "
+                f"have no step timings or data-parallel rank loads.</p><p class='meta'>{escape(WHATIF_NOTE)}</p>")
+    parts = ["<h2 id='help'>What would help</h2>"]
+    head = "".join(f"<th>{escape(name)}</th>" for name in HELP_COLUMNS)
+    for top in tops:
+        parts.append(f"<h3>{escape(top.run)}</h3>")
+        if top.rows:
+            body = []
+            for row in top.rows:
+                cells = "".join(f"<td>{escape(cell)}</td>" for cell in row.cells)
+                body.append(f"<tr>{cells}</tr>")
+                if row.folded:
+                    body.append(f"<tr class='folded'><td colspan='{len(HELP_COLUMNS)}'><details><summary>assumptions"
+                                f"</summary>{escape(row.folded)}</details></td></tr>")
+            parts.append(f"<table class='help'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+        if top.folded:
+            items = "".join(f"<li>{escape(line)}</li>" for line in top.folded)
+            parts.append(f"<details class='meta'><summary>{escape(top.folded_title)}</summary><ul>{items}</ul></details>")
+        if top.backtest:
+            parts.append(f"<p class='meta'>{escape(top.backtest)}</p>")
+    parts.append(f"<details class='meta'><summary>how these savings are priced</summary>{escape(WHATIF_NOTE)}</details>")
+    return "".join(parts)
 
 
 def _left_out(figure) -> str:
@@ -120,8 +156,7 @@ def render(report) -> str:
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>polytrace: {escape(report.name)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>polytrace report: {escape(report.name)}</h1>",
-        findings_section(report),
-        help_section(report),
+        f"<section id='top'>{findings_section(report)}{help_section(report)}</section>",
         html_section(report.comparisons),
         f"<h2>Runs</h2><p class='meta'>Runs: {runs}{escape(step_range)}. "
         "Numbers behind every figure are in <a href='summary.json'>summary.json</a> and "

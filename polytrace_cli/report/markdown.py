@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from polytrace_cli.report.comparison import markdown_lines
-from polytrace_cli.report.findings import SHOWN
 from polytrace_cli.report.formatting import rows
-from polytrace_cli.report.help import WHATIF_NOTE, backtest_lines
+from polytrace_cli.report.help import WHATIF_NOTE
+from polytrace_cli.report.top import HELP_COLUMNS, hidden_line, run_tops
 
 SUMMARY_ROW_LIMIT = 50
 
@@ -50,16 +50,30 @@ def _escaped_comparison_line(line: str) -> str:
 def render(report) -> str:
     """The Markdown text of a Report; run names and other text from the logs are escaped."""
     out = [f"# polytrace report: {md_name(report.name)}", "", "## Findings", ""]
-    measured = [f for f in report.findings if f["cause"] != "not-measured"]
-    out += [f"{index}. {md_text(f['text'])}" for index, f in enumerate(measured[:SHOWN], 1)]
-    out += [f"- {md_text(f['text'])}" for f in report.findings if f["cause"] == "not-measured"]
-    if len(measured) > SHOWN:
-        out.append(f"\n({len(measured) - SHOWN} more findings in summary.json)")
-    out += ["", "## What would help", ""]
-    out += [f"- {md_text(h['text'])}" for h in report.help] or \
-        ["No counterfactual could be computed: the runs have no data-parallel rank loads."]
-    out += ["", *(md_text(line) for line in backtest_lines(report.help).values())] \
-        if backtest_lines(report.help) else []
+    tops = run_tops(report)
+    for top in tops:
+        out += [f"### {md_name(top.run)}", ""]
+        if top.typical:
+            out += [f"**{md_text(top.typical)}**", ""]
+        out += [f"- {md_text(caveat)}" for caveat in top.caveats]
+        out += [f"{index}. {md_text(cost)}" for index, cost in enumerate(top.costs, 1)]
+        hidden = hidden_line(top)
+        out += [f"\n({md_text(hidden)})" if hidden else "", ""]
+    out += ["## What would help", ""]
+    helped = [top for top in tops if top.rows or top.folded]
+    if not helped:
+        out.append("No counterfactual could be computed: the runs have no step timings or data-parallel rank loads.")
+    for top in helped:
+        out += [f"### {md_name(top.run)}", ""]
+        if top.rows:
+            out += ["| " + " | ".join(HELP_COLUMNS) + " |", "|" + "---|" * len(HELP_COLUMNS)]
+            out += ["| " + " | ".join(md_text(cell) for cell in row.cells) + " |" for row in top.rows]
+            out += ["", *(f"- {md_text(row.cells[0])}: {md_text(row.folded)}" for row in top.rows if row.folded)]
+        if top.folded:
+            out += ["", f"{md_text(top.folded_title)}:", *(f"- {md_text(line)}" for line in top.folded)]
+        if top.backtest:
+            out += ["", md_text(top.backtest)]
+        out.append("")
     out += ["", WHATIF_NOTE, ""]
     out += [_escaped_comparison_line(line) for line in markdown_lines(report.comparisons)]
     out += ["## Runs", ""]

@@ -1,5 +1,5 @@
-"""A report's numbers, apart from its figures: every analysis' summary, table T1, the findings and what
-would help.
+"""A report's numbers, apart from its figures: every analysis' summary, table T1, each run's typical step,
+the findings and what would help.
 
 They come in two parts. The modelled part (`ModelledNumbers`) needs scipy, scikit-learn and the
 step-time model: the summaries of `SCIPY_ANALYSES` and each run's explain findings and what-if
@@ -20,6 +20,7 @@ import polars as pl
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.analyze.registry import ANALYSES, SCIPY_ANALYSES, named_analyses
 from polytrace_cli.analyze.shared_frames import once_per_report
+from polytrace_cli.analyze.typical_step import typical_steps
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.report import help as what_would_help
 from polytrace_cli.report.comparison import run_comparisons
@@ -39,6 +40,7 @@ class ReportNumbers:
     findings: list[dict] = field(default_factory=list)
     help: list[dict] = field(default_factory=list)
     comparisons: list[dict] = field(default_factory=list)
+    typical_steps: dict[str, dict] = field(default_factory=dict)  # run -> `analyze.typical_step.typical_steps`
 
 
 @dataclass
@@ -107,6 +109,7 @@ def compute_numbers(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
             numbers.table_omitted = table.reason
         else:
             numbers.table = table
+        numbers.typical_steps = typical_steps(con, run_ids, steps)
         numbers.findings = build_findings(con, run_ids, steps, numbers.summaries, modelled.explained)
         numbers.help = what_would_help.build_help(numbers.summaries, con, run_ids, modelled.model_help)
         numbers.comparisons = modelled.comparisons

@@ -241,19 +241,29 @@ def new_grid(count: int, *, columns: int = 3, width: float = 10.0, panel_height:
     return figure, list(axes[:count])
 
 
+# Labels are placed before the figure is laid out: an outside legend or colour bar may then narrow the axes by
+# up to this share, so each label is given room as if the axes were that much narrower.
+LABEL_ROOM = 0.8
+
+
 def label_points(ax, xs, ys, labels, *, colour: str = "#333333", levels: int = 3) -> int:
     """Annotate points with labels that never overlap: each label sits in one of `levels` rows near the top
-    of the axes, in the first row where it clears the previous label of that row (widths estimated from the
-    label lengths at 7 pt), with a thin line to its point; labels that fit no row are dropped. Returns how
-    many were drawn."""
+    of the axes, in the first row where it clears the previous label of that row (its width measured from the
+    7 pt font, on axes LABEL_ROOM as wide as they are before layout), kept inside the axes' width, with a thin
+    line to its point; labels that fit no row are dropped. Returns how many were drawn."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
     low, high = ax.get_xlim()
     span = (high - low) or 1.0
-    axes_points = ax.get_position().width * ax.figure.get_figwidth() * 72
-    char_share = 0.62 * 7 / axes_points  # a 7 pt character's width as a share of the axes width
+    axes_points = ax.get_position().width * ax.figure.get_figwidth() * 72 * LABEL_ROOM
+    font, measure = FontProperties(size=7), TextToPath()
     last: list[tuple[float, float] | None] = [None] * levels  # (centre, half width) of each row's last label
     drawn = 0
     for x, y, text in sorted(zip(xs, ys, labels), key=lambda item: item[0]):
-        position, half = (x - low) / span, len(text) * char_share / 2
+        width = measure.get_text_width_height_descent(text, font, ismath=False)[0]
+        half = min(0.5, width / axes_points / 2 + 0.005)
+        position = min(max((x - low) / span, half), 1 - half)
         level = next((i for i in range(levels)
                       if last[i] is None or position - half > last[i][0] + last[i][1] + 0.01), None)
         if level is None:

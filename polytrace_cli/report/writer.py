@@ -62,6 +62,7 @@ class Report:
     help: list[dict] = field(default_factory=list)
     semantics: dict[str, dict] = field(default_factory=dict)  # run -> what its numbers mean (`analyze.semantics`)
     comparisons: list[dict] = field(default_factory=list)
+    typical_steps: dict[str, dict] = field(default_factory=dict)  # run -> where its typical step goes
 
 
 def default_name(names: list[str]) -> str:
@@ -147,6 +148,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[int], out_dir: Pa
     report.summaries, report.analysis_errors = computed.summaries, computed.analysis_errors
     report.table, report.table_omitted = computed.table, computed.table_omitted
     report.findings, report.help = computed.findings, computed.help
+    report.typical_steps = computed.typical_steps
     from polytrace_cli.analyze.semantics import records_by_name
 
     report.semantics = records_by_name(con, run_ids)
@@ -163,7 +165,7 @@ def _rows(frame: pl.DataFrame) -> list[dict]:
 
 
 def summary_document(report: Report) -> dict:
-    """Each run's semantics record, the findings and what would help, the comparisons of runs of one task,
+    """Each run's typical step, semantics record, the findings and what would help, the comparisons of runs of one task,
     `{analysis: rows}` for every registered analysis, T1, the figures
     drawn and left out (each with the runs it shows and the runs it left out with the reason), and per drawn
     figure the rows of the analysis frames it was drawn from (`figure_data: {figure id: {frame: rows}}`)."""
@@ -173,6 +175,7 @@ def summary_document(report: Report) -> dict:
         "findings": report.findings,
         "what_would_help": report.help,
         "what_would_help_note": what_would_help.WHATIF_NOTE,
+        "typical_steps": report.typical_steps,
         "semantics": report.semantics,
         "comparisons": report.comparisons,
         "analyses": {name: _rows(frame) for name, frame in report.summaries.items()},

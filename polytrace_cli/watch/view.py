@@ -1,5 +1,6 @@
-"""The terminal view of `polytrace watch`: the last steps with their stage bars, expected against
-actual, slow steps with their causes, throughput and the ETA to the configured last step."""
+"""The terminal view of `polytrace watch`: the last steps with their stage bars (and a legend of their
+colours), expected against actual, slow steps with their causes, throughput and the ETA to the configured
+last step."""
 
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ class WatchView:
         if self.validation is not None:
             parts.append(Text(_validation_text(self.validation)))
         parts.append(table)
+        legend = stage_legend(self.steps[-SHOWN_STEPS:])
+        if legend.plain:
+            parts.append(legend)
         for alert in self.alerts[-4:]:
             parts.append(Text(_alert_text(alert), style="yellow"))
         return Group(*parts)
@@ -76,6 +80,21 @@ def _seconds(value: float | None) -> str:
 def _clock(seconds: float) -> str:
     hours, rest = divmod(int(seconds), 3600)
     return f"{hours}h{rest // 60:02d}m"
+
+
+def stage_legend(steps: list[dict]) -> Text:
+    """What each colour of the stage bars is: the stages the shown steps draw, in the order they are drawn."""
+    seen = list(dict.fromkeys(stage for step in steps for stage, seconds in step.get("stages", {}).items()
+                              if seconds))
+    legend = Text()
+    if seen:
+        legend.append("stages: ", style="dim")
+    for index, stage in enumerate(seen):
+        if index:
+            legend.append("  ")
+        legend.append("█", style=STAGE_STYLES.get(stage, "white"))
+        legend.append(f" {stage}")
+    return legend
 
 
 def _bar(stages: dict, longest: float) -> Text:

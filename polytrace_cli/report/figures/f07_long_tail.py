@@ -6,13 +6,14 @@ import polars as pl
 
 from polytrace_cli.report import style
 from polytrace_cli.analyze import longtail
-from polytrace_cli.report.figures.base import Omitted, empty, runs_of
+from polytrace_cli.report.figures.base import Omitted, empty, runs_of, span_groups
 
 ID = "F7"
 TITLE = "Long tail of generation"
 CAPTION = ("Left: share of a step's responses still decoding at each decode position, for the run's least and "
            "most idle steps. "
-           "Right: slot idle per step, 1 − Σl / (N·max l): the share of decode slots left waiting for the longest response.")
+           "Right: slot idle per step, 1 − Σl / (N·max l): the share of decode slots left waiting for the longest "
+           "response; runs of very different lengths on step axes of their own.")
 FRAMES = ('decoding', 'per_step')
 # Why a run without this figure's data is left out of it.
 LEFT_OUT = "no response lengths"
@@ -44,15 +45,23 @@ def frames(con, run_ids, steps) -> dict[str, pl.DataFrame]:
 
 
 def render(data: dict[str, pl.DataFrame]):
-    """Two panels: still-decoding curves (one per run × selected step) and slot idle per step per run."""
+    """Still-decoding curves (one per run × selected step) and slot idle per step per run: one panel, or one
+    per group of runs of like length (`span_groups`)."""
     decoding, per_step = data["decoding"], data["per_step"]
     position, share, idle = "position_tokens", "still_decoding_share", "slot_idle"
     if empty(decoding, position, share) and empty(per_step, idle):
         return Omitted("the runs have no per-sample response lengths")
     has_curves = not empty(decoding, position, share)
     has_idle = not empty(per_step, idle)
-    figure, axes = style.new_figure(int(has_curves) + int(has_idle), 1, width=10,
-                                    height=4.2)
+    series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step") \
+        if has_idle else per_step
+    groups = span_groups(series.filter(pl.col(idle).is_not_null())) if has_idle else []
+    count = int(has_curves) + len(groups)
+    if count <= 2:
+        figure, axes = style.new_figure(count, 1, width=10, height=4.2)
+        axes = list(axes)
+    else:
+        figure, axes = style.new_grid(count, columns=2, width=10, panel_height=3.8)
     if has_curves:
         left = axes[0]
         runs = runs_of(decoding)
@@ -68,17 +77,20 @@ def render(data: dict[str, pl.DataFrame]):
         left.set_title("Responses still decoding")
         style.legend(left, loc="upper right")
     if has_idle:
-        right = axes[-1]
-        series = per_step.group_by("run", "step", maintain_order=True).agg(pl.col(idle).mean()).sort("run", "step")
-        for index, run in enumerate(runs_of(series)):
-            part = series.filter(pl.col("run") == run)
-            style.plot_steps(right, part["step"], part[idle], color=style.colour(index),
-                             marker=style.point_marker(part.height), linewidth=1.4, label=run)
-        right.set_ylim(0, 1)
-        right.set_xlabel(style.step_axis_label(per_step["basis"].unique().to_list()))
-        right.set_ylabel("slot idle share")
-        right.set_title("Slot idle per step" if has_curves else
-                        "Slot idle per step\n(no per-sample lengths, so no still-decoding curves)")
-        style.thin_step_ticks(right, None)
-        style.legend(right, loc="lower right")
+        colours = runs_of(decoding) if has_curves else []
+        colours += [run for run in runs_of(series) if run not in colours]
+        for right, group in zip(axes[int(has_curves):], groups):
+            label = style.step_axis_label(per_step.filter(pl.col("run").is_in(group))["basis"].unique().to_list())
+            for run in group:
+                part = series.filter(pl.col("run") == run)
+                style.plot_steps(right, part["step"], part[idle], color=style.colour(colours.index(run)),
+                                 marker=style.point_marker(part.height), linewidth=1.4, label=run)
+            right.set_ylim(0, 1)
+            right.set_xlabel(label)
+            right.set_ylabel("slot idle share")
+            title = "Slot idle per step" if len(groups) == 1 else f"Slot idle per step: {', '.join(group)}"
+            right.set_title(title if has_curves else
+                            f"{title}\n(no per-sample lengths, so no still-decoding curves)")
+            style.thin_step_ticks(right, None)
+            style.legend(right, loc="lower right")
     return figure
