@@ -48,7 +48,7 @@ def narrow(monkeypatch):
 
 
 def test_formats_wraps_its_descriptions_instead_of_cutting_them(narrow):
-    from polytrace_cli.ingest.registry import all_ingesters
+    from polytrace_cli.ingest.sniffing import all_ingesters
 
     table = _invoke("formats").output
     assert "…" not in table and max(len(line) for line in table.splitlines()) <= 110

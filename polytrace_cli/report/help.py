@@ -89,6 +89,15 @@ POLICY_NOTES = {
         ASSUMPTION_BOUND, "overlap the next rollout with training on split GPUs",
         "rollout of step t+1 overlaps training of step t on split GPUs; the longest response decodes no faster "
         "on more GPUs, the token volume does (the one-step staleness is not modelled)"),
+    "gpu-split": PolicyNote(
+        ASSUMPTION_BOUND, "give the rollout another share of the GPUs",
+        "an asynchronous run put through its rollout/trainer pipeline at another GPU split: the rollout's "
+        "seconds scale with its GPUs and the trainer's with theirs (linear scaling; a tail that does not "
+        "shorten with more GPUs makes more rollout GPUs worth less)"),
+    "staleness": PolicyNote(
+        ASSUMPTION_BOUND, "let samples be more (or fewer) model versions stale",
+        "an asynchronous run put through its pipeline at another staleness limit: stale samples are waited "
+        "for, never dropped, and what staler samples do to learning is not priced"),
 }
 # Kept for readers of the assumptions alone.
 ASSUMPTIONS = {name: note.assumption for name, note in POLICY_NOTES.items()}
