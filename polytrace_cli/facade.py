@@ -318,19 +318,26 @@ class Store:
         (run_id,) = self.run_ids(run)
         return check_run(self.connection, run_id, run, limits, self.step_range(steps))
 
-    def check_slowdown(self, run: str, baseline: str, limit: float, steps: Steps = None) -> tuple:
-        """The --max-slowdown verdict of the run (in `steps`) against `baseline` (limit 0.05 = 5% slower)
-        and the comparison's headline with its top cause (None when not measurable), as `polytrace check
-        RUN --baseline A --max-slowdown`."""
-        from polytrace_cli.check import slowdown_verdict
-        from polytrace_cli.diagnose.against import explain_against
+    def check_baseline(self, run: str, baseline: str | None = None, max_slowdown: float | None = None,
+                       max_step_slowdown: float | None = None, steps: Steps = None, baseline_steps: Steps = None,
+                       baseline_db: str | Path | None = None) -> tuple[list, dict]:
+        """The run (in `steps`) against `baseline` (in `baseline_steps`; the run itself when None), read from
+        the store or lake `baseline_db` when given: the verdicts of `max_slowdown` (efficiency at the same
+        workload; 0.05 = 5%) and `max_step_slowdown` (the raw mean step) and the headline with the
+        efficiency verdict (regression, improvement, no change, inconclusive), as `polytrace check RUN
+        --baseline A`."""
+        from polytrace_cli.check import check_baseline
 
-        self.run_ids([run, baseline])
-        try:
-            comparison = explain_against(self.connection, run, baseline, self.step_range(steps), None)
-        except PolytraceError as error:
-            return slowdown_verdict(None, limit, str(error))
-        return slowdown_verdict(comparison, limit)
+        self.run_ids(run)
+        if baseline_db is None:
+            if baseline is not None:
+                self.run_ids(baseline)
+            return check_baseline(self.connection, run, baseline, max_slowdown, max_step_slowdown,
+                                  self.step_range(steps), self.step_range(baseline_steps))
+        with Store.open(baseline_db, read_only=True) as other:
+            other.run_ids(baseline or run)
+            return check_baseline(self.connection, run, baseline, max_slowdown, max_step_slowdown,
+                                  self.step_range(steps), self.step_range(baseline_steps), other.connection)
 
     def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
         """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""

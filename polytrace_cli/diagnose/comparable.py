@@ -36,6 +36,7 @@ import duckdb
 import polars as pl
 
 from polytrace_cli.model import MODELLED_STAGES, run_info
+from polytrace_cli.store.connection import fetch_first
 
 # Stages with a workload line that a comparison judges; the overheads and `other` are compared otherwise.
 LINED_STAGES = tuple(stage for stage in MODELLED_STAGES if stage != "update_weights")
@@ -162,8 +163,8 @@ def timed_stages(frame: pl.DataFrame) -> tuple[str, ...]:
 
 def logs_critic_keys(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     """Whether the run logged a key only a critic writes (`CRITIC_KEYS`)."""
-    row = con.execute("SELECT EXISTS (SELECT 1 FROM step_metrics WHERE run_id = ? AND key IN (SELECT unnest(?)))",
-                      [run_id, list(CRITIC_KEYS)]).fetchone()
+    row = fetch_first(con, "SELECT EXISTS (SELECT 1 FROM step_metrics WHERE run_id = ? AND key IN (SELECT unnest(?)))",
+                      [run_id, list(CRITIC_KEYS)])
     return bool(row and row[0])
 
 
@@ -185,7 +186,7 @@ def profile_of(con: duckdb.DuckDBPyConnection, run: str | int, label: str, frame
     """The profile of a side: the run's facts from its row and meta, its window's stages and per-rank
     data from `frame` (its workload frame, `model.read_workload`, cut to the window)."""
     info = run_info(con, run)
-    row = con.execute("SELECT framework, model FROM runs WHERE run_id = ?", [info.run_id]).fetchone() or (None, None)
+    row = fetch_first(con, "SELECT framework, model FROM runs WHERE run_id = ?", [info.run_id]) or (None, None)
     meta = info.meta
     stages = timed_stages(frame)
     critic = any(s in stages for s in CRITIC_STAGES) or logs_critic_keys(con, info.run_id)

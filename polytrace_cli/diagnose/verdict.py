@@ -14,10 +14,10 @@ are overheads, reported apart with the workload).
 Interval: a bootstrap over steps. Each side's training steps (those its model was fitted on) are
 drawn with replacement `resamples` times, the same draw for every stage of the side; each stage's
 line is refitted on the draw (Huber-weighted least squares, five reweightings with the full fit's
-robust scale, terms borrowed from the other side kept fixed) and evaluated at W̃. The spread of
-Δ_k* − Δ_k(full sample) around the reported Δ_k gives its interval: 95% for E, and 95% / K per stage
-over the K stages judged (Bonferroni), so that the stages together raise a false alarm at most 5% of
-the time.
+robust scale, terms borrowed from the other side kept fixed) and evaluated at W̃. The standard
+deviation σ of the draws of Δ_k gives its interval Δ_k ± z · σ around the reported Δ_k: for E at 95%
+(z = 1.96), and per stage at 1 − 1% / K over the K stages judged (Bonferroni: the stages together
+raise a false alarm at most 1% of the time when nothing changed).
 
 Verdict, in order:
 - `inconclusive` when the sides do not compare (`diagnose.comparable`: framework, critic, estimator,
@@ -53,6 +53,8 @@ from polytrace_cli.model.fit import values_or
 REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE = "regression", "improvement", "no change", "inconclusive"
 VERDICTS = (REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE)
 CONFIDENCE = 0.95
+# The stages' calls together are wrong at most 1 − STAGE_CONFIDENCE of the time (Bonferroni over the stages).
+STAGE_CONFIDENCE = 0.99
 RESAMPLES = 1000
 SEED = 0
 # A stage's change counts when at least this share of its seconds at the same workload...
@@ -236,10 +238,12 @@ def _stage_draws(side: Side, stages: list[str], target: dict[str, float], resamp
 
 
 def _interval(point: float, draws: np.ndarray, alpha: float) -> tuple[float, float]:
-    """[point + q_{α/2}, point + q_{1−α/2}] of the draws' deviations from their full-sample value (index 0)."""
-    deviations = draws[1:] - draws[0]
-    low, high = np.quantile(deviations, [alpha / 2, 1 - alpha / 2]) if deviations.size else (0.0, 0.0)
-    return float(point + low), float(point + high)
+    """point ± z_{1−α/2} · σ, σ the standard deviation of the draws (index 0, the full sample, left out)."""
+    from statistics import NormalDist
+
+    spread = float(np.std(draws[1:], ddof=1)) if draws.size > 2 else 0.0
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return float(point - z * spread), float(point + z * spread)
 
 
 def _fit_problems(comparison: Comparison, stages: list[str], at_same: dict[str, float], total: float) -> list[str]:
@@ -329,7 +333,7 @@ def judge(comparison: Comparison, resamples: int = RESAMPLES, seed: int = SEED) 
     rng = np.random.default_rng(seed)
     draws_a = _stage_draws(a, stages, target, resamples, rng)
     draws_b = _stage_draws(b, stages, target, resamples, rng)
-    alpha = (1 - CONFIDENCE) / len(stages)
+    alpha = (1 - STAGE_CONFIDENCE) / len(stages)
     judged = []
     for stage in stages:
         delta = at_b[stage] - at_a[stage]
