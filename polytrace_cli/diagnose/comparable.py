@@ -41,11 +41,12 @@ from polytrace_cli.store.connection import fetch_first
 # Stages with a workload line that a comparison judges; the overheads and `other` are compared otherwise.
 LINED_STAGES = tuple(stage for stage in MODELLED_STAGES if stage != "update_weights")
 CRITIC_STAGES = ("values", "update_critic")
-# Keys only a run that trains a critic logs (verl's critic metrics, verl/trainer/ppo/metric_utils.py
-# and its critic workers; OpenRLHF's critic loss).
-CRITIC_KEYS = ("critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/vpred_mean",
-               "critic/grad_norm", "critic/lr", "perf/mfu/critic", "timing_s/values", "timing_s/update_critic",
-               "critic_loss")
+# Keys only a run that trains a critic logs: verl's value metrics (written only with use_critic; its
+# critic/advantages, critic/returns, critic/score and critic/rewards are written by every run), its critic
+# worker's losses and timers; OpenRLHF's critic loss.
+CRITIC_KEYS = ("critic/values/mean", "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac",
+               "critic/vpred_mean", "critic/grad_norm", "critic/lr", "perf/mfu/critic", "timing_s/values",
+               "timing_s/update_critic", "critic_loss")
 DIFFERENCE_KINDS = ("framework", "algorithm", "estimator", "model", "gpus", "stages")
 
 
