@@ -302,6 +302,15 @@ class Store:
             raise PolytraceError("compare needs two different runs")
         return compare_frame(run_a, run_b, self.summaries([run_a, run_b], only, steps))
 
+    def comparability(self, run_a: str, run_b: str, steps: Steps = None):
+        """Whether run_b compares with run_a like for like (framework, algorithm, estimator, model, GPUs,
+        timed stages): a `diagnose.comparable.Comparability` (`.comparable`, `.reasons`), as `polytrace
+        compare` states it."""
+        from polytrace_cli.diagnose.comparable import runs_comparability
+
+        self.run_ids([run_a, run_b])
+        return runs_comparability(self.connection, run_a, run_b, self.step_range(steps))
+
     def has_step_data(self, run: str, steps: Steps = None) -> bool:
         """Whether the run holds any data (samples or step metrics) in the step range."""
         from polytrace_cli.check import has_step_data

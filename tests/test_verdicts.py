@@ -328,3 +328,20 @@ def test_the_report_compares_only_runs_that_match(store):
     assert "not compared: the runs do not compare like for like" in page
     assert "verdict at the same workload: regression: ref +" in page
     assert any(line.startswith("- verdict at the same workload: regression: ref +") for line in markdown_lines(entries))
+
+
+def test_compare_says_when_runs_do_not_compare_and_takes_no_percentage_over_zero(store):
+    import polars as pl
+
+    from polytrace_cli.analyze.results import compare_frame
+
+    result = runner.invoke(app, ["compare", "base", "critic", "--only", "stages", "--db", str(store[0])])
+    assert result.exit_code == 0, result.output
+    assert "note: critic and base do not compare like for like: critic trains a critic and base does not" in result.output
+    result = runner.invoke(app, ["compare", "base", "longer", "--only", "stages", "--db", str(store[0])])
+    assert result.exit_code == 0 and "do not compare" not in result.output
+    # (B − A) / |A| over an A of 1e-12 would be +1e14 %: no relative change over a base near zero.
+    summary = pl.DataFrame({"run": ["a", "b"], "seconds": [1e-12, 1.0], "share": [0.2, 0.3]})
+    frame = compare_frame("a", "b", {"stages": summary})
+    relative = dict(zip(frame["metric"], frame["relative_delta"]))
+    assert relative["seconds"] is None and relative["share"] == pytest.approx(0.5)

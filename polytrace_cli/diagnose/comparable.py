@@ -220,3 +220,19 @@ def percent_text(change: float | None) -> str:
         return ""
     text = f" ({change:+.1%})" if abs(change) < 0.1 else f" ({change:+.0%})"
     return text.replace("-", "−")
+
+
+def runs_comparability(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, steps=None) -> Comparability:
+    """Whether run B compares with run A over `steps` (a StepRange, None for every step): their profiles
+    from each run's workload frame in the range (`model.read_workload`)."""
+    from polytrace_cli.model import read_workload
+
+    frames = []
+    for run in (run_a, run_b):
+        frame = read_workload(con, run)
+        if steps is not None and steps.first is not None:
+            frame = frame.filter(pl.col("step") >= steps.first)
+        if steps is not None and steps.last is not None:
+            frame = frame.filter(pl.col("step") <= steps.last)
+        frames.append(frame)
+    return compare_profiles(profile_of(con, run_a, run_a, frames[0]), profile_of(con, run_b, run_b, frames[1]))
