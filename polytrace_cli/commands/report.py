@@ -38,7 +38,7 @@ def _limit_option(help_text: str):
 
 
 def _print_baseline(headline: dict, run: str, baseline: str | None, steps: str | None,
-                    baseline_steps: str | None) -> None:
+                    baseline_steps: str | None, baseline_db: str | None) -> None:
     """The verdict at the same workload, the workload apart, and the raw mean steps with the top cause."""
     judged = headline["verdict"]
     colour = {"regression": "bold red", "improvement": "green", "no change": "green"}.get(judged["verdict"], "yellow")
@@ -53,9 +53,10 @@ def _print_baseline(headline: dict, run: str, baseline: str | None, steps: str |
     against = f" --against {escape(baseline)}" if baseline else ""
     windows = (f"{' --steps ' + escape(steps) if steps else ''}"
                f"{' --against-steps ' + escape(baseline_steps) if baseline_steps else ''}")
+    hint = "" if baseline_db else f"; polytrace explain {escape(run)}{against}{windows} tells the rest"
     console.print(f"mean step {headline['b_step_s']:,.1f} s against {headline['a_step_s']:,.1f} s for "
-                  f"{escape(headline['baseline'])} ({headline['slowdown']:+.1%}){escape(named)}; "
-                  f"polytrace explain {escape(run)}{against}{windows} tells the rest", highlight=False)
+                  f"{escape(headline['baseline'])} ({headline['slowdown']:+.1%}){escape(named)}{hint}",
+                  highlight=False)
 
 
 @user_errors
@@ -148,7 +149,7 @@ def check(
                           f"[{colours[v.status]}]{v.status}[/]", escape(metric))
         console.print(table)
         if headline is not None:
-            _print_baseline(headline, run, baseline, steps, baseline_steps)
+            _print_baseline(headline, run, baseline, steps, baseline_steps, baseline_db)
         unmeasured = [v for v in verdicts if v.status == NOT_MEASURABLE]
         if unmeasured and not allow_unmeasurable:
             names = ", ".join("--" + v.threshold.replace("_", "-") for v in unmeasured)
