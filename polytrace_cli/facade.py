@@ -136,16 +136,28 @@ class Store:
             return ingest_paths_ray(self.connection, targets, settings=ray, tokenizer=name, **options)
 
     def watch(self, path: str | Path, on_event: Callable[[dict], None], settings: WatchSettings | None = None,
-              on_run: Callable[[str], None] | None = None) -> WatchResult:
+              on_run: Callable[[str], None] | None = None, baseline: str | None = None,
+              baseline_db: str | Path | None = None) -> WatchResult:
         """Follow a log (or a run folder) as the job writes it, as `polytrace watch`: ingest its complete new
         lines, judge each new step and call `on_event` with each event (step, alert, truncated); `on_run`
-        gets the run's name once its first rows are stored. Returns when it stays idle
-        `settings.idle_exit` seconds or a crash ends it."""
+        gets the run's name once its first rows are stored. With `baseline` (a run of this store, or of
+        the store or lake `baseline_db`), each stage's efficiency is also judged against that run's band
+        (`efficiency` alerts). Returns when it stays idle `settings.idle_exit` seconds or a crash ends it."""
         from polytrace_cli.watch import WatchSettings, watch_log
+        from polytrace_cli.watch.baseline import BaselineBand
 
         if self.read_only:
             raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to watch")
-        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run)
+        band = None
+        if baseline is not None and baseline_db is None:
+            self.run_ids(baseline)
+            band = BaselineBand.of_run(self.connection, baseline)
+        elif baseline is not None:
+            with Store.open(baseline_db, read_only=True) as other:
+                other.run_ids(baseline)
+                band = BaselineBand.of_run(other.connection, baseline)
+        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run,
+                         baseline=band)
 
     def configured_steps(self, run: str) -> int | None:
         """The run's configured last step (`total_training_steps` in its config), when it names one."""

@@ -345,3 +345,34 @@ def test_compare_says_when_runs_do_not_compare_and_takes_no_percentage_over_zero
     frame = compare_frame("a", "b", {"stages": summary})
     relative = dict(zip(frame["metric"], frame["relative_delta"]))
     assert relative["seconds"] is None and relative["share"] == pytest.approx(0.5)
+
+
+def test_watch_alerts_when_a_stage_leaves_the_baselines_band(store, tmp_path):
+    from polytrace_cli.watch import WatchSettings, watch_log
+    from polytrace_cli.watch.baseline import BaselineBand
+
+    # The same configuration as the base, another seed; generation takes 25 s more (about 9%) from step 21 on.
+    # The log is watched whole into a store of its own, on a clock that only the watch's sleeps move.
+    lengths, _ = preset("math")
+    shifted = dataclasses.replace(MODEL, level_shifts=((21, "gen", 25.0),))
+    write_step_log(lengths, dataclasses.replace(SPEC, seed=99), shifted, tmp_path / "live")
+    baseline_con = open_store(store[0], read_only=True)
+    try:
+        band = BaselineBand.of_run(baseline_con, "base")
+    finally:
+        baseline_con.close()
+    con = open_store(tmp_path / "watch.duckdb")
+    now = [0.0]
+    events = []
+    try:
+        watch_log(con, tmp_path / "live", events.append, WatchSettings(poll=1.0, idle_exit=3.0, run="live"),
+                  clock=lambda: now[0], sleep=lambda seconds: now.__setitem__(0, now[0] + seconds), baseline=band)
+    finally:
+        con.close()
+    schema = json_schema("watch")
+    for event in events:
+        jsonschema.validate(event, schema)
+    efficiency = [e for e in events if e["event"] == "alert" and e["kind"] == "efficiency"]
+    assert [(e["stage"], e["direction"]) for e in efficiency] == [("gen", "slower")], efficiency
+    assert 21 <= efficiency[0]["step"] <= 30 and efficiency[0]["share"] > 0.04
+    assert not any(e["kind"] == "baseline" for e in events if e["event"] == "alert")

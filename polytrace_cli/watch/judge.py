@@ -48,6 +48,7 @@ class StepJudge:
     typical_s: float | None = None
     _run: tuple | None = None  # (the fitted RunDecomposition, its fitted steps)
     _model_of: dict[int, tuple | None] = field(default_factory=dict)
+    last_frame: pl.DataFrame | None = field(default=None, repr=False)  # the workload frame the last call read
 
     def new_steps(self) -> list[dict]:
         """One record per step stored since the last call, in log order: step, segment, seconds,
@@ -59,6 +60,7 @@ class StepJudge:
         timed training steps before a step reaches REFIT_GROWTH × the count the model was fitted
         on: the same judgement whether the steps land one by one or all at once."""
         frame = read_workload(self.con, self.run_id)
+        self.last_frame = frame
         if not frame.height:
             return []
         keys = list(zip(frame["segment"].to_list(), frame["step"].to_list()))
