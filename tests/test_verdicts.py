@@ -374,5 +374,33 @@ def test_watch_alerts_when_a_stage_leaves_the_baselines_band(store, tmp_path):
         jsonschema.validate(event, schema)
     efficiency = [e for e in events if e["event"] == "alert" and e["kind"] == "efficiency"]
     assert [(e["stage"], e["direction"]) for e in efficiency] == [("gen", "slower")], efficiency
-    assert 21 <= efficiency[0]["step"] <= 30 and efficiency[0]["share"] > 0.04
+    assert efficiency[0]["step"] == 25 and efficiency[0]["share"] > 0.04
     assert not any(e["kind"] == "baseline" for e in events if e["event"] == "alert")
+
+
+def test_real_ppo_with_a_critic_against_an_agent_loop_grpo_run_is_not_called_an_efficiency(tmp_path):
+    from tests.conftest import need_real_data
+
+    ppo = need_real_data("real", "verl03-ppo-gsm8k-raysubmit")
+    grpo = need_real_data("real", "verl05dev-agentloop-opd-wandb")
+    db = tmp_path / "real.duckdb"
+    con = open_store(db)
+    try:
+        ingest_paths(con, [ppo], run_name="ppo", task="gsm8k")
+        ingest_paths(con, [grpo], run_name="grpo", task="gsm8k")
+        doc = explain_against(con, "grpo", "ppo").to_dict()
+    finally:
+        con.close()
+    jsonschema.validate(doc, json_schema("explain_against"))
+    # verl03 times values and update_critic (a critic) and not ref; verl05 times ref and no critic stage.
+    assert [d["kind"] for d in doc["comparable"]["differences"]] == ["algorithm", "gpus", "stages"]
+    one_sided = {c["stage"]: c["cause"] for c in doc["causes"] if c["group"] == "stages"}
+    assert one_sided == {"ref": "stage_only_in_b", "values": "stage_only_in_a", "update_critic": "stage_only_in_a"}
+    assert not any(c["cause"] == "efficiency" and c["stage"] in one_sided for c in doc["causes"])
+    assert {row["stage"] for row in doc["scaling"]["stages"]}.isdisjoint(one_sided)
+    assert all(row["speedup"] is None or row["speedup"] > 0.5 for row in doc["scaling"]["stages"])
+    assert not any("0.00×" in finding for finding in doc["findings"])
+    result = runner.invoke(app, ["check", "grpo", "--baseline", "ppo", "--max-slowdown", "5%", "--json", "--db", str(db)])
+    assert result.exit_code == 1
+    verdict = json.loads(result.output)["baseline"]["verdict"]
+    assert verdict["verdict"] == "inconclusive" and verdict["reasons"][0] == "ppo trains a critic and grpo does not"
