@@ -244,9 +244,8 @@ def check_baseline(con: duckdb.DuckDBPyConnection, run: str, baseline: str | Non
     except PolytraceError as error:
         if "compared with itself" in str(error):
             raise
-        comparison, judged, problem = None, None, str(error)
-        name = baseline or run
-        judged = inconclusive(name, run, [problem])
+        comparison, problem = None, str(error)
+        judged = inconclusive(baseline or run, run, [problem])
     else:
         judged, problem = judge(comparison), None
     verdicts = []

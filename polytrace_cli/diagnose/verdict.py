@@ -13,8 +13,9 @@ are overheads, reported apart with the workload).
 
 Interval: a bootstrap over steps. Each side's training steps (those its model was fitted on) are
 drawn with replacement `resamples` times, the same draw for every stage of the side; each stage's
-line is refitted on the draw (Huber-weighted least squares, five reweightings with the full fit's
-robust scale, terms borrowed from the other side kept fixed) and evaluated at W̃. The standard
+line is refitted on the draw (weighted least squares with the Huber weights of the full sample, found
+by five reweightings at its robust scale; terms borrowed from the other side kept fixed) and evaluated
+at W̃. The standard
 deviation σ of the draws of Δ_k gives its interval Δ_k ± z · σ around the reported Δ_k: for E at 95%
 (z = 1.96), and per stage at 1 − 1% / K over the K stages judged (Bonferroni: the stages together
 raise a false alarm at most 1% of the time when nothing changed).
@@ -55,7 +56,7 @@ VERDICTS = (REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE)
 CONFIDENCE = 0.95
 # The stages' calls together are wrong at most 1 − STAGE_CONFIDENCE of the time (Bonferroni over the stages).
 STAGE_CONFIDENCE = 0.99
-RESAMPLES = 1000
+RESAMPLES = 400
 SEED = 0
 # A stage's change counts when at least this share of its seconds at the same workload...
 MIN_STAGE_CHANGE = 0.02
@@ -190,23 +191,31 @@ def _huber_predictions(x: np.ndarray, y: np.ndarray, counts: np.ndarray, target:
     scales = np.maximum(np.max(np.abs(x), axis=0), 1e-12) if x.shape[1] else np.ones(0)
     design = np.column_stack([np.ones(len(y)), x / scales])
     point = np.concatenate([[1.0], target / scales])
-    base = counts * valid
     # A vanishing ridge keeps a draw whose features happen not to vary solvable (its prediction at the
     # mean workload is unaffected).
     ridge = np.eye(design.shape[1]) * 1e-9 * max(len(y), 1)
 
-    def solve(weights: np.ndarray) -> np.ndarray:
-        gram = np.einsum("rn,np,nq->rpq", weights, design, design) + ridge
-        moment = np.einsum("rn,np,n->rp", weights, design, y)
-        return np.linalg.solve(gram, moment[..., None])[..., 0]
+    p = design.shape[1]
+    # Per row its outer product and its moment, so that every draw's normal equations are one matrix product.
+    outer = (design[:, :, None] * design[:, None, :]).reshape(len(y), p * p)
+    moments = design * y[:, None]
 
-    beta = solve(base)
-    full = y[valid] - design[valid] @ beta[0]
+    def solve(weights: np.ndarray) -> np.ndarray:
+        gram = (weights @ outer).reshape(-1, p, p) + ridge
+        return np.linalg.solve(gram, (weights @ moments)[..., None])[..., 0]
+
+    # The Huber weights come from the full sample (index 0 of counts), reweighted REWEIGHTINGS times; every
+    # draw is then the weighted least squares with those weights times its multiplicities.
+    valid_weights = valid.astype(float)
+    beta = solve(valid_weights[None, :])[0]
+    full = y[valid] - design[valid] @ beta
     scale = max(1.4826 * float(np.median(np.abs(full - np.median(full)))) if full.size else 0.0, 1e-9)
+    huber = valid_weights
     for _ in range(REWEIGHTINGS):
-        residual = y[None, :] - beta @ design.T
-        ratio = np.abs(residual) / (HUBER_K * scale)
-        beta = solve(base * np.where(ratio <= 1.0, 1.0, 1.0 / np.maximum(ratio, 1e-12)))
+        ratio = np.abs(y - design @ beta) / (HUBER_K * scale)
+        huber = valid_weights * np.where(ratio <= 1.0, 1.0, 1.0 / np.maximum(ratio, 1e-12))
+        beta = solve(huber[None, :])[0]
+    beta = solve(counts * huber)
     return beta @ point
 
 
