@@ -2,8 +2,8 @@
 
 A run's workload drifts as its policy learns (longer responses, more validation), so a raw step-time
 difference is no verdict on the code that ran it. The verdict judges each stage's efficiency instead,
-as `explain --against` measures it (`diagnose.against`): with f_k^A and f_k^B the two sides' fitted
-lines of stage k and W̃ = (W̄_A + W̄_B) / 2 the two sides' mean workload,
+the quantity `explain --against` calls efficiency (`diagnose.against`): with f_k^A and f_k^B the two
+sides' lines of stage k and W̃ = (W̄_A + W̄_B) / 2 the two sides' mean workload,
 
     Δ_k = f_k^B(W̃) − f_k^A(W̃)         seconds stage k takes more at the same workload
     E   = Σ_k Δ_k,  T_A = Σ_k f_k^A(W̃)  efficiency = E / T_A (the step's change at the same workload)
@@ -11,14 +11,17 @@ lines of stage k and W̃ = (W̄_A + W̄_B) / 2 the two sides' mean workload,
 over the stages both sides time with a workload line (weight sync included; testing and checkpoint
 are overheads, reported apart with the workload).
 
-Interval: a bootstrap over steps. Each side's training steps (those its model was fitted on) are
-drawn with replacement `resamples` times, the same draw for every stage of the side; each stage's
-line is refitted on the draw (weighted least squares with the Huber weights of the full sample, found
-by five reweightings at its robust scale; terms borrowed from the other side kept fixed) and evaluated
-at W̃. The standard
-deviation σ of the draws of Δ_k gives its interval Δ_k ± z · σ around the reported Δ_k: for E at 95%
-(z = 1.96), and per stage at 1 − 1% / K over the K stages judged (Bonferroni: the stages together
-raise a false alarm at most 1% of the time when nothing changed).
+Lines and intervals: each stage's line is refitted on each side's training steps (those its model was
+fitted on) by weighted least squares with Huber weights (five reweightings at the fit's robust scale;
+terms borrowed from the other side kept fixed), and Δ_k is that refit at W̃. It can differ a little
+from `explain --against`'s bounded soft-L1 fit, whose cost per token at its bound of 0 would not be the
+centre of the draws below. The interval is a bootstrap over steps: each side's training steps are
+drawn with replacement `resamples` times, the same draw for every stage of the side, the line refitted
+on each draw with the same weights; σ, the standard deviation of the draws of Δ_k, gives Δ_k ± z · σ,
+for E at 95% (z = 1.96) and per stage at 1 − 0.1% / K over the K stages judged (Bonferroni: the stages
+together raise a false alarm at most 0.1% of the time when nothing changed and σ is right; the draws
+of a line extrapolated from little within-run variation of its workload understate σ, hence the
+margin).
 
 Verdict, in order:
 - `inconclusive` when the sides do not compare (`diagnose.comparable`: framework, critic, estimator,
@@ -44,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from polytrace_cli.diagnose.against import OVERHEAD_CAUSES, WORKLOAD_CAUSES, Comparison, Side, line_at
+from polytrace_cli.diagnose.against import OVERHEAD_CAUSES, WORKLOAD_CAUSES, Comparison, Side
 from polytrace_cli.diagnose.comparable import Comparability, percent_text, relative_change
 from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS
 from polytrace_cli.display import duration
@@ -55,7 +58,7 @@ REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE = "regression", "improvement", 
 VERDICTS = (REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE)
 CONFIDENCE = 0.95
 # The stages' calls together are wrong at most 1 − STAGE_CONFIDENCE of the time (Bonferroni over the stages).
-STAGE_CONFIDENCE = 0.99
+STAGE_CONFIDENCE = 0.999
 RESAMPLES = 400
 SEED = 0
 # A stage's change counts when at least this share of its seconds at the same workload...
@@ -336,12 +339,14 @@ def judge(comparison: Comparison, resamples: int = RESAMPLES, seed: int = SEED) 
         verdict.workload = workload
         return verdict
     target = common_workload(a, b)
-    at_a = {stage: line_at(a, stage, target) for stage in stages}
-    at_b = {stage: line_at(b, stage, target) for stage in stages}
-    total = sum(at_a.values())
     rng = np.random.default_rng(seed)
     draws_a = _stage_draws(a, stages, target, resamples, rng)
     draws_b = _stage_draws(b, stages, target, resamples, rng)
+    # The point is the refit on all steps (draw 0), the estimator the draws repeat: a bounded fit at its
+    # bound (a cost per token fitted as 0) would sit off the draws' centre.
+    at_a = {stage: float(draws_a[stage][0]) for stage in stages}
+    at_b = {stage: float(draws_b[stage][0]) for stage in stages}
+    total = sum(at_a.values())
     alpha = (1 - STAGE_CONFIDENCE) / len(stages)
     judged = []
     for stage in stages:
