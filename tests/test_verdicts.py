@@ -25,7 +25,7 @@ from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import explain_against
 from polytrace_cli.diagnose.comparable import Profile, compare_profiles, relative_change
-from polytrace_cli.diagnose.verdict import INCONCLUSIVE, NO_CHANGE, REGRESSION, judge
+from polytrace_cli.diagnose.verdict import IMPROVEMENT, INCONCLUSIVE, NO_CHANGE, REGRESSION, judge
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.schemas import json_schema
 from polytrace_cli.store import open_store
@@ -64,6 +64,8 @@ RUNS = {
     "base_long": (dataclasses.replace(SPEC, seed=15), scaled(1.25)),
     "shorter": (dataclasses.replace(SPEC, seed=16), MODEL),
     "actor_slower": (dataclasses.replace(SPEC, seed=17), slower(MODEL, "update_actor")),
+    "gen_faster": (dataclasses.replace(SPEC, seed=18), dataclasses.replace(
+        MODEL, a_gen=MODEL.a_gen * 0.9, b_tail=MODEL.b_tail * 0.9, b_vol=MODEL.b_vol * 0.9)),
 }
 
 
@@ -110,7 +112,7 @@ def store(tmp_path_factory):
         _trl_log(root / name / "train.log", seed, base_s, per_token_s, per_mean_s)
         ingest_paths(con, [root / name], run_name=name, task="gsm8k")
     comparisons = {name: explain_against(con, name, "base") for name in
-                   ("critic", "longer", "ref_slower", "other_model", "actor_slower")}
+                   ("critic", "longer", "ref_slower", "other_model", "actor_slower", "gen_faster")}
     comparisons["shorter"] = explain_against(con, "shorter", "base_long")
     comparisons["trl_same"] = explain_against(con, "trl_c", "trl_a")
     con.close()
@@ -205,6 +207,30 @@ def test_a_five_percent_slower_stage_is_a_regression_named_with_its_seconds(stor
     assert carrying.low_s > 0 and verdict.seconds == pytest.approx(carrying.seconds)
     assert verdict.headline().startswith(f"regression: {stage} +")
     assert all(s.call != "slower" for s in verdict.stages if s.stage != stage)
+
+
+def test_a_faster_generation_is_an_improvement(store):
+    verdict = judge(store[1]["gen_faster"])
+    assert (verdict.verdict, verdict.stage) == (IMPROVEMENT, "gen"), verdict.headline()
+    gen = next(s for s in verdict.stages if s.stage == "gen")
+    assert gen.b_s / gen.a_s == pytest.approx(0.9, abs=0.02) and gen.high_s < 0
+    assert verdict.efficiency < -0.05 and verdict.interval[1] < 0
+
+
+def test_a_feature_neither_run_varied_at_different_levels_is_inconclusive_by_hand():
+    from polytrace_cli.diagnose.verdict import _confounded
+
+    # Both runs' longest response sits at one value on every step (the cap; 0.7 × the cap in B): neither gen
+    # line has a term for it, and its cost cannot be told from gen's efficiency.
+    a = _side("a", {"gen": (216.6, {"response_tokens": 2e-5})}, {"r_max": 16384.0, "response_tokens": 2e6}, 260.0)
+    b = _side("b", {"gen": (157.6, {"response_tokens": 2e-5})}, {"r_max": 11469.0, "response_tokens": 1.4e6}, 190.0)
+    for side in (a, b):
+        intercept, terms, _ = side.lines["gen"]
+        side.lines["gen"] = (intercept, terms, ("r_max",))
+    (reason,) = _confounded(a, b, ["gen"])
+    assert reason.startswith("r_max did not vary over either side's steps (11,469 against 16,384 per step)")
+    b.workload["r_max"] = 16384.0
+    assert _confounded(a, b, ["gen"]) == []
 
 
 def test_runs_that_do_not_compare_are_inconclusive(store):
