@@ -33,7 +33,8 @@ Verdict, in order:
 - `regression` when some stage is slower: its interval lies above 0 and Δ_k is at least its floor,
   max(MIN_STAGE_CHANGE · f_k^A(W̃), MIN_STEP_SHARE · T_A); the stage carrying the most seconds names it;
 - `improvement` when some stage is faster by the same rule and none is slower;
-- `no change` otherwise.
+- `no change` otherwise; but `inconclusive` when E's 99% interval excludes 0 though no stage is decided
+  (the step changed at the same workload, and no stage's change is sure).
 
 The workload difference (token volume, long tail, DP imbalance, GPU count) and the overheads
 (validation, checkpoint, warm-up) of the same comparison are reported apart: seconds per step that
@@ -59,6 +60,8 @@ VERDICTS = (REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE)
 CONFIDENCE = 0.95
 # The stages' calls together are wrong at most 1 − STAGE_CONFIDENCE of the time (Bonferroni over the stages).
 STAGE_CONFIDENCE = 0.999
+# With no stage decided, an efficiency whose interval at this confidence excludes 0 is no "no change".
+SURE_CONFIDENCE = 0.99
 RESAMPLES = 400
 SEED = 0
 # A stage's change counts when at least this share of its seconds at the same workload...
@@ -380,4 +383,11 @@ def judge(comparison: Comparison, resamples: int = RESAMPLES, seed: int = SEED) 
         verdict.verdict = INCONCLUSIVE
         verdict.reasons = [f"the steps scatter too much to tell: at the same workload the step's change lies "
                            f"between {low / total:+.1%} and {high / total:+.1%}".replace("-", "−")]
+    else:
+        sure_low, sure_high = _interval(efficiency, sum(draws_b[s] - draws_a[s] for s in stages), 1 - SURE_CONFIDENCE)
+        if sure_low > 0 or sure_high < 0:
+            verdict.verdict = INCONCLUSIVE
+            verdict.reasons = [(f"at the same workload the step takes {efficiency / total:+.1%} ({SURE_CONFIDENCE:.0%} "
+                                f"interval {sure_low / total:+.1%} to {sure_high / total:+.1%}), but no stage's change "
+                                "is sure: more steps would tell").replace("-", "−")]
     return verdict
