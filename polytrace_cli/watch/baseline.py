@@ -12,7 +12,8 @@ Over the watched run's last RECENT training steps up to s (n of them, at least M
     z_k = median(e_k) / (1.2533 · σ_k / √n)   (1.2533 · σ / √n: the standard error of a median)
 
 A stage leaves the band when |z_k| ≥ Z_ALERT and |median(e_k)| is at least MIN_SHARE of the
-baseline's seconds at those steps (median of f_k^A(W_s)): one `efficiency` alert names the stage,
+baseline's seconds at those steps (median of f_k^A(W_s)) and MIN_STEP_SHARE of the baseline's typical
+step (a stage of a fraction of a second does not alert on hundredths): one `efficiency` alert names the stage,
 the direction (slower, faster), the seconds, the share and z. The alert is given again only after the
 stage came back (|z_k| below Z_ALERT / 2). The median keeps one slow step (a warm-up, a long tail,
 which the slow-step alert names) from moving the band. Steps are judged in log order, each against
@@ -40,6 +41,7 @@ from polytrace_cli.model import read_workload, stage_seconds, training_mask
 RECENT, MIN_RECENT = 10, 5
 Z_ALERT = 3.5
 MIN_SHARE = 0.02
+MIN_STEP_SHARE = 0.002
 MEDIAN_SE = 1.2533
 
 
@@ -54,6 +56,7 @@ class BaselineBand:
     seen: set[tuple[int, int]] = field(default_factory=set)
     out_of_band: set[str] = field(default_factory=set)
     said_incomparable: bool = False
+    typical_step_s: float = 0.0
 
     @classmethod
     def of_run(cls, con: duckdb.DuckDBPyConnection, run: str) -> BaselineBand:
@@ -63,7 +66,7 @@ class BaselineBand:
             raise PolytraceError(f"the baseline {run} has {int(training_mask(frame).sum())} timed training steps; "
                                  f"its band needs a step-time model, which needs {MIN_TRAINING_STEPS}")
         model = decompose_run(frame, training_mask(frame)).model
-        return cls(run, model, profile_of(con, run, run, frame))
+        return cls(run, model, profile_of(con, run, run, frame), typical_step_s=model.predict_typical()["step"])
 
     def judge(self, con: duckdb.DuckDBPyConnection, run_id: int, label: str,
               frame: pl.DataFrame | None = None) -> list[dict]:
@@ -108,7 +111,7 @@ class BaselineBand:
             if abs(z) < Z_ALERT / 2:
                 self.out_of_band.discard(stage)
             return None
-        if abs(z) < Z_ALERT or base <= 0 or abs(excess) < MIN_SHARE * base:
+        if abs(z) < Z_ALERT or base <= 0 or abs(excess) < max(MIN_SHARE * base, MIN_STEP_SHARE * self.typical_step_s):
             return None
         self.out_of_band.add(stage)
         return {"event": "alert", "kind": "efficiency", "stage": stage, "step": step,
