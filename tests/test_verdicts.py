@@ -5,8 +5,8 @@ The verl runs are written by the step-log generator from one known step-time mod
 math length model, 32 prompts × 8 responses over 4 DP ranks, a 16,384-token cap the longest response
 reaches, validation every 10 steps): a base whose responses grow by 20% over the run, the same with a
 critic (values and update_critic timed, `critic/vf_loss` logged), the same with another model path,
-and four runs against the base as the benchmark draws them (benchmarks/verdicts.py): responses × 1.25
-and × 0.8 (workload only), and the same with ref or update_actor 5% slower. The TRL runs are console
+and runs against the base as the benchmark draws them (benchmarks/verdicts.py): responses × 1.25 and
+× 0.8 (workload only), responses × 1.25 with ref 5% slower, generation 10% faster. The TRL runs are console
 logs as the Trainer prints them (one dict per step, `step_time`, no stage timer, no per-rank data).
 """
 
@@ -63,7 +63,6 @@ RUNS = {
     # Shorter than the base: the base is drawn × 1.25 and these × 1.0, so neither is cut below the cap.
     "base_long": (dataclasses.replace(SPEC, seed=15), scaled(1.25)),
     "shorter": (dataclasses.replace(SPEC, seed=16), MODEL),
-    "actor_slower": (dataclasses.replace(SPEC, seed=17), slower(MODEL, "update_actor")),
     "gen_faster": (dataclasses.replace(SPEC, seed=18), dataclasses.replace(
         MODEL, a_gen=MODEL.a_gen * 0.9, b_tail=MODEL.b_tail * 0.9, b_vol=MODEL.b_vol * 0.9)),
 }
@@ -112,7 +111,7 @@ def store(tmp_path_factory):
         _trl_log(root / name / "train.log", seed, base_s, per_token_s, per_mean_s)
         ingest_paths(con, [root / name], run_name=name, task="gsm8k")
     comparisons = {name: explain_against(con, name, "base") for name in
-                   ("critic", "longer", "ref_slower", "other_model", "actor_slower", "gen_faster")}
+                   ("critic", "longer", "ref_slower", "other_model", "gen_faster")}
     comparisons["shorter"] = explain_against(con, "shorter", "base_long")
     comparisons["trl_same"] = explain_against(con, "trl_c", "trl_a")
     con.close()
@@ -198,9 +197,10 @@ def test_the_verdict_sees_through_workload_drift(store):
     assert volume["text"].startswith("token volume (response tokens +16%") and "workload, not a regression" in volume["text"]
 
 
-@pytest.mark.parametrize(("name", "stage"), [("ref_slower", "ref"), ("actor_slower", "update_actor")])
-def test_a_five_percent_slower_stage_is_a_regression_named_with_its_seconds(store, name, stage):
-    verdict = judge(store[1][name])
+def test_a_five_percent_slower_stage_is_a_regression_named_with_its_seconds(store):
+    # ref holds about 4% of the step: 5% of it is 0.2% of the step, behind responses 16% longer.
+    stage = "ref"
+    verdict = judge(store[1]["ref_slower"])
     assert (verdict.verdict, verdict.stage) == (REGRESSION, stage), verdict.headline()
     carrying = next(s for s in verdict.stages if s.stage == stage)
     assert carrying.b_s / carrying.a_s == pytest.approx(1.05, abs=0.02)
@@ -302,9 +302,6 @@ def test_check_cli_verdicts_windows_and_a_lake_baseline(store, tmp_path):
     doc = json.loads(result.output)
     jsonschema.validate(doc, json_schema("check"))
     assert (doc["baseline"]["verdict"]["verdict"], doc["baseline"]["verdict"]["stage"]) == ("regression", "ref")
-    # Within a 5% limit the regression of one stage passes the gate, and is still named.
-    result = runner.invoke(app, ["check", "ref_slower", "--baseline", "base", "--max-slowdown", "5%", "--db", db])
-    assert result.exit_code == 0 and "regression: ref +" in result.output, result.output
     # The raw mean step fails a 3% gate on workload alone; the efficiency gate passes it.
     result = runner.invoke(app, ["check", "longer", "--baseline", "base", "--max-slowdown", "5%",
                                  "--max-step-slowdown", "3%", "--json", "--db", db])
@@ -320,10 +317,11 @@ def test_check_cli_verdicts_windows_and_a_lake_baseline(store, tmp_path):
     assert doc["baseline"]["baseline"] == "base steps 1:20" and doc["baseline"]["verdict"]["verdict"] != "regression"
     # A baseline kept in a lake: the same run name, read from there.
     assert runner.invoke(app, ["lake", str(tmp_path / "lake"), "base", "--db", db]).exit_code == 0
+    # Within a 5% limit the regression of one stage passes the gate, and is still named.
     result = runner.invoke(app, ["check", "ref_slower", "--baseline", "base", "--baseline-db", str(tmp_path / "lake"),
-                                 "--max-slowdown", "0%", "--json", "--db", db])
-    doc = json.loads(result.output)
-    assert result.exit_code == 1 and doc["baseline"]["verdict"]["verdict"] == "regression", result.output
+                                 "--max-slowdown", "5%", "--db", db])
+    assert result.exit_code == 0 and "regression: ref +" in result.output, result.output
+    assert "tells the rest" not in result.output  # explain cannot read a baseline kept elsewhere
     for bad, message in ((["--baseline", "base"], "go together"), (["--max-step-slowdown", "5"], "--max-step-slowdown"),
                          (["--baseline-db", str(tmp_path / "nowhere"), "--max-slowdown", "5%"], "nowhere")):
         result = runner.invoke(app, ["check", "ref_slower", *bad, "--db", db])
