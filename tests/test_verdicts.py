@@ -68,10 +68,9 @@ RUNS = {
 }
 
 
-def _trl_log(path: Path, seed: int, base_s: float, per_token_s: float, per_mean_s: float = 0.0,
-             steps: int = 40) -> None:
+def _trl_log(path: Path, seed: int, base_s: float, per_token_s: float, steps: int = 40) -> None:
     """A TRL console log: a dict per step under a bar redrawn with carriage returns, step_time =
-    base_s + per_token_s × the longest response + per_mean_s × the mean response (± 0.1 s)."""
+    base_s + per_token_s × the longest response (± 0.1 s)."""
     rng = random.Random(seed)
     lines = ["trl==0.19.1"]
     elapsed, tokens = 0.0, 0
@@ -79,7 +78,7 @@ def _trl_log(path: Path, seed: int, base_s: float, per_token_s: float, per_mean_
     for step in range(1, steps + 1):
         mean = rng.uniform(200, 400)
         longest = round(rng.uniform(500, 1000), 1)
-        seconds = base_s + per_token_s * longest + per_mean_s * mean + rng.uniform(-0.1, 0.1)
+        seconds = base_s + per_token_s * longest + rng.uniform(-0.1, 0.1)
         elapsed += seconds
         tokens += int(64 * (mean + 150))
         drawn = f"\r{100 * step // steps:3d}%|█| {step}/{steps} [00:{int(elapsed) % 60:02d}<00:10, {seconds:.2f}s/it]"
@@ -106,9 +105,9 @@ def store(tmp_path_factory):
     for log in (root / "base").glob("*.log"):
         (other / log.name).write_text(log.read_text().replace("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-0.6B"))
     ingest_paths(con, [other], run_name="other_model", task="math")
-    for name, seed, base_s, per_token_s, per_mean_s in (("trl_a", 1, 2.0, 0.012, 0.0), ("trl_c", 3, 2.0, 0.012, 0.0)):
+    for name, seed in (("trl_a", 1), ("trl_c", 3)):
         (root / name).mkdir()
-        _trl_log(root / name / "train.log", seed, base_s, per_token_s, per_mean_s)
+        _trl_log(root / name / "train.log", seed, 2.0, 0.012)
         ingest_paths(con, [root / name], run_name=name, task="gsm8k")
     comparisons = {name: explain_against(con, name, "base") for name in
                    ("critic", "longer", "ref_slower", "other_model", "gen_faster")}
