@@ -170,7 +170,9 @@ def failed(verdicts: list[Verdict], allow_unmeasurable: bool = False) -> bool:
 
 
 SLOWDOWN_OPTION = "max_slowdown"
-SLOWDOWN_METRIC = "mean step slowdown against the baseline, (B − A) / A, overheads included"
+SLOWDOWN_METRIC = "slowdown at the same workload against the baseline (efficiency)"
+STEP_SLOWDOWN_OPTION = "max_step_slowdown"
+STEP_SLOWDOWN_METRIC = "mean step slowdown against the baseline, (B − A) / A, workload and overheads included"
 
 
 def parse_share(text: str, option: str = "--max-slowdown") -> float:
@@ -188,17 +190,67 @@ def parse_share(text: str, option: str = "--max-slowdown") -> float:
     return value
 
 
-def slowdown_verdict(comparison, limit: float, error: str | None = None) -> tuple[Verdict, dict | None]:
-    """The --max-slowdown verdict of a comparison of the run against its baseline
-    (`diagnose.against.explain_against`, which the caller runs), and its headline (mean steps, delta_s,
-    the top cause); slowdown = delta_s / A's mean step, FAIL when above `limit`. With no comparison
-    (either run has too few timed training steps for a step-time model) the slowdown is not
-    measurable, `error` saying why."""
-    threshold = Threshold(SLOWDOWN_OPTION, "against", "slowdown", True, SLOWDOWN_METRIC)
+def baseline_headline(comparison, judged) -> dict:
+    """The comparison's headline for `check --json`'s `baseline`: mean steps, delta_s, the raw slowdown,
+    the top cause and the efficiency verdict (`diagnose.verdict`, its `to_dict`); the numbers of the
+    comparison are null when there is none (too few steps for a model)."""
+    document = {"baseline": judged.a, "a_step_s": None, "b_step_s": None, "delta_s": None, "slowdown": None,
+                "top_cause": None, "verdict": judged.to_dict()}
+    if comparison is not None:
+        top = comparison.top_cause
+        document.update(a_step_s=comparison.a.step_s, b_step_s=comparison.b.step_s, delta_s=comparison.delta_s,
+                        slowdown=comparison.slowdown,
+                        top_cause=None if top is None else {k: top[k] for k in ("cause", "stage", "seconds", "share")})
+    return document
+
+
+def efficiency_gate(judged, limit: float) -> Verdict:
+    """The --max-slowdown verdict: the efficiency at the same workload (`diagnose.verdict.judge`) against
+    the limit. FAIL when the verdict is `regression` and the efficiency is above `limit`; not
+    measurable when the verdict is `inconclusive` (its reasons given); pass otherwise (no change, an
+    improvement, or a regression of one stage within the limit)."""
+    from polytrace_cli.diagnose.verdict import INCONCLUSIVE, REGRESSION
+
+    threshold = Threshold(SLOWDOWN_OPTION, "against", "efficiency", True, SLOWDOWN_METRIC)
+    if judged.verdict == INCONCLUSIVE:
+        return verdict(limit, None, threshold, "inconclusive: " + "; ".join(judged.reasons))
+    measured = judged.efficiency
+    status = FAIL if judged.verdict == REGRESSION and measured > limit else PASS
+    return Verdict(SLOWDOWN_OPTION, limit, measured, status, SLOWDOWN_METRIC)
+
+
+def step_slowdown_gate(comparison, limit: float, error: str | None = None) -> Verdict:
+    """The --max-step-slowdown verdict: the raw mean step slowdown delta_s / A's mean step, workload and
+    overheads included, FAIL when above `limit`; not measurable without a comparison (`error` says why)."""
+    threshold = Threshold(STEP_SLOWDOWN_OPTION, "against", "slowdown", True, STEP_SLOWDOWN_METRIC)
     if comparison is None:
-        return verdict(limit, None, threshold, error), None
-    top = comparison.top_cause
-    headline = {"baseline": comparison.a.label, "a_step_s": comparison.a.step_s, "b_step_s": comparison.b.step_s,
-                "delta_s": comparison.delta_s, "slowdown": comparison.slowdown,
-                "top_cause": None if top is None else {k: top[k] for k in ("cause", "stage", "seconds", "share")}}
-    return verdict(limit, comparison.slowdown, threshold), headline
+        return verdict(limit, None, threshold, error)
+    return verdict(limit, comparison.slowdown, threshold)
+
+
+def check_baseline(con: duckdb.DuckDBPyConnection, run: str, baseline: str | None, max_slowdown: float | None,
+                   max_step_slowdown: float | None, steps: StepRange = ALL_STEPS, baseline_steps: StepRange = ALL_STEPS,
+                   baseline_con: duckdb.DuckDBPyConnection | None = None) -> tuple[list[Verdict], dict]:
+    """`check RUN --baseline A`: RUN (in `steps`) against A (in `baseline_steps`; RUN itself when None,
+    read from `baseline_con` when given: a baseline kept in another store or a lake). The verdicts of
+    --max-slowdown (`efficiency_gate`) and --max-step-slowdown (`step_slowdown_gate`) for the limits
+    given, and the headline (`baseline_headline`)."""
+    from polytrace_cli.diagnose.against import explain_against
+    from polytrace_cli.diagnose.verdict import inconclusive, judge
+    from polytrace_cli.errors import PolytraceError
+
+    try:
+        comparison = explain_against(con, run, baseline, steps, baseline_steps, against_con=baseline_con)
+    except PolytraceError as error:
+        if "compared with itself" in str(error):
+            raise
+        comparison, problem = None, str(error)
+        judged = inconclusive(baseline or run, run, [problem])
+    else:
+        judged, problem = judge(comparison), None
+    verdicts = []
+    if max_slowdown is not None:
+        verdicts.append(efficiency_gate(judged, max_slowdown))
+    if max_step_slowdown is not None:
+        verdicts.append(step_slowdown_gate(comparison, max_step_slowdown, problem))
+    return verdicts, baseline_headline(comparison, judged)

@@ -195,16 +195,28 @@ class Store:
             return ingest_paths_ray(self.connection, targets, settings=ray, tokenizer=name, **options)
 
     def watch(self, path: str | Path, on_event: Callable[[dict], None], settings: WatchSettings | None = None,
-              on_run: Callable[[str], None] | None = None) -> WatchResult:
+              on_run: Callable[[str], None] | None = None, baseline: str | None = None,
+              baseline_db: str | Path | None = None) -> WatchResult:
         """Follow a log (or a run folder) as the job writes it, as `polytrace watch`: ingest its complete new
         lines, judge each new step and call `on_event` with each event (step, alert, truncated); `on_run`
-        gets the run's name once its first rows are stored. Returns when it stays idle
-        `settings.idle_exit` seconds or a crash ends it."""
+        gets the run's name once its first rows are stored. With `baseline` (a run of this store, or of
+        the store or lake `baseline_db`), each stage's efficiency is also judged against that run's band
+        (`efficiency` alerts). Returns when it stays idle `settings.idle_exit` seconds or a crash ends it."""
         from polytrace_cli.watch import WatchSettings, watch_log
+        from polytrace_cli.watch.baseline import BaselineBand
 
         if self.read_only:
             raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to watch")
-        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run)
+        band = None
+        if baseline is not None and baseline_db is None:
+            self.run_ids(baseline)
+            band = BaselineBand.of_run(self.connection, baseline)
+        elif baseline is not None:
+            with Store.open(baseline_db, read_only=True) as other:
+                other.run_ids(baseline)
+                band = BaselineBand.of_run(other.connection, baseline)
+        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run,
+                         baseline=band)
 
     def configured_steps(self, run: str) -> int | None:
         """The run's configured last step (`total_training_steps` in its config), when it names one."""
@@ -368,6 +380,15 @@ class Store:
             raise PolytraceError("compare needs two different runs")
         return compare_frame(run_a, run_b, self.summaries([run_a, run_b], only, steps))
 
+    def comparability(self, run_a: str, run_b: str, steps: Steps = None):
+        """Whether run_b compares with run_a like for like (framework, algorithm, estimator, model, GPUs,
+        timed stages): a `diagnose.comparable.Comparability` (`.comparable`, `.reasons`), as `polytrace
+        compare` states it."""
+        from polytrace_cli.diagnose.comparable import runs_comparability
+
+        self.run_ids([run_a, run_b])
+        return runs_comparability(self.connection, run_a, run_b, self.step_range(steps))
+
     def has_step_data(self, run: str, steps: Steps = None) -> bool:
         """Whether the run holds any data (samples or step metrics) in the step range."""
         from polytrace_cli.check import has_step_data
@@ -384,19 +405,26 @@ class Store:
         (run_id,) = self.run_ids(run)
         return check_run(self.connection, run_id, run, limits, self.step_range(steps))
 
-    def check_slowdown(self, run: str, baseline: str, limit: float, steps: Steps = None) -> tuple:
-        """The --max-slowdown verdict of the run (in `steps`) against `baseline` (limit 0.05 = 5% slower)
-        and the comparison's headline with its top cause (None when not measurable), as `polytrace check
-        RUN --baseline A --max-slowdown`."""
-        from polytrace_cli.check import slowdown_verdict
-        from polytrace_cli.diagnose.against import explain_against
+    def check_baseline(self, run: str, baseline: str | None = None, max_slowdown: float | None = None,
+                       max_step_slowdown: float | None = None, steps: Steps = None, baseline_steps: Steps = None,
+                       baseline_db: str | Path | None = None) -> tuple[list, dict]:
+        """The run (in `steps`) against `baseline` (in `baseline_steps`; the run itself when None), read from
+        the store or lake `baseline_db` when given: the verdicts of `max_slowdown` (efficiency at the same
+        workload; 0.05 = 5%) and `max_step_slowdown` (the raw mean step) and the headline with the
+        efficiency verdict (regression, improvement, no change, inconclusive), as `polytrace check RUN
+        --baseline A`."""
+        from polytrace_cli.check import check_baseline
 
-        self.run_ids([run, baseline])
-        try:
-            comparison = explain_against(self.connection, run, baseline, self.step_range(steps), None)
-        except PolytraceError as error:
-            return slowdown_verdict(None, limit, str(error))
-        return slowdown_verdict(comparison, limit)
+        self.run_ids(run)
+        if baseline_db is None:
+            if baseline is not None:
+                self.run_ids(baseline)
+            return check_baseline(self.connection, run, baseline, max_slowdown, max_step_slowdown,
+                                  self.step_range(steps), self.step_range(baseline_steps))
+        with Store.open(baseline_db, read_only=True) as other:
+            other.run_ids(baseline or run)
+            return check_baseline(self.connection, run, baseline, max_slowdown, max_step_slowdown,
+                                  self.step_range(steps), self.step_range(baseline_steps), other.connection)
 
     def errors(self, run: str | None = None, limit: int = 1000) -> pl.DataFrame:
         """Quarantined lines (run, file, line, code, reason, raw), at most `limit`, as `polytrace errors`."""

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import Side, compare_sides, explain_against
+from polytrace_cli.diagnose.verdict import judge
 from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import StageFit, StepTimeModel as FittedModel
 from polytrace_cli.schemas import json_schema
@@ -246,15 +247,23 @@ def test_check_gates_on_the_slowdown_and_names_the_top_cause(pairs):
     jsonschema.validate(doc, json_schema("check"))
     (verdict,) = doc["checks"]
     assert (verdict["threshold"], verdict["status"]) == ("max_slowdown", "FAIL")
-    assert verdict["measured"] == pytest.approx(pairs[2]["gen_cost"].slowdown)
+    # --max-slowdown gates the efficiency at the same workload; --max-step-slowdown the raw mean step.
+    assert verdict["measured"] == pytest.approx(judge(pairs[2]["gen_cost"]).efficiency)
+    assert (doc["baseline"]["verdict"]["verdict"], doc["baseline"]["verdict"]["stage"]) == ("regression", "gen")
     assert (doc["baseline"]["top_cause"]["cause"], doc["baseline"]["top_cause"]["stage"]) == ("efficiency", "gen")
+    result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--max-step-slowdown", "5%", "--json",
+                                 "--db", db])
+    (raw,) = json.loads(result.output)["checks"]
+    assert (raw["threshold"], raw["status"]) == ("max_step_slowdown", "FAIL")
+    assert raw["measured"] == pytest.approx(pairs[2]["gen_cost"].slowdown)
     result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--db", db])
     assert result.exit_code == 1 and "top cause efficiency (gen)" in result.output
+    assert "regression: gen +" in result.output
     result = runner.invoke(app, ["check", "reseeded", "--baseline", "base", "--max-slowdown", "0.05", "--db", db])
     assert result.exit_code == 0, result.output
-    # Faster is never a slowdown.
+    # More GPUs: the runs do not compare like for like, and the gate says so instead of passing.
     result = runner.invoke(app, ["check", "eight_ranks", "--baseline", "base", "--max-slowdown", "0%", "--db", db])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1 and "inconclusive: 8 GPUs in eight_ranks against 4 in base" in result.output
 
 
 def test_check_without_comparable_steps_is_not_measurable(pairs):
@@ -265,7 +274,8 @@ def test_check_without_comparable_steps_is_not_measurable(pairs):
     doc = json.loads(result.output)
     jsonschema.validate(doc, json_schema("check"))
     (verdict,) = doc["checks"]
-    assert verdict["status"] == "not measurable" and "needs 8" in verdict["reason"] and doc["baseline"] is None
+    assert verdict["status"] == "not measurable" and "needs 8" in verdict["reason"]
+    assert doc["baseline"]["verdict"]["verdict"] == "inconclusive" and doc["baseline"]["a_step_s"] is None
     assert runner.invoke(app, [*args, "--allow-unmeasurable"]).exit_code == 0
     for bad in (["--max-slowdown", "5"], ["--max-slowdown", "fast"], ["--max-slowdown", "-1%"]):
         result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", *bad, "--db", db])

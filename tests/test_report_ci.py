@@ -94,3 +94,41 @@ def test_gate_fails_the_step_when_a_threshold_is_exceeded(tmp_path):
     assert runner.invoke(app, ["ingest", str(logs), "--run", "train", "--db", db]).exit_code == 0
     result = runner.invoke(app, ["check", "train", "--db", db, "--max-imbalance", "1.0", "--max-p99-p50", "1.0"])
     assert result.exit_code == 1 and "check failed" in result.output
+
+
+def test_the_recipe_gates_a_run_against_the_baseline_recorded_on_main(tmp_path):
+    """On main the run is recorded as a lake; on a branch, a run whose generation is 5% slower at the same
+    workload (about 3.4% of its step) fails the baseline gate (a run whose responses are only longer passes
+    it: tests/test_verdicts.py)."""
+    import dataclasses
+
+    from polytrace_cli.workload.presets import preset
+    from polytrace_cli.workload.steplog import StepTimeModel, write_step_log
+    from polytrace_cli.workload.synth import WorkloadSpec
+
+    scripts = polytrace_steps()
+    lengths, _ = preset("math")
+    spec = WorkloadSpec(task="math", steps=30, batch=32, n=8, dp_ranks=4, max_response_len=16384, seed=31,
+                        drift=1.2 ** (1 / 30) - 1)
+    model = StepTimeModel(validate_every=10)
+    slower = dataclasses.replace(model, a_gen=model.a_gen * 1.05, b_tail=model.b_tail * 1.05, b_vol=model.b_vol * 1.05)
+    runs = {"main": (spec, model), "slower": (dataclasses.replace(spec, seed=33), slower)}
+
+    def job(name: str, *steps: str) -> dict[str, subprocess.CompletedProcess]:
+        folder = tmp_path / name
+        folder.mkdir()
+        write_step_log(lengths, *runs[name], folder / "logs")
+        env = os.environ | {
+            "LOGS_DIR": str(folder / "logs"), "RUN_NAME": workflow()["env"]["RUN_NAME"],
+            "POLYTRACE_DB": "polytrace.duckdb", "BASELINE_LAKE": str(tmp_path / "baseline-lake"),
+            "MAX_SLOWDOWN": workflow()["env"]["MAX_SLOWDOWN"],
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        return {step: subprocess.run(["bash", "-e", "-c", scripts[step]], cwd=folder, env=env, capture_output=True,
+                                     text=True, timeout=600) for step in ("Ingest the logs", *steps)}
+
+    recorded = job("main", "Record this run as the baseline")
+    assert all(r.returncode == 0 for r in recorded.values()), recorded
+    assert (tmp_path / "baseline-lake" / "manifest.json").exists()
+    gate = job("slower", "Gate against the baseline")["Gate against the baseline"]
+    assert gate.returncode == 1 and "regression: gen +" in gate.stdout, gate.stdout + gate.stderr

@@ -160,9 +160,13 @@ def results_csv(results: dict[str, pl.DataFrame]) -> str:
     return buffer.getvalue()
 
 
+NEAR_ZERO = 0.01
+
+
 def compare_frame(a_name: str, b_name: str, results: dict[str, pl.DataFrame]) -> pl.DataFrame:
     """Side by side: one row per analysis × metric × key (kind/stage/tool) with the values of run A
-    and run B, delta = B − A and relative delta = (B − A) / |A| (null when A is 0 or missing)."""
+    and run B, delta = B − A and relative delta = (B − A) / |A| (null when A is missing or near zero:
+    |A| below NEAR_ZERO of max(|A|, |B|), a change of more than 99×)."""
     rows = []
     for name, df in results.items():
         if not df.height:
@@ -182,7 +186,9 @@ def compare_frame(a_name: str, b_name: str, results: dict[str, pl.DataFrame]) ->
                 if a is None and b is None:
                     continue
                 delta = b - a if a is not None and b is not None else None
-                relative = delta / abs(a) if delta is not None and a else None
+                # No relative change over a base near zero: |A| must be at least 1% of the larger value.
+                relative = delta / abs(a) if delta is not None and abs(a or 0.0) >= NEAR_ZERO * max(abs(a), abs(b)) \
+                    and a else None
                 rows.append({"analysis": name, "metric": metric, "key": label, a_name: a, b_name: b,
                              "delta": delta, "relative_delta": relative})
     schema = {"analysis": pl.String, "metric": pl.String, "key": pl.String, a_name: pl.Float64, b_name: pl.Float64,

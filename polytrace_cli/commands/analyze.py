@@ -155,6 +155,10 @@ def compare(
 
     with Store.open(db, read_only=True, wait=wait) as store:
         frame = store.compare(run_a, run_b, only, steps)
+        guard = store.comparability(run_a, run_b, steps)
+    if not guard.comparable:
+        # Said on stderr, so that --json and --csv stay the numbers alone.
+        err_console.print(f"note: {guard.summary()}", highlight=False, markup=False)
     if as_json or as_csv or wide:
         emit_frame(frame, as_json=as_json, as_csv=as_csv, wide=wide, identity=["analysis", "metric", "key"],
                    title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})", shared_decimals="row")

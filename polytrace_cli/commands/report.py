@@ -37,6 +37,28 @@ def _limit_option(help_text: str):
     return typer.Option(help=help_text, show_default=False)
 
 
+def _print_baseline(headline: dict, run: str, baseline: str | None, steps: str | None,
+                    baseline_steps: str | None, baseline_db: str | None) -> None:
+    """The verdict at the same workload, the workload apart, and the raw mean steps with the top cause."""
+    judged = headline["verdict"]
+    colour = {"regression": "bold red", "improvement": "green", "no change": "green"}.get(judged["verdict"], "yellow")
+    console.print(f"[{colour}]{escape(judged['headline'])}[/]", highlight=False)
+    for line in judged["workload"]:
+        console.print(f"  {escape(line['text'])}", highlight=False)
+    if headline["a_step_s"] is None:
+        return
+    top = headline["top_cause"]
+    named = (f"; top cause {top['cause']}{' (' + top['stage'] + ')' if top['stage'] else ''} "
+             f"{top['seconds']:+,.1f} s per step" if top else "")
+    against = f" --against {escape(baseline)}" if baseline else ""
+    windows = (f"{' --steps ' + escape(steps) if steps else ''}"
+               f"{' --against-steps ' + escape(baseline_steps) if baseline_steps else ''}")
+    hint = "" if baseline_db else f"; polytrace explain {escape(run)}{against}{windows} tells the rest"
+    console.print(f"mean step {headline['b_step_s']:,.1f} s against {headline['a_step_s']:,.1f} s for "
+                  f"{escape(headline['baseline'])} ({headline['slowdown']:+.1%}){escape(named)}{hint}",
+                  highlight=False)
+
+
 @user_errors
 def check(
     run: Annotated[str, typer.Argument(help="The run to check.")],
@@ -47,10 +69,19 @@ def check(
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
     baseline: Annotated[str | None, typer.Option(
-        "--baseline", help="The run RUN is compared with for --max-slowdown.")] = None,
+        "--baseline", help="The run RUN is compared with for --max-slowdown and --max-step-slowdown.")] = None,
+    baseline_steps: Annotated[str | None, typer.Option(
+        "--baseline-steps", metavar="A:B",
+        help="The baseline's step range (alone: a window of RUN itself is the baseline).")] = None,
+    baseline_db: Annotated[str | None, typer.Option(
+        "--baseline-db", metavar="STORE",
+        help="Read the baseline from this store file or lake folder (default: RUN's store).")] = None,
     max_slowdown: Annotated[str | None, typer.Option(
         "--max-slowdown", metavar="SHARE",
-        help="Fail when RUN's mean step is more than this slower than --baseline's, e.g. 5% or 0.05.")] = None,
+        help="Fail on a regression at the same workload of more than this, e.g. 5% or 0.05.")] = None,
+    max_step_slowdown: Annotated[str | None, typer.Option(
+        "--max-step-slowdown", metavar="SHARE",
+        help="Fail when RUN's mean step, workload included, is more than this slower than the baseline's.")] = None,
     allow_unmeasurable: Annotated[bool, typer.Option(
         "--allow-unmeasurable",
         help="Pass a threshold the run's data cannot measure instead of failing on it.")] = False,
@@ -70,15 +101,20 @@ def check(
         "max_imbalance": max_imbalance, "max_step_cv": max_step_cv, "max_clip_ratio": max_clip_ratio,
         "max_p99_p50": max_p99_p50, "max_tool_p99_s": max_tool_p99_s, "min_kept_share": min_kept_share,
     }.items() if value is not None}
-    if (baseline is None) != (max_slowdown is None):
-        raise fail("--baseline and --max-slowdown go together: polytrace check B --baseline A --max-slowdown 5%")
-    if not limits and baseline is None:
+    compared = baseline is not None or baseline_steps is not None or baseline_db is not None
+    gated = max_slowdown is not None or max_step_slowdown is not None
+    if compared != gated:
+        raise fail("a baseline and --max-slowdown (or --max-step-slowdown) go together: "
+                   "polytrace check B --baseline A --max-slowdown 5%")
+    if not limits and not compared:
         raise fail("give at least one threshold, e.g. --max-imbalance 1.2 (see polytrace check --help)")
     try:
         validate_limits(limits)
         slowdown_limit = parse_share(max_slowdown) if max_slowdown is not None else None
+        step_limit = parse_share(max_step_slowdown, "--max-step-slowdown") if max_step_slowdown is not None else None
     except ValueError as error:
         raise fail(str(error)) from None
+    baseline_range = StepRange.parse(baseline_steps) if baseline_steps is not None else None
     if as_json and as_csv:
         raise PolytraceError("choose one of --json and --csv")
     step_range = StepRange.parse(steps)
@@ -88,13 +124,14 @@ def check(
             raise fail(f"check failed: run {run} has no data{where}; nothing can be measured", 1)
         verdicts = store.check(run, limits, step_range) if limits else []
         headline = None
-        if baseline is not None:
-            slowdown, headline = store.check_slowdown(run, baseline, slowdown_limit, step_range)
-            verdicts.append(slowdown)
+        if compared:
+            gates, headline = store.check_baseline(run, baseline, slowdown_limit, step_limit, step_range,
+                                                   baseline_range, baseline_db)
+            verdicts.extend(gates)
     bad = failed(verdicts, allow_unmeasurable)
     if as_json:
         document = {"run": run, "passed": not bad, "checks": [v.as_dict() for v in verdicts]}
-        if baseline is not None:
+        if compared:
             document["baseline"] = headline
         sys.stdout.write(json.dumps(document, default=json_default, indent=2) + "\n")
     elif as_csv:
@@ -111,14 +148,8 @@ def check(
             table.add_row("--" + v.threshold.replace("_", "-"), cell(v.limit), cell(v.measured),
                           f"[{colours[v.status]}]{v.status}[/]", escape(metric))
         console.print(table)
-        top = (headline or {}).get("top_cause")
         if headline is not None:
-            named = (f"; top cause {top['cause']}{' (' + top['stage'] + ')' if top['stage'] else ''} "
-                     f"{top['seconds']:+,.1f} s per step" if top else "")
-            console.print(f"mean step {headline['b_step_s']:,.1f} s against {headline['a_step_s']:,.1f} s for "
-                          f"{escape(headline['baseline'])} ({headline['slowdown']:+.1%}){escape(named)}; "
-                          f"polytrace explain {escape(run)} --against {escape(baseline)}"
-                          f"{' --steps ' + escape(steps) if steps else ''} tells the rest", highlight=False)
+            _print_baseline(headline, run, baseline, steps, baseline_steps, baseline_db)
         unmeasured = [v for v in verdicts if v.status == NOT_MEASURABLE]
         if unmeasured and not allow_unmeasurable:
             names = ", ".join("--" + v.threshold.replace("_", "-") for v in unmeasured)

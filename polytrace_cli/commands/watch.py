@@ -30,6 +30,11 @@ def watch(
     stall_factor: Annotated[float, typer.Option(
         "--stall-factor", metavar="K", min=1.0,
         help="Alert a stall after K times the usual time between steps without a new one.")] = 3.0,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", metavar="RUN",
+        help="Alert when a stage's efficiency leaves this run's band (its seconds at the step's workload).")] = None,
+    baseline_db: Annotated[str | None, typer.Option(
+        "--baseline-db", metavar="STORE", help="Read --baseline from this store file or lake folder.")] = None,
     wait: WaitOption = 0,
 ) -> None:
     """Follow a log as the job writes it: ingest each step, compare it with the run's model, alert.
@@ -43,6 +48,8 @@ def watch(
 
     if not path.exists():
         raise fail(f"{path}: no such file or directory")
+    if baseline_db is not None and baseline is None:
+        raise fail("--baseline-db names where --baseline is read: give --baseline RUN too")
     settings = WatchSettings(poll=poll, idle_exit=idle_exit, stall_factor=stall_factor, run=run)
     store = Store.open(db, wait=wait)
     view = None
@@ -60,7 +67,7 @@ def watch(
 
     try:
         if as_json:
-            result = store.watch(path, on_event, settings)
+            result = store.watch(path, on_event, settings, baseline=baseline, baseline_db=baseline_db)
         else:
             from rich.live import Live
 
@@ -72,7 +79,8 @@ def watch(
                 view.run, view.total_steps = name, store.configured_steps(name)
 
             with Live(view, console=console, auto_refresh=False, transient=False) as live:
-                result = store.watch(path, on_event, settings, on_run=on_run)
+                result = store.watch(path, on_event, settings, on_run=on_run, baseline=baseline,
+                                     baseline_db=baseline_db)
     finally:
         store.close()
     if result.exit_code == EXIT_CRASH:

@@ -25,7 +25,11 @@ feature f, 0 where the side's model has no such term; Δ = B − A; x̄ = (x_A +
 - validation, checkpoint, weight_sync, warmup, each per step = frequency × cost (frequency = share of
   the N steps that have it, cost = its mean seconds there): Δ(f·c) = c̄·Δf + f̄·Δc, the two parts
   telling which of the two changed;
-- unexplained: the change of the mean residual on the steps that are not warm-up.
+- unexplained: the change of the mean residual on the steps that are not warm-up;
+- stage_only_in_a, stage_only_in_b: a stage with a workload line that one side times and the other does
+  not (a critic's values and update_critic, a reference model's ref) is its own cause, never an
+  efficiency: its whole seconds on that side, f_k(W̄) (minus for A's), with no workload or efficiency
+  term; whatever the other side spent on it is in that side's `other` time.
 A cause's share = seconds / delta_s, given when |delta_s| is at least 1% of A's step (null otherwise).
 
 A term one side's model lacks because its feature did not vary over that side's steps (the longest
@@ -42,7 +46,13 @@ Scale: when the sides' GPU counts differ (run meta n_gpus, or nnodes × n_gpus_p
 config), each stage's seconds t_k = f_k at the common workload (W̃'s batch features; m = T̄ / r of
 the side, busiest = λ of the side · m) give speedup = t_fewer / t_more, ideal = g_more / g_fewer and
 scaling efficiency = speedup / ideal; a stage holding ≥ 5% of the larger side's modelled step whose
-speedup is below 1.05 stopped scaling.
+speedup is below 1.05 stopped scaling. Only stages both sides time are scaled, and a stage whose
+seconds on either side are below 1% of the larger side's modelled step gets no speedup (a ratio over a
+base near zero).
+
+Guardrails (`diagnose.comparable`): the first findings say when the sides differ in framework, algorithm
+(a critic or not), advantage estimator, model, GPU count or timed stages. No percentage is given over a
+base below 1% of A's step; the mean rank's tokens are only spoken of when both sides log per-rank data.
 """
 
 from __future__ import annotations
@@ -56,6 +66,9 @@ import numpy as np
 import polars as pl
 
 from polytrace_cli.analyze.common import StepRange
+from polytrace_cli.diagnose.comparable import (
+    Comparability, compare_profiles, percent_text, profile_of, relative_change,
+)
 from polytrace_cli.diagnose.explain import MIN_TRAINING_STEPS, _finite, decompose_run, explained_in_seconds
 from polytrace_cli.display import duration
 from polytrace_cli.errors import PolytraceError
@@ -66,7 +79,8 @@ from polytrace_cli.model.workload import _ranks_from_meta
 
 WORKLOAD_CAUSES = ("token_volume", "long_tail", "dp_imbalance", "gpu_count")
 OVERHEAD_CAUSES = ("validation", "checkpoint", "weight_sync", "warmup")
-CAUSES = (*WORKLOAD_CAUSES, "efficiency", *OVERHEAD_CAUSES, "unexplained")
+STAGE_ONLY_CAUSES = ("stage_only_in_a", "stage_only_in_b")
+CAUSES = (*WORKLOAD_CAUSES, "efficiency", *STAGE_ONLY_CAUSES, *OVERHEAD_CAUSES, "unexplained")
 # The stage each overhead's seconds are logged as.
 OVERHEAD_STAGE = {"validation": "testing", "checkpoint": "save_checkpoint", "weight_sync": "update_weights",
                   "warmup": None}
@@ -84,6 +98,8 @@ SHARE_MIN_DELTA = 0.01
 # Findings name the causes above this share of |delta_s| (and of A's step).
 FINDING_SHARE, FINDING_STEP_SHARE = 0.05, 0.01
 CAUSE_COLUMNS = ("cause", "stage", "seconds", "share", "of_step")
+# A percentage or a speedup is given over a base of at least this share of the step (else it is near zero).
+NEAR_ZERO_SHARE = 0.01
 
 
 @dataclass
@@ -102,6 +118,7 @@ class Side:
     overheads: dict[str, tuple[float, float]]   # cause -> (frequency, cost_s)
     unexplained_s: float
     model_s: float
+    per_rank: bool = False
     # stage -> (intercept, {feature: seconds per unit}, features the fit dropped as not varying); the
     # model's lines, with terms borrowed from the other side (`_borrow_terms`).
     lines: dict[str, tuple[float, dict[str, float], tuple[str, ...]]] = field(default_factory=dict, repr=False)
@@ -123,6 +140,7 @@ class Comparison:
     findings: list[str]
     notes: list[str]
     scaling: dict | None = None
+    comparability: Comparability | None = None
 
     @property
     def delta_s(self) -> float:
@@ -148,6 +166,7 @@ class Comparison:
             "wall_delta_s": self.b.wall_s - self.a.wall_s, "slowdown": self.slowdown,
             "order": "shapley", "interaction_s": self.interaction_s, "causes": self.causes,
             "findings": self.findings, "notes": self.notes, "scaling": self.scaling,
+            "comparable": None if self.comparability is None else self.comparability.to_dict(),
         })
 
     def to_json(self) -> str:
@@ -227,10 +246,11 @@ def _side(label: str, run: str, frame: pl.DataFrame, gpus: int | None) -> Side:
         values = np.where(np.isfinite(values), values, fill)
         workload[name] = float(values.mean()) if values.size and np.all(np.isfinite(values)) else float("nan")
     ranks = _mode(frame.filter(pl.Series(counted))["ranks"])
+    per_rank = bool(frame.filter(pl.Series(counted))["per_rank_data"].fill_null(False).any())
     return Side(label=label, run=run, steps=n, step_s=float(wall[timed].sum()) / n, wall_s=float(wall[timed].sum()),
                 model=model, workload=workload, ranks=ranks, gpus=gpus or ranks, overheads=overheads,
                 unexplained_s=float(residual[counted & ~is_warm].sum()) / n,
-                model_s=float(model_part[counted].sum()) / n)
+                model_s=float(model_part[counted].sum()) / n, per_rank=per_rank)
 
 
 def _coefficient(side: Side, stage: str, feature: str | None) -> float:
@@ -299,7 +319,13 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
     def add(cause: str, stage: str | None, seconds: float) -> None:
         parts[(cause, stage)] = parts.get((cause, stage), 0.0) + seconds
 
+    floor = NEAR_ZERO_SHARE * abs(a.step_s)
     for stage in stages:
+        if (stage in a.lines) != (stage in b.lines):
+            # Timed by one side only: its whole seconds there are its own cause, never an efficiency.
+            side, cause, sign = (b, "stage_only_in_b", 1.0) if stage in b.lines else (a, "stage_only_in_a", -1.0)
+            add(cause, stage, sign * line_at(side, stage, side.workload))
+            continue
         features = set()
         for side in (a, b):
             if stage in side.lines:
@@ -317,7 +343,7 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
             efficiency += (cb - ca) * mean_w
             at_mean["a"] += ca * mean_w
             at_mean["b"] += cb * mean_w
-            if ca > 0 and cb > 0 and (ca + cb) * mean_w > largest:
+            if min(ca, cb) * mean_w >= floor and (ca + cb) * mean_w > largest:
                 largest = (ca + cb) * mean_w
                 at_mean["per_unit"] = (feature, ca, cb)
             interaction += (cb - ca) * (wb - wa)
@@ -334,6 +360,16 @@ def _decompose(a: Side, b: Side) -> tuple[dict[tuple[str, str | None], float], f
         add("efficiency", stage, efficiency)
         detail[stage] = at_mean
     return parts, interaction, detail
+
+
+def line_at(side: Side, stage: str, workload: dict[str, float]) -> float:
+    """The side's line of `stage` at a workload (a feature it lacks at the side's typical value, else 0)."""
+    intercept, coefficients, _ = side.lines[stage]
+    total = intercept
+    for feature, coefficient in coefficients.items():
+        level = workload.get(feature, np.nan)
+        total += coefficient * (level if np.isfinite(level) else side.model.typical.get(feature, 0.0))
+    return float(total)
 
 
 def _overhead_parts(a: Side, b: Side) -> dict[str, dict]:
@@ -357,6 +393,8 @@ def _cause_rows(a: Side, b: Side, parts: dict, overheads: dict[str, dict], detai
         stage = max(mine, key=lambda k: mine[k] * (1 if total >= 0 else -1))
         rows.append({"cause": cause, "group": "workload", "stage": stage, "seconds": total})
     for (cause, stage), seconds in parts.items():
+        if cause in STAGE_ONLY_CAUSES:
+            rows.append({"cause": cause, "group": "stages", "stage": stage, "seconds": seconds})
         if cause == "efficiency" and seconds != 0:
             at = detail[stage]
             rows.append({"cause": cause, "group": "efficiency", "stage": stage, "seconds": seconds,
@@ -381,11 +419,9 @@ def _every(frequency: float) -> str:
     return "every step" if every < 1.05 else f"once every {every:,.1f} steps"
 
 
-def _percent(new: float, old: float) -> str:
-    if not old:
-        return ""
-    change = (new - old) / abs(old)
-    return f" ({change:+.1%})".replace("-", "−") if abs(change) < 0.1 else f" ({change:+.0%})".replace("-", "−")
+def _percent(new: float, old: float, floor: float = 0.0) -> str:
+    """' (+12%)' of new against old, '' when old is below `floor` (near zero)."""
+    return percent_text(relative_change(new, old, floor))
 
 
 def _cause_text(row: dict, a: Side, b: Side, busiest: str, detail: dict[str, dict]) -> str:
@@ -398,12 +434,17 @@ def _cause_text(row: dict, a: Side, b: Side, busiest: str, detail: dict[str, dic
         said = []
         if np.isfinite(ra) and np.isfinite(rb):
             said.append(f"response tokens per step {rb:,.0f} against {ra:,.0f}{_percent(rb, ra)}")
-        if np.isfinite(ma) and np.isfinite(mb) and a.ranks and b.ranks and a.ranks != b.ranks:
+        ta, tb = a.workload.get("total_tokens", np.nan), b.workload.get("total_tokens", np.nan)
+        per_rank = a.per_rank and b.per_rank
+        if per_rank and np.isfinite(ma) and np.isfinite(mb) and a.ranks and b.ranks and a.ranks != b.ranks:
             # The mean rank's change from the rank count is gpu_count's; the volume is all ranks' tokens.
             ta, tb = ma * a.ranks, mb * b.ranks
             said.append(f"all DP ranks together held {tb:,.0f} tokens against {ta:,.0f}{_percent(tb, ta)}")
-        elif np.isfinite(ma) and np.isfinite(mb):
+        elif per_rank and np.isfinite(ma) and np.isfinite(mb):
             said.append(f"the mean rank held {mb:,.0f} tokens against {ma:,.0f}{_percent(mb, ma)}")
+        elif np.isfinite(ta) and np.isfinite(tb) and not said:
+            # Without per-rank data a rank's tokens are only total / ranks: the total is what was logged.
+            said.append(f"tokens per step {tb:,.0f} against {ta:,.0f}{_percent(tb, ta)}")
         return f"{head}: {'; '.join(said) or 'more tokens per step'}"
     if cause == "long_tail":
         ra, rb = a.workload.get("r_max", np.nan), b.workload.get("r_max", np.nan)
@@ -418,8 +459,9 @@ def _cause_text(row: dict, a: Side, b: Side, busiest: str, detail: dict[str, dic
                 f"{'smaller' if (b.ranks or 0) > (a.ranks or 0) else 'larger'} share of the batch")
     if cause == "efficiency":
         ta, tb = row["a_at_same_workload_s"], row["b_at_same_workload_s"]
-        change = f"{abs(tb - ta) / ta:.0%} {'slower' if tb > ta else 'faster'}" if ta > 0 else (
-            "slower" if tb > ta else "faster")
+        relative = relative_change(tb, ta, NEAR_ZERO_SHARE * abs(a.step_s))
+        way = "slower" if tb > ta else "faster"
+        change = f"{abs(relative):.0%} {way}" if relative is not None else way
         text = (f"{head}: {row['stage']} ran {change} at the same workload ({duration(tb)} against {duration(ta)} "
                 f"at the two runs' mean workload)")
         per_unit = detail.get(row["stage"], {}).get("per_unit")
@@ -427,6 +469,11 @@ def _cause_text(row: dict, a: Side, b: Side, busiest: str, detail: dict[str, dic
             feature, ca, cb = per_unit
             text += f"; {(cb - ca) / ca:+.0%} seconds per {FEATURE_UNIT.get(feature, feature)}".replace("-", "−")
         return text
+    if cause in STAGE_ONLY_CAUSES:
+        timed, other = (b, a) if cause == "stage_only_in_b" else (a, b)
+        return (f"stage only in {'B' if timed is b else 'A'}: {row['stage']} {'+' if seconds >= 0 else '−'}"
+                f"{duration(abs(seconds))} per step, timed in {timed.label}'s log only (not an efficiency: "
+                f"whatever {other.label} spent on it is in its other time)")
     if cause in OVERHEAD_CAUSES:
         frequency, cost = row["from_frequency_s"], row["from_cost_s"]
         if not row["frequency_a"] or not row["frequency_b"]:
@@ -469,10 +516,12 @@ def _scaling(a: Side, b: Side, busiest: str) -> dict | None:
     t_fewer, t_more = seconds(fewer), seconds(more)
     ideal = more.gpus / fewer.gpus
     step_more = sum(t_more.values())
+    floor = NEAR_ZERO_SHARE * max(step_more, sum(t_fewer.values()))
     rows = []
-    for stage in dict.fromkeys([*t_fewer, *t_more]):
-        tf, tm = t_fewer.get(stage, 0.0), t_more.get(stage, 0.0)
-        speedup = tf / tm if tm > 0 else None
+    # Only a stage both sides time scales; one side's stage is its own cause (stage_only_in_a, _b).
+    for stage in [s for s in t_fewer if s in t_more]:
+        tf, tm = t_fewer[stage], t_more[stage]
+        speedup = tf / tm if tm >= floor and tf >= floor else None
         rows.append({"stage": stage, "fewer_gpus_s": tf, "more_gpus_s": tm, "speedup": speedup,
                      "efficiency": speedup / ideal if speedup is not None else None,
                      "stopped": bool(speedup is not None and speedup < STOPPED_SPEEDUP
@@ -483,8 +532,9 @@ def _scaling(a: Side, b: Side, busiest: str) -> dict | None:
             "ideal_speedup": ideal, "stages": rows, "stopped_scaling": worst["stage"] if worst else None}
 
 
-def compare_sides(a: Side, b: Side) -> Comparison:
-    """The decomposition of the module docstring for two prepared sides."""
+def compare_sides(a: Side, b: Side, comparability: Comparability | None = None) -> Comparison:
+    """The decomposition of the module docstring for two prepared sides; `comparability` (the sides'
+    guardrails, `diagnose.comparable`) puts the ways they differ among the first findings."""
     busiest = a.model.busiest_feature
     a, b, borrowed = _borrow_terms(a, b)
     parts, interaction, detail = _decompose(a, b)
@@ -494,6 +544,8 @@ def compare_sides(a: Side, b: Side) -> Comparison:
     findings = [f"{b.label}'s mean step is {duration(b.step_s)} against {duration(a.step_s)} for {a.label}: "
                 f"{'+' if delta >= 0 else '−'}{duration(abs(delta))}{_percent(b.step_s, a.step_s)} per step, "
                 f"over {b.steps:,} and {a.steps:,} steps"]
+    if comparability is not None and not comparability.comparable:
+        findings.append(comparability.summary())
     for row in causes:
         if abs(row["seconds"]) >= max(FINDING_SHARE * abs(delta), FINDING_STEP_SHARE * a.step_s):
             findings.append(_cause_text(row, a, b, busiest, detail))
@@ -513,17 +565,23 @@ def compare_sides(a: Side, b: Side) -> Comparison:
             text += f": {stopped} stopped scaling (speedup {row['speedup']:.2f}×, efficiency {row['efficiency']:.0%})"
         findings.append(text)
     return Comparison(a=a, b=b, causes=causes, interaction_s=interaction, findings=findings, notes=notes,
-                      scaling=scaling)
+                      scaling=scaling, comparability=comparability)
 
 
 def explain_against(con: duckdb.DuckDBPyConnection, run: str, against: str | None = None,
-                    steps: StepRange | str | None = None, against_steps: StepRange | str | None = None) -> Comparison:
+                    steps: StepRange | str | None = None, against_steps: StepRange | str | None = None,
+                    against_con: duckdb.DuckDBPyConnection | None = None) -> Comparison:
     """Why `run` (B, in `steps`) differs from `against` (A, in `against_steps`; the same run when None)
-    in mean step time: causes summing to B's mean step − A's (see the module docstring)."""
+    in mean step time: causes summing to B's mean step − A's (see the module docstring). A is read from
+    `against_con` when given (a baseline kept in another store or a lake), else from `con`."""
     steps, against_steps = StepRange.of(steps), StepRange.of(against_steps)
     against = run if against is None else against
+    elsewhere = against_con is not None and against_con is not con
+    against_con = con if against_con is None else against_con
     frame_b, label_b, gpus_b = _side_frame(con, run, steps)
-    frame_a, label_a, gpus_a = _side_frame(con, against, against_steps)
+    frame_a, label_a, gpus_a = _side_frame(against_con, against, against_steps)
+    if elsewhere and label_a == label_b:
+        label_a = f"{label_a} (baseline)"
     if label_a == label_b:
         raise PolytraceError(f"{label_b} is compared with itself: give --against another run or --against-steps")
     side_a = _side(label_a, against, frame_a, gpus_a)
@@ -541,7 +599,8 @@ def explain_against(con: duckdb.DuckDBPyConnection, run: str, against: str | Non
             notes.append(f"{', '.join(only)} {'is' if len(only) == 1 else 'are'} timed in {side.label}'s log only: "
                          f"whatever time {other.label} spent on {'it' if len(only) == 1 else 'them'} is in its other "
                          "stage, and so in other's efficiency")
-    comparison = compare_sides(side_a, side_b)
+    guard = compare_profiles(profile_of(against_con, against, label_a, frame_a), profile_of(con, run, label_b, frame_b))
+    comparison = compare_sides(side_a, side_b, guard)
     comparison.notes.extend(notes)
     modes = (_execution_mode(frame_a), _execution_mode(frame_b))
     if modes[0] != modes[1] and SYNC in modes:

@@ -1,8 +1,12 @@
 """The report's comparison section: when a report holds several runs of one task, why each run's mean
 step differs from the first run of that task (`diagnose.against.explain_against` over the report's
-steps). Runs without a task are not compared: nothing says they ran the same job; nor are runs that
-log no step metrics (per-sample traces alone: no step time to compare). A pair whose runs cannot be
-compared (too few timed steps in the range for a step-time model) is listed with the reason."""
+steps) and the verdict at the same workload (`diagnose.verdict.judge`: regression, improvement, no
+change or inconclusive, as `check --baseline` gives it). Runs without a task are not compared: nothing
+says they ran the same job; nor are runs that log no step metrics (per-sample traces alone: no step
+time to compare). A pair is compared only when its runs match (`diagnose.comparable`: the same
+framework, algorithm, estimator, model, GPU count and timed stages); a pair that does not, or whose
+runs have too few timed steps in the range for a step-time model, is listed with the reason and no
+numbers."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from polytrace_cli.errors import PolytraceError
 # Causes listed per pair on the page (every cause is in summary.json).
 SHOWN_CAUSES = 3
 COMPARISON_KEYS = ("task", "a", "b", "a_step_s", "b_step_s", "delta_s", "slowdown", "causes", "findings", "scaling",
-                   "omitted")
+                   "omitted", "verdict", "comparable")
 
 
 def runs_by_task(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, list[str]]:
@@ -36,8 +40,10 @@ def runs_by_task(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str
 
 def run_comparisons(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> list[dict]:
     """Per task with several runs, each later run against the task's first (`COMPARISON_KEYS`; causes
-    and findings as `explain --against --json` has them, `omitted` the reason a pair has no numbers)."""
+    and findings as `explain --against --json` has them, `verdict` as `check --json`'s
+    `baseline.verdict`, `comparable` the guardrails, `omitted` the reason a pair has no numbers)."""
     from polytrace_cli.diagnose.against import explain_against
+    from polytrace_cli.diagnose.verdict import judge
 
     out = []
     for task, names in runs_by_task(con, run_ids).items():
@@ -46,12 +52,19 @@ def run_comparisons(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
             entry = dict.fromkeys(COMPARISON_KEYS)
             entry.update(task=task, a=baseline, b=run, causes=[], findings=[])
             try:
-                document = explain_against(con, run, baseline, steps, steps).to_dict()
+                comparison = explain_against(con, run, baseline, steps, steps)
             except PolytraceError as error:
                 entry["omitted"] = str(error)
+                out.append(entry)
+                continue
+            guard = comparison.comparability
+            entry["comparable"] = None if guard is None else guard.to_dict()
+            if guard is not None and not guard.comparable:
+                entry["omitted"] = "the runs do not compare like for like: " + "; ".join(guard.reasons)
             else:
+                document = comparison.to_dict()
                 entry.update({key: document[key] for key in COMPARISON_KEYS if key in document})
-                entry.update(task=task, a=baseline, b=run)
+                entry.update(task=task, a=baseline, b=run, verdict=judge(comparison).to_dict())
             out.append(entry)
     return out
 
@@ -67,7 +80,10 @@ def _lines(entry: dict) -> tuple[str, list[str]]:
     if entry["omitted"]:
         return head, [f"not compared: {entry['omitted']}"]
     scaled = [text for text in entry["findings"] if "stopped scaling" in text]
-    return head, [entry["findings"][0], *(_cause_line(c) for c in entry["causes"][:SHOWN_CAUSES]), *scaled]
+    verdict = entry.get("verdict")
+    judged = [f"verdict at the same workload: {verdict['headline']}", *(w["text"] for w in verdict["workload"])] \
+        if verdict else []
+    return head, [*judged, entry["findings"][0], *(_cause_line(c) for c in entry["causes"][:SHOWN_CAUSES]), *scaled]
 
 
 def html_section(comparisons: list[dict]) -> str:
@@ -75,8 +91,10 @@ def html_section(comparisons: list[dict]) -> str:
     if not comparisons:
         return ""
     parts = ["<h2 id='comparison'>Runs of one task compared</h2>",
-             "<p class='meta'>Each run's mean step against the first run of its task, split into causes that sum "
-             "to the difference (polytrace explain RUN --against FIRST).</p>"]
+             "<p class='meta'>Each run's mean step against the first run of its task: the verdict at the same "
+             "workload (polytrace check RUN --baseline FIRST) and the causes that sum to the difference "
+             "(polytrace explain RUN --against FIRST). Runs that do not match (framework, algorithm, model, "
+             "GPUs, timed stages) are listed with the reason, not compared.</p>"]
     for entry in comparisons:
         head, lines = _lines(entry)
         items = "".join(f"<li>{escape(line)}</li>" for line in lines)
@@ -89,8 +107,10 @@ def markdown_lines(comparisons: list[dict]) -> list[str]:
     if not comparisons:
         return []
     out = ["## Runs of one task compared", "",
-           "Each run's mean step against the first run of its task, split into causes that sum to the difference "
-           "(polytrace explain RUN --against FIRST).", ""]
+           "Each run's mean step against the first run of its task: the verdict at the same workload (polytrace "
+           "check RUN --baseline FIRST) and the causes that sum to the difference (polytrace explain RUN --against "
+           "FIRST). Runs that do not match (framework, algorithm, model, GPUs, timed stages) are listed with the "
+           "reason, not compared.", ""]
     for entry in comparisons:
         head, lines = _lines(entry)
         out += [f"### {head}", "", *(f"- {line}" for line in lines), ""]

@@ -9,7 +9,9 @@ the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/wa
     validation every step whose validation metrics landed (keys with a format's validation prefix,
                `val-core/...`, `test_score/...`, `eval/...`): their values, once per step; a
                validation run before training (verl's `step:0` line) is one, though not a step
-    alert      kind slow_step (a slow step), crash (an OOM, an NCCL timeout or a traceback in the
+    alert      kind slow_step (a slow step), efficiency (with a baseline, `baseline.BaselineBand`: a
+               stage's seconds at the step's workload left the baseline's band), baseline (the
+               watched run does not compare with the baseline like for like), crash (an OOM, an NCCL timeout or a traceback in the
                new lines, named once a poll sees no growth, from the lines since its first sign;
                when CRASH_QUIET_POLLS polls in all pass without growth, watching ends with
                EXIT_CRASH; a step logged after the crash's lines means the job lives on, and
@@ -45,6 +47,7 @@ from polytrace_cli.ingest.files import last_newline_end, path_text, walk
 from polytrace_cli.semantics.step_facts import pairs_after_sql
 from polytrace_cli.store.queries import run_id_if_any
 from polytrace_cli.watch.asynchronous import AsyncAlerts
+from polytrace_cli.watch.baseline import BaselineBand
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3
@@ -219,10 +222,12 @@ class ValidationEvents:
 
 def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[dict], None],
               settings: WatchSettings = WatchSettings(), on_run: Callable[[str], None] | None = None,
-              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+              baseline: BaselineBand | None = None) -> WatchResult:
     """Follow `path` (a log file or a run folder) until it stays idle `settings.idle_exit` seconds
     or a crash is seen in it; `on_event` gets each event as it happens (see the module), `on_run`
-    the run's name once its first rows are stored."""
+    the run's name once its first rows are stored; with `baseline`, each training step's stages are
+    also judged against the baseline run's band (`efficiency` alerts)."""
     from polytrace_cli.ingest.driver import ingest_paths
 
     if not path.exists():
@@ -316,6 +321,9 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                     emit(validated.pop(0))
             for event in validated:
                 emit(event)
+            if baseline is not None and steps:
+                for event in baseline.judge(con, judge.run_id, result.run or "", judge.last_frame):
+                    emit(event)
             if steps and crash is not None and (_metric_lines(con, crash.file, crash.line)[1] or 0) > crash.line:
                 # Steps logged after the crash's lines: the job lives on.
                 if not crash.alerted:

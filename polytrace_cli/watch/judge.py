@@ -51,6 +51,7 @@ class StepJudge:
     # (segment, step) -> what `watch.asynchronous` reads of the step (its first-of-segment flag, wall time,
     # wait, staleness, dropped samples and whether that count is cumulative), for the steps `new_steps` returned.
     rollout_side: dict[tuple[int, int], tuple] = field(default_factory=dict)
+    last_frame: pl.DataFrame | None = field(default=None, repr=False)  # the workload frame the last call read
 
     def new_steps(self) -> list[dict]:
         """One record per step stored since the last call, in log order: step, segment, seconds,
@@ -62,6 +63,7 @@ class StepJudge:
         timed training steps before a step reaches REFIT_GROWTH × the count the model was fitted
         on: the same judgement whether the steps land one by one or all at once."""
         frame = read_workload(self.con, self.run_id)
+        self.last_frame = frame
         if not frame.height:
             return []
         keys = list(zip(frame["segment"].to_list(), frame["step"].to_list()))

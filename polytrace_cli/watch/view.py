@@ -134,4 +134,8 @@ def _alert_text(alert: dict) -> str:
         return f"crash ({alert['cause']}): {alert['reason']}"
     if kind == "async":
         return f"{alert['signal'].replace('_', ' ')} at step {alert['step']}: {alert['reason']}"
+    if kind == "efficiency":
+        return (f"efficiency at step {alert['step']}: {alert['stage']} {alert['direction']} than {alert['baseline']}'s "
+                f"band at the same workload, {alert['seconds']:+.1f} s ({alert['share']:+.1%}, z {alert['z']:+.1f} "
+                f"over {alert['steps']} steps)").replace("-", "−")
     return f"{kind}: {alert.get('reason', '')}"
