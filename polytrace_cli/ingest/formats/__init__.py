@@ -5,6 +5,9 @@ from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
 from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
+from polytrace_cli.ingest.formats import areal  # noqa: F401
+from polytrace_cli.ingest.formats import nemo_rl  # noqa: F401
+from polytrace_cli.ingest.formats import traces  # noqa: F401
 from polytrace_cli.ingest.formats import verl_jsonl  # noqa: F401
 from polytrace_cli.ingest.formats import verl_rollout  # noqa: F401
 from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
