@@ -12,21 +12,6 @@ tracer spans (`nemo_rl/utils/trace.py`: `step`, `generation`, `training`); AReaL
 (`areal/utils/perf_tracer.py`: `train.rollout`, `<engine>.train_batch`, ...).
 """
 
-STAGE_PATTERNS`, regular expressions matched in order on the
-lowered name, then on its last dotted part); a process's or thread's role from the words in its name
-(`ROLE_WORDS`).
-
-Sources: verl's worker annotations (`DistProfiler.annotate(role=...)` in `verl/workers/fsdp_workers.py`:
-`actor_update`, `rollout_generate`, `actor_compute_log_prob`, `ref_compute_log_prob`,
-`compute_values`, `critic_update`, `compute_rm_score`) and its trainer's timers
-(`marked_timer("gen" | "old_log_prob" | ...)` in `verl/trainer/ppo/ray_trainer.py`); NeMo-RL's
-tracer spans (`nemo_rl/utils/trace.py`: `step`, `generation`, `training`); AReaL's perf tracer
-(`areal/utils/perf_tracer.py`: `train.rollout`, `<engine>.train_batch`, ...).
-"""
-
-METRIC_ALIASES: dict[str, str] = {}
-VALIDATION_PREFIXES: tuple[str, ...] = ()
-
 STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"(step|train_step|grpo_step|ppo_step|global_step|training_step)(\s*#?\d+)?", "step"),
     (r"(rollout_generate|generate_sequences|generation|generate|agenerate|gen|rollout|rollout_generation|"
