@@ -119,7 +119,7 @@ def run_spans(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRan
     if not run_ids:
         return _empty(SPAN_COLUMNS)
     ids = ids_sql(run_ids)
-    read = frame(con, 
+    read = frame(con,
         f"""
         WITH s AS (
             SELECT row_number() OVER () AS id, * FROM spans WHERE run_id IN {ids}),
@@ -164,14 +164,14 @@ def synthesized_spans(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps:
     stages = [c.removesuffix("_s") for c in step_timers.stage_columns(con)] + ["testing", "save_checkpoint"]
     ordered = [s for s in STAGE_ORDER if s in stages] + [s for s in stages if s not in STAGE_ORDER]
     ids = ids_sql(run_ids)
-    timers = frame(con, 
+    timers = frame(con,
         f"""SELECT r.name AS run, st.run_id::BIGINT AS run_id, st.segment::BIGINT AS segment, st.step::BIGINT AS step,
                    {', '.join(f'st.{s}_s AS "{s}"' for s in ordered)}
             FROM steps st JOIN runs r USING (run_id) WHERE st.run_id IN {ids} AND {steps.sql('st.step')}""")
     if timers.is_empty():
         return _empty(SPAN_COLUMNS)
-    frame = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")
-    timers = timers.join(frame, on=["run", "segment", "step"], how="left")
+    canonical = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")
+    timers = timers.join(canonical, on=["run", "segment", "step"], how="left")
     long = (timers.unpivot(index=["run", "run_id", "segment", "step", "step_s"], on=ordered,
                            variable_name="stage", value_name="seconds")
             .filter(pl.col("seconds").is_not_null() & (pl.col("seconds") > 0))
@@ -179,7 +179,7 @@ def synthesized_spans(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps:
                                                                 return_dtype=pl.Int64)))
     if long.is_empty():
         return _empty(SPAN_COLUMNS)
-    per_rank = frame(con, 
+    per_rank = frame(con,
         f"""SELECT r.name AS run, t.step::BIGINT AS step, t.stage, t.rank::BIGINT AS rank, max(t.seconds) AS rank_seconds
             FROM rank_timings t JOIN runs r USING (run_id)
             WHERE t.run_id IN {ids} AND {steps.sql('t.step')} AND NOT coalesce(t.validate, false)
@@ -236,9 +236,9 @@ def _union_sql(source: str, keys: str) -> str:
 class _Timeline:
     """The spans of some runs registered with DuckDB, and the tables every frame below is read from."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange):
+    def __init__(self, con: duckdb.DuckDBPyConnection, spans: pl.DataFrame):
         self.con = con
-        self.spans = shared_run_spans(con, run_ids, steps)
+        self.spans = spans
         con.register("_tl_spans", self.spans.to_arrow())
         con.execute("""CREATE OR REPLACE TEMP TABLE _tl_stage AS SELECT row_number() OVER () AS id, * FROM _tl_spans
                        WHERE stage IS NOT NULL AND stage <> 'step' AND step IS NOT NULL""")
@@ -324,7 +324,7 @@ class _Timeline:
 
 
 def _with_timeline(con, run_ids, steps, use):
-    timeline = _Timeline(con, run_ids, steps)
+    timeline = _Timeline(con, shared_run_spans(con, run_ids, steps))
     try:
         return use(timeline)
     finally:
@@ -356,46 +356,50 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
 
 
 def _per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
-    def compute(timeline: _Timeline) -> pl.DataFrame:
-        spans = timeline.spans
-        if spans.filter(pl.col("step").is_not_null()).is_empty():
-            return _empty(STEP_COLUMNS)
-        windows = timeline.windows()
-        # A step's numbers come from its largest clock domain (the one with the longest window).
-        main = (windows.sort("window_s", descending=True).group_by("run", "step", maintain_order=True)
-                .agg(pl.col("domain").first(), pl.col("window_s").first()))
-        busy = timeline.busy().join(main.select("run", "step", "domain"), on=["run", "step", "domain"])
-        groups = (busy.group_by("run", "step", "role", "stage")
-                  .agg(pl.col("worker").count().alias("n"), pl.col("busy_s").max().alias("top"),
-                       pl.col("busy_s").mean().alias("mean"), pl.col("busy_s").sum().alias("total"),
-                       pl.col("worker").sort_by("busy_s", descending=True).first().alias("slowest"),
-                       pl.col("rank").sort_by("busy_s", descending=True).first().alias("slowest_rank"))
-                  .filter(pl.col("n") >= 2)
-                  .with_columns(bubble=pl.col("n") * pl.col("top") - pl.col("total"),
-                                room=pl.col("n") * pl.col("top")))
-        bubbles = groups.group_by("run", "step").agg(
-            pl.col("bubble").sum().alias("bubble_s"),
-            (pl.col("bubble").sum() / pl.col("room").sum()).alias("bubble_share"),
-            pl.col("slowest").sort_by("bubble", descending=True).first().alias("straggler"),
-            pl.col("slowest_rank").sort_by("bubble", descending=True).first().alias("straggler_rank"),
-            pl.col("role").sort_by("bubble", descending=True).first().alias("straggler_role"),
-            pl.col("stage").sort_by("bubble", descending=True).first().alias("straggler_stage"),
-            (pl.col("top") / pl.col("mean")).sort_by("bubble", descending=True).first().alias("straggler_lead"))
-        workers = busy.group_by("run", "step").agg(pl.col("worker").n_unique().alias("workers"))
-        overlap = timeline.overlap().join(main.select("run", "step", "domain"), on=["run", "step", "domain"]).select(
-            "run", "step", "overlap_s",
-            pl.when(pl.col("training_s") > 0).then(pl.col("overlap_s") / pl.col("training_s")).alias("overlap_share"))
-        synthesized = spans.group_by("run", "step").agg(pl.col("synthesized").all())
-        critical = _critical_paths(spans.join(main.select("run", "step", "domain"), on=["run", "step", "domain"]))
-        out = (main.select("run", "step", "window_s")
-               .join(synthesized, on=["run", "step"], how="left")
-               .join(workers, on=["run", "step"], how="left")
-               .join(bubbles, on=["run", "step"], how="left")
-               .join(overlap, on=["run", "step"], how="left")
-               .join(critical, on=["run", "step"], how="left"))
-        return out.with_columns(workers=pl.col("workers").fill_null(0)).select(list(STEP_COLUMNS)).cast(
-            STEP_COLUMNS).sort("run", "step")
-    return _with_timeline(con, run_ids, steps, compute)
+    return _with_timeline(con, run_ids, steps, _steps_of)
+
+
+def _steps_of(timeline: _Timeline) -> pl.DataFrame:
+    spans = timeline.spans
+    if spans.filter(pl.col("step").is_not_null()).is_empty():
+        return _empty(STEP_COLUMNS)
+    windows = timeline.windows()
+    # A step's numbers come from its largest clock domain (the one with the longest window).
+    main = (windows.sort("window_s", descending=True).group_by("run", "step", maintain_order=True)
+            .agg(pl.col("domain").first(), pl.col("window_s").first()))
+    busy = timeline.busy().join(main.select("run", "step", "domain"), on=["run", "step", "domain"])
+    groups = (busy.group_by("run", "step", "role", "stage")
+              .agg(pl.col("worker").count().alias("n"), pl.col("busy_s").max().alias("top"),
+                   pl.col("busy_s").mean().alias("mean"), pl.col("busy_s").sum().alias("total"),
+                   pl.col("worker").sort_by("busy_s", descending=True).first().alias("slowest"),
+                   pl.col("rank").sort_by("busy_s", descending=True).first().alias("slowest_rank"))
+              .filter(pl.col("n") >= 2)
+              .with_columns(bubble=pl.col("n") * pl.col("top") - pl.col("total"),
+                            room=pl.col("n") * pl.col("top")))
+    bubbles = groups.group_by("run", "step").agg(
+        pl.col("bubble").sum().alias("bubble_s"),
+        (pl.col("bubble").sum() / pl.col("room").sum()).alias("bubble_share"),
+        pl.col("slowest").sort_by("bubble", descending=True).first().alias("straggler"),
+        pl.col("slowest_rank").sort_by("bubble", descending=True).first().alias("straggler_rank"),
+        pl.col("role").sort_by("bubble", descending=True).first().alias("straggler_role"),
+        pl.col("stage").sort_by("bubble", descending=True).first().alias("straggler_stage"),
+        (pl.col("top") / pl.col("mean")).sort_by("bubble", descending=True).first().alias("straggler_lead"))
+    workers = busy.group_by("run", "step").agg(pl.col("worker").n_unique().alias("workers"))
+    overlap = timeline.overlap().join(main.select("run", "step", "domain"), on=["run", "step", "domain"]).select(
+        "run", "step", "overlap_s",
+        pl.when(pl.col("training_s") > 0).then(pl.col("overlap_s") / pl.col("training_s")).alias("overlap_share"))
+    synthesized = spans.group_by("run", "step").agg(pl.col("synthesized").all())
+    critical = _critical_paths(spans.join(main.select("run", "step", "domain"), on=["run", "step", "domain"]))
+    out = (main.select("run", "step", "window_s")
+           .join(synthesized, on=["run", "step"], how="left")
+           .join(workers, on=["run", "step"], how="left")
+           .join(bubbles, on=["run", "step"], how="left")
+           .join(overlap, on=["run", "step"], how="left")
+           .join(critical, on=["run", "step"], how="left"))
+    # Laid end to end, synthesized stages never overlap: no overlap is measured there.
+    out = out.with_columns(workers=pl.col("workers").fill_null(0),
+                           **{c: pl.when(~pl.col("synthesized")).then(pl.col(c)) for c in ("overlap_s", "overlap_share")})
+    return out.select(list(STEP_COLUMNS)).cast(STEP_COLUMNS).sort("run", "step")
 
 
 CRITICAL_COLUMNS = {"run": pl.String, "step": pl.Int64, "critical_path": pl.String,
@@ -445,29 +449,32 @@ def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     """Busy and idle time per worker over the steps (`RANK_COLUMNS`, module docstring)."""
     if not run_ids:
         return _empty(RANK_COLUMNS)
+    return _with_timeline(con, run_ids, steps, lambda timeline: _ranks_of(timeline, _steps_of(timeline)))
 
-    def compute(timeline: _Timeline) -> pl.DataFrame:
-        busy = timeline.worker_busy()
-        gpu = timeline.gpu()
-        if busy.is_empty() and gpu.is_empty():
-            return _empty(RANK_COLUMNS)
-        windows = timeline.windows()
-        rows = (busy.join(windows.select("run", "step", "domain", "window_s"), on=["run", "step", "domain"], how="left")
-                .group_by("run", "role", "worker", "rank", "synthesized")
-                .agg(pl.col("step").n_unique().alias("steps"), pl.col("window_s").sum(), pl.col("busy_s").sum()))
-        stragglers = (per_step(con, run_ids, steps).filter(pl.col("straggler").is_not_null())
-                      .group_by("run", "straggler").agg(pl.len().alias("straggler_steps"))
-                      .rename({"straggler": "worker"}))
-        out = rows.join(gpu, on=["run", "worker"], how="full", coalesce=True)
-        out = out.with_columns(
-            role=pl.coalesce("role", pl.col("worker").str.split(" ").list.first()),
-            idle_s=pl.col("window_s") - pl.col("busy_s"),
-            idle_share=pl.when(pl.col("window_s") > 0).then(1 - pl.col("busy_s") / pl.col("window_s")),
-            synthesized=pl.col("synthesized").fill_null(False), steps=pl.col("steps").fill_null(0),
-        ).join(stragglers, on=["run", "worker"], how="left").with_columns(
-            straggler_steps=pl.col("straggler_steps").fill_null(0))
-        return out.select(list(RANK_COLUMNS)).cast(RANK_COLUMNS).sort("run", "role", "worker")
-    return _with_timeline(con, run_ids, steps, compute)
+
+def _ranks_of(timeline: _Timeline, by_step: pl.DataFrame) -> pl.DataFrame:
+    busy = timeline.worker_busy()
+    gpu = timeline.gpu()
+    if busy.is_empty() and gpu.is_empty():
+        return _empty(RANK_COLUMNS)
+    windows = timeline.windows()
+    rows = (busy.join(windows.select("run", "step", "domain", "window_s"), on=["run", "step", "domain"], how="left")
+            .group_by("run", "role", "worker", "rank", "synthesized")
+            .agg(pl.col("step").n_unique().alias("steps"), pl.col("window_s").sum(), pl.col("busy_s").sum()))
+    stragglers = (by_step.filter(pl.col("straggler").is_not_null())
+                  .group_by("run", "straggler").agg(pl.len().alias("straggler_steps"))
+                  .rename({"straggler": "worker"}))
+    out = rows.join(gpu, on=["run", "worker"], how="full", coalesce=True)
+    measured = ~pl.col("synthesized").fill_null(False)
+    # A synthesized role is idle while the others' stages run by construction: no idle time is measured there.
+    out = out.with_columns(
+        role=pl.coalesce("role", pl.col("worker").str.split(" ").list.first()),
+        idle_s=pl.when(measured).then(pl.col("window_s") - pl.col("busy_s")),
+        idle_share=pl.when(measured & (pl.col("window_s") > 0)).then(1 - pl.col("busy_s") / pl.col("window_s")),
+        synthesized=pl.col("synthesized").fill_null(False), steps=pl.col("steps").fill_null(0),
+    ).join(stragglers, on=["run", "worker"], how="left").with_columns(
+        straggler_steps=pl.col("straggler_steps").fill_null(0))
+    return out.select(list(RANK_COLUMNS)).cast(RANK_COLUMNS).sort("run", "role", "worker")
 
 
 @register("timeline", "busy and idle time per rank and stage, bubbles, straggler ranks, rollout/training overlap, critical path (spans)")
@@ -479,8 +486,12 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
         return _empty(SUMMARY_COLUMNS)
     names = run_names(con, run_ids)
     spans = shared_run_spans(con, run_ids, steps)
-    by_step = per_step(con, run_ids, steps)
-    ranks = per_rank(con, run_ids, steps)
+    timeline = _Timeline(con, spans)
+    try:
+        by_step = _steps_of(timeline)
+        ranks = _ranks_of(timeline, by_step)
+    finally:
+        timeline.close()
     rows = []
     for run_id in run_ids:
         run = names[run_id]
