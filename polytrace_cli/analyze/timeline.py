@@ -106,6 +106,9 @@ SUMMARY_COLUMNS: dict[str, pl.DataType] = {
     "critical_stage": pl.String, "gpu_idle_share": pl.Float64, "note": pl.String,
 }
 
+LANE_COLUMNS: dict[str, pl.DataType] = {**SPAN_COLUMNS, "which": pl.String, "offset_s": pl.Float64,
+                                        "end_s": pl.Float64}
+
 SYNTHESIZED_DOMAIN = "synthesized"
 
 
@@ -535,9 +538,9 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
 
 def step_lanes(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """The spans of each run's slowest step and of its typical step (the step whose window is the
-    median's nearest), for drawing as lanes: `SPAN_COLUMNS` plus `which` ('slowest' or 'typical') and
-    `offset_s` (seconds from the step's first start)."""
-    schema = {**SPAN_COLUMNS, "which": pl.String, "offset_s": pl.Float64, "end_s": pl.Float64}
+    median's nearest), for drawing as lanes (`LANE_COLUMNS`): the spans plus `which` ('slowest' or
+    'typical') and `offset_s`, `end_s` (seconds from the step's first start)."""
+    schema = LANE_COLUMNS
     by_step = per_step(con, run_ids, steps)
     spans = shared_run_spans(con, run_ids, steps)
     if by_step.is_empty():

@@ -31,6 +31,7 @@ from polytrace_cli.analyze.semantics import record_of, semantics_notes
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
+from polytrace_cli.diagnose.held_by import with_held_by
 from polytrace_cli.diagnose.thresholds import MAD_SCALE, ROBUST_Z, Threshold, slow_steps, warmup_steps
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
@@ -105,7 +106,7 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         raise PolytraceError(f"run {info.name} has no step {step} (steps {first}–{last})")
     mask = training_mask(frame)
     if explained_in_seconds(frame):
-        return _explain_seconds(con, info, frame, mask, step, top)
+        return with_held_by(con, info.run_id, _explain_seconds(con, info, frame, mask, step, top))
     trained = int(mask.sum())
     few = (f"{trained} timed training step{'' if trained == 1 else 's'} (a step-time model needs "
            f"{MIN_TRAINING_STEPS})")
@@ -113,7 +114,8 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
         raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
-    return _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id)))
+    return with_held_by(con, info.run_id,
+                        _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id))))
 
 
 @dataclass
