@@ -39,14 +39,16 @@ EVENT_COLUMNS = ("{'ph': 'VARCHAR', 'name': 'VARCHAR', 'cat': 'VARCHAR', 'pid': 
 KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver", "runtime", "driver")
 # The categories of a PyTorch profiler trace that are operators, not ranges: counted, not stored.
-OPERATOR_CATEGORIES = ("cpu_op", "python_function", "operator", "cpu_instant_event", "user_annotation_cpu",
-                       "python_function_cpu", "trace", "overhead", "ac2g", "fwdbwd", "cuda_sync")
+OPERATOR_CATEGORIES = ("cpu_op", "python_function", "operator", "cpu_instant_event", "ac2g", "fwdbwd", "cuda_sync")
+# The profiler's own spans in its trace (the profiling window, its overhead).
+PROFILER_CATEGORIES = ("trace", "overhead")
 
 IGNORE_RULES = {
     "metadata": "metadata event (names a process or thread)",
     "kernel": "GPU kernel (summed into its ranges)",
     "launch": "kernel launch (links a kernel to its range)",
     "operator": "CPU operator inside a range",
+    "profiler": "the profiler's own span (its window or overhead)",
     "instant": "instant event",
     "counter": "counter event",
     "other": "flow, async or object event",
@@ -119,7 +121,8 @@ class EventTables:
         self.events = 0
         self.counts: dict[str, int] = {}
         self.folder = tempfile.mkdtemp(prefix="polytrace-trace-")
-        operators = "()" if source.operators_are_ranges else _sql_list(OPERATOR_CATEGORIES)
+        operators = "(NULL)" if source.operators_are_ranges else _sql_list(OPERATOR_CATEGORIES)
+        profiler = "(NULL)" if source.operators_are_ranges else _sql_list(PROFILER_CATEGORIES)
         self._kind_sql = f"""CASE
             WHEN ph IS NULL THEN 'bad:missing-field:event without "ph"'
             WHEN ph = 'M' THEN 'metadata'
@@ -129,6 +132,7 @@ class EventTables:
             WHEN ph = 'X' AND lower(coalesce(cat, '')) IN {_sql_list(KERNEL_CATEGORIES)} THEN 'kernel'
             WHEN ph = 'X' AND lower(coalesce(cat, '')) IN {_sql_list(LAUNCH_CATEGORIES)} THEN 'launch'
             WHEN ph = 'X' AND lower(coalesce(cat, '')) IN {operators} THEN 'operator'
+            WHEN ph = 'X' AND lower(coalesce(cat, '')) IN {profiler} THEN 'profiler'
             WHEN ph = 'X' AND name IS NULL THEN 'bad:missing-field:complete event without "name"'
             WHEN ph = 'X' THEN 'range'
             WHEN ph = 'B' AND name IS NULL THEN 'bad:missing-field:begin event without "name"'
@@ -149,7 +153,7 @@ class EventTables:
             lines = next(numbers) if numbers is not None else None
             self.add_piece(piece, lines)
 
-    def add_piece(self, piece: bytes, lines: list[int] | None = None) -> None:
+    def add_piece(self, piece: bytes, lines: list[int] | None = None, parts: list[bytes] | None = None) -> None:
         """Sort one piece's events (a JSON array's text; with `lines`, the line numbers of its events)."""
         path = os.path.join(self.folder, "piece.json")
         with open(path, "wb") as handle:
@@ -160,15 +164,15 @@ class EventTables:
                 f"CREATE OR REPLACE TEMP TABLE _tr_piece AS SELECT ? + row_number() OVER () - 1 AS idx, * "
                 f"FROM read_json(?, format='array', columns={EVENT_COLUMNS})", [first, path])
         except duckdb.Error:
-            self._add_piece_event_by_event(piece, lines)
+            self._add_piece_event_by_event(piece, lines, parts)
             return
         finally:
             os.unlink(path)
         self._sort_piece(lines)
 
-    def _add_piece_event_by_event(self, piece: bytes, lines: list[int] | None) -> None:
+    def _add_piece_event_by_event(self, piece: bytes, lines: list[int] | None, parts: list[bytes] | None) -> None:
         rows = []
-        parts = split_piece(piece)
+        parts = split_piece(piece) if parts is None else parts
         for offset, text in enumerate(parts):
             index = self.events + offset
             where = lines[offset] if lines is not None else index
@@ -390,8 +394,12 @@ class EventTables:
                 lane = source.lane_of(pid, tid, process, thread)
             else:
                 lane = thread or (f"{process} / {tid}" if process else f"{pid}/{tid}")
-            rank = None if source.rank is not None else (rank_in(thread) if rank_in(thread) is not None else rank_in(process))
-            rows.append((pid, tid, role_in(process) or role_in(thread), rank, lane))
+            # Names first, then the ids themselves (a writer may name its threads `rank_0` in `tid`).
+            texts = (thread, process, tid, pid)
+            ranks = [rank_in(text) for text in texts]
+            rank = None if source.rank is not None else next((r for r in ranks if r is not None), None)
+            role = next((r for r in (role_in(text) for text in texts) if r), None)
+            rows.append((pid, tid, role, rank, lane))
         self.con.execute("CREATE OR REPLACE TEMP TABLE _tr_lane (pid VARCHAR, tid VARCHAR, role VARCHAR, rank INTEGER, lane VARCHAR)")
         if rows:
             self.con.executemany("INSERT INTO _tr_lane VALUES (?, ?, ?, ?, ?)", rows)
@@ -475,4 +483,4 @@ def read_line_pieces(ctx: FileContext, tables: EventTables, pieces: Iterator[tup
                 ctx.ignore("blank line")
                 ctx.lines += 1
         if kept:
-            tables.add_piece(b"[" + b",".join(kept) + b"]", numbers)
+            tables.add_piece(b"[" + b",".join(kept) + b"]", numbers, kept)

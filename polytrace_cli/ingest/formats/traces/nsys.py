@@ -22,7 +22,6 @@ only those present are asked for. Everything is summed inside SQLite; only the r
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from pathlib import Path
 
@@ -117,8 +116,8 @@ class NsysSqliteIngester(Ingester):
             stage = stage_of(name)
             lane = thread_names.get(global_tid) or (f"thread {global_tid % 16777216}" if global_tid is not None else None)
             role = file_role or role_in(lane) or ROLE_OF_STAGE.get(stage or "", "trainer")
-            t0 = (start + offset_ns) / 1000.0
-            spans.append((ctx.run_id, ctx.file_id, file_rank, role, lane, name, stage, t0, (end + offset_ns) / 1000.0,
+            t0 = start / 1000.0 + offset_ns / 1000.0
+            spans.append((ctx.run_id, ctx.file_id, file_rank, role, lane, name, stage, t0, end / 1000.0 + offset_ns / 1000.0,
                           clock, t0 if clock == "wall" else None, None if busy is None else busy / 1000.0, rowid))
         kernels = 0
         for table in (t for t in GPU_TABLES if t in tables and {"start", "end"} <= _columns(db, t)):
@@ -132,9 +131,9 @@ class NsysSqliteIngester(Ingester):
                                OVER (PARTITION BY d ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island FROM k),
                         m AS (SELECT d, island, min(s) AS s, max(e) AS e FROM i GROUP BY d, island)
                         SELECT d, min(s), max(e), sum(e - s) FROM m GROUP BY d""") if table == GPU_TABLES[0] else ():
-                t0 = (first + offset_ns) / 1000.0
+                t0 = first / 1000.0 + offset_ns / 1000.0
                 spans.append((ctx.run_id, ctx.file_id, file_rank, file_role or "trainer", f"gpu {dev}", "gpu kernels",
-                              None, t0, (last + offset_ns) / 1000.0, clock, t0 if clock == "wall" else None,
+                              None, t0, last / 1000.0 + offset_ns / 1000.0, clock, t0 if clock == "wall" else None,
                               union / 1000.0, None))
         if spans:
             ctx.begin_writes()
@@ -149,5 +148,3 @@ class NsysSqliteIngester(Ingester):
         ctx.ignore("NVTX mark or domain event", total - len(rows))
         ctx.ignore("GPU kernel, copy or set (summed into its ranges)", kernels)
 
-
-_STEP_IN_NAME = re.compile(r"step[_ ]?(\d+)", re.IGNORECASE)
