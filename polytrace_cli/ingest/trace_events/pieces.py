@@ -33,6 +33,17 @@ HEAD_LIMIT = 64 << 20
 
 _QUOTE, _BACKSLASH = 34, 92
 _OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_ARRAY, _CLOSE_ARRAY, _COMMA = 123, 125, 91, 93, 44
+# Each byte's class for the scan: 1 a quote, 2 a bracket (or an extra character asked for), 0 the rest.
+def _classes_with(extra: bytes = b"") -> bytes:
+    """The `bytes.translate` table of the classes (translating is C speed, without numpy's index copies)."""
+    table = bytearray(256)
+    table[_QUOTE] = 1
+    for character in (_OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_ARRAY, _CLOSE_ARRAY, *extra):
+        table[character] = 2
+    return bytes(table)
+
+
+_CLASSES = _classes_with()
 
 
 def open_trace(path: Path):
@@ -50,29 +61,52 @@ class _Structure:
     backslashes: int = 0  # backslashes ending the previous block
     depth: int = 0
 
-    def scan(self, block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(depth after each byte, structural-open mask, structural-close mask) of one block, and the
-        state carried to the next."""
+    def scan(self, data: bytes, extra: bytes = b"") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, bytes, depth after each) of the block's brackets outside strings (and of the
+        `extra` characters, e.g. commas, with their depth unchanged), and the state carried to the next
+        block. Only the sparse structural bytes are handled as arrays: the quotes, the few backslashes
+        before a quote, the brackets."""
+        block = np.frombuffer(data, dtype=np.uint8)
         n = len(block)
-        positions = np.arange(n, dtype=np.int64)
-        is_backslash = block == _BACKSLASH
-        last_other = np.maximum.accumulate(np.where(is_backslash, -1, positions))
-        quotes = np.flatnonzero(block == _QUOTE)
-        before = quotes - 1
-        last = np.where(before >= 0, last_other[np.maximum(before, 0)], -1)
-        run = np.where(last >= 0, before - last, quotes + self.backslashes)
-        toggles = np.zeros(n, dtype=np.int8)
-        toggles[quotes[run % 2 == 0]] = 1
-        in_string = (np.cumsum(toggles, dtype=np.int64) + self.in_string) % 2 == 1
-        outside = ~in_string
-        opens = ((block == _OPEN_OBJECT) | (block == _OPEN_ARRAY)) & outside
-        closes = ((block == _CLOSE_OBJECT) | (block == _CLOSE_ARRAY)) & outside
-        depth = self.depth + np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
+        classes = np.frombuffer(data.translate(_CLASSES if not extra else _classes_with(extra)), dtype=np.uint8)
+        interesting = np.flatnonzero(classes)
+        kinds = classes[interesting]
+        quotes = interesting[kinds == 1]
+        if len(quotes):
+            before = quotes - 1
+            # A quote after a backslash is escaped when the run of backslashes before it is odd.
+            suspects = np.flatnonzero(np.where(before >= 0, block[np.maximum(before, 0)] == _BACKSLASH,
+                                               self.backslashes > 0))
+            if len(suspects):
+                keep = np.ones(len(quotes), dtype=bool)
+                for index in suspects:
+                    at = int(quotes[index]) - 1
+                    run = 0
+                    while at >= 0 and block[at] == _BACKSLASH:
+                        run += 1
+                        at -= 1
+                    if at < 0:
+                        run += self.backslashes
+                    keep[index] = run % 2 == 0
+                quotes = quotes[keep]
+        positions = interesting[kinds == 2]
+        # Inside a string when an odd number of real quotes (with the carried state) precede it.
+        outside = (np.searchsorted(quotes, positions) + self.in_string) % 2 == 0
+        positions = positions[outside]
+        chars = block[positions]
+        step = np.zeros(len(positions), dtype=np.int64)
+        step[(chars == _OPEN_OBJECT) | (chars == _OPEN_ARRAY)] = 1
+        step[(chars == _CLOSE_OBJECT) | (chars == _CLOSE_ARRAY)] = -1
+        depth = self.depth + np.cumsum(step)
         if n:
-            self.in_string = int(in_string[-1])
-            self.backslashes = int(n - 1 - last_other[-1]) if last_other[-1] >= 0 else n + self.backslashes
-            self.depth = int(depth[-1])
-        return depth, opens, closes
+            self.in_string = (self.in_string + len(quotes)) % 2
+            tail = 0
+            while tail < n and block[n - 1 - tail] == _BACKSLASH:
+                tail += 1
+            self.backslashes = tail + (self.backslashes if tail == n else 0)
+            if len(depth):
+                self.depth = int(depth[-1])
+        return positions, chars, depth
 
 
 @dataclass
@@ -90,8 +124,8 @@ class TracePieces:
         """Each piece as the text of a JSON array of whole events (`[e, e, ...]`)."""
         scan = _Structure()
         outside: list[bytes] = []  # the document's text outside the event array
-        carry = b""  # the start of an event the previous block cut
-        carry_state: tuple[int, int, int] | None = None
+        carry = b""  # the start of an event the previous block cut (or the head before the array)
+        carry_state = (0, 0, 0)
         level = None  # the depth inside the event array
         ended = False
         with open_trace(self.path) as handle:
@@ -103,15 +137,14 @@ class TracePieces:
                     outside.append(raw)
                     continue
                 if carry:
-                    scan.in_string, scan.backslashes, scan.depth = carry_state
                     raw = carry + raw
                     carry = b""
-                start_state = (scan.in_string, scan.backslashes, scan.depth)
-                block = np.frombuffer(raw, dtype=np.uint8)
-                depth, opens, closes = scan.scan(block)
+                scan.in_string, scan.backslashes, scan.depth = carry_state
+                start_state = carry_state
+                positions, chars, depth = scan.scan(raw)
                 offset = 0
                 if level is None:
-                    found = self._find_array(raw, block, depth, opens)
+                    found = self._find_array(raw, positions, chars, depth)
                     if found is None:
                         # The key may be cut by the block's end: the head is scanned again with more.
                         carry, carry_state = raw, start_state
@@ -122,10 +155,12 @@ class TracePieces:
                     outside.append(raw[:array_at + 1])
                     offset = array_at + 1
                     self.found_events = True
-                closing = np.flatnonzero(closes[offset:] & (block[offset:] == _CLOSE_ARRAY) & (depth[offset:] == level - 1))
-                stop = offset + int(closing[0]) if len(closing) else len(raw)
-                ends = np.flatnonzero(closes[offset:stop] & (depth[offset:stop] == level)) + offset
-                starts = np.flatnonzero(opens[offset:stop] & (depth[offset:stop] == level + 1)) + offset
+                after = positions >= offset
+                closing = positions[after & (chars == _CLOSE_ARRAY) & (depth == level - 1)]
+                stop = int(closing[0]) if len(closing) else len(raw)
+                inside = after & (positions < stop)
+                ends = positions[inside & (chars == _CLOSE_OBJECT) & (depth == level)]
+                starts = positions[inside & (chars == _OPEN_OBJECT) & (depth == level + 1)]
                 if len(closing):
                     ended = True
                     last_end = int(ends[-1]) if len(ends) else offset - 1
@@ -140,39 +175,28 @@ class TracePieces:
                     piece = raw[offset:last_end + 1].lstrip(b", \t\r\n")
                     if piece:
                         yield b"[" + piece + b"]"
-                    rest = raw[last_end + 1:]
-                    cut_state = self._state_at(raw, last_end + 1, start_state)
+                    # Right after an event's closing brace: outside strings, at the array's depth.
+                    carry, carry_state = raw[last_end + 1:], (0, 0, level)
                 else:
-                    rest = raw[offset:]
-                    cut_state = self._state_at(raw, offset, start_state)
-                carry, carry_state = rest, cut_state
+                    carry, carry_state = raw[offset:], (start_state if offset == 0 else (0, 0, level))
         if level is None:
             self.problem = "no traceEvents array"
             return
-        if carry and not ended:
+        if carry.strip() and not ended:
             self.problem = "the file ends inside the event array (cut short?)"
         self._read_outer(b"".join(outside))
 
-    def _state_at(self, raw: bytes, at: int, start_state: tuple[int, int, int]) -> tuple[int, int, int]:
-        """The scan state before byte `at` of `raw` (a cut between events: outside any string)."""
-        scan = _Structure(*start_state)
-        if at:
-            scan.scan(np.frombuffer(raw[:at], dtype=np.uint8))
-        return scan.in_string, scan.backslashes, scan.depth
-
-    def _find_array(self, raw: bytes, block: np.ndarray, depth: np.ndarray,
-                    opens: np.ndarray) -> tuple[int, int] | None:
+    def _find_array(self, raw: bytes, positions: np.ndarray, chars: np.ndarray,
+                    depth: np.ndarray) -> tuple[int, int] | None:
         """(offset of the event array's `[`, depth inside it) when this block opens it: a top-level
         array (the array format), or the array that is the value of the top-level key `traceEvents`."""
-        candidates = np.flatnonzero(opens & (block == _OPEN_ARRAY) & (depth <= 2))
-        for at in candidates:
-            at = int(at)
-            inside = int(depth[at])
+        for at, inside in zip(positions[(chars == _OPEN_ARRAY) & (depth <= 2)].tolist(),
+                              depth[(chars == _OPEN_ARRAY) & (depth <= 2)].tolist()):
             if inside == 1:
                 self.array_format = True
                 return at, 1
-            if inside == 2 and raw[max(0, at - 64):at].rstrip().endswith(b":") and \
-                    raw[max(0, at - 64):at].rstrip()[:-1].rstrip().endswith(b'"traceEvents"'):
+            before = raw[max(0, at - 64):at].rstrip()
+            if inside == 2 and before.endswith(b":") and before[:-1].rstrip().endswith(b'"traceEvents"'):
                 return at, 2
         return None
 
@@ -191,26 +215,11 @@ class TracePieces:
 
 def split_piece(piece: bytes, level: int = 1) -> list[bytes]:
     """The events of a piece (`[e, e, ...]`) as their own texts, cut at the commas between them."""
-    block = np.frombuffer(piece, dtype=np.uint8)
-    depth, _, _ = _Structure().scan(block)
-    cuts = np.flatnonzero((block == _COMMA) & (depth == level) & _outside_strings(block))
-    bounds = [1, *(int(c) + 1 for c in cuts)]
-    ends = [*(int(c) for c in cuts), len(piece) - 1]
+    positions, chars, depth = _Structure().scan(piece, extra=b",")
+    cuts = positions[(chars == _COMMA) & (depth == level)].tolist()
+    bounds = [1, *(c + 1 for c in cuts)]
+    ends = [*cuts, len(piece) - 1]
     return [piece[a:b] for a, b in zip(bounds, ends) if piece[a:b].strip()]
-
-
-def _outside_strings(block: np.ndarray) -> np.ndarray:
-    scan = _Structure()
-    n = len(block)
-    positions = np.arange(n, dtype=np.int64)
-    last_other = np.maximum.accumulate(np.where(block == _BACKSLASH, -1, positions))
-    quotes = np.flatnonzero(block == _QUOTE)
-    before = quotes - 1
-    last = np.where(before >= 0, last_other[np.maximum(before, 0)], -1)
-    run = np.where(last >= 0, before - last, quotes + scan.backslashes)
-    toggles = np.zeros(n, dtype=np.int8)
-    toggles[quotes[run % 2 == 0]] = 1
-    return np.cumsum(toggles, dtype=np.int64) % 2 == 0
 
 
 def line_pieces(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
