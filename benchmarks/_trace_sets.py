@@ -25,7 +25,7 @@ from pathlib import Path
 
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 BASE_NS = 1_790_000_000_000_000_000
-BYTES_PER_KERNEL = 720  # the three events of one kernel, as written below
+BYTES_PER_KERNEL = 480  # the three events of one kernel, as written below
 
 
 @dataclass

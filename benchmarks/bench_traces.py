@@ -79,20 +79,29 @@ def _tree_rss_kb(root: int) -> int:
     return total
 
 
-def run_tree(argv: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak MB of the process tree sampled every 20 ms, stdout) of one child: HTA parses
-    in a pool of worker processes, whose memory counts as much as its own."""
+def run_tree(argv: list[str]) -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds of it and its reaped descendants, peak MB of the process tree sampled
+    every 20 ms, stdout) of one child: HTA parses in a pool of worker processes, whose memory and CPU
+    count as much as its own."""
+    import os
+    import tempfile
+
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = 0
-    while process.poll() is None:
-        peak = max(peak, _tree_rss_kb(process.pid))
-        time.sleep(0.02)
-    seconds = time.perf_counter() - started
-    out, err = process.communicate()
-    if process.returncode != 0:
-        raise SystemExit(f"{argv[:3]} failed: {err[-800:]}")
-    return seconds, peak / 1024, out
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
+        peak = 0
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _tree_rss_kb(process.pid))
+            time.sleep(0.02)
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        if status != 0:
+            raise SystemExit(f"{argv[:3]} failed: {err.read()[-800:]}")
+        return seconds, usage.ru_utime + usage.ru_stime, peak / 1024, out.read()
 
 
 def trace_set(megabytes: float, ranks: int) -> tuple[Path, dict]:
@@ -118,7 +127,7 @@ def polytrace_read(folder: Path, store: Path) -> tuple[float, float, float]:
 def polytrace_tree_peak(folder: Path, store: Path) -> float:
     """The same ingest's peak memory sampled as HTA's is (process tree, every 20 ms)."""
     store.unlink(missing_ok=True)
-    return run_tree([str(POLYTRACE), "ingest", "--db", str(store), "--run", "traces", str(folder)])[1]
+    return run_tree([str(POLYTRACE), "ingest", "--db", str(store), "--run", "traces", str(folder)])[2]
 
 
 def polytrace_numbers(store: Path) -> dict:
@@ -158,11 +167,11 @@ def read_and_compare(args) -> None:
           f"GPU time per stage within {worst_gap(ours['stage'], truth['stage']):.2e}")
     if args.skip_hta:
         return
-    child_s, hta_peak, out = run_tree([sys.executable, "-c", HTA_CHILD, str(folder)])
+    child_s, hta_cpu, hta_peak, out = run_tree([sys.executable, "-c", HTA_CHILD, str(folder)])
     hta = json.loads(out.strip().splitlines()[-1])
     tree = polytrace_tree_peak(folder, store)
     print(f"HTA TraceAnalysis load: {hta['load_s']:.1f} s wall; peak of its process tree {hta_peak:.0f} MB "
-          f"(its main process {hta['peak_mb']:.0f} MB; child {child_s:.1f} s with its breakdowns); "
+          f"(its main process {hta['peak_mb']:.0f} MB; child {child_s:.1f} s and {hta_cpu:.1f} s CPU with its breakdowns); "
           f"polytrace's sampled the same way {tree:.0f} MB")
     print(f"  against truth: idle per rank within {worst_gap({str(k): v for k, v in hta['idle'].items()}, truth['idle']):.2e}, "
           f"GPU time per stage within {worst_gap(hta['stage'], truth['stage']):.2e}")

@@ -304,3 +304,20 @@ def test_ingest_on_the_command_line_reads_a_replica_trace(tmp_path):
     document = json.loads(result.output)
     files = document["files"] if isinstance(document, dict) else document
     assert [f["format"] for f in files] == ["pytorch-profiler"] and files[0]["rejected"] == 0
+
+
+@pytest.mark.parametrize("folder, name, facts", [
+    ("profile", "actor_train_step3_rank2-of-8_tp1-pp0-dp1-cp0_pid99_20260930151150960.json",
+     {"role": "actor", "rank": 2, "step": 3, "tp_rank": 1, "pp_rank": 0, "dp_rank": 1, "cp_rank": 0}),
+    ("profile", "ref_compute_log_prob_step1_rank0_pid1_123.json", {"role": "ref", "rank": 0, "step": 1}),
+    ("actor_update", "prof_rank-3.json", {"role": "actor", "rank": 3, "step": None}),
+    ("profile", "rollout-replica4-globalrank8_rank0.pt.trace.json",
+     {"role": "rollout", "replica": 4, "rank": 8, "tp_rank": 0}),
+    ("agent_loop_rollout_replica_2", "inst9-rank-1.1700.pt.trace.json", {"role": "rollout", "replica": 2, "tp_rank": 1}),
+    ("agent_loop_rollout_replica_0", "42-TP-1.trace.json", {"role": "rollout", "replica": 0, "tp_rank": 1}),
+])
+def test_verl_trace_file_name_grammar(folder, name, facts):
+    from polytrace_cli.ingest.formats.traces.kineto import file_facts
+
+    source = file_facts(Path(folder) / name)
+    assert {key: getattr(source, key) for key in facts} == facts
