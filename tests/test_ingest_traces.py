@@ -19,6 +19,7 @@ import gzip
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from conftest import PROJECT_ROOT
@@ -224,6 +225,14 @@ def test_areal_traces_keep_each_process_clock_and_the_global_step(traces_store):
     assert rows[0] == (1, "actor", "train.rollout", "gen", 1, 1000.0, 50000.0, "file")
     assert rows[1][2:5] == ("fsdp_engine.train_batch", "update_actor", 1)
     assert [r[4] for r in rows] == [1, 1, 2, 2]
+    # On clocks of their own, the ranks still compare by duration: rank 1's rollout is 10 ms longer.
+    from polytrace_cli.analyze.common import StepRange
+    from polytrace_cli.analyze.timeline import per_step
+
+    run_id = _rows(con, "SELECT run_id FROM runs WHERE name = 'areal'")[0][0]
+    steps = per_step(con, [run_id], StepRange()).filter(pl.col("step").is_not_null())
+    assert steps.select("step", "straggler", "straggler_stage", "bubble_s").rows() == [
+        (1, "actor rank 1", "gen", pytest.approx(0.01)), (2, "actor rank 1", "gen", pytest.approx(0.01))]
 
 
 def test_areal_sessions_become_a_span_and_its_phases(traces_store):

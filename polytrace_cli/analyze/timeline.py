@@ -18,7 +18,9 @@ wall-clock spans of a run, or one file's spans on its own clock.
 
 **Per step** (`per_step`, `STEP_COLUMNS`), over the stage spans (a stage other than `step`):
 
-    window_s        = max t1 − min t0 over the step's spans (of its largest clock domain)
+    window_s        = max t1 − min t0 over the step's spans (of its largest clock domain; the
+                      overlap and the critical path are read there too, while the bubbles and
+                      the straggler compare durations and so take every domain's spans)
     busy(w, k)      = length of the union of worker w's spans of stage k in the step, less the part
                       of it inside w's collective-communication ranges (`gloo:all_reduce`,
                       `nccl:*`, barriers): a rank waiting in a collective is waiting, not working
@@ -370,7 +372,8 @@ def _steps_of(timeline: _Timeline) -> pl.DataFrame:
     # A step's numbers come from its largest clock domain (the one with the longest window).
     main = (windows.sort("window_s", descending=True).group_by("run", "step", maintain_order=True)
             .agg(pl.col("domain").first(), pl.col("window_s").first()))
-    busy = timeline.busy().join(main.select("run", "step", "domain"), on=["run", "step", "domain"])
+    # Bubbles compare durations, so ranks on clocks of their own (one file each) still compare.
+    busy = timeline.busy()
     groups = (busy.group_by("run", "step", "role", "stage")
               .agg(pl.col("worker").count().alias("n"), pl.col("busy_s").max().alias("top"),
                    pl.col("busy_s").mean().alias("mean"), pl.col("busy_s").sum().alias("total"),
