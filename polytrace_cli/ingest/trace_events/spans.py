@@ -160,15 +160,17 @@ class EventTables:
             handle.write(piece)
         first = self.events
         try:
+            # Read and sorted by kind in one pass: the piece is materialized once.
             self.con.execute(
-                f"CREATE OR REPLACE TEMP TABLE _tr_piece AS SELECT ? + row_number() OVER () - 1 AS idx, * "
-                f"FROM read_json(?, format='array', columns={EVENT_COLUMNS})", [first, path])
+                f"CREATE OR REPLACE TEMP TABLE _tr_sorted AS SELECT *, {self._kind_sql} AS kind FROM ("
+                f"SELECT ? + row_number() OVER () - 1 AS idx, * FROM read_json(?, format='array', columns={EVENT_COLUMNS}))",
+                [first, path])
         except duckdb.Error:
             self._add_piece_event_by_event(piece, lines, parts)
             return
         finally:
             os.unlink(path)
-        self._sort_piece(lines)
+        self._sort_piece(lines, sorted_already=True)
 
     def _add_piece_event_by_event(self, piece: bytes, lines: list[int] | None, parts: list[bytes] | None) -> None:
         rows = []
@@ -202,9 +204,11 @@ class EventTables:
         line = where if self.source.sources_are_lines else where + 1
         self.ctx.reject(line, reason, text, code=code)
 
-    def _sort_piece(self, lines: list[int] | None, total: int | None = None) -> None:
+    def _sort_piece(self, lines: list[int] | None, total: int | None = None, sorted_already: bool = False) -> None:
         con = self.con
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _tr_sorted AS SELECT *, {self._kind_sql} AS kind FROM _tr_piece")
+        if not sorted_already:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _tr_sorted AS SELECT *, {self._kind_sql} AS kind FROM _tr_piece")
+            con.execute("DROP TABLE _tr_piece")
         read = con.execute("SELECT count(*) FROM _tr_sorted").fetchall()[0][0]
         if lines is not None:
             # Event indexes become the lines they were read from.
@@ -226,7 +230,6 @@ class EventTables:
                            TRY_CAST(json_extract_string(args, '$.correlation') AS BIGINT) FROM _tr_sorted WHERE kind = 'launch'""")
         self.events += total if total is not None else read
         con.execute("DROP TABLE _tr_sorted")
-        con.execute("DROP TABLE _tr_piece")
 
     def finish(self) -> int:
         """Write the spans, account for every event on the file's context; return the spans written."""
