@@ -416,8 +416,9 @@ def _critical_paths(spans: pl.DataFrame) -> pl.DataFrame:
     """The critical path of each step (module docstring) from its stage spans of one clock domain."""
     stage_spans = spans.filter(pl.col("stage").is_not_null() & (pl.col("stage") != "step")
                                & pl.col("step").is_not_null())
+    laid = _laid_end_to_end_paths(stage_spans.filter(pl.col("synthesized")))
     rows = []
-    for (run, step), group in stage_spans.group_by("run", "step", maintain_order=True):
+    for (run, step), group in stage_spans.filter(~pl.col("synthesized")).group_by("run", "step", maintain_order=True):
         t0 = group.get_column("t0_us").to_numpy()
         t1 = group.get_column("t1_us").to_numpy()
         stages = group.get_column("stage").to_list()
@@ -446,9 +447,23 @@ def _critical_paths(spans: pl.DataFrame) -> pl.DataFrame:
             reach = max(reach, end)
         text = " → ".join(f"{stages[i]} ({workers[i]})" for i in path)
         rows.append((run, step, text, covered / 1e6, max(seconds, key=seconds.get) if seconds else None))
-    if not rows:
+    walked = pl.DataFrame(rows, schema=CRITICAL_COLUMNS, orient="row")
+    return pl.concat([walked, laid]).cast(CRITICAL_COLUMNS)
+
+
+def _laid_end_to_end_paths(spans: pl.DataFrame) -> pl.DataFrame:
+    """The critical path of steps synthesized from timers, in bulk: their stages follow each other, so
+    the path is each stage's longest span (its slowest rank) in order, as the walk back would find."""
+    if spans.is_empty():
         return _empty(CRITICAL_COLUMNS)
-    return pl.DataFrame(rows, schema=CRITICAL_COLUMNS, orient="row")
+    slowest = (spans.sort("t1_us", descending=True).group_by("run", "step", "stage").first()
+               .sort("run", "step", "t0_us"))
+    return (slowest.group_by("run", "step", maintain_order=True)
+            .agg(pl.format("{} ({})", "stage", "worker").str.join(" → ").alias("critical_path"),
+                 ((pl.col("t1_us") - pl.col("t0_us")).sum() / 1e6).alias("critical_path_s"),
+                 pl.col("stage").sort_by(pl.col("t1_us") - pl.col("t0_us"), descending=True).first()
+                 .alias("critical_stage"))
+            .select(list(CRITICAL_COLUMNS)))
 
 
 def per_rank(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
