@@ -24,9 +24,8 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import duckdb
 
@@ -106,7 +105,6 @@ class SpanSource:
     clock: str = "file"            # 'wall' when offset_us + ts is µs since the Unix epoch
     offset_us: float = 0.0         # added to every `ts`
     operators_are_ranges: bool = True   # False for profiler traces: cpu_op and similar are counted only
-    lane_of: Callable[[str, str, str | None, str | None], str] | None = None
     sources_are_lines: bool = False     # source_event is a line number (JSON lines), else an event index
     extra: dict = field(default_factory=dict)
 
@@ -393,10 +391,7 @@ class EventTables:
         for pid, tid in self.con.execute("SELECT DISTINCT pid, tid FROM _tr_ranges").fetchall():
             process = names["process"].get(pid)
             thread = names["thread"].get((pid, tid))
-            if source.lane_of is not None:
-                lane = source.lane_of(pid, tid, process, thread)
-            else:
-                lane = thread or (f"{process} / {tid}" if process else f"{pid}/{tid}")
+            lane = thread or (f"{process} / {tid}" if process else f"{pid}/{tid}")
             # Names first, then the ids themselves (a writer may name its threads `rank_0` in `tid`).
             texts = (thread, process, tid, pid)
             ranks = [rank_in(text) for text in texts]

@@ -18,7 +18,6 @@ Layout from AReaL's `areal/utils/perf_tracer.py` and `docs/en/best_practices/per
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from polytrace_cli.ingest.base import FileContext, JsonlTraceIngester
 from polytrace_cli.ingest.formats.areal import names
@@ -126,8 +125,3 @@ class ArealSessionsIngester(JsonlTraceIngester):
         con.execute("DROP TABLE _areal_sessions")
         ctx.stored = records
 
-
-def rank_of(path: Path) -> int | None:
-    """The rank an AReaL trace file's name gives, or None."""
-    match = TRACES_NAME.match(path.name) or SESSIONS_NAME.match(path.name)
-    return int(match.group("rank")) if match else None
