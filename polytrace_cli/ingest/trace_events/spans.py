@@ -145,9 +145,10 @@ class EventTables:
 
     def add_pieces(self, pieces: Iterable[bytes], line_numbers: Iterable[list[int]] | None = None) -> None:
         """Sort each piece's events (a JSON array's text) into the tables. With `line_numbers`, the
-        events of each piece are lines of a JSON-lines file with those numbers."""
+        events of each piece are lines of a JSON-lines file with those numbers. The next piece is cut
+        (decompressed, scanned) in a thread while DuckDB reads this one: one piece ahead at most."""
         numbers = iter(line_numbers) if line_numbers is not None else None
-        for piece in pieces:
+        for piece in _one_ahead(pieces):
             lines = next(numbers) if numbers is not None else None
             self.add_piece(piece, lines)
 
@@ -414,6 +415,48 @@ class EventTables:
                 GROUP BY s.source_event) w
             WHERE spans.file_id = ? AND spans.step IS NULL AND spans.source_event = w.source_event
             """, [self.ctx.file_id, self.ctx.file_id])
+
+
+def _one_ahead(items: Iterable[bytes]) -> Iterator[bytes]:
+    """The items of `items`, the next one produced in a thread while the caller uses this one."""
+    import queue
+    import threading
+
+    slots: queue.Queue = queue.Queue(maxsize=1)
+    done = object()
+    stop = threading.Event()
+
+    def offer(entry: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer((True, item)):
+                    return
+            offer((True, done))
+        except BaseException as error:  # handed to the caller, raised there
+            offer((False, error))
+
+    worker = threading.Thread(target=produce, name="trace-pieces", daemon=True)
+    worker.start()
+    try:
+        while True:
+            ok, item = slots.get()
+            if not ok:
+                raise item
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
 
 
 def _sql_list(values: Iterable[str]) -> str:
