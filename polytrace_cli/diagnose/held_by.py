@@ -43,6 +43,7 @@ def with_held_by(con: duckdb.DuckDBPyConnection, run_id: int, explanation):
     for step in explanation.steps:
         if step.get("step") in held:
             step["held_by"] = held[step["step"]]
-    explanation.notes.append(f"{len(held)} of the steps shown have profiler or tracer spans: `held_by` names the rank "
+    verb = "has" if len(held) == 1 else "have"
+    explanation.notes.append(f"{len(held)} of the steps shown {verb} profiler or tracer spans: `held_by` names the rank "
                              "and stage the others waited for (analyze --only timeline)")
     return explanation
