@@ -488,6 +488,25 @@ class Store:
 
         return export_run(self.connection, run, Path(out), list(formats))
 
+    def spans(self, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+        """Every span of the runs, read from trace files or synthesized from stage timers (`synthesized`)."""
+        from polytrace_cli.analyze.timeline import run_spans
+
+        return run_spans(self.connection, self.run_ids(runs), self.step_range(steps))
+
+    def timeline(self, runs: Runs = None, steps: Steps = None) -> pl.DataFrame:
+        """Per step: bubbles, the straggler rank and stage, rollout/training overlap, the critical path."""
+        from polytrace_cli.analyze.timeline import per_step
+
+        return per_step(self.connection, self.run_ids(runs), self.step_range(steps))
+
+    def export_timeline(self, run: str, output: str | Path, steps: Steps = None):
+        """Write the run's spans (read, or synthesized from its stage timers) as a Chrome trace-event file
+        for Perfetto, as `polytrace export --format chrome-trace`."""
+        from polytrace_cli.workload.chrome_trace import export_chrome_trace
+
+        return export_chrome_trace(self.connection, run, Path(output), self.step_range(steps))
+
     def replay_check(self, benchmark: str | Path, formal: str | Path):
         """A benchmark replay's per-stage error against the formal run (logs ingested into this store, or run
         names), as `polytrace replay-check`."""

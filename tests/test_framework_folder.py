@@ -115,13 +115,20 @@ def test_a_framework_folder_is_two_files_in_the_package(tmp_path):
 
 
 def test_the_built_in_formats_are_sniffed_in_their_order():
-    # The order the formats package gave before its folders (import order then): specific formats first,
-    # verl's console log, which reads any `step:N - key:value` text, last.
+    # The order the formats package gave before its folders (import order then): specific formats first;
+    # the formats of the other framework folders next, in module order; the general readers last: a Chrome
+    # trace (JSON any profiler writes), then verl's console log, which reads any `step:N - key:value` text.
+    from polytrace_cli.ingest.formats import format_modules
     from polytrace_cli.ingest.sniffing import all_ingesters
 
-    builtin = [i.name for i in all_ingesters() if type(i).__module__.startswith("polytrace_cli.")]
-    assert builtin == [
+    builtin = [i for i in all_ingesters() if type(i).__module__.startswith("polytrace_cli.")]
+    names = [i.name for i in builtin]
+    assert names[:19] == [
         "polytrace-packed", "polytrace-reward", "polytrace-dapo-filter", "polytrace-multiturn", "polytrace-dataset",
         "verl-jsonl", "verl-rollout", "openrlhf-console", "trl-console", "tensorboard-events", "trl-trainer-state",
         "wandb-config", "wandb-summary", "mlflow-metric", "mlflow-run-file", "mlflow-sqlite", "wandb-offline",
-        "wandb-table", "wandb-csv", "verl-console"]
+        "wandb-table", "wandb-csv"]
+    assert names[-3:] == ["chrome-trace", "chrome-trace-jsonl", "verl-console"]
+    order = {module: index for index, module in enumerate(format_modules())}
+    positions = [order[type(i).__module__.removeprefix("polytrace_cli.ingest.formats.")] for i in builtin]
+    assert positions == sorted(positions)

@@ -43,6 +43,12 @@ def _causes_cell(step: dict, limit: int = 3) -> str:
             shown.append(f"{cause['cause']} {cause['seconds']:+,.1f}s ({cause['stage']})")
         else:
             shown.append(f"{cause['cause']} {cause['tokens']:+,.0f} tok")
+    held = step.get("held_by")
+    if held and held.get("worker"):
+        lead = f", {held['lead']:.2f}× its peers" if held.get("lead") else ""
+        shown.append(f"held by {held['worker']} in {held['stage']}{lead}")
+    elif held and held.get("critical_stage"):
+        shown.append(f"critical stage {held['critical_stage']}")
     return ", ".join(shown)
 
 

@@ -226,15 +226,32 @@ def fit(
 
 @user_errors
 def export(
-    run: Annotated[str, typer.Argument(help="Run with per-sample data to export.")],
-    out: Annotated[Path, typer.Option(help="Folder to write into (created if needed).")],
-    format: Annotated[list[str], typer.Option("--format", help="polytrace-json or packed; give twice for both.")] = ["polytrace-json"],  # noqa: B006
+    run: Annotated[str, typer.Argument(help="Run to export.")],
+    out: Annotated[Path | None, typer.Option(help="Folder to write the PolyTrace traces into (created if needed).")] = None,
+    format: Annotated[list[str], typer.Option("--format", help="polytrace-json or packed (give twice for both), into --out; or chrome-trace, the run's timeline for Perfetto, into --output.")] = ["polytrace-json"],  # noqa: B006
+    output: Annotated[Path | None, typer.Option(help="File to write the chrome-trace timeline into.")] = None,
+    steps: Annotated[str | None, typer.Option(help="Steps of the timeline to export, A:B (chrome-trace).")] = None,
     db: DbOption = None,
     wait: WaitOption = 0,
 ) -> None:
-    """Write a run's samples as PolyTrace traces: dataset JSON and/or packed_lengths_step_N.jsonl."""
+    """Write a run's samples as PolyTrace traces (dataset JSON, packed_lengths_step_N.jsonl), or its timeline as a Chrome trace for Perfetto."""
     from polytrace_cli.facade import Store
 
+    if "chrome-trace" in format:
+        if len(set(format)) > 1:
+            raise PolytraceError("--format chrome-trace writes one file (--output): export it apart from the PolyTrace formats")
+        if output is None:
+            raise PolytraceError("--format chrome-trace needs --output FILE (the timeline is one file)")
+        with Store.open(db, read_only=True, wait=wait) as store:
+            timeline = store.export_timeline(run, output, steps)
+        kind = "synthesized from stage timers" if timeline.synthesized else "read from traces"
+        console.print(f"wrote {timeline.path}: {timeline.spans:,} spans ({kind}) over {timeline.steps:,} steps, "
+                      f"{timeline.events:,} events; open it at https://ui.perfetto.dev", markup=False)
+        return
+    if output is not None or steps is not None:
+        raise PolytraceError("--output and --steps go with --format chrome-trace; the PolyTrace formats write into --out")
+    if out is None:
+        raise PolytraceError("--out FOLDER is needed for the PolyTrace formats")
     with Store.open(db, read_only=True, wait=wait) as store:
         result = store.export(run, out, format)
     shape = "multi-turn" if result.multiturn else "single-turn"

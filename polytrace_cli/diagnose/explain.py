@@ -36,6 +36,7 @@ from polytrace_cli.analyze.typical_step import typical_steps
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
+from polytrace_cli.diagnose.held_by import with_held_by
 from polytrace_cli.diagnose.thresholds import MAD_SCALE, ROBUST_Z, Threshold, slow_steps, warmup_steps
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
@@ -118,7 +119,7 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
         explanation = _explain_seconds(con, info, frame, mask, step, top)
         typical = typical_steps(con, [info.run_id]).get(info.name)
         explanation.typical_step = {k: v for k, v in typical.items() if k != "run"} if typical else None
-        return explanation
+        return with_held_by(con, info.run_id, explanation)
     trained = int(mask.sum())
     few = (f"{trained} timed training step{'' if trained == 1 else 's'} (a step-time model needs "
            f"{MIN_TRAINING_STEPS})")
@@ -129,7 +130,7 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     caveats = semantics_notes(record_of(con, info.run_id))
     explanation = _explain_tokens(con, info, frame, step, top, notes + caveats)
     explanation.caveats = caveats
-    return explanation
+    return with_held_by(con, info.run_id, explanation)
 
 
 @dataclass

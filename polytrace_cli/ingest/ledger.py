@@ -63,6 +63,8 @@ _TIMESTAMP_LIKE = re.compile(r"[\d_\-.:T]+")
 # `checkpoint-N` folders a point of the run in its output folder.
 _TRAINER_TIMESTAMP = re.compile(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+")
 _CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+# The folders trace writers put under a run's: a rollout replica's engine traces (verl), AReaL's tracers.
+_TRACE_FOLDER = re.compile(r"agent_loop_rollout_replica_\d+|perf_tracer|session_tracer")
 # The folders of an MLflow file-store run (`mlruns/<experiment>/<run>/metrics/<key>`) below the run's.
 _MLFLOW_RUN_PARTS = {"metrics", "params", "tags", "artifacts"}
 
@@ -98,7 +100,7 @@ def _run_of_folder(folder: Path) -> tuple[str, Path]:
         if _TIMESTAMP_LIKE.fullmatch(name) or _TRAINER_TIMESTAMP.fullmatch(name):
             timestamp_root = timestamp_root or current
             continue
-        if name.lower() in GENERIC_FOLDERS or _CHECKPOINT_FOLDER.fullmatch(name):
+        if name.lower() in GENERIC_FOLDERS or _CHECKPOINT_FOLDER.fullmatch(name) or _TRACE_FOLDER.fullmatch(name):
             continue
         return name, timestamp_root or current
     return (folder.name or "run"), folder

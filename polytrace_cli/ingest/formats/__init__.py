@@ -17,7 +17,8 @@ SPECIFIC_FIRST = (
     "verl.jsonl", "verl.rollout", "openrlhf.console", "trl.console", "trl.trainer_state", "mlflow.store",
     "wandb.offline", "tensorboard.events", "wandb.run_files", "wandb.table", "wandb.csv_export",
 )
-GENERAL_LAST = ("verl.console",)
+# A Chrome trace is JSON any profiler may write: after the readers of named layouts (Kineto, Nsight, AReaL).
+GENERAL_LAST = ("traces.chrome_json", "verl.console")
 # Modules of a framework folder that hold no format.
 NOT_FORMATS = ("__init__", "names")
 

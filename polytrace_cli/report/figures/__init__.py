@@ -18,6 +18,7 @@ FIGURE_MODULES = (
     "f10_dapo_filtering",
     "f11_step_vs_max_length",
     "f12_by_task",
+    "f13_step_lanes",
 )
 
 

@@ -1,0 +1,1 @@
+"""AReaL: the perf tracer's traces and rollout sessions."""

@@ -1,0 +1,1 @@
+"""NeMo-RL: the Perfetto workload trace."""
