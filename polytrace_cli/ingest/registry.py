@@ -26,10 +26,36 @@ ENTRY_POINT_GROUP = "polytrace.formats"
 
 
 def metric_name_modules() -> list[str]:
-    """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
-    (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
-    view against them without loading every format (see `declared_metric_names`)."""
-    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(Path(__file__).parent.glob("*_names.py"))]
+    """The modules that declare a built-in framework's metric names (`METRIC_ALIASES`,
+    `VALIDATION_PREFIXES`) and load nothing else: `ingest/<framework>_names.py` and the `names.py` of
+    each framework folder `ingest/formats/<framework>/`. Opening a store checks its `steps` view
+    against them without loading every format (see `declared_metric_names`)."""
+    here = Path(__file__).parent
+    flat = [f"polytrace_cli.ingest.{path.stem}" for path in sorted(here.glob("*_names.py"))]
+    folders = [f"polytrace_cli.ingest.formats.{path.parent.name}.names"
+               for path in sorted((here / "formats").glob("*/names.py"))]
+    return flat + folders
+
+
+def names_module(name: str):
+    """The names module `name` (one of `metric_name_modules()`), loaded alone: a framework folder's
+    `names.py` is executed without its package, whose import would register every format."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if name in sys.modules or not name.startswith("polytrace_cli.ingest.formats."):
+        return importlib.import_module(name)
+    framework = name.split(".")[-2]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "formats" / framework / "names.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
@@ -92,11 +118,9 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     """(aliases, validation prefixes) of every format: the built-in frameworks' `metric_name_modules()` and
     the plugins' `metric_aliases` and `validation_prefixes`. Aliases map a logged key to its canonical name,
     in key order; a key mapped to two names is an error (the steps view could not say which)."""
-    import importlib
-
     sources = []
     for name in metric_name_modules():
-        module = importlib.import_module(name)
+        module = names_module(name)
         sources.append((name, module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
     sources += [(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes)) for i in plugin_ingesters()]
     return _merged_names(sources)

@@ -29,6 +29,7 @@ STEP_COLUMNS = (
     "response_length_mean", "response_length_max", "response_length_min",
     "prompt_length_mean", "prompt_length_max", "prompt_length_min",
     "clip_ratio", "total_tokens", "throughput",
+    "trainer_wait_s", "rollout_s", "trainer_idle_ratio", "rollout_idle_ratio", "staleness_mean", "staleness_max",
 )
 _COMMENT_PREFIX = "polytrace catalog "
 
