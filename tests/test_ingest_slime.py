@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from polytrace_cli.ingest.runner import ingest_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slime"
@@ -78,3 +80,22 @@ def test_a_verl_or_trl_log_is_not_taken_for_slime(tmp_path, store):
                    "{'loss': 0.1, 'perf/step_time': 3.0}\n")
     [report] = ingest_paths(store, [log], run_name="other")
     assert report.format == "verl-console"
+
+
+def test_tensorboard_events_of_a_slime_run(store, tmp_path):
+    # slime `slime/observability/tensorboard_utils.py`: `add_scalar(key, value, step)` with the step key
+    # (`rollout/step`) left out; both sides' perf dicts land on the rollout id.
+    tensorboardX = pytest.importorskip("tensorboardX")
+    folder = tmp_path / "slime_tb" / "tensorboard"
+    writer = tensorboardX.SummaryWriter(logdir=str(folder))
+    for rollout in (0, 1):
+        for key, value in {"perf/rollout_time": 90.0 + rollout, "rollout/response_len/mean": 800.0,
+                           "perf/train_wait_time": 100.0, "perf/train_time": 60.0, "perf/step_time": 160.0 + rollout,
+                           "perf/actor_train_time": 40.0, "perf/update_weights_time": 3.0}.items():
+            writer.add_scalar(key, value, rollout)
+    writer.close()
+    [report] = ingest_paths(store, [folder], run_name="slime_tb")
+    assert report.format == "tensorboard-events"
+    assert store.execute("SELECT framework FROM runs").fetchone() == ("slime",)
+    assert [row[:6] for row in _steps(store, "slime_tb")] == [(0, 0, 160.0, 100.0, 90.0, 3.0),
+                                                              (0, 1, 161.0, 100.0, 91.0, 3.0)]
