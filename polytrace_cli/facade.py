@@ -302,6 +302,13 @@ class Store:
             raise PolytraceError("compare needs two different runs")
         return compare_frame(run_a, run_b, self.summaries([run_a, run_b], only, steps))
 
+    def stage_meanings(self, runs: Runs = None) -> pl.DataFrame:
+        """What each canonical stage holds in each run's framework (`no counterpart` where it has none),
+        one row per stage some framework of the runs declares, one column per run."""
+        from polytrace_cli.ingest.stage_meanings import stage_meanings_frame
+
+        return stage_meanings_frame(self.connection, self.run_ids(runs))
+
     def has_step_data(self, run: str, steps: Steps = None) -> bool:
         """Whether the run holds any data (samples or step metrics) in the step range."""
         from polytrace_cli.check import has_step_data

@@ -25,3 +25,11 @@ METRIC_ALIASES = {
 }
 # The Trainer's `eval_*` keys are stored as `eval/*`.
 VALIDATION_PREFIXES = ("eval/",)
+
+FRAMEWORK = "trl"
+# What each canonical stage holds in a TRL run; TRL logs no stage timers, so every stage but the step
+# has no counterpart.
+STAGE_MEANINGS = {
+    "step_s": "step_time: the Trainer's seconds per optimizer step (recent TRL), else the progress bar's "
+              "elapsed time per step; generation, scoring and the update are all inside it",
+}
