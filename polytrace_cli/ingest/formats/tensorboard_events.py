@@ -40,7 +40,7 @@ def metric_key(tag: str) -> str:
 
 
 def framework_of_keys(keys) -> str | None:
-    """'trl', 'nemo_rl', 'slime', 'skyrl', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None.
+    """'trl', 'nemo_rl', 'slime', 'skyrl', 'roll', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None.
     NeMo-RL times its steps under `timing/train/`; slime's `perf/` keys name its own timers (verl's
     `perf/` holds throughput and memory)."""
     keys = list(keys)
@@ -53,6 +53,8 @@ def framework_of_keys(keys) -> str | None:
     if any(k in ("timing/fwd_logprobs_values_reward", "timing/train_critic_and_policy", "generate/avg_num_tokens")
            for k in keys):
         return "skyrl"
+    if any(k in ("time/step_generate", "time/step_train", "time/step_model_update") for k in keys):
+        return "roll"
     if any(k.startswith(("timing_s/", "actor/", "critic/", "val-core/", "perf/")) for k in keys):
         return "verl"
     if any(k.startswith("train/") or k in ("policy_loss", "actor_lr") for k in keys):

@@ -1,0 +1,37 @@
+"""ROLL's RLVR pipeline console: the step's metrics as a JSON dict, and its step total logged one step late.
+
+The fixture is written from ROLL's source at commit 8eb27cc2dc34c4d1310b169d9b86d339004d811a (alibaba/ROLL):
+`roll/pipeline/rlvr/rlvr_pipeline.py` (`pipeline step N start...`, `time/step_total` added at the start of a
+step from `pre_step_total_time`, 0 at first, the `Timer` blocks `time/step_generate`, `time/ref_log_probs_values`,
+`time/old_log_probs`, `time/step_train`, `time/step_model_update`, `time/val_step`, and
+`logger.info(json.dumps(metrics))` after the generation examples), `roll/utils/metrics/metrics_manager.py`
+(`add_token_metrics`: `token/response_length/*`) and `roll/utils/logging.py` (the line prefix).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polytrace_cli.ingest.runner import ingest_paths
+
+FIXTURES = Path(__file__).parent / "fixtures" / "roll"
+
+
+def test_the_dicts_give_stages_and_the_late_step_total_its_own_step(store):
+    [report] = ingest_paths(store, [FIXTURES / "rlvr.log"], run_name="roll")
+    assert report.format == "roll-console"
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (15, 3, 11, 1)
+    assert dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall()) == {
+        "generation examples": 1, "logging": 3, "other": 1, "step boundary": 6}
+    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == [(13, "invalid-json")]
+    # Step 1 logs 80.25, the total of step 0; step 2's dict is cut short, so step 1's total (logged by
+    # step 2) and step 2's (logged by step 3) are not known.
+    assert store.execute(
+        "SELECT step, step_s, gen_s, old_log_prob_s, ref_s, update_actor_s, update_weights_s, testing_s,"
+        " response_length_mean FROM steps ORDER BY step").fetchall() == [
+        (0, 80.25, 41.0, 8.0, 7.0, 20.0, 3.5, None, 612.5),
+        (1, None, 44.0, 8.5, None, 21.0, 3.4, 12.0, 640.0),
+        (3, None, 46.0, None, None, 20.0, None, None, None)]
+    assert store.execute("SELECT value FROM step_metrics WHERE key = 'time/step_total' ORDER BY step").fetchall() == [
+        (0.0,), (80.25,), (86.5,)]
+    assert store.execute("SELECT framework FROM runs").fetchone() == ("roll",)
