@@ -11,6 +11,7 @@ from polytrace_cli.ingest.formats import slime  # noqa: F401
 from polytrace_cli.ingest.formats import nemo_rl  # noqa: F401
 from polytrace_cli.ingest.formats import skyrl  # noqa: F401
 from polytrace_cli.ingest.formats import roll  # noqa: F401
+from polytrace_cli.ingest.formats import areal  # noqa: F401
 from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
 from polytrace_cli.ingest.formats import trl_console  # noqa: F401
 from polytrace_cli.ingest.formats import trl_state  # noqa: F401

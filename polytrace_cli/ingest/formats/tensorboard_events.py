@@ -40,7 +40,7 @@ def metric_key(tag: str) -> str:
 
 
 def framework_of_keys(keys) -> str | None:
-    """'trl', 'nemo_rl', 'slime', 'skyrl', 'roll', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None.
+    """'trl', 'nemo_rl', 'areal', 'slime', 'skyrl', 'roll', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None.
     NeMo-RL times its steps under `timing/train/`; slime's `perf/` keys name its own timers (verl's
     `perf/` holds throughput and memory)."""
     keys = list(keys)
@@ -48,6 +48,8 @@ def framework_of_keys(keys) -> str | None:
         return "trl"
     if any(k.startswith("timing/train/") for k in keys):
         return "nemo_rl"
+    if any(k.startswith("timeperf/") for k in keys):
+        return "areal"
     if any(k in ("perf/train_wait_time", "perf/rollout_time", "perf/total_train_time", "rollout/step") for k in keys):
         return "slime"
     if any(k in ("timing/fwd_logprobs_values_reward", "timing/train_critic_and_policy", "generate/avg_num_tokens")
