@@ -49,11 +49,13 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 WANDB_CLOCK_KEYS = ("_runtime", "_timestamp")
 
 
-def read_records(data: bytes) -> tuple[list[bytes], int | None]:
+def read_records(data: bytes, magic: tuple = MAGIC, label: str = "wandb") -> tuple[list[bytes], int | None]:
     """(the records' data in order, byte offset where the readable part ends or None when the
-    whole file read). Raises IngestError when the file header is not wandb's."""
-    if len(data) < FILE_HEADER.size or FILE_HEADER.unpack_from(data) != MAGIC:
-        raise IngestError("not a wandb record log: the file does not start with the :W&B header", "corrupt-file")
+    whole file read). Raises IngestError when the file header is not `magic` (wandb's; SwanLab writes
+    the same LevelDB-style log behind its own header)."""
+    if len(data) < FILE_HEADER.size or FILE_HEADER.unpack_from(data) != magic:
+        raise IngestError(f"not a {label} record log: the file does not start with the"
+                          f" {magic[0].decode(errors='replace')} header", "corrupt-file")
     records: list[bytes] = []
     pending: bytes | None = None
     offset = FILE_HEADER.size
