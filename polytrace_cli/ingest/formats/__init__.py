@@ -17,6 +17,7 @@ from polytrace_cli.ingest.formats import trl_console  # noqa: F401
 from polytrace_cli.ingest.formats import trl_state  # noqa: F401
 from polytrace_cli.ingest.formats import trackio  # noqa: F401
 from polytrace_cli.ingest.formats import swanlab  # noqa: F401
+from polytrace_cli.ingest.formats import clearml  # noqa: F401
 from polytrace_cli.ingest.formats import mlflow_store  # noqa: F401
 from polytrace_cli.ingest.formats import wandb_offline  # noqa: F401
 from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
