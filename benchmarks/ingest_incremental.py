@@ -114,8 +114,8 @@ def appended_in_process(first: Path, store: Path, log: Path, repeat: int) -> lis
 PARTS = (
     ("parse and store the new lines", "polytrace_cli.ingest.console.pipeline", "load_console"),
     ("  of which: GPU count over the file's steps", "polytrace_cli.ingest.run_metadata", "n_gpus_from_throughput"),
-    ("  of which: step-time inclusion over the run's steps", "polytrace_cli.store.step_timers", "step_time_inclusion"),
-    ("semantics record over the run's steps", "polytrace_cli.store.semantics", "decide_runs"),
+    ("  of which: step-time inclusion over the run's steps", "polytrace_cli.semantics.step_timers", "step_time_inclusion"),
+    ("semantics record over the run's steps", "polytrace_cli.semantics.record", "decide_runs"),
 )
 
 

@@ -137,7 +137,7 @@ REQUIRED_WORK = DUCKDB_ALONE.replace(
         """
         import threading
         from polytrace_cli.ingest.files import hash_and_count
-        from polytrace_cli.ingest.formats.polytrace_packed import PackedLengthsIngester
+        from polytrace_cli.ingest.formats.polytrace.packed import PackedLengthsIngester
         from polytrace_cli.ingest.jsonl import strict_file_records
         refused = []
         def decode():  # a thread cannot end the process: the refusal is raised after the join

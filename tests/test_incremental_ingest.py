@@ -14,7 +14,7 @@ import pytest
 
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store
-from polytrace_cli.store.semantics import FIELDS
+from polytrace_cli.semantics.record import FIELDS
 from polytrace_cli.workload.distributions import LengthModel, Marginal
 from polytrace_cli.workload.steplog import Injection, StepTimeModel, console_text, jsonl_text, step_table
 from polytrace_cli.workload.synth import WorkloadSpec
@@ -716,7 +716,7 @@ def test_the_printed_values_read_for_the_verl_version_are_the_files_first_in_eve
     then grows with repr values keeps its class, as one read of the whole log decides it, and its
     growth is appended; a log whose earlier lines gave fewer (2 lines) has the growth's values
     decide the class with them: the class changes and the log is read again whole."""
-    from polytrace_cli.ingest.formats.verl_console import PRINTED_SAMPLE_SIZE
+    from polytrace_cli.ingest.formats.verl.console import PRINTED_SAMPLE_SIZE
 
     assert PRINTED_SAMPLE_SIZE == 100 * 50
     first = _printed_lines(range(1, first_steps), "0.125")

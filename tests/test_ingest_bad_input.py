@@ -317,7 +317,7 @@ def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, empty_store_f
         codes = con.execute("SELECT file_id, code FROM ingest_errors WHERE line_no = 1 ORDER BY file_id").fetchall()
     finally:
         con.close()
-    from polytrace_cli.ingest.formats.polytrace_reward import REQUIRED, SPEC
+    from polytrace_cli.ingest.formats.polytrace.reward import REQUIRED, SPEC
 
     expected = "missing-field" if step is None else (value_problem(record, SPEC, "") or (None,))[0]
     assert all(record.get(name) is not None for name in REQUIRED) or expected == "missing-field"

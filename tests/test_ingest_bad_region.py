@@ -8,7 +8,8 @@ import pytest
 
 from polytrace_cli.ingest import jsonl
 from polytrace_cli.ingest.base import FileContext
-from polytrace_cli.ingest.formats import polytrace_multiturn, polytrace_packed
+from polytrace_cli.ingest.formats.polytrace import multiturn as polytrace_multiturn
+from polytrace_cli.ingest.formats.polytrace import packed as polytrace_packed
 from polytrace_cli.ingest.runner import ingest_paths
 
 GOOD = ('{"step": 3, "rank": 0, "dp_rank": %d, "tp_rank": 0, "local_index": %d, "input": 10, "output": [5, 6, 7],'

@@ -235,7 +235,7 @@ def test_a_line_that_is_no_record_is_rejected_whichever_way_the_batch_is_read(st
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from polytrace_cli.ingest.formats.polytrace_packed import SPEC as PACKED_SPEC  # noqa: E402
+from polytrace_cli.ingest.formats.polytrace.packed import SPEC as PACKED_SPEC  # noqa: E402
 from polytrace_cli.ingest.jsonl import value_problem  # noqa: E402
 
 _ITEMS = st.one_of(st.integers(-5, 5), st.sampled_from([2**31 - 1, 2**31, -(2**31), 999_999_999, 10**9, 2**40]),

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polytrace_cli.ingest import jsonl
-from polytrace_cli.ingest.formats.polytrace_multiturn import SPEC as MULTITURN_SPEC
-from polytrace_cli.ingest.formats.polytrace_packed import SPEC as PACKED_SPEC
+from polytrace_cli.ingest.formats.polytrace.multiturn import SPEC as MULTITURN_SPEC
+from polytrace_cli.ingest.formats.polytrace.packed import SPEC as PACKED_SPEC
 from polytrace_cli.ingest.jsonl import NOT_JSON_LINES, duckdb_type, strict_file_records, strict_records, value_problem
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store

@@ -179,7 +179,7 @@ def test_transformers_tensorboard_folder_names_the_output_folder(store, tmp_path
 def test_tokens_per_step_by_hand():
     import polars as pl
 
-    from polytrace_cli.ingest.trl import tokens_per_step
+    from polytrace_cli.ingest.formats.trl.logged import tokens_per_step
 
     frame = pl.DataFrame({
         "group": [0, 0, 0, 1, 1, 1],

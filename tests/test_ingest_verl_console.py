@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from polytrace_cli.cli import app
 from polytrace_cli.ingest import console_lines as cl
-from polytrace_cli.ingest.formats.verl_console import WANDB_LINE_LIMIT, _read_lines, parse_metric_line
+from polytrace_cli.ingest.formats.verl.console import WANDB_LINE_LIMIT, _read_lines, parse_metric_line
 from polytrace_cli.ingest.registry import SNIFF_BYTES, detect, read_head
 from polytrace_cli.ingest.runner import ingest_paths
 

@@ -210,7 +210,7 @@ def test_file_logger_step_follows_the_step_rule_of_every_format(store, tmp_path,
 
 @pytest.mark.parametrize("blank_line", [False, True])
 def test_file_logger_clean_file_read_whole_stores_what_the_line_by_line_path_stores(tmp_path, monkeypatch, blank_line):
-    from polytrace_cli.ingest.formats import verl_jsonl
+    from polytrace_cli.ingest.formats.verl import jsonl as verl_jsonl
     from polytrace_cli.store import open_store
 
     lines = [json.dumps({"step": step, "data": {"timing_s/step": 10.0 + step, "timing_s/gen": 4.0, "flag": step % 2 == 0,

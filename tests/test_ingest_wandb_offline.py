@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from polytrace_cli.ingest.formats.wandb_offline import BLOCK_BYTES, read_records
+from polytrace_cli.ingest.formats.wandb.offline import BLOCK_BYTES, read_records
 from polytrace_cli.ingest.runner import ingest_paths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from conftest import copy_store
 from polytrace_cli.cli import app
 from polytrace_cli.store import open_store
 from polytrace_cli.store.lake import open_lake, partition_name, store_tables, write_lake
-from polytrace_cli.store.step_facts import DERIVED_TABLES
+from polytrace_cli.semantics.step_facts import DERIVED_TABLES
 
 runner = CliRunner()
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "polytrace_cli"
 LAYERS = [
     {"errors", "jsontext", "display", "lazy", "side_process", "plugins", "schemas"},
     {"store"},
+    {"semantics"},
     {"ingest", "analyze"},
     {"model", "workload"},
     {"diagnose", "simulate"},

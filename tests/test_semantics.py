@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from polytrace_cli.store.semantics import length_collapse
+from polytrace_cli.semantics.record import length_collapse
 from polytrace_cli.cli import app
 from polytrace_cli.facade import Store
 from tests.conftest import need_real_data

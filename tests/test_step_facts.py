@@ -9,7 +9,9 @@ import duckdb
 import pytest
 
 from polytrace_cli.ingest.runner import ingest_paths
-from polytrace_cli.store import open_store, semantics, step_facts
+from polytrace_cli.store import open_store
+from polytrace_cli.semantics import step_facts
+from polytrace_cli.semantics import record as semantics
 from polytrace_cli.store.catalog import STEP_COLUMNS
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polytrace_cli.store.step_timers import INCLUSION_AGREEMENT, step_time_inclusion
+from polytrace_cli.semantics.step_timers import INCLUSION_AGREEMENT, step_time_inclusion
 
 
 def quantile(ordered: list[float], q: float) -> float:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from polytrace_cli.ingest import openrlhf_names, verl_names
+from polytrace_cli.ingest.formats.openrlhf import names as openrlhf_names
+from polytrace_cli.ingest.formats.verl import names as verl_names
 from polytrace_cli.ingest.registry import declared_metric_names, registered_metric_names
 from polytrace_cli.ingest.runner import ingest_paths
 from polytrace_cli.store import open_store

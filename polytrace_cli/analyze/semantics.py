@@ -1,4 +1,4 @@
-"""What a run's numbers mean, as a frame: the semantics record (`store.semantics`, which decides and
+"""What a run's numbers mean, as a frame: the semantics record (`semantics.record`, which decides and
 stores it at ingest, with every field's rule) read for analyses, figures and the commands.
 
 One row per run (`SEMANTICS_COLUMNS`): run, step_time_basis, includes_testing, includes_checkpoint,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from polytrace_cli.store.semantics import (  # noqa: F401  (the labels consumers compare against)
+from polytrace_cli.semantics.record import (  # noqa: F401  (the labels consumers compare against)
     BALANCED_MAX, DERIVED, FIELDS, LOGGED, OFF, ON, PER_RANK_SAMPLES, PRE_BALANCING_MAX, UNKNOWN,
     WITHOUT_OVERHEADS, length_collapse, records)
 

@@ -16,7 +16,7 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.shared_frames import once_per_report, shared
-from polytrace_cli.store import step_timers
+from polytrace_cli.semantics import step_timers
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
 # which way each run logged them (`step_timers.step_time_inclusion`).

@@ -39,7 +39,7 @@ import polars as pl
 from polytrace_cli.analyze import semantics as sem
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.shared_frames import shared
-from polytrace_cli.store import step_timers
+from polytrace_cli.semantics import step_timers
 
 STEP_FRAME_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64,

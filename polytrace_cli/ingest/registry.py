@@ -26,15 +26,12 @@ ENTRY_POINT_GROUP = "polytrace.formats"
 
 
 def metric_name_modules() -> list[str]:
-    """The modules that declare a built-in framework's metric names (`METRIC_ALIASES`,
-    `VALIDATION_PREFIXES`) and load nothing else: `ingest/<framework>_names.py` and the `names.py` of
-    each framework folder `ingest/formats/<framework>/`. Opening a store checks its `steps` view
-    against them without loading every format (see `declared_metric_names`)."""
+    """The modules `ingest/<framework>_names.py` that declare a built-in framework's metric names
+    (`METRIC_ALIASES`, `VALIDATION_PREFIXES`) and load nothing else: opening a store checks its `steps`
+    view against them without loading every format (see `declared_metric_names`)."""
     here = Path(__file__).parent
-    flat = [f"polytrace_cli.ingest.{path.stem}" for path in sorted(here.glob("*_names.py"))]
-    folders = [f"polytrace_cli.ingest.formats.{path.parent.name}.names"
-               for path in sorted((here / "formats").glob("*/names.py"))]
-    return flat + folders
+    return [f"polytrace_cli.ingest.{path.stem}" for path in sorted(here.glob("*_names.py"))] + [
+        f"polytrace_cli.ingest.formats.{path.parent.name}.names" for path in sorted(here.glob("formats/*/names.py"))]
 
 
 def names_module(name: str):

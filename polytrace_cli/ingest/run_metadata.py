@@ -308,7 +308,7 @@ def verl_console_version(value_texts: list[str]) -> tuple[str | None, float | No
 
 
 # The run meta a verl log's read computes from the file's or run's stored rows (`gpu_meta` of
-# `n_gpus_from_throughput`, `store.step_timers.step_time_inclusion`): an appended read gives it as a
+# `n_gpus_from_throughput`, `semantics.step_timers.step_time_inclusion`): an appended read gives it as a
 # whole read would, so it may change from one read to the next (`recomputed_meta`).
 VERL_META_FROM_STORED_ROWS = frozenset({"n_gpus", "n_gpus_source", "step_time_includes_testing",
                                         "step_time_includes_checkpoint"})

@@ -36,7 +36,7 @@ from polytrace_cli.ingest.registry import (
     DEEP_SNIFF_BYTES, SNIFF_BYTES, detect, detect_deep, get_ingester, is_binary, is_log_like, read_head,
 )
 from polytrace_cli.ingest.unchanged import StoredFile, is_unchanged, reads_the_same, stored_file, stored_files
-from polytrace_cli.store.step_timers import NULL_MEANS_CANNOT_TELL
+from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.connection import fetch_first, rollback, stops_the_store
 
 # Folder names that say what a folder holds rather than which run it is.
@@ -591,8 +591,8 @@ def ingest_paths(
 
 def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
     """The end-of-ingest hook: decide again the semantics record of every run a file was added to,
-    replaced in, or grew in (`store.semantics`)."""
-    from polytrace_cli.store.semantics import decide_runs
+    replaced in, or grew in (`semantics.record`)."""
+    from polytrace_cli.semantics.record import decide_runs
 
     names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced", "appended", "truncated")})
     if names:

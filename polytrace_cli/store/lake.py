@@ -39,8 +39,7 @@ import duckdb
 
 from polytrace_cli.errors import StoreError
 from polytrace_cli.store.catalog import install_catalog_views
-from polytrace_cli.store.migrations import SCHEMA_VERSION, schema_version
-from polytrace_cli.store.step_facts import DERIVED_TABLES
+from polytrace_cli.store.migrations import DERIVED_TABLES, SCHEMA_VERSION, schema_version
 
 MANIFEST = "manifest.json"
 LAKE_FORMAT = "polytrace-lake/1"

@@ -46,6 +46,9 @@ def available_migrations() -> list[Migration]:
 
 # The highest schema file's number; numbers may have gaps (a file numbered when its change was begun
 # may land after a higher one).
+# The tables the step facts' `refresh` (semantics/step_facts.py) keeps from the store's other rows: a copy of
+# the store needs only the rest.
+DERIVED_TABLES = ("step_facts", "step_facts_files")
 SCHEMA_VERSION = max((m.version for m in available_migrations()), default=0)
 
 

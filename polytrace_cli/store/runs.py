@@ -15,8 +15,8 @@ import duckdb
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.connection import rollback
+from polytrace_cli.store.migrations import DERIVED_TABLES
 from polytrace_cli.store.queries import run_ids
-from polytrace_cli.store.step_facts import DERIVED_TABLES
 
 
 @dataclass(frozen=True)

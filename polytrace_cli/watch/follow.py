@@ -40,7 +40,7 @@ import duckdb
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.files import last_newline_end, path_text, walk
-from polytrace_cli.store.step_facts import pairs_after_sql
+from polytrace_cli.semantics.step_facts import pairs_after_sql
 from polytrace_cli.watch.judge import StepJudge
 
 EXIT_CRASH = 3

@@ -5,7 +5,7 @@ non-metric lines are counted under, and `pipeline` runs the steps every console 
 read, clean (ANSI colours, Ray prefixes, `[repeated Nx across cluster]`, progress-bar redraws;
 `console_lines`), classify, reject damaged text, parse metric lines with the format's grammar,
 cut segments on restarts, store, and account `lines = stored + ignored + rejected`. A console
-format (`formats/verl_console.py`, `formats/openrlhf_console.py`) is a `ConsoleGrammar`: how its
+format (`formats/verl/console.py`, `formats/openrlhf/console.py`) is a `ConsoleGrammar`: how its
 metric lines look and parse, and what it reads from the log besides. See docs/console.md.
 """
 

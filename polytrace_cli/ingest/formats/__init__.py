@@ -1,27 +1,28 @@
 """Built-in input formats, one module each. Import order is sniffing order: specific first."""
 
-from polytrace_cli.ingest.formats import polytrace_packed  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_reward  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_dapo  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_multiturn  # noqa: F401
-from polytrace_cli.ingest.formats import polytrace_dataset  # noqa: F401
-from polytrace_cli.ingest.formats import verl_jsonl  # noqa: F401
-from polytrace_cli.ingest.formats import verl_rollout  # noqa: F401
-from polytrace_cli.ingest.formats import slime  # noqa: F401
-from polytrace_cli.ingest.formats import nemo_rl  # noqa: F401
-from polytrace_cli.ingest.formats import skyrl  # noqa: F401
-from polytrace_cli.ingest.formats import roll  # noqa: F401
-from polytrace_cli.ingest.formats import areal  # noqa: F401
-from polytrace_cli.ingest.formats import openrlhf_console  # noqa: F401
-from polytrace_cli.ingest.formats import trl_console  # noqa: F401
-from polytrace_cli.ingest.formats import trl_state  # noqa: F401
-from polytrace_cli.ingest.formats import trackio  # noqa: F401
-from polytrace_cli.ingest.formats import swanlab  # noqa: F401
-from polytrace_cli.ingest.formats import clearml  # noqa: F401
-from polytrace_cli.ingest.formats import mlflow_store  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_offline  # noqa: F401
-from polytrace_cli.ingest.formats import tensorboard_events  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_run  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_table  # noqa: F401
-from polytrace_cli.ingest.formats import wandb_csv  # noqa: F401
-from polytrace_cli.ingest.formats import verl_console  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.packed  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.reward  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.dapo  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.multiturn  # noqa: F401
+import polytrace_cli.ingest.formats.polytrace.dataset  # noqa: F401
+import polytrace_cli.ingest.formats.verl.jsonl  # noqa: F401
+import polytrace_cli.ingest.formats.verl.rollout  # noqa: F401
+import polytrace_cli.ingest.formats.slime.console  # noqa: F401
+import polytrace_cli.ingest.formats.nemo_rl.console  # noqa: F401
+import polytrace_cli.ingest.formats.skyrl.console  # noqa: F401
+import polytrace_cli.ingest.formats.roll.console  # noqa: F401
+import polytrace_cli.ingest.formats.areal.console  # noqa: F401
+import polytrace_cli.ingest.formats.openrlhf.console  # noqa: F401
+import polytrace_cli.ingest.formats.trl.console  # noqa: F401
+import polytrace_cli.ingest.formats.trl.trainer_state  # noqa: F401
+import polytrace_cli.ingest.formats.trackio.project  # noqa: F401
+import polytrace_cli.ingest.formats.swanlab.records  # noqa: F401
+import polytrace_cli.ingest.formats.swanlab.config  # noqa: F401
+import polytrace_cli.ingest.formats.clearml.session  # noqa: F401
+import polytrace_cli.ingest.formats.mlflow.store  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.offline  # noqa: F401
+import polytrace_cli.ingest.formats.tensorboard.events  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.run_files  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.table  # noqa: F401
+import polytrace_cli.ingest.formats.wandb.csv_export  # noqa: F401
+import polytrace_cli.ingest.formats.verl.console  # noqa: F401

@@ -1,4 +1,2 @@
 """AReaL: the trainer's stats tables on the console; its W&B, SwanLab, Trackio and TensorBoard keys are
 read by those formats with the names in `names.py`."""
-
-from polytrace_cli.ingest.formats.areal import console  # noqa: F401

@@ -1,4 +1,2 @@
 """NeMo-RL: the GRPO loop's console summaries; its TensorBoard, W&B and MLflow keys are read by those
 formats with the names in `names.py`."""
-
-from polytrace_cli.ingest.formats.nemo_rl import console  # noqa: F401

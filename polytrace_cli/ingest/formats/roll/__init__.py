@@ -1,4 +1,2 @@
 """ROLL (alibaba/ROLL): the RLVR pipeline's console dicts; its W&B, TensorBoard and SwanLab keys are read by
 those formats with the names in `names.py`."""
-
-from polytrace_cli.ingest.formats.roll import console  # noqa: F401

@@ -13,8 +13,8 @@ from pathlib import Path
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.swanlab import names
-from polytrace_cli.ingest.formats.tensorboard_events import claim_framework
-from polytrace_cli.ingest.formats.wandb_run import detect_framework, run_meta_from_config, unwrap_config
+from polytrace_cli.ingest.formats.tensorboard.events import claim_framework
+from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config, unwrap_config
 from polytrace_cli.ingest.registry import register
 
 METADATA = "swanlab-metadata.json"

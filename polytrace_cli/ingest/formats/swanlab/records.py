@@ -34,8 +34,8 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.swanlab import names
-from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, framework_of_keys, metric_key
-from polytrace_cli.ingest.formats.wandb_offline import FILE_HEADER, read_records
+from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
+from polytrace_cli.ingest.formats.wandb.offline import FILE_HEADER, read_records
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.step_rows import store_step_rows
 

@@ -26,9 +26,9 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
-from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, framework_of_keys, metric_key
+from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
 from polytrace_cli.ingest.formats.trackio import names
-from polytrace_cli.ingest.formats.wandb_run import detect_framework, run_meta_from_config
+from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.step_rows import store_step_rows, with_segments
 from polytrace_cli.store.connection import fetch_first

@@ -44,7 +44,7 @@ from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import check_steps, resume_lines, store_parsed
-from polytrace_cli.ingest import openrlhf_names
+from polytrace_cli.ingest.formats.openrlhf import names as openrlhf_names
 from polytrace_cli.ingest.registry import register
 
 # The step is taken as printed; the pipeline checks it is a whole number in range (`check_steps`).

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
-from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, metric_key
+from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, metric_key
 from polytrace_cli.ingest.registry import register
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest import trl, trl_names
+from polytrace_cli.ingest.formats.trl import names as trl_names
+from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
-from polytrace_cli.ingest.formats.tensorboard_events import claim_framework
+from polytrace_cli.ingest.formats.tensorboard.events import claim_framework
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.step_rows import store_step_rows, with_segments
 

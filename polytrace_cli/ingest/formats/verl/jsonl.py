@@ -18,7 +18,7 @@ How a file is read (FORMATS.md, section 2):
   `restart`); a step written twice in a row with different keys (a validation line, then the
   training line) is one step. A file whose first step is above 1 is flagged `resumed`.
 - Run meta: the version class, GPUs, and whether `timing_s/step` includes the testing and
-  checkpoint timers (`store.step_timers.step_time_inclusion`, as for the console log).
+  checkpoint timers (`semantics.step_timers.step_time_inclusion`, as for the console log).
 - A log that grew since its last read is read from there on (`appendable`): its new lines are
   numbered after the stored ones and cut into segments on from the last line stored before
   (`resume_state`: that line, its step and segment; its keys are its stored pairs).
@@ -39,11 +39,11 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
-from polytrace_cli.ingest import verl_names
+from polytrace_cli.ingest.formats.verl import names as verl_names
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments
 from polytrace_cli.store.connection import fetch_first
-from polytrace_cli.store.step_timers import step_time_inclusion
+from polytrace_cli.semantics.step_timers import step_time_inclusion
 
 _NONFINITE_MARK = "__polytrace_nonfinite__:"
 # A bare non-finite token in value position: after ':' '[' or ',' and before ',' '}' or ']'.

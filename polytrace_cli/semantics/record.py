@@ -47,7 +47,8 @@ from itertools import accumulate
 
 import duckdb
 
-from polytrace_cli.store import step_facts, step_timers
+from polytrace_cli.semantics import step_facts
+from polytrace_cli.semantics import step_timers
 
 LOGGED, WITHOUT_OVERHEADS, DERIVED = "logged", "logged without overheads", "derived from stage timers"
 ON, OFF, UNKNOWN = "on", "off", "unknown"

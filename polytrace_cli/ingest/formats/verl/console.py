@@ -43,9 +43,9 @@ from polytrace_cli.ingest.console import (ConsoleGrammar, ParsedMetrics, flag_sc
                                           printed_step_schema)
 from polytrace_cli.ingest.console.pipeline import DIRTY, METRIC, in_slices, int64_step, printed_sample
 from polytrace_cli.ingest.console.reading import read_lines as _read_lines  # noqa: F401  (tests read through it)
-from polytrace_cli.ingest import verl_names
+from polytrace_cli.ingest.formats.verl import names as verl_names
 from polytrace_cli.ingest.registry import is_binary, register
-from polytrace_cli.store.step_timers import step_time_inclusion
+from polytrace_cli.semantics.step_timers import step_time_inclusion
 
 WANDB_LINE_LIMIT = 4096
 STEP_PREFIX = r"^step:(-?\d+)"

@@ -24,7 +24,7 @@ import duckdb
 
 from polytrace_cli.errors import IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
-from polytrace_cli.ingest.formats.tensorboard_events import claim_framework, framework_of_keys
+from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.registry import register
 
 STEP_COLUMNS = ("Step", "_step")

@@ -1,4 +1,4 @@
-"""Which timers a run's step time counts, read from the run's step facts (`store.step_facts`), or
+"""Which timers a run's step time counts, read from the run's step facts (`semantics.step_facts`), or
 from its pairs and the metric aliases where the facts cannot be kept (a read-only store).
 
 verl counts its testing and checkpoint timers inside `timing_s/step` in some versions and not in
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import duckdb
 
-from polytrace_cli.store import step_facts
+from polytrace_cli.semantics import step_facts
 from polytrace_cli.store.catalog import installed_fingerprint
 
 # Timers that verl may or may not count inside `timing_s/step`, depending on its version, and the

@@ -26,10 +26,7 @@ import duckdb
 
 from polytrace_cli.store.catalog import declared_catalog, declared_names, validation_key_sql
 from polytrace_cli.store.connection import fold_added_rows, whole_row_groups
-
-
-# The tables `refresh` keeps from the store's other rows: a copy of the store needs only the rest.
-DERIVED_TABLES = ("step_facts", "step_facts_files")
+from polytrace_cli.store.migrations import DERIVED_TABLES  # noqa: F401  (the tables `refresh` keeps)
 
 
 def _facts_sql(where: str) -> str:

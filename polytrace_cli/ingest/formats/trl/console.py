@@ -48,11 +48,12 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.ingest import trl, trl_names
+from polytrace_cli.ingest.formats.trl import names as trl_names
+from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import flag_schema, metric_schema
-from polytrace_cli.ingest.formats.openrlhf_console import _literal_payload, _too_large_for_double
+from polytrace_cli.ingest.formats.openrlhf.console import _literal_payload, _too_large_for_double
 from polytrace_cli.ingest.registry import is_binary, register
 
 # A training bar piece: no description before the percentage, then `n/total [elapsed<`.

@@ -25,7 +25,7 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest import trl
+from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.registry import register
@@ -40,9 +40,9 @@ def metric_key(tag: str) -> str:
 
 
 def framework_of_keys(keys) -> str | None:
-    """'trl', 'nemo_rl', 'areal', 'slime', 'skyrl', 'roll', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None.
-    NeMo-RL times its steps under `timing/train/`; slime's `perf/` keys name its own timers (verl's
-    `perf/` holds throughput and memory)."""
+    """'trl', 'nemo_rl', 'areal', 'slime', 'skyrl', 'roll', 'openrlhf' or 'verl' when the raw (unmapped)
+    keys say so, else None. NeMo-RL times its steps under `timing/train/`, AReaL under `timeperf/`;
+    slime's `perf/` keys name its own timers (verl's `perf/` holds throughput and memory)."""
     keys = list(keys)
     if trl.is_trl(keys):
         return "trl"

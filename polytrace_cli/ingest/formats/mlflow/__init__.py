@@ -1,0 +1,1 @@
+"""MLflow's local stores (file store and SQLite)."""

@@ -1,0 +1,1 @@
+"""OpenRLHF: its metric names (`names.py`) and its console log."""

@@ -1,0 +1,1 @@
+"""PolyTrace workload traces (packed lengths, reward timings, DAPO filtering, multi-turn, the dataset JSON)."""

@@ -1,0 +1,1 @@
+"""TensorBoard event files."""
