@@ -22,7 +22,7 @@ def test_the_dicts_give_stages_and_the_late_step_total_its_own_step(store):
     assert report.format == "roll-console"
     assert (report.lines, report.stored, report.ignored, report.rejected) == (15, 3, 11, 1)
     assert dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall()) == {
-        "generation examples": 1, "logging": 3, "other": 1, "step boundary": 6}
+        "generation examples": 1, "logging": 3, "step boundary": 6, "warning": 1}
     assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == [(13, "invalid-json")]
     # Step 1 logs 80.25, the total of step 0; step 2's dict is cut short, so step 1's total (logged by
     # step 2) and step 2's (logged by step 3) are not known.
