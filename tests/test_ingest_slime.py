@@ -99,3 +99,44 @@ def test_tensorboard_events_of_a_slime_run(store, tmp_path):
     assert store.execute("SELECT framework FROM runs").fetchone() == ("slime",)
     assert [row[:6] for row in _steps(store, "slime_tb")] == [(0, 0, 160.0, 100.0, 90.0, 3.0),
                                                               (0, 1, 161.0, 100.0, 91.0, 3.0)]
+
+
+# slime's W&B calls (`slime/observability/wandb_utils.py` `_init_wandb_common`, `logging_utils.log`): each
+# group's keys are stepped by a step key of its own through `define_metric`, and `wandb.log` gets no `step`, so
+# wandb's `_step` only counts the calls (four per rollout here).
+WANDB_WRITER = """
+import wandb
+run = wandb.init(project="polytrace-test", settings=wandb.Settings(x_disable_stats=True),
+                 config={"rollout_num_gpus": 4, "actor_num_gpus_per_node": 4, "actor_num_nodes": 1, "colocate": False,
+                         "n_samples_per_prompt": 8})
+wandb.define_metric("train/step"); wandb.define_metric("train/*", step_metric="train/step")
+wandb.define_metric("rollout/step"); wandb.define_metric("rollout/*", step_metric="rollout/step")
+wandb.define_metric("perf/*", step_metric="rollout/step")
+for rollout in range(3):
+    wandb.log({"rollout/response_len/mean": 800.0 + rollout, "perf/rollout_time": 90.0 + rollout, "rollout/step": rollout})
+    wandb.log({"train/loss": 0.01, "train/step": rollout})
+    wandb.log({"rollout/raw_reward": 0.3, "rollout/step": rollout})
+    wandb.log({"perf/train_wait_time": 100.0, "perf/step_time": 160.0 + rollout, "rollout/step": rollout})
+run.finish()
+"""
+
+
+def test_a_wandb_offline_run_of_slime_is_stepped_by_its_rollout_step(store, tmp_path):
+    pytest.importorskip("wandb")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
+           "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_API_KEY": "", "HOME": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", WANDB_WRITER], env=env, check=True, timeout=120, capture_output=True)
+    [log] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    [report] = ingest_paths(store, [log], run_name="slime_wandb")
+    assert report.format == "wandb-offline" and report.rejected == 0
+    framework, meta = store.execute("SELECT framework, meta FROM runs").fetchone()
+    meta = json.loads(meta)
+    assert framework == "slime" and meta["wandb_step_metrics"] == ["rollout/step", "train/step"]
+    assert (meta["colocate"], meta["n_gpus"], meta["n_sampling"]) == (False, 8, 8)
+    assert [row[:6] for row in _steps(store, "slime_wandb")] == [
+        (0, 0, 160.0, 100.0, 90.0, None), (0, 1, 161.0, 100.0, 91.0, None), (0, 2, 162.0, 100.0, 92.0, None)]
+    assert store.execute("SELECT count(*) FROM step_metrics WHERE key IN ('rollout/step', 'train/step')").fetchone() == (0,)
