@@ -35,3 +35,24 @@ def test_the_dicts_give_stages_and_the_late_step_total_its_own_step(store):
     assert store.execute("SELECT value FROM step_metrics WHERE key = 'time/step_total' ORDER BY step").fetchall() == [
         (0.0,), (80.25,), (86.5,)]
     assert store.execute("SELECT framework FROM runs").fetchone() == ("roll",)
+
+
+def test_the_stdout_trackers_lines_are_the_steps_when_present(store, tmp_path):
+    # `roll/utils/tracking.py` `StdoutTracker.log`: `metrics_tag: {"step": N, "metrics": {...}}`, the reducer
+    # tags of the keys removed (`_strip_metric_tag`); the pipeline's own dicts of the same steps keep them.
+    prefix = "[2025-08-19 15:37:31] [tracking.py (160)] [INFO] [PIPELINE 0 / 1][PID 5512] "
+    log = tmp_path / "roll.log"
+    log.write_text(
+        prefix + "pipeline step 0 start...\n"
+        + prefix + '{"time/step_total": 0, "time/step_generate": 41.0, "actor/pg_loss@sum": 0.5}\n'
+        + prefix + 'metrics_tag: {"step": 0, "metrics": {"time/step_total": 0, "time/step_generate": 41.0,'
+                   ' "actor/pg_loss": 0.5}}\n'
+        + prefix + "pipeline step 1 start...\n"
+        + prefix + 'metrics_tag: {"step": 1, "metrics": {"time/step_total": 80.0, "time/step_generate": 44.0}}\n')
+    [report] = ingest_paths(store, [log], run_name="tagged")
+    assert (report.lines, report.stored, report.rejected) == (5, 2, 0)
+    assert dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall()) == {
+        "metrics dict also in metrics_tag": 1, "step boundary": 2}
+    assert store.execute("SELECT step, step_s, gen_s FROM steps ORDER BY step").fetchall() == [(0, 80.0, 41.0),
+                                                                                              (1, None, 44.0)]
+    assert store.execute("SELECT count(*) FROM step_metrics WHERE key = 'actor/pg_loss'").fetchone() == (1,)

@@ -10,7 +10,11 @@
     ... pipeline step 3 finished
 
 every `logging_steps` steps. A dict's step is the `pipeline step N start...` line before it (N counts
-from 0). `time/step_total` logged at step N is the total of step N-1 (`pre_step_total_time`): it is
+from 0). With the `stdout` tracker (`roll/utils/tracking.py` `StdoutTracker`) each step is also
+logged as `metrics_tag: {"step": N, "metrics": {...}}`: when a log holds such lines, they are the
+steps, and the pipeline's own dicts (the same metrics) are ignored under `metrics dict also in
+metrics_tag`. Keys lose their reducer tag (`actor/pg_loss@sum` -> `actor/pg_loss`), as ROLL's trackers
+drop it. `time/step_total` logged at step N is the total of step N-1 (`pre_step_total_time`): it is
 stored as logged and also, as `time/step_total/own`, at the step before (the step it measured) when
 that step was logged too. A step lower than or equal to the one before starts a new segment (a
 restarted job appending to the log), flagged `restart`. A dict line that is not valid JSON is rejected;
@@ -38,10 +42,12 @@ from polytrace_cli.ingest.segments import insert_step_flags
 
 STEP_START = r"pipeline step (-?\d+) start\.\.\.\s*$"
 METRICS_DICT = r"(?:^|\] )\{\"(?:time|token|system|critic|actor|val_correct)/"
+METRICS_TAG = r"metrics_tag: \{\"step\": "
 _STEP_START = re.compile(STEP_START)
 _DICT = re.compile(r"(?:^|\] )(\{\".*)$")
+_TAG = re.compile(r"metrics_tag: (\{.*)$")
 _SNIFF = re.compile(rb"pipeline step \d+ start\.\.\.")
-_SNIFF_DICT = re.compile(rb"\{\"time/step_total\": ")
+_SNIFF_DICT = re.compile(rb"\{\"time/step_total\": |metrics_tag: \{\"step\": ")
 
 ROLL_NOISE = NoiseRules(
     (("step boundary", r"pipeline step -?\d+ (?:start\.\.\.|finished)\s*$"),
@@ -57,7 +63,7 @@ class RollGrammar(ConsoleGrammar):
     noise = ROLL_NOISE
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
-        return pl.when(cleaned.str.contains(METRICS_DICT)).then(pl.lit(METRIC))
+        return pl.when(cleaned.str.contains(METRICS_DICT) | cleaned.str.contains(METRICS_TAG)).then(pl.lit(METRIC))
 
 
 def _pair(value) -> tuple[float | None, str | None]:
@@ -72,35 +78,53 @@ def _pair(value) -> tuple[float | None, str | None]:
     return None, json.dumps(value)
 
 
+def _payload(text: str) -> object:
+    return json.loads(text, parse_constant=lambda name: math.nan if name == "NaN"
+                      else math.copysign(math.inf, -1 if name.startswith("-") else 1))
+
+
 def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
-    """Pairs of the metric dicts, each at the step of the `pipeline step N start...` line before it;
-    `time/step_total` also one step back as `time/step_total/own` (see the module docstring)."""
+    """Pairs of the metric dicts, each at its step (the `metrics_tag` line's, else the `pipeline step N
+    start...` line before it); `time/step_total` also one step back as `time/step_total/own` (see the
+    module docstring)."""
+    metric_lines = lines.filter(pl.col("kind") == METRIC).select("line_no", "c", "raw")
+    tagged = metric_lines.get_column("c").str.contains(METRICS_TAG).any()
     starts = lines.filter(pl.col("c").str.contains(STEP_START)).select("line_no", "c")
     boundaries = [(line_no, _STEP_START.search(text).group(1)) for line_no, text in starts.iter_rows()]
     rows: list[tuple] = []
     position, step, logged = 0, None, {}
-    for line_no, cleaned, raw in lines.filter(pl.col("kind") == METRIC).select("line_no", "c", "raw").iter_rows():
+    for line_no, cleaned, raw in metric_lines.iter_rows():
         while position < len(boundaries) and boundaries[position][0] < line_no:
             step = boundaries[position][1]
             position += 1
+        is_tag = _TAG.search(cleaned) is not None
+        if tagged and not is_tag:
+            ctx.ignore("metrics dict also in metrics_tag")
+            continue
         try:
-            payload = json.loads(_DICT.search(cleaned).group(1), parse_constant=lambda name: math.nan
-                                 if name == "NaN" else math.copysign(math.inf, -1 if name.startswith("-") else 1))
-            if not isinstance(payload, dict):
-                raise ValueError("not an object")
+            if is_tag:
+                record = _payload(_TAG.search(cleaned).group(1))
+                if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+                    raise ValueError("not an object with step and metrics")
+                payload, line_step = record["metrics"], record.get("step")
+                line_step = None if line_step is None else str(line_step)
+            else:
+                payload, line_step = _payload(_DICT.search(cleaned).group(1)), step
+                if not isinstance(payload, dict):
+                    raise ValueError("not an object")
         except ValueError as error:
             ctx.reject(line_no, f"ROLL metrics dict is not JSON: {error}", raw, code="invalid-json")
             continue
-        if step is None:
-            ctx.reject(line_no, "ROLL metrics dict before any `pipeline step N start...` line", raw,
-                       code="missing-field")
+        if line_step is None:
+            ctx.reject(line_no, "ROLL metrics dict without a step (no `pipeline step N start...` line before it)",
+                       raw, code="missing-field")
             continue
         for index, (key, value) in enumerate(payload.items(), start=1):
             number, text = _pair(value)
-            rows.append((line_no, step, index, key, number, text, None))
-        logged[step] = line_no
+            rows.append((line_no, line_step, index, key.rsplit("@", 1)[0] if "@" in key else key, number, text, None))
+        logged[line_step] = line_no
         total = payload.get("time/step_total")
-        earlier = str(int(step) - 1)
+        earlier = str(int(line_step) - 1) if line_step.lstrip("-").isdigit() else None
         if isinstance(total, (int, float)) and not isinstance(total, bool) and earlier in logged:
             rows.append((logged[earlier], earlier, 0, "time/step_total/own", float(total), None, None))
     return ParsedMetrics.from_rows(sorted(rows, key=lambda row: (row[0], row[2])))
