@@ -8,7 +8,9 @@ The fixtures are written from slime's source at commit 624b824a898ab0ec1fcb4d373
 `log_perf_data` the training side's `perf {rollout_id}: {...}` with `perf/<timer>_time`,
 `perf/step_time` = train_wait + train and `perf/wait_time_ratio`), `slime/backends/megatron_utils/model.py`
 (`step {k}: {'train/...'}` per optimizer step) and `slime/observability/logging_utils.py` (the logging
-prefix `[%(asctime)s] %(filename)s:%(lineno)d - `). `async.log` follows `train_async.py` (the rollout of
+prefix `[%(asctime)s] %(filename)s:%(lineno)d - `); the argument listing is the one Megatron-LM's
+`validate_args` prints (`_print_args("arguments", args)`), which slime's `megatron_utils/arguments.py`
+calls. `async.log` follows `train_async.py` (the rollout of
 step N+1 runs while step N trains) with the keys of slime 0.1 (261ecee7, `slime/ray/buffer.py`,
 `slime/backends/megatron_utils/data.py`: bare `print`, `perf/total_train_time`).
 """
@@ -140,3 +142,19 @@ def test_a_wandb_offline_run_of_slime_is_stepped_by_its_rollout_step(store, tmp_
     assert [row[:6] for row in _steps(store, "slime_wandb")] == [
         (0, 0, 160.0, 100.0, 90.0, None), (0, 1, 161.0, 100.0, 91.0, None), (0, 2, 162.0, 100.0, 92.0, None)]
     assert store.execute("SELECT count(*) FROM step_metrics WHERE key IN ('rollout/step', 'train/step')").fetchone() == (0,)
+
+
+def test_an_evaluation_before_and_after_the_first_training_is_no_restart(store, tmp_path):
+    # slime `train.py`: `eval(0)` before the loop unless `--skip-eval-before-train`, and again after
+    # rollout 0 when `--eval-interval 1`.
+    log = tmp_path / "eval.log"
+    log.write_text("eval 0: {'eval/aime': 0.2}\n"
+                   "perf 0: {'perf/rollout_time': 40.0, 'rollout/response_len/mean': 500.0}\n"
+                   "perf 0: {'perf/train_wait_time': 45.0, 'perf/train_time': 35.0, 'perf/step_time': 80.0}\n"
+                   "eval 0: {'eval/aime': 0.25}\n"
+                   "perf 1: {'perf/rollout_time': 41.0, 'rollout/response_len/mean': 520.0}\n")
+    [report] = ingest_paths(store, [log], run_name="evals")
+    assert report.stored == 5 and not report.notes
+    assert store.execute("SELECT count(*) FROM step_flags").fetchone() == (0,)
+    assert store.execute("SELECT step, step_s, rollout_s FROM steps ORDER BY step").fetchall() == [
+        (0, 80.0, 40.0), (1, None, 41.0)]

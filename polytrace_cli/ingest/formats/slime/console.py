@@ -18,8 +18,9 @@ rollout when the global batch is smaller than the rollout): they are ignored und
 The two sides print from different processes, and with `train_async.py` the rollout of step N+1
 finishes while step N trains, so the rollout side's `perf N+1` line may come before the training
 side's `perf N`. A step therefore goes back only within one stream of lines (the rollout side's perf,
-the training side's perf, its rollout dicts, evaluations, ...): a stream's step lower than or equal
-to its previous one starts a new segment (a restarted job appending to the log), flagged `restart`.
+the training side's perf, its rollout dicts, evaluations, ...): a stream's step lower than its previous
+one (or equal, for a side's perf line) starts a new segment (a restarted job appending to the log),
+flagged `restart`; an evaluation may run twice at rollout 0 (before the first training and after it).
 
 Run meta: framework `slime`, and where the log shows them (Megatron's argument listing
 `  colocate ...... True` or the command line `--colocate`, `--actor-num-gpus-per-node 4`) whether
@@ -48,8 +49,10 @@ from polytrace_cli.ingest.formats.slime import names
 from polytrace_cli.ingest.registry import is_binary, register
 from polytrace_cli.ingest.segments import insert_step_flags
 
-# The dict lines slime prints per rollout, by the word before the rollout id.
+# The dict lines slime prints per rollout, by the word before the rollout id; each side prints its perf
+# line once per rollout.
 STREAMS = ("perf", "rollout", "eval", "multi_turn", "passrate")
+ONCE_PER_ROLLOUT = frozenset({"perf", "perf-rollout"})
 _LOG_PREFIX = r"(?:\[[^\]]*\]\s*\S+:\d+ - )?"
 METRIC_LINE = rf"^{_LOG_PREFIX}(?:{'|'.join(STREAMS)}) -?\d+: \{{"
 OPTIMIZER_STEP_LINE = rf"^{_LOG_PREFIX}(?:[a-z]+-)?step -?\d+: \{{'train/"
@@ -152,14 +155,16 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
 
 
 def stream_segments(steps: list[tuple[int, int]], streams: dict[int, str]) -> pl.DataFrame:
-    """Segments of the metric lines ((line_no, step) in line order): a line whose step is not above the
-    previous step of its own stream starts a new segment, and every stream starts afresh there.
+    """Segments of the metric lines ((line_no, step) in line order): a line whose step is below the
+    previous step of its own stream (or equal to it, for the perf lines each side prints once per
+    rollout) starts a new segment, and every stream starts afresh there. An evaluation may run twice at
+    one rollout id (before the first training and after it).
     Columns as `segments.line_segments` gives them (line_no, step, previous, resumed, segment)."""
     segment, last, rows = 0, {}, []
     for line_no, step in steps:
         stream = streams[line_no]
         previous = last.get(stream)
-        if previous is not None and step <= previous:
+        if previous is not None and (step < previous or step == previous and stream in ONCE_PER_ROLLOUT):
             segment += 1
             last = {}
         last[stream] = step
