@@ -41,3 +41,19 @@ def test_a_restarted_job_is_a_new_segment(store, tmp_path):
     assert report.rejected == 0 and report.stored == 34
     assert store.execute("SELECT segment, step, flag, detail FROM step_flags").fetchall() == [
         (1, 1, "restart", "step went back from 2 to 1")]
+
+
+def test_a_long_dict_printed_by_pprint_reads_whole(store, tmp_path):
+    # The console tracker's own calls: `pprint.pformat` of the floats stringified with four decimals.
+    import pprint
+
+    payload = {f"timing/stage_{index:03d}": f"{index / 7:.4f}" for index in range(150)}
+    payload["timing/step"] = "99.5000"
+    header = "2025-08-21 18:02:38.123 | INFO     | skyrl.train.utils.tracking:log:189 - Step 4: "
+    log = tmp_path / "long.log"
+    log.write_text(header + "\n" + pprint.pformat(payload) + "\n" + "2025-08-21 18:02:39.000 | INFO | done\n")
+    [report] = ingest_paths(store, [log], run_name="long")
+    assert report.format == "skyrl-console" and report.rejected == 0
+    assert report.stored == 1 + pprint.pformat(payload).count("\n") + 1 and report.stored > 100
+    assert store.execute("SELECT count(*), max(step) FROM step_metrics").fetchone() == (151, 4)
+    assert store.execute("SELECT step_s FROM steps").fetchone() == (99.5,)

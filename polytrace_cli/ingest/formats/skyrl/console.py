@@ -8,8 +8,8 @@
      'timing/step': '77.0310'}
 
 `pprint.pformat` of the step's payload, every float first turned into text with four decimals
-(`stringify_floats`): such texts are read back as numbers, with the precision (0.0001) in the run
-meta; ints stay ints. The dict runs over the lines after the `Step N:` line until its brackets
+(`stringify_floats`): such texts are read back as numbers, with the precision they were printed at
+(0.0001: the fewest decimals seen) in the run meta; ints stay ints. The dict runs over the lines after the `Step N:` line until its brackets
 balance (and may sit behind a Ray prefix, removed by the console cleaning). The header and the
 dict's lines are stored together; a dict that does not read (cut short, not a literal) rejects each
 of its lines. A step lower than the one before starts a new segment (a restarted job), flagged
@@ -39,8 +39,10 @@ HEADER = r"(?:^|\| [\w.]+:\w+:\d+ - )Step (-?\d+): ?$"
 _HEADER = re.compile(HEADER)
 _SNIFF = re.compile(rb"\| INFO +\| [\w.]+:log:\d+ - Step \d+: ?\r?\n(?:\([^)]*pid=\d+[^)]*\) )?\{'")
 _STRING_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+_PLACES = re.compile(r"^-?\d*\.(\d+)$")
 _FLOAT_TEXT = re.compile(r"^-?(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?$|^-?(?:nan|inf)$")
 MAX_DICT_LINES = 5000
+DICT_CHUNK = 64
 
 SKYRL_NOISE = NoiseRules(cl.NOISE_RULES, default="other", ray="ray-log")
 
@@ -82,28 +84,29 @@ def parse_dicts(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
     headers whose dict could not be read (each of its lines rejected).
     The dict's lines are the cleaned lines after the header until the brackets outside string
     literals balance."""
-    cleaned = lines.get_column("c").to_list()
-    numbers = lines.get_column("line_no").to_list()
-    raws = lines.get_column("raw").to_list()
-    position = {line_no: index for index, line_no in enumerate(numbers)}
+    cleaned, numbers, raws = lines.get_column("c"), lines.get_column("line_no"), lines.get_column("raw")
+    headers = lines.with_row_index("position").filter(pl.col("kind") == METRIC).select("position", "line_no", "c")
     rows: list[tuple] = []
     spanned: dict[int, list[int]] = {}
     unreadable: set[int] = set()
-    for line_no in lines.filter(pl.col("kind") == METRIC).get_column("line_no").to_list():
-        start = position[line_no]
-        step = _HEADER.search(cleaned[start]).group(1)
-        depth, body, end = 0, [], start
-        for index in range(start + 1, min(start + 1 + MAX_DICT_LINES, len(cleaned))):
-            text = cleaned[index]
-            if not body and not text.lstrip().startswith("{"):
+    decimals: set[int] = set()
+    for start, line_no, header in headers.iter_rows():
+        step = _HEADER.search(header).group(1)
+        depth, body = 0, []
+        # Only the lines after a header come to Python, a chunk at a time, until the dict closes.
+        for offset in range(0, MAX_DICT_LINES, DICT_CHUNK):
+            chunk = cleaned.slice(start + 1 + offset, DICT_CHUNK).to_list()
+            for text in chunk:
+                if not body and not text.lstrip().startswith("{"):
+                    break
+                body.append(text)
+                bare = _STRING_LITERAL.sub("", text)
+                depth += sum(bare.count(c) for c in "{[(") - sum(bare.count(c) for c in "}])")
+                if depth <= 0:
+                    break
+            if len(chunk) < DICT_CHUNK or not body or depth <= 0 or len(body) < offset + DICT_CHUNK:
                 break
-            body.append(text)
-            end = index
-            bare = _STRING_LITERAL.sub("", text)
-            depth += sum(bare.count(c) for c in "{[(") - sum(bare.count(c) for c in "}])")
-            if depth <= 0:
-                break
-        block = numbers[start:end + 1]
+        block = numbers.slice(start, len(body) + 1).to_list()
         spanned[line_no] = block
         try:
             if not body or depth > 0:
@@ -112,14 +115,16 @@ def parse_dicts(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
             if not isinstance(payload, dict):
                 raise ValueError("not a dict")
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
-            for index, number in enumerate(block):
-                ctx.reject(number, f"SkyRL step {step} dict cannot be read: {error}", raws[start + index],
-                           code="unparsable-line")
+            for number, raw in zip(block, raws.slice(start, len(block)).to_list()):
+                ctx.reject(number, f"SkyRL step {step} dict cannot be read: {error}", raw, code="unparsable-line")
             unreadable.add(line_no)
             continue
         for pair_index, (key, value) in enumerate(_flatten(payload), start=1):
             number, text = _value(value)
             rows.append((line_no, step, pair_index, key, number, text, None))
+            if isinstance(value, str) and number is not None and (places := _PLACES.match(value)):
+                decimals.add(len(places.group(1)))
+    ctx.run_meta["value_precision"] = 10.0 ** -min(decimals) if decimals else None
     return ParsedMetrics.from_rows(rows), spanned, unreadable
 
 
@@ -163,7 +168,7 @@ class SkyRLConsoleIngester(Ingester):
         for rule, count in rest.group_by("kind").len().sort("kind").iter_rows():
             ctx.ignore(rule, count)
         metrics = check_steps(ctx, parsed, lines).metrics
-        ctx.run_meta.update({"framework": "skyrl", "value_precision": 0.0001})
+        ctx.run_meta["framework"] = "skyrl"
         stored = set(metrics.get_column("line_no").unique().to_list())
         read = set(parsed.metrics.get_column("line_no").unique().to_list())
         for header, block in spanned.items():
