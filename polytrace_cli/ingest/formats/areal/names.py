@@ -30,6 +30,11 @@ METRIC_ALIASES = {
     "ppo_actor/seq_len/avg": "total_length_mean",
     "ppo_actor/no_eos_ratios/avg": "clip_ratio",
     "ppo_actor/task_reward/avg": "reward_mean",
+    # The policy versions between a sample's generation and the update that trains on it
+    # (`_log_version_staleness_stats`, called by `grpo_loss_fn` under `ppo_actor/update`), averaged
+    # over the minibatches. Their `_max` is the minibatches' mean of their maxima, not the step's
+    # maximum, so it names no column.
+    "ppo_actor/update/version_stats/sample_staleness_theta_avg": "staleness_mean",
 }
 VALIDATION_PREFIXES = ("eval-rollout/",)
 
