@@ -73,3 +73,24 @@ def test_the_command_line_says_what_has_no_counterpart(four_frameworks):
                              env={"COLUMNS": "300"})
     assert compared.exit_code == 0, compared.output
     assert "no counterpart" in compared.output and "perf/train_wait_time" in compared.output
+
+
+def test_explain_against_a_run_of_another_framework_says_what_its_stages_hold(tmp_path):
+    verl, slime = tmp_path / "verl.log", tmp_path / "slime.log"
+    verl.write_text("".join(
+        f"step:{s} - timing_s/gen:{100 + s % 3} - timing_s/old_log_prob:8.0 - timing_s/update_actor:40.0"
+        f" - timing_s/update_weights:12.0 - timing_s/step:{160 + s % 3} - response_length/mean:{600 + s}\n"
+        for s in range(1, 11)))
+    slime.write_text("".join(
+        f"perf {r}: {{'perf/rollout_time': {90 + r % 2}.0, 'rollout/response_len/mean': {600 + r}.0}}\n"
+        f"perf {r}: {{'perf/update_weights_time': 3.0, 'perf/train_wait_time': {95 + r % 2}.0, 'perf/log_probs_time': 9.0,"
+        f" 'perf/actor_train_time': 41.0, 'perf/train_time': 50.0, 'perf/step_time': {145 + r % 2}.0}}\n"
+        for r in range(1, 11)))
+    db = tmp_path / "store.duckdb"
+    runner = CliRunner()
+    for run, path in (("verl", verl), ("slime", slime)):
+        assert runner.invoke(app, ["ingest", str(path), "--run", run, "--task", "math", "--db", str(db)]).exit_code == 0
+    result = runner.invoke(app, ["explain", "slime", "--against", "verl", "--db", str(db)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "slime against verl" in result.output
+    assert "what a stage holds in each run's framework" in result.output and "no counterpart" in result.output
