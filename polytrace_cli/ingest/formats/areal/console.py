@@ -24,6 +24,7 @@ segment (a restarted job appending to the log), flagged `restart`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -88,6 +89,11 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
             ctx.reject(line_no, f"AReaL stats table: {reason}", raw, code="unparsable-line")
             continue
         filled = [(key, value) for key, value in pairs if key or value]
+        huge = next((value for _, value in filled if _NUMBER.match(value) and "inf" not in value.lower()
+                     and math.isinf(float(value))), None)
+        if huge is not None:
+            ctx.reject(line_no, f"AReaL stats table row: {huge} is out of range for a double", raw, code="out-of-range")
+            continue
         bad = next((value for key, value in filled if not key or not _NUMBER.match(value)), None)
         if bad is not None or not filled:
             ctx.reject(line_no, f"AReaL stats table row holds a value that is not a number: {bad!r}", raw,

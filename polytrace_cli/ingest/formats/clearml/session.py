@@ -21,6 +21,7 @@ zipped beside it for `clearml-task --import-offline-session`): three JSON files,
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -35,6 +36,8 @@ from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.step_rows import store_step_rows
 
 SCALAR_EVENT = "training_stats_scalar"
+# A number in an event that a double cannot hold (`1e400`): the event is rejected alone.
+TOO_LARGE = "\x00too large for a double"
 _NAN_REPORTED = re.compile(r"NaN value encountered\. Reporting it as '([^']*)'")
 _HOCON_OPEN = re.compile(r"^([\w.\-]+|\"[^\"]*\")\s*\{\s*$")
 _HOCON_VALUE = re.compile(r"^([\w.\-]+|\"[^\"]*\")\s*[=:]\s*(.*?)\s*$")
@@ -110,7 +113,8 @@ class ClearmlMetricsIngester(Ingester):
                 ctx.ignore("blank line")
                 continue
             try:
-                events = json.loads(line)
+                events = json.loads(line, parse_float=lambda text: float(text) if math.isfinite(float(text))
+                                    else TOO_LARGE)
                 if not isinstance(events, list):
                     raise ValueError("not an array of events")
             except ValueError as error:
@@ -127,6 +131,10 @@ class ClearmlMetricsIngester(Ingester):
                 if not isinstance(step, int) or not STEP_MIN <= step <= STEP_MAX:
                     ctx.reject(line_no, f"line {line_no}: scalar step {step!r} is not a whole number in range", None,
                                code="out-of-range" if isinstance(step, int) else "type-error")
+                    continue
+                if value == TOO_LARGE:
+                    ctx.reject(line_no, f"line {line_no}: a scalar value is out of range for a double", None,
+                               code="out-of-range")
                     continue
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     ctx.reject(line_no, f"line {line_no}: scalar value {value!r} is not a number", None, code="type-error")

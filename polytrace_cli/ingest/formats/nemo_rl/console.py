@@ -37,6 +37,7 @@ loop is asynchronous (`async_grpo`).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -133,7 +134,12 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
                        code="unparsable-line")
             continue
         key = prefix + LABELS.get(label, label)
-        rows.append((line_no, step, 1, key, float(value.group(1)), None, value.group(1)))
+        number = float(value.group(1))
+        if math.isinf(number) and "inf" not in value.group(1):
+            ctx.reject(line_no, f"NeMo-RL bullet {label!r}: {value.group(1)} is out of range for a double", raw,
+                       code="out-of-range")
+            continue
+        rows.append((line_no, step, 1, key, number, None, value.group(1)))
     return ParsedMetrics.from_rows(rows)
 
 

@@ -78,8 +78,19 @@ def _pair(value) -> tuple[float | None, str | None]:
     return None, json.dumps(value)
 
 
+class OutOfRange(ValueError):
+    """A number in a dict that a double cannot hold (`1e400`)."""
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise OutOfRange(f"{text} is out of range for a double")
+    return number
+
+
 def _payload(text: str) -> object:
-    return json.loads(text, parse_constant=lambda name: math.nan if name == "NaN"
+    return json.loads(text, parse_float=_finite, parse_constant=lambda name: math.nan if name == "NaN"
                       else math.copysign(math.inf, -1 if name.startswith("-") else 1))
 
 
@@ -112,6 +123,9 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
                 payload, line_step = _payload(_DICT.search(cleaned).group(1)), step
                 if not isinstance(payload, dict):
                     raise ValueError("not an object")
+        except OutOfRange as error:
+            ctx.reject(line_no, f"ROLL metrics dict: {error}", raw, code="out-of-range")
+            continue
         except ValueError as error:
             ctx.reject(line_no, f"ROLL metrics dict is not JSON: {error}", raw, code="invalid-json")
             continue

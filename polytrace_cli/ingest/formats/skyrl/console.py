@@ -97,8 +97,8 @@ def parse_dicts(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
         for offset in range(0, MAX_DICT_LINES, DICT_CHUNK):
             chunk = cleaned.slice(start + 1 + offset, DICT_CHUNK).to_list()
             for text in chunk:
-                if not body and not text.lstrip().startswith("{"):
-                    break
+                if not body and not text.lstrip().startswith("{") or body and _HEADER.search(text):
+                    break  # no dict after the header, or the next step's header before this dict closed
                 body.append(text)
                 bare = _STRING_LITERAL.sub("", text)
                 depth += sum(bare.count(c) for c in "{[(") - sum(bare.count(c) for c in "}])")

@@ -62,6 +62,7 @@ _NUMPY_SCALAR = re.compile(r"\b(?:np|numpy)\.(?:float|int|uint)\d*\(([^()]*)\)")
 _NUMPY_BOOL = re.compile(r"\b(?:np|numpy)\.(True|False)_")
 _BARE_SPECIAL = re.compile(r"(?<=[:,\[(])(\s*)(-?)\b(nan|inf)\b")
 _NAN_TEXT = "\x00nan"
+_NUMBER_LITERAL = re.compile(r"(?<![\w.'\"])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 
 SLIME_NOISE = NoiseRules(
     (("optimizer-step dict", OPTIMIZER_STEP_LINE),
@@ -142,6 +143,10 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
             continue
         if not payload:
             ctx.ignore("empty dict")
+            continue
+        huge = next((text for text in _NUMBER_LITERAL.findall(match.group(3)) if math.isinf(float(text))), None)
+        if huge is not None:
+            ctx.reject(line_no, f"slime metrics dict: {huge} is out of range for a double", raw, code="out-of-range")
             continue
         stream = match.group(1)
         if stream == "perf" and "perf/rollout_time" in payload:

@@ -38,7 +38,10 @@ class SwanlabConfigIngester(Ingester):
         try:
             document = yaml.safe_load(ctx.path.read_text(encoding="utf-8", errors="replace")) or {}
         except yaml.YAMLError as error:
-            raise IngestError(f"SwanLab config.yaml is not valid YAML: {error}", "unparsable-line") from None
+            where = getattr(error, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where is not None else ""
+            raise IngestError(f"SwanLab config.yaml is not valid YAML{at}: {getattr(error, 'problem', None) or error}",
+                              "unparsable-line") from None
         if not isinstance(document, dict):
             raise IngestError("SwanLab config.yaml is not a mapping", "not-an-object")
         config = unwrap_config(document)

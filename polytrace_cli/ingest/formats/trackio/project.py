@@ -40,8 +40,19 @@ SPECIAL_NUMBERS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf
 BOOKKEEPING = ("_Username", "_Created", "_Group")
 
 
+class OutOfRange(ValueError):
+    """A number in a row that a double cannot hold (`1e400`)."""
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise OutOfRange(f"{text} is out of range for a double")
+    return number
+
+
 def _decoded(blob) -> object:
-    return json.loads(blob.decode("utf-8") if isinstance(blob, bytes) else blob)
+    return json.loads(blob.decode("utf-8") if isinstance(blob, bytes) else blob, parse_float=_finite)
 
 
 def _pairs(payload: dict, prefix: str = "") -> list[tuple[str, float | None, str | None]]:
@@ -128,6 +139,9 @@ class TrackioProjectIngester(Ingester):
                 payload = _decoded(blob)
                 if not isinstance(payload, dict):
                     raise ValueError("not an object")
+            except OutOfRange as error:
+                ctx.reject(line_no, f"metrics row {line_no}: {error}", str(blob)[:300], code="out-of-range")
+                continue
             except (ValueError, UnicodeDecodeError) as error:
                 ctx.reject(line_no, f"metrics row {line_no} is not a JSON object: {error}", str(blob)[:300],
                            code="invalid-json")
