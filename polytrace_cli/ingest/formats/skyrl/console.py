@@ -12,8 +12,10 @@
 (0.0001: the fewest decimals seen) in the run meta; ints stay ints. The dict runs over the lines after the `Step N:` line until its brackets
 balance (and may sit behind a Ray prefix, removed by the console cleaning). The header and the
 dict's lines are stored together; a dict that does not read (cut short, not a literal) rejects each
-of its lines. A step lower than the one before starts a new segment (a restarted job), flagged
-`restart`. Every other line is counted under the console's noise rules.
+of its lines. A step not above the one before starts a new segment (a restarted job), flagged
+`restart`. Every other line is counted under the console's noise rules. Run meta from the config
+SkyRL logs at start: `colocate` (`placement.colocate_all`), the policy's nodes and GPUs per node
+(`n_gpus` when colocated), `n_sampling`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,28 @@ MAX_DICT_LINES = 5000
 DICT_CHUNK = 64
 
 SKYRL_NOISE = NoiseRules(cl.NOISE_RULES, default="other", ray="ray-log")
+
+# Settings of the config SkyRL logs at start (`main_base.py`: its YAML, `skyrl/train/config/config.py`
+# field names), and the run meta key each fills; the first one printed wins.
+SETTINGS = {"colocate_all": "colocate", "policy_num_nodes": "policy_num_nodes",
+            "policy_num_gpus_per_node": "policy_num_gpus_per_node", "n_samples_per_prompt": "n_sampling"}
+SETTING_LINE = rf"^\s*(?:{'|'.join(SETTINGS)}): \S+\s*$"
+_SETTING = re.compile(rf"^\s*({'|'.join(SETTINGS)}): (\S+)\s*$")
+
+
+def settings(texts: list[str]) -> dict:
+    """Run meta from the config's lines: whether training and generation share GPUs (`colocate`), the
+    policy's nodes and GPUs per node, `n_sampling`; `n_gpus` (the policy's) when colocated."""
+    found: dict = {}
+    for text in texts:
+        if (match := _SETTING.match(text)) and SETTINGS[match.group(1)] not in found:
+            value = match.group(2)
+            found[SETTINGS[match.group(1)]] = (value == "true") if value in ("true", "false") else (
+                int(value) if value.isdigit() else value)
+    nodes, per_node = found.get("policy_num_nodes"), found.get("policy_num_gpus_per_node")
+    if found.get("colocate") is True and isinstance(nodes, int) and isinstance(per_node, int):
+        found["n_gpus"] = nodes * per_node
+    return found
 
 
 class SkyRLGrammar(ConsoleGrammar):
@@ -168,7 +192,8 @@ class SkyRLConsoleIngester(Ingester):
         for rule, count in rest.group_by("kind").len().sort("kind").iter_rows():
             ctx.ignore(rule, count)
         metrics = check_steps(ctx, parsed, lines).metrics
-        ctx.run_meta["framework"] = "skyrl"
+        texts = rest.filter(pl.col("c").str.contains(SETTING_LINE)).get_column("c").to_list()
+        ctx.run_meta.update({"framework": "skyrl", **settings(texts)})
         stored = set(metrics.get_column("line_no").unique().to_list())
         read = set(parsed.metrics.get_column("line_no").unique().to_list())
         for header, block in spanned.items():
