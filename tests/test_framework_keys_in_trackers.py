@@ -40,3 +40,19 @@ def test_tensorboard_events_name_the_framework_and_fill_its_stages(store, tmp_pa
     assert store.execute("SELECT framework FROM runs").fetchone() == (framework,)
     columns = ", ".join(canonical)
     assert store.execute(f"SELECT step, {columns} FROM steps").fetchone() == (3, *canonical.values())
+
+
+def test_each_frameworks_log_is_claimed_by_its_own_format_alone():
+    # Sniffing order then does not matter for them: no other format's sniff accepts these logs.
+    from pathlib import Path
+
+    from polytrace_cli.ingest.registry import all_ingesters, read_head
+
+    fixtures = Path(__file__).parent / "fixtures"
+    expected = {"slime/colocate.log": "slime-console", "slime/async.log": "slime-console",
+                "nemo_rl/grpo_math.log": "nemo-rl-console", "skyrl/console.log": "skyrl-console",
+                "roll/rlvr.log": "roll-console", "areal/console.log": "areal-console"}
+    for name, fmt in expected.items():
+        path = fixtures / name
+        head = read_head(path)
+        assert [i.name for i in all_ingesters() if i.sniff(path, head)] == [fmt], name
