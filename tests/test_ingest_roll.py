@@ -4,12 +4,14 @@ The fixture is written from ROLL's source at commit 8eb27cc2dc34c4d1310b169d9b86
 `roll/pipeline/rlvr/rlvr_pipeline.py` (`pipeline step N start...`, `time/step_total` added at the start of a
 step from `pre_step_total_time`, 0 at first, the `Timer` blocks `time/step_generate`, `time/ref_log_probs_values`,
 `time/old_log_probs`, `time/step_train`, `time/step_model_update`, `time/val_step`, and
-`logger.info(json.dumps(metrics))` after the generation examples), `roll/utils/metrics/metrics_manager.py`
+`logger.info(json.dumps(metrics))` after the generation examples), `examples/start_rlvr_pipeline.py` (the
+config printed at start, keys of `examples/*/qwen*_rlvr*.yaml`), `roll/utils/metrics/metrics_manager.py`
 (`add_token_metrics`: `token/response_length/*`) and `roll/utils/logging.py` (the line prefix).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from polytrace_cli.ingest.runner import ingest_paths
@@ -20,10 +22,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "roll"
 def test_the_dicts_give_stages_and_the_late_step_total_its_own_step(store):
     [report] = ingest_paths(store, [FIXTURES / "rlvr.log"], run_name="roll")
     assert report.format == "roll-console"
-    assert (report.lines, report.stored, report.ignored, report.rejected) == (15, 3, 11, 1)
-    assert dict(store.execute("SELECT rule, lines FROM ignored_lines").fetchall()) == {
-        "generation examples": 1, "logging": 3, "step boundary": 6, "warning": 1}
-    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == [(13, "invalid-json")]
+    # The config printed at start (10 lines) is counted under the noise rules.
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (25, 3, 21, 1)
+    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == [(23, "invalid-json")]
     # Step 1 logs 80.25, the total of step 0; step 2's dict is cut short, so step 1's total (logged by
     # step 2) and step 2's (logged by step 3) are not known.
     assert store.execute(
@@ -34,7 +35,11 @@ def test_the_dicts_give_stages_and_the_late_step_total_its_own_step(store):
         (3, None, 46.0, None, None, 20.0, None, None, None)]
     assert store.execute("SELECT value FROM step_metrics WHERE key = 'time/step_total' ORDER BY step").fetchall() == [
         (0.0,), (80.25,), (86.5,)]
-    assert store.execute("SELECT framework FROM runs").fetchone() == ("roll",)
+    framework, meta = store.execute("SELECT framework, meta FROM runs").fetchone()
+    # Training on GPUs 0-3, inference on 4-7: not colocated.
+    assert framework == "roll" and json.loads(meta) == {
+        "framework": "roll", "n_sampling": 8, "num_gpus_per_node": 8, "actor_train_gpus": 4, "actor_infer_gpus": 4,
+        "colocate": False, "n_gpus": 8}
 
 
 def test_the_stdout_trackers_lines_are_the_steps_when_present(store, tmp_path):

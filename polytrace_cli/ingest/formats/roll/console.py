@@ -18,7 +18,9 @@ drop it. `time/step_total` logged at step N is the total of step N-1 (`pre_step_
 stored as logged and also, as `time/step_total/own`, at the step before (the step it measured) when
 that step was logged too. A step lower than or equal to the one before starts a new segment (a
 restarted job appending to the log), flagged `restart`. A dict line that is not valid JSON is rejected;
-every other line is counted under the console's noise rules.
+every other line is counted under the console's noise rules. Run meta from the config the entry point
+prints at start: `n_sampling`, `num_gpus_per_node`, the training and inference workers' GPUs (their
+`device_mapping`), whether they share GPUs (`colocate`) and `n_gpus`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,46 @@ ROLL_NOISE = NoiseRules(
      ("generation examples", r"(?:^|\] )\[\{\"prompt\": "),
      *cl.NOISE_RULES),
     default="other", ray="ray-log")
+
+
+# The config the RLVR entry point prints at start (`examples/start_rlvr_pipeline.py`:
+# `print(OmegaConf.to_yaml(cfg))`): top-level settings and each worker section's `device_mapping`.
+_SECTION = re.compile(r"^([a-z_]+):\s*$")
+_TOP_SETTING = re.compile(r"^(num_gpus_per_node|num_return_sequences_in_group): (\d+)\s*$")
+_DEVICE_MAPPING = re.compile(r"^  device_mapping: (.+?)\s*$")
+_RANGE = re.compile(r"range\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+CONFIG_LINE = r"^[a-z_]+:\s*$|^(?:num_gpus_per_node|num_return_sequences_in_group): \d+\s*$|^  device_mapping: "
+
+
+def _devices(text: str) -> set[int] | None:
+    """The GPU indices a printed `device_mapping` names (`list(range(0,16))`, `[0, 1, 2]`), else None."""
+    if ranges := _RANGE.findall(text):
+        return {gpu for start, end in ranges for gpu in range(int(start), int(end))}
+    found = re.findall(r"\d+", text)
+    return {int(gpu) for gpu in found} if found and text.lstrip().startswith("[") else None
+
+
+def config_meta(texts: list[str]) -> dict:
+    """Run meta from the printed config's lines: `n_sampling` (`num_return_sequences_in_group`),
+    `num_gpus_per_node`, the GPUs of the training and the inference workers (`actor_train_gpus`,
+    `actor_infer_gpus`), whether they share GPUs (`colocate`) and `n_gpus` (the two together)."""
+    meta: dict = {}
+    section, mappings = None, {}
+    for text in texts:
+        if found := _TOP_SETTING.match(text):
+            key = "n_sampling" if found.group(1) == "num_return_sequences_in_group" else found.group(1)
+            meta.setdefault(key, int(found.group(2)))
+        elif found := _SECTION.match(text):
+            section = found.group(1)
+        elif (found := _DEVICE_MAPPING.match(text)) and section in ("actor_train", "actor_infer"):
+            devices = _devices(found.group(1))
+            if devices is not None:
+                mappings.setdefault(section, devices)
+    train, infer = mappings.get("actor_train"), mappings.get("actor_infer")
+    if train is not None and infer is not None:
+        meta.update({"actor_train_gpus": len(train), "actor_infer_gpus": len(infer),
+                     "colocate": bool(train & infer), "n_gpus": len(train | infer)})
+    return meta
 
 
 class RollGrammar(ConsoleGrammar):
@@ -180,7 +222,8 @@ class RollConsoleIngester(Ingester):
         for rule, count in lines.filter(pl.col("kind") != METRIC).group_by("kind").len().sort("kind").iter_rows():
             ctx.ignore(rule, count)
         metrics = check_steps(ctx, parse_lines(ctx, lines), lines).metrics
-        ctx.run_meta["framework"] = "roll"
+        texts = lines.filter(pl.col("c").str.contains(CONFIG_LINE)).get_column("c").to_list()
+        ctx.run_meta.update({"framework": "roll", **config_meta(texts)})
         if not metrics.height:
             ctx.note("zero steps: no ROLL metrics dicts")
             return
