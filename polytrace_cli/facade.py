@@ -388,6 +388,12 @@ class Store:
 
         self.run_ids([run_a, run_b])
         return runs_comparability(self.connection, run_a, run_b, self.step_range(steps))
+    def stage_meanings(self, runs: Runs = None) -> pl.DataFrame:
+        """What each canonical stage holds in each run's framework (`no counterpart` where it has none),
+        one row per stage some framework of the runs declares, one column per run."""
+        from polytrace_cli.ingest.stage_meanings import stage_meanings_frame
+
+        return stage_meanings_frame(self.connection, self.run_ids(runs))
 
     def has_step_data(self, run: str, steps: Steps = None) -> bool:
         """Whether the run holds any data (samples or step metrics) in the step range."""

@@ -102,15 +102,17 @@ def test_requirements_file_naming_openrlhf_is_not_a_console_log(store, tmp_path)
 
 
 def test_make_experience_is_named_but_not_a_stage_column(store):
+    from polytrace_cli.ingest.formats.openrlhf import names as openrlhf_names
+
     ingest_paths(store, [FIXTURES / "train_global_step.log"])
-    aliases = dict(store.execute(
-        "SELECT key, canonical FROM metric_aliases WHERE key LIKE 'timing/%'"
-        " AND key NOT IN (SELECT 'timing/' || name FROM (VALUES ('gen'), ('reward'), ('old_log_prob'), ('ref'),"
-        " ('values'), ('adv'), ('update_actor'), ('update_critic'), ('testing'), ('save_checkpoint'), ('step')) t(name))"
-        " ORDER BY key").fetchall())  # verl <= 0.1's own timing/<stage> keys left out
-    assert aliases == {"timing/broadcast": "weight_sync_s", "timing/generation": "gen_s",
-                       "timing/make_experience": "make_experience_s", "timing/ppo_train": "update_actor_s",
-                       "timing/step_total": "step_s"}
+    # OpenRLHF's own `timing/*` names (other frameworks name `timing/*` keys of their own).
+    own = {key: canonical for key, canonical in openrlhf_names.METRIC_ALIASES.items() if key.startswith("timing/")}
+    assert own == {"timing/broadcast": "weight_sync_s", "timing/generation": "gen_s",
+                   "timing/make_experience": "make_experience_s", "timing/ppo_train": "update_actor_s",
+                   "timing/step_total": "step_s"}
+    stored = dict(store.execute("SELECT key, canonical FROM metric_aliases WHERE list_contains(?, key)",
+                                [list(own)]).fetchall())
+    assert stored == own
 
 
 def test_payloads_that_only_literal_eval_reads(store, tmp_path):

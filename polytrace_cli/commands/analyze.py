@@ -41,6 +41,13 @@ def _summaries(db, runs: list[str] | None, only: str | None, steps: str | None, 
         return store.summaries_with_notes(runs, only, steps, split)
 
 
+def _stage_meanings(db, runs: list[str] | None, wait: float):
+    from polytrace_cli.facade import Store
+
+    with Store.open(db, read_only=True, wait=wait) as store:
+        return store.stage_meanings(runs)
+
+
 def _fleet(db, runs: list[str] | None, by: str, steps: str | None, wait: float = 0):
     from polytrace_cli.facade import Store
 
@@ -74,6 +81,7 @@ def analyze(
         results = {"fleet": _fleet(db, runs, by, steps, wait)}
     else:
         results, notes = _summaries(db, runs, only, steps, split, wait)
+    meanings = _stage_meanings(db, runs, wait) if "stages" in results and not (as_json or as_csv) else None
     # What the validation split leaves out: on stderr beside JSON or CSV, above the tables otherwise.
     for note in notes:
         (err_console if as_json or as_csv else console).print(note, style="dim", highlight=False, markup=False)
@@ -111,6 +119,8 @@ def analyze(
             console.print(f"{name}: {description}", style="italic", highlight=False, markup=False)
         if without_numbers:
             console.print(without_numbers, style="dim", highlight=False, markup=False)
+        if name == "stages" and meanings is not None:
+            print_stage_meanings(meanings, wide=wide)
 
 
 def _split_rows_without_numbers(df: pl.DataFrame, columns: Sequence[str],
@@ -156,14 +166,32 @@ def compare(
     with Store.open(db, read_only=True, wait=wait) as store:
         frame = store.compare(run_a, run_b, only, steps)
         guard = store.comparability(run_a, run_b, steps)
+        meanings = store.stage_meanings([run_a, run_b])
     if not guard.comparable:
         # Said on stderr, so that --json and --csv stay the numbers alone.
         err_console.print(f"note: {guard.summary()}", highlight=False, markup=False)
     if as_json or as_csv or wide:
         emit_frame(frame, as_json=as_json, as_csv=as_csv, wide=wide, identity=["analysis", "metric", "key"],
                    title=f"{run_b} vs {run_a} (delta = {run_b} − {run_a})", shared_decimals="row")
+        if not (as_json or as_csv):
+            print_stage_meanings(meanings, wide=wide)
         return
     _print_compare(frame, run_a, run_b)
+    print_stage_meanings(meanings)
+
+
+def print_stage_meanings(meanings: pl.DataFrame, wide: bool = False) -> None:
+    """The stages whose meaning differs between the runs' frameworks (one has no such timer, or times
+    something else under it), each with what it holds in each run; nothing when they all agree."""
+    import polars as pl
+
+    runs = [column for column in meanings.columns if column != "stage"]
+    if len(runs) < 2 or not meanings.height:
+        return
+    differ = meanings.filter(pl.concat_list(runs).list.n_unique() > 1)
+    if differ.height:
+        emit_frame(differ, title="what a stage holds in each run's framework (where they differ)",
+                   identity=["stage"], wide=wide)
 
 
 def _print_compare(frame, run_a: str, run_b: str) -> None:

@@ -269,6 +269,7 @@ def _explain_against(run: str, against: str | None, steps: str | None, against_s
 
     with Store.open(db, read_only=True, wait=wait) as store:
         comparison = store.explain_against(run, against, steps, against_steps)
+        meanings = store.stage_meanings([against, run]) if against not in (None, run) else None
     if as_json:
         sys.stdout.write(comparison.to_json() + "\n")
     elif as_csv:
@@ -276,3 +277,7 @@ def _explain_against(run: str, against: str | None, steps: str | None, against_s
         emit_rows(list(CAUSE_COLUMNS), [tuple(c.get(k) for k in CAUSE_COLUMNS) for c in causes], as_csv=True)
     else:
         _print_comparison(comparison)
+        if meanings is not None:
+            from polytrace_cli.commands.analyze import print_stage_meanings
+
+            print_stage_meanings(meanings)

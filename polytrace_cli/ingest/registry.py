@@ -30,6 +30,27 @@ def metric_name_modules() -> list[str]:
     return [f"polytrace_cli.ingest.formats.{path.parent.name}.names" for path in sorted(formats.glob("*/names.py"))]
 
 
+def names_module(name: str):
+    """The names module `name` (one of `metric_name_modules()`), loaded alone: a framework folder's
+    `names.py` is executed without its package, whose import would register every format."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if name in sys.modules or not name.startswith("polytrace_cli.ingest.formats."):
+        return importlib.import_module(name)
+    framework = name.split(".")[-2]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "formats" / framework / "names.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
     """Class decorator adding an ingester to the registry. A built-in format's `metric_aliases` must be its
     framework's `names.py` (the store's `steps` view is built from those modules alone): a key it maps
@@ -105,11 +126,9 @@ def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
     """(aliases, validation prefixes) of every format: the built-in frameworks' `metric_name_modules()` and
     the plugins' `metric_aliases` and `validation_prefixes`. Aliases map a logged key to its canonical name,
     in key order; a key mapped to two names is an error (the steps view could not say which)."""
-    import importlib
-
     sources = []
     for name in metric_name_modules():
-        module = importlib.import_module(name)
+        module = names_module(name)
         sources.append((name, module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
     sources += [(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes)) for i in plugin_ingesters()]
     return merged_names(sources)

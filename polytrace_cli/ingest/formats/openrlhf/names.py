@@ -22,3 +22,11 @@ METRIC_ALIASES = {
     "eval/duration_s": "eval_s",
 }
 VALIDATION_PREFIXES = ("eval/",)
+
+FRAMEWORK = "openrlhf"
+# What each canonical stage holds in an OpenRLHF run (0.9+ `timing/*`); a stage left out has no counterpart.
+STAGE_MEANINGS = {
+    "step_s": "timing/step_total: the whole step",
+    "gen_s": "timing/generation: generating the responses (inside timing/make_experience)",
+    "update_actor_s": "timing/ppo_train: the whole training stage, the critic's update included",
+}

@@ -40,10 +40,23 @@ def metric_key(tag: str) -> str:
 
 
 def framework_of_keys(keys) -> str | None:
-    """'trl', 'openrlhf' or 'verl' when the raw (unmapped) keys say so, else None."""
+    """'trl', 'nemo_rl', 'areal', 'slime', 'skyrl', 'roll', 'openrlhf' or 'verl' when the raw (unmapped)
+    keys say so, else None. NeMo-RL times its steps under `timing/train/`, AReaL under `timeperf/`;
+    slime's `perf/` keys name its own timers (verl's `perf/` holds throughput and memory)."""
     keys = list(keys)
     if trl.is_trl(keys):
         return "trl"
+    if any(k.startswith("timing/train/") for k in keys):
+        return "nemo_rl"
+    if any(k.startswith("timeperf/") for k in keys):
+        return "areal"
+    if any(k in ("perf/train_wait_time", "perf/rollout_time", "perf/total_train_time", "rollout/step") for k in keys):
+        return "slime"
+    if any(k in ("timing/fwd_logprobs_values_reward", "timing/train_critic_and_policy", "generate/avg_num_tokens")
+           for k in keys):
+        return "skyrl"
+    if any(k in ("time/step_generate", "time/step_train", "time/step_model_update") for k in keys):
+        return "roll"
     if any(k.startswith(("timing_s/", "actor/", "critic/", "val-core/", "perf/")) for k in keys):
         return "verl"
     if any(k.startswith("train/") or k in ("policy_loss", "actor_lr") for k in keys):

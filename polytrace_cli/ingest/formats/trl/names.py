@@ -36,3 +36,11 @@ EXECUTION_MODE_KEYS = {
     "rollout/inflight": "async-grpo",
     "rollout/generated_tok_s": "async-grpo",
 }
+
+FRAMEWORK = "trl"
+# What each canonical stage holds in a TRL run; TRL logs no stage timers, so every stage but the step
+# has no counterpart.
+STAGE_MEANINGS = {
+    "step_s": "step_time: the Trainer's seconds per optimizer step (recent TRL), else the progress bar's "
+              "elapsed time per step; generation, scoring and the update are all inside it",
+}

@@ -102,3 +102,22 @@ EXECUTION_MODE_KEYS = {
     "timing_s/wait_for_enough_samples": "fully-async",
     "training/off_policy/": "separate-async",
 }
+
+FRAMEWORK = "verl"
+# What each canonical stage holds in a verl run (`verl/trainer/ppo/ray_trainer.py` `fit`: the
+# `marked_timer` blocks); a stage left out has no counterpart in verl.
+STAGE_MEANINGS = {
+    "step_s": "timing_s/step: the trainer's whole step; whether testing and checkpoint saves are inside it "
+              "depends on the version (decided per run)",
+    "gen_s": "timing_s/gen: generating the batch's responses (from 0.4 summed over DAPO's generation batches)",
+    "reward_s": "timing_s/reward: scoring the responses",
+    "old_log_prob_s": "timing_s/old_log_prob: the actor's log-prob pass",
+    "ref_s": "timing_s/ref: the reference model's log-prob pass",
+    "values_s": "timing_s/values: the critic's value pass",
+    "adv_s": "timing_s/adv: computing advantages",
+    "update_actor_s": "timing_s/update_actor: the actor's optimizer steps",
+    "update_critic_s": "timing_s/update_critic: the critic's optimizer steps",
+    "update_weights_s": "timing_s/update_weights: the weight sync to the rollout engine (0.8+)",
+    "testing_s": "timing_s/testing: validation",
+    "save_checkpoint_s": "timing_s/save_checkpoint",
+}

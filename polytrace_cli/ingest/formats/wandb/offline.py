@@ -11,7 +11,9 @@ blocks). A block tail shorter than a header is zero padding. Each record's data 
 `wandb_internal_pb2.Record` protobuf, read with wandb's own definitions (the optional `wandb`
 package: `pip install 'polytrace[wandb]'`; without it the file is rejected with a one-line reason).
 
-The accounting unit is the record. `history` records are step rows: `_step` is the step, each
+The accounting unit is the record. `history` records are step rows: `_step` is the step (unless the
+row holds a key `define_metric` made the step metric of others, such as slime's `rollout/step`: wandb's
+`_step` then only counts `log` calls, and that key's value is the step, the key itself not stored), each
 item's key is its `key` or its `nested_key` parts joined with '.', the value is JSON; `_runtime`
 and `_timestamp` are wandb's clock and are not stored, media and other non-scalar values are left
 out of the row. Keys map as in TensorBoard (`train/` removed). `run` and `config` records give the
@@ -49,11 +51,13 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 WANDB_CLOCK_KEYS = ("_runtime", "_timestamp")
 
 
-def read_records(data: bytes) -> tuple[list[bytes], int | None]:
+def read_records(data: bytes, magic: tuple = MAGIC, label: str = "wandb") -> tuple[list[bytes], int | None]:
     """(the records' data in order, byte offset where the readable part ends or None when the
-    whole file read). Raises IngestError when the file header is not wandb's."""
-    if len(data) < FILE_HEADER.size or FILE_HEADER.unpack_from(data) != MAGIC:
-        raise IngestError("not a wandb record log: the file does not start with the :W&B header", ErrorCode.CORRUPT_FILE)
+    whole file read). Raises IngestError when the file header is not `magic` (wandb's; SwanLab writes
+    the same LevelDB-style log behind its own header)."""
+    if len(data) < FILE_HEADER.size or FILE_HEADER.unpack_from(data) != magic:
+        raise IngestError(f"not a {label} record log: the file does not start with the"
+                          f" {magic[0].decode(errors='replace')} header", ErrorCode.CORRUPT_FILE)
     records: list[bytes] = []
     pending: bytes | None = None
     offset = FILE_HEADER.size
@@ -122,15 +126,24 @@ class WandbOfflineIngester(Ingester):
         config: dict = {}
         summary: dict = {}
         meta: dict = {}
-        for record_no, body in enumerate(records, start=1):
+        decoded: list = []
+        for body in records:
             try:
-                record = wandb_internal_pb2.Record.FromString(body)
+                decoded.append(wandb_internal_pb2.Record.FromString(body))
             except DecodeError:
+                decoded.append(None)
+        # Keys that `define_metric(..., step_metric=KEY)` made another key's step (slime's `rollout/step`).
+        step_keys = list(dict.fromkeys(record.metric.step_metric for record in decoded
+                                       if record is not None and record.WhichOneof("record_type") == "metric"
+                                       and record.metric.step_metric))
+        used_step_keys: set[str] = set()
+        for record_no, record in enumerate(decoded, start=1):
+            if record is None:
                 ctx.reject(record_no, "record is not a valid wandb Record protobuf", None, code=ErrorCode.UNPARSABLE_LINE)
                 continue
             kind = record.WhichOneof("record_type")
             if kind == "history":
-                if self._history(ctx, record_no, record.history, rows):
+                if self._history(ctx, record_no, record.history, rows, step_keys, used_step_keys):
                     ctx.stored += 1
             elif kind in ("run", "config"):
                 updates = record.run.config.update if kind == "run" else record.config.update
@@ -151,6 +164,8 @@ class WandbOfflineIngester(Ingester):
             else:
                 ctx.ignore(f"{kind or 'empty'} record")
         ctx.lines = len(records)
+        if used_step_keys:
+            meta["wandb_step_metrics"] = sorted(used_step_keys)
         if damaged_at is not None:
             ctx.lines += 1
             ctx.reject(len(records) + 1, f"record log damaged after {len(records)} readable records: byte {damaged_at}"
@@ -160,12 +175,22 @@ class WandbOfflineIngester(Ingester):
         self._store(ctx, rows, config, summary, meta)
 
     @staticmethod
-    def _history(ctx: FileContext, record_no: int, history, rows: list[tuple]) -> bool:
-        """Append one history row's scalars to `rows`; False when the row is rejected or holds none."""
+    def _history(ctx: FileContext, record_no: int, history, rows: list[tuple], step_keys: list[str] = (),
+                 used_step_keys: set[str] | None = None) -> bool:
+        """Append one history row's scalars to `rows`; False when the row is rejected or holds none.
+        A row holding one of `step_keys` (a `define_metric` step metric) is at that key's value, not at
+        wandb's `_step` (which counts `log` calls); the step key itself is not stored."""
         items = {_key(item): item.value_json for item in history.item}
         step = _json_value(items.pop("_step", "null"))
         if history.HasField("step") and step is None:
             step = history.step.num
+        own = [key for key in step_keys if key in items]
+        if own:
+            step = _json_value(items[own[0]])
+            for key in own:
+                del items[key]
+            if used_step_keys is not None:
+                used_step_keys.add(own[0])
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
             ctx.reject(record_no, "history row has no whole-number _step", json.dumps(items)[:300],
                        code=ErrorCode.MISSING_FIELD if step is None else ErrorCode.TYPE_ERROR)

@@ -3,8 +3,9 @@
 `config.yaml` holds the trainer's configuration in wandb's layout, each top-level entry wrapped as
 `{key: {value: ..., desc: ...}}` (newer wandb drops `desc`). It becomes run meta: model path,
 n_sampling, max_response_len, n_gpus, algorithm (and the TP size where known), and it names the
-run's framework: verl configs have `actor_rollout_ref`/`trainer` sections, OpenRLHF configs are
-flat argparse namespaces with `pretrain` and `n_samples_per_prompt`.
+run's framework: verl configs have `actor_rollout_ref`/`trainer` sections, NeMo-RL's `grpo`, `policy`
+and `cluster`; OpenRLHF configs are flat argparse namespaces with `pretrain` and
+`n_samples_per_prompt`, slime's with `rollout_num_gpus` and `actor_num_gpus_per_node`.
 
 `wandb-summary.json` holds each key's last logged value. Those values come from different steps
 (validation keys from the last validation step, training keys from the last training step), so
@@ -49,6 +50,20 @@ OPENRLHF_FIELDS = {
     "tp_size": ("vllm_tensor_parallel_size",),
     "train_batch_size": ("train_batch_size",),
 }
+# NeMo-RL's master config (`examples/configs/grpo_math_1B.yaml`) and slime's argparse namespace
+# (`slime/utils/arguments.py`), as their W&B, SwanLab and MLflow backends log them.
+NEMO_RL_FIELDS = {
+    "model": ("policy.model_name",),
+    "n_sampling": ("grpo.num_generations_per_prompt",),
+    "train_batch_size": ("grpo.num_prompts_per_step",),
+}
+SLIME_FIELDS = {
+    "model": ("hf_checkpoint",),
+    "n_sampling": ("n_samples_per_prompt",),
+    "max_response_len": ("rollout_max_response_len",),
+    "train_batch_size": ("rollout_batch_size",),
+    "colocate": ("colocate",),
+}
 WANDB_BOOKKEEPING = ("_wandb", "wandb_version")
 
 
@@ -72,9 +87,13 @@ def _lookup(config: dict, dotted: str):
 
 
 def detect_framework(config: dict) -> str | None:
-    """'verl', 'openrlhf' or None from an unwrapped config's keys."""
+    """'verl', 'nemo_rl', 'slime', 'openrlhf' or None from an unwrapped config's keys."""
     if "actor_rollout_ref" in config or {"trainer", "algorithm"} <= config.keys():
         return "verl"
+    if {"grpo", "policy", "cluster"} <= config.keys():
+        return "nemo_rl"
+    if "rollout_num_gpus" in config and "actor_num_gpus_per_node" in config:
+        return "slime"
     if "pretrain" in config and ("n_samples_per_prompt" in config or "actor_num_nodes" in config):
         return "openrlhf"
     return None
@@ -83,11 +102,14 @@ def detect_framework(config: dict) -> str | None:
 def run_meta_from_config(config: dict, framework: str | None) -> tuple[dict, set[str]]:
     """(meta fields, top-level entries they came from) of an unwrapped config.
 
-    n_gpus: verl = trainer.nnodes × trainer.n_gpus_per_node; OpenRLHF = actor_num_nodes ×
+    n_gpus: verl = trainer.nnodes × trainer.n_gpus_per_node; NeMo-RL = cluster.num_nodes ×
+    cluster.gpus_per_node; slime = actor_num_nodes × actor_num_gpus_per_node (+ rollout_num_gpus when
+    not colocated); OpenRLHF = actor_num_nodes ×
     actor_num_gpus_per_node (the actor's GPUs; vLLM engines add vllm_num_engines × TP when they
     are not colocated, reported as `vllm_gpus`).
     """
-    fields = {"verl": VERL_FIELDS, "openrlhf": OPENRLHF_FIELDS}.get(framework, {})
+    fields = {"verl": VERL_FIELDS, "openrlhf": OPENRLHF_FIELDS, "nemo_rl": NEMO_RL_FIELDS,
+              "slime": SLIME_FIELDS}.get(framework, {})
     meta: dict = {}
     used: set[str] = set()
     for name, paths in fields.items():
@@ -102,6 +124,18 @@ def run_meta_from_config(config: dict, framework: str | None) -> tuple[dict, set
         if isinstance(nodes, int) and isinstance(per_node, int):
             meta["n_gpus"] = nodes * per_node
             used.add("trainer")
+    elif framework == "nemo_rl":
+        nodes, per_node = _lookup(config, "cluster.num_nodes"), _lookup(config, "cluster.gpus_per_node")
+        if isinstance(nodes, int) and isinstance(per_node, int):
+            meta["n_gpus"] = nodes * per_node
+            used.add("cluster")
+    elif framework == "slime":
+        nodes, per_node = config.get("actor_num_nodes"), config.get("actor_num_gpus_per_node")
+        if isinstance(nodes, int) and isinstance(per_node, int):
+            rollout = config.get("rollout_num_gpus")
+            colocated = bool(config.get("colocate"))
+            meta["n_gpus"] = nodes * per_node + (rollout if isinstance(rollout, int) and not colocated else 0)
+            used.update(("actor_num_nodes", "actor_num_gpus_per_node"))
     elif framework == "openrlhf":
         nodes, per_node = config.get("actor_num_nodes"), config.get("actor_num_gpus_per_node")
         if isinstance(nodes, int) and isinstance(per_node, int):

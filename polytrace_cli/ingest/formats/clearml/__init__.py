@@ -1,0 +1,1 @@
+"""ClearML: offline session folders (`~/.clearml/cache/offline/offline-<task id>/`)."""

@@ -1,0 +1,1 @@
+"""SwanLab: offline run folders (`swanlog/run-*/`), their record log and their config."""

@@ -1,0 +1,1 @@
+"""Trackio: its local SQLite project files."""
