@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 CASES = {
     "areal": ({"timeperf/rollout": 41.0, "timeperf/train_step": 20.0, "timeperf/update_weights": 3.5,
@@ -46,7 +46,7 @@ def test_each_frameworks_log_is_claimed_by_its_own_format_alone():
     # Sniffing order then does not matter for them: no other format's sniff accepts these logs.
     from pathlib import Path
 
-    from polytrace_cli.ingest.registry import all_ingesters, read_head
+    from polytrace_cli.ingest.sniffing import all_ingesters, read_head
 
     fixtures = Path(__file__).parent / "fixtures"
     expected = {"slime/colocate.log": "slime-console", "slime/async.log": "slime-console",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "areal"
 

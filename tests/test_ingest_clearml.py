@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "clearml"
 

@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trackio" / "gsm8k-grpo.db"
 

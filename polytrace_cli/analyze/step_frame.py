@@ -10,8 +10,8 @@ samples that the view lacks (segment null). Columns (`STEP_FRAME_COLUMNS`):
     step_s             the step's wall time:
                          logged_step_s + testing_s (when the run's step total leaves testing out)
                                        + save_checkpoint_s (when it leaves the checkpoint out)
-                                       + update_weights_s (fully-async: verl's fully async policy
-                                         times its param_sync after the step, outside timing_s/step)
+                                       + update_weights_s (verl's fully async policy times its
+                                         param_sync after the step, outside timing_s/step)
                          Σ every logged timer (stages, testing, checkpoint) when no total is logged
                        an inclusion that cannot be told is taken as included (verl up to 0.7)
     step_time_basis    'logged', 'logged without overheads' (the run's total leaves an overhead out,
@@ -43,9 +43,10 @@ from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.semantics import step_timers
 
-# The mode whose weight sync is timed outside the logged step total (fully_async_trainer.py:
-# `_trigger_parameter_sync_after_step` runs after the `step` timer closes).
-SYNC_OUTSIDE_STEP = "fully-async"
+# The framework and mode whose weight sync is timed outside the logged step total (verl's
+# fully_async_trainer.py: `_trigger_parameter_sync_after_step` runs after the `step` timer closes; slime's
+# perf/step_time counts its weight update inside train_wait, NeMo-RL's inside total_step_time).
+SYNC_OUTSIDE_STEP = ("verl", "fully-async")
 
 STEP_FRAME_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64,
@@ -122,7 +123,10 @@ def step_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
     records = sem.semantics(con, run_ids).select(
         "run", "step_time_basis", "includes_testing", "includes_checkpoint", "lambda_basis", "partial_steps",
         "execution_mode")
-    df = _raw(con, run_ids, steps).join(records, on="run", how="left")
+    frameworks = pl.DataFrame(con.execute("SELECT name, framework FROM runs WHERE run_id IN (SELECT unnest(?))",
+                                          [run_ids]).fetchall(), schema={"run": pl.String, "framework": pl.String},
+                              orient="row")
+    df = _raw(con, run_ids, steps).join(records, on="run", how="left").join(frameworks, on="run", how="left")
     c = pl.col
     left_out_testing = c("includes_testing").eq(False)
     left_out_checkpoint = c("includes_checkpoint").eq(False)
@@ -135,7 +139,8 @@ def step_frame(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRa
             c("logged_step_s")
             + pl.when(left_out_testing).then(c("testing_s").fill_null(0)).otherwise(0)
             + pl.when(left_out_checkpoint).then(c("save_checkpoint_s").fill_null(0)).otherwise(0)
-            + pl.when(c("execution_mode") == SYNC_OUTSIDE_STEP).then(c("update_weights_s").fill_null(0)).otherwise(0))
+            + pl.when((c("framework") == SYNC_OUTSIDE_STEP[0]) & (c("execution_mode") == SYNC_OUTSIDE_STEP[1]))
+            .then(c("update_weights_s").fill_null(0)).otherwise(0))
         .when(derived).then(c("timers_sum_s")),
         step_time_basis=pl.when(logged).then(
             pl.when(c("step_time_basis") == sem.WITHOUT_OVERHEADS).then(pl.lit(sem.WITHOUT_OVERHEADS))

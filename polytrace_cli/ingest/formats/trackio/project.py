@@ -31,7 +31,7 @@ from polytrace_cli.ingest.formats.trackio import names
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
 from polytrace_cli.ingest.step_rows import store_step_rows, with_segments
-from polytrace_cli.store.connection import fetch_first
+from polytrace_cli.store.sql import fetch_first
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 TRACKIO_COLUMNS = {"run_id", "run_name", "step", "metrics"}
@@ -175,7 +175,7 @@ class TrackioProjectIngester(Ingester):
                 claim_framework(ctx, framework)
                 ctx.run_meta.update(meta)
             else:
-                from polytrace_cli.ingest.runner import claim_run_framework, merge_run_meta
+                from polytrace_cli.ingest.ledger import claim_run_framework, merge_run_meta
 
                 claim_run_framework(ctx.con, run_id, framework)
                 merge_run_meta(ctx.con, run_id, framework, meta, ctx.file_id, again=True)
