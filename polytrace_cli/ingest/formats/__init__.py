@@ -16,4 +16,6 @@ import polytrace_cli.ingest.formats.tensorboard.events  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.run_files  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.table  # noqa: F401
 import polytrace_cli.ingest.formats.wandb.csv_export  # noqa: F401
+import polytrace_cli.ingest.formats.prometheus.scrape  # noqa: F401
+import polytrace_cli.ingest.formats.prometheus.range_query  # noqa: F401
 import polytrace_cli.ingest.formats.verl.console  # noqa: F401

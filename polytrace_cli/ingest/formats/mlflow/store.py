@@ -34,7 +34,7 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_rows
+from polytrace_cli.ingest.step_rows import store_step_clock, store_step_rows
 from polytrace_cli.store.connection import fetch_first
 
 METRIC_LINE = r"^\s*(-?\d+)\s+(\S+)\s+(-?\d+)\s*$"
@@ -108,6 +108,7 @@ class MlflowMetricIngester(Ingester):
         rows = _with_tokens(_segments(rows, ["key"]), ["key"])
         claim_framework(ctx, framework_of_keys([key]))
         store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"), "_mlflow_metric")
+        store_step_clock(ctx, rows.with_columns(logged_at=pl.col("timestamp") / 1000.0), "_mlflow_metric_clock")
 
 
 @register
@@ -242,6 +243,8 @@ class MlflowSqliteIngester(Ingester):
             if rows.height:
                 store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"),
                                 "_mlflow_sqlite", run_id=run_id)
+                store_step_clock(ctx, rows.with_columns(logged_at=pl.col("timestamp") / 1000.0),
+                                 "_mlflow_sqlite_clock", run_id=run_id)
         if len(live) > 1:
             ctx.note(f"{len(live)} MLflow runs: the first is this file's run, the others runs of their own")
 

@@ -38,7 +38,7 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
 from polytrace_cli.ingest.formats.wandb.run_files import WANDB_BOOKKEEPING, detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_rows, with_segments
+from polytrace_cli.ingest.step_rows import store_step_clock, store_step_rows, with_segments
 
 EXTRA_HINT = "reading wandb offline runs needs the wandb package: pip install 'polytrace[wandb]'"
 FILE_HEADER = struct.Struct("<4sHB")
@@ -47,6 +47,8 @@ MAGIC = (b":W&B", 0xBEE1, 0)
 BLOCK_BYTES = 32 * 1024
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 WANDB_CLOCK_KEYS = ("_runtime", "_timestamp")
+# The wall clock of a history row (seconds since the epoch): kept as the step's `step_clock`, not as a metric.
+WANDB_WALL_CLOCK = "_timestamp"
 
 
 def read_records(data: bytes) -> tuple[list[bytes], int | None]:
@@ -175,6 +177,11 @@ class WandbOfflineIngester(Ingester):
             return False
         found = False
         for key, text in items.items():
+            if key == WANDB_WALL_CLOCK:
+                moment = _json_value(text)
+                if isinstance(moment, (int, float)) and not isinstance(moment, bool) and math.isfinite(moment):
+                    rows.append((record_no, int(step), WANDB_WALL_CLOCK, float(moment), None))
+                continue
             if key in WANDB_CLOCK_KEYS:
                 continue
             value = _json_value(text)
@@ -193,6 +200,10 @@ class WandbOfflineIngester(Ingester):
     def _store(ctx: FileContext, rows: list[tuple], config: dict, summary: dict, meta: dict) -> None:
         frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "tag": pl.String,
                                            "value": pl.Float64, "text_value": pl.String}, orient="row")
+        is_clock = pl.col("tag") == WANDB_WALL_CLOCK
+        clock = with_segments(frame.select("line_no", "step")).join(
+            frame.filter(is_clock).select("line_no", logged_at="value"), on="line_no")
+        frame = frame.filter(~is_clock)
         tags = frame.get_column("tag").unique().to_list()
         plain = {key: value for key, value in config.items() if key not in WANDB_BOOKKEEPING}
         framework = detect_framework(plain) or framework_of_keys(tags)
@@ -218,3 +229,4 @@ class WandbOfflineIngester(Ingester):
                             [config_meta["model"], ctx.run_id])
         store_step_rows(ctx, frame.select("segment", "step", "key", "value", "text_value", "line_no"),
                         "_wandb_offline_rows")
+        store_step_clock(ctx, clock, "_wandb_offline_clock")
