@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "polytrace_cli"
 # layer know nothing of each other (ingesters know no analyses, analyses know no formats). The first layer
 # holds small shared modules, which may import one another.
 LAYERS = [
-    {"errors", "jsontext", "display", "lazy", "side_process", "plugins", "schemas"},
+    {"errors", "jsontext", "display", "lazy", "side_process", "plugins", "schemas", "telemetry"},
     {"store"},
     {"semantics"},
     {"ingest", "analyze"},
