@@ -19,7 +19,7 @@ Thresholds: a step is `untimed` when untimed_s > max(UNTIMED_MIN_S, UNTIMED_SHAR
 
 The summary (`SUMMARY_COLUMNS`), one row per run: the steps with a wall-clock gap, the untimed seconds
 summed and as a share of the gaps' sum, the untimed steps, the steps whose stages exceed their total,
-the steps with an impossible MFU and the largest MFU logged.
+the steps with an impossible MFU, the largest MFU logged, and the steps with either contradiction.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ STEP_COLUMNS: dict[str, pl.DataType] = {
 SUMMARY_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "steps_with_gap": pl.Int64, "untimed_s": pl.Float64, "untimed_share": pl.Float64,
     "untimed_steps": pl.Int64, "stage_excess_steps": pl.Int64, "mfu_impossible_steps": pl.Int64,
-    "mfu_max": pl.Float64, "basis": pl.String,
+    "mfu_max": pl.Float64, "inconsistent_steps": pl.Int64, "basis": pl.String,
 }
+UNTIMED_SHARE_COLUMN, INCONSISTENT_STEPS = "untimed_share", "inconsistent_steps"
 
 
 def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
@@ -115,6 +116,8 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
             "stage_excess_steps": own.filter(pl.col("stage_excess_s").is_not_null()).height,
             "mfu_impossible_steps": int(own.get_column("mfu_impossible").fill_null(False).sum()),
             "mfu_max": float(mfu.max()) if mfu.len() else None,
+            "inconsistent_steps": own.filter(pl.col("stage_excess_s").is_not_null()
+                                             | pl.col("mfu_impossible").fill_null(False)).height,
             "basis": "steps' wall clock and timers" if gaps.height else
             "timers only: no wall clock between consecutive steps, so untimed time cannot be told",
         })

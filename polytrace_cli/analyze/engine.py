@@ -56,6 +56,7 @@ SUMMARY_COLUMNS: dict[str, pl.DataType] = {
     "tail_share": pl.Float64, "tail_steps": pl.Int64, "full_steps": pl.Int64, "kv_usage_max": pl.Float64,
     "preemptions": pl.Float64, "samples_outside_steps": pl.Int64, "basis": pl.String,
 }
+TAIL_SHARE = "tail_share"
 
 
 def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
