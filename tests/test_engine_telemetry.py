@@ -47,6 +47,10 @@ for folder, steps in json.loads(sys.argv[1]).items():
     for s in steps:
         ts = int(round(s["logged_at"] * 1000))
         metrics += [Metric("timing_s/step", s["step_s"], ts, s["step"]), Metric("timing_s/gen", s["gen_s"], ts, s["step"])]
+        # MLflow's system metrics, as its monitor logs them: a sample count for a step, on the wall clock.
+        for second in range(int(s["start"]), int(s["logged_at"])):
+            busy = 40.0 if second < s["start"] + s["gen_s"] else 90.0
+            metrics.append(Metric("system/gpu_0_utilization_percentage", busy, second * 1000, len(metrics)))
     client.log_batch(run.info.run_id, metrics=metrics)
     client.set_terminated(run.info.run_id)
 """
@@ -168,6 +172,16 @@ def test_every_step_is_joined_and_the_tail_told_from_a_full_engine(engine_runs):
     assert by_run["tail"]["tail_steps"] == 4 and by_run["full"]["full_steps"] == 2
 
 
+def test_gpu_utilization_from_mlflow_system_metrics_is_read_per_step_window(engine_runs):
+    con, runs = engine_runs
+    stored = con.execute("SELECT count(*) FROM step_metrics WHERE key LIKE 'system/%'").fetchall()[0][0]
+    assert stored == 0  # a system metric's step is a sample count, not a training step
+    detail = engine.per_step(con, run_ids(con, "full"), ALL_STEPS).sort("step")
+    for measured, step in zip(detail["gpu_utilization_mean"].to_list(), runs["full"].steps):
+        truth = (0.4 * step["gen_s"] + 0.9 * (step["step_s"] - step["gen_s"])) / step["step_s"]
+        assert abs(measured - truth) <= 0.02, (measured, truth)
+
+
 def test_untimed_time_between_steps_is_found(engine_runs):
     con, runs = engine_runs
     detail = consistency.per_step(con, run_ids(con, "tail"), ALL_STEPS).sort("step")
@@ -243,3 +257,20 @@ def test_the_scrape_command_refuses_an_unbounded_or_bad_recording(tmp_path):
     assert bad.exit_code == 2 and "http://" in bad.output
     odd = runner.invoke(app, ["scrape", "http://127.0.0.1:9/m", "--every", "soon", "--output", str(tmp_path / "x")])
     assert odd.exit_code == 2 and "--every" in odd.output
+
+
+def test_wandb_system_records_give_gpu_utilization_on_their_clock():
+    wandb_proto = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+    from polytrace_cli.ingest.formats.wandb.offline import WandbOfflineIngester
+
+    stats = wandb_proto.StatsRecord()
+    stats.timestamp.seconds, stats.timestamp.nanos = 1_700_000_010, 500_000_000
+    for key, value in (("gpu.0.gpu", "87.5"), ("gpu.1.gpu", "12"), ("gpu.0.memoryAllocated", "40.1"), ("cpu", "33")):
+        item = stats.item.add()
+        item.key, item.value_json = key, value
+    system: list[tuple] = []
+    assert WandbOfflineIngester._stats(7, stats, system)
+    assert system == [(7, 1_700_000_010.5, "gpu 0", "gpu.0.gpu", 0.875), (7, 1_700_000_010.5, "gpu 1", "gpu.1.gpu", 0.12)]
+    empty = wandb_proto.StatsRecord()
+    empty.item.add().key = "cpu"
+    assert not WandbOfflineIngester._stats(8, empty, system)

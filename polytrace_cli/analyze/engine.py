@@ -19,6 +19,9 @@ engines' concurrency is the sum over replicas of `requests_running`. Per step (`
     preemptions         rise of `preemptions_total` over the rollout, summed over replicas
     covered_share       share of the rollout window the samples cover (held values)
     scrapes             samples of `requests_running` inside the rollout
+    gpu_utilization_mean  time-weighted mean over the whole step window of the GPUs' utilization (0..1) as
+                        the trackers' system metrics record it (MLflow's `system/gpu_<i>_utilization_percentage`,
+                        wandb's `gpu.<i>.gpu`), averaged over GPUs
     engine_state        'full' when the KV cache bound the rollout (kv_full_share ≥ STATE_SHARE, or
                         preemptions while requests queued), else 'tail' (tail_share ≥ STATE_SHARE),
                         else 'busy'; null when the samples cover less than MIN_COVERED of the rollout
@@ -50,11 +53,13 @@ STEP_COLUMNS: dict[str, pl.DataType] = {
     "low_share": pl.Float64, "tail_share": pl.Float64, "waiting_mean": pl.Float64,
     "kv_usage_max": pl.Float64, "kv_full_share": pl.Float64, "preemptions": pl.Float64,
     "covered_share": pl.Float64, "scrapes": pl.Int64, "engine_state": pl.String,
+    "gpu_utilization_mean": pl.Float64,
 }
 SUMMARY_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "steps_joined": pl.Int64, "replicas": pl.Int64, "low_share": pl.Float64,
     "tail_share": pl.Float64, "tail_steps": pl.Int64, "full_steps": pl.Int64, "kv_usage_max": pl.Float64,
-    "preemptions": pl.Float64, "samples_outside_steps": pl.Int64, "basis": pl.String,
+    "preemptions": pl.Float64, "gpu_utilization_mean": pl.Float64, "samples_outside_steps": pl.Int64,
+    "basis": pl.String,
 }
 TAIL_SHARE = "tail_share"
 
@@ -86,9 +91,10 @@ def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
     )
 
 
-def _held_intervals(metric: str, how: str) -> str:
-    """SQL over `_engine_windows` and `_engine_samples`: the rollout's intervals between breakpoints
-    (samples and window edges) with the replicas' held `metric` combined by `how` ('sum' or 'max')."""
+def _held_intervals(metric: str, how: str, end: str = "rollout_end") -> str:
+    """SQL over `_engine_windows` and `_engine_samples`: the intervals of each step's window up to `end`
+    (the rollout's end, or the window's) between breakpoints (samples and window edges), with the
+    replicas' held `metric` combined by `how` ('sum', 'max' or 'avg')."""
     return f"""
     WITH s AS (SELECT run_id, instance, ts, value FROM _engine_samples WHERE metric = '{metric}'),
     gaps AS (SELECT run_id, instance, median(ts_next - ts) AS usual
@@ -96,9 +102,9 @@ def _held_intervals(metric: str, how: str) -> str:
              WHERE ts_next IS NOT NULL GROUP BY ALL),
     points AS (
         SELECT w.run_id, w.segment, w.step, s.ts AS t FROM _engine_windows w
-        JOIN s ON s.run_id = w.run_id AND s.ts > w.window_start AND s.ts < w.rollout_end
+        JOIN s ON s.run_id = w.run_id AND s.ts > w.window_start AND s.ts < w.{end}
         UNION SELECT run_id, segment, step, window_start FROM _engine_windows
-        UNION SELECT run_id, segment, step, rollout_end FROM _engine_windows
+        UNION SELECT run_id, segment, step, {end} FROM _engine_windows
     ),
     spans AS (
         SELECT run_id, segment, step, t, lead(t) OVER (PARTITION BY run_id, segment, step ORDER BY t) AS t_next
@@ -135,6 +141,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         running = con.sql(_held_intervals("requests_running", "sum")).pl()
         waiting = con.sql(_held_intervals("requests_waiting", "sum")).pl()
         kv = con.sql(_held_intervals("kv_cache_usage", "max")).pl()
+        gpu = con.sql(_held_intervals("gpu_utilization", "avg", "window_end")).pl()
         preemptions = con.sql("""
             SELECT w.run_id, w.segment, w.step, sum(rise) AS preemptions FROM _engine_windows w JOIN (
                 SELECT run_id, instance, ts, value - lag(value) OVER (PARTITION BY run_id, instance ORDER BY ts) AS rise
@@ -167,6 +174,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
                                running_min=pl.lit(None, pl.Float64), running_peak=pl.lit(None, pl.Float64),
                                low_s=pl.lit(None, pl.Float64), last_high_end=pl.lit(None, pl.Float64))
     out = out.join(_weighted(waiting, keys, "waiting_mean"), on=keys, how="left")
+    out = out.join(_weighted(gpu, keys, "gpu_utilization_mean"), on=keys, how="left")
     out = out.join(_kv(kv, keys), on=keys, how="left")
     out = out.join(preemptions.with_columns(pl.col("segment", "step").cast(pl.Int64)), on=keys, how="left")
     out = out.join(scrapes.with_columns(pl.col("segment", "step").cast(pl.Int64)), on=keys, how="left")
@@ -217,8 +225,8 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     rows = []
     detail = per_step(con, run_ids, steps)
     names = run_names(con, run_ids)
-    counts = dict(con.execute(f"SELECT run_id, count(DISTINCT instance) FROM engine_metrics WHERE run_id IN "
-                              f"{ids_sql(run_ids)} GROUP BY ALL").fetchall())
+    counts = dict(con.execute(f"""SELECT run_id, count(DISTINCT instance) FILTER (WHERE metric = 'requests_running')
+                                  FROM engine_metrics WHERE run_id IN {ids_sql(run_ids)} GROUP BY ALL""").fetchall())
     for run_id, name in sorted(names.items(), key=lambda item: item[1]):
         if run_id not in counts:
             continue
@@ -234,11 +242,21 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
             "full_steps": own.filter(pl.col("engine_state") == "full").height,
             "kv_usage_max": own.get_column("kv_usage_max").max() if own.height else None,
             "preemptions": float(own.get_column("preemptions").sum()) if own.height else None,
+            "gpu_utilization_mean": _mean_gpu(detail.filter(pl.col("run") == name)),
             "samples_outside_steps": outside,
             "basis": "engine samples joined on the steps' wall clock" if own.height
             else "engine samples, but no step with a wall clock and a step time to join them to",
         })
     return pl.DataFrame(rows, schema=SUMMARY_COLUMNS)
+
+
+def _mean_gpu(detail: pl.DataFrame) -> float | None:
+    """The run's GPU utilization: the step windows' means weighted by their seconds."""
+    timed = detail.filter(pl.col("gpu_utilization_mean").is_not_null())
+    if not timed.height:
+        return None
+    seconds = timed["window_end"] - timed["window_start"]
+    return float((timed["gpu_utilization_mean"] * seconds).sum() / seconds.sum())
 
 
 def _outside(con: duckdb.DuckDBPyConnection, run_id: int, detail: pl.DataFrame) -> int:

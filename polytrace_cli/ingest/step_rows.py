@@ -49,3 +49,20 @@ def store_step_clock(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: i
             [ctx.run_id if run_id is None else run_id, ctx.file_id])
     finally:
         ctx.con.unregister(view)
+
+
+def store_engine_samples(ctx: FileContext, samples: pl.DataFrame, view: str, run_id: int | None = None) -> None:
+    """Insert `samples` (line_no, ts, engine, instance, name, metric, labels, value) into `engine_metrics`
+    for the file's run or `run_id`: series sampled on the wall clock (engines' Prometheus series, trackers'
+    system metrics), joined to steps by time."""
+    if not samples.height:
+        return
+    ctx.con.register(view, ArrowStream(samples.select("line_no", "ts", "engine", "instance", "name", "metric",
+                                                      "labels", "value")))
+    try:
+        ctx.insert(
+            "INSERT INTO engine_metrics (run_id, file_id, line_no, ts, engine, instance, name, metric, labels, value)"
+            f" SELECT ?, ?, line_no, ts, engine, instance, name, metric, labels, value FROM {view}",
+            [ctx.run_id if run_id is None else run_id, ctx.file_id])
+    finally:
+        ctx.con.unregister(view)

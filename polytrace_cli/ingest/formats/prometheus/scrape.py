@@ -20,11 +20,11 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console.reading import read_lines
 from polytrace_cli.ingest.formats.prometheus.names import canonical_names
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.step_rows import store_engine_samples
 
 MARKER = "# polytrace-scrape "
 SAMPLE = r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+(-?\d+))?\s*$"
@@ -41,17 +41,10 @@ def engine_expr(name: pl.Expr) -> pl.Expr:
 
 def store_samples(ctx: FileContext, samples: pl.DataFrame) -> None:
     """Insert `samples` (line_no, ts, engine, instance, name, labels, value) into `engine_metrics`, with
-    each series' canonical name."""
+    each series' canonical name; they are the file's stored rows."""
     names = canonical_names()
     frame = samples.with_columns(metric=pl.col("name").replace_strict(names, default=None, return_dtype=pl.String))
-    ctx.con.register("_engine_samples", ArrowStream(frame))
-    try:
-        ctx.insert(
-            "INSERT INTO engine_metrics (run_id, file_id, line_no, ts, engine, instance, name, metric, labels, value)"
-            " SELECT ?, ?, line_no, ts, engine, instance, name, metric, labels, value FROM _engine_samples",
-            [ctx.run_id, ctx.file_id])
-    finally:
-        ctx.con.unregister("_engine_samples")
+    store_engine_samples(ctx, frame, "_engine_samples")
     ctx.stored = frame.height
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -38,7 +39,7 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
 from polytrace_cli.ingest.formats.wandb.run_files import WANDB_BOOKKEEPING, detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_clock, store_step_rows, with_segments
+from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock, store_step_rows, with_segments
 
 EXTRA_HINT = "reading wandb offline runs needs the wandb package: pip install 'polytrace[wandb]'"
 FILE_HEADER = struct.Struct("<4sHB")
@@ -49,6 +50,8 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 WANDB_CLOCK_KEYS = ("_runtime", "_timestamp")
 # The wall clock of a history row (seconds since the epoch): kept as the step's `step_clock`, not as a metric.
 WANDB_WALL_CLOCK = "_timestamp"
+# A GPU's utilization in wandb's system-metrics (`stats`) records, in percent.
+WANDB_GPU_UTILIZATION = re.compile(r"gpu\.(\d+)\.gpu")
 
 
 def read_records(data: bytes) -> tuple[list[bytes], int | None]:
@@ -121,6 +124,7 @@ class WandbOfflineIngester(Ingester):
         data = ctx.path.read_bytes()
         records, damaged_at = read_records(data)
         rows: list[tuple] = []
+        system: list[tuple] = []
         config: dict = {}
         summary: dict = {}
         meta: dict = {}
@@ -147,6 +151,8 @@ class WandbOfflineIngester(Ingester):
                 for item in record.summary.remove:
                     summary.pop(_key(item), None)
                 ctx.stored += 1
+            elif kind == "stats" and self._stats(record_no, record.stats, system):
+                ctx.stored += 1
             elif kind == "header" and record.header.version_info.producer:
                 meta["wandb_versions"] = {"cli_version": record.header.version_info.producer.split("+")[0]}
                 ctx.stored += 1
@@ -160,6 +166,24 @@ class WandbOfflineIngester(Ingester):
                        code="corrupt-file")
             ctx.note(f"damaged at byte {damaged_at} of {len(data)}; {len(records)} records kept")
         self._store(ctx, rows, config, summary, meta)
+        store_engine_samples(ctx, pl.DataFrame(system, orient="row", schema={
+            "line_no": pl.Int64, "ts": pl.Float64, "instance": pl.String, "name": pl.String, "value": pl.Float64})
+            .with_columns(engine=pl.lit("wandb-system"), metric=pl.lit("gpu_utilization"), labels=pl.lit("{}")),
+            "_wandb_system")
+
+    @staticmethod
+    def _stats(record_no: int, stats, system: list[tuple]) -> bool:
+        """Append a system-metrics record's GPU utilizations (`gpu.<i>.gpu`, percent) to `system` as
+        shares, on the record's wall clock; False when it holds none."""
+        moment = stats.timestamp.seconds + stats.timestamp.nanos / 1e9
+        found = False
+        for item in stats.item:
+            match = WANDB_GPU_UTILIZATION.fullmatch(item.key)
+            value = _json_value(item.value_json) if match else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and moment > 0:
+                system.append((record_no, moment, f"gpu {match.group(1)}", item.key, float(value) / 100.0))
+                found = True
+        return found
 
     @staticmethod
     def _history(ctx: FileContext, record_no: int, history, rows: list[tuple]) -> bool:
