@@ -54,7 +54,7 @@ THRESHOLDS: dict[str, Threshold] = {
         Threshold("max_untimed_share", "consistency", consistency.UNTIMED_SHARE_COLUMN, True,
                   "share of the wall clock between steps that no timer counts (Σ untimed / Σ gap)"),
         Threshold("max_inconsistent_steps", "consistency", consistency.INCONSISTENT_STEPS, True,
-                  "steps whose stages exceed their total or whose MFU is above 1"),
+                  "steps whose stages exceed their total, whose MFU is above 1 or whose throughput implies another GPU count"),
         Threshold("max_tail_share", "engine", engine.TAIL_SHARE, True,
                   "share of rollout time spent on the tail at low engine concurrency"),
     )

@@ -199,16 +199,23 @@ def test_untimed_time_between_steps_is_found(engine_runs):
 def test_stages_beyond_their_step_and_an_impossible_mfu_are_flagged(store, tmp_path):
     log = tmp_path / "run" / "train.log"
     log.parent.mkdir()
-    log.write_text("step:1 - timing_s/gen:10.0 - timing_s/update_actor:5.0 - timing_s/step:15.2 - perf/mfu/actor:0.41\n"
-                   "step:2 - timing_s/gen:10.0 - timing_s/update_actor:5.0 - timing_s/step:12.0 - perf/mfu/actor:1.37\n")
+    # 8 GPUs configured; step 1's throughput implies 8 (100,000 tokens / (833.3 × 15 s)), step 2's 4.
+    log.write_text("{'trainer': {'nnodes': 1, 'n_gpus_per_node': 8}}\n"
+                   "step:1 - timing_s/gen:10.0 - timing_s/update_actor:5.0 - timing_s/step:15.2 - perf/mfu/actor:0.41"
+                   " - perf/total_num_tokens:100000 - perf/throughput:833.33 - perf/time_per_step:15.0\n"
+                   "step:2 - timing_s/gen:10.0 - timing_s/update_actor:5.0 - timing_s/step:12.0 - perf/mfu/actor:1.37"
+                   " - perf/total_num_tokens:100000 - perf/throughput:2083.33 - perf/time_per_step:12.0\n")
     ingest_paths(store, [log])
     [run_id] = run_ids(store, "run")
     detail = consistency.per_step(store, [run_id], ALL_STEPS).sort("step")
     assert detail["stage_excess_s"].to_list() == [None, pytest.approx(3.0)]
     assert detail["mfu_impossible"].to_list() == [False, True]
     assert detail["untimed_s"].to_list() == [None, None]  # a console log has no wall clock
+    assert [round(v, 2) for v in detail["implied_gpus"].to_list()] == [8.0, 4.0]
+    assert detail["throughput_mismatch"].to_list() == [False, True]
     [row] = consistency.summary(store, [run_id], ALL_STEPS).iter_rows(named=True)
     assert (row["stage_excess_steps"], row["mfu_impossible_steps"], row["mfu_max"]) == (1, 1, 1.37)
+    assert (row["throughput_mismatch_steps"], row["inconsistent_steps"]) == (1, 1)
     assert row["untimed_share"] is None and "cannot be told" in row["basis"]
 
 

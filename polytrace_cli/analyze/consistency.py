@@ -14,12 +14,17 @@ Per step (`STEP_COLUMNS`):
                     that leaves work out; null otherwise, and for steps without a logged total
     mfu             the logged model-FLOPs utilization of the actor (`mfu_actor`), a fraction
     mfu_impossible  mfu > 1: no device does more than its peak
+    implied_gpus    total_tokens / (throughput × time_per_step): the GPU count the logged throughput
+                    (tokens per second per GPU) implies; time_per_step is the logged one, else step_s
+    throughput_mismatch  |implied_gpus / configured GPUs − 1| > THROUGHPUT_TOLERANCE, the configured count
+                    being nnodes × n_gpus_per_node from the run's config (null without it)
 
 Thresholds: a step is `untimed` when untimed_s > max(UNTIMED_MIN_S, UNTIMED_SHARE × step_s).
 
 The summary (`SUMMARY_COLUMNS`), one row per run: the steps with a wall-clock gap, the untimed seconds
 summed and as a share of the gaps' sum, the untimed steps, the steps whose stages exceed their total,
-the steps with an impossible MFU, the largest MFU logged, and the steps with either contradiction.
+the steps with an impossible MFU, the largest MFU logged, the steps whose throughput implies another GPU
+count than the config's, and the steps with any of these contradictions.
 """
 
 from __future__ import annotations
@@ -36,16 +41,18 @@ UNTIMED_MIN_S = 1.0
 UNTIMED_SHARE = 0.05
 STAGE_TOLERANCE = 0.02
 STAGE_TOLERANCE_S = 0.5
+THROUGHPUT_TOLERANCE = 0.10
 
 STEP_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "segment": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "gap_s": pl.Float64,
     "untimed_s": pl.Float64, "untimed": pl.Boolean, "stage_sum_s": pl.Float64, "stage_excess_s": pl.Float64,
-    "mfu": pl.Float64, "mfu_impossible": pl.Boolean,
+    "mfu": pl.Float64, "mfu_impossible": pl.Boolean, "implied_gpus": pl.Float64, "throughput_mismatch": pl.Boolean,
 }
 SUMMARY_COLUMNS: dict[str, pl.DataType] = {
     "run": pl.String, "steps_with_gap": pl.Int64, "untimed_s": pl.Float64, "untimed_share": pl.Float64,
     "untimed_steps": pl.Int64, "stage_excess_steps": pl.Int64, "mfu_impossible_steps": pl.Int64,
-    "mfu_max": pl.Float64, "inconsistent_steps": pl.Int64, "basis": pl.String,
+    "mfu_max": pl.Float64, "throughput_mismatch_steps": pl.Int64, "inconsistent_steps": pl.Int64,
+    "basis": pl.String,
 }
 UNTIMED_SHARE_COLUMN, INCONSISTENT_STEPS = "untimed_share", "inconsistent_steps"
 
@@ -70,9 +77,17 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
     any_stage = " OR ".join(f"{column} IS NOT NULL" for column in stages) or "false"
     timers = con.sql(f"""
-        SELECT run_id, segment::BIGINT AS segment, step::BIGINT AS step,
-               CASE WHEN {any_stage} THEN {stage_sum} END AS stages_s, testing_s, save_checkpoint_s
-        FROM steps WHERE run_id IN {ids}""").pl()
+        SELECT s.run_id, s.segment::BIGINT AS segment, s.step::BIGINT AS step,
+               CASE WHEN {any_stage} THEN {stage_sum} END AS stages_s, s.testing_s, s.save_checkpoint_s,
+               s.total_tokens, s.throughput, t.time_per_step,
+               TRY_CAST(json_extract(r.meta, '$.n_gpus_per_node') AS DOUBLE)
+                 * coalesce(TRY_CAST(json_extract(r.meta, '$.nnodes') AS DOUBLE), 1) AS configured_gpus
+        FROM steps s JOIN runs r USING (run_id)
+        LEFT JOIN (SELECT sm.run_id, sm.segment, sm.step, max(sm.value) AS time_per_step
+                   FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+                   WHERE sm.run_id IN {ids} AND a.canonical = 'time_per_step' GROUP BY ALL) t
+          ON t.run_id = s.run_id AND t.segment = s.segment AND t.step = s.step
+        WHERE s.run_id IN {ids}""").pl()
     mfu = con.sql(f"""
         SELECT sm.run_id, sm.segment::BIGINT AS segment, sm.step::BIGINT AS step, max(sm.value) AS mfu
         FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
@@ -89,7 +104,12 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     excess = counted - total
     tolerance = pl.max_horizontal(pl.lit(STAGE_TOLERANCE_S), STAGE_TOLERANCE * total)
     untimed = pl.col("gap_s") - pl.col("step_s")
+    implied = pl.col("total_tokens") / (pl.col("throughput") * pl.coalesce(pl.col("time_per_step"), pl.col("step_s")))
+    implied = pl.when(pl.col("throughput") > 0).then(implied)
     return out.with_columns(
+        implied_gpus=implied,
+        throughput_mismatch=pl.when(pl.col("configured_gpus") > 0)
+        .then((implied / pl.col("configured_gpus") - 1).abs() > THROUGHPUT_TOLERANCE),
         untimed_s=untimed,
         untimed=untimed > pl.max_horizontal(pl.lit(UNTIMED_MIN_S), UNTIMED_SHARE * pl.col("step_s")),
         stage_sum_s=counted,
@@ -116,8 +136,10 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
             "stage_excess_steps": own.filter(pl.col("stage_excess_s").is_not_null()).height,
             "mfu_impossible_steps": int(own.get_column("mfu_impossible").fill_null(False).sum()),
             "mfu_max": float(mfu.max()) if mfu.len() else None,
+            "throughput_mismatch_steps": int(own.get_column("throughput_mismatch").fill_null(False).sum()),
             "inconsistent_steps": own.filter(pl.col("stage_excess_s").is_not_null()
-                                             | pl.col("mfu_impossible").fill_null(False)).height,
+                                             | pl.col("mfu_impossible").fill_null(False)
+                                             | pl.col("throughput_mismatch").fill_null(False)).height,
             "basis": "steps' wall clock and timers" if gaps.height else
             "timers only: no wall clock between consecutive steps, so untimed time cannot be told",
         })

@@ -10,6 +10,7 @@ text), with the formula it rests on in its text:
     untimed         Σ untimed_s over the untimed steps: wall time between steps no timer counts
     stage_excess    Σ stage_excess_s: stage timers beyond the logged step total
     mfu_impossible  no seconds: an actor MFU above 1 is a miscount, not lost time
+    throughput_mismatch  no seconds: the GPU count the throughput implies is not the config's
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ def consistency_findings(con: duckdb.DuckDBPyConnection, run_id: int, run_second
             f"MFU logged above 1 (up to {float(impossible['mfu'].max()):.2f}) in {impossible.height} "
             f"step{'s' if impossible.height != 1 else ''}: no device exceeds its peak, so the FLOPs counted or the "
             "peak assumed is wrong, and throughput read from it is too"))
+    mismatch = detail.filter(pl.col("throughput_mismatch").fill_null(False))
+    if mismatch.height:
+        found.append(_finding(
+            "throughput_mismatch", None, run_seconds, mismatch["step"].to_list(),
+            f"the logged throughput contradicts tokens ÷ time in {mismatch.height} "
+            f"step{'s' if mismatch.height != 1 else ''}: total_tokens / (throughput × time_per_step) implies "
+            f"{float(mismatch['implied_gpus'].median()):.1f} GPUs (median), not the config's; per-GPU throughput "
+            "read from this log is off by as much"))
     return found
 
 
