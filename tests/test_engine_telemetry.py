@@ -281,3 +281,21 @@ def test_wandb_system_records_give_gpu_utilization_on_their_clock():
     empty = wandb_proto.StatsRecord()
     empty.item.add().key = "cpu"
     assert not WandbOfflineIngester._stats(8, empty, system)
+
+
+def test_findings_name_the_tail_and_the_full_engine_with_their_seconds(engine_runs):
+    from polytrace_cli.diagnose.telemetry import engine_findings, ranked_with
+
+    con, runs = engine_runs
+    tail_id, full_id = run_ids(con, "tail", "full")
+    detail = engine.per_step(con, [tail_id], ALL_STEPS)
+    [tail] = engine_findings(con, tail_id, 1000.0)
+    expected = float((detail["tail_share"] * detail["rollout_s"] * detail["covered_share"]).sum())
+    assert tail["cause"] == "engine_tail" and tail["seconds"] == pytest.approx(expected)
+    assert tail["share"] == pytest.approx(expected / 1000.0) and tail["steps"] == [1, 2, 3, 4]
+    assert tail["text"].startswith("the tail: in 4 of 4 steps") and "KV cache never filled" in tail["text"]
+    [full] = engine_findings(con, full_id, None)
+    assert full["cause"] == "engine_full" and full["share"] is None
+    assert f"{sum(t['preemptions'] for t in runs['full'].truth):,.0f} preemptions" in full["text"]
+    ranked = ranked_with([{"cause": "a", "seconds": 5.0}, {"cause": "b", "seconds": None}], [tail])
+    assert [f["cause"] for f in ranked] == (["engine_tail", "a", "b"] if tail["seconds"] > 5 else ["a", "engine_tail", "b"])
