@@ -4,7 +4,6 @@ against servers on loopback, and the two together on a watched log."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.request import urlopen
@@ -95,7 +94,7 @@ def test_posting_never_waits_for_a_stuck_hook():
     assert poster.sent == QUEUE_SIZE + 50 - poster.dropped == len(hook.bodies)
 
 
-def _series(port: int) -> dict[tuple, float]:
+def series_of(port: int) -> dict[tuple, float]:
     text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
@@ -111,7 +110,7 @@ def test_the_endpoint_serves_the_last_step_its_stages_the_eta_and_alerts():
             exporter.observe({"event": "step", "step": step, "segment": 0, "seconds": seconds, "expected_s": 11.0,
                               "model_s": 11.0, "slow": seconds > 20, "causes": [], "stages": {"gen": seconds / 2}})
         exporter.observe(SLOW)
-        series = _series(exporter.port)
+        series = series_of(exporter.port)
     finally:
         exporter.close()
     run = (("run", "r"),)
@@ -122,48 +121,3 @@ def test_the_endpoint_serves_the_last_step_its_stages_the_eta_and_alerts():
     assert series[("polytrace_stage_seconds", (("run", "r"), ("stage", "gen")))] == 15.0
     assert series[("polytrace_eta_seconds", run)] == 6 * 11.5  # 6 steps left × median(10, 12, 11, 30)
     assert series[("polytrace_alerts_total", (("kind", "slow_step"), ("run", "r")))] == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_watched_log_reaches_prometheus_and_the_webhook(tmp_path, lines):
-    from test_watch import INJECTED, SPEC, Watcher, started, wait_for, write_lines
-
-    hook = Hook()
-    port = _free_port()
-    log = tmp_path / "job" / "train.log"
-    log.parent.mkdir()
-    log.write_text("")
-    watcher = Watcher(log, tmp_path / "w.duckdb", "--idle-exit", "600", "--run", "ops",
-                      "--metrics-port", str(port), "--webhook", hook.url)
-    try:
-        started(tmp_path / "w.duckdb")
-        write_lines(log, lines)
-        wait_for(lambda: len(watcher.of("step")) == SPEC.steps, timeout=240)
-        wait_for(lambda: {b["step"] for b in hook.bodies if b["kind"] == "slow_step"} >= set(INJECTED), timeout=60)
-        series = _series(port)
-    finally:
-        watcher.process.terminate()
-        watcher.finish()
-        hook.close()
-    run = (("run", "ops"),)
-    last = watcher.of("step")[-1]
-    assert series[("polytrace_last_step", run)] == last["step"]
-    assert series[("polytrace_step_seconds", run)] == pytest.approx(last["seconds"])
-    assert series[("polytrace_alerts_total", (("kind", "slow_step"), ("run", "ops")))] == len(
-        watcher.of("alert", "slow_step"))
-    posted = [b for b in hook.bodies if b["kind"] == "slow_step"]
-    assert [b["step"] for b in posted] == [a["step"] for a in watcher.of("alert", "slow_step")]
-    assert all(b["run"] == "ops" and b["text"].startswith("polytrace: run ops: step ") for b in posted)
-
-
-@pytest.fixture(scope="module")
-def lines():
-    from test_watch import MODEL, SPEC, LENGTHS
-    from polytrace_cli.workload.steplog import console_text, step_table
-
-    return console_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL).splitlines(keepends=True)
