@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
-from polytrace_cli.analyze import filtering, imbalance, lengths, stages, tools
+from polytrace_cli.analyze import consistency, engine, filtering, imbalance, lengths, stages, tools
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange
 from polytrace_cli.analyze.registry import all_analyses
 from polytrace_cli.store.sql import fetch_first
@@ -51,6 +51,12 @@ THRESHOLDS: dict[str, Threshold] = {
                   "tool-call latency p99 in seconds (the slowest tool)"),
         Threshold("min_kept_share", "filtering", filtering.KEPT_SHARE, False,
                   "DAPO kept share per generation batch (mean)"),
+        Threshold("max_untimed_share", "consistency", consistency.UNTIMED_SHARE_COLUMN, True,
+                  "share of the wall clock between steps that no timer counts (Σ untimed / Σ gap)"),
+        Threshold("max_inconsistent_steps", "consistency", consistency.INCONSISTENT_STEPS, True,
+                  "steps whose stages exceed their total, whose MFU is above 1 or whose throughput implies another GPU count"),
+        Threshold("max_tail_share", "engine", engine.TAIL_SHARE, True,
+                  "share of rollout time spent on the tail at low engine concurrency"),
     )
 }
 

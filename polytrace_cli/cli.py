@@ -72,6 +72,7 @@ COMMANDS: dict[str, Callable] = {
     "check": report_commands.check,
     "whatif": simulate_commands.whatif,
     "watch": watch_commands.watch,
+    "scrape": watch_commands.scrape,
     "version": version,
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -462,3 +463,40 @@ def test_the_live_view_says_what_each_bar_colour_is():
     # Each swatch has its stage's bar colour; a stage with no seconds in the shown steps is not listed.
     swatches = [str(span.style) for span in legend.spans if legend.plain[span.start:span.end] == "█"]
     assert swatches == [STAGE_STYLES["gen"], STAGE_STYLES["update_actor"]]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_watched_log_reaches_prometheus_and_the_webhook(tmp_path, lines):
+    from test_watch_ops import Hook, series_of
+
+    hook = Hook()
+    port = _free_port()
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text("")
+    watcher = Watcher(log, tmp_path / "w.duckdb", "--idle-exit", "600", "--run", "ops",
+                      "--metrics-port", str(port), "--webhook", hook.url)
+    try:
+        started(tmp_path / "w.duckdb")
+        write_lines(log, lines)
+        wait_for(lambda: len(watcher.of("step")) == SPEC.steps, timeout=240)
+        wait_for(lambda: {b["step"] for b in hook.bodies if b["kind"] == "slow_step"} >= set(INJECTED), timeout=60)
+        series = series_of(port)
+    finally:
+        watcher.process.terminate()
+        watcher.finish()
+        hook.close()
+    run = (("run", "ops"),)
+    last = watcher.of("step")[-1]
+    assert series[("polytrace_last_step", run)] == last["step"]
+    assert series[("polytrace_step_seconds", run)] == pytest.approx(last["seconds"])
+    assert series[("polytrace_alerts_total", (("kind", "slow_step"), ("run", "ops")))] == len(
+        watcher.of("alert", "slow_step"))
+    posted = [b for b in hook.bodies if b["kind"] == "slow_step"]
+    assert [b["step"] for b in posted] == [a["step"] for a in watcher.of("alert", "slow_step")]
+    assert all(b["run"] == "ops" and b["text"].startswith("polytrace: run ops: step ") for b in posted)

@@ -30,7 +30,8 @@ class Analysis:
 
 # Module names under polytrace_cli.analyze, in output order. They are imported on first use so that
 # commands which need no analysis start without scipy.
-ANALYSES = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools", "filtering", "timeline")
+ANALYSES = ("lengths", "drift", "longtail", "fit", "imbalance", "stages", "tools", "filtering", "timeline", "engine",
+            "consistency")
 # Those that load scipy: drift and fit import scipy.stats (0.6 s) and fit scikit-learn; imbalance and stages
 # take p-values from scipy.special (0.15 s). A report computes them in its second process, which loads
 # scipy.stats for the step-time model anyway, so its first process, which draws, loads no scipy at all

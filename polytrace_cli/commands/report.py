@@ -68,6 +68,12 @@ def check(
     max_p99_p50: Annotated[float | None, _limit_option("Fail when response p99/p50 exceeds this.")] = None,
     max_tool_p99_s: Annotated[float | None, _limit_option("Fail when a tool's latency p99 (s) exceeds this.")] = None,
     min_kept_share: Annotated[float | None, _limit_option("Fail when the DAPO kept share falls below this.")] = None,
+    max_untimed_share: Annotated[float | None, _limit_option(
+        "Fail when this share of the time between steps is counted by no timer.")] = None,
+    max_inconsistent_steps: Annotated[float | None, _limit_option(
+        "Fail when more steps than this have stages beyond their total or an MFU above 1.")] = None,
+    max_tail_share: Annotated[float | None, _limit_option(
+        "Fail when the rollout's tail at low engine concurrency exceeds this share.")] = None,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="The run RUN is compared with for --max-slowdown and --max-step-slowdown.")] = None,
     baseline_steps: Annotated[str | None, typer.Option(
@@ -100,6 +106,8 @@ def check(
     limits = {name: value for name, value in {
         "max_imbalance": max_imbalance, "max_step_cv": max_step_cv, "max_clip_ratio": max_clip_ratio,
         "max_p99_p50": max_p99_p50, "max_tool_p99_s": max_tool_p99_s, "min_kept_share": min_kept_share,
+        "max_untimed_share": max_untimed_share, "max_inconsistent_steps": max_inconsistent_steps,
+        "max_tail_share": max_tail_share,
     }.items() if value is not None}
     compared = baseline is not None or baseline_steps is not None or baseline_db is not None
     gated = max_slowdown is not None or max_step_slowdown is not None

@@ -37,6 +37,7 @@ from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_c
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
 from polytrace_cli.diagnose.held_by import with_held_by
+from polytrace_cli.diagnose.telemetry import ranked_with, telemetry_findings
 from polytrace_cli.diagnose.thresholds import MAD_SCALE, ROBUST_Z, Threshold, slow_steps, warmup_steps
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_default
@@ -175,6 +176,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     slow = steps.filter(pl.Series(run.slow_flags))
     record = record_of(con, info.run_id)
     findings = run_findings(steps, causes, frame, slow, model, record["collapse_step"])
+    findings = ranked_with(findings, telemetry_findings(con, info.run_id, float(steps["seconds"].sum())))
     bounds = run_bounds(frame, mask, record.get("execution_mode"))
     untold = bounds is None and record.get("execution_mode") not in (None, "sync")
     if step is not None:

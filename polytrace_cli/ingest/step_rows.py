@@ -31,3 +31,38 @@ def store_step_rows(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: in
         )
     finally:
         ctx.con.unregister(view)
+
+
+def store_step_clock(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: int | None = None) -> None:
+    """Insert into `step_clock` the latest `logged_at` (seconds since the epoch) of each (segment, step)
+    of `frame`: when the source wrote the step's records. A side fact of the file's rows, not counted
+    among them."""
+    if not frame.height:
+        return
+    ctx.begin_writes()
+    ctx.con.register(view, ArrowStream(frame.select("segment", "step", "logged_at")))
+    try:
+        ctx.con.execute(
+            "INSERT INTO step_clock (run_id, file_id, segment, step, logged_at)"
+            f" SELECT ?, ?, segment, step, max(logged_at) FROM {view}"
+            " WHERE logged_at IS NOT NULL AND isfinite(logged_at) GROUP BY segment, step",
+            [ctx.run_id if run_id is None else run_id, ctx.file_id])
+    finally:
+        ctx.con.unregister(view)
+
+
+def store_engine_samples(ctx: FileContext, samples: pl.DataFrame, view: str, run_id: int | None = None) -> None:
+    """Insert `samples` (line_no, ts, engine, instance, name, metric, labels, value) into `engine_metrics`
+    for the file's run or `run_id`: series sampled on the wall clock (engines' Prometheus series, trackers'
+    system metrics), joined to steps by time."""
+    if not samples.height:
+        return
+    ctx.con.register(view, ArrowStream(samples.select("line_no", "ts", "engine", "instance", "name", "metric",
+                                                      "labels", "value")))
+    try:
+        ctx.insert(
+            "INSERT INTO engine_metrics (run_id, file_id, line_no, ts, engine, instance, name, metric, labels, value)"
+            f" SELECT ?, ?, line_no, ts, engine, instance, name, metric, labels, value FROM {view}",
+            [ctx.run_id if run_id is None else run_id, ctx.file_id])
+    finally:
+        ctx.con.unregister(view)

@@ -16,7 +16,9 @@ becomes a run of its own named `<run>-<MLflow run name>`. Rows of deleted runs a
 
 In both, a key's step lower than its previous value (in time order) starts a new segment (a run
 resumed and logging its steps again), and TRL's cumulative `num_tokens` gives
-`num_tokens/per_step`. verl writes `@` in keys as `_at_`, since MLflow refuses '@'.
+`num_tokens/per_step`. verl writes `@` in keys as `_at_`, since MLflow refuses '@'. Each step's
+latest timestamp is its wall clock (`step_clock`). MLflow's system metrics (`system/...`, its step a
+sample count, not a training step) go to `engine_metrics`: a GPU's utilization as `gpu_utilization`.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_rows
+from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock, store_step_rows
 from polytrace_cli.store.sql import fetch_first
 
 METRIC_LINE = r"^\s*(-?\d+)\s+(\S+)\s+(-?\d+)\s*$"
 SQLITE_HEADER = b"SQLite format 3\x00"
 MLFLOW_TABLES = {"runs", "metrics", "params", "tags"}
+# MLflow's system metrics (`mlflow.system_metrics`): logged with this prefix, on the wall clock.
+SYSTEM_PREFIX = "system/"
+SYSTEM_GPU_UTILIZATION = r"^system/(?:(node_[^/]+)/)?gpu_(\d+)_utilization_percentage$"
 
 
 def run_folder_part(path: Path) -> tuple[Path, str, str] | None:
@@ -49,6 +54,21 @@ def run_folder_part(path: Path) -> tuple[Path, str, str] | None:
         if parent.name in ("metrics", "params", "tags") and (parent.parent / "meta.yaml").is_file():
             return parent.parent, parent.name, path.relative_to(parent).as_posix()
     return None
+
+
+def system_samples(rows: pl.DataFrame) -> pl.DataFrame:
+    """MLflow's system metrics (`system/[node_<n>/]<name>`, logged on the wall clock, their step a sample
+    count) as engine samples: a GPU's `gpu_<i>_utilization_percentage` as `gpu_utilization` (a share),
+    every other series under its own name."""
+    gpu = pl.col("key").str.extract(SYSTEM_GPU_UTILIZATION, 2)
+    node = pl.col("key").str.extract(SYSTEM_GPU_UTILIZATION, 1)
+    return rows.select(
+        "line_no", ts=pl.col("timestamp") / 1000.0, engine=pl.lit("mlflow-system"),
+        instance=pl.when(gpu.is_not_null()).then(pl.concat_str(pl.coalesce(node + pl.lit(" "), pl.lit("")),
+                                                               pl.lit("gpu "), gpu)),
+        name="key", metric=pl.when(gpu.is_not_null()).then(pl.lit("gpu_utilization")),
+        labels=pl.lit("{}"), value=pl.when(gpu.is_not_null()).then(pl.col("value") / 100.0).otherwise(pl.col("value")),
+    )
 
 
 def _segments(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
@@ -105,9 +125,13 @@ class MlflowMetricIngester(Ingester):
         rows = parsed.filter(good).select("line_no", "step", "timestamp", "value",
                                           key=pl.lit(key), text_value=pl.lit(None, pl.String))
         ctx.stored = rows.height
+        if key.startswith(SYSTEM_PREFIX):
+            store_engine_samples(ctx, system_samples(rows), "_mlflow_system")
+            return
         rows = _with_tokens(_segments(rows, ["key"]), ["key"])
         claim_framework(ctx, framework_of_keys([key]))
         store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"), "_mlflow_metric")
+        store_step_clock(ctx, rows.with_columns(logged_at=pl.col("timestamp") / 1000.0), "_mlflow_metric_clock")
 
 
 @register
@@ -219,7 +243,9 @@ class MlflowSqliteIngester(Ingester):
             value=pl.when(pl.col("is_nan") == 1).then(float("nan")).otherwise(pl.col("value")),
             text_value=pl.lit(None, pl.String))
         ctx.stored = frame.height + sum(1 for rows in (params, tags) for row in rows if row[0] not in deleted)
-        frame = _with_tokens(_segments(frame, ["run_uuid", "key"]), ["run_uuid", "key"])
+        system = frame.filter(pl.col("key").str.starts_with(SYSTEM_PREFIX))
+        frame = _with_tokens(_segments(frame.filter(~pl.col("key").str.starts_with(SYSTEM_PREFIX)),
+                                       ["run_uuid", "key"]), ["run_uuid", "key"])
         for index, (uuid, name, status, start, end, _, experiment) in enumerate(live):
             run_id = ctx.run_id if index == 0 else self._extra_run(ctx, uuid, name)
             own_params = {key: value for run, key, value in params if run == uuid}
@@ -239,9 +265,13 @@ class MlflowSqliteIngester(Ingester):
 
                 claim_run_framework(ctx.con, run_id, framework)
                 merge_run_meta(ctx.con, run_id, framework, meta, ctx.file_id, again=True)
+            store_engine_samples(ctx, system_samples(system.filter(pl.col("run_uuid") == uuid)),
+                                 "_mlflow_sqlite_system", run_id=run_id)
             if rows.height:
                 store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"),
                                 "_mlflow_sqlite", run_id=run_id)
+                store_step_clock(ctx, rows.with_columns(logged_at=pl.col("timestamp") / 1000.0),
+                                 "_mlflow_sqlite_clock", run_id=run_id)
         if len(live) > 1:
             ctx.note(f"{len(live)} MLflow runs: the first is this file's run, the others runs of their own")
 

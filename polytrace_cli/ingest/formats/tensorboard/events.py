@@ -29,6 +29,7 @@ from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.step_rows import store_step_clock
 
 EXTRA_HINT = "reading TensorBoard event files needs the tensorboard package: pip install 'polytrace[tensorboard]'"
 RECORD_OVERHEAD_BYTES = 16  # length (8) + length CRC (4) + data CRC (4) around each record
@@ -108,6 +109,7 @@ class TensorBoardEventsIngester(Ingester):
         tags: list[str] = []
         values: list[float] = []
         record_nos: list[int] = []
+        walls: list[float] = []
         record_no = 0
         for record in RawEventFileLoader(str(ctx.path)).Load():
             record_no += 1
@@ -133,6 +135,7 @@ class TensorBoardEventsIngester(Ingester):
                 tags.append(value.tag)
                 values.append(scalar)
                 record_nos.append(record_no)
+                walls.append(event.wall_time)
                 found = True
             if found:
                 ctx.stored += 1
@@ -148,13 +151,14 @@ class TensorBoardEventsIngester(Ingester):
                 code=ErrorCode.CORRUPT_FILE,
             )
             ctx.note(f"damaged at byte {consumed} of {size}; {record_no} records kept")
-        self._store(ctx, steps, tags, values, record_nos)
+        self._store(ctx, steps, tags, values, record_nos, walls)
 
     @staticmethod
-    def _store(ctx: FileContext, steps, tags, values, record_nos) -> None:
+    def _store(ctx: FileContext, steps, tags, values, record_nos, walls) -> None:
         frame = pl.DataFrame(
-            {"step": steps, "tag": tags, "value": values, "line_no": record_nos},
-            schema={"step": pl.Int64, "tag": pl.String, "value": pl.Float64, "line_no": pl.Int64},
+            {"step": steps, "tag": tags, "value": values, "line_no": record_nos, "logged_at": walls},
+            schema={"step": pl.Int64, "tag": pl.String, "value": pl.Float64, "line_no": pl.Int64,
+                    "logged_at": pl.Float64},
         ).with_columns(
             key=pl.when(pl.col("tag").str.starts_with("train/"))
             .then(pl.col("tag").str.strip_prefix("train/")).otherwise(pl.col("tag")),
@@ -167,7 +171,8 @@ class TensorBoardEventsIngester(Ingester):
         claim_framework(ctx, framework)
         if framework == "trl":
             derived = trl.tokens_per_step(frame.select("segment", "step", "key", "value", "line_no"), "segment")
-            frame = pl.concat([frame, derived.with_columns(tag=pl.col("key")).select(frame.columns)])
+            frame = pl.concat([frame, derived.with_columns(tag=pl.col("key"), logged_at=pl.lit(None, pl.Float64))
+                               .select(frame.columns)])
         ctx.con.register("_tensorboard_scalars", ArrowStream(frame))
         try:
             ctx.insert(
@@ -178,6 +183,7 @@ class TensorBoardEventsIngester(Ingester):
             )
         finally:
             ctx.con.unregister("_tensorboard_scalars")
+        store_step_clock(ctx, frame, "_tensorboard_clock")
         if frame["segment"].max():
             ctx.note(f"step went backwards {frame['segment'].max()} time(s): stored as separate segments")
 

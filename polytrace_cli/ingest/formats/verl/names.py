@@ -43,6 +43,7 @@ METRIC_ALIASES = {
     "prompt_length/min": "prompt_length_min",
     "perf/total_num_tokens": "total_tokens",
     "perf/throughput": "throughput",
+    "perf/mfu/actor": "mfu_actor",
     "perf/time_per_step": "time_per_step",
     # Tokens per data-parallel rank in the step: the busiest rank's, the mean, and the busiest after
     # verl's sequence balancing (names analyses read; no `steps` view column).

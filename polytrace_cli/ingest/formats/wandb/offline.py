@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -40,7 +41,7 @@ from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
 from polytrace_cli.ingest.formats.wandb.run_files import WANDB_BOOKKEEPING, detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_rows, with_segments
+from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock, store_step_rows, with_segments
 
 EXTRA_HINT = "reading wandb offline runs needs the wandb package: pip install 'polytrace[wandb]'"
 FILE_HEADER = struct.Struct("<4sHB")
@@ -49,6 +50,10 @@ MAGIC = (b":W&B", 0xBEE1, 0)
 BLOCK_BYTES = 32 * 1024
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 WANDB_CLOCK_KEYS = ("_runtime", "_timestamp")
+# The wall clock of a history row (seconds since the epoch): kept as the step's `step_clock`, not as a metric.
+WANDB_WALL_CLOCK = "_timestamp"
+# A GPU's utilization in wandb's system-metrics (`stats`) records, in percent.
+WANDB_GPU_UTILIZATION = re.compile(r"gpu\.(\d+)\.gpu")
 
 
 def read_records(data: bytes, magic: tuple = MAGIC, label: str = "wandb") -> tuple[list[bytes], int | None]:
@@ -123,6 +128,7 @@ class WandbOfflineIngester(Ingester):
         data = ctx.path.read_bytes()
         records, damaged_at = read_records(data)
         rows: list[tuple] = []
+        system: list[tuple] = []
         config: dict = {}
         summary: dict = {}
         meta: dict = {}
@@ -158,6 +164,8 @@ class WandbOfflineIngester(Ingester):
                 for item in record.summary.remove:
                     summary.pop(_key(item), None)
                 ctx.stored += 1
+            elif kind == "stats" and self._stats(record_no, record.stats, system):
+                ctx.stored += 1
             elif kind == "header" and record.header.version_info.producer:
                 meta["wandb_versions"] = {"cli_version": record.header.version_info.producer.split("+")[0]}
                 ctx.stored += 1
@@ -173,6 +181,24 @@ class WandbOfflineIngester(Ingester):
                        code=ErrorCode.CORRUPT_FILE)
             ctx.note(f"damaged at byte {damaged_at} of {len(data)}; {len(records)} records kept")
         self._store(ctx, rows, config, summary, meta)
+        store_engine_samples(ctx, pl.DataFrame(system, orient="row", schema={
+            "line_no": pl.Int64, "ts": pl.Float64, "instance": pl.String, "name": pl.String, "value": pl.Float64})
+            .with_columns(engine=pl.lit("wandb-system"), metric=pl.lit("gpu_utilization"), labels=pl.lit("{}")),
+            "_wandb_system")
+
+    @staticmethod
+    def _stats(record_no: int, stats, system: list[tuple]) -> bool:
+        """Append a system-metrics record's GPU utilizations (`gpu.<i>.gpu`, percent) to `system` as
+        shares, on the record's wall clock; False when it holds none."""
+        moment = stats.timestamp.seconds + stats.timestamp.nanos / 1e9
+        found = False
+        for item in stats.item:
+            match = WANDB_GPU_UTILIZATION.fullmatch(item.key)
+            value = _json_value(item.value_json) if match else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and moment > 0:
+                system.append((record_no, moment, f"gpu {match.group(1)}", item.key, float(value) / 100.0))
+                found = True
+        return found
 
     @staticmethod
     def _history(ctx: FileContext, record_no: int, history, rows: list[tuple], step_keys: list[str] = (),
@@ -200,6 +226,11 @@ class WandbOfflineIngester(Ingester):
             return False
         found = False
         for key, text in items.items():
+            if key == WANDB_WALL_CLOCK:
+                moment = _json_value(text)
+                if isinstance(moment, (int, float)) and not isinstance(moment, bool) and math.isfinite(moment):
+                    rows.append((record_no, int(step), WANDB_WALL_CLOCK, float(moment), None))
+                continue
             if key in WANDB_CLOCK_KEYS:
                 continue
             value = _json_value(text)
@@ -218,6 +249,10 @@ class WandbOfflineIngester(Ingester):
     def _store(ctx: FileContext, rows: list[tuple], config: dict, summary: dict, meta: dict) -> None:
         frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "tag": pl.String,
                                            "value": pl.Float64, "text_value": pl.String}, orient="row")
+        is_clock = pl.col("tag") == WANDB_WALL_CLOCK
+        clock = with_segments(frame.select("line_no", "step")).join(
+            frame.filter(is_clock).select("line_no", logged_at="value"), on="line_no")
+        frame = frame.filter(~is_clock)
         tags = frame.get_column("tag").unique().to_list()
         plain = {key: value for key, value in config.items() if key not in WANDB_BOOKKEEPING}
         framework = detect_framework(plain) or framework_of_keys(tags)
@@ -243,3 +278,4 @@ class WandbOfflineIngester(Ingester):
                             [config_meta["model"], ctx.run_id])
         store_step_rows(ctx, frame.select("segment", "step", "key", "value", "text_value", "line_no"),
                         "_wandb_offline_rows")
+        store_step_clock(ctx, clock, "_wandb_offline_clock")

@@ -1,0 +1,1 @@
+"""Inference engines' Prometheus series: scrape files and range-query exports."""
