@@ -1,7 +1,6 @@
 """Built-in input formats: a folder per framework or tracker, holding its metric names (`names.py`) and one
 module per format.
 
-<<<<<<< HEAD
 Importing this package loads no format: a framework's `names.py` is read at every store open and must stay
 cheap. `load_builtin_formats` imports the format modules, which register their ingesters as they load, in
 sniffing order (the first format whose sniff accepts a file reads it).
@@ -37,24 +36,3 @@ def load_builtin_formats() -> None:
     """Import every built-in format module (`format_modules`), registering their ingesters in sniffing order."""
     for module in format_modules():
         importlib.import_module(f"{__name__}.{module}")
-=======
-import polytrace_cli.ingest.formats.polytrace.packed  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.reward  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.dapo  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.multiturn  # noqa: F401
-import polytrace_cli.ingest.formats.polytrace.dataset  # noqa: F401
-import polytrace_cli.ingest.formats.verl.jsonl  # noqa: F401
-import polytrace_cli.ingest.formats.verl.rollout  # noqa: F401
-import polytrace_cli.ingest.formats.openrlhf.console  # noqa: F401
-import polytrace_cli.ingest.formats.trl.console  # noqa: F401
-import polytrace_cli.ingest.formats.trl.trainer_state  # noqa: F401
-import polytrace_cli.ingest.formats.mlflow.store  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.offline  # noqa: F401
-import polytrace_cli.ingest.formats.tensorboard.events  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.run_files  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.table  # noqa: F401
-import polytrace_cli.ingest.formats.wandb.csv_export  # noqa: F401
-import polytrace_cli.ingest.formats.prometheus.scrape  # noqa: F401
-import polytrace_cli.ingest.formats.prometheus.range_query  # noqa: F401
-import polytrace_cli.ingest.formats.verl.console  # noqa: F401
->>>>>>> telemetry
