@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from polytrace_cli.analyze import engine  # noqa: E402
 from polytrace_cli.analyze.common import ALL_STEPS  # noqa: E402
-from polytrace_cli.ingest.runner import ingest_paths  # noqa: E402
+from polytrace_cli.ingest.driver import ingest_paths  # noqa: E402
 from polytrace_cli.store import open_store  # noqa: E402
 from polytrace_cli.workload.engine_model import LOW_SHARE_OF_PEAK, EngineModel, simulate  # noqa: E402
 from test_engine_telemetry import MLFLOW_WRITER  # noqa: E402

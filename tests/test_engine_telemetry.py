@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from polytrace_cli.analyze import consistency, engine
 from polytrace_cli.analyze.common import ALL_STEPS
 from polytrace_cli.cli import app
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 from polytrace_cli.telemetry.scrape import stamped
 from polytrace_cli.workload.engine_model import EngineModel, simulate
