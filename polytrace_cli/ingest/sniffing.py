@@ -13,7 +13,7 @@ from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.files import is_log_like
-from polytrace_cli.ingest.formats import load_builtin_formats
+from polytrace_cli.ingest.formats import format_modules, load_builtin_formats
 from polytrace_cli.ingest.registry import builtin_ingesters, merged_names, plugin_ingesters
 
 
@@ -25,7 +25,15 @@ def all_ingesters() -> list[Ingester]:
     specific than the general built-in ones), then the built-in formats."""
     plugins = plugin_ingesters()
     load_builtin_formats()
-    return [*plugins, *builtin_ingesters()]
+    return [*plugins, *in_sniffing_order(builtin_ingesters())]
+
+
+def in_sniffing_order(ingesters: list[Ingester]) -> list[Ingester]:
+    """Built-in ingesters by their module's place in `formats.format_modules()` (a module's own in the order
+    it registered them), whatever order an import chain registered the modules in."""
+
+    place = {f"polytrace_cli.ingest.formats.{module}": index for index, module in enumerate(format_modules())}
+    return sorted(ingesters, key=lambda ingester: place.get(type(ingester).__module__, len(place)))
 
 
 def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:

@@ -14,8 +14,8 @@ from pathlib import Path
 # (a new framework's format) is sniffed between them, in name order.
 SPECIFIC_FIRST = (
     "polytrace.packed", "polytrace.reward", "polytrace.dapo", "polytrace.multiturn", "polytrace.dataset",
-    "verl.jsonl", "verl.rollout", "openrlhf.console", "trl.console", "trl.trainer_state", "mlflow.store",
-    "wandb.offline", "tensorboard.events", "wandb.run_files", "wandb.table", "wandb.csv_export",
+    "verl.jsonl", "verl.rollout", "openrlhf.console", "trl.console", "tensorboard.events", "trl.trainer_state",
+    "wandb.run_files", "mlflow.store", "wandb.offline", "wandb.table", "wandb.csv_export",
 )
 # A Chrome trace is JSON any profiler may write: after the readers of named layouts (Kineto, Nsight, AReaL).
 GENERAL_LAST = ("traces.chrome_json", "verl.console")
