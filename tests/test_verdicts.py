@@ -117,15 +117,29 @@ def store(tmp_path_factory):
     return db, comparisons
 
 
-def test_a_run_that_logs_value_metrics_trains_a_critic(store):
+def test_a_run_that_logs_value_metrics_trains_a_critic(fresh_store, tmp_path):
     # verl writes critic/values/* and critic/vf_explained_var only with use_critic; critic/advantages,
     # critic/returns, critic/score and critic/rewards come from every run (volcengine/verl @
     # 7fd55735213b077cb8ae921397f3c5e00c5e7a98, verl/trainer/ppo/metric_utils.py, compute_data_metrics).
-    from polytrace_cli.diagnose.comparable import CRITIC_KEYS
+    from polytrace_cli.diagnose.comparable import CRITIC_ONLY, logs_critic_keys
+    from polytrace_cli.ingest.driver import ingest_paths
+    from polytrace_cli.ingest.formats.verl.names import METRIC_ALIASES
 
-    assert "critic/values/mean" in CRITIC_KEYS and "critic/vf_explained_var" in CRITIC_KEYS
+    critic_keys = {key for key, name in METRIC_ALIASES.items() if name == CRITIC_ONLY}
+    assert "critic/values/mean" in critic_keys and "critic/vf_explained_var" in critic_keys
     assert not any(key.startswith(("critic/advantages", "critic/returns", "critic/score", "critic/rewards"))
-                   for key in CRITIC_KEYS)
+                   for key in critic_keys)
+    from polytrace_cli.store import open_store
+
+    con = open_store(fresh_store(tmp_path / "critic.duckdb"))
+    for name, extra in (("ppo", " - critic/vf_loss:0.12"), ("grpo", " - critic/advantages/mean:0.0")):
+        log = tmp_path / name / "train.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"step:1 - timing_s/step:10.0{extra}\n")
+        ingest_paths(con, [log])
+    ids = dict(con.execute("SELECT name, run_id FROM runs").fetchall())
+    assert logs_critic_keys(con, ids["ppo"]) and not logs_critic_keys(con, ids["grpo"])
+    con.close()
 
 
 def test_runs_that_match_compare_and_each_difference_is_named():

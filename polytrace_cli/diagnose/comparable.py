@@ -9,7 +9,7 @@ the report's runs of one task compared and `watch --baseline`. A side's profile 
     estimator   the run meta's `adv_estimator` (verl's algorithm.adv_estimator, OpenRLHF's
                 --advantage_estimator)
     critic      whether the run trains a critic: it times a critic stage (values, update_critic) or
-                logs a key only a critic writes (CRITIC_KEYS)
+                logs a key only a critic writes (one its format names CRITIC_ONLY)
     gpus        the run meta's GPU count (n_gpus, else nnodes × n_gpus_per_node), else the DP ranks
     stages      the stages it times that have a workload line (gen, reward, old_log_prob, ref,
                 values, adv, update_actor, update_critic), or `whole_step` when it times none;
@@ -41,12 +41,9 @@ from polytrace_cli.store.sql import fetch_first
 # Stages with a workload line that a comparison judges; the overheads and `other` are compared otherwise.
 LINED_STAGES = tuple(stage for stage in MODELLED_STAGES if stage != "update_weights")
 CRITIC_STAGES = ("values", "update_critic")
-# Keys only a run that trains a critic logs: verl's value metrics (written only with use_critic; its
-# critic/advantages, critic/returns, critic/score and critic/rewards are written by every run), its critic
-# worker's losses and timers; OpenRLHF's critic loss.
-CRITIC_KEYS = ("critic/values/mean", "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac",
-               "critic/vpred_mean", "critic/grad_norm", "critic/lr", "perf/mfu/critic", "timing_s/values",
-               "timing_s/update_critic", "critic_loss")
+# The canonical name the formats give keys only a run that trains a critic logs (verl's value metrics and
+# critic worker, OpenRLHF's critic loss; each framework's names.py).
+CRITIC_ONLY = "critic_only"
 DIFFERENCE_KINDS = ("framework", "algorithm", "estimator", "model", "gpus", "stages")
 
 
@@ -163,9 +160,9 @@ def timed_stages(frame: pl.DataFrame) -> tuple[str, ...]:
 
 
 def logs_critic_keys(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
-    """Whether the run logged a key only a critic writes (`CRITIC_KEYS`)."""
-    row = fetch_first(con, "SELECT EXISTS (SELECT 1 FROM step_metrics WHERE run_id = ? AND key IN (SELECT unnest(?)))",
-                      [run_id, list(CRITIC_KEYS)])
+    """Whether the run logged a key only a critic writes (one its format names `CRITIC_ONLY`)."""
+    row = fetch_first(con, "SELECT EXISTS (SELECT 1 FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
+                           " WHERE sm.run_id = ? AND a.canonical = ?)", [run_id, CRITIC_ONLY])
     return bool(row and row[0])
 
 

@@ -7,6 +7,8 @@
 # the reward, reference and value passes, so it names no stage column: adding it to one would count
 # generation twice. `timing/broadcast` is the weight sync to the rollout engines.
 METRIC_ALIASES = {
+    # Only a run that trains a critic logs its loss: comparisons tell PPO with a critic from GRPO by it.
+    "critic_loss": "critic_only",
     "timing/step_total": "step_s",
     "timing/generation": "gen_s",
     "timing/ppo_train": "update_actor_s",

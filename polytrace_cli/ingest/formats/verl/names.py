@@ -44,6 +44,17 @@ METRIC_ALIASES = {
     "perf/total_num_tokens": "total_tokens",
     "perf/throughput": "throughput",
     "perf/mfu/actor": "mfu_actor",
+    # Keys only a run that trains a critic writes (verl/trainer/ppo/metric_utils.py: the value metrics, written
+    # only with use_critic; the critic worker's losses, learning rate and MFU): comparisons tell PPO with a
+    # critic from GRPO by them.
+    "critic/values/mean": "critic_only",
+    "critic/vf_explained_var": "critic_only",
+    "critic/vf_loss": "critic_only",
+    "critic/vf_clipfrac": "critic_only",
+    "critic/vpred_mean": "critic_only",
+    "critic/grad_norm": "critic_only",
+    "critic/lr": "critic_only",
+    "perf/mfu/critic": "critic_only",
     "perf/time_per_step": "time_per_step",
     # Tokens per data-parallel rank in the step: the busiest rank's, the mean, and the busiest after
     # verl's sequence balancing (names analyses read; no `steps` view column).
