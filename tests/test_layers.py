@@ -4,6 +4,7 @@ means: an import statement anywhere in the module, or a module named in a string
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -27,6 +28,11 @@ LAYERS = [
 ]
 # A module named in a string: `polytrace_cli.<package>` followed by a dot, a colon or the string's end.
 _NAMED_MODULE = re.compile(r"^polytrace_cli\.([a-z_]+)(?:[.:][\w.:]*)?$")
+
+
+@functools.cache
+def _tree(path: Path) -> ast.AST:
+    return ast.parse(path.read_text())
 
 
 def _layer(name: str) -> int | None:
@@ -65,7 +71,7 @@ def _upward_imports(package: Path = PACKAGE) -> list[tuple[str, str, int]]:
         top = path.relative_to(package).parts[0].removesuffix(".py")
         own = _layer(top)
         assert own is not None, f"{path.relative_to(package)} is in no layer: add it to LAYERS"
-        for name, imported, line in _imported_tops(ast.parse(path.read_text()), package):
+        for name, imported, line in _imported_tops(_tree(path), package):
             target = _layer(name)
             sideways = target == own and name != top and own > 0
             if target is not None and (target > own or sideways):
@@ -117,7 +123,7 @@ def _import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         imported = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for alias in node.names:
                     target = f"{node.module}.{alias.name}"

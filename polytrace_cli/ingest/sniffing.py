@@ -9,6 +9,7 @@ ones (any text log).
 from __future__ import annotations
 
 import codecs
+import functools
 from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
@@ -25,15 +26,24 @@ def all_ingesters() -> list[Ingester]:
     specific than the general built-in ones), then the built-in formats."""
     plugins = plugin_ingesters()
     load_builtin_formats()
-    return [*plugins, *in_sniffing_order(builtin_ingesters())]
+    # In registration order, which is import order: sorted by module (`format_modules`), kept within one; one
+    # registered from elsewhere (a test's) first, as a plugin would be.
+    builtin = builtin_ingesters()
+    global _SORTED
+    if _SORTED is None or _SORTED[0] != (len(plugins), len(builtin)):
+        order = _module_order()
+        _SORTED = ((len(plugins), len(builtin)),
+                   [*plugins, *sorted(builtin, key=lambda i: order.get(type(i).__module__, -1))])
+    return list(_SORTED[1])
 
 
-def in_sniffing_order(ingesters: list[Ingester]) -> list[Ingester]:
-    """Built-in ingesters by their module's place in `formats.format_modules()` (a module's own in the order
-    it registered them), whatever order an import chain registered the modules in."""
+# The last answer of `all_ingesters`, by the number of plugin and built-in ingesters it was sorted from.
+_SORTED: tuple[tuple[int, int], list[Ingester]] | None = None
 
-    place = {f"polytrace_cli.ingest.formats.{module}": index for index, module in enumerate(format_modules())}
-    return sorted(ingesters, key=lambda ingester: place.get(type(ingester).__module__, len(place)))
+
+@functools.cache
+def _module_order() -> dict[str, int]:
+    return {f"polytrace_cli.ingest.formats.{module}": index for index, module in enumerate(format_modules())}
 
 
 def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:

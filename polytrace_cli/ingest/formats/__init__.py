@@ -6,12 +6,14 @@ cheap. `load_builtin_formats` imports the format modules, which register their i
 sniffing order (the first format whose sniff accepts a file reads it).
 """
 
+import functools
 import importlib
 from pathlib import Path
 
 # Specific formats first (a PolyTrace trace recognised by its file name), general ones last (verl's console
 # log: any text log with `step:N - key:value` lines). A module of a framework folder named in neither list
-# (a new framework's format) is sniffed between them, in name order.
+# (a new framework's format) is sniffed between them, in name order. The order holds whichever module is
+# imported first (`sniffing.all_ingesters` sorts by it).
 SPECIFIC_FIRST = (
     "polytrace.packed", "polytrace.reward", "polytrace.dapo", "polytrace.multiturn", "polytrace.dataset",
     "verl.jsonl", "verl.rollout", "openrlhf.console", "trl.console", "tensorboard.events", "trl.trainer_state",
@@ -23,16 +25,18 @@ GENERAL_LAST = ("traces.chrome_json", "verl.console")
 NOT_FORMATS = ("__init__", "names")
 
 
-def format_modules() -> list[str]:
+@functools.cache
+def format_modules() -> tuple[str, ...]:
     """Every built-in format module as `<framework>.<module>`, in sniffing order: SPECIFIC_FIRST, then the
     other modules of the framework folders by name, then GENERAL_LAST."""
     folder = Path(__file__).parent
     found = {f"{path.parent.name}.{path.stem}" for path in folder.glob("*/*.py") if path.stem not in NOT_FORMATS}
     listed = {*SPECIFIC_FIRST, *GENERAL_LAST}
-    return [*SPECIFIC_FIRST, *sorted(found - listed), *GENERAL_LAST]
+    return (*SPECIFIC_FIRST, *sorted(found - listed), *GENERAL_LAST)
 
 
+@functools.cache
 def load_builtin_formats() -> None:
-    """Import every built-in format module (`format_modules`), registering their ingesters in sniffing order."""
+    """Import every built-in format module (`format_modules`), registering their ingesters; once."""
     for module in format_modules():
         importlib.import_module(f"{__name__}.{module}")
