@@ -26,6 +26,8 @@ from polytrace_cli.lazy import polars as pl
 CUMULATIVE_TOKENS = "num_tokens"
 PER_STEP_TOKENS = "num_tokens/per_step"
 STEP_TIME = "step_time"
+# A step time from the TensorBoard events' wall time where no `step_time` is logged.
+WALL_TIME_STEP_S = "wall_time/step_s"
 
 # Keys only TRL's RL trainers log (any one marks the source as TRL; raw keys, `train/` removed).
 TRL_MARKERS = frozenset((
@@ -37,6 +39,28 @@ RL_PREFIXES = ("reward", "kl", "completions/", "completion_length", "objective/"
                "clip_ratio", "policy/", "rewards/")
 # The dict the transformers Trainer logs once at the end of training: run meta, not a step.
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+
+# Unsloth's GRPO trainer logs its own `completion_length` (not the mean) beside TRL's
+# `completions/mean_length`; where both are logged the mean is TRL's, and Unsloth's key is stored as
+# `unsloth/completion_length` (no alias) so that it cannot be read as the mean. TRL 0.14 logs
+# `completion_length` alone: there it is the mean.
+MEAN_LENGTH = "completions/mean_length"
+OLD_MEAN_LENGTH = "completion_length"
+SHADOWED_MEAN_LENGTH = "unsloth/completion_length"
+
+
+def mean_length_key(key: str, keys: Iterable[str]) -> str:
+    """The stored key of `key` in a logged dict holding `keys` (see SHADOWED_MEAN_LENGTH)."""
+    return SHADOWED_MEAN_LENGTH if key == OLD_MEAN_LENGTH and MEAN_LENGTH in keys else key
+
+
+def shadow_old_mean_length(pairs: pl.DataFrame, record: str | list[str] = "line_no") -> pl.DataFrame:
+    """`pairs` (a `key` column, one record per `record` value) with `completion_length` stored as
+    `unsloth/completion_length` in the records that also log `completions/mean_length`."""
+    both = pl.col("key").is_in([MEAN_LENGTH]).any().over(record)
+    return pairs.with_columns(key=pl.when((pl.col("key") == OLD_MEAN_LENGTH) & both)
+                              .then(pl.lit(SHADOWED_MEAN_LENGTH)).otherwise(pl.col("key")))
 
 
 def is_trl(keys: Iterable[str]) -> bool:
@@ -111,3 +135,24 @@ def tokens_per_step(frame: pl.DataFrame, group: str = "group") -> pl.DataFrame:
     )
     return derived.filter(pl.col("value").is_not_null() & pl.col("value").is_finite())
 
+
+
+def wall_time_step_seconds(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows of `wall_time/step_s` (columns segment, step, key, value, line_no) from the wall time of
+    the events of each logged training step (`frame`: segment, step, key, value, line_no, wall_time),
+    when the run logs no `step_time`:
+
+        step_s(i) = (wall(i) - wall(i-1)) / (step(i) - step(i-1)),  wall(i) = latest event of step i
+
+    within a segment, in step order; the first logged step has no row (when its interval began is
+    not known). Validation keys (`eval/`) do not date a step."""
+    columns = ["segment", "step", "key", "value", "line_no"]
+    if (frame.get_column("key") == STEP_TIME).any():
+        return frame.clear().select(columns)
+    walls = (frame.filter(~pl.col("key").str.starts_with("eval/") & pl.col("wall_time").is_not_null())
+             .group_by("segment", "step").agg(wall=pl.col("wall_time").max(), line_no=pl.col("line_no").max())
+             .sort("segment", "step"))
+    previous_step = pl.col("step").shift(1).over("segment")
+    seconds = (pl.col("wall") - pl.col("wall").shift(1).over("segment")) / (pl.col("step") - previous_step)
+    return (walls.with_columns(value=seconds, key=pl.lit(WALL_TIME_STEP_S))
+            .filter(pl.col("value").is_not_null() & (pl.col("value") >= 0)).select(columns))

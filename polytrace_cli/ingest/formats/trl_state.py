@@ -109,7 +109,8 @@ class TrainerStateIngester(Ingester):
                 ctx.reject(line_no, f"step {step} is out of range", json.dumps(entry)[:300], code="out-of-range")
                 continue
             in_eval = trl.is_eval_dict(entry)
-            pairs = [(trl.store_key(key, in_eval), *trl.scalar(value)) for key, value in entry.items() if key != "step"]
+            pairs = [(trl.store_key(trl.mean_length_key(key, entry), in_eval), *trl.scalar(value))
+                     for key, value in entry.items() if key != "step"]
             rows.extend((line_no, int(step), key, value, text) for key, value, text in pairs)
             ctx.stored += 1
         frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String,
