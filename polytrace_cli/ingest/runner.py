@@ -23,10 +23,10 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import IngestError, PolytraceError
-from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
+from polytrace_cli.ingest.base import UNREAD_RECORD, FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
     CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
-    hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
+    hash_range, is_compressed, last_newline_end, path_text, readable, side_file_rule, state_kept_for, walk,
 )
 from polytrace_cli.ingest.jsonl import (
     BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows,
@@ -68,6 +68,10 @@ class FileReport:
     ignored: int = 0
     rejected: int = 0
     rows: int = 0
+    # Lines that look like metric records but were not read (ignored under UNREAD_RECORD).
+    unread_records: int = 0
+    # The rule of a writer's side file met in a folder and passed over (`files.SIDE_FILE_RULES`).
+    side_rule: str | None = None
     seconds: float = 0.0
     message: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -469,6 +473,7 @@ def _count(report: FileReport, ctx: FileContext, started: float) -> None:
     """Fill `report` with what the file's read accounted for."""
     report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
     report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, list(ctx.notes)
+    report.unread_records = ctx.ignored.get(UNREAD_RECORD, 0)
     report.seconds = time.perf_counter() - started
 
 
@@ -1077,6 +1082,9 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
     if ingester is None:
         binary = bool(head) and is_binary(head)
         if not explicit:
+            rule = side_file_rule(source.name_path)
+            if rule is not None:
+                return FileReport(path=shown, status="skipped", message=f"ignored: {rule}", side_rule=rule)
             return FileReport(path=shown, status="skipped", message=skip_reason(source.name_path, head, binary))
         reason = "empty file of unknown format" if not head else (
             "binary file of unknown format" if binary else "unknown format (use --format to name it)")

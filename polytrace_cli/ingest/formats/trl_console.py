@@ -116,6 +116,8 @@ class TrlGrammar(ConsoleGrammar):
     """The Trainer's dict lines, numbered by the training bar (see the module)."""
 
     anchor = "{'"
+    # The Trainer's dict of a logging step, anywhere in the line.
+    record_hint = r"\{'(?:loss|reward|epoch|learning_rate|grad_norm)': "
     whole_log = True
     # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
     recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary",

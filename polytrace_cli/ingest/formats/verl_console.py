@@ -150,6 +150,8 @@ class VerlGrammar(ConsoleGrammar):
     """verl's metric lines: `step:N - key:value - ...`, parsed in bulk, dirty lines in Python."""
 
     anchor = "step:"
+    # `step:N - key:value`, anywhere in the line (after a bar, a prefix, colour codes).
+    record_hint = r"step:\s*\d+\s+-\s+[\w/@.\-]+:"
     reclaimable = "tqdm"
     printed_values_read = PRINTED_SAMPLE_SIZE
     recomputed_meta = run_metadata.VERL_META_FROM_STORED_ROWS | {"step_time_logged"}
