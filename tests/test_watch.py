@@ -139,30 +139,79 @@ def test_watch_follows_a_log_line_by_line(tmp_path, lines):
     assert rows == one_shot(tmp_path / "once.duckdb", log, "".join(lines).encode())
 
 
+class ScriptedJob:
+    """A job writing its log as a watcher polls, on a clock of its own: `sleep` (the watcher's wait
+    between polls) advances the clock by the poll and writes what the script holds for that poll.
+    No real time passes, so a busy machine cannot change what the watcher sees."""
+
+    def __init__(self, log: Path, script: dict[int, list[str]]):
+        self.log, self.script, self.polls, self.now = log, script, 0, 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.polls += 1
+        lines = self.script.get(self.polls)
+        if lines:
+            with open(self.log, "a", encoding="utf-8") as handle:
+                handle.writelines(lines)
+            stat = self.log.stat()  # a new modification time, whatever the file system's clock resolution
+            os.utime(self.log, ns=(stat.st_atime_ns, stat.st_mtime_ns + self.polls * 1_000_000_000))
+
+
 def test_watch_alerts_a_stall_then_exits_on_a_crash(tmp_path, lines):
+    """Steps land one per poll of 0.1 s, then none for 40 polls (a stall: more than
+    max(stall factor 2 × the usual gap 0.1 s, 10 polls)), then an OOM: a crash alert with the last
+    step, and once CRASH_QUIET_POLLS polls pass without growth, exit EXIT_CRASH."""
+    from polytrace_cli.watch.follow import CRASH_QUIET_POLLS, EXIT_CRASH
+
     log = tmp_path / "job" / "train.log"
     log.parent.mkdir()
     log.write_text("")
-    alerts = tmp_path / "alerts.jsonl"
-    watcher = Watcher(log, tmp_path / "w.duckdb", "--idle-exit", "20", "--stall-factor", "2",
-                      "--on-alert", f"cat >> {alerts}")
-    started(tmp_path / "w.duckdb")
+    step_at = [i for i, line in enumerate(lines) if line.startswith("(TaskRunner pid=27182) step:")]
+    last = next(i for i in step_at if lines[i].startswith("(TaskRunner pid=27182) step:24 "))
+    cuts = [0, *[i + 1 for i in step_at if i <= last]]
+    script = {poll: lines[start:end] for poll, (start, end) in enumerate(zip(cuts, cuts[1:]), start=1)}
+    quiet_from = len(script) + 1
+    script[quiet_from + 40] = [line + "\n" for line in crash_lines("oom")]
+    job = ScriptedJob(log, script)
+    events: list[dict] = []
+    con = open_store(tmp_path / "w.duckdb")
+    result = watch_log(con, log, events.append, WatchSettings(poll=0.1, stall_factor=2.0, idle_exit=60),
+                       clock=job.clock, sleep=job.sleep)
+    con.close()
+    assert result.exit_code == EXIT_CRASH
+    assert result.reason.startswith("oom: torch.OutOfMemoryError: CUDA out of memory")
+    assert job.polls == quiet_from + 40 + CRASH_QUIET_POLLS
+    alerts = [e for e in events if e["event"] == "alert"]
+    (stall,) = [e for e in alerts if e["kind"] == "stall"]
+    assert stall["step"] == 24 and stall["seconds_since_step"] >= max(2 * stall["usual_gap_s"], 1.0)
+    (crash,) = [e for e in alerts if e["kind"] == "crash"]
+    assert crash["cause"] == "oom" and crash["step"] == 24
+    assert alerts[-2:] == [stall, crash]
+    for event in events:
+        jsonschema.validate(event, SCHEMA)
+
+
+def test_watch_exits_on_a_crash_and_runs_the_alert_command(tmp_path, lines):
+    """The command line: an OOM after step 24 ends `watch` with exit 3 whatever the pace of the
+    machine (it waits for the crash's lines to stop growing), each alert's JSON on --on-alert's stdin."""
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
     steps_end = next(i for i, line in enumerate(lines) if line.startswith("(TaskRunner pid=27182) step:24 ")) + 2
-    write_lines(log, lines[:steps_end])
-    time.sleep(2.0)  # many times the usual gap between steps: a stall
-    write_lines(log, [line + "\n" for line in crash_lines("oom")])
-    code, stderr = watcher.finish()
+    log.write_text("".join(lines[:steps_end]) + "".join(line + "\n" for line in crash_lines("oom")))
+    alerts = tmp_path / "alerts.jsonl"
+    watcher = Watcher(log, tmp_path / "w.duckdb", "--idle-exit", "120", "--on-alert", f"cat >> {alerts}")
+    code, stderr = watcher.finish(timeout=120)
     assert code == 3
     assert "the job crashed: oom: torch.OutOfMemoryError: CUDA out of memory" in stderr
-    (stall,) = watcher.of("alert", "stall")
-    assert stall["step"] == 24 and stall["seconds_since_step"] > 2 * stall["usual_gap_s"]
     (crash,) = watcher.of("alert", "crash")
     assert crash["cause"] == "oom" and crash["step"] == 24
     for _, event in watcher.events:
         jsonschema.validate(event, SCHEMA)
-    # --on-alert got each alert's JSON on stdin.
     assert [json.loads(line) for line in alerts.read_text().splitlines()] == watcher.of("alert")
-    assert watcher.of("alert")[-2:] == [stall, crash]
 
 
 def test_crash_signs_name_the_cause_and_the_exception():

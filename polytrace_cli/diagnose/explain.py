@@ -27,7 +27,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.analyze.semantics import crash_clause, record_of, semantics_notes
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
 from polytrace_cli.diagnose.drilldown import sample_detail
 from polytrace_cli.diagnose.findings import duration, run_findings
@@ -99,7 +99,8 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     info = run_info(con, run)
     frame = read_workload(con, info.run_id)
     if frame.height == 0:
-        raise PolytraceError(f"run {info.name} has no steps: neither step metrics nor samples")
+        raise PolytraceError(f"run {info.name} has no steps: neither step metrics nor samples"
+                             f"{crash_clause(con, info.run_id)}")
     if step is not None and step not in set(frame["step"].to_list()):
         first, last = frame["step"].min(), frame["step"].max()
         raise PolytraceError(f"run {info.name} has no step {step} (steps {first}–{last})")
@@ -112,7 +113,8 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     notes = [NEEDS_TIMINGS] if int(frame["wall_s"].is_not_null().sum()) == 0 else [
         f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
-        raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
+        raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain"
+                             f"{crash_clause(con, info.run_id)}")
     return _explain_tokens(con, info, frame, step, top, notes + semantics_notes(record_of(con, info.run_id)))
 
 

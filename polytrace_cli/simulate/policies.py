@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.analyze.semantics import crash_clause, record_of, semantics_notes
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
@@ -513,7 +513,8 @@ def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunCont
     timed = full.filter(pl.col("wall_s").is_not_null())
     steps = timed.filter(~pl.col("validation_only"))
     if steps.is_empty():
-        raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay")
+        raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay"
+                             f"{crash_clause(con, info.run_id)}")
     mask = training_mask(steps)
     if not mask.any():
         raise PolytraceError(f"run {info.name!r} has no steady training step to fit the model on")

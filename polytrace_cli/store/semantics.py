@@ -26,7 +26,9 @@ One record per run (`FIELDS`):
     training_samples, validation_samples
                        samples by split: validation samples never enter a training analysis
     truncated_steps    steps with a log line cut short (their timers may be lost)
-    crash              the error the log ends with after its last step
+    crash              the fatal error the log ends with after its last metric line, or before
+                       any when it has none (`ingest.crashes`: never a warning, a retry, an
+                       `Exception ignored in:` block or a config entry)
     partial_steps      steps holding fewer training samples than responses_per_step, or a prompt
                        group with fewer responses than a group has (n_sampling, else the largest
                        sample index + 1)
