@@ -49,7 +49,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.ingest import trl, trl_names
+from polytrace_cli.ingest import run_metadata, trl, trl_names
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, ParsedMetrics, load_console
 from polytrace_cli.ingest.console.pipeline import flag_schema, metric_schema
@@ -500,6 +500,12 @@ class TrlGrammar(ConsoleGrammar):
                 meta["trl_max_steps"] = last["total"]
                 if summary is None and last["step"] < last["total"]:
                     ctx.note(f"log stops at step {last['step']} of {last['total']}: no end-of-training dict")
+        # The fatal error after the last dict (`ingest.crashes`); no error after it is False, and lines
+        # without a dict cannot tell (None keeps what an earlier read of a growing log saw).
+        dict_lines = lines.filter(pl.col("kind").is_in(["metric", "dirty"])).get_column("line_no")
+        after = lines.filter(pl.col("line_no") > dict_lines.max()) if dict_lines.len() else lines
+        crash = run_metadata.crash_after_last_step(after.get_column("c").to_list())
+        meta["crash"] = crash if crash is not None else (False if dict_lines.len() else None)
         ctx.run_meta.update(meta)
 
 
