@@ -42,6 +42,10 @@ def expected_pairs() -> dict[tuple[int, str], float]:
     pairs = {(step, key): values[i] for key, values in VALUES.items() for i, step in enumerate(LOGGED_STEPS)}
     pairs.update({(step, "num_tokens/per_step"): TOKENS_PER_STEP[i] for i, step in enumerate(LOGGED_STEPS)})
     pairs.update({(4, key): value for key, value in EVAL_AT_4.items()})
+    # logging_steps=2: each logged row holds the means over 2 optimizer steps (TRL's GRPOTrainer.log
+    # averages its `_metrics` lists; huggingface/trl@f2cd57710ae345ea6428ae95363267fcf38a3dc8
+    # trl/trainer/grpo_trainer.py `training_step` and `log`).
+    pairs.update({(step, "trl/steps_covered"): 2.0 for step in LOGGED_STEPS})
     return pairs
 
 

@@ -197,7 +197,10 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     return Explanation(
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
-        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model,
+        run_seconds=float(steps.join(frame.select("segment", "step", "steps_covered"), on=["segment", "step"],
+                                     how="left").select(pl.col("seconds") * pl.col("steps_covered").fill_null(1.0))
+                          .to_series().sum()),
+        slow_steps=int(slow.height), model=model,
     )
 
 

@@ -14,7 +14,8 @@ A crash is a fatal error, one of:
 - a dead Ray task or actor (`RayTaskError`, `RayActorError`, `ActorDiedError`, `The actor died
   unexpectedly`, `A worker died or was killed`);
 - a signal (`Fatal Python error`, `Segmentation fault`, `received signal 9`, `SIGKILL`/`SIGTERM`/
-  `SIGSEGV`/`SIGABRT`, torchrun's `exitcode: -9`, a line `Killed`).
+  `SIGSEGV`/`SIGABRT`, torchrun's `exitcode: -9`, a line `Killed`), except a Ray worker's
+  `*** SIGTERM received ...`: Ray stops its workers so whenever the driver shuts down.
 
 Never a crash: a warning (a line naming `Warning` or `WARN`), a retry (`Retrying`, `will retry`:
 an HTTP 502 that was retried), Python's `Exception ignored in: ...` block (a harmless error at
@@ -78,6 +79,15 @@ class Crash:
         return self.reason
 
 
+# A Ray worker told to stop (`(WorkerDict pid=7) *** SIGTERM received at time=...`): Ray ends its
+# workers so when the driver shuts down, after a run that finished as much as after one that failed.
+_WORKER_STOPPED = re.compile(r"\bSIGTERM\b")
+
+
+def _from_a_worker(line: str) -> bool:
+    return bool(_RAY.match(_ANSI.sub("", line)))
+
+
 def plain(line: str) -> str:
     """A line without ANSI codes, carriage-return redraws before its last piece, or Ray prefix."""
     line = _ANSI.sub("", line).rstrip("\r\n")
@@ -118,6 +128,7 @@ def crashes(lines: Sequence[str], first_only: bool = False) -> list[Crash]:
     """The fatal errors of `lines` (see the module), in order; only the first with `first_only`."""
     found: list[Crash] = []
     texts = [plain(line) for line in lines]
+    workers = [_from_a_worker(line) for line in lines]
     index = 0
     while index < len(texts):
         text = texts[index].strip()
@@ -138,7 +149,7 @@ def crashes(lines: Sequence[str], first_only: bool = False) -> list[Crash]:
             continue
         if text and not _HARMLESS.search(text) and not _CONFIG.match(text):
             for cause, pattern in _SIGNS:
-                if pattern.search(text):
+                if pattern.search(text) and not (workers[index] and _WORKER_STOPPED.search(text)):
                     found.append(Crash(cause, text[:300], index))
                     break
             if found and first_only:
@@ -191,7 +202,8 @@ def crash_start(lines: Sequence[str]) -> int | None:
             index = end + 1
             continue
         if text and not _HARMLESS.search(text) and not _CONFIG.match(text) \
-                and any(pattern.search(text) for _, pattern in _SIGNS):
+                and any(pattern.search(text) for _, pattern in _SIGNS) \
+                and not (_from_a_worker(lines[index]) and _WORKER_STOPPED.search(text)):
             return index
         index += 1
     return None

@@ -19,6 +19,7 @@ Traps every source shares:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from polytrace_cli.lazy import polars as pl
@@ -26,6 +27,9 @@ from polytrace_cli.lazy import polars as pl
 CUMULATIVE_TOKENS = "num_tokens"
 PER_STEP_TOKENS = "num_tokens/per_step"
 STEP_TIME = "step_time"
+# How many optimizer steps a logged row stands for: with `logging_steps` k > 1 the Trainer logs every
+# k-th step the means over the k steps since its last log, so the run's seconds are Σ step_time · k.
+STEPS_COVERED = "trl/steps_covered"
 # A step time from the TensorBoard events' wall time where no `step_time` is logged.
 WALL_TIME_STEP_S = "wall_time/step_s"
 
@@ -156,3 +160,21 @@ def wall_time_step_seconds(frame: pl.DataFrame) -> pl.DataFrame:
     seconds = (pl.col("wall") - pl.col("wall").shift(1).over("segment")) / (pl.col("step") - previous_step)
     return (walls.with_columns(value=seconds, key=pl.lit(WALL_TIME_STEP_S))
             .filter(pl.col("value").is_not_null() & (pl.col("value") >= 0)).select(columns))
+
+
+def steps_covered_rows(frame: pl.DataFrame, group: str, interval: int | None = None) -> pl.DataFrame:
+    """Rows of `trl/steps_covered` (columns group, step, key, value, line_no) for the training records
+    of `frame` (group, step, key, value, line_no; validation keys `eval/` do not make a record): each
+    logged step stands for `interval` steps, the logging interval; when not given, the greatest common
+    divisor of the logged training steps (the Trainer logs when global_step % logging_steps == 0).
+    No rows with an interval of 1."""
+    columns = [group, "step", "key", "value", "line_no"]
+    training = (frame.filter(~pl.col("key").str.starts_with("eval/") & (pl.col("key") != STEPS_COVERED))
+                .group_by(group, "step").agg(line_no=pl.col("line_no").max()))
+    if interval is None:
+        steps = [step for step in training.get_column("step").to_list() if step > 0]
+        interval = math.gcd(*steps) if steps else 1
+    if interval <= 1 or not training.height:
+        return frame.clear().select(columns)
+    return training.with_columns(key=pl.lit(STEPS_COVERED), value=pl.lit(float(interval))).select(columns).sort(
+        group, "step")

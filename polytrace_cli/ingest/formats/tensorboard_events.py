@@ -159,11 +159,13 @@ class TensorBoardEventsIngester(Ingester):
             frame = trl.shadow_old_mean_length(frame, ["segment", "step"])
             derived = trl.tokens_per_step(frame.select("segment", "step", "key", "value", "line_no"), "segment")
             timed = trl.wall_time_step_seconds(frame)
+            covered = trl.steps_covered_rows(frame, "segment")
             if timed.height:
                 ctx.note(f"no step_time logged: {timed.height} step time(s) from the events' wall time "
                          f"({trl.WALL_TIME_STEP_S})")
             frame = pl.concat([frame, derived.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns),
-                               timed.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns)],
+                               timed.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns),
+                               covered.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns)],
                               how="vertical_relaxed")
         ctx.con.register("_tensorboard_scalars", ArrowStream(frame))
         try:

@@ -121,7 +121,7 @@ class TrlGrammar(ConsoleGrammar):
     whole_log = True
     # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
     recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary",
-                                 "trl_logging_steps", "trl_logging_steps_source"})
+                                 "trl_logging_steps", "trl_logging_steps_source", "crash"})
 
     def __init__(self) -> None:
         self.meta: dict = {}
@@ -338,6 +338,8 @@ class TrlGrammar(ConsoleGrammar):
                 step = offset + ordinal * interval
                 entry["step"] = last_train = step
                 steps.append((line_no, step, stage, False))
+                if interval > 1:  # the row's values are means over the steps since the last log
+                    step_times.append((line_no, 998, trl.STEPS_COVERED, float(interval), None))
                 if source == "order":
                     flags.append((line_no, step, "step_estimated",
                                   f"no step printed and no logging interval known: dict number {ordinal}"))
@@ -505,7 +507,8 @@ class TrlGrammar(ConsoleGrammar):
         dict_lines = lines.filter(pl.col("kind").is_in(["metric", "dirty"])).get_column("line_no")
         after = lines.filter(pl.col("line_no") > dict_lines.max()) if dict_lines.len() else lines
         crash = run_metadata.crash_after_last_step(after.get_column("c").to_list())
-        meta["crash"] = crash if crash is not None else (False if dict_lines.len() else None)
+        if crash is not None or dict_lines.len():
+            meta["crash"] = crash if crash is not None else False
         ctx.run_meta.update(meta)
 
 

@@ -117,8 +117,11 @@ class TrainerStateIngester(Ingester):
                                            "value": pl.Float64, "text_value": pl.String}, orient="row")
         frame = with_segments(frame)
         derived = trl.tokens_per_step(frame.rename({"segment": "group"}).filter(pl.col("value").is_not_null()))
-        frame = pl.concat([frame, derived.rename({"group": "segment"}).with_columns(text_value=pl.lit(None, pl.String))
-                           .select(frame.columns)]).sort("line_no")
+        interval = document.get("logging_steps")
+        covered = trl.steps_covered_rows(frame.rename({"segment": "group"}), "group",
+                                         interval if isinstance(interval, int) and interval >= 1 else None)
+        frame = pl.concat([frame, *(part.rename({"group": "segment"}).with_columns(text_value=pl.lit(None, pl.String))
+                                    .select(frame.columns) for part in (derived, covered))]).sort("line_no")
         keys = frame.get_column("key").unique().to_list()
         if trl.is_trl(keys):
             claim_framework(ctx, "trl")

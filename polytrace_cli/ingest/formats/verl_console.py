@@ -154,7 +154,8 @@ class VerlGrammar(ConsoleGrammar):
     record_hint = r"step:\s*\d+\s+-\s+[\w/@.\-]+:"
     reclaimable = "tqdm"
     printed_values_read = PRINTED_SAMPLE_SIZE
-    recomputed_meta = run_metadata.VERL_META_FROM_STORED_ROWS | {"step_time_logged"}
+    # `crash` is read from the lines after the last metric line: new steps decide it again.
+    recomputed_meta = run_metadata.VERL_META_FROM_STORED_ROWS | {"step_time_logged", "crash"}
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")
@@ -430,5 +431,6 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
     # Lines read that hold a step decide how the log ends: no error after the last one is False (a crash
     # an earlier read of a growing log saw is over), while lines without a step cannot tell (None keeps it).
     crash = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
-    meta["crash"] = crash if crash is not None else (False if reads_a_step else None)
+    if crash is not None or reads_a_step:
+        meta["crash"] = crash if crash is not None else False
     ctx.run_meta.update(meta)
