@@ -399,10 +399,9 @@ class TrlGrammar(ConsoleGrammar):
         first, second = self.bar_first.get(bar_stages[0], (None, None)) if bar_stages else (None, None)
         # A bar drawn first at n > 0 started there (tqdm's initial count); one drawn at 0 that then jumps
         # past 1 was resumed (the Trainer's bar jumps to the global step at the first step's end).
-        jumped = not first and second is not None and second > 1
-        base = first if first else (second - 1 if jumped else 0)
+        base = first if first else (second - 1 if second is not None and second > 1 else 0)
         if numbering is not None:
-            base, jumped = numbering["offset"], False
+            base = numbering["offset"]
         ordinal = numbering["ordinal"] if numbering else 0
         n = ordinal + len(train)
         total = next((m["total"] for m in reversed(members) if m["total"] is not None), None)
@@ -412,15 +411,19 @@ class TrlGrammar(ConsoleGrammar):
 
         printed = [value for line_no, value in logging_printed if line_no < members[0]["line_no"]] or \
             [value for _, value in logging_printed[:1]]
+        first_counter = train[0]["counter"] if train else None
         if printed:
             value = printed[-1]
             interval = math.ceil(total * value) if value < 1 and total else int(value)
             if interval >= 1:
-                return interval, "printed", offset_for(interval)
+                offset = offset_for(interval)
+                if numbering is None and offset and first_counter == interval:
+                    offset = 0  # the bar's first draw was the first step's count, not a start count
+                return interval, "printed", offset
         if numbering is not None and numbering["source"] in ("printed", "bar"):
             return numbering["interval"], numbering["source"], numbering["offset"]
         counters = [m["counter"] for m in train]
-        for start in (base, 0) if jumped else (base,):
+        for start in (base, 0) if base and numbering is None else (base,):
             if train and all(c is not None for c in counters) and counters[0] - start >= 1:
                 interval = (counters[0] - start) // (ordinal + 1)
                 if interval >= 1 and all(c - start == (ordinal + k) * interval for k, c in enumerate(counters, start=1)):
