@@ -53,6 +53,9 @@ UNSEEN_TERM_TOLERANCE = 0.05
 UNSEEN_RUN_TOLERANCE = 0.001
 
 
+# Seconds below which the two ends of a saving's range print as one number (to 0.1 s): no range.
+SAME_SECONDS = 0.05
+
 @dataclass(frozen=True)
 class Policy:
     """A parsed policy: its name and its value (K, N, F or G; None when it takes none)."""
@@ -241,7 +244,7 @@ class RunContext:
                 low, high = low + min(0.0, bound), high + max(0.0, bound)
                 unseen.append(f"{name} did not vary over the fitted steps (always {constant:,.0f}), so the model "
                               f"of {stage} cannot tell what changing it saves")
-        if unseen:
+        if unseen and high - low >= SAME_SECONDS:  # a range that shows as one number says nothing
             partial = self.plan.total - self.plan.with_stages(stages).total
             span = f"between {partial + low:,.1f} s and {partial + high:,.1f} s"
             negligible = max(UNSEEN_TERM_TOLERANCE * abs(partial), UNSEEN_RUN_TOLERANCE * self.plan.total)
