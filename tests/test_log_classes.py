@@ -329,3 +329,24 @@ def test_a_trl_tensorboard_run_without_step_time_takes_it_from_the_wall_time(con
     rows = dict(con.execute("SELECT step, step_s FROM steps JOIN runs USING (run_id) WHERE name = 'tb'").fetchall())
     assert rows == {2: None, 4: 5.0, 6: 10.0}
     assert set(steps_of(con, "tb", "trl/steps_covered").values()) == {2.0}
+
+
+def test_a_run_that_validates_every_step_is_explained_in_seconds(tmp_path):
+    """Every step logs `timing_s/testing` (about 300 s of a 335 s step) beside its `timing_s/step`:
+    the steps are still training steps, the validation an overhead the model keeps apart; explain
+    names it as 90% of the run and whatif's no-validation policy saves it."""
+    lines = [f"step:{s} - timing_s/gen:{20 + s % 5}.0 - timing_s/update_actor:{10 + s % 3}.0 - timing_s/testing:300.0"
+             f" - timing_s/step:{331 + s % 5 + s % 3}.0 - response_length/mean:{500 + 7 * s % 90}.0"
+             f" - response_length/max:{1000 + 37 * s % 400}.0 - val-core/acc:0.5" for s in range(1, 31)]
+    folder = tmp_path / "everyval"
+    write(folder, "train.log", "\n".join(lines) + "\n")
+    db = str(tmp_path / "s.duckdb")
+    assert CliRunner().invoke(app, ["ingest", str(folder), "--db", db]).exit_code == 0
+    explained = json.loads(CliRunner().invoke(app, ["explain", "everyval", "--db", db, "--json"]).output)
+    assert explained["basis"] == "seconds"
+    (validation,) = [f for f in explained["findings"] if f["cause"] == "validation"]
+    assert validation["seconds"] == 30 * 300.0 and validation["text"].startswith("validation every step took")
+    whatif = json.loads(CliRunner().invoke(app, ["whatif", "everyval", "--db", db, "--policy", "no-validation",
+                                                 "--json"]).output)
+    (scenario,) = whatif["scenarios"]
+    assert scenario["saving_s"] == pytest.approx(30 * 300.0)

@@ -235,7 +235,14 @@ def logs_step_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
 
 def training_mask(df: pl.DataFrame) -> pl.Series:
     """Steps a model is fitted on: logged a step or stage time, not validation-only, without
-    testing or checkpoint overheads, not the first step of a segment (warm-up) nor a restart."""
-    timed = df["wall_s"].is_not_null()
-    return (timed & ~df["validation_only"] & ~df["has_testing"] & ~df["has_checkpoint"]
-            & ~df["segment_start"] & ~df["restart"]).alias("training")
+    testing or checkpoint overheads, not the first step of a segment (warm-up) nor a restart. In a
+    run where every timed step logs one of the overheads (a validation every step), steps with that
+    overhead are kept: it is a logged overhead the model keeps apart from the stages, and leaving
+    them out would leave nothing to fit."""
+    timed = df["wall_s"].is_not_null() & ~df["validation_only"]
+    testing, checkpoint = df["has_testing"], df["has_checkpoint"]
+    if timed.any() and not (timed & ~testing).any():
+        testing = pl.Series([False] * df.height)
+    if timed.any() and not (timed & ~checkpoint).any():
+        checkpoint = pl.Series([False] * df.height)
+    return (timed & ~testing & ~checkpoint & ~df["segment_start"] & ~df["restart"]).alias("training")
