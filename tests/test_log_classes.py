@@ -350,3 +350,16 @@ def test_a_run_that_validates_every_step_is_explained_in_seconds(tmp_path):
                                                  "--json"]).output)
     (scenario,) = whatif["scenarios"]
     assert scenario["saving_s"] == pytest.approx(30 * 300.0)
+
+
+def test_f11_left_out_for_two_steps_says_why(con, tmp_path):
+    """A run of 2 steps logs step time and max response length: F11 is left out for having fewer
+    than 3 steps, not because the run logs neither."""
+    from polytrace_cli.analyze.common import ALL_STEPS
+    from polytrace_cli.report.figures import f11_step_vs_max_length as f11
+
+    text = "".join(f"step:{s} - timing_s/gen:1{s}.0 - timing_s/step:2{s}.0 - response_length/max:{900 + s}.0\n"
+                   for s in (1, 2))
+    ingest_paths(con, [write(tmp_path / "two", "train.log", text)], run_name="two")
+    omitted = f11.render(f11.frames(con, [runs_ids(con, "two")], ALL_STEPS))
+    assert "3 or more training steps with both a step time and a max response length" in omitted.reason
