@@ -48,7 +48,8 @@ def trl_dict(k: int, interval: int) -> dict:
 def clumped_trl_log(steps: int = 60, interval: int = 5, clump: int = 4) -> str:
     """A GRPO log where stdout (the dicts) is flushed every `clump` dicts and stderr (the bar) as it
     draws: each clump lands after the bar has drawn further than its dicts' steps."""
-    lines = ["🦥 Unsloth: Will patch your computer to enable 2x faster free finetuning.", "GRPOTrainer starts"]
+    lines = ["🦥 Unsloth: Will patch your computer to enable 2x faster free finetuning.", "GRPOTrainer starts",
+             "  Total train batch size (w. parallel, distributed & accumulation) = 16"]
     pending: list[str] = []
     text = "\r" + bar(0, steps, 0)
     for step in range(1, steps + 1):
@@ -114,6 +115,11 @@ def test_a_run_of_logged_rows_adds_up_to_its_steps_seconds(con, tmp_path):
     ingest_paths(con, [log], run_name="seconds")
     result = whatif_run(con, "seconds", ["balance"])
     assert result.actual_s == pytest.approx(sum(5 * (4.0 + 0.125 * k) for k in range(1, 13)))
+    # The Trainer's printed total train batch size is the step's completions: the length policies run.
+    assert con.execute("SELECT responses_per_step FROM run_semantics JOIN runs USING (run_id) WHERE name = 'seconds'"
+                       ).fetchall() == [(16.0,)]
+    (capped,) = whatif_run(con, "seconds", ["max-response-len=150"]).scenarios
+    assert capped.predicted_s is not None and capped.saving_s >= 0
 
 
 def test_trl_logging_steps_printed_as_a_ratio_and_a_resumed_bar(con, tmp_path):

@@ -190,6 +190,10 @@ def test_trl_console_dicts_are_numbered_k_times_logging_steps(real, folder, name
     means = dict(con.execute("SELECT step, response_length_mean FROM steps JOIN runs USING (run_id) WHERE name = ?",
                              [folder]).fetchall())
     assert means == {k * interval: entry[rl_key] for k, entry in enumerate(rl, start=1)}
+    # Both print a total train batch size of 8 before their GRPO stage (transformers' and Unsloth's
+    # banners): the completions of a step.
+    assert con.execute("SELECT responses_per_step FROM run_semantics JOIN runs USING (run_id) WHERE name = ?",
+                       [folder]).fetchall() == [(8.0,)]
 
 
 def test_the_sft_stage_before_grpo_is_kept_apart(real):

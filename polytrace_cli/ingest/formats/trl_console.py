@@ -58,6 +58,9 @@ from polytrace_cli.ingest.registry import is_binary, register
 
 # A training bar piece: no description before the percentage, then `n/total [elapsed<`.
 TRAINING_BAR = r"(?:^|\r)\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)\s*\[(?:(\d+):)?(\d+):(\d+)<"
+# transformers' `Total train batch size (w. parallel, distributed & accumulation) = 8`, Unsloth's
+# `Total batch size (2 x 4 x 1) = 8`.
+TOTAL_BATCH = r"Total (?:train )?batch size[^=\n]*=\s*([\d,]+)"
 LOGGING_STEPS = r"\blogging_steps\s*[=:]\s*['\"]?(\d+(?:\.\d+)?)"
 VERSION_PATTERNS = {
     "trl_version": r"(?i)\bTRL(?: version)?\s*[:=]{0,2}\s*v?(\d+\.\d+(?:\.\d+)?(?:\.dev\d+)?)",
@@ -121,7 +124,8 @@ class TrlGrammar(ConsoleGrammar):
     whole_log = True
     # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
     recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary",
-                                 "trl_logging_steps", "trl_logging_steps_source", "crash"})
+                                 "trl_logging_steps", "trl_logging_steps_source", "crash",
+                                 "trl_total_batch_size"})
 
     def __init__(self) -> None:
         self.meta: dict = {}
@@ -484,6 +488,12 @@ class TrlGrammar(ConsoleGrammar):
             found = text.str.extract(pattern, 1).drop_nulls()
             meta[field] = found[0] if found.len() else None
         keys = set(metrics.get_column("key").unique().to_list()) if metrics.height else set()
+        # The total train batch size printed before the first dict kept: an RL step's completions.
+        first_kept = self.dicts[0]["line_no"] if self.dicts else None
+        totals = lines.filter(pl.col("line_no") < first_kept) if first_kept is not None else lines.clear()
+        found = totals.get_column("c").str.extract(TOTAL_BATCH, 1).drop_nulls()
+        if found.len():
+            meta["trl_total_batch_size"] = int(found[-1].replace(",", ""))
         ctx.format_version = ("<=0.14" if "completion_length" in keys
                               else ">=0.15" if any(k.startswith("completions/") for k in keys) else None)
         dicts = [d for d in self.dicts if not d["eval"]]
