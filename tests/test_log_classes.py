@@ -369,3 +369,32 @@ def test_f11_left_out_for_two_steps_says_why(con, tmp_path):
     ingest_paths(con, [write(tmp_path / "two", "train.log", text)], run_name="two")
     omitted = f11.render(f11.frames(con, [runs_ids(con, "two")], ALL_STEPS))
     assert "3 or more training steps with both a step time and a max response length" in omitted.reason
+
+
+def test_a_trainer_output_folder_and_an_mlflow_store_as_they_land(tmp_path):
+    """A checkpoint folder's weights, optimizer state and configs, an MLflow run's artifacts and a
+    TensorBoard profile are ignored under their rules; the records beside them are read."""
+    out = tmp_path / "grpo_out"
+    state = {"global_step": 4, "logging_steps": 2, "log_history": [
+        {"loss": 0.1, "completions/mean_length": 300.0, "epoch": 0.5, "step": 2},
+        {"loss": 0.2, "completions/mean_length": 310.0, "epoch": 1.0, "step": 4}]}
+    write(out / "checkpoint-4", "trainer_state.json", json.dumps(state))
+    (out / "checkpoint-4" / "optimizer.pt").write_bytes(b"PK\x03\x04" + bytes(range(256)))
+    write(out / "checkpoint-4", "config.json", '{"architectures": ["Qwen2ForCausalLM"]}')
+    write(out / "checkpoint-4", "tokenizer_config.json", '{"model_max_length": 32768}')
+    run = tmp_path / "mlruns" / "0" / "0123abcd"
+    write(run, "meta.yaml", "artifact_uri: file:///mlruns/0/0123abcd/artifacts\nexperiment_id: '0'\n"
+          "run_id: 0123abcd\nrun_name: grpo\nstatus: 3\nstart_time: 1700000000000\n")
+    write(run / "metrics", "loss", "1700000000000 0.5 1\n1700000001000 0.4 2\n")
+    write(run / "artifacts", "notes.log", "a free-form text the user saved\n")
+    write(tmp_path / "tb" / "plugins" / "profile" / "2025_11_29", "host.trace.log", "profile text\n")
+    result = CliRunner().invoke(app, ["ingest", str(tmp_path), "--db", str(tmp_path / "s.duckdb"), "--json"])
+    assert result.exit_code == 0, result.output
+    reports = {str(Path(r["path"]).relative_to(tmp_path)): r for r in json.loads(result.output)}
+    assert reports["grpo_out/checkpoint-4/trainer_state.json"]["status"] == "ingested"
+    assert reports["mlruns/0/0123abcd/metrics/loss"]["status"] == "ingested"
+    assert {name: r["side_rule"] for name, r in reports.items() if r["side_rule"]} == {
+        "grpo_out/checkpoint-4/optimizer.pt": "checkpoint file", "grpo_out/checkpoint-4/config.json": "checkpoint file",
+        "grpo_out/checkpoint-4/tokenizer_config.json": "checkpoint file",
+        "mlruns/0/0123abcd/artifacts/notes.log": "mlflow side file",
+        "tb/plugins/profile/2025_11_29/host.trace.log": "tensorboard side file"}
