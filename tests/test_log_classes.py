@@ -146,6 +146,7 @@ def test_a_verl_record_behind_a_carriage_return_is_read_and_an_unread_one_fails_
     lines = [f"\rEpoch 1/20: {10 * s}%|█| {s}/10 [00:{11 * s:02d}<01:43, 11.45s/it]" + record
              for s, record in enumerate(records, start=1)]
     lines[3] = "INFO 12-01 10:00:00 trainer.py:12] " + records[3]
+    lines[4] = lines[4].replace("step:5", "(TaskRunner pid=7, ip=10.0.0.1) step:5")  # from a Ray actor's stdout
     log = write(tmp_path / "glued_bar", "train.log", "\n".join(lines) + "\n")
     [report] = ingest_paths(con, [log], run_name="glued_bar")
     assert steps_of(con, "glued_bar") == [1, 2, 3, 5]

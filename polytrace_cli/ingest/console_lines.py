@@ -69,6 +69,8 @@ _NOISE = [(rule, re.compile(pattern)) for rule, pattern in NOISE_RULES]
 # to stdout right after a bar drawn on stderr without a line end follows it in the same piece.
 BAR_HEAD_PATTERN = r"^.*?\d+/(?:\d+|\?)\s*\[[^\]\r]*(?:<|it/s|s/it)[^\]\r]*\]\s*"
 _BAR_HEAD = re.compile(BAR_HEAD_PATTERN)
+# A Ray actor prefix between the bar and the record (the record came from an actor's stdout).
+_BETWEEN = r"(?:\([A-Za-z_][\w.\-]* pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)\s*)*"
 
 
 def _clean_piece(piece: str) -> str:
@@ -78,8 +80,8 @@ def _clean_piece(piece: str) -> str:
 def _unbar(piece: str, anchor: str) -> str:
     """The piece from `anchor` on when a progress bar precedes the anchor (see BAR_HEAD_PATTERN)."""
     if anchor in piece and not piece.startswith(anchor):
-        head = _BAR_HEAD.match(piece)
-        if head and piece.startswith(anchor, head.end()):
+        head = re.match(BAR_HEAD_PATTERN + _BETWEEN + "(?=" + re.escape(anchor) + ")", piece)
+        if head:
             return piece[head.end():]
     return piece
 
@@ -192,7 +194,7 @@ def unbar_expr(piece: pl.Expr, anchor: str) -> pl.Expr:
     """Polars expression equal to `_unbar`: the piece from `anchor` on when a progress bar precedes it.
     The regex runs only on the pieces holding the anchor after their start."""
     glued = piece.str.contains(anchor, literal=True) & ~piece.str.starts_with(anchor)
-    cut = piece.str.replace(BAR_HEAD_PATTERN + "(" + re.escape(anchor) + ")", "${1}")
+    cut = piece.str.replace(BAR_HEAD_PATTERN + _BETWEEN + "(" + re.escape(anchor) + ")", "${1}")
     return pl.when(glued).then(cut).otherwise(piece)
 
 
