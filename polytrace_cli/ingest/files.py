@@ -60,6 +60,7 @@ def is_log_like(path: str | os.PathLike) -> bool:
 # Files a training writer leaves beside the records polytrace reads: when no format reads one met
 # in a folder, it is ignored under its rule (counted and listed by `ingest --verbose`), never a
 # "log that was not read". (rule, regex over the path's parts joined by '/', searched from its start).
+CHECKPOINT_FILE = "checkpoint file"
 _WANDB_RUN = r"(?:.*/)?(?:wandb|latest-run|(?:offline-)?run-\d{8}_\d{6}-[^/]+)/(?:.*/)?"
 SIDE_FILE_RULES: tuple[tuple[str, str], ...] = (
     ("wandb debug log", _WANDB_RUN + r"(?:debug(?:-internal|-core|-cli\.[^/]*)?|core-debug-[^/]*)\.log$"),
@@ -67,17 +68,18 @@ SIDE_FILE_RULES: tuple[tuple[str, str], ...] = (
                        r"diff\.patch|[^/]*\.patch|media/.*|tmp/.*|code/.*)$"),
     ("mlflow side file", r"(?:.*/)?mlruns/(?:.*/)?(?:artifacts/.*|inputs/.*|outputs/.*|meta\.yaml)$"),
     ("tensorboard side file", r"(?:.*/)?(?:plugins/profile/.*|projector_config\.pbtxt|[^/]*\.profile-empty)$"),
-    ("checkpoint file", r"(?:.*/)?(?:checkpoint-\d+|global_step_?\d+|step_\d+|checkpoints?)/.*$"),
+    (CHECKPOINT_FILE, r"(?:.*/)?(?:checkpoint-\d+|global_step_?\d+|step_\d+|checkpoints?)/.*$"),
 )
 _SIDE_FILES = [(rule, re.compile(pattern)) for rule, pattern in SIDE_FILE_RULES]
 
 
 def side_file_rule(path: str | os.PathLike) -> str | None:
-    """The `SIDE_FILE_RULES` rule a file's path falls under, else None."""
+    """The `SIDE_FILE_RULES` rule a file's path falls under, else None. A file named as a log
+    (`is_log_like`) in a checkpoint folder is no side file: a log no format reads is reported."""
     text = "/".join(Path(path).parts)
     for rule, pattern in _SIDE_FILES:
         if pattern.match(text):
-            return rule
+            return None if rule == CHECKPOINT_FILE and is_log_like(path) else rule
     return None
 
 
