@@ -402,6 +402,12 @@ class Store:
         (run_id,) = self.run_ids(run)
         return has_step_data(self.connection, run_id, self.step_range(steps))
 
+    def crash_clause(self, run: str) -> str:
+        """What a refusal for lack of steps adds about how the run ended (the crash ingest recorded)."""
+        from polytrace_cli.analyze.semantics import crash_clause
+
+        return crash_clause(self.connection, self.run_ids(run)[0])
+
     def check(self, run: str, limits: dict[str, float], steps: Steps = None) -> list:
         """Each threshold ({"max_imbalance": 1.2, ...}) against the run's measured value: a list of verdicts
         (`.as_dict()`), as `polytrace check`."""

@@ -260,7 +260,8 @@ def test_global_step_mid_line_is_not_a_metric_line(store):
 def test_crash_before_step_one_is_zero_steps_with_a_note(store):
     [report] = _ingest(store, FIXTURES / "crash" / "train.log")
     assert (report.lines, report.stored, report.ignored, report.rejected, report.rows) == (5, 0, 5, 0, 0)
-    assert report.notes == ["zero steps: the log ends before step 1; last error: torch.OutOfMemoryError: "
+    assert report.notes == ["zero steps: the log ends before step 1; the job died before its first step: "
+                            "torch.OutOfMemoryError: "
                             "CUDA out of memory. Tried to allocate 2.00 GiB."]
     meta = _meta(store)
     assert (meta["n_gpus"], meta["n_sampling"], meta["max_response_len"]) == (8, 8, 8192)

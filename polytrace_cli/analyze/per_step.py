@@ -29,6 +29,8 @@ calls, their mean and p99 latency and the prefix-cache hit ratio (`tools.per_ste
 Flags: partial (fewer training samples than the run's responses per step), validation (a validation step: testing time logged, a validation-only step, or validation
 samples), checkpoint (checkpoint time logged), restart (first step after a restart or resume),
 truncated (a log line cut short). Flags a basis cannot observe are null, not false.
+missing_before: the steps missing just before the step in its segment, at the run's regular logging
+interval (`store.queries.STEP_GAPS_SQL`; 0 when none, null on a segment's first step and on samples).
 
 `mode` is the run's execution mode (the semantics record); in the modes where verl's `timing_s/gen` is
 the trainer's wait, its seconds are `trainer_wait_s` and `gen_s` is empty; `rollout_s` is the rollout
@@ -45,6 +47,7 @@ import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
 from polytrace_cli.analyze.common import caps_sql, ids_sql, training_samples_sql
+from polytrace_cli.store.queries import step_gaps_sql
 
 STAGE_COLUMNS = ("gen_s", "trainer_wait_s", "rollout_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_actor_s",
                  "update_critic_s", "update_weights_s", "testing_s", "save_checkpoint_s")
@@ -61,7 +64,7 @@ COLUMNS: dict[str, pl.DataType] = {
     "tool_calls": pl.Int64, "tool_latency_mean_s": pl.Float64, "tool_latency_p99_s": pl.Float64,
     "prefix_cache_hit_ratio": pl.Float64,
     "validation": pl.Boolean, "checkpoint": pl.Boolean, "restart": pl.Boolean, "truncated": pl.Boolean,
-    "partial": pl.Boolean,
+    "partial": pl.Boolean, "missing_before": pl.Int64,
     # Filled by diagnose.per_step.steps_with_causes; null here.
     "expected_step_s": pl.Float64, "top_cause": pl.String,
 }
@@ -81,7 +84,7 @@ def _from_step_aggregates(con: duckdb.DuckDBPyConnection, run_ids: list[int], st
         WITH st AS (
             SELECT *, segment > 0 AND step = min(step) OVER (PARTITION BY run_id, segment) AS first_after_restart
             FROM steps WHERE run_id IN {ids_sql(run_ids)} AND {steps.sql()}
-        )
+        ), holes AS ({step_gaps_sql(ids_sql(run_ids))})
         SELECT r.name AS run, st.segment, st.step, 'step_aggregates' AS basis, {stages},
                st.response_length_mean AS response_mean, st.response_length_max AS response_max,
                st.prompt_length_mean AS prompt_mean, st.prompt_length_max AS prompt_max,
@@ -91,8 +94,8 @@ def _from_step_aggregates(con: duckdb.DuckDBPyConnection, run_ids: list[int], st
                     THEN 1 - st.response_length_mean / st.response_length_max END AS slot_idle,
                st.has_testing OR st.is_validation_only AS validation, st.has_checkpoint AS checkpoint,
                st.first_after_restart OR list_has_any(st.flags, ['restart', 'resumed']) AS restart,
-               st.truncated_line AS truncated
-        FROM st JOIN runs r USING (run_id)
+               st.truncated_line AS truncated, holes.missing_before
+        FROM st JOIN runs r USING (run_id) LEFT JOIN holes USING (run_id, segment, step)
         """,
     ).with_columns(segment=pl.col("segment").cast(pl.Int64), step=pl.col("step").cast(pl.Int64))
 

@@ -48,6 +48,18 @@ def records_by_name(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[
     return {record["run"]: as_json(record) for record in records(con, run_ids)}
 
 
+def crash_clause(con: duckdb.DuckDBPyConnection, run_id: int) -> str:
+    """What a refusal for lack of steps adds about the run's end: '; the job died before its first
+    step: <crash>' (no step metrics, no samples) or '; the job ended on a fatal error: <crash>', the
+    crash ingest recorded (`ingest.crashes`); '' without one."""
+    crash = record_of(con, run_id)["crash"]
+    if not crash:
+        return ""
+    stepped = con.execute("SELECT EXISTS (SELECT 1 FROM step_metrics WHERE run_id = ?) "
+                          "OR EXISTS (SELECT 1 FROM samples WHERE run_id = ?)", [run_id, run_id]).fetchall()[0][0]
+    return f"; the job {'ended on a fatal error' if stepped else 'died before its first step'}: {crash}"
+
+
 def semantics_notes(record: dict) -> list[str]:
     """What the run's semantics record tells a reader of its numbers: a step
     time derived from the stage timers or with overheads added back, lines cut short, no per-rank
@@ -74,7 +86,7 @@ def semantics_notes(record: dict) -> list[str]:
         notes.append(f"execution mode {record['execution_mode']} ({'; '.join(evidence[:2])}{more}): the trainer's "
                      "step is its own compute plus its wait for the rollout side")
     if record["crash"]:
-        notes.append(f"the log ends with an error after its last step: {record['crash']}")
+        notes.append(f"the job ended on a fatal error after its last logged line: {record['crash']}")
     return notes
 
 

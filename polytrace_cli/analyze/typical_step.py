@@ -41,10 +41,11 @@ def cadence(steps: list[int]) -> str:
         gaps = np.diff(sorted(steps))
         values, counts = np.unique(gaps, return_counts=True)
         common = int(values[np.argmax(counts)])
+        every = "every step" if common == 1 else f"every {common} steps"
         if counts.max() == gaps.size:
-            return f"every {common} steps"
+            return every
         if counts.max() >= 0.7 * gaps.size:
-            return f"mostly every {common} steps ({len(steps)} steps)"
+            return f"mostly {every} ({len(steps)} steps)"
     return f"at {len(steps)} step{'s' if len(steps) != 1 else ''}"
 
 

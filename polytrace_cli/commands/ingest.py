@@ -62,9 +62,11 @@ def ingest(
     run: Annotated[str | None, typer.Option(help="Name the run instead of deriving it from the folder.")] = None,
     task: Annotated[str | None, typer.Option(help="Label the run's task: math, code, search, tool, ...")] = None,
     format: Annotated[str | None, typer.Option("--format", help="Skip sniffing; read every file as this format.")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero when any line is rejected.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit non-zero when any line is rejected or looks like a metric record but was not read.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-file results as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print the per-file results as CSV.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every skipped file, the writers' side "
+                                          "files ignored under their rules too.")] = False,
     tokenizer: Annotated[str | None, typer.Option(
         help="A locally available Hugging Face tokenizer (folder or cached name) to count rollout-dump lengths;"
              " default: characters / 4.")] = None,
@@ -106,11 +108,20 @@ def ingest(
                                   highlight=False)
             for note in report.notes:
                 err_console.print(f"[cyan]note:[/] {escape(Path(report.path).name)}: {escape(note)}", highlight=False)
-        skipped = [r for r in reports if r.status == "skipped"]
-        for report in skipped[:SKIPPED_SHOWN]:
+        side = [r for r in reports if r.side_rule is not None]
+        skipped = [r for r in reports if r.status == "skipped" and (verbose or r.side_rule is None)]
+        shown_skipped = skipped if verbose else skipped[:SKIPPED_SHOWN]
+        for report in shown_skipped:
             err_console.print(f"skipped: {report.path}: {report.message}", highlight=False, markup=False)
-        if len(skipped) > SKIPPED_SHOWN:
-            err_console.print(f"... and {len(skipped) - SKIPPED_SHOWN} more skipped file(s) (--json lists each)",
+        if len(skipped) > len(shown_skipped):
+            err_console.print(f"... and {len(skipped) - SKIPPED_SHOWN} more skipped file(s) (--verbose or --json "
+                              "lists each)", highlight=False, markup=False)
+        if side and not verbose:
+            rules: dict[str, int] = {}
+            for report in side:
+                rules[report.side_rule] = rules.get(report.side_rule, 0) + 1
+            err_console.print(f"ignored {len(side)} side file(s) of the writers: "
+                              + ", ".join(f"{rule}: {count}" for rule, count in rules.items()) + " (--verbose lists them)",
                               highlight=False, markup=False)
         totals = sum(r.rows for r in reports), sum(r.rejected for r in reports), sum(r.seconds for r in reports)
         if shown:
@@ -118,7 +129,7 @@ def ingest(
     failed = [r for r in reports if r.failed]
     if failed:
         raise fail(f"{len(failed)} file(s) could not be ingested", 1)
-    unread_logs = [r for r in reports if r.status == "skipped" and is_log_like(r.path)]
+    unread_logs = [r for r in reports if r.status == "skipped" and r.side_rule is None and is_log_like(r.path)]
     if unread_logs:
         raise fail(f"{len(unread_logs)} log file(s) were not read (no line of a known format): "
                    + ", ".join(Path(r.path).name for r in unread_logs[:3]) + (" ..." if len(unread_logs) > 3 else ""), 1)
@@ -126,6 +137,9 @@ def ingest(
         raise fail("no files found under the given paths", 1)
     if strict and any(r.rejected for r in reports):
         raise fail(f"--strict: {sum(r.rejected for r in reports)} line(s) rejected; see `polytrace errors`", 1)
+    if strict and any(r.unread_records for r in reports):
+        raise fail(f"--strict: {sum(r.unread_records for r in reports)} line(s) look like metric records but were "
+                   "not read (ignore rule 'looks like a metric record, not read')", 1)
 
 
 def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str | None, format_name: str | None,

@@ -129,7 +129,8 @@ def check(
     with Store.open(db, read_only=True, wait=wait) as store:
         if not store.has_step_data(run, step_range):
             where = f" in steps {steps}" if steps else ""
-            raise fail(f"check failed: run {run} has no data{where}; nothing can be measured", 1)
+            raise fail(f"check failed: run {run} has no data{where}; nothing can be measured"
+                       f"{store.crash_clause(run)}", 1)
         verdicts = store.check(run, limits, step_range) if limits else []
         headline = None
         if compared:

@@ -60,9 +60,10 @@ def _for_people(frame):
     import polars as pl
 
     labels = [pl.when(pl.col(name)).then(pl.lit(label)) for name, label in FLAG_LABELS.items()]
+    labels.append(pl.when(pl.col("missing_before") > 0).then(pl.format("gap:{}", pl.col("missing_before"))))
     shown = frame.with_columns(flags=pl.concat_str(labels, separator=",", ignore_nulls=True)).with_columns(
         flags=pl.when(pl.col("flags") == "").then(None).otherwise(pl.col("flags")))
-    shown = shown.drop("run", *FLAG_LABELS)
+    shown = shown.drop("run", "missing_before", *FLAG_LABELS)
     if shown["basis"].n_unique() == 1:
         shown = shown.drop("basis")
     if shown["segment"].n_unique() == 1:

@@ -22,6 +22,12 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
     with Store.open(db, read_only=True, wait=wait) as store:
         # What each run's numbers mean (`analyze.semantics`), for scripts.
         columns, rows = store.run_rows(with_semantics=as_json)
+    if not (as_json or as_csv) and "missing_steps" in columns:
+        # For people the holes are a column only when some run has them.
+        at = columns.index("missing_steps")
+        if not any(row[at] for row in rows):
+            columns = columns[:at] + columns[at + 1:]
+            rows = [row[:at] + row[at + 1:] for row in rows]
     emit_rows(columns, rows, as_json=as_json, as_csv=as_csv, title="runs", identity=["run"], order=RUNS_ORDER,
               wide=wide)
 

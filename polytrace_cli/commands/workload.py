@@ -145,8 +145,10 @@ def demo(
                 raise fail(f"demo logs for {folder} did not ingest: {failed[0].message}", 1)
             names.extend(run for run in dict.fromkeys(r.run for r in ingested if r.run) if run not in names)
         # The table `polytrace runs` prints: each run's semantics record is for scripts (`runs --json`).
-        emit_frame(store.runs().drop("semantics", strict=False), title="runs in the store", identity=["run"],
-                   order=RUNS_ORDER)
+        shown = store.runs().drop("semantics", strict=False)
+        if "missing_steps" in shown.columns and not (shown["missing_steps"].fill_null(0) > 0).any():
+            shown = shown.drop("missing_steps")  # the holes are a column only when some run has them
+        emit_frame(shown, title="runs in the store", identity=["run"], order=RUNS_ORDER)
         index = store.report(names, reports, "demo")  # matplotlib loads only when a report is drawn
     console.print(f"sample logs in {out}/, store {db}; try `polytrace steps {VERL_DEMO_RUN} --db {db}`",
                   highlight=False, markup=False)

@@ -30,7 +30,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.analyze.semantics import crash_clause, record_of, semantics_notes
 from polytrace_cli.diagnose.bounds import UNTOLD, run_bounds
 from polytrace_cli.analyze.typical_step import typical_steps
 from polytrace_cli.diagnose.decompose import decompose, residual_seconds, step_causes
@@ -111,7 +111,8 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     info = run_info(con, run)
     frame = read_workload(con, info.run_id)
     if frame.height == 0:
-        raise PolytraceError(f"run {info.name} has no steps: neither step metrics nor samples")
+        raise PolytraceError(f"run {info.name} has no steps: neither step metrics nor samples"
+                             f"{crash_clause(con, info.run_id)}")
     if step is not None and step not in set(frame["step"].to_list()):
         first, last = frame["step"].min(), frame["step"].max()
         raise PolytraceError(f"run {info.name} has no step {step} (steps {first}–{last})")
@@ -127,7 +128,8 @@ def explain_run(con: duckdb.DuckDBPyConnection, run: str | int, step: int | None
     notes = [NEEDS_TIMINGS] if int(frame["wall_s"].is_not_null().sum()) == 0 else [
         f"only {few}, so seconds are not estimated"]
     if frame["r_max"].is_null().all():
-        raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain")
+        raise PolytraceError(f"run {info.name} has {few} and no response lengths: nothing to explain"
+                             f"{crash_clause(con, info.run_id)}")
     caveats = semantics_notes(record_of(con, info.run_id))
     explanation = _explain_tokens(con, info, frame, step, top, notes + caveats)
     explanation.caveats = caveats
@@ -221,8 +223,10 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     return Explanation(
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
-        run_seconds=float(steps["seconds"].sum()), slow_steps=int(slow.height), model=model, bounds=bounds,
-        caveats=caveats,
+        run_seconds=float(steps.join(frame.select("segment", "step", "steps_covered"), on=["segment", "step"],
+                                     how="left").select(pl.col("seconds") * pl.col("steps_covered").fill_null(1.0))
+                          .to_series().sum()),
+        slow_steps=int(slow.height), model=model, bounds=bounds, caveats=caveats,
     )
 
 

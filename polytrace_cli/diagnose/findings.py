@@ -45,10 +45,11 @@ def typical_imbalance(steps: pl.DataFrame, model: StepTimeModel, run_wall: float
     stage = max(slopes, key=slopes.get)
     ratio = model.typical[feature] / model.typical["mean_rank_tokens"]
     step_list = steps["step"].to_list()
+    counted = float(steps["steps_covered"].sum()) if "steps_covered" in steps.columns else len(step_list)
     balanced = " after balancing" if model.frame["busiest_after_balancing"].any() else ""
-    finding = _finding("dp_imbalance", per_step * len(step_list), run_wall, step_list,
+    finding = _finding("dp_imbalance", per_step * counted, run_wall, step_list,
                        f"DP imbalance at its usual level (busiest rank{balanced} {ratio:.2f}× the mean) costs "
-                       f"{duration(per_step)} of every step, mostly in {stage}: {duration(per_step * len(step_list))}")
+                       f"{duration(per_step)} of every step, mostly in {stage}: {duration(per_step * counted)}")
     finding["typical"] = True
     return finding
 
@@ -60,7 +61,11 @@ def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame,
     fitted model (typical workload and slopes), `collapse_step` the step the run's responses
     collapsed from (None: they did not)."""
     typical = model.typical
-    run_wall = float(steps["seconds"].sum())
+    # A row standing for k optimizer steps (TRL's `logging_steps`) counts k times.
+    covered = frame.select("segment", "step", "steps_covered")
+    steps = steps.join(covered, on=["segment", "step"], how="left", maintain_order="left").with_columns(
+        pl.col("steps_covered").fill_null(1.0))
+    run_wall = float((steps["seconds"] * steps["steps_covered"]).sum())
     findings = []
     usual_imbalance = typical_imbalance(steps, model, run_wall)
     if usual_imbalance:
@@ -79,6 +84,8 @@ def run_findings(steps: pl.DataFrame, causes: pl.DataFrame, frame: pl.DataFrame,
         (pl.col("seconds") > 0) & ~pl.col("cause").is_in(["validation", "checkpoint"])
         & (pl.col("stands_out") | (pl.col("seconds") >= MAJOR_SHARE * pl.col("excess_s")).fill_null(False))
     )
+    major = major.join(covered, on=["segment", "step"], how="left", maintain_order="left").with_columns(
+        seconds=pl.col("seconds") * pl.col("steps_covered").fill_null(1.0))
     for (cause,), rows in major.group_by("cause", maintain_order=True):
         seconds = float(rows["seconds"].sum())
         step_list = sorted(rows["step"].to_list())

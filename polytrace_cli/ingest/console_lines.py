@@ -65,21 +65,39 @@ NOISE_RULES: tuple[tuple[str, str], ...] = (
 _NOISE = [(rule, re.compile(pattern)) for rule, pattern in NOISE_RULES]
 
 
+# A progress bar's text up to its closing `]` (`… 1/10 [00:11<01:43, 11.45s/it]`): a record printed
+# to stdout right after a bar drawn on stderr without a line end follows it in the same piece.
+BAR_HEAD_PATTERN = r"^.*?\d+/(?:\d+|\?)\s*\[[^\]\r]*(?:<|it/s|s/it)[^\]\r]*\]\s*"
+_BAR_HEAD = re.compile(BAR_HEAD_PATTERN)
+# A Ray actor prefix between the bar and the record (the record came from an actor's stdout).
+_BETWEEN = r"(?:\([A-Za-z_][\w.\-]* pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)\s*)*"
+
+
 def _clean_piece(piece: str) -> str:
     return _RAY_REPEAT.sub("", _RAY_PREFIX.sub("", _ANSI.sub("", piece)))
+
+
+def _unbar(piece: str, anchor: str) -> str:
+    """The piece from `anchor` on when a progress bar precedes the anchor (see BAR_HEAD_PATTERN)."""
+    if anchor in piece and not piece.startswith(anchor):
+        head = re.match(BAR_HEAD_PATTERN + _BETWEEN + "(?=" + re.escape(anchor) + ")", piece)
+        if head:
+            return piece[head.end():]
+    return piece
 
 
 def clean_line(line: str, anchor: str = "step:") -> str:
     """A console line without ANSI codes, carriage returns, Ray prefix or Ray repeat suffix.
 
-    A line holding several carriage-return separated pieces (progress-bar updates, perhaps followed
-    by a metric line) is reduced to its last piece starting with `anchor`, else its last non-empty
-    piece.
+    Each carriage-return separated piece of a line (progress-bar updates, perhaps a metric record) is
+    judged on its own: a piece holding a progress bar followed at once by `anchor` is a record (from
+    the anchor on). The line is reduced to its last piece starting with `anchor`, else its last
+    non-empty piece.
     """
     line = line.rstrip("\r")
     if "\r" not in line:
-        return _clean_piece(line)
-    pieces = [cleaned for cleaned in map(_clean_piece, line.split("\r")) if cleaned.strip()]
+        return _unbar(_clean_piece(line), anchor)
+    pieces = [_unbar(cleaned, anchor) for cleaned in map(_clean_piece, line.split("\r")) if cleaned.strip()]
     anchored = [piece for piece in pieces if piece.startswith(anchor)]
     return anchored[-1] if anchored else (pieces[-1] if pieces else "")
 
@@ -153,7 +171,7 @@ def clean_columns(frame: FrameT, raw: str, out: str, anchor: str = "step:") -> F
     staged = staged.with_columns(_interior=rest.str.strip_chars_end("\r").str.contains("\r", literal=True))
     pieces = (
         pl.when(interior).then(rest).str.strip_chars_end("\r").str.split("\r")
-        .list.eval(clean_expr(pl.element()))
+        .list.eval(unbar_expr(clean_expr(pl.element()), anchor))
         .list.eval(pl.element().filter(pl.element().str.strip_chars() != ""))
     )
     staged = staged.with_columns(_pieces=pieces)
@@ -162,8 +180,17 @@ def clean_columns(frame: FrameT, raw: str, out: str, anchor: str = "step:") -> F
         .fill_null(pl.col("_pieces").list.last()).fill_null("")
     )
     return staged.with_columns(
-        pl.coalesce(tail, pl.when(interior).then(last_piece), pl.when(~interior).then(clean_expr(rest))).alias(out)
+        pl.coalesce(tail, pl.when(interior).then(last_piece),
+                    pl.when(~interior).then(unbar_expr(clean_expr(rest), anchor))).alias(out)
     ).drop("_tail", "_rest", "_interior", "_pieces")
+
+
+def unbar_expr(piece: pl.Expr, anchor: str) -> pl.Expr:
+    """Polars expression equal to `_unbar`: the piece from `anchor` on when a progress bar precedes it.
+    The regex runs only on the pieces holding the anchor after their start."""
+    glued = piece.str.contains(anchor, literal=True) & ~piece.str.starts_with(anchor)
+    cut = piece.str.replace(BAR_HEAD_PATTERN + _BETWEEN + "(" + re.escape(anchor) + ")", "${1}")
+    return pl.when(glued).then(cut).otherwise(piece)
 
 
 def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:

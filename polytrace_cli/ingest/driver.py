@@ -18,7 +18,7 @@ from polytrace_cli.errors import ErrorCode, IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.batch import BATCH_MAX_BYTES, BATCH_MAX_FILES, BatchMember, batch_member, ingest_batch
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, Readable, UnreadableFile, is_log_like, path_text, readable, walk,
+    CorruptFile, FileHashes, Readable, UnreadableFile, is_log_like, path_text, readable, side_file_rule, walk,
 )
 from polytrace_cli.ingest.ledger import FileReport, RunResolver, WholeFileFailure, record_failures, reject_whole_file
 from polytrace_cli.ingest.registry import is_binary
@@ -224,6 +224,9 @@ def _ingest_source(con, path: Path, source: Readable, explicit: bool, forced: In
     if ingester is None:
         binary = bool(head) and is_binary(head)
         if not explicit:
+            rule = side_file_rule(source.name_path)
+            if rule is not None:
+                return FileReport(path=shown, status="skipped", message=f"ignored: {rule}", side_rule=rule)
             return FileReport(path=shown, status="skipped", message=skip_reason(source.name_path, head, binary))
         reason = "empty file of unknown format" if not head else (
             "binary file of unknown format" if binary else "unknown format (use --format to name it)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections import OrderedDict
@@ -54,6 +55,32 @@ def is_log_like(path: str | os.PathLike) -> bool:
     for suffix in COMPRESSED_SUFFIXES:
         name = name.removesuffix(suffix)
     return name.endswith(LOG_SUFFIXES)
+
+
+# Files a training writer leaves beside the records polytrace reads: when no format reads one met
+# in a folder, it is ignored under its rule (counted and listed by `ingest --verbose`), never a
+# "log that was not read". (rule, regex over the path's parts joined by '/', searched from its start).
+CHECKPOINT_FILE = "checkpoint file"
+_WANDB_RUN = r"(?:.*/)?(?:wandb|latest-run|(?:offline-)?run-\d{8}_\d{6}-[^/]+)/(?:.*/)?"
+SIDE_FILE_RULES: tuple[tuple[str, str], ...] = (
+    ("wandb debug log", _WANDB_RUN + r"(?:debug(?:-internal|-core|-cli\.[^/]*)?|core-debug-[^/]*)\.log$"),
+    ("wandb run file", _WANDB_RUN + r"(?:wandb-metadata\.json|requirements\.txt|conda-environment\.yaml|"
+                       r"diff\.patch|[^/]*\.patch|media/.*|tmp/.*|code/.*)$"),
+    ("mlflow side file", r"(?:.*/)?mlruns/(?:.*/)?(?:artifacts/.*|inputs/.*|outputs/.*|meta\.yaml)$"),
+    ("tensorboard side file", r"(?:.*/)?(?:plugins/profile/.*|projector_config\.pbtxt|[^/]*\.profile-empty)$"),
+    (CHECKPOINT_FILE, r"(?:.*/)?(?:checkpoint-\d+|global_step_?\d+|step_\d+|checkpoints?)/.*$"),
+)
+_SIDE_FILES = [(rule, re.compile(pattern)) for rule, pattern in SIDE_FILE_RULES]
+
+
+def side_file_rule(path: str | os.PathLike) -> str | None:
+    """The `SIDE_FILE_RULES` rule a file's path falls under, else None. A file named as a log
+    (`is_log_like`) in a checkpoint folder is no side file: a log no format reads is reported."""
+    text = "/".join(Path(path).parts)
+    for rule, pattern in _SIDE_FILES:
+        if pattern.match(text):
+            return None if rule == CHECKPOINT_FILE and is_log_like(path) else rule
+    return None
 
 
 def is_compressed(path: Path) -> bool:
@@ -373,8 +400,10 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
     """(file, named_explicitly, problem) for every file under the given paths, sorted.
 
     A file met in a folder is given as its resolved path (the folder is resolved once; only a
-    file reached through a symbolic link is resolved on its own). Hidden files and folders below a
-    given folder, folders reached through a symbolic link, and DuckDB store files are left out. A
+    file reached through a symbolic link is resolved on its own). Hidden folders below a given
+    folder, hidden files whose name does not say they are logs (`is_log_like`: `.docker_run.log` is
+    read, `.DS_Store` is not), folders reached through a symbolic link, and DuckDB store files are
+    left out. A
     folder below that cannot be listed is given as a path with its problem: what it holds was not read.
     """
     for given in paths:
@@ -403,9 +432,9 @@ def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[s
         return
     for entry in entries:
         name = entry.name
-        if name.startswith("."):
-            continue
         try:
+            if name.startswith(".") and (entry.is_dir(follow_symlinks=False) or not is_log_like(name)):
+                continue
             if entry.is_dir(follow_symlinks=False):
                 yield from _files_below(folder, (*parts, name))
             elif entry.is_file() and not name.endswith(STORE_SUFFIXES):

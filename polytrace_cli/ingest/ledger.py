@@ -14,7 +14,7 @@ from pathlib import Path
 
 import duckdb
 
-from polytrace_cli.ingest.base import FileContext, file_owned_tables
+from polytrace_cli.ingest.base import UNREAD_RECORD, FileContext, file_owned_tables
 from polytrace_cli.ingest.files import block_sha, path_text, state_kept_for
 from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL
 from polytrace_cli.store.sql import fetch_first, rollback
@@ -34,6 +34,10 @@ class FileReport:
     ignored: int = 0
     rejected: int = 0
     rows: int = 0
+    # Lines that look like metric records but were not read (ignored under UNREAD_RECORD).
+    unread_records: int = 0
+    # The rule of a writer's side file met in a folder and passed over (`files.SIDE_FILE_RULES`).
+    side_rule: str | None = None
     seconds: float = 0.0
     message: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -366,4 +370,5 @@ def fill_report(report: FileReport, ctx: FileContext, started: float) -> None:
     """Fill `report` with what the file's read accounted for."""
     report.lines, report.stored, report.ignored = ctx.lines, ctx.stored, ctx.ignored_total
     report.rejected, report.rows, report.notes = ctx.rejected, ctx.rows, list(ctx.notes)
+    report.unread_records = ctx.ignored.get(UNREAD_RECORD, 0)
     report.seconds = time.perf_counter() - started

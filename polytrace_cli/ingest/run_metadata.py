@@ -196,14 +196,15 @@ def verl_config_settings(config: dict) -> dict:
     return found
 
 
-_ERROR_LINE = re.compile(r"(?:Error|Exception)\b")
-
-
 def crash_after_last_step(texts: list[str]) -> str | None:
-    """The error a log ends with: the last line naming an `...Error` or `...Exception` among the
-    lines after its last metric line (`texts`, in order), cut to 160 characters; None without one."""
-    errors = [text.strip() for text in texts if _ERROR_LINE.search(text)]
-    return errors[-1][:160] if errors else None
+    """The fatal error a log ends with (`crashes.first_crash`: a traceback's final line, OOM, an NCCL
+    timeout, a dead Ray task or actor, a signal; never a warning, a retry, an `Exception ignored in:`
+    block or a config entry) among the lines after its last metric line (`texts`, in order), cut to
+    160 characters; None without one."""
+    from polytrace_cli.ingest.crashes import first_crash
+
+    crash = first_crash(texts)
+    return crash.reason[:160] if crash is not None else None
 
 
 # OpenRLHF command-line flags (`--n_samples_per_prompt 8` or `--n_samples_per_prompt=8`) and the meta

@@ -35,7 +35,9 @@ decoding inside gen_s (the rest of gen_s is the colocated engine's switch: wakin
 offloading). wall_s is the canonical frame's step_s (the run's semantics record decides it: the
 logged total, with testing and checkpoint added back when the total leaves them out, or Σ logged
 timers, 'derived from stage timers', when no total is logged) and step_time_basis says which.
-n_responses falls back on the record's responses per step. segment_start marks each segment's first
+n_responses falls back on the record's responses per step. steps_covered is how many optimizer steps
+the row stands for (TRL logs every `logging_steps`-th step, its values the means over the steps
+since the last log: `trl/steps_covered`), 1 elsewhere; a run's seconds are Σ wall_s · steps_covered. segment_start marks each segment's first
 timed, not validation-only step (its first step when none is timed); restart marks the first step of
 a later segment and steps flagged restart or resumed.
 """
@@ -69,6 +71,7 @@ WORKLOAD_COLUMNS = {
     "ranks": pl.Int64, "workload_basis": pl.String, "per_rank_data": pl.Boolean, "busiest_after_balancing": pl.Boolean,
     **{f"{stage}_s": pl.Float64 for stage in (*MODELLED_STAGES, *OVERHEADS)},
     "step_s": pl.Float64, "wall_s": pl.Float64, "step_time_basis": pl.String, "generate_sequences_s": pl.Float64,
+    "steps_covered": pl.Float64,
     "validation_only": pl.Boolean, "has_testing": pl.Boolean, "has_checkpoint": pl.Boolean,
     "segment_start": pl.Boolean, "restart": pl.Boolean, "truncated_line": pl.Boolean,
     **{name: pl.Float64 for name in ASYNC_COLUMNS}, "execution_mode": pl.String,
@@ -82,10 +85,12 @@ WITH st AS (
            max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
            max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
            max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s,
-           sum(sm.value) FILTER (WHERE a.canonical IN ('switch_to_rollout_s', 'switch_to_trainer_s')) AS switch_s
+           sum(sm.value) FILTER (WHERE a.canonical IN ('switch_to_rollout_s', 'switch_to_trainer_s')) AS switch_s,
+           max(sm.value) FILTER (WHERE a.canonical = 'steps_covered') AS steps_covered
     FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
     WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_mean',
-                                               'generate_sequences_s', 'switch_to_rollout_s', 'switch_to_trainer_s')
+                                               'generate_sequences_s', 'switch_to_rollout_s', 'switch_to_trainer_s',
+                                               'steps_covered')
     GROUP BY sm.segment, sm.step
 ), per_rank AS (
     SELECT step, coalesce(dp_rank, rank) AS dp_rank, max(response_len) AS r_max,
@@ -113,6 +118,7 @@ SELECT k.segment::BIGINT AS segment, k.step::BIGINT AS step,
        st.gen_s, st.trainer_wait_s, extra.switch_s, st.rollout_s, st.trainer_idle_ratio, st.rollout_idle_ratio,
        st.staleness_mean, st.staleness_max, st.stale_samples, st.dropped_samples, st.partial_ratio, st.reward_s, st.old_log_prob_s, st.ref_s, st.values_s, st.adv_s, st.update_actor_s,
        st.update_critic_s, extra.update_weights_s, extra.generate_sequences_s, st.testing_s, st.save_checkpoint_s,
+       coalesce(extra.steps_covered, 1)::DOUBLE AS steps_covered,
        st.step_s,
        coalesce(st.is_validation_only, false) AS validation_only,
        coalesce(st.has_testing, false) AS has_testing, coalesce(st.has_checkpoint, false) AS has_checkpoint,
@@ -250,7 +256,14 @@ def logs_step_metrics(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
 
 def training_mask(df: pl.DataFrame) -> pl.Series:
     """Steps a model is fitted on: logged a step or stage time, not validation-only, without
-    testing or checkpoint overheads, not the first step of a segment (warm-up) nor a restart."""
-    timed = df["wall_s"].is_not_null()
-    return (timed & ~df["validation_only"] & ~df["has_testing"] & ~df["has_checkpoint"]
-            & ~df["segment_start"] & ~df["restart"]).alias("training")
+    testing or checkpoint overheads, not the first step of a segment (warm-up) nor a restart. In a
+    run where every timed step logs one of the overheads (a validation every step), steps with that
+    overhead are kept: it is a logged overhead the model keeps apart from the stages, and leaving
+    them out would leave nothing to fit."""
+    timed = df["wall_s"].is_not_null() & ~df["validation_only"]
+    testing, checkpoint = df["has_testing"], df["has_checkpoint"]
+    if timed.any() and not (timed & ~testing).any():
+        testing = pl.Series([False] * df.height)
+    if timed.any() and not (timed & ~checkpoint).any():
+        checkpoint = pl.Series([False] * df.height)
+    return (timed & ~testing & ~checkpoint & ~df["segment_start"] & ~df["restart"]).alias("training")

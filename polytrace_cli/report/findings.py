@@ -156,7 +156,7 @@ def _semantics(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> list[dict]
                 "recovered: its typical step mixes both regimes."))
         if row["crash"]:
             out.append(_finding(run, "crash", None, None, 0,
-                                f"{run}: the log ends with an error after its last step: {row['crash']}"))
+                                f"{run}: the job ended on a fatal error after its last logged line: {row['crash']}"))
         per_step = (
             ("partial-steps", row["partial_steps"],
              f"hold fewer responses than a step has ({row['responses_per_step_source'] or 'prompt groups short'})"),

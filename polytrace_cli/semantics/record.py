@@ -20,13 +20,16 @@ One record per run (`FIELDS`):
                        'rank_tokens_balanced_max' (verl's global_seqlen/balanced_max: balancing on,
                        the batch is trained as balanced), 'rank_tokens_max' (global_seqlen/max);
                        null without per-rank data
-    responses_per_step and its source: train_batch_size × rollout.n when both are printed, else the
+    responses_per_step and its source: train_batch_size × rollout.n when both are printed, else (TRL)
+                       the Trainer's printed total train batch size, else the
                        median logged count perf/total_num_tokens / (prompt_length/mean +
                        response_length/mean), else the most common count of training samples a step
     training_samples, validation_samples
                        samples by split: validation samples never enter a training analysis
     truncated_steps    steps with a log line cut short (their timers may be lost)
-    crash              the error the log ends with after its last step
+    crash              the fatal error the log ends with after its last metric line, or before
+                       any when it has none (`ingest.crashes`: never a warning, a retry, an
+                       `Exception ignored in:` block or a config entry)
     partial_steps      steps holding fewer training samples than responses_per_step, or a prompt
                        group with fewer responses than a group has (n_sampling, else the largest
                        sample index + 1)
@@ -62,6 +65,9 @@ RANK_TOKENS_MEAN = "rank_tokens_mean"
 FROM_CONFIG = "train_batch_size × rollout.n"
 FROM_LOGGED_COUNTS = "perf/total_num_tokens / (prompt_length/mean + response_length/mean)"
 FROM_SAMPLES = "training samples per step (most common count)"
+# TRL: every completion is one row of the Trainer's batch, so an optimizer step trains the total train
+# batch size the Trainer (or Unsloth's banner) prints.
+FROM_TOTAL_BATCH = "the Trainer's total train batch size (one completion per row)"
 COLLAPSE_SHARE = 0.05
 COLLAPSE_MIN_STEPS = 3
 # The record's fields, in the order of the `run_semantics` columns after run_id.
@@ -184,8 +190,11 @@ def _responses(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, counts: 
                run_steps: str, samples: bool) -> dict:
     batch, n = meta.get("train_batch_size"), meta.get("n_sampling")
     trained = [(step, training) for step, training, _ in counts if training > 0]
+    total = meta.get("trl_total_batch_size")
     if isinstance(batch, int) and isinstance(n, int) and batch > 0 and n > 0:
         per_step, source = float(batch * n), FROM_CONFIG
+    elif isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        per_step, source = float(total), FROM_TOTAL_BATCH
     else:
         logged = con.execute(
             f"""

@@ -49,7 +49,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import DERIVED
+from polytrace_cli.analyze.semantics import DERIVED, crash_clause
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import MODELLED_STAGES, OVERHEADS, STAGE_FEATURES, read_workload, run_info, training_mask
@@ -215,15 +215,22 @@ def _previous(values: np.ndarray) -> np.ndarray:
     return pl.Series(values).fill_nan(None).forward_fill().shift(1).fill_null(np.nan).to_numpy()
 
 
-def _eligible(frame: pl.DataFrame, run: str) -> tuple[pl.DataFrame, int]:
-    # wall_s is the step time every view reads: logged, or derived from stage timers when no total is logged.
-    # An asynchronous trainer's step has no generation of its own: its wait for the rollout side stands in.
+def _eligible(frame: pl.DataFrame, run: str, crash: str = "") -> tuple[pl.DataFrame, int]:
+    """The steps a backtest reads and how many of them it fits on. wall_s is the step time every view
+    reads: logged, or derived from stage timers when no total is logged. A run that logs stage timers
+    needs its generation time on each step (an asynchronous trainer's step has no generation of its own:
+    its wait for the rollout side stands in); a run that logs none (TRL: `step_time` alone) is modelled
+    as one whole step (`model.fit`), so every timed step counts."""
+    staged = any(frame.get_column(f"{stage}_s").is_not_null().any() for stage in MODELLED_STAGES
+                 if f"{stage}_s" in frame.columns)
     first_stage = pl.coalesce("gen_s", "trainer_wait_s") if "trainer_wait_s" in frame.columns else pl.col("gen_s")
-    eligible = frame.filter(first_stage.is_not_null() & pl.col("wall_s").is_not_null())
+    timed = pl.col("wall_s").is_not_null()
+    eligible = frame.filter(first_stage.is_not_null() & timed if staged else timed)
     n = eligible.height
     if n < MIN_STEPS:
-        raise PolytraceError(f"a backtest needs at least {MIN_STEPS} steps with both a step time and a "
-                             f"generation time (or, asynchronous, a wait for the rollout); run {run!r} has {n}")
+        needs = ("both a step time and a generation time (or, asynchronous, a wait for the rollout)" if staged
+                 else "a step time")
+        raise PolytraceError(f"a backtest needs at least {MIN_STEPS} steps with {needs}; run {run!r} has {n}{crash}")
     return eligible, n // 2
 
 
@@ -239,9 +246,10 @@ def _scheduled_overheads(eligible: pl.DataFrame, upto: int, recent: bool = False
 
 
 def backtest_frame(frame: pl.DataFrame, run: str = "", walk_forward: bool = False,
-                   refit_every: int | None = None) -> BacktestResult:
-    """Backtest a workload frame (`read_workload`); see the module docstring."""
-    eligible, n_train = _eligible(frame, run)
+                   refit_every: int | None = None, crash: str = "") -> BacktestResult:
+    """Backtest a workload frame (`read_workload`); see the module docstring. `crash`: what a
+    refusal for lack of steps adds about the run's end (`semantics.crash_clause`)."""
+    eligible, n_train = _eligible(frame, run, crash)
     n = eligible.height
     is_train = pl.Series(np.arange(n) < n_train)
     mask = training_mask(eligible) & is_train
@@ -410,4 +418,5 @@ def backtest_run(con: duckdb.DuckDBPyConnection, run: str | int, walk_forward: b
                  refit_every: int | None = None) -> BacktestResult:
     """Backtest the step-time forecaster of a stored run (see the module docstring)."""
     info = run_info(con, run)
-    return backtest_frame(read_workload(con, info.run_id), info.name, walk_forward, refit_every)
+    return backtest_frame(read_workload(con, info.run_id), info.name, walk_forward, refit_every,
+                          crash_clause(con, info.run_id))

@@ -38,7 +38,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.semantics import record_of, semantics_notes
+from polytrace_cli.analyze.semantics import crash_clause, record_of, semantics_notes
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.jsontext import json_text
 from polytrace_cli.model import StepTimeModel, fit_model, read_workload, run_info, training_mask
@@ -52,6 +52,9 @@ DEFAULT_ROLLOUT_SHARE = 0.5
 UNSEEN_TERM_TOLERANCE = 0.05
 UNSEEN_RUN_TOLERANCE = 0.001
 
+
+# Seconds below which the two ends of a saving's range print as one number (to 0.1 s): no range.
+SAME_SECONDS = 0.05
 
 @dataclass(frozen=True)
 class Policy:
@@ -160,10 +163,15 @@ class RunPlan:
     testing: np.ndarray
     checkpoint: np.ndarray
     validation_only_s: float
+    # Optimizer steps each row stands for (`steps_covered`: a TRL row logged every k steps holds their
+    # mean); None: one each.
+    covered: np.ndarray | None = None
 
     def by_stage(self) -> dict[str, float]:
-        """Seconds per stage over the run, overheads included (they add up to `total`)."""
-        out = {name: float(np.sum(values)) for name, values in self.stages.items()}
+        """Seconds per stage over the run, overheads included (they add up to `total`): Σ over rows of
+        a stage's seconds × the steps the row stands for."""
+        weights = self.covered if self.covered is not None else 1.0
+        out = {name: float(np.sum(np.asarray(values) * weights)) for name, values in self.stages.items()}
         out["testing"] = float(self.testing.sum() + self.validation_only_s)
         out["save_checkpoint"] = float(self.checkpoint.sum())
         return out
@@ -175,7 +183,7 @@ class RunPlan:
 
     def with_stages(self, stages: dict[str, np.ndarray]) -> "RunPlan":
         """The same schedule with other stage seconds."""
-        return RunPlan(self.steps, stages, self.testing, self.checkpoint, self.validation_only_s)
+        return RunPlan(self.steps, stages, self.testing, self.checkpoint, self.validation_only_s, self.covered)
 
 
 class NotSupported(Exception):
@@ -232,7 +240,7 @@ class RunContext:
                 low, high = low + min(0.0, bound), high + max(0.0, bound)
                 unseen.append(f"{name} did not vary over the fitted steps (always {constant:,.0f}), so the model "
                               f"of {stage} cannot tell what changing it saves")
-        if unseen:
+        if unseen and high - low >= SAME_SECONDS:  # a range that shows as one number says nothing
             partial = self.plan.total - self.plan.with_stages(stages).total
             span = f"between {partial + low:,.1f} s and {partial + high:,.1f} s"
             negligible = max(UNSEEN_TERM_TOLERANCE * abs(partial), UNSEEN_RUN_TOLERANCE * self.plan.total)
@@ -297,7 +305,7 @@ def _policy_no_validation(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str
                            "output.log lines at 4,096 characters), so the validation timers printed after the cut "
                            "are lost and the validation time is unknown")
     note = None if plan.testing.any() or plan.validation_only_s else "the run logs no validation"
-    return RunPlan(plan.steps, plan.stages, np.zeros_like(plan.testing), plan.checkpoint, 0.0), note
+    return RunPlan(plan.steps, plan.stages, np.zeros_like(plan.testing), plan.checkpoint, 0.0, plan.covered), note
 
 
 def _policy_validate_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, str | None]:
@@ -307,7 +315,7 @@ def _policy_validate_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, st
     plan = ctx.plan
     cost = _overhead_cost(plan.testing, "validation")
     testing = np.where(_schedule(plan.steps, int(policy.value)), cost, 0.0)
-    return RunPlan(plan.steps, plan.stages, testing, plan.checkpoint, plan.validation_only_s), \
+    return RunPlan(plan.steps, plan.stages, testing, plan.checkpoint, plan.validation_only_s, plan.covered), \
         f"{int((testing > 0).sum())} validations at {cost:,.1f} s"
 
 
@@ -317,7 +325,7 @@ def _policy_checkpoint_every(ctx: RunContext, policy: Policy) -> tuple[RunPlan, 
     plan = ctx.plan
     cost = _overhead_cost(plan.checkpoint, "checkpoint")
     checkpoint = np.where(_schedule(plan.steps, int(policy.value)), cost, 0.0)
-    return RunPlan(plan.steps, plan.stages, plan.testing, checkpoint, plan.validation_only_s), \
+    return RunPlan(plan.steps, plan.stages, plan.testing, checkpoint, plan.validation_only_s, plan.covered), \
         f"{int((checkpoint > 0).sum())} checkpoints at {cost:,.1f} s"
 
 
@@ -589,7 +597,8 @@ def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunCont
     timed = full.filter(pl.col("wall_s").is_not_null())
     steps = timed.filter(~pl.col("validation_only"))
     if steps.is_empty():
-        raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay")
+        raise PolytraceError(f"run {info.name!r} logs no step time or stage timer: nothing to replay"
+                             f"{crash_clause(con, info.run_id)}")
     mask = training_mask(steps)
     if not mask.any():
         raise PolytraceError(f"run {info.name!r} has no steady training step to fit the model on")
@@ -601,9 +610,10 @@ def run_context(con: duckdb.DuckDBPyConnection, run: str | int) -> tuple[RunCont
         steps["testing_s"].fill_null(0).to_numpy(),
         steps["save_checkpoint_s"].fill_null(0).to_numpy(),
         float(timed.filter(pl.col("validation_only"))["wall_s"].sum()),
+        steps["steps_covered"].to_numpy() if (steps["steps_covered"] != 1).any() else None,
     )
     ctx = RunContext(con, info.run_id, info.meta, steps, model, plan)
-    return ctx, info.name, float(timed["wall_s"].sum()), steps.height
+    return ctx, info.name, float((timed["wall_s"] * timed["steps_covered"]).sum()), steps.height
 
 
 def whatif_run(con: duckdb.DuckDBPyConnection, run: str | int, policies: list[str | Policy],

@@ -13,6 +13,33 @@ from polytrace_cli.store.sql import fetch_first
 if TYPE_CHECKING:
     import polars as pl
 
+# Per logged step: how many steps are missing just before it in its segment, at the run's regular
+# interval k (the most common difference between consecutive logged steps of a segment when at least
+# two differences share it, else 1): ⌈(step - previous step) / k⌉ - 1; null on a segment's first step.
+# A log written every k steps has no hole; a log that lost records says how many.
+STEP_GAPS_SQL = """
+    WITH logged AS (
+        SELECT DISTINCT run_id, segment, step FROM step_metrics {where}
+    ), gaps AS (
+        SELECT run_id, segment, step, step - lag(step) OVER (PARTITION BY run_id, segment ORDER BY step) AS gap
+        FROM logged
+    ), counted AS (
+        SELECT run_id, gap, count(*) AS n FROM gaps WHERE gap IS NOT NULL GROUP BY run_id, gap
+    ), spacing AS (
+        SELECT run_id, CASE WHEN max(n) >= 2 THEN arg_max(gap, n) ELSE 1 END AS spacing FROM counted GROUP BY run_id
+    )
+    SELECT g.run_id, g.segment, g.step,
+           CASE WHEN g.gap IS NOT NULL THEN greatest(ceil(g.gap / coalesce(sp.spacing, 1))::BIGINT - 1, 0) END
+               AS missing_before
+    FROM gaps g LEFT JOIN spacing sp USING (run_id)
+"""
+
+
+def step_gaps_sql(run_ids_sql: str | None = None) -> str:
+    """`STEP_GAPS_SQL` over every run, or over the runs of `run_ids_sql` (a SQL list of ids)."""
+    return STEP_GAPS_SQL.format(where=f"WHERE run_id IN {run_ids_sql}" if run_ids_sql else "")
+
+
 RUNS_SQL = """
         WITH f AS (
             SELECT run_id, count(*) AS files, string_agg(DISTINCT format, ',' ORDER BY format) AS formats,
@@ -26,16 +53,20 @@ RUNS_SQL = """
             SELECT run_id, count(DISTINCT (segment, step)) AS metric_steps, min(step) AS first_step,
                    max(step) AS last_step, count(DISTINCT segment) AS segments
             FROM step_metrics GROUP BY run_id
+        ), holes AS (
+            SELECT run_id, sum(coalesce(missing_before, 0))::BIGINT AS missing_steps
+            FROM (""" + step_gaps_sql() + """) GROUP BY run_id
         )
         SELECT r.name AS run, r.framework, r.task,
                coalesce(f.files, 0) AS files, f.formats,
                coalesce(s.samples, 0) AS samples,
                greatest(coalesce(s.sample_steps, 0), coalesce(m.metric_steps, 0)) AS steps,
                least(m.first_step, s.first_step) AS first_step, greatest(m.last_step, s.last_step) AS last_step,
-               m.segments,
+               m.segments, holes.missing_steps,
                coalesce(f.rejected, 0)::BIGINT AS rejected,
                {mode} AS mode
         FROM runs r LEFT JOIN f USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
+        LEFT JOIN holes USING (run_id)
         {semantics}
         ORDER BY r.name
 """
@@ -53,7 +84,8 @@ def _runs_sql(con: duckdb.DuckDBPyConnection) -> str:
 
 def runs_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per run: name, framework, task, files, formats, samples, steps, step range (over step
-    metrics and samples), segments of its logs, rejected lines, the execution mode its stored semantics
+    metrics and samples), segments of its logs, the steps missing between its logged ones
+    (`STEP_GAPS_SQL`; null without step metrics), rejected lines, the execution mode its stored semantics
     record names (null before one is decided)."""
     return con.sql(_runs_sql(con)).pl()
 

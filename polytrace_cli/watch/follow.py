@@ -11,11 +11,13 @@ the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/wa
                validation run before training (verl's `step:0` line) is one, though not a step
     alert      kind slow_step (a slow step), efficiency (with a baseline, `baseline.BaselineBand`: a
                stage's seconds at the step's workload left the baseline's band), baseline (the
-               watched run does not compare with the baseline like for like), crash (an OOM, an NCCL timeout or a traceback in the
-               new lines, named once a poll sees no growth, from the lines since its first sign;
-               when CRASH_QUIET_POLLS polls in all pass without growth, watching ends with
-               EXIT_CRASH; a step logged after the crash's lines means the job lives on, and
-               watching goes on), stall (no new step for
+               watched run does not compare with the baseline like for like), crash (a fatal error in
+               the new lines, `ingest.crashes`: a traceback's final line, an OOM, an NCCL timeout, a
+               dead Ray task or actor, a signal, never a warning, a retry, a shutdown block or a config
+               entry; named once a poll sees no growth, from the lines since its first sign; when
+               CRASH_QUIET_POLLS polls in all pass without growth, STARTUP_CRASH_QUIET_POLLS before the
+               job's first step, watching ends with EXIT_CRASH; a step logged after the crash's lines
+               means the job lives on, and watching goes on), stall (no new step for
                `stall_factor` × the usual time between steps, and for at least STALL_MIN_POLLS
                polls: a gap is not seen finer than the poll; none once the run reached its
                configured last step), async (an asynchronous run's trainer waiting above its usual
@@ -43,6 +45,7 @@ from pathlib import Path
 import duckdb
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.ingest.crashes import crash_start, first_crash, plain
 from polytrace_cli.ingest.files import last_newline_end, path_text, walk
 from polytrace_cli.semantics.step_facts import pairs_after_sql
 from polytrace_cli.store.queries import run_id_if_any
@@ -58,15 +61,9 @@ STALL_MIN_GAPS = 3
 STALL_WINDOW = 20
 # A stall lasts at least this many poll intervals, however short the usual gap between steps.
 STALL_MIN_POLLS = 10
-# The crash signs searched in new lines, in order: (cause, pattern).
-CRASH_SIGNS = (
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)),
-    ("nccl_timeout", re.compile(r"NCCL.*(?:time(?:d)? ?out)|Watchdog caught collective operation timeout",
-                                re.IGNORECASE)),
-    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
-)
-_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+[^)]*\)\s*")
-_EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Interrupt)\b.*")
+# Polls without growth after a crash's lines before watching ends, while the job has logged no step yet:
+# start-up (loading models, compiling, a first generation) may pause long after harmless noise.
+STARTUP_CRASH_QUIET_POLLS = 30
 
 
 @dataclass
@@ -91,25 +88,20 @@ class WatchResult:
 
 
 def crash_in(text: str) -> tuple[str, str] | None:
-    """(cause, reason) of the first crash sign in `text` (see CRASH_SIGNS): for a traceback, its
-    exception line (the last line naming an Error or Exception), else the matching line."""
-    lines = [_RAY_PREFIX.sub("", line).strip() for line in text.splitlines()]
-    for cause, pattern in CRASH_SIGNS:
-        for index, line in enumerate(lines):
-            if pattern.search(line):
-                if cause == "traceback":
-                    after = [later for later in lines[index + 1:] if _EXCEPTION_LINE.match(later)]
-                    return cause, (after[-1] if after else line)[:300]
-                return cause, line[:300]
-    return None
+    """(cause, reason) of the first crash in `text` (`ingest.crashes`: a traceback's final line, an
+    OOM, an NCCL timeout, a dead Ray task or actor, a signal; never a warning, a retry, an
+    `Exception ignored in:` block or a config entry), ANSI codes and Ray prefixes removed; None
+    when its lines hold none."""
+    crash = first_crash(text.splitlines())
+    if crash is None:
+        start = crash_start(text.splitlines())
+        return None if start is None else ("traceback", plain(text.splitlines()[start]).strip()[:300])
+    return crash.cause, crash.reason
 
 
 def first_crash_sign(text: str) -> int | None:
-    """The index of the first line of `text` holding any crash sign, or None."""
-    for index, line in enumerate(text.splitlines()):
-        if any(pattern.search(line) for _, pattern in CRASH_SIGNS):
-            return index
-    return None
+    """The index of the first line of `text` where a crash begins (`crashes.crash_start`), or None."""
+    return crash_start(text.splitlines())
 
 
 @dataclass
@@ -249,13 +241,18 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
             result.alerts += 1
         on_event(event)
 
-    def alert_crash(crash: _Crash) -> None:
-        """Alert a crash whose lines have landed, named from all of them, with the last step before it."""
-        cause, reason = crash_in(crash.text)
+    def alert_crash(crash: _Crash) -> bool:
+        """Alert a crash whose lines have landed, named from all of them, with the last step before it;
+        False (no alert) when, all landed, they hold no crash (a shutdown block, a caught error)."""
+        named = crash_in(crash.text)
+        if named is None:
+            return False
+        cause, reason = named
         step_before, _ = _metric_lines(con, crash.file, crash.line)
         emit({"event": "alert", "kind": "crash", "cause": cause, "reason": reason, "file": str(crash.file),
               "step": step_before if step_before is not None else last_step})
         crash.alerted, result.reason = True, f"{cause}: {reason}"
+        return True
 
     while True:
         now = clock()
@@ -332,10 +329,11 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
             # Idle time counts from when the growth was read: a slow read never eats the idle window.
             last_growth = clock()
         elif crash is not None:
-            if not crash.alerted:
-                alert_crash(crash)
+            if not crash.alerted and not alert_crash(crash):
+                crash = None
+        if crash is not None and not grown:
             crash.quiet_polls += 1
-            if crash.quiet_polls >= CRASH_QUIET_POLLS:
+            if crash.quiet_polls >= (CRASH_QUIET_POLLS if last_step is not None else STARTUP_CRASH_QUIET_POLLS):
                 result.exit_code = EXIT_CRASH
                 return result
         finished = total_steps is not None and last_step is not None and last_step >= total_steps

@@ -38,7 +38,7 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest.arrow import ArrowStream
-from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, step_problem_sql, step_sql
+from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, UNREAD_RECORD, FileContext, step_problem_sql, step_sql
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
 from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments, lone_line_segment
@@ -124,6 +124,9 @@ class ConsoleGrammar:
     # progress bars and stages of the whole log): the log is then read as one block. Such a grammar
     # follows a grown log only with the state its `follow_state` keeps.
     whole_log: ClassVar[bool] = False
+    # A regex over a raw line that marks text of a metric record (None: no check). A line it matches
+    # that is not read as a metric line is ignored under UNREAD_RECORD, never under a noise rule.
+    record_hint: ClassVar[str | None] = None
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         """Per line, from its cleaned text and the raw line's length in characters (without a final
@@ -483,9 +486,17 @@ def _classify_slice(lines: pl.LazyFrame, grammar: ConsoleGrammar) -> pl.LazyFram
     return (
         lines.with_columns(_kind=grammar.metric_kind(pl.col("c"), pl.col("raw_chars")))
         .with_columns(_n=pl.when(pl.col("_kind").is_not_null()).then(pl.lit("")).otherwise(pl.col("c")))
-        .with_columns(kind=pl.coalesce(pl.col("_kind"), grammar.noise.expr(pl.col("_n"), pl.col("raw"))))
+        .with_columns(kind=pl.coalesce(pl.col("_kind"), _unread_record(grammar), grammar.noise.expr(pl.col("_n"), pl.col("raw"))))
         .drop("_kind", "_n")
     )
+
+
+def _unread_record(grammar: ConsoleGrammar) -> pl.Expr:
+    """UNREAD_RECORD on the lines that are not metric lines and match the grammar's `record_hint`."""
+    if grammar.record_hint is None:
+        return pl.lit(None, pl.String)
+    return pl.when(pl.col("_kind").is_null() & pl.col("raw").str.contains(grammar.record_hint)).then(
+        pl.lit(UNREAD_RECORD))
 
 
 def _reject_bad_text(ctx: FileContext, lines: pl.DataFrame) -> pl.DataFrame:

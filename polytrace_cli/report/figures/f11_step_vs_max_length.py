@@ -27,7 +27,10 @@ def render(data: dict[str, pl.DataFrame]):
     points = data["points"]
     x, y = "response_length_max", "step_s"
     if empty(points, x, y):
-        return Omitted("the runs log no step time together with max response length")
+        # length_fit leaves out a run with fewer than 3 such steps or one longest length: say so, not
+        # that the run logs neither.
+        return Omitted("no run has 3 or more training steps with both a step time and a max response length "
+                       "that varies")
     figure, (ax,) = style.new_figure(width=10, height=4.6)
     for index, run in enumerate(runs_of(points)):
         part = points.filter((pl.col("run") == run) & pl.col(x).is_not_null() & pl.col(y).is_not_null())

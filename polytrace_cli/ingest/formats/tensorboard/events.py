@@ -109,7 +109,7 @@ class TensorBoardEventsIngester(Ingester):
         tags: list[str] = []
         values: list[float] = []
         record_nos: list[int] = []
-        walls: list[float] = []
+        wall_times: list[float] = []
         record_no = 0
         for record in RawEventFileLoader(str(ctx.path)).Load():
             record_no += 1
@@ -135,7 +135,7 @@ class TensorBoardEventsIngester(Ingester):
                 tags.append(value.tag)
                 values.append(scalar)
                 record_nos.append(record_no)
-                walls.append(event.wall_time)
+                wall_times.append(event.wall_time)
                 found = True
             if found:
                 ctx.stored += 1
@@ -151,14 +151,14 @@ class TensorBoardEventsIngester(Ingester):
                 code=ErrorCode.CORRUPT_FILE,
             )
             ctx.note(f"damaged at byte {consumed} of {size}; {record_no} records kept")
-        self._store(ctx, steps, tags, values, record_nos, walls)
+        self._store(ctx, steps, tags, values, record_nos, wall_times)
 
     @staticmethod
-    def _store(ctx: FileContext, steps, tags, values, record_nos, walls) -> None:
+    def _store(ctx: FileContext, steps, tags, values, record_nos, wall_times) -> None:
         frame = pl.DataFrame(
-            {"step": steps, "tag": tags, "value": values, "line_no": record_nos, "logged_at": walls},
+            {"step": steps, "tag": tags, "value": values, "line_no": record_nos, "wall_time": wall_times},
             schema={"step": pl.Int64, "tag": pl.String, "value": pl.Float64, "line_no": pl.Int64,
-                    "logged_at": pl.Float64},
+                    "wall_time": pl.Float64},
         ).with_columns(
             key=pl.when(pl.col("tag").str.starts_with("train/"))
             .then(pl.col("tag").str.strip_prefix("train/")).otherwise(pl.col("tag")),
@@ -170,9 +170,17 @@ class TensorBoardEventsIngester(Ingester):
         framework = framework_of_keys(frame["tag"].unique().to_list())
         claim_framework(ctx, framework)
         if framework == "trl":
+            frame = trl.shadow_old_mean_length(frame, ["segment", "step"])
             derived = trl.tokens_per_step(frame.select("segment", "step", "key", "value", "line_no"), "segment")
-            frame = pl.concat([frame, derived.with_columns(tag=pl.col("key"), logged_at=pl.lit(None, pl.Float64))
-                               .select(frame.columns)])
+            timed = trl.wall_time_step_seconds(frame)
+            covered = trl.steps_covered_rows(frame, "segment")
+            if timed.height:
+                ctx.note(f"no step_time logged: {timed.height} step time(s) from the events' wall time "
+                         f"({trl.WALL_TIME_STEP_S})")
+            frame = pl.concat([frame, derived.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns),
+                               timed.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns),
+                               covered.with_columns(tag=pl.col("key"), wall_time=None).select(frame.columns)],
+                              how="vertical_relaxed")
         ctx.con.register("_tensorboard_scalars", ArrowStream(frame))
         try:
             ctx.insert(
@@ -183,7 +191,7 @@ class TensorBoardEventsIngester(Ingester):
             )
         finally:
             ctx.con.unregister("_tensorboard_scalars")
-        store_step_clock(ctx, frame, "_tensorboard_clock")
+        store_step_clock(ctx, frame.rename({"wall_time": "logged_at"}), "_tensorboard_clock")
         if frame["segment"].max():
             ctx.note(f"step went backwards {frame['segment'].max()} time(s): stored as separate segments")
 

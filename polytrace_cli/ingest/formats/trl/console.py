@@ -43,12 +43,14 @@ and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
+from polytrace_cli.ingest import run_metadata
 from polytrace_cli.ingest.formats.trl import names as trl_names
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import FileContext, Ingester
@@ -59,7 +61,10 @@ from polytrace_cli.ingest.registry import is_binary, register
 
 # A training bar piece: no description before the percentage, then `n/total [elapsed<`.
 TRAINING_BAR = r"(?:^|\r)\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)\s*\[(?:(\d+):)?(\d+):(\d+)<"
-LOGGING_STEPS = r"\blogging_steps\s*[=:]\s*(\d+)"
+# transformers' `Total train batch size (w. parallel, distributed & accumulation) = 8`, Unsloth's
+# `Total batch size (2 x 4 x 1) = 8`.
+TOTAL_BATCH = r"Total (?:train )?batch size[^=\n]*=\s*([\d,]+)"
+LOGGING_STEPS = r"\blogging_steps\s*[=:]\s*['\"]?(\d+(?:\.\d+)?)"
 VERSION_PATTERNS = {
     "trl_version": r"(?i)\bTRL(?: version)?\s*[:=]{0,2}\s*v?(\d+\.\d+(?:\.\d+)?(?:\.dev\d+)?)",
     "unsloth_version": r"Unsloth (\d{4}\.\d+\.\d+)",
@@ -88,6 +93,8 @@ def pair_schema() -> dict:
             "text_value": pl.String}
 
 SFT_RULE = "SFT stage dict"
+# The counts of the last training bar an appended read keeps (a dict may be printed well after its count was drawn).
+RECENT_DRAWS = 1000
 SUMMARY_RULE = "end-of-training dict (run meta)"
 OTHER_DICT_RULE = "printed dict (not a metrics dict)"
 
@@ -115,9 +122,13 @@ class TrlGrammar(ConsoleGrammar):
     """The Trainer's dict lines, numbered by the training bar (see the module)."""
 
     anchor = "{'"
+    # The Trainer's dict of a logging step, anywhere in the line.
+    record_hint = r"\{'(?:loss|reward|epoch|learning_rate|grad_norm)': "
     whole_log = True
     # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
-    recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary"})
+    recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary",
+                                 "trl_logging_steps", "trl_logging_steps_source", "crash",
+                                 "trl_total_batch_size"})
 
     def __init__(self) -> None:
         self.meta: dict = {}
@@ -126,6 +137,14 @@ class TrlGrammar(ConsoleGrammar):
         self.before: dict | None = None  # the state the last read left (an appended read)
         self.state: dict = {}
         self.cannot_follow = False
+        # Of the training bars (by `bar_stage`): the elapsed seconds when each count was first drawn,
+        # the first and the last count drawn.
+        self.draws: dict[tuple[int, int], float] = {}
+        self.bar_first: dict[int, int] = {}
+        self.bar_max: dict[int, int] = {}
+        self.last_counters: dict[int, int | None] = {}
+        self.summary_values: dict[int, dict] = {}  # per stage, its end-of-training dict
+        self.intervals: dict[int, tuple[int, str, int]] = {}  # per stage: logging interval, its source, offset
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         starts = cleaned.str.starts_with("{'")
@@ -136,22 +155,41 @@ class TrlGrammar(ConsoleGrammar):
         """Pairs of the RL stage's dicts (or of every dict when the log has no RL stage), the
         derived `num_tokens/per_step` and `tqdm/step_s`, and the flags of estimated steps."""
         before = self.before = (ctx.resume or {}).get("trl")
-        bars, self.state["bars"], retroactive = _bar_points(lines, before["bars"] if before else None)
+        bars, self.state["bars"], retroactive, draws = _bar_points(lines, before["bars"] if before else None)
+        self.draws = {(stage, counter): elapsed for stage, counter, elapsed in draws.iter_rows()}
+        extent = draws.group_by("bar_stage", maintain_order=True).agg(
+            first=pl.col("counter").first(), second=pl.col("counter").get(1, null_on_oob=True),
+            last=pl.col("counter").max())
+        self.bar_first = {stage: (first, second) for stage, first, second in
+                          extent.select("bar_stage", "first", "second").iter_rows()}
+        self.bar_max = dict(extent.select("bar_stage", "last").iter_rows())
+        if before:  # the bar the last read ended in: its first count, last count and recent counts' times
+            for bar_stage, first, second, last in before["bar_extent"]:
+                self.bar_first[bar_stage] = (first, second if second is not None else self.bar_first.get(
+                    bar_stage, (None, None))[0])
+                self.bar_max[bar_stage] = max(self.bar_max.get(bar_stage, last), last)
+            for bar_stage, counter, elapsed in before["recent_draws"]:
+                self.draws.setdefault((bar_stage, counter), elapsed)
+        last_bar = (self.state["bars"]["bar"] or {}).get("bar_stage")
+        self.state["bar_extent"] = ([[last_bar, *self.bar_first[last_bar], self.bar_max[last_bar]]]
+                                    if last_bar in self.bar_first else [])
+        self.state["recent_draws"] = [[b, c, e] for (b, c), e in self.draws.items() if b == last_bar][-RECENT_DRAWS:]
         self.cannot_follow |= retroactive
         pairs, dicts = self._read_dicts(ctx, lines.filter(pl.col("kind").is_in(["metric", "dirty"])), bars)
         self._stage_kinds(dicts, pairs)
         has_rl = any(d["rl"] for d in dicts) or bool(before and before["has_rl"])
         if before and before["dicts"] and not before["has_rl"] and has_rl:
             self.cannot_follow = True  # the dicts read before become an SFT stage
-        logging_steps = found_steps = _logging_steps(lines)
+        printed = _logging_steps(lines)
         if before:
-            logging_steps = before["logging_steps"] if before["logging_steps"] is not None else found_steps
-            if before["logging_steps"] is None and found_steps is not None and before["dicts"]:
+            if not before["logging_printed"] and printed and before["dicts"]:
                 self.cannot_follow = True  # the dicts read before would be numbered by it
-        self.meta = {"logging_steps": found_steps}
+            printed = [tuple(item) for item in before["logging_printed"]] + printed
+        found_steps = printed[0][1] if printed else None
+        self.meta = {"logging_steps": int(found_steps) if found_steps is not None and found_steps >= 1 else found_steps}
         sft = [d["line_no"] for d in dicts if has_rl and not d["rl_stage"]]
         sft_before = before["sft"] if before else {"dicts": 0, "last_loss": None}
-        self.state.update(has_rl=has_rl, logging_steps=logging_steps, sft=sft_before,
+        self.state.update(has_rl=has_rl, logging_printed=[list(item) for item in printed], sft=sft_before,
                           dicts=(before["dicts"] if before else 0) + len(dicts))
         if sft:
             ctx.ignore(SFT_RULE, len(sft))
@@ -161,7 +199,7 @@ class TrlGrammar(ConsoleGrammar):
                                                               "last_loss": last_loss}
             ctx.note(f"{len(sft)} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
         kept = [d for d in dicts if not has_rl or d["rl_stage"]]
-        return self._number(ctx, kept, pairs, logging_steps)
+        return self._number(ctx, kept, pairs, printed)
 
     def follow_state(self) -> dict | None:
         """The bars, the current stage and its numbering after this read (see the module), or None
@@ -233,6 +271,8 @@ class TrlGrammar(ConsoleGrammar):
         for entry in dicts:
             if entry["summary"]:
                 summaries[stage] = entry["line_no"]
+                self.summary_values[stage] = dict(
+                    pairs.filter(pl.col("line_no") == entry["line_no"]).select("key", "value").iter_rows())
                 stage, earlier = stage + 1, 0
                 current = []
                 stages.append(current)
@@ -269,56 +309,70 @@ class TrlGrammar(ConsoleGrammar):
                               len(stages) == 1 and before and before["stage_rl"]))
 
     def _number(self, ctx: FileContext, dicts: list[dict], pairs: pl.DataFrame,
-                logging_steps: int | None) -> ParsedMetrics:
-        """Steps, pairs and flags of the kept dicts (see the module for the rules): the step of
-        each dict is decided here, then joined to its pairs in bulk."""
+                logging_printed: list[tuple[int, float]]) -> ParsedMetrics:
+        """Steps, pairs and flags of the kept dicts (see the module for the rules): the k-th
+        training dict of a stage is step offset + k × logging_steps (`_interval`), an evaluation
+        dict takes the step of the training dict before it; then joined to its pairs in bulk."""
         steps: list[tuple] = []
         step_times: list[tuple] = []
         flags: list[tuple] = []
-        ordinal: dict[int, int] = {}
-        previous: dict[int, tuple[int, float | None]] = {}
-        last_train_step: dict[int, int] = {}
         before = self.before
-        if before:  # the numbering of the stage the last read ended in goes on
-            stage = before["stage"]
-            if before["ordinal"]:
-                ordinal[stage] = before["ordinal"]
-            if before["previous"] is not None:
-                previous[stage] = tuple(before["previous"])
-            if before["last_train_step"] is not None:
-                last_train_step[stage] = before["last_train_step"]
-        sources: set[str] = set()
+        carried = {before["stage"]: before["numbering"]} if before and before.get("numbering") else {}
+        by_stage: dict[int, list[dict]] = {}
         for entry in dicts:
-            stage, line_no = entry["stage"], entry["line_no"]
-            if entry["eval"] and stage in last_train_step:
-                step = last_train_step[stage]
-            elif entry["counter"] is not None:
-                step = entry["counter"]
-                sources.add("bar")
-            else:
-                ordinal[stage] = ordinal.get(stage, 0) + 1
-                step = ordinal[stage] * (logging_steps or 1)
-                sources.add("logging_steps" if logging_steps else "order")
-                detail = (f"no step printed: dict {ordinal[stage]} × logging_steps={logging_steps}" if logging_steps
-                          else f"no step printed and no logging_steps: dict number {ordinal[stage]}")
-                flags.append((line_no, step, "step_estimated", detail))
-            entry["step"] = step
-            steps.append((line_no, step, stage, entry["eval"]))
-            if entry["eval"]:
-                continue
-            last_train_step[stage] = step
-            if not entry["step_time"] and entry["elapsed"] is not None:
-                before = previous.get(stage, (0, 0.0) if entry["bar_from_zero"] else None)
-                if before is not None and before[1] is not None and step > before[0]:
-                    step_times.append((line_no, 999, "tqdm/step_s", (entry["elapsed"] - before[1]) / (step - before[0]),
-                                       None))
+            by_stage.setdefault(entry["stage"], []).append(entry)
+        numberings: dict[int, dict] = dict(carried)
+        for stage, members in by_stage.items():
+            numbering = carried.get(stage)
+            train = [m for m in members if not m["eval"]]
+            interval, source, offset = self._interval(stage, members, train, numbering, logging_printed)
+            if numbering and (numbering["interval"], numbering["offset"]) != (interval, offset):
+                self.cannot_follow = True  # the dicts read before would be numbered otherwise
+            ordinal = numbering["ordinal"] if numbering else 0
+            previous = tuple(numbering["previous"]) if numbering and numbering["previous"] else None
+            last_train = numbering["last_train_step"] if numbering else None
+            if previous is None and ordinal == 0 and train and train[0]["bar_from_zero"]:
+                previous = (offset, 0.0)  # the bar was drawn at the stage's start: its clock starts there
+            away = 0
+            for entry in members:
+                line_no = entry["line_no"]
+                if entry["eval"]:
+                    step = last_train if last_train is not None else offset
+                    entry["step"] = step
+                    steps.append((line_no, step, stage, True))
+                    continue
+                ordinal += 1
+                step = offset + ordinal * interval
+                entry["step"] = last_train = step
+                steps.append((line_no, step, stage, False))
+                if interval > 1:  # the row's values are means over the steps since the last log
+                    step_times.append((line_no, 998, trl.STEPS_COVERED, float(interval), None))
+                if source == "order":
+                    flags.append((line_no, step, "step_estimated",
+                                  f"no step printed and no logging interval known: dict number {ordinal}"))
+                if entry["counter"] is not None and entry["counter"] != step:
+                    away += 1
+                elapsed = self.draws.get((entry["bar_stage"], step))
+                if not entry["step_time"] and elapsed is not None and previous is not None and step > previous[0]:
+                    step_times.append((line_no, 999, "tqdm/step_s", (elapsed - previous[1]) / (step - previous[0]), None))
                     flags.append((line_no, step, "tqdm_estimate",
-                                  f"step time from the progress bar's elapsed time, mean over {step - before[0]} step(s)"))
-            previous[stage] = (step, entry["elapsed"])
+                                  f"step time from the progress bar's elapsed time, mean over {step - previous[0]} step(s)"))
+                if elapsed is not None:
+                    previous = (step, elapsed)
+            numberings[stage] = {"interval": interval, "source": source, "offset": offset, "ordinal": ordinal,
+                                 "previous": list(previous) if previous else None, "last_train_step": last_train,
+                                 "last_counter": self.last_counters.get(stage)}
+            self.intervals[stage] = (interval, source, offset)
+            if train:
+                ctx.note(self._interval_note(interval, source, offset, len(train)))
+            if away:
+                ctx.note(f"{away} of {len(train)} dict(s) printed where the progress bar shows another step "
+                         "(stdout and stderr buffered apart): numbered by their order, not by the bar")
         numbered = pl.DataFrame(steps, schema={"line_no": pl.Int64, "step": pl.Int64, "group": pl.Int64,
                                                "eval": pl.Boolean}, orient="row")
         key = pl.col("key")
-        metrics = pl.concat([pairs, pl.DataFrame(step_times, schema=pair_schema(), orient="row")]).join(
+        metrics = pl.concat([trl.shadow_old_mean_length(pairs),
+                             pl.DataFrame(step_times, schema=pair_schema(), orient="row")]).join(
             numbered, on="line_no").with_columns(
             key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
             .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
@@ -332,15 +386,78 @@ class TrlGrammar(ConsoleGrammar):
         flag_frame = pl.DataFrame(flags, schema=flag_schema(), orient="row")
         printed = pl.concat([metrics.select("line_no", "step"), flag_frame.select("line_no", "step")]).unique(
             "line_no", keep="first", maintain_order=True).select("line_no", printed=pl.col("step").cast(pl.String))
-        if "order" in sources:
-            ctx.note("no progress bar and no logging_steps printed: steps are the dicts' order (flag step_estimated)")
-        elif "logging_steps" in sources:
-            ctx.note(f"no progress bar: steps from logging_steps={logging_steps} (flag step_estimated)")
         self.dicts = dicts
-        stage = self.state["stage"]
-        self.state.update(ordinal=ordinal.get(stage, 0), previous=list(previous[stage]) if stage in previous else None,
-                          last_train_step=last_train_step.get(stage))
+        self.state["numbering"] = numberings.get(self.state["stage"])
         return ParsedMetrics(metrics, flag_frame, printed.sort("line_no"))
+
+    def _interval(self, stage: int, members: list[dict], train: list[dict], numbering: dict | None,
+                  logging_printed: list[tuple[int, float]]) -> tuple[int, str, int]:
+        """(logging interval L, where it comes from, offset) of a stage: its k-th training dict is
+        step offset + k·L, as the Trainer logs when global_step % logging_steps == 0. L is, in order:
+        the `logging_steps` printed last before the stage's first dict (a ratio below 1 is of the
+        bar's total, rounded up, as transformers reads it) ('printed'); the bar's counter drawn before
+        each dict when every one reads k·L ('bar'); the bar's last counter C over the n dicts logged,
+        ⌊(C - offset) / n⌋ ('bar count'); the steps of the end-of-training dict (train_runtime ×
+        train_steps_per_second) over n ('end-of-training dict'); else 1 ('order'). The offset is the
+        steps done before the stage's bar was first drawn (a resumed run's bar starts at its step),
+        rounded down to a multiple of L. An appended read keeps the interval of the stage it goes on in
+        when the new lines leave it unchanged."""
+        bar_stages = [m["bar_stage"] for m in members if m["bar_stage"] is not None]
+        first, second = self.bar_first.get(bar_stages[0], (None, None)) if bar_stages else (None, None)
+        # A bar drawn first at n > 0 started there (tqdm's initial count); one drawn at 0 that then jumps
+        # past 1 was resumed (the Trainer's bar jumps to the global step at the first step's end).
+        base = first if first else (second - 1 if second is not None and second > 1 else 0)
+        if numbering is not None:
+            base = numbering["offset"]
+        ordinal = numbering["ordinal"] if numbering else 0
+        n = ordinal + len(train)
+        total = next((m["total"] for m in reversed(members) if m["total"] is not None), None)
+
+        def offset_for(interval: int) -> int:
+            return base if numbering is not None else base - base % interval
+
+        printed = [value for line_no, value in logging_printed if line_no < members[0]["line_no"]] or \
+            [value for _, value in logging_printed[:1]]
+        first_counter = train[0]["counter"] if train else None
+        if printed:
+            value = printed[-1]
+            interval = math.ceil(total * value) if value < 1 and total else int(value)
+            if interval >= 1:
+                offset = offset_for(interval)
+                if numbering is None and offset and first_counter == interval:
+                    offset = 0  # the bar's first draw was the first step's count, not a start count
+                return interval, "printed", offset
+        if numbering is not None and numbering["source"] in ("printed", "bar"):
+            return numbering["interval"], numbering["source"], numbering["offset"]
+        counters = [m["counter"] for m in train]
+        for start in (base, 0) if base and numbering is None else (base,):
+            if train and all(c is not None for c in counters) and counters[0] - start >= 1:
+                interval = (counters[0] - start) // (ordinal + 1)
+                if interval >= 1 and all(c - start == (ordinal + k) * interval for k, c in enumerate(counters, start=1)):
+                    return interval, "bar", start if numbering is not None else start - start % interval
+        last_counter = max((self.bar_max[b] for b in set(bar_stages) if b in self.bar_max), default=None)
+        if numbering is not None and numbering.get("last_counter") is not None:
+            last_counter = max(last_counter or 0, numbering["last_counter"])
+        self.last_counters[stage] = last_counter
+        if last_counter is not None and n and (last_counter - base) // n >= 1:
+            interval = (last_counter - base) // n
+            return interval, "bar count", offset_for(interval)
+        summary = self.summary_values.get(stage, {})
+        runtime, per_second = summary.get("train_runtime"), summary.get("train_steps_per_second")
+        if n and runtime and per_second and round(runtime * per_second) // n >= 1:
+            return round(runtime * per_second) // n, "end-of-training dict", 0
+        return 1, "order", 0
+
+    @staticmethod
+    def _interval_note(interval: int, source: str, offset: int, dicts: int) -> str:
+        where = {"printed": f"logging_steps={interval} as printed",
+                 "bar": f"every {interval} step(s), as the progress bar counts them",
+                 "bar count": f"logging_steps={interval} inferred from the progress bar's last count over {dicts} dict(s)",
+                 "end-of-training dict": f"logging_steps={interval} inferred from the end-of-training dict's steps "
+                                         f"over {dicts} dict(s)",
+                 "order": "no logging interval known: steps are the dicts' order (flag step_estimated)"}[source]
+        start = f", after step {offset} (the bar's first count)" if offset else ""
+        return f"TRL dicts numbered k × logging_steps: {where}{start}"
 
     def _with_tokens_before(self, tokens: pl.DataFrame) -> pl.DataFrame:
         """The cumulative token counts (group, step, key, value, line_no) with, in an appended read,
@@ -374,46 +491,63 @@ class TrlGrammar(ConsoleGrammar):
             found = text.str.extract(pattern, 1).drop_nulls()
             meta[field] = found[0] if found.len() else None
         keys = set(metrics.get_column("key").unique().to_list()) if metrics.height else set()
+        # The total train batch size printed before the first dict kept: an RL step's completions.
+        first_kept = self.dicts[0]["line_no"] if self.dicts else None
+        totals = lines.filter(pl.col("line_no") < first_kept) if first_kept is not None else lines.clear()
+        found = totals.get_column("c").str.extract(TOTAL_BATCH, 1).drop_nulls()
+        if found.len():
+            meta["trl_total_batch_size"] = int(found[-1].replace(",", ""))
         ctx.format_version = ("<=0.14" if "completion_length" in keys
                               else ">=0.15" if any(k.startswith("completions/") for k in keys) else None)
         dicts = [d for d in self.dicts if not d["eval"]]
         summary = self.summary
         meta["trl_train_summary"] = summary or None  # none, once a later stage follows the last one read
-        if dicts and (dicts[0]["bar_from_zero"] or dicts[0]["counter"] is None) and ctx.stored and not self.before:
+        first_offset = self.intervals.get(dicts[0]["stage"], (1, "", 0))[2] if dicts else None
+        if dicts and first_offset == 0 and ctx.stored and not self.before:
             # The first logged step is `logging_steps`, not 1, in a run that started at step 0:
             # the pipeline's `resumed` flag (first step above 1) does not apply.
             ctx.rows -= len(ctx.con.execute(
                 "DELETE FROM step_flags WHERE file_id = ? AND flag = 'resumed' RETURNING flag", [ctx.file_id]).fetchall())
         if dicts:
             last = dicts[-1]
+            interval, source, _ = self.intervals.get(last["stage"], (None, None, 0))
+            meta["trl_logging_steps"] = interval
+            meta["trl_logging_steps_source"] = source
             meta["trl_last_step"] = last["step"]
             if last["total"] is not None:
                 meta["trl_max_steps"] = last["total"]
                 if summary is None and last["step"] < last["total"]:
                     ctx.note(f"log stops at step {last['step']} of {last['total']}: no end-of-training dict")
+        # The fatal error after the last dict (`ingest.crashes`); no error after it is False, and lines
+        # without a dict cannot tell (None keeps what an earlier read of a growing log saw).
+        dict_lines = lines.filter(pl.col("kind").is_in(["metric", "dirty"])).get_column("line_no")
+        after = lines.filter(pl.col("line_no") > dict_lines.max()) if dict_lines.len() else lines
+        crash = run_metadata.crash_after_last_step(after.get_column("c").to_list())
+        if crash is not None or dict_lines.len():
+            meta["crash"] = crash if crash is not None else False
         ctx.run_meta.update(meta)
 
 
-def _bar_points(lines: pl.DataFrame, before: dict | None = None) -> tuple[pl.DataFrame, dict, bool]:
+def _bar_points(lines: pl.DataFrame, before: dict | None = None) -> tuple[pl.DataFrame, dict, bool, pl.DataFrame]:
     """(per line: the training bar last drawn at or before it (counter, total, elapsed seconds),
     `bar_stage` (a count of bars started so far: a counter lower than the one before starts a
     new bar) and `bar_from_zero` (the stage's bar was drawn at 0, so its elapsed time starts
     with the stage); what a read of the lines after these needs; whether these lines make a bar
-    drawn before them a training bar, which an appended read cannot follow).
+    drawn before them a training bar, which an appended read cannot follow; every count drawn of
+    a training bar: bar_stage, counter, elapsed when first drawn).
 
     Other bars without a description (the evaluation loop's) are left out: only bars whose total
     is the one drawn last before some training dict count. `before` is what the read of the
     lines before these left (an appended read).
     """
-    drawn = lines.select("line_no", "c", matches=pl.col("raw").str.extract_all(TRAINING_BAR)).with_columns(
-        last=pl.col("matches").list.last(), first=pl.col("matches").list.first()).drop("matches")
+    every = lines.select("line_no", "c", matches=pl.col("raw").str.extract_all(TRAINING_BAR))
+    drawn = every.with_columns(last=pl.col("matches").list.last(), first=pl.col("matches").list.first()).drop("matches")
     last = pl.col("last").str.extract_groups(TRAINING_BAR)
     points = drawn.with_columns(groups=last).unnest("groups").select(
         "line_no", "c",
         counter=pl.col("1").cast(pl.Int64),
         total=pl.col("2").cast(pl.Int64),
-        elapsed=(pl.col("3").cast(pl.Float64).fill_null(0.0) * 3600 + pl.col("4").cast(pl.Float64) * 60
-                 + pl.col("5").cast(pl.Float64)),
+        elapsed=_elapsed_seconds(),
         first_counter=pl.col("first").str.extract(TRAINING_BAR, 1).cast(pl.Int64),
     )
     last_bar = before["bar"] if before else None
@@ -444,7 +578,21 @@ def _bar_points(lines: pl.DataFrame, before: dict | None = None) -> tuple[pl.Dat
              "training_totals": training_totals,
              "totals_drawn": sorted(drawn_before | set(points.get_column("total").drop_nulls().to_list())),
              "last_total": seen.get_column("seen_total")[-1] if seen.height else (before or {}).get("last_total")}
-    return per_line, state, retroactive
+    draws = (every.filter(pl.col("matches").list.len() > 0).select("line_no", "matches").explode("matches")
+             .with_columns(groups=pl.col("matches").str.extract_groups(TRAINING_BAR)).unnest("groups")
+             .select("line_no", counter=pl.col("1").cast(pl.Int64), total=pl.col("2").cast(pl.Int64),
+                     elapsed=_elapsed_seconds())
+             .join(drawn.select("line_no", "bar_stage", line_total="total"), on="line_no")
+             .filter(pl.col("total") == pl.col("line_total"))
+             .unique(["bar_stage", "counter"], keep="first", maintain_order=True)
+             .select("bar_stage", "counter", "elapsed"))
+    return per_line, state, retroactive, draws
+
+
+def _elapsed_seconds() -> pl.Expr:
+    """The elapsed time of a bar's `[HH:MM:SS<` or `[MM:SS<` (groups 3 to 5 of TRAINING_BAR), in seconds."""
+    return (pl.col("3").cast(pl.Float64).fill_null(0.0) * 3600 + pl.col("4").cast(pl.Float64) * 60
+            + pl.col("5").cast(pl.Float64))
 
 
 def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:
@@ -483,6 +631,7 @@ def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) 
     return pairs.filter(~pl.col("line_no").is_in(bad))
 
 
-def _logging_steps(lines: pl.DataFrame) -> int | None:
-    found = lines.get_column("c").str.extract(LOGGING_STEPS, 1).drop_nulls()
-    return int(found[0]) if found.len() else None
+def _logging_steps(lines: pl.DataFrame) -> list[tuple[int, float]]:
+    """(line, value) of each `logging_steps` printed (a value below 1 is a ratio of the total steps)."""
+    found = lines.select("line_no", value=pl.col("c").str.extract(LOGGING_STEPS, 1).cast(pl.Float64, strict=False))
+    return [(line_no, value) for line_no, value in found.drop_nulls().iter_rows() if value > 0]

@@ -19,6 +19,7 @@ Traps every source shares:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from polytrace_cli.lazy import polars as pl
@@ -26,6 +27,11 @@ from polytrace_cli.lazy import polars as pl
 CUMULATIVE_TOKENS = "num_tokens"
 PER_STEP_TOKENS = "num_tokens/per_step"
 STEP_TIME = "step_time"
+# How many optimizer steps a logged row stands for: with `logging_steps` k > 1 the Trainer logs every
+# k-th step the means over the k steps since its last log, so the run's seconds are Σ step_time · k.
+STEPS_COVERED = "trl/steps_covered"
+# A step time from the TensorBoard events' wall time where no `step_time` is logged.
+WALL_TIME_STEP_S = "wall_time/step_s"
 
 # Keys only TRL's RL trainers log (any one marks the source as TRL; raw keys, `train/` removed).
 TRL_MARKERS = frozenset((
@@ -35,6 +41,28 @@ TRL_MARKERS = frozenset((
 # Key prefixes of an RL dict, as opposed to an SFT dict of the same log (`loss`, `grad_norm`, ...).
 RL_PREFIXES = ("reward", "kl", "completions/", "completion_length", "objective/", "frac_reward_zero_std",
                "clip_ratio", "policy/", "rewards/")
+
+
+# Unsloth's GRPO trainer logs its own `completion_length` (not the mean) beside TRL's
+# `completions/mean_length`; where both are logged the mean is TRL's, and Unsloth's key is stored as
+# `unsloth/completion_length` (no alias) so that it cannot be read as the mean. TRL 0.14 logs
+# `completion_length` alone: there it is the mean.
+MEAN_LENGTH = "completions/mean_length"
+OLD_MEAN_LENGTH = "completion_length"
+SHADOWED_MEAN_LENGTH = "unsloth/completion_length"
+
+
+def mean_length_key(key: str, keys: Iterable[str]) -> str:
+    """The stored key of `key` in a logged dict holding `keys` (see SHADOWED_MEAN_LENGTH)."""
+    return SHADOWED_MEAN_LENGTH if key == OLD_MEAN_LENGTH and MEAN_LENGTH in keys else key
+
+
+def shadow_old_mean_length(pairs: pl.DataFrame, record: str | list[str] = "line_no") -> pl.DataFrame:
+    """`pairs` (a `key` column, one record per `record` value) with `completion_length` stored as
+    `unsloth/completion_length` in the records that also log `completions/mean_length`."""
+    both = pl.col("key").is_in([MEAN_LENGTH]).any().over(record)
+    return pairs.with_columns(key=pl.when((pl.col("key") == OLD_MEAN_LENGTH) & both)
+                              .then(pl.lit(SHADOWED_MEAN_LENGTH)).otherwise(pl.col("key")))
 
 
 def is_trl(keys: Iterable[str]) -> bool:
@@ -104,3 +132,42 @@ def tokens_per_step(frame: pl.DataFrame, group: str = "group") -> pl.DataFrame:
     )
     return derived.filter(pl.col("value").is_not_null() & pl.col("value").is_finite())
 
+
+
+def wall_time_step_seconds(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows of `wall_time/step_s` (columns segment, step, key, value, line_no) from the wall time of
+    the events of each logged training step (`frame`: segment, step, key, value, line_no, wall_time),
+    when the run logs no `step_time`:
+
+        step_s(i) = (wall(i) - wall(i-1)) / (step(i) - step(i-1)),  wall(i) = latest event of step i
+
+    within a segment, in step order; the first logged step has no row (when its interval began is
+    not known). Validation keys (`eval/`) do not date a step."""
+    columns = ["segment", "step", "key", "value", "line_no"]
+    if (frame.get_column("key") == STEP_TIME).any():
+        return frame.clear().select(columns)
+    walls = (frame.filter(~pl.col("key").str.starts_with("eval/") & pl.col("wall_time").is_not_null())
+             .group_by("segment", "step").agg(wall=pl.col("wall_time").max(), line_no=pl.col("line_no").max())
+             .sort("segment", "step"))
+    previous_step = pl.col("step").shift(1).over("segment")
+    seconds = (pl.col("wall") - pl.col("wall").shift(1).over("segment")) / (pl.col("step") - previous_step)
+    return (walls.with_columns(value=seconds, key=pl.lit(WALL_TIME_STEP_S))
+            .filter(pl.col("value").is_not_null() & (pl.col("value") >= 0)).select(columns))
+
+
+def steps_covered_rows(frame: pl.DataFrame, group: str, interval: int | None = None) -> pl.DataFrame:
+    """Rows of `trl/steps_covered` (columns group, step, key, value, line_no) for the training records
+    of `frame` (group, step, key, value, line_no; validation keys `eval/` do not make a record): each
+    logged step stands for `interval` steps, the logging interval; when not given, the greatest common
+    divisor of the logged training steps (the Trainer logs when global_step % logging_steps == 0).
+    No rows with an interval of 1."""
+    columns = [group, "step", "key", "value", "line_no"]
+    training = (frame.filter(~pl.col("key").str.starts_with("eval/") & (pl.col("key") != STEPS_COVERED))
+                .group_by(group, "step").agg(line_no=pl.col("line_no").max()))
+    if interval is None:
+        steps = [step for step in training.get_column("step").to_list() if step > 0]
+        interval = math.gcd(*steps) if steps else 1
+    if interval <= 1 or not training.height:
+        return frame.clear().select(columns)
+    return training.with_columns(key=pl.lit(STEPS_COVERED), value=pl.lit(float(interval))).select(columns).sort(
+        group, "step")

@@ -16,6 +16,8 @@ METRIC_ALIASES = {
     "completions/clipped_ratio": "clip_ratio",
     "num_tokens/per_step": "total_tokens",
     "step_time": "step_s",
+    "wall_time/step_s": "step_s",
+    "trl/steps_covered": "steps_covered",
     "reward": "reward_mean",
     "kl": "kl_mean",
     "objective/kl": "kl_mean",

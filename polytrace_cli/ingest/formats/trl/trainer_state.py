@@ -110,15 +110,19 @@ class TrainerStateIngester(Ingester):
                 ctx.reject(line_no, f"step {step} is out of range", json.dumps(entry)[:300], code=ErrorCode.OUT_OF_RANGE)
                 continue
             in_eval = trl.is_eval_dict(entry)
-            pairs = [(trl.store_key(key, in_eval), *trl.scalar(value)) for key, value in entry.items() if key != "step"]
+            pairs = [(trl.store_key(trl.mean_length_key(key, entry), in_eval), *trl.scalar(value))
+                     for key, value in entry.items() if key != "step"]
             rows.extend((line_no, int(step), key, value, text) for key, value, text in pairs)
             ctx.stored += 1
         frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String,
                                            "value": pl.Float64, "text_value": pl.String}, orient="row")
         frame = with_segments(frame)
         derived = trl.tokens_per_step(frame.rename({"segment": "group"}).filter(pl.col("value").is_not_null()))
-        frame = pl.concat([frame, derived.rename({"group": "segment"}).with_columns(text_value=pl.lit(None, pl.String))
-                           .select(frame.columns)]).sort("line_no")
+        interval = document.get("logging_steps")
+        covered = trl.steps_covered_rows(frame.rename({"segment": "group"}), "group",
+                                         interval if isinstance(interval, int) and interval >= 1 else None)
+        frame = pl.concat([frame, *(part.rename({"group": "segment"}).with_columns(text_value=pl.lit(None, pl.String))
+                                    .select(frame.columns) for part in (derived, covered))]).sort("line_no")
         keys = frame.get_column("key").unique().to_list()
         if trl.is_trl(keys):
             claim_framework(ctx, "trl")

@@ -151,9 +151,12 @@ class VerlGrammar(ConsoleGrammar):
     """verl's metric lines: `step:N - key:value - ...`, parsed in bulk, dirty lines in Python."""
 
     anchor = "step:"
+    # `step:N - key:value`, anywhere in the line (after a bar, a prefix, colour codes).
+    record_hint = r"step:\s*\d+\s+-\s+[\w/@.\-]+:"
     reclaimable = "tqdm"
     printed_values_read = PRINTED_SAMPLE_SIZE
-    recomputed_meta = run_metadata.VERL_META_FROM_STORED_ROWS | {"step_time_logged"}
+    # `crash` is read from the lines after the last metric line: new steps decide it again.
+    recomputed_meta = run_metadata.VERL_META_FROM_STORED_ROWS | {"step_time_logged", "crash"}
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         metric_like = cleaned.str.starts_with("step:")
@@ -164,7 +167,12 @@ class VerlGrammar(ConsoleGrammar):
         metrics, lines = _parse_metric_lines(lines)
         printed = lines.filter(pl.col("kind") == "metric").select("line_no", printed=pl.col("c").str.extract(STEP_PREFIX, 1))
         metrics, flags, dirty_printed = _parse_dirty_lines(ctx, lines, metrics)
-        return ParsedMetrics(metrics, flags, pl.concat([printed, dirty_printed]).sort("line_no"))
+        printed = pl.concat([printed, dirty_printed]).sort("line_no")
+        metrics, rejected = _unglue_numbers(ctx, metrics, lines)
+        if rejected:
+            keep = ~pl.col("line_no").is_in(rejected)
+            flags, printed = flags.filter(keep), printed.filter(keep)
+        return ParsedMetrics(metrics, flags, printed)
 
     def fallback(self, ctx: FileContext, lines: pl.DataFrame) -> int:
         return _store_tqdm_estimates(ctx, lines.filter(pl.col("kind") == "tqdm").select("line_no", "raw"))
@@ -211,6 +219,49 @@ def _pairs(metric: pl.LazyFrame) -> pl.LazyFrame:
         )
     )
     return pairs
+
+
+# A value that starts as a number and runs on into other text with no space between: another
+# stream's output written into the metric line (`0.0712/home/.../distributed_c10d.py:4807: UserWarning`).
+GLUED_NUMBER = r"^([-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?)(\S.*)$"
+# What the rest must start with to be plainly not part of the number: a path, a Ray prefix, a word of
+# three letters or more, a bracket, an ANSI escape.
+NOT_OF_THE_NUMBER = r"^(?:/[\w.~\-]|\([A-Za-z_][\w.\-]* pid=|[A-Za-z_]{3,}(?:\W|$)|\[|\x1b)"
+
+
+def _unglue_numbers(ctx: FileContext, metrics: pl.DataFrame, lines: pl.DataFrame) -> tuple[pl.DataFrame, list[int]]:
+    """Metrics with each value that is a number glued to text (`GLUED_NUMBER`) read as its leading
+    number when the rest is plainly not part of it (`NOT_OF_THE_NUMBER`, noted), and the lines
+    holding any other such value rejected (`unparsable-line`, with the key and value): a number
+    is never stored as a long text, nor guessed from an ambiguous one."""
+    text = pl.col("text_value")
+    glued = metrics.filter(pl.col("value").is_null() & text.is_not_null() & text.str.contains(GLUED_NUMBER))
+    if not glued.height:
+        return metrics, []
+    parts = glued.select("line_no", "pair_index", "key", "text_value",
+                         number=text.str.extract(GLUED_NUMBER, 1), rest=text.str.extract(GLUED_NUMBER, 2))
+    plain = parts.filter(pl.col("rest").str.contains(NOT_OF_THE_NUMBER))
+    ambiguous = parts.filter(~pl.col("rest").str.contains(NOT_OF_THE_NUMBER))
+    rejected = ambiguous.get_column("line_no").unique().sort().to_list()
+    raw = dict(lines.filter(pl.col("line_no").is_in(rejected)).select("line_no", "raw").iter_rows()) if rejected else {}
+    for line_no, key, value in ambiguous.unique("line_no", keep="first", maintain_order=True).select(
+            "line_no", "key", "text_value").iter_rows():
+        ctx.reject(line_no, f"key {key}: value {value[:60]!r} is a number run into other text", raw.get(line_no),
+                   code="unparsable-line")
+    if plain.height:
+        fixed = plain.select("line_no", "pair_index", fixed=pl.col("number").cast(pl.Float64))
+        metrics = metrics.join(fixed, on=["line_no", "pair_index"], how="left", maintain_order="left").with_columns(
+            value=pl.coalesce("fixed", "value"),
+            text_value=pl.when(pl.col("fixed").is_not_null()).then(None).otherwise(pl.col("text_value")),
+            raw_value=pl.when(pl.col("fixed").is_not_null()).then(pl.col("fixed").cast(pl.String))
+            .otherwise(pl.col("raw_value"))).drop("fixed")
+        first = plain.row(0, named=True)
+        ctx.note(f"{plain.height} value(s) glued to text that is not part of them (another stream's output): the "
+                 f"leading number kept, e.g. line {first['line_no']} key {first['key']}: {first['number']} "
+                 f"before {first['rest'][:40]!r}")
+    if rejected:
+        metrics = metrics.filter(~pl.col("line_no").is_in(rejected))
+    return metrics, rejected
 
 
 def _parse_dirty_lines(ctx: FileContext, lines: pl.DataFrame,
@@ -310,8 +361,8 @@ def _store_tqdm_estimates(ctx: FileContext, tqdm_lines: pl.DataFrame) -> int:
 
 
 def _note_zero_steps(ctx: FileContext, lines: pl.DataFrame) -> None:
-    errors = lines.filter(pl.col("c").str.contains(r"(?:Error|Exception)\b")).get_column("c")
-    ending = f"; last error: {errors[-1].strip()[:160]}" if len(errors) else ""
+    crash = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
+    ending = f"; the job died before its first step: {crash}" if crash else ""
     ctx.note(f"zero steps: the log ends before step 1{ending}")
 
 
@@ -381,5 +432,6 @@ def _record_meta(ctx: FileContext, lines: pl.DataFrame, metrics: pl.DataFrame) -
     # Lines read that hold a step decide how the log ends: no error after the last one is False (a crash
     # an earlier read of a growing log saw is over), while lines without a step cannot tell (None keeps it).
     crash = run_metadata.crash_after_last_step(lines.get_column("c").to_list())
-    meta["crash"] = crash if crash is not None else (False if reads_a_step else None)
+    if crash is not None or reads_a_step:
+        meta["crash"] = crash if crash is not None else False
     ctx.run_meta.update(meta)
