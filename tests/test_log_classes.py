@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.crashes import crash_start, first_crash
 from polytrace_cli.diagnose.per_step import steps_with_causes
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.simulate.policies import whatif_run
 from polytrace_cli.store import open_store
 from polytrace_cli.store.queries import runs_frame

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.store import open_store
 
 REAL = SHARED_DATA / "real"
