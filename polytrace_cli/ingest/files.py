@@ -169,8 +169,9 @@ def readable(source: Path) -> Iterator[Readable]:
                 raise UnreadableFile(error.strerror or str(error)) from None
         else:
             target.symlink_to(source.resolve())
-        yield Readable(target, source.with_name(inner_name) if compressed else target, compressed,
-                       rewritten=compressed or rewrite)
+        # Sniffers see the input's own location (a format may look at the files beside it).
+        name_path = source.with_name(inner_name) if compressed else (source if rewrite else target)
+        yield Readable(target, name_path, compressed, rewritten=compressed or rewrite)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -85,7 +85,7 @@ class TrainerStateIngester(Ingester):
         document = read_state(ctx.path)
         history = document["log_history"]
         ctx.lines = len(history)
-        later = superseding_file(ctx.path)
+        later = superseding_file(ctx.location)
         if later is not None:
             ctx.ignore(SUPERSEDED_RULE, len(history))
             ctx.note(f"superseded by {later.parent.name}/{later.name}: its log_history holds these steps")

@@ -1,0 +1,119 @@
+"""Record and store formats fail per record, never per file, and never skip a file that holds records.
+
+Every input is written at test time, small. MLflow SQLite stores are written with MLflow's own table
+and column names (mlflow/store/tracking/dbmodels/models.py, mlflow 3.17.2: `metrics.value` a double,
+`step` and `timestamp` BIGINT, `is_nan` a flag; `sqlalchemy_store.sanitize_metric_value` writes NaN as
+0 with is_nan = 1 and ±inf as ±1.7976931348623157e308, so an infinity in `value` is no MLflow value).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from polytrace_cli.ingest.runner import ingest_paths
+
+MLFLOW_SCHEMA = """
+CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name VARCHAR(256));
+CREATE TABLE runs (run_uuid VARCHAR(32) PRIMARY KEY, name VARCHAR(250), status VARCHAR(9), start_time BIGINT,
+                   end_time BIGINT, lifecycle_stage VARCHAR(20), experiment_id INTEGER);
+CREATE TABLE metrics (key VARCHAR(250), value FLOAT NOT NULL, timestamp BIGINT, run_uuid VARCHAR(32),
+                      step BIGINT DEFAULT 0 NOT NULL, is_nan BOOLEAN NOT NULL);
+CREATE TABLE params (key VARCHAR(250), value VARCHAR(8000), run_uuid VARCHAR(32));
+CREATE TABLE tags (key VARCHAR(250), value VARCHAR(8000), run_uuid VARCHAR(32));
+"""
+
+
+def write_mlflow_db(path: Path, metrics: list[tuple], runs: tuple[str, ...] = ("r1",)) -> Path:
+    """An MLflow SQLite store holding `runs` and the metrics rows (key, value, step, run_uuid, is_nan)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as con:
+        con.executescript(MLFLOW_SCHEMA)
+        con.executemany("INSERT INTO runs VALUES (?, ?, 'FINISHED', ?, NULL, 'active', 0)",
+                        [(uuid, f"name-{uuid}", 1000 + index) for index, uuid in enumerate(runs)])
+        con.executemany("INSERT INTO metrics VALUES (?, ?, 1700000000000, ?, ?, ?)",
+                        [(key, value, run, step, nan) for key, value, step, run, nan in metrics])
+        con.execute("INSERT INTO params VALUES ('trainer.nnodes', '1', 'r1')")
+    con.close()
+    return path
+
+
+def _good_rows(steps: int = 4) -> list[tuple]:
+    return [("timing_s/step", 10.0 + step, step, "r1", 0) for step in range(1, steps + 1)]
+
+
+def _errors(con) -> list[tuple]:
+    return con.execute("SELECT line_no, code FROM ingest_errors ORDER BY line_no").fetchall()
+
+
+def test_an_mlflow_db_in_a_folder_named_with_uri_characters_is_read_and_nothing_is_created(store, tmp_path):
+    logs = tmp_path / "logs"
+    db = write_mlflow_db(logs / "runs#1%2F..%2F..%2Fescape?x=1" / "mlflow.db", _good_rows())
+    before = sorted(p.relative_to(logs) for p in logs.rglob("*"))
+    [report] = ingest_paths(store, [logs])
+    assert (report.format, report.status, report.stored) == ("mlflow-sqlite", "ingested", 5)
+    assert sorted(p.relative_to(logs) for p in logs.rglob("*")) == before
+    assert not (logs / "runs").exists() and not (tmp_path / "escape").exists()
+    assert store.execute("SELECT count(*) FROM step_metrics").fetchall() == [(4,)]
+    assert db.is_file()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "scrambled pages"])
+def test_a_damaged_mlflow_db_is_an_error_with_its_reason_never_a_skip(store, tmp_path, damage):
+    db = write_mlflow_db(tmp_path / "run" / "mlflow.db", _good_rows(40))
+    data = bytearray(db.read_bytes())
+    if damage == "truncated":
+        data = data[:len(data) // 2 + 100]
+    else:
+        data[100:len(data)] = bytes(b ^ 0x5A for b in data[100:])
+    db.write_bytes(bytes(data))
+    [report] = ingest_paths(store, [tmp_path / "run"])
+    assert report.status == "rejected" and report.failed, report
+    assert "damaged SQLite database" in report.message
+
+
+def test_bad_mlflow_metrics_rows_are_rejected_one_by_one(store, tmp_path):
+    rows = _good_rows(4) + [
+        ("timing_s/step", 20.5, 5, "r1", 0),         # rowid 5: good
+        ("timing_s/step", "fast", 6, "r1", 0),       # 6: text value
+        ("timing_s/step", float("inf"), 7, "r1", 0),  # 7: 1e999 is stored by SQLite as +inf
+        ("timing_s/step", 3.0, 2.5, "r1", 0),         # 8: a step that is not whole
+        ("timing_s/step", 3.0, 2**40, "r1", 0),       # 9: a step beyond INTEGER
+        ("timing_s/step", 3.0, 9, "ghost", 0),        # 10: a run the runs table does not hold
+        ("critic/rewards/mean", 0.0, 1, "r1", 1),     # 11: MLflow's NaN
+    ]
+    db = write_mlflow_db(tmp_path / "run" / "mlflow.db", rows)
+    [report] = ingest_paths(store, [db])
+    assert report.status == "ingested", report
+    assert _errors(store) == [(6, "type-error"), (7, "out-of-range"), (8, "type-error"), (9, "out-of-range"),
+                              (10, "constraint-error")]
+    assert (report.lines, report.stored, report.rejected) == (12, 7, 5)
+    stored = store.execute("SELECT step, value FROM step_metrics WHERE key = 'timing_s/step' ORDER BY step").fetchall()
+    assert stored == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0), (5, 20.5)]
+    assert store.execute("SELECT isnan(value) FROM step_metrics WHERE key = 'critic/rewards/mean'").fetchall() \
+        == [(True,)]
+    assert store.execute("SELECT count(*) FROM step_metrics WHERE isinf(value)").fetchall() == [(0,)]
+
+
+def _mlflow_run_folder(root: Path) -> Path:
+    run = root / "mlruns" / "0" / "abc123"
+    (run / "metrics" / "timing_s").mkdir(parents=True)
+    (run / "meta.yaml").write_text("run_id: abc123\nexperiment_id: '0'\nrun_name: grpo\n")
+    return run
+
+
+@pytest.mark.parametrize("layout", ["bom", "cr"])
+def test_mlflow_metric_files_with_a_byte_order_mark_or_cr_line_ends_are_read(store, tmp_path, layout):
+    run = _mlflow_run_folder(tmp_path)
+    lines = [f"17000000000{step} {10.5 + step} {step}" for step in range(1, 5)]
+    data = ("\r".join(lines) + "\r").encode() if layout == "cr" else b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n"
+    (run / "metrics" / "timing_s" / "step").write_bytes(data)
+    reports = {Path(r.path).name: r for r in ingest_paths(store, [tmp_path / "mlruns"])}
+    report = reports["step"]
+    assert (report.format, report.status, report.stored, report.rejected) == ("mlflow-metric", "ingested", 4, 0)
+    assert store.execute("SELECT step, value FROM step_metrics ORDER BY step").fetchall() == [
+        (step, 10.5 + step) for step in range(1, 5)]
