@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +133,103 @@ def wandb_summary_bom(folder: Path, rng: random.Random) -> Case:
     return Case("wandb-summary BOM", [path], len(document), [path])
 
 
+# --- record logs: wandb's LevelDB-style framing, written out here as its writer lays it down
+
+WANDB_BLOCK = 32 * 1024
+WANDB_FILE_HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def record_piece(kind: int, piece: bytes) -> bytes:
+    """One piece of a record behind its 7-byte header: CRC-32 of the type byte then the data, length, type."""
+    return struct.pack("<IHB", zlib.crc32(piece, zlib.crc32(bytes([kind]))), len(piece), kind) + piece
+
+
+def wandb_record_log(bodies: list[bytes]) -> bytes:
+    """A wandb record log holding `bodies`, framed as LevelDB's log writer (which wandb's follows) frames
+    them: a block tail shorter than a header is zero padding; a record that does not fit its block is
+    split into first, middle and last pieces; with exactly a header's room left, the first piece is empty."""
+    out = bytearray(WANDB_FILE_HEADER)
+    for body in bodies:
+        left, first = body, True
+        while True:
+            room = WANDB_BLOCK - len(out) % WANDB_BLOCK
+            if room < 7:
+                out += bytes(room)
+                continue
+            piece, left = left[:room - 7], left[room - 7:]
+            kind = (FULL if not left else FIRST) if first else (LAST if not left else MIDDLE)
+            out += record_piece(kind, piece)
+            first = False
+            if not left:
+                break
+    return bytes(out)
+
+
+def wandb_history(step, values: dict[str, str]) -> bytes:
+    """A wandb `Record` holding one history row: `_step` and each value as the JSON text given."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    items = [pb.HistoryItem(key="_step", value_json=str(step))]
+    items += [pb.HistoryItem(key=key, value_json=text) for key, text in values.items()]
+    return pb.Record(history=pb.HistoryRecord(item=items)).SerializeToString()
+
+
+HOSTILE_WANDB_VALUES = {
+    "400 digits": ({"_step": "7"}, {"timing_s/step": "1" + "0" * 400}, "out-of-range"),
+    "1e400": ({"_step": "7"}, {"timing_s/step": "1e400"}, "out-of-range"),
+    "step 1e400": ({"_step": "1e400"}, {"timing_s/step": "3.5"}, "out-of-range"),
+    "step NaN": ({"_step": "NaN"}, {"timing_s/step": "3.5"}, "type-error"),
+    "deep": ({"_step": "7"}, {"timing_s/step": "[" * 100_000 + "]" * 100_000}, "invalid-json"),
+}
+
+
+def wandb_offline_bad_record(folder: Path, rng: random.Random, steps: int = 12) -> Case:
+    """A wandb offline log with one hostile history record among good ones (a 400-digit value, 1e400,
+    a `_step` of 1e400 or NaN, a value nested 100,000 deep), and, half the time, a record header whose
+    length runs past its block: only the rest of that block may be lost."""
+    name = rng.choice(sorted(HOSTILE_WANDB_VALUES))
+    step_item, values, _ = HOSTILE_WANDB_VALUES[name]
+    bodies = [wandb_history(step, {"timing_s/step": f"{rng.uniform(5, 60):.3f}", "note": json.dumps("x" * 3000)})
+              for step in range(1, steps + 1)]
+    bodies.insert(rng.randint(1, len(bodies)), wandb_history(step_item["_step"], values))
+    data = bytearray(wandb_record_log(bodies))
+    stored = steps
+    if rng.random() < 0.5:  # spoil the length of the first full record past the first block
+        at = next(offset for offset, kind, _ in record_pieces(bytes(data)) if kind == FULL and offset > WANDB_BLOCK)
+        block_end = (at // WANDB_BLOCK + 1) * WANDB_BLOCK
+        stored -= sum(not any(marker in data[offset + 7:offset + 7 + length] for marker in HOSTILE_MARKERS)
+                      for offset, kind, length in record_pieces(bytes(data)) if kind in (FULL, FIRST)
+                      and at <= offset < block_end)
+        struct.pack_into("<H", data, at + 4, 60_000)
+    path = _write(folder / "wandb" / "offline-run-20250101_000000-abc" / "run-abc.wandb", bytes(data))
+    return Case(f"wandb offline {name}", [folder / "wandb"], stored, [path])
+
+
+# Bytes only the hostile record of `wandb_offline_bad_record` holds.
+HOSTILE_MARKERS = (b"1e400", b"NaN", b"0" * 400, b"[" * 100)
+
+
+def record_pieces(data: bytes):
+    """(offset, type, length) of each piece of a well-framed wandb record log, padding passed over."""
+    offset = len(WANDB_FILE_HEADER)
+    while offset + 7 <= len(data):
+        room = WANDB_BLOCK - offset % WANDB_BLOCK
+        if room < 7:
+            offset += room
+            continue
+        _, length, kind = struct.unpack_from("<IHB", data, offset)
+        yield offset, kind, length
+        offset += 7 + length
+
+
 CASES: list[Callable[[Path, random.Random], Case]] = [
     verl_jsonl_with_bad_first_line, verl_jsonl_bad_middle, jsonl_cr_only, console_after_long_startup,
     wandb_csv_damaged, wandb_table_bad_byte, wandb_summary_bom,
 ]
+try:
+    import wandb.proto.wandb_internal_pb2  # noqa: F401  (the optional reader of wandb offline logs)
+except ImportError:
+    pass
+else:
+    CASES.append(wandb_offline_bad_record)

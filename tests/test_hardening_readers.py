@@ -117,3 +117,56 @@ def test_mlflow_metric_files_with_a_byte_order_mark_or_cr_line_ends_are_read(sto
     assert (report.format, report.status, report.stored, report.rejected) == ("mlflow-metric", "ingested", 4, 0)
     assert store.execute("SELECT step, value FROM step_metrics ORDER BY step").fetchall() == [
         (step, 10.5 + step) for step in range(1, 5)]
+
+
+# --- wandb offline record logs (records built with wandb's own protobuf definitions, framed as its writer does)
+
+def _wandb_log(tmp_path: Path, bodies: list[bytes]) -> Path:
+    from hostile_inputs import wandb_record_log
+
+    path = tmp_path / "wandb" / "offline-run-20250101_000000-abc" / "run-abc.wandb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(wandb_record_log(bodies))
+    return path
+
+
+@pytest.mark.parametrize("name", ["400 digits", "1e400", "step 1e400", "step NaN", "deep"])
+def test_a_hostile_wandb_history_record_is_that_records_error(store, tmp_path, name):
+    pytest.importorskip("wandb")
+    from hostile_inputs import HOSTILE_WANDB_VALUES, wandb_history
+
+    step, values, code = HOSTILE_WANDB_VALUES[name]
+    bodies = [wandb_history(s, {"timing_s/step": str(10.5 + s)}) for s in (1, 2)]
+    bodies += [wandb_history(step["_step"], values), wandb_history(3, {"timing_s/step": "13.5"})]
+    [report] = ingest_paths(store, [_wandb_log(tmp_path, bodies)])
+    assert report.status == "ingested", report
+    assert _errors(store) == [(3, code)]
+    assert (report.lines, report.stored, report.rejected) == (4, 3, 1)
+    assert store.execute("SELECT step, value FROM step_metrics ORDER BY step").fetchall() == [
+        (1, 11.5), (2, 12.5), (3, 13.5)]
+
+
+def test_a_bad_length_in_a_wandb_log_costs_only_the_rest_of_its_block(store, tmp_path):
+    pytest.importorskip("wandb")
+    import struct
+
+    from hostile_inputs import FULL, WANDB_BLOCK, record_pieces, wandb_history
+
+    bodies = [wandb_history(s, {"timing_s/step": str(float(s)), "note": json.dumps("x" * 2000)}) for s in range(1, 41)]
+    path = _wandb_log(tmp_path, bodies)
+    data = bytearray(path.read_bytes())
+    pieces = list(record_pieces(bytes(data)))
+    at = next(offset for offset, kind, _ in pieces if kind == FULL and offset > WANDB_BLOCK)
+    block_end = (at // WANDB_BLOCK + 1) * WANDB_BLOCK
+    # Records 1..k end before `at`; those starting in at..block_end (and the piece of one split across
+    # the block end) are lost; every record starting in a later block is kept.
+    starts = [offset for offset, kind, _ in pieces if kind in (1, 2)]
+    lost = [index + 1 for index, offset in enumerate(starts) if at <= offset < block_end]
+    struct.pack_into("<H", data, at + 4, 60_000)
+    path.write_bytes(bytes(data))
+    [report] = ingest_paths(store, [path])
+    kept = [step for step in range(1, 41) if step not in lost]
+    assert store.execute("SELECT DISTINCT step FROM step_metrics ORDER BY step").fetchall() == [(s,) for s in kept]
+    assert _errors(store) == [(lost[0], "corrupt-file")]
+    assert (report.lines, report.stored, report.rejected) == (len(kept) + 1, len(kept), 1)
+    assert kept[-1] == 40 and 0 < len(lost) <= WANDB_BLOCK // 2000 + 1  # what follows the block is read
