@@ -170,3 +170,43 @@ def test_a_bad_length_in_a_wandb_log_costs_only_the_rest_of_its_block(store, tmp
     assert _errors(store) == [(lost[0], "corrupt-file")]
     assert (report.lines, report.stored, report.rejected) == (len(kept) + 1, len(kept), 1)
     assert kept[-1] == 40 and 0 < len(lost) <= WANDB_BLOCK // 2000 + 1  # what follows the block is read
+
+
+# --- trainer_state.json (transformers' Trainer.state: `log_history` entries with a `step`) and TRL's console
+
+def _entry(step: int | str, **values) -> str:
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in {"loss": "0.5", **values, "step": step}.items()) + "}"
+
+
+@pytest.mark.parametrize("bad, code", [
+    (_entry(3, grad_norm="1" + "0" * 400), "out-of-range"),
+    (_entry(3, grad_norm="1e400"), "out-of-range"),
+    (_entry(3, grad_norm='"1e400"'), "out-of-range"),
+    (_entry("1e400"), "out-of-range"),
+    (_entry("NaN"), "type-error"),
+    (_entry(3, completions="[" * 100_000 + "]" * 100_000), "invalid-json"),
+], ids=["400-digits", "1e400", "string-1e400", "step-1e400", "step-nan", "deep"])
+def test_a_hostile_trainer_state_entry_is_that_entrys_error(store, tmp_path, bad, code):
+    entries = [_entry(1, grad_norm="1.5"), _entry(2, grad_norm="2.5"), bad, _entry(4, grad_norm="4.5")]
+    path = tmp_path / "out" / "trainer_state.json"
+    path.parent.mkdir()
+    path.write_text('{"global_step": 4, "log_history": [' + ", ".join(entries) + '], "max_steps": 4}')
+    [report] = ingest_paths(store, [path])
+    assert report.status == "ingested", report
+    assert _errors(store) == [(3, code)]
+    assert (report.lines, report.stored, report.rejected) == (4, 3, 1)
+    assert store.execute("SELECT step, value FROM step_metrics WHERE key = 'grad_norm' ORDER BY step").fetchall() \
+        == [(1, 1.5), (2, 2.5), (4, 4.5)]
+    assert json.loads(store.execute("SELECT meta FROM runs").fetchall()[0][0])["max_steps"] == 4
+
+
+def test_a_trl_string_value_beyond_a_double_rejects_its_line(store, tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("{'loss': 0.5, 'grad_norm': '1e400', 'learning_rate': 1e-06, 'epoch': 0.1}\n"
+                    "{'loss': 0.5, 'grad_norm': 1.5, 'learning_rate': 1e-06, 'epoch': 0.2}\n"
+                    "{'loss': 0.5, 'grad_norm': '-1e400', 'x': [1, 2], 'learning_rate': 1e-06, 'epoch': 0.3}\n"
+                    "{'loss': 0.5, 'grad_norm': 'inf', 'learning_rate': 1e-06, 'epoch': 0.4}\n")
+    [report] = ingest_paths(store, [path], format_name="trl-console")
+    assert _errors(store) == [(1, "out-of-range"), (3, "out-of-range")]
+    assert store.execute("SELECT line_no, value FROM step_metrics WHERE key = 'grad_norm' ORDER BY line_no").fetchall() \
+        == [(2, 1.5), (4, float("inf"))]  # a printed 'inf' is the writer's own spelling
