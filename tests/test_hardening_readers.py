@@ -210,3 +210,37 @@ def test_a_trl_string_value_beyond_a_double_rejects_its_line(store, tmp_path):
     assert _errors(store) == [(1, "out-of-range"), (3, "out-of-range")]
     assert store.execute("SELECT line_no, value FROM step_metrics WHERE key = 'grad_norm' ORDER BY line_no").fetchall() \
         == [(2, 1.5), (4, float("inf"))]  # a printed 'inf' is the writer's own spelling
+
+
+# --- wandb CSV exports
+
+def test_a_wandb_csv_cell_beyond_a_double_rejects_its_row(store, tmp_path):
+    path = tmp_path / "export.csv"
+    path.write_text('"Step","r - a","r - b"\n"1","1e400","2"\n"2","3","-1e400"\n"3","inf","5"\n"4","1.5","2.5"\n')
+    [report] = ingest_paths(store, [path])
+    assert _errors(store) == [(2, "out-of-range"), (3, "out-of-range")]
+    assert (report.lines, report.stored, report.rejected) == (5, 2, 2)
+    assert store.execute("SELECT step, key, value FROM step_metrics ORDER BY step, key").fetchall() == [
+        (3, "a", float("inf")), (3, "b", 5.0), (4, "a", 1.5), (4, "b", 2.5)]  # a written inf stays
+
+
+@pytest.mark.parametrize("before", [b"exported from the wandb UI\n\n", b"# run export\n"], ids=["note", "comment"])
+def test_a_wandb_csv_whose_first_line_is_not_its_header_is_read(store, tmp_path, before):
+    path = tmp_path / "logs" / "export.csv"
+    path.parent.mkdir()
+    path.write_bytes(before + b'"Step","r - a"\n"1","1.5"\n"2","2.5"\n')
+    [report] = ingest_paths(store, [tmp_path / "logs"])
+    skipped = before.count(b"\n")
+    assert (report.format, report.lines, report.stored, report.ignored) == ("wandb-csv", 3 + skipped, 2, 1 + skipped)
+    assert store.execute("SELECT step, value, line_no FROM step_metrics ORDER BY step").fetchall() == [
+        (1, 1.5, 2 + skipped), (2, 2.5, 3 + skipped)]
+
+
+@pytest.mark.parametrize("damage", [b"", b'\n"3","4"2"'], ids=["clean", "with-a-bad-row"])
+def test_a_nul_block_in_a_wandb_csv_header_never_reaches_the_key_names(store, tmp_path, damage):
+    path = tmp_path / "export.csv"
+    path.write_bytes(b'"Step","r - a' + bytes(16) + b'","r - b"\n"1","1.5","2"\n"2","3","4"' + damage + b"\n")
+    [report] = ingest_paths(store, [path])
+    assert report.status == "ingested", report
+    assert store.execute("SELECT DISTINCT key FROM step_metrics").fetchall() == [("b",)]
+    assert any("NUL bytes" in note for note in report.notes)
