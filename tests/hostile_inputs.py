@@ -133,6 +133,94 @@ def wandb_summary_bom(folder: Path, rng: random.Random) -> Case:
     return Case("wandb-summary BOM", [path], len(document), [path])
 
 
+def verl_jsonl_after_other_lines(folder: Path, rng: random.Random, steps: int = 8) -> Case:
+    """A small verl JSONL walked in a folder whose records come after 30 KB or more of other lines
+    (hundreds of warnings), all within the first sniffed block."""
+    noise = "".join(f"WARNING: retrying the reward call {i} of the batch ...\n" for i in range(rng.randint(600, 1100)))
+    good = "".join(_verl_jsonl_line(step, rng) + "\n" for step in range(1, steps + 1))
+    path = _write(folder / "run" / "metrics.jsonl", (noise + good).encode())
+    return Case("verl-jsonl after 30 KB of other lines", [folder / "run"], steps, [path])
+
+
+def rollout_dump_first_line_warning(folder: Path, rng: random.Random, samples: int = 6) -> Case:
+    """A verl rollout dump `{step}.jsonl` whose first line is a warning printed into it."""
+    first = rng.choice(["UserWarning: the tokenizer has no pad token\n", "\n\n", "Traceback (most recent call last):\n"])
+    lines = "".join(json.dumps({"input": f"prompt {i // 2}", "output": "answer " * rng.randint(1, 20), "score": 1.0,
+                                "step": 3}) + "\n" for i in range(samples))
+    path = _write(folder / "rollout" / "3.jsonl", (first + lines).encode())
+    return Case("rollout dump first line a warning", [folder / "rollout"], samples, [path])
+
+
+def small_log_with_a_damaged_long_line(folder: Path, rng: random.Random, steps: int = 10) -> Case:
+    """A small verl console log holding one long line with a damaged byte (a NUL or a byte that is
+    not UTF-8) in the middle: more than half of its bytes, but the file is text."""
+    lines = [_verl_console_line(step, rng) for step in range(1, steps + 1)]
+    damaged = ("(TaskRunner pid=1) " + "x" * rng.randint(20_000, 40_000)).encode()
+    at = rng.randint(100, len(damaged) - 100)
+    damaged = damaged[:at] + rng.choice([b"\x00", b"\xff", b"\x00" * 8]) + damaged[at:]
+    encoded = [line.encode() for line in lines]
+    encoded.insert(rng.randint(1, len(encoded) - 1), damaged)
+    path = _write(folder / "job" / "train.log", b"\n".join(encoded) + b"\n")
+    return Case("small log with a damaged long line", [folder / "job"], steps, [path])
+
+
+def mlflow_metric_bom_or_cr(folder: Path, rng: random.Random, steps: int = 6) -> Case:
+    """An MLflow file-store metric file written with a byte order mark or CR-only line ends."""
+    run = folder / "mlruns" / "0" / "abc123"
+    _write(run / "meta.yaml", b"run_id: abc123\nexperiment_id: '0'\nrun_name: grpo\n")
+    lines = [f"{1700000000000 + step} {rng.uniform(5, 60):.4f} {step}" for step in range(1, steps + 1)]
+    data = ("\r".join(lines) + "\r").encode() if rng.random() < 0.5 else b"\xef\xbb\xbf" + "\n".join(lines).encode()
+    path = _write(run / "metrics" / "timing_s" / "step", data)
+    # meta.yaml is one stored entry of its own.
+    return Case("mlflow metric file BOM or CR", [folder / "mlruns"], steps + 1, [path])
+
+
+def wandb_csv_header_not_first(folder: Path, rng: random.Random, rows: int = 8) -> Case:
+    """A wandb CSV export walked in a folder whose first lines are a note, not its header."""
+    note = rng.choice(['exported from the wandb UI\n\n', '# project: rl\n', '\n'])
+    body = '"Step","run - timing_s/step"\n' + "".join(f'"{s}","{rng.uniform(30, 60):.3f}"\n' for s in range(1, rows + 1))
+    path = _write(folder / "exports" / "wandb.csv", (note + body).encode())
+    return Case("wandb csv header not first", [folder / "exports"], rows, [path])
+
+
+def trainer_state_bad_entry(folder: Path, rng: random.Random, steps: int = 8) -> Case:
+    """A trainer_state.json with one hostile log_history entry: a 400-digit value, 1e400, a step of
+    1e400 or NaN, or a value nested 100,000 deep."""
+    entries = [json.dumps({"loss": round(rng.uniform(0, 1), 4), "grad_norm": round(rng.uniform(0, 5), 4), "step": s})
+               for s in range(1, steps + 1)]
+    bad = rng.choice(['{"loss": 1' + "0" * 400 + ', "step": 99}', '{"loss": 1e400, "step": 99}', '{"loss": 1, "step": 1e400}',
+                      '{"loss": 1, "step": NaN}', '{"loss": ' + "[" * 100_000 + "]" * 100_000 + ', "step": 99}'])
+    entries.insert(rng.randint(0, len(entries)), bad)
+    text = '{"global_step": %d, "log_history": [%s]}' % (steps, ", ".join(entries))
+    path = _write(folder / "output" / "trainer_state.json", text.encode())
+    return Case("trainer_state bad entry", [folder / "output"], steps, [path])
+
+
+def mlflow_db_bad_rows(folder: Path, rng: random.Random, steps: int = 6) -> Case:
+    """An MLflow SQLite store in a folder named with URI characters, with bad metrics rows (a text
+    value, an infinite value, a step of 2.5, a run missing from `runs`) among good ones."""
+    import sqlite3
+
+    path = folder / rng.choice(["runs#1", "a%2F..%2Fb", "q?mode=rwc"]) / "mlflow.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as con:
+        con.executescript(
+            "CREATE TABLE runs (run_uuid TEXT PRIMARY KEY, name TEXT, status TEXT, start_time BIGINT, end_time BIGINT,"
+            " lifecycle_stage TEXT, experiment_id INTEGER);"
+            "CREATE TABLE metrics (key TEXT, value FLOAT NOT NULL, timestamp BIGINT, run_uuid TEXT, step BIGINT NOT NULL,"
+            " is_nan BOOLEAN NOT NULL);"
+            "CREATE TABLE params (key TEXT, value TEXT, run_uuid TEXT); CREATE TABLE tags (key TEXT, value TEXT, run_uuid TEXT);"
+            "INSERT INTO runs VALUES ('r1', 'grpo', 'FINISHED', 1, NULL, 'active', 0);")
+        rows = [("timing_s/step", rng.uniform(5, 60), step, "r1") for step in range(1, steps + 1)]
+        rows.insert(rng.randint(0, len(rows)), rng.choice([("timing_s/step", "fast", 99, "r1"),
+                                                           ("timing_s/step", float("inf"), 99, "r1"),
+                                                           ("timing_s/step", 1.0, 2.5, "r1"),
+                                                           ("timing_s/step", 1.0, 99, "gone")]))
+        con.executemany("INSERT INTO metrics VALUES (?, ?, 0, ?, ?, 0)", [(k, v, r, s) for k, v, s, r in rows])
+    con.close()
+    return Case("mlflow db bad rows", [folder], steps, [path])
+
+
 # --- record logs: wandb's LevelDB-style framing, written out here as its writer lays it down
 
 WANDB_BLOCK = 32 * 1024
@@ -225,7 +313,9 @@ def record_pieces(data: bytes):
 
 CASES: list[Callable[[Path, random.Random], Case]] = [
     verl_jsonl_with_bad_first_line, verl_jsonl_bad_middle, jsonl_cr_only, console_after_long_startup,
-    wandb_csv_damaged, wandb_table_bad_byte, wandb_summary_bom,
+    wandb_csv_damaged, wandb_table_bad_byte, wandb_summary_bom, verl_jsonl_after_other_lines,
+    rollout_dump_first_line_warning, small_log_with_a_damaged_long_line, mlflow_metric_bom_or_cr,
+    wandb_csv_header_not_first, trainer_state_bad_entry, mlflow_db_bad_rows,
 ]
 try:
     import wandb.proto.wandb_internal_pb2  # noqa: F401  (the optional reader of wandb offline logs)
