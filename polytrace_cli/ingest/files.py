@@ -370,6 +370,15 @@ def byte_range_copy(path: Path, start: int, end: int) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+class Skip(str):
+    """The reason a file met while walking a folder is not read, by a named rule (not an error)."""
+
+
+LINK_OUTSIDE = "a link to a file outside the folder given: not read"
+LISTED_TWICE = "the same file as one listed before it (reached through a link): read once"
+NOT_A_FAILURE = (LINK_OUTSIDE, LISTED_TWICE)
+
+
 def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]:
     """(file, named_explicitly, problem) for every file under the given paths, sorted.
 
@@ -377,7 +386,10 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
     file reached through a symbolic link is resolved on its own). Hidden files and folders below a
     given folder, folders reached through a symbolic link, and DuckDB store files are left out. A
     folder below that cannot be listed is given as a path with its problem: what it holds was not read.
+    A file reached through a link that resolves outside the given folder is given with the `Skip`
+    LINK_OUTSIDE (it is never opened), and a file met a second time through a link with LISTED_TWICE.
     """
+    seen: set[Path] = set()
     for given in paths:
         path = Path(given)
         if not path.exists():
@@ -386,8 +398,22 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
             root = path.resolve()
             for relative, linked, problem in sorted(_files_below(root, ())):
                 child = root.joinpath(*relative)
-                yield (child.resolve() if linked else child), False, problem
+                if linked and not problem:
+                    try:
+                        child = child.resolve(strict=True)
+                    except (OSError, RuntimeError) as error:  # a dangling link, a loop of links
+                        yield child, False, f"cannot read: {getattr(error, 'strerror', None) or error}"
+                        continue
+                    if not child.is_relative_to(root):
+                        yield root.joinpath(*relative), False, Skip(LINK_OUTSIDE)
+                        continue
+                if child in seen and not problem:
+                    yield child, False, Skip(LISTED_TWICE)
+                    continue
+                seen.add(child)
+                yield child, False, problem
         elif path.is_file():
+            seen.add(path.resolve())
             yield path, True, None
         else:
             yield path, True, "not a regular file"

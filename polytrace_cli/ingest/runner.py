@@ -25,8 +25,8 @@ import duckdb
 from polytrace_cli.errors import IngestError, PolytraceError
 from polytrace_cli.ingest.base import FileContext, Ingester, file_owned_tables
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, RangeHashes, Readable, UnreadableFile, block_sha, byte_range_copy, hash_and_count_bytes,
-    hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
+    CorruptFile, FileHashes, RangeHashes, Readable, Skip, UnreadableFile, block_sha, byte_range_copy,
+    hash_and_count_bytes, hash_range, is_compressed, last_newline_end, path_text, readable, state_kept_for, walk,
 )
 from polytrace_cli.ingest.jsonl import (
     BulkJsonlIngester, create_stored_keyed, delete_records_of, few_refused, insert_typed_rows,
@@ -1024,7 +1024,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
     `failed_whole` for `record_failures`, and a run that only this file created is dropped if it fails."""
     shown = path_text(path)
     if problem:
-        return FileReport(path=shown, status="error", message=problem)
+        return FileReport(path=shown, status="skipped" if isinstance(problem, Skip) else "error", message=problem)
     try:
         with readable(path) as source:
             return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole,
