@@ -401,13 +401,21 @@ class Store:
 
         return replay_check(self.connection, benchmark, formal)
 
-    def confined(self) -> Store:
+    def confined(self, memory_limit: str | None = None) -> Store:
         """This store with its connection locked to it: no file read or written, no extension loaded, as
-        `polytrace query` runs SQL. Returns the store."""
+        `polytrace query` runs SQL; with `memory_limit` (DuckDB's spelling, '4GB'), its queries hold at
+        most that much memory and spill nothing to disk. Returns the store."""
         from polytrace_cli.store.connection import confine
 
-        confine(self.connection)
+        confine(self.connection, memory_limit=memory_limit)
         return self
+
+    def time_limit(self, seconds: float | None):
+        """A context within which the store's queries are stopped after `seconds` (None: no limit),
+        then raise PolytraceError saying so."""
+        from polytrace_cli.store.connection import time_limit
+
+        return time_limit(self.connection, seconds)
 
     def query_relation(self, sql: str) -> duckdb.DuckDBPyRelation:
         """The relation of one read-only statement (SELECT or EXPLAIN), without loading polars."""

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import duckdb
 
-from polytrace_cli.errors import StoreError
+from polytrace_cli.errors import PolytraceError, StoreError
+from polytrace_cli.store.sandbox import check_whole, read_through_own_views
 from polytrace_cli.store.catalog import catalog_is_current
 from polytrace_cli.store.migrations import SCHEMA_VERSION, check_not_newer, has_ledger, migrate, schema_version
 
@@ -297,6 +298,8 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                                  " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
             _drop_runs_without_files(con)
+        check_whole(con, path)
+        read_through_own_views(con, path, read_only)
     except StoreError:
         con.close()
         raise
@@ -318,14 +321,48 @@ CONFINED_SETTINGS = (
 )
 
 
-def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+def confine(con: duckdb.DuckDBPyConnection, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """Lock `con` to the store it has open: no file access, no extensions, configuration frozen.
-    A connection already confined (a lake is opened confined) is returned as it is."""
+    With `memory_limit`, its queries hold at most that much memory and spill nothing (no temporary
+    folder either: none can be read). A connection already confined (a lake is opened confined,
+    with its own limit) is returned as it is."""
     if fetch_first(con, "SELECT current_setting('lock_configuration')")[0]:
         return con
+    if memory_limit is not None:
+        try:
+            con.execute("SET memory_limit = ?", [memory_limit])
+        except duckdb.Error as error:
+            raise PolytraceError(f"memory limit {memory_limit!r} is not a size DuckDB reads (say 4GB):"
+                                 f" {str(error).strip().splitlines()[0]}") from None
+        con.execute("SET temp_directory = ''")
     for statement in CONFINED_SETTINGS:
         con.execute(statement)
     return con
+
+
+@contextmanager
+def time_limit(con: duckdb.DuckDBPyConnection, seconds: float | None) -> Iterator[None]:
+    """Within the block, `con`'s running query is interrupted once `seconds` have passed (None: no
+    limit); the interruption, and a query that ran out of the memory limit, raise PolytraceError."""
+    import threading
+
+    timer = threading.Timer(seconds, con.interrupt) if seconds else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    except duckdb.InterruptException:
+        if timer is None:
+            raise
+        raise PolytraceError(f"the query ran past its time limit of {seconds:g} s (--time-limit) and was"
+                             " stopped") from None
+    except duckdb.OutOfMemoryException as error:
+        raise PolytraceError(f"the query needs more memory than its limit allows (--memory-limit):"
+                             f" {str(error).strip().splitlines()[0][:200]}") from None
+    finally:
+        if timer:
+            timer.cancel()
 
 
 __all__ = ["DEFAULT_DB", "ENV_VAR", "confine", "connect_duckdb", "open_store", "resolve_db_path", "schema_version"]

@@ -45,6 +45,8 @@ from polytrace_cli.store.step_facts import DERIVED_TABLES
 MANIFEST = "manifest.json"
 LAKE_FORMAT = "polytrace-lake/1"
 DATA_FILE = "data.parquet"
+# What queries over a lake may hold in memory (they spill nothing to disk).
+LAKE_MEMORY_LIMIT = "4GB"
 
 
 def is_lake(path: str | os.PathLike) -> bool:
@@ -452,9 +454,11 @@ def open_lake(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
             raise StoreError(f"lake {root} lacks {root / entry['path']} listed in its manifest")
         files_by_table.setdefault(entry["table"], []).append(str(file))
     con = connect_duckdb()
-    # Only the lake's own Parquet files can be read, and the configuration is then locked.
+    # Only the lake's own Parquet files can be read, and the configuration is then locked. An
+    # in-memory DuckDB spills into ./.tmp of the working folder, which it may then read: it spills
+    # nowhere, under a memory limit.
     con.execute("SET allowed_paths = ?", [[p for paths in files_by_table.values() for p in paths]])
-    confine(con)
+    confine(con, memory_limit=LAKE_MEMORY_LIMIT)
     try:
         for name, entry in manifest["tables"].items():
             casts = ", ".join(f"CAST({_quote_ident(column)} AS {kind}) AS {_quote_ident(column)}"
