@@ -168,7 +168,9 @@ def read_manifest(out: Path) -> dict | None:
     try:
         manifest = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as error:
-        raise StoreError(f"{path} is not a readable lake manifest: {error}") from None
+        raise StoreError(f"{path} is not a readable lake manifest: {str(error)[:200]}") from None
+    except RecursionError:
+        raise StoreError(f"{path} is not a readable lake manifest: it is nested too deep to read") from None
     if not isinstance(manifest, dict) or manifest.get("format") != LAKE_FORMAT:
         raise StoreError(f"{path} is not a polytrace lake manifest (format {LAKE_FORMAT})")
     return manifest
@@ -362,8 +364,9 @@ def manifest_problem(manifest: object) -> str | None:
     """
     if not isinstance(manifest, dict):
         return "it is not a JSON object"
-    if not isinstance(manifest.get("schema_version"), int) or isinstance(manifest.get("schema_version"), bool):
-        return "schema_version is not a whole number"
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**31:
+        return "schema_version is not a whole number from 0 to 2^31 - 1"
     tables = manifest.get("tables")
     if not isinstance(tables, dict) or not tables:
         return "tables is not a non-empty object"
@@ -391,12 +394,16 @@ def manifest_problem(manifest: object) -> str | None:
     files = manifest.get("files")
     if not isinstance(files, list):
         return "files is not a list"
+    listed: set[str] = set()
     for entry in files:
         if not isinstance(entry, dict) or entry.get("table") not in tables or not isinstance(entry.get("path"), str):
             return "a file entry does not name a listed table and a path"
         path = entry["path"]
         if not _FILE_PATH.fullmatch(path) or path.split("/")[0] != entry["table"] or ".." in path.split("/"):
             return f"file path {path[:80]!r} is not <table>[/run=<name>]/{DATA_FILE} inside the lake"
+        if path in listed:
+            return f"file path {path[:80]!r} is listed more than once"
+        listed.add(path)
     return None
 
 
