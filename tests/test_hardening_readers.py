@@ -244,3 +244,34 @@ def test_a_nul_block_in_a_wandb_csv_header_never_reaches_the_key_names(store, tm
     assert report.status == "ingested", report
     assert store.execute("SELECT DISTINCT key FROM step_metrics").fetchall() == [("b",)]
     assert any("NUL bytes" in note for note in report.notes)
+
+
+# --- compressed input: streamed, its expansion capped
+
+def test_a_compressed_file_expanding_past_the_cap_is_a_one_line_error_and_costs_no_other_file(store, tmp_path,
+                                                                                              monkeypatch):
+    zstandard = pytest.importorskip("zstandard")
+    from polytrace_cli.ingest import files
+
+    monkeypatch.setattr(files, "EXPANSION_FREE_BYTES", 1 << 20)
+    monkeypatch.setattr(files, "EXPANSION_MAX_RATIO", 50)
+    run = tmp_path / "run"
+    run.mkdir()
+    # 8 MiB of one repeated line: a few KB compressed, past 50 times its size and the 1 MiB allowed.
+    (run / "train.log.zst").write_bytes(zstandard.ZstdCompressor().compress((b"0" * 1023 + b"\n") * 8192))
+    (run / "metrics.jsonl.gz").write_bytes(__import__("gzip").compress(
+        "".join(json.dumps({"step": s, "data": {"timing_s/step": float(s)}}) + "\n" for s in (1, 2)).encode()))
+    reports = {Path(r.path).name: r for r in ingest_paths(store, [run])}
+    bomb = reports["train.log.zst"]
+    assert bomb.status == "error" and "expands past 1,048,576 bytes" in bomb.message, bomb
+    assert reports["metrics.jsonl.gz"].status == "ingested" and reports["metrics.jsonl.gz"].stored == 2
+
+
+def test_a_zstd_file_cut_inside_a_frame_is_corrupt(store, tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    data = zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"step": s, "data": {"timing_s/step": float(s)}}) + "\n" for s in range(1, 200)).encode())
+    path = tmp_path / "metrics.jsonl.zst"
+    path.write_bytes(data[:-9])
+    [report] = ingest_paths(store, [path])
+    assert report.status == "rejected" and "the last frame is cut short" in report.message

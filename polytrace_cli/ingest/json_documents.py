@@ -101,3 +101,75 @@ def _key_is(token: str, key: str) -> bool:
         return json.loads(token) == key
     except ValueError:
         return False
+
+
+# The characters that change the depth, or start a string that could hide one.
+_BRACKET_OR_QUOTE = re.compile(r'[\[\]{}"]')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_SPACE = re.compile(r"\s*")
+_SCALAR_END = re.compile(r"[,}\]\s]")
+
+
+def object_members(text: str) -> list[tuple[str, int, int]] | None:
+    """(key, start, end) of each member of the top-level object in `text` (`text[start:end]` is the
+    member's value, not parsed), found by balancing brackets and passing over strings: memory holds
+    the spans, never the parsed document, and depth costs nothing. None when `text` is not an
+    object of members this scan can delimit (the caller parses it whole and reports why)."""
+    members: list[tuple[str, int, int]] = []
+    pos = _SPACE.match(text).end()
+    if not text.startswith("{", pos):
+        return None
+    pos = _SPACE.match(text, pos + 1).end()
+    if text.startswith("}", pos):
+        return members
+    while True:
+        key = _STRING.match(text, pos)
+        if key is None:
+            return None
+        pos = _SPACE.match(text, key.end()).end()
+        if not text.startswith(":", pos):
+            return None
+        start = _SPACE.match(text, pos + 1).end()
+        end = _value_end(text, start)
+        if end is None:
+            return None
+        try:
+            name = json.loads(key.group())
+        except ValueError:
+            return None
+        members.append((name, start, end))
+        pos = _SPACE.match(text, end).end()
+        if text.startswith(",", pos):
+            pos = _SPACE.match(text, pos + 1).end()
+        elif text.startswith("}", pos):
+            return members
+        else:
+            return None
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """Where the JSON value starting at `start` ends (its brackets balanced, strings passed over
+    whole), or None when it does not end; its content is checked by whoever parses it."""
+    if start >= len(text):
+        return None
+    first = text[start]
+    if first == '"':
+        match = _STRING.match(text, start)
+        return match.end() if match else None
+    if first not in "[{":
+        match = _SCALAR_END.search(text, start)
+        return match.start() if match else len(text)
+    depth, pos = 0, start
+    while (token := _BRACKET_OR_QUOTE.search(text, pos)) is not None:
+        char = token.group()
+        if char == '"':
+            string = _STRING.match(text, token.start())
+            if string is None:
+                return None
+            pos = string.end()
+            continue
+        pos = token.end()
+        depth += 1 if char in "[{" else -1
+        if depth == 0:
+            return pos
+    return None

@@ -35,7 +35,7 @@ CHARS_PER_TOKEN = 4
 
 def _read_table(path: Path) -> tuple[list, list]:
     """(columns, data) of a table file. Bytes that are not UTF-8 are kept as lone surrogates
-    (`surrogateescape`), for `rows_with_bad_bytes` to find the rows that hold them."""
+    (`surrogateescape`), for `load` to find the rows that hold them."""
     try:
         document = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
     except json.JSONDecodeError as error:
@@ -47,16 +47,6 @@ def _read_table(path: Path) -> tuple[list, list]:
             or not isinstance(document.get("data"), list):
         raise IngestError('wandb table must be an object with "columns" and "data" lists', "missing-field")
     return document["columns"], document["data"]
-
-
-def rows_with_bad_bytes(data: list) -> set[int]:
-    """1-based numbers of the rows holding a byte that is not UTF-8 (a lone surrogate once read)."""
-    bad = set()
-    for row_no, row in enumerate(data, start=1):
-        text = json.dumps(row, ensure_ascii=False)
-        if any("\udc80" <= char <= "\udcff" for char in text):
-            bad.add(row_no)
-    return bad
 
 
 def previous_snapshot(path: Path) -> Path | None:
@@ -129,29 +119,36 @@ class WandbTableIngester(Ingester):
             media_parts = media_parts[len(media_parts) - media_parts[::-1].index("table"):]
         validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
         con = ctx.con
-        params = [str(ctx.path)]
-        source = "SELECT content::JSON AS j FROM read_text(?)"
-        bad_bytes = rows_with_bad_bytes(data)
-        if bad_bytes:
-            # Each row holding a byte that is not UTF-8 is rejected; the others are read from the rest.
-            for row_no in sorted(bad_bytes):
-                if row_no > repeated:
-                    ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
-            kept = [None if row_no in bad_bytes else row for row_no, row in enumerate(data, start=1)]
-            source, params = "SELECT ?::JSON AS j", [json.dumps({"data": kept})]
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
-            WITH doc AS ({source}),
-                 rows AS (SELECT i + 1 AS row_no, json_extract(j, '$.data[' || i || ']') AS row
-                          FROM doc, range(json_array_length(j, '$.data')::BIGINT) AS t(i))
-            SELECT row_no, row, {step_sql(step_text)} AS step, {step_text} AS step_text,
-                   {step_problem_sql(step_text)} AS step_code,
-                   json_array_length(row) = {len(columns)} AS complete
-            FROM rows WHERE row_no > {repeated} AND row_no NOT IN ({", ".join(map(str, sorted(bad_bytes))) or "0"})
-            """,
-            params,
-        )
+        # Each row goes to DuckDB as its own JSON text (never the whole document: every row's
+        # extraction from a 50 MB document failed for memory); a row holding a byte that is not
+        # UTF-8 is rejected.
+        row_numbers, texts = [], []
+        for row_no in range(repeated + 1, len(data) + 1):
+            text = json.dumps(data[row_no - 1], ensure_ascii=False)
+            if any("\udc80" <= char <= "\udcff" for char in text):
+                ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
+                continue
+            row_numbers.append(row_no)
+            texts.append(text)
+        del data
+        import pyarrow as pa
+
+        con.register("wandb_table_texts", pa.table({"row_no": pa.array(row_numbers, pa.int64()),
+                                                    "row_text": pa.array(texts, pa.string())}))
+        del texts
+        try:
+            con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
+                WITH rows AS (SELECT row_no, row_text::JSON AS row FROM wandb_table_texts)
+                SELECT row_no, row, {step_sql(step_text)} AS step, {step_text} AS step_text,
+                       {step_problem_sql(step_text)} AS step_code,
+                       json_array_length(row) = {len(columns)} AS complete
+                FROM rows
+                """
+            )
+        finally:
+            con.unregister("wandb_table_texts")
         for row_no, row, complete, text, code in con.execute(
             "SELECT row_no, row::VARCHAR, complete, step_text, step_code FROM wandb_table_rows"
             " WHERE step IS NULL OR NOT complete ORDER BY row_no"
