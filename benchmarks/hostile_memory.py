@@ -76,7 +76,8 @@ def write_bomb(path: Path, gigabytes: float) -> None:
 
 
 def peak(path: Path, expect_failure: bool = False) -> tuple[float, float, int, str]:
-    """(wall seconds, peak RSS MB, exit code, last stderr line) of `polytrace ingest path` into a new store."""
+    """(wall seconds, peak RSS MB, exit code, the stderr line saying why a file cannot be read, else the
+    last) of `polytrace ingest path` into a new store."""
     store = OUT / "store.duckdb"
     for stale in (store, Path(f"{store}.wal")):
         stale.unlink(missing_ok=True)
@@ -90,7 +91,8 @@ def peak(path: Path, expect_failure: bool = False) -> tuple[float, float, int, s
     code = os.waitstatus_to_exitcode(status)
     if code and not expect_failure:
         raise SystemExit(f"ingest of {path} failed: {stderr[-3:]}")
-    return seconds, usage.ru_maxrss / 1024, code, stderr[-1] if stderr else ""
+    said = next((line for line in stderr if "cannot read" in line), stderr[-1] if stderr else "")
+    return seconds, usage.ru_maxrss / 1024, code, said
 
 
 def main() -> None:

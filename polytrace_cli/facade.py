@@ -24,11 +24,15 @@ the store's connection, the run ids and the step range, e.g.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polytrace_cli.errors import PolytraceError
+
+# How long a watch waits for another process to let go of the store before a poll writes.
+WATCH_LEASE_WAIT_S = 60.0
 
 if TYPE_CHECKING:
     import duckdb
@@ -145,7 +149,31 @@ class Store:
 
         if self.read_only:
             raise PolytraceError(f"the store {self.path} is open read-only; open it with read_only=False to watch")
-        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run)
+        # The store is held only while a poll writes it: other commands (`runs --wait 30`) get through
+        # between polls. Within a poll (and in `on_run`) this Store's connection is that poll's.
+        self.connection.close()
+        self._connection = None
+
+        @contextmanager
+        def held() -> Iterator[duckdb.DuckDBPyConnection]:
+            from polytrace_cli.store import open_store
+
+            from polytrace_cli.store.sandbox import trust_own_write
+
+            self._connection = open_store(self.path, wait=WATCH_LEASE_WAIT_S)
+            try:
+                yield self._connection
+            finally:
+                self._connection.close()
+                self._connection = None
+                trust_own_write(self.path)
+
+        try:
+            return watch_log(held, Path(path), on_event, settings or WatchSettings(), on_run=on_run)
+        finally:
+            from polytrace_cli.store import open_store
+
+            self._connection = open_store(self.path, wait=WATCH_LEASE_WAIT_S)
 
     def configured_steps(self, run: str) -> int | None:
         """The run's configured last step (`total_training_steps` in its config), when it names one."""

@@ -92,6 +92,15 @@ def _file_key(path: Path) -> tuple[str, int, int] | None:
     return None if wal.exists() else (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
 
 
+def trust_own_write(path: Path) -> None:
+    """Take the store file at `path`, as this process's own connection just left it (closed), as
+    holding polytrace's own views: a store followed by `watch`, opened at every poll, is not
+    checked again for what only this process wrote."""
+    key = _file_key(path)
+    if key is not None:
+        _READ_THROUGH_OWN.add(key)
+
+
 def read_through_own_views(con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> None:
     """Refuse a store holding views or macros polytrace does not define; make the connection read
     polytrace's own views by name. Each is created as a temporary view and compared with the
