@@ -592,13 +592,17 @@ def ingest_paths(
 
 def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
     """The end-of-ingest hook: decide again the semantics record of every run a file was added to,
-    replaced in, or grew in (`store.semantics`)."""
-    from polytrace_cli.store.semantics import decide_runs
+    replaced in, or grew in (`store.semantics`), and of every run whose record is missing or older
+    than its files (an ingest killed before this hook ran)."""
+    from polytrace_cli.store.semantics import decide_runs, runs_without_current_record
 
     names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced", "appended", "truncated")})
+    run_ids = set(runs_without_current_record(con))
     if names:
         rows = con.execute("SELECT run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall()
-        decide_runs(con, [row[0] for row in rows])
+        run_ids |= {row[0] for row in rows}
+    if run_ids:
+        decide_runs(con, sorted(run_ids))
 
 
 # A batch holds files of at most BATCH_FILE_MAX_BYTES each, up to BATCH_MAX_FILES files or

@@ -263,6 +263,8 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             _remove_new_store(path)
         raise _explain_open_failure(path, error) from None
     try:
+        if not creating:
+            check_whole(con, path)
         if read_only:
             version = check_not_newer(con, str(path))
             if version == 0 and not _has_foreign_tables(con, besides=("schema_migrations",)):
@@ -298,7 +300,6 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                                  " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
             _drop_runs_without_files(con)
-        check_whole(con, path)
         read_through_own_views(con, path, read_only)
     except StoreError:
         con.close()

@@ -10,7 +10,7 @@ change the numbers). So every store connection reads through polytrace's own def
   a reader reads through its own, created as temporary views (which DuckDB resolves first);
 - a store holding any other view (a table of polytrace's replaced by a view, or a view of someone
   else's), or any macro, is refused with one line;
-- a store file shorter than its header says (cut short) is refused before anything is read.
+- a store file shorter than its blocks in use (cut short) is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -145,12 +145,18 @@ def read_through_own_views(con: duckdb.DuckDBPyConnection, path: Path, read_only
 
 
 def check_whole(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Refuse a store file shorter than its header says: a copy cut short, whichever table a
-    command would read."""
-    block_size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size()"
+    """Refuse a store file shorter than its blocks in use take: a copy cut short, whichever table a
+    command would read. Asked of a connection just opened, before it writes anything, and only when
+    the store has no write-ahead log (replaying one may count blocks the file does not hold yet)."""
+    if Path(f"{path}.wal").exists():
+        return
+    # Every block in use lies in the file, whatever order: the file holds at least that many (free
+    # blocks at its end may have been cut off by DuckDB itself, so the total is no bound).
+    block_size, blocks = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()"
                                      " WHERE database_name = current_database()").fetchall()[0]
     expected = HEADER_BYTES + int(blocks) * int(block_size)
     size = os.path.getsize(path)
     if size < expected:
-        raise StoreError(f"{path} is cut short (damaged: {size:,} bytes of the {expected:,} its header lists);"
+        raise StoreError(f"{path} is cut short (damaged: {size:,} bytes, fewer than the {expected:,} its blocks in"
+                         " use take);"
                          " restore it from a copy, or ingest the logs again into a new store with --db")

@@ -31,6 +31,8 @@ from polytrace_cli.ingest.registry import register
 SNAPSHOT_NAME = re.compile(r"^(?P<key>.+)_(?P<step>\d+)_(?P<hash>[0-9a-f]+)\.table\.json$")
 WIDE_INPUT = re.compile(r"^input_(\d+)$")
 CHARS_PER_TOKEN = 4
+# About how many bytes of rows are read into DuckDB at a time.
+BATCH_BYTES = 1 << 20
 
 
 def _read_table(path: Path) -> tuple[list, list]:
@@ -119,36 +121,40 @@ class WandbTableIngester(Ingester):
             media_parts = media_parts[len(media_parts) - media_parts[::-1].index("table"):]
         validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
         con = ctx.con
-        # Each row goes to DuckDB as its own JSON text (never the whole document: every row's
-        # extraction from a 50 MB document failed for memory); a row holding a byte that is not
-        # UTF-8 is rejected.
-        row_numbers, texts = [], []
+        # Each row goes to DuckDB as its own JSON text, a batch of about BATCH_BYTES at a time (never
+        # the whole document: every row's extraction from a 50 MB document failed for memory); a row
+        # holding a byte that is not UTF-8 is rejected.
+        import pyarrow as pa
+
+        con.execute("CREATE OR REPLACE TEMP TABLE wandb_table_rows (row_no BIGINT, row JSON, step INTEGER,"
+                    " step_text VARCHAR, step_code VARCHAR, complete BOOLEAN)")
+        row_numbers, texts, held = [], [], 0
         for row_no in range(repeated + 1, len(data) + 1):
             text = json.dumps(data[row_no - 1], ensure_ascii=False)
             if any("\udc80" <= char <= "\udcff" for char in text):
                 ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
-                continue
-            row_numbers.append(row_no)
-            texts.append(text)
+            else:
+                row_numbers.append(row_no)
+                texts.append(text)
+                held += len(text)
+            data[row_no - 1] = None  # each row's objects go once its text is made
+            if held >= BATCH_BYTES or row_no == len(data):
+                con.register("wandb_table_texts", pa.table({"row_no": pa.array(row_numbers, pa.int64()),
+                                                            "row_text": pa.array(texts, pa.string())}))
+                try:
+                    con.execute(
+                        f"""
+                        INSERT INTO wandb_table_rows
+                        WITH rows AS (SELECT row_no, row_text::JSON AS row FROM wandb_table_texts)
+                        SELECT row_no, row, {step_sql(step_text)}, {step_text}, {step_problem_sql(step_text)},
+                               json_array_length(row) = {len(columns)}
+                        FROM rows
+                        """
+                    )
+                finally:
+                    con.unregister("wandb_table_texts")
+                row_numbers, texts, held = [], [], 0
         del data
-        import pyarrow as pa
-
-        con.register("wandb_table_texts", pa.table({"row_no": pa.array(row_numbers, pa.int64()),
-                                                    "row_text": pa.array(texts, pa.string())}))
-        del texts
-        try:
-            con.execute(
-                f"""
-                CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
-                WITH rows AS (SELECT row_no, row_text::JSON AS row FROM wandb_table_texts)
-                SELECT row_no, row, {step_sql(step_text)} AS step, {step_text} AS step_text,
-                       {step_problem_sql(step_text)} AS step_code,
-                       json_array_length(row) = {len(columns)} AS complete
-                FROM rows
-                """
-            )
-        finally:
-            con.unregister("wandb_table_texts")
         for row_no, row, complete, text, code in con.execute(
             "SELECT row_no, row::VARCHAR, complete, step_text, step_code FROM wandb_table_rows"
             " WHERE step IS NULL OR NOT complete ORDER BY row_no"
