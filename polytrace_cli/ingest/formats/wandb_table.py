@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from polytrace_cli.errors import IngestError
-from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
+from polytrace_cli.ingest.base import RAW_EXCERPT_CHARS, FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.registry import register
 
 SNAPSHOT_NAME = re.compile(r"^(?P<key>.+)_(?P<step>\d+)_(?P<hash>[0-9a-f]+)\.table\.json$")
@@ -126,8 +126,12 @@ class WandbTableIngester(Ingester):
         # holding a byte that is not UTF-8 is rejected.
         import pyarrow as pa
 
-        con.execute("CREATE OR REPLACE TEMP TABLE wandb_table_rows (row_no BIGINT, row JSON, step INTEGER,"
+        pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
+        # The rows keep an excerpt of their text (for a rejection), their samples only the lengths.
+        con.execute("CREATE OR REPLACE TEMP TABLE wandb_table_rows (row_no BIGINT, row VARCHAR, step INTEGER,"
                     " step_text VARCHAR, step_code VARCHAR, complete BOOLEAN)")
+        con.execute("CREATE OR REPLACE TEMP TABLE wandb_table_samples (row_no BIGINT, prompt_idx INTEGER,"
+                    " prompt_len DOUBLE, response_len DOUBLE, score DOUBLE)")
         row_numbers, texts, held = [], [], 0
         for row_no in range(repeated + 1, len(data) + 1):
             text = json.dumps(data[row_no - 1], ensure_ascii=False)
@@ -144,11 +148,27 @@ class WandbTableIngester(Ingester):
                 try:
                     con.execute(
                         f"""
+                        CREATE OR REPLACE TEMP TABLE wandb_table_batch AS
+                        SELECT row_no, row_text::JSON AS row FROM wandb_table_texts
+                        """)
+                    con.execute(
+                        f"""
                         INSERT INTO wandb_table_rows
-                        WITH rows AS (SELECT row_no, row_text::JSON AS row FROM wandb_table_texts)
-                        SELECT row_no, row, {step_sql(step_text)}, {step_text}, {step_problem_sql(step_text)},
-                               json_array_length(row) = {len(columns)}
-                        FROM rows
+                        SELECT row_no, left(row::VARCHAR, {RAW_EXCERPT_CHARS}), {step_sql(step_text)}, {step_text},
+                               {step_problem_sql(step_text)}, json_array_length(row) = {len(columns)}
+                        FROM wandb_table_batch
+                        """
+                    )
+                    con.execute(
+                        f"""
+                        INSERT INTO wandb_table_samples
+                        SELECT row_no, p.prompt_idx,
+                               ceil(length(json_extract_string(row, '$[' || p.input_col || ']')) / {CHARS_PER_TOKEN}),
+                               ceil(length(json_extract_string(row, '$[' || p.output_col || ']')) / {CHARS_PER_TOKEN}),
+                               CASE WHEN p.score_col >= 0
+                                    THEN TRY_CAST(json_extract_string(row, '$[' || p.score_col || ']') AS DOUBLE) END
+                        FROM wandb_table_batch, (VALUES {pair_values}) AS p(prompt_idx, input_col, output_col, score_col)
+                        WHERE json_extract_string(row, '$[' || p.output_col || ']') IS NOT NULL
                         """
                     )
                 finally:
@@ -168,23 +188,17 @@ class WandbTableIngester(Ingester):
             else:
                 ctx.reject(row_no, f"row does not have the table's {len(columns)} columns", row,
                            code="constraint-error")
-        pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
+        con.execute("DROP TABLE IF EXISTS wandb_table_batch")
         ctx.insert(
-            f"""
+            """
             INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
                                  validate, length_estimated, score)
-            SELECT ?, ?, step,
-                   CASE WHEN p.prompt_idx >= 0 THEN p.prompt_idx
-                        ELSE row_number() OVER (PARTITION BY step ORDER BY row_no) - 1 END,
-                   0,
-                   ceil(length(json_extract_string(row, '$[' || p.input_col || ']')) / {CHARS_PER_TOKEN}),
-                   ceil(length(json_extract_string(row, '$[' || p.output_col || ']')) / {CHARS_PER_TOKEN}),
-                   ?, true,
-                   CASE WHEN p.score_col >= 0
-                        THEN TRY_CAST(json_extract_string(row, '$[' || p.score_col || ']') AS DOUBLE) END
-            FROM wandb_table_rows, (VALUES {pair_values}) AS p(prompt_idx, input_col, output_col, score_col)
-            WHERE step IS NOT NULL AND complete
-              AND json_extract_string(row, '$[' || p.output_col || ']') IS NOT NULL
+            SELECT ?, ?, r.step,
+                   CASE WHEN s.prompt_idx >= 0 THEN s.prompt_idx
+                        ELSE row_number() OVER (PARTITION BY r.step ORDER BY r.row_no) - 1 END,
+                   0, s.prompt_len, s.response_len, ?, true, s.score
+            FROM wandb_table_rows r JOIN wandb_table_samples s USING (row_no)
+            WHERE r.step IS NOT NULL AND r.complete
             """,
             [ctx.run_id, ctx.file_id, validate],
         )
