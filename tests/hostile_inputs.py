@@ -8,6 +8,7 @@ bounded test runs one of each.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import struct
@@ -317,9 +318,47 @@ CASES: list[Callable[[Path, random.Random], Case]] = [
     rollout_dump_first_line_warning, small_log_with_a_damaged_long_line, mlflow_metric_bom_or_cr,
     wandb_csv_header_not_first, trainer_state_bad_entry, mlflow_db_bad_rows,
 ]
-try:
-    import wandb.proto.wandb_internal_pb2  # noqa: F401  (the optional reader of wandb offline logs)
-except ImportError:
-    pass
-else:
+
+
+def tensorboard_bad_record(folder: Path, rng: random.Random, steps: int = 12) -> Case:
+    """A TensorBoard event file with one damaged record among good ones: a length of 2^62 whose own
+    CRC is right, a flipped data byte, or a malformed tensor; the records after it must be kept."""
+    import numpy as np
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from tensorboard.util import tensor_util
+
+    def record(data: bytes) -> bytes:
+        length = struct.pack("<Q", len(data))
+        return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+
+    def scalar_event(step: int, value: float) -> bytes:
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="timing_s/step", simple_value=value)])
+        return event_pb2.Event(step=step, wall_time=1e9 + step, summary=summary).SerializeToString()
+
+    records = [record(event_pb2.Event(wall_time=1e9, file_version="brain.Event:2").SerializeToString())]
+    records += [record(scalar_event(step, rng.uniform(5, 60))) for step in range(1, steps + 1)]
+    damage = rng.choice(["length", "flip", "tensor"])
+    at = rng.randint(2, len(records) - 1)
+    if damage == "length":
+        length = struct.pack("<Q", 2**62)
+        records[at] = length + struct.pack("<I", masked_crc32c(length)) + records[at][12:]
+    elif damage == "flip":
+        spoiled = bytearray(records[at])
+        spoiled[14] ^= 0xFF
+        records[at] = bytes(spoiled)
+    else:
+        tensor = tensor_util.make_tensor_proto(np.float32(1.0))
+        tensor.ClearField("float_val")
+        tensor.tensor_content = b"\x01\x02\x03"
+        bad = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="timing_s/step", tensor=tensor)])
+        records[at] = record(event_pb2.Event(step=99, summary=bad).SerializeToString())
+    path = _write(folder / "run" / "tensorboard_log" / "events.out.tfevents.1700000000.host", b"".join(records))
+    return Case(f"tensorboard {damage}", [folder / "run"], steps - 1, [path])
+
+
+# The optional readers' cases run where their package is installed.
+if importlib.util.find_spec("wandb") is not None:
     CASES.append(wandb_offline_bad_record)
+if importlib.util.find_spec("tensorboard") is not None:
+    CASES.append(tensorboard_bad_record)

@@ -27,7 +27,7 @@ HISTORY = {
 CONFIG = {"actor_rollout_ref": {"model": {"path": "Qwen/Qwen2.5-7B"}, "rollout": {"n": 8}},
           "data": {"max_response_length": 4096}, "trainer": {"nnodes": 2, "n_gpus_per_node": 8},
           "algorithm": {"adv_estimator": "grpo"}}
-LONG_STEPS = 600
+LONG_STEPS = 300
 WRITER = """
 import json, sys, wandb
 LONG_STEPS = int(sys.argv[7])
