@@ -106,17 +106,17 @@ class WandbTableIngester(Ingester):
         if not pairs:
             ctx.ignore("table without generation columns", len(data))
             return
-        repeated = self._repeated_rows(ctx.path, columns, data)
+        repeated = self._repeated_rows(ctx.location, columns, data)
         ctx.ignore("row repeated from an earlier snapshot", repeated)
         names = [str(c) for c in columns]
-        match = SNAPSHOT_NAME.match(ctx.path.name)
+        match = SNAPSHOT_NAME.match(ctx.location.name)
         file_step = int(match["step"]) if match else None
         if "step" in names:
             step_text = f"json_extract_string(row, '$[{names.index('step')}]')"
         else:  # the file name's step: digits only (SNAPSHOT_NAME), safe to write into the SQL
             step_text = "NULL::VARCHAR" if file_step is None else f"'{file_step}'"
-        table_key = ctx.path.name.split("_")[0] if not match else match["key"]
-        media_parts = ctx.path.parent.parts
+        table_key = ctx.location.name.split("_")[0] if not match else match["key"]
+        media_parts = ctx.location.parent.parts
         if "table" in media_parts:
             media_parts = media_parts[len(media_parts) - media_parts[::-1].index("table"):]
         validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
