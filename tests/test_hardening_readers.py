@@ -275,3 +275,20 @@ def test_a_zstd_file_cut_inside_a_frame_is_corrupt(store, tmp_path):
     path.write_bytes(data[:-9])
     [report] = ingest_paths(store, [path])
     assert report.status == "rejected" and "the last frame is cut short" in report.message
+
+
+# --- the PolyTrace dataset JSON: one document, judged step entry by step entry
+
+def test_a_bad_dataset_entry_is_that_entrys_error(store, tmp_path):
+    entries = [f'"{step}": {{"input": [5, 6], "output": [7, 8, 9, 10]}}' for step in range(1, 5)]
+    entries.insert(2, '"9": {"input": [1], "output": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    path = tmp_path / "dataset" / "math.json"
+    path.parent.mkdir()
+    data = ("{" + ", ".join(entries) + "}").encode().replace(b'"4": {"input": [5, 6]', b'"4": {"input": [5, 6], "x": "\xff"')
+    path.write_bytes(data)
+    [report] = ingest_paths(store, [path])
+    assert report.status == "ingested", report
+    assert _errors(store) == [(3, "invalid-json"), (5, "encoding-error")]
+    assert (report.lines, report.stored, report.rejected) == (5, 3, 2)
+    assert store.execute("SELECT step, count(*) FROM samples GROUP BY step ORDER BY step").fetchall() == [
+        (1, 4), (2, 4), (3, 4)]
