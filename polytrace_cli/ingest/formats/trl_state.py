@@ -9,7 +9,9 @@ Every checkpoint's file repeats the history of the earlier ones, so only the mos
 an output folder is read (highest `global_step`, then the longest history, then the output folder's
 own file): the others are counted under the ignore rule `superseded by a later trainer_state.json`
 and say which file supersedes them. `num_tokens` is cumulative: `num_tokens/per_step` is derived
-(`trl.tokens_per_step`). An entry without a whole-number `step` is rejected.
+(`trl.tokens_per_step`). An entry without a whole-number `step` (NaN, 1e400), holding a number no
+double holds (`1e400`, 400 digits, the string '1e400') or nested too deep to read is rejected
+alone.
 """
 
 from __future__ import annotations
