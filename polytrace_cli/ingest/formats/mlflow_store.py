@@ -241,7 +241,7 @@ class MlflowSqliteIngester(Ingester):
                 tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.Error:
             return True  # a damaged SQLite file: `load` says why it cannot be read, rather than skip it
-        return MLFLOW_TABLES <= tables
+        return MLFLOW_TABLES <= tables or path.name == "mlflow.db"  # so named, a file without them is damaged
 
     def load(self, ctx: FileContext) -> None:
         try:
