@@ -67,18 +67,23 @@ def _is_json(text: str) -> bool:
 def kill_rounds(kills: int, seed: int, polytrace: list[str]) -> dict:
     """Ingest a folder of several runs, kill -9 the ingest after a random delay, and look at the
     store: runs without files (a read command must show none), files whose line accounting does
-    not add up (a half-stored file), and a store that no longer opens."""
+    not add up (a half-stored file), a store that no longer opens, and, once the same logs are
+    ingested again, a store that differs from a clean ingest's (semantics records included)."""
     import signal
     import time
 
     rng = random.Random(seed)
-    counts = {"kills": 0, "runs_without_files": 0, "half_stored_files": 0, "unopenable_stores": 0}
+    counts = {"kills": 0, "runs_without_files": 0, "half_stored_files": 0, "unopenable_stores": 0,
+              "stores_differing_after_reingest": 0}
     with tempfile.TemporaryDirectory(prefix="polytrace-kill-") as folder:
         logs = Path(folder) / "logs"
         for index in range(6):
             subprocess.run([*polytrace, "synth", "--task", "math", "--out", str(logs / f"run{index}"),
                             "--num-steps", "6", "--batch", "16", "--n", "4", "--seed", str(index)],
                            capture_output=True, check=True)
+        clean = Path(folder) / "clean.duckdb"
+        subprocess.run([*polytrace, "ingest", str(logs), "--db", str(clean)], capture_output=True, check=True)
+        truth = store_summary(clean, polytrace)
         for kill in range(kills):
             db = Path(folder) / f"store{kill}.duckdb"
             ingest = subprocess.Popen([*polytrace, "ingest", str(logs), "--db", str(db)],
@@ -100,7 +105,24 @@ def kill_rounds(kills: int, seed: int, polytrace: list[str]) -> dict:
                                     "select count(*) as n from files where lines <> stored + ignored + rejected"],
                                    capture_output=True, text=True)
             counts["half_stored_files"] += json.loads(check.stdout)[0]["n"] if check.returncode == 0 else 1
+            # Whatever the kill left, ingesting the same logs again makes the store a clean one.
+            subprocess.run([*polytrace, "ingest", str(logs), "--db", str(db)], capture_output=True)
+            if store_summary(db, polytrace) != truth:
+                counts["stores_differing_after_reingest"] += 1
+                print(json.dumps({"kill": kill, "differs": True}), flush=True)
     return counts
+
+
+def store_summary(db: Path, polytrace: list[str]) -> object:
+    """What a store holds, to compare with a clean one: `runs --json` (every run's counts and its
+    semantics record) and the rows of every table that holds a run's data, by run name."""
+    runs = subprocess.run([*polytrace, "runs", "--db", str(db), "--json"], capture_output=True, text=True)
+    counts = subprocess.run([*polytrace, "query", "--db", str(db), "--json",
+                             "select r.name, (select count(*) from step_metrics m where m.run_id = r.run_id) as pairs,"
+                             " (select count(*) from samples s where s.run_id = r.run_id) as samples,"
+                             " (select count(*) from run_semantics s where s.run_id = r.run_id) as records"
+                             " from runs r order by r.name"], capture_output=True, text=True)
+    return runs.stdout, counts.stdout
 
 
 def main() -> None:
@@ -113,7 +135,8 @@ def main() -> None:
     if args.kills:
         killed = kill_rounds(args.kills, args.seed, polytrace)
         print(json.dumps(killed), flush=True)
-        if killed["runs_without_files"] or killed["half_stored_files"] or killed["unopenable_stores"]:
+        if any(killed[key] for key in ("runs_without_files", "half_stored_files", "unopenable_stores",
+                                       "stores_differing_after_reingest")):
             sys.exit(1)
     totals = {"inputs": 0, "tracebacks": 0, "lines_lost": 0, "escapes": 0, "stdout_not_json": 0}
     for round_no in range(args.rounds):

@@ -25,11 +25,15 @@ the store's connection, the run ids and the step range, e.g.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polytrace_cli.errors import PolytraceError
+
+# How long a watch waits for another process to let go of the store before a poll writes.
+WATCH_LEASE_WAIT_S = 60.0
 
 if TYPE_CHECKING:
     import duckdb
@@ -215,8 +219,32 @@ class Store:
             with Store.open(baseline_db, read_only=True) as other:
                 other.run_ids(baseline)
                 band = BaselineBand.of_run(other.connection, baseline)
-        return watch_log(self.connection, Path(path), on_event, settings or WatchSettings(), on_run=on_run,
-                         baseline=band)
+        # The store is held only while a poll writes it: other commands (`runs --wait 30`) get through
+        # between polls. Within a poll (and in `on_run`) this Store's connection is that poll's.
+        self.connection.close()
+        self._connection = None
+
+        @contextmanager
+        def held() -> Iterator[duckdb.DuckDBPyConnection]:
+            from polytrace_cli.store import open_store
+
+            from polytrace_cli.store.sandbox import trust_own_write
+
+            self._connection = open_store(self.path, wait=WATCH_LEASE_WAIT_S)
+            try:
+                yield self._connection
+            finally:
+                self._connection.close()
+                self._connection = None
+                trust_own_write(self.path)
+
+        try:
+            return watch_log(held, Path(path), on_event, settings or WatchSettings(), on_run=on_run,
+                             baseline=band)
+        finally:
+            from polytrace_cli.store import open_store
+
+            self._connection = open_store(self.path, wait=WATCH_LEASE_WAIT_S)
 
     def configured_steps(self, run: str) -> int | None:
         """The run's configured last step (`total_training_steps` in its config), when it names one."""
@@ -526,13 +554,21 @@ class Store:
 
         return replay_check(self.connection, benchmark, formal)
 
-    def confined(self) -> Store:
+    def confined(self, memory_limit: str | None = None) -> Store:
         """This store with its connection locked to it: no file read or written, no extension loaded, as
-        `polytrace query` runs SQL. Returns the store."""
+        `polytrace query` runs SQL; with `memory_limit` (DuckDB's spelling, '4GB'), its queries hold at
+        most that much memory and spill nothing to disk. Returns the store."""
         from polytrace_cli.store.sql import confine
 
-        confine(self.connection)
+        confine(self.connection, memory_limit=memory_limit)
         return self
+
+    def time_limit(self, seconds: float | None):
+        """A context within which the store's queries are stopped after `seconds` (None: no limit),
+        then raise PolytraceError saying so."""
+        from polytrace_cli.store.sql import time_limit
+
+        return time_limit(self.connection, seconds)
 
     def query_relation(self, sql: str) -> duckdb.DuckDBPyRelation:
         """The relation of one read-only statement (SELECT or EXPLAIN), without loading polars."""

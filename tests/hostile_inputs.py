@@ -8,8 +8,11 @@ bounded test runs one of each.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +134,231 @@ def wandb_summary_bom(folder: Path, rng: random.Random) -> Case:
     return Case("wandb-summary BOM", [path], len(document), [path])
 
 
+def verl_jsonl_after_other_lines(folder: Path, rng: random.Random, steps: int = 8) -> Case:
+    """A small verl JSONL walked in a folder whose records come after 30 KB or more of other lines
+    (hundreds of warnings), all within the first sniffed block."""
+    noise = "".join(f"WARNING: retrying the reward call {i} of the batch ...\n" for i in range(rng.randint(600, 1100)))
+    good = "".join(_verl_jsonl_line(step, rng) + "\n" for step in range(1, steps + 1))
+    path = _write(folder / "run" / "metrics.jsonl", (noise + good).encode())
+    return Case("verl-jsonl after 30 KB of other lines", [folder / "run"], steps, [path])
+
+
+def rollout_dump_first_line_warning(folder: Path, rng: random.Random, samples: int = 6) -> Case:
+    """A verl rollout dump `{step}.jsonl` whose first line is a warning printed into it."""
+    first = rng.choice(["UserWarning: the tokenizer has no pad token\n", "\n\n", "Traceback (most recent call last):\n"])
+    lines = "".join(json.dumps({"input": f"prompt {i // 2}", "output": "answer " * rng.randint(1, 20), "score": 1.0,
+                                "step": 3}) + "\n" for i in range(samples))
+    path = _write(folder / "rollout" / "3.jsonl", (first + lines).encode())
+    return Case("rollout dump first line a warning", [folder / "rollout"], samples, [path])
+
+
+def small_log_with_a_damaged_long_line(folder: Path, rng: random.Random, steps: int = 10) -> Case:
+    """A small verl console log holding one long line with a damaged byte (a NUL or a byte that is
+    not UTF-8) in the middle: more than half of its bytes, but the file is text."""
+    lines = [_verl_console_line(step, rng) for step in range(1, steps + 1)]
+    damaged = ("(TaskRunner pid=1) " + "x" * rng.randint(20_000, 40_000)).encode()
+    at = rng.randint(100, len(damaged) - 100)
+    damaged = damaged[:at] + rng.choice([b"\x00", b"\xff", b"\x00" * 8]) + damaged[at:]
+    encoded = [line.encode() for line in lines]
+    encoded.insert(rng.randint(1, len(encoded) - 1), damaged)
+    path = _write(folder / "job" / "train.log", b"\n".join(encoded) + b"\n")
+    return Case("small log with a damaged long line", [folder / "job"], steps, [path])
+
+
+def mlflow_metric_bom_or_cr(folder: Path, rng: random.Random, steps: int = 6) -> Case:
+    """An MLflow file-store metric file written with a byte order mark or CR-only line ends."""
+    run = folder / "mlruns" / "0" / "abc123"
+    _write(run / "meta.yaml", b"run_id: abc123\nexperiment_id: '0'\nrun_name: grpo\n")
+    lines = [f"{1700000000000 + step} {rng.uniform(5, 60):.4f} {step}" for step in range(1, steps + 1)]
+    data = ("\r".join(lines) + "\r").encode() if rng.random() < 0.5 else b"\xef\xbb\xbf" + "\n".join(lines).encode()
+    path = _write(run / "metrics" / "timing_s" / "step", data)
+    # meta.yaml is one stored entry of its own.
+    return Case("mlflow metric file BOM or CR", [folder / "mlruns"], steps + 1, [path])
+
+
+def wandb_csv_header_not_first(folder: Path, rng: random.Random, rows: int = 8) -> Case:
+    """A wandb CSV export walked in a folder whose first lines are a note, not its header."""
+    note = rng.choice(['exported from the wandb UI\n\n', '# project: rl\n', '\n'])
+    body = '"Step","run - timing_s/step"\n' + "".join(f'"{s}","{rng.uniform(30, 60):.3f}"\n' for s in range(1, rows + 1))
+    path = _write(folder / "exports" / "wandb.csv", (note + body).encode())
+    return Case("wandb csv header not first", [folder / "exports"], rows, [path])
+
+
+def trainer_state_bad_entry(folder: Path, rng: random.Random, steps: int = 8) -> Case:
+    """A trainer_state.json with one hostile log_history entry: a 400-digit value, 1e400, a step of
+    1e400 or NaN, or a value nested 100,000 deep."""
+    entries = [json.dumps({"loss": round(rng.uniform(0, 1), 4), "grad_norm": round(rng.uniform(0, 5), 4), "step": s})
+               for s in range(1, steps + 1)]
+    bad = rng.choice(['{"loss": 1' + "0" * 400 + ', "step": 99}', '{"loss": 1e400, "step": 99}', '{"loss": 1, "step": 1e400}',
+                      '{"loss": 1, "step": NaN}', '{"loss": ' + "[" * 100_000 + "]" * 100_000 + ', "step": 99}'])
+    entries.insert(rng.randint(0, len(entries)), bad)
+    text = '{"global_step": %d, "log_history": [%s]}' % (steps, ", ".join(entries))
+    path = _write(folder / "output" / "trainer_state.json", text.encode())
+    return Case("trainer_state bad entry", [folder / "output"], steps, [path])
+
+
+def mlflow_db_bad_rows(folder: Path, rng: random.Random, steps: int = 6) -> Case:
+    """An MLflow SQLite store in a folder named with URI characters, with bad metrics rows (a text
+    value, an infinite value, a step of 2.5, a run missing from `runs`) among good ones."""
+    import sqlite3
+
+    path = folder / rng.choice(["runs#1", "a%2F..%2Fb", "q?mode=rwc"]) / "mlflow.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as con:
+        con.executescript(
+            "CREATE TABLE runs (run_uuid TEXT PRIMARY KEY, name TEXT, status TEXT, start_time BIGINT, end_time BIGINT,"
+            " lifecycle_stage TEXT, experiment_id INTEGER);"
+            "CREATE TABLE metrics (key TEXT, value FLOAT NOT NULL, timestamp BIGINT, run_uuid TEXT, step BIGINT NOT NULL,"
+            " is_nan BOOLEAN NOT NULL);"
+            "CREATE TABLE params (key TEXT, value TEXT, run_uuid TEXT); CREATE TABLE tags (key TEXT, value TEXT, run_uuid TEXT);"
+            "INSERT INTO runs VALUES ('r1', 'grpo', 'FINISHED', 1, NULL, 'active', 0);")
+        rows = [("timing_s/step", rng.uniform(5, 60), step, "r1") for step in range(1, steps + 1)]
+        rows.insert(rng.randint(0, len(rows)), rng.choice([("timing_s/step", "fast", 99, "r1"),
+                                                           ("timing_s/step", float("inf"), 99, "r1"),
+                                                           ("timing_s/step", 1.0, 2.5, "r1"),
+                                                           ("timing_s/step", 1.0, 99, "gone")]))
+        con.executemany("INSERT INTO metrics VALUES (?, ?, 0, ?, ?, 0)", [(k, v, r, s) for k, v, s, r in rows])
+    con.close()
+    return Case("mlflow db bad rows", [folder], steps, [path])
+
+
+# --- record logs: wandb's LevelDB-style framing, written out here as its writer lays it down
+
+WANDB_BLOCK = 32 * 1024
+WANDB_FILE_HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def record_piece(kind: int, piece: bytes) -> bytes:
+    """One piece of a record behind its 7-byte header: CRC-32 of the type byte then the data, length, type."""
+    return struct.pack("<IHB", zlib.crc32(piece, zlib.crc32(bytes([kind]))), len(piece), kind) + piece
+
+
+def wandb_record_log(bodies: list[bytes]) -> bytes:
+    """A wandb record log holding `bodies`, framed as LevelDB's log writer (which wandb's follows) frames
+    them: a block tail shorter than a header is zero padding; a record that does not fit its block is
+    split into first, middle and last pieces; with exactly a header's room left, the first piece is empty."""
+    out = bytearray(WANDB_FILE_HEADER)
+    for body in bodies:
+        left, first = body, True
+        while True:
+            room = WANDB_BLOCK - len(out) % WANDB_BLOCK
+            if room < 7:
+                out += bytes(room)
+                continue
+            piece, left = left[:room - 7], left[room - 7:]
+            kind = (FULL if not left else FIRST) if first else (LAST if not left else MIDDLE)
+            out += record_piece(kind, piece)
+            first = False
+            if not left:
+                break
+    return bytes(out)
+
+
+def wandb_history(step, values: dict[str, str]) -> bytes:
+    """A wandb `Record` holding one history row: `_step` and each value as the JSON text given."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    items = [pb.HistoryItem(key="_step", value_json=str(step))]
+    items += [pb.HistoryItem(key=key, value_json=text) for key, text in values.items()]
+    return pb.Record(history=pb.HistoryRecord(item=items)).SerializeToString()
+
+
+HOSTILE_WANDB_VALUES = {
+    "400 digits": ({"_step": "7"}, {"timing_s/step": "1" + "0" * 400}, "out-of-range"),
+    "1e400": ({"_step": "7"}, {"timing_s/step": "1e400"}, "out-of-range"),
+    "step 1e400": ({"_step": "1e400"}, {"timing_s/step": "3.5"}, "out-of-range"),
+    "step NaN": ({"_step": "NaN"}, {"timing_s/step": "3.5"}, "type-error"),
+    "deep": ({"_step": "7"}, {"timing_s/step": "[" * 100_000 + "]" * 100_000}, "invalid-json"),
+}
+
+
+def wandb_offline_bad_record(folder: Path, rng: random.Random, steps: int = 12) -> Case:
+    """A wandb offline log with one hostile history record among good ones (a 400-digit value, 1e400,
+    a `_step` of 1e400 or NaN, a value nested 100,000 deep), and, half the time, a record header whose
+    length runs past its block: only the rest of that block may be lost."""
+    name = rng.choice(sorted(HOSTILE_WANDB_VALUES))
+    step_item, values, _ = HOSTILE_WANDB_VALUES[name]
+    bodies = [wandb_history(step, {"timing_s/step": f"{rng.uniform(5, 60):.3f}", "note": json.dumps("x" * 3000)})
+              for step in range(1, steps + 1)]
+    bodies.insert(rng.randint(1, len(bodies)), wandb_history(step_item["_step"], values))
+    data = bytearray(wandb_record_log(bodies))
+    stored = steps
+    if rng.random() < 0.5:  # spoil the length of the first full record past the first block
+        at = next(offset for offset, kind, _ in record_pieces(bytes(data)) if kind == FULL and offset > WANDB_BLOCK)
+        block_end = (at // WANDB_BLOCK + 1) * WANDB_BLOCK
+        stored -= sum(not any(marker in data[offset + 7:offset + 7 + length] for marker in HOSTILE_MARKERS)
+                      for offset, kind, length in record_pieces(bytes(data)) if kind in (FULL, FIRST)
+                      and at <= offset < block_end)
+        struct.pack_into("<H", data, at + 4, 60_000)
+    path = _write(folder / "wandb" / "offline-run-20250101_000000-abc" / "run-abc.wandb", bytes(data))
+    return Case(f"wandb offline {name}", [folder / "wandb"], stored, [path])
+
+
+# Bytes only the hostile record of `wandb_offline_bad_record` holds.
+HOSTILE_MARKERS = (b"1e400", b"NaN", b"0" * 400, b"[" * 100)
+
+
+def record_pieces(data: bytes):
+    """(offset, type, length) of each piece of a well-framed wandb record log, padding passed over."""
+    offset = len(WANDB_FILE_HEADER)
+    while offset + 7 <= len(data):
+        room = WANDB_BLOCK - offset % WANDB_BLOCK
+        if room < 7:
+            offset += room
+            continue
+        _, length, kind = struct.unpack_from("<IHB", data, offset)
+        yield offset, kind, length
+        offset += 7 + length
+
+
 CASES: list[Callable[[Path, random.Random], Case]] = [
     verl_jsonl_with_bad_first_line, verl_jsonl_bad_middle, jsonl_cr_only, console_after_long_startup,
-    wandb_csv_damaged, wandb_table_bad_byte, wandb_summary_bom,
+    wandb_csv_damaged, wandb_table_bad_byte, wandb_summary_bom, verl_jsonl_after_other_lines,
+    rollout_dump_first_line_warning, small_log_with_a_damaged_long_line, mlflow_metric_bom_or_cr,
+    wandb_csv_header_not_first, trainer_state_bad_entry, mlflow_db_bad_rows,
 ]
+
+
+def tensorboard_bad_record(folder: Path, rng: random.Random, steps: int = 12) -> Case:
+    """A TensorBoard event file with one damaged record among good ones: a length of 2^62 whose own
+    CRC is right, a flipped data byte, or a malformed tensor; the records after it must be kept."""
+    import numpy as np
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from tensorboard.util import tensor_util
+
+    def record(data: bytes) -> bytes:
+        length = struct.pack("<Q", len(data))
+        return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+
+    def scalar_event(step: int, value: float) -> bytes:
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="timing_s/step", simple_value=value)])
+        return event_pb2.Event(step=step, wall_time=1e9 + step, summary=summary).SerializeToString()
+
+    records = [record(event_pb2.Event(wall_time=1e9, file_version="brain.Event:2").SerializeToString())]
+    records += [record(scalar_event(step, rng.uniform(5, 60))) for step in range(1, steps + 1)]
+    damage = rng.choice(["length", "flip", "tensor"])
+    at = rng.randint(2, len(records) - 1)
+    if damage == "length":
+        length = struct.pack("<Q", 2**62)
+        records[at] = length + struct.pack("<I", masked_crc32c(length)) + records[at][12:]
+    elif damage == "flip":
+        spoiled = bytearray(records[at])
+        spoiled[14] ^= 0xFF
+        records[at] = bytes(spoiled)
+    else:
+        tensor = tensor_util.make_tensor_proto(np.float32(1.0))
+        tensor.ClearField("float_val")
+        tensor.tensor_content = b"\x01\x02\x03"
+        bad = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="timing_s/step", tensor=tensor)])
+        records[at] = record(event_pb2.Event(step=99, summary=bad).SerializeToString())
+    path = _write(folder / "run" / "tensorboard_log" / "events.out.tfevents.1700000000.host", b"".join(records))
+    return Case(f"tensorboard {damage}", [folder / "run"], steps - 1, [path])
+
+
+# The optional readers' cases run where their package is installed.
+if importlib.util.find_spec("wandb") is not None:
+    CASES.append(wandb_offline_bad_record)
+if importlib.util.find_spec("tensorboard") is not None:
+    CASES.append(tensorboard_bad_record)

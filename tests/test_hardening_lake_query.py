@@ -125,3 +125,20 @@ def test_a_lake_folder_that_cannot_be_created_is_a_one_line_error(lake, tmp_path
     blocker.write_text("x")
     _one_line_error(_invoke("lake", blocker / "lake", "--db", lake.parent / "store.duckdb"),
                     "cannot create lake")
+
+
+@pytest.mark.parametrize("write, words", [
+    (lambda text: "[" * 100_000 + "]" * 100_000, ("nested too deep",)),
+    (lambda text: text.replace('"schema_version": ', '"schema_version": 1' + "0" * 400 + ', "x": ', 1),
+     ("schema_version is not a whole number",)),
+], ids=["deep", "400-digit-version"])
+def test_a_manifest_nested_too_deep_or_with_a_huge_version_is_one_short_line(forged, write, words):
+    manifest = forged / "manifest.json"
+    manifest.write_text(write(manifest.read_text()))
+    message = _one_line_error(_invoke("runs", "--db", forged), *words)
+    assert len(message) < 400
+
+
+def test_a_file_listed_100000_times_is_refused_at_once(forged):
+    _edit_manifest(forged, lambda m: m.__setitem__("files", m["files"] + [m["files"][0]] * 100_000))
+    _one_line_error(_invoke("runs", "--db", forged), "listed more than once")

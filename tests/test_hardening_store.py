@@ -124,3 +124,21 @@ def test_a_store_killed_before_its_first_commit_is_an_empty_store(tmp_path):
     assert _invoke("synth", "--task", "math", "--out", logs, "--num-steps", 2, "--batch", 2, "--n", 2).exit_code == 0
     assert _invoke("ingest", logs, "--db", path).exit_code == 0
     assert [run["run"] for run in json.loads(_invoke("runs", "--db", path, "--json").stdout)] == ["alpha"]
+
+
+def test_an_ingest_killed_before_deciding_its_runs_is_made_whole_by_the_next_ingest(store, tmp_path):
+    """A kill after the files are committed, before the end-of-ingest decision, leaves runs without
+    their semantics record; ingesting the same logs again (every file unchanged) adds them back, so
+    the store equals a clean one."""
+    killed = tmp_path / "killed.duckdb"
+    shutil.copy(store, killed)
+    clean = json.loads(_invoke("runs", "--db", store, "--json").stdout)
+    con = duckdb.connect(str(killed))
+    con.execute("DELETE FROM run_semantics")
+    con.close()
+    result = _invoke("ingest", store.parent / "logs" / "alpha", "--db", killed, "--json")
+    assert result.exit_code == 0 and {r["status"] for r in json.loads(result.stdout)} == {"unchanged"}
+    con = duckdb.connect(str(killed), read_only=True)
+    assert con.execute("SELECT count(*) FROM run_semantics").fetchall() == [(1,)]
+    con.close()
+    assert json.loads(_invoke("runs", "--db", killed, "--json").stdout) == clean

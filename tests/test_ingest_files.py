@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polytrace_cli.ingest.files import FileHashes, hash_and_count, walk
+from polytrace_cli.ingest.files import LINK_OUTSIDE, LISTED_TWICE, FileHashes, hash_and_count, walk
 
 
 def test_hash_size_and_lines_by_hand(tmp_path):
@@ -39,10 +39,13 @@ def test_walk_gives_files_in_folders_resolved_and_does_not_follow_linked_folders
     (run / "sub" / "b.jsonl").write_text("x\n")
     (run / "a.jsonl").symlink_to(elsewhere / "target.jsonl")
     (run / "linked").symlink_to(elsewhere / "inner", target_is_directory=True)
+    (run / "c.jsonl").symlink_to(run / "sub" / "b.jsonl")
     given = tmp_path / "." / "run"
-    found = [path for path, _, _ in walk([given])]
-    assert found == [(elsewhere / "target.jsonl").resolve(), (run / "sub" / "b.jsonl").resolve()]
-    assert found == [Path(path).resolve() for path in found]
+    found = [(path, problem) for path, _, problem in walk([given])]
+    # A link out of the folder is not followed (skipped by its rule, under its own name); a link to a
+    # file inside is that file, listed once.
+    assert found == [(run.resolve() / "a.jsonl", LINK_OUTSIDE), ((run / "sub" / "b.jsonl").resolve(), None),
+                     ((run / "sub" / "b.jsonl").resolve(), LISTED_TWICE)]
 
 
 def test_prefetched_hash_is_computed_once_and_shared(tmp_path):

@@ -104,11 +104,12 @@ def test_damaged_file_keeps_records_before_the_damage(store, tmp_path, damage):
         data[offset + 12 + 2] ^= 0xFF
     path.write_bytes(bytes(data))
     [report] = ingest_paths(store, [path])
-    kept = [4, 2][damage == "corrupt"]
-    assert [row[1] for row in _metrics(store)] == list(range(1, kept + 1))
-    assert (report.lines, report.stored, report.ignored, report.rejected) == (kept + 2, kept, 1, 1)
+    # A cut tail loses step 5; a corrupt record loses step 3 alone: reading resyncs at the next record.
+    kept, lost = ([1, 2, 3, 4], 5) if damage == "truncate" else ([1, 2, 4, 5], 3)
+    assert [row[1] for row in _metrics(store)] == kept
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (6, 4, 1, 1)
     [(line_no, reason)] = store.execute("SELECT line_no, reason FROM ingest_errors").fetchall()
-    assert line_no == kept + 2 and reason.startswith(f"event file damaged after {kept + 1} readable records")
+    assert line_no == lost + 1 and reason.startswith(f"event file damaged after {lost} readable records")
 
 
 def test_without_tensorboard_the_file_is_rejected_naming_the_extra(tmp_path):
@@ -216,3 +217,34 @@ def test_a_step_outside_the_step_range_rejects_its_record(store, tmp_path):
     assert store.execute("SELECT line_no, code, reason FROM ingest_errors").fetchall() == [
         (3, "out-of-range", f"step {2**40} is outside the step range")]
     assert store.execute("SELECT step FROM step_metrics ORDER BY step").fetchall() == [(1,), (2,)]
+
+
+def test_a_record_length_of_2_62_with_a_valid_length_crc_costs_that_record_alone(store, tmp_path):
+    """A length that runs far past the end of the file, its CRC right (so the framing trusts it):
+    the reader resyncs at the next whole record instead of losing the file."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    path = write_events(tmp_path / "run", [(s, [_simple("timing_s/step", float(s))]) for s in range(1, 9)])
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(4):  # the header event and steps 1..3: the fifth record is step 4
+        offset += int.from_bytes(data[offset:offset + 8], "little") + 16
+    length = (2**62).to_bytes(8, "little")
+    data[offset:offset + 12] = length + masked_crc32c(length).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    [report] = ingest_paths(store, [path])
+    assert [row[1] for row in _metrics(store)] == [1, 2, 3, 5, 6, 7, 8]
+    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == [(5, "corrupt-file")]
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (9, 7, 1, 1)
+
+
+def test_a_malformed_tensor_rejects_its_record_alone(store, tmp_path):
+    bad = summary_pb2.Summary.Value(tag="timing_s/step", tensor=tensor_util.make_tensor_proto(np.float32(1.0)))
+    bad.tensor.tensor_content = b"\x01\x02\x03"  # three bytes for one float32
+    bad.tensor.ClearField("float_val")
+    path = write_events(tmp_path / "run", [(1, [_simple("timing_s/step", 1.0)]), (2, [bad]),
+                                           (3, [_tensor("timing_s/step", 3.0)])])
+    [report] = ingest_paths(store, [path])
+    assert [row[1] for row in _metrics(store)] == [1, 3]
+    assert store.execute("SELECT line_no, code FROM ingest_errors").fetchall() == [(3, "unparsable-line")]
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (4, 2, 1, 1)

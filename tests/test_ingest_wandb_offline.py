@@ -27,8 +27,10 @@ HISTORY = {
 CONFIG = {"actor_rollout_ref": {"model": {"path": "Qwen/Qwen2.5-7B"}, "rollout": {"n": 8}},
           "data": {"max_response_length": 4096}, "trainer": {"nnodes": 2, "n_gpus_per_node": 8},
           "algorithm": {"adv_estimator": "grpo"}}
+LONG_STEPS = 300
 WRITER = """
 import json, sys, wandb
+LONG_STEPS = int(sys.argv[7])
 history, config, steps = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 run = wandb.init(project="polytrace-test", config=config, settings=wandb.Settings(x_disable_stats=True))
 for step in range(1, steps + 1):
@@ -44,6 +46,11 @@ for step, (mean_length, tokens, reward) in json.loads(sys.argv[5]).items():
     trl.log({"train/completions/mean_length": mean_length, "train/num_tokens": tokens, "train/reward": reward,
              "train/global_step": int(step)}, step=int(step))
 trl.finish()
+# A long run: its record log spans several 32 KiB blocks (padding, records split across blocks).
+long = wandb.init(project="polytrace-test", dir=sys.argv[6], settings=wandb.Settings(x_disable_stats=True))
+for step in range(1, LONG_STEPS + 1):
+    long.log({"timing_s/step": step / 8, "timing_s/gen": step / 16, "response_length/mean": 100.0 + step}, step=step)
+long.finish()
 """
 
 
@@ -52,14 +59,16 @@ TRL_ROWS = {2: (312.5, 8192.0, 0.25), 4: (340.1, 17408.0, 0.375), 6: (298.7, 256
 
 def write_offline_run(tmp_path: Path, steps: int = 5) -> Path:
     """Offline run folders written by wandb itself: a verl-style run in tmp_path/wandb (its .wandb
-    file is returned) and a TRL run in tmp_path/trl/wandb."""
+    file is returned), a TRL run in tmp_path/trl/wandb and a long run in tmp_path/long/wandb."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
            "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_API_KEY": "", "HOME": str(tmp_path)}
     history = {str(step): {key: (value if not math.isnan(value) else "NaN") for key, value in row.items()}
                for step, row in HISTORY.items()}
     (tmp_path / "trl").mkdir()
+    (tmp_path / "long").mkdir()
     subprocess.run([sys.executable, "-c", WRITER, json.dumps(history), json.dumps(CONFIG), str(steps),
-                    str(tmp_path / "trl"), json.dumps(TRL_ROWS)],
+                    str(tmp_path / "trl"), json.dumps(TRL_ROWS), str(tmp_path / "long"),
+                    str(LONG_STEPS)],
                    env=env, check=True, timeout=120, capture_output=True)
     [log] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     return log
@@ -146,3 +155,49 @@ def test_without_wandb_the_file_is_rejected_naming_the_extra(offline_run, tmp_pa
     [report] = json.loads(result.stdout)
     assert report["status"] == "rejected"
     assert report["message"] == "reading wandb offline runs needs the wandb package: pip install 'polytrace[wandb]'"
+
+
+def test_a_record_log_of_many_blocks_reads_every_record_across_the_block_edges(store, offline_run):
+    """The long run's log, as wandb wrote it: it spans several blocks and holds records split into
+    pieces across them; every step of it is read back exactly."""
+    from hostile_inputs import FIRST, LAST, WANDB_BLOCK, record_pieces
+
+    [log] = (offline_run.parents[2] / "long" / "wandb").glob("offline-run-*/run-*.wandb")
+    data = log.read_bytes()
+    kinds = {kind for _, kind, _ in record_pieces(data)}
+    assert len(data) > 3 * WANDB_BLOCK and {FIRST, LAST} <= kinds, (len(data), kinds)
+    [report] = ingest_paths(store, [log], run_name="long")
+    assert report.rejected == 0 and report.lines == report.stored + report.ignored
+    rows = store.execute("SELECT step, step_s, gen_s, response_length_mean FROM steps ORDER BY step").fetchall()
+    assert rows == [(step, step / 8, step / 16, 100.0 + step) for step in range(1, LONG_STEPS + 1)]
+
+
+@pytest.mark.parametrize("room", [7, 3], ids=["empty-first-piece", "padding"])
+def test_the_block_end_is_read_as_the_writer_frames_it(store, tmp_path, room):
+    """A record ending with `room` bytes left in its block: with exactly a header's room (7) the writer
+    puts an empty first piece of the next record there; with less (3) zero padding, and the next
+    record starts the next block. A third record spans three blocks."""
+    from hostile_inputs import FIRST, FULL, WANDB_BLOCK, record_pieces, wandb_history, wandb_record_log
+
+    def history(step: int, note: int) -> bytes:
+        return wandb_history(step, {"timing_s/step": f"{step}.5", "note": json.dumps("n" * note)})
+
+    first = history(1, 0)
+    # The note length that makes record 2 end with `room` bytes left in the first block (7-byte file header).
+    target = WANDB_BLOCK - 7 - (7 + len(first)) - 7 - room
+    note = next(n for n in range(target - 100, target) if len(history(2, n)) == target)
+    bodies = [first, history(2, note), history(3, 70_000), history(4, 10)]
+    data = wandb_record_log(bodies)
+    pieces = list(record_pieces(data))
+    if room == 7:
+        assert (WANDB_BLOCK - 7, FIRST, 0) in pieces
+    else:
+        assert data[WANDB_BLOCK - 3:WANDB_BLOCK] == bytes(3) and pieces[2][:2] == (WANDB_BLOCK, FIRST)
+    assert [kind for _, kind, _ in pieces].count(FULL) == 3
+    path = tmp_path / "wandb" / "offline-run-20250101_000000-abc" / "run-abc.wandb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    [report] = ingest_paths(store, [path])
+    assert (report.lines, report.stored, report.rejected) == (4, 4, 0)
+    assert store.execute("SELECT step, value FROM step_metrics WHERE key = 'timing_s/step' ORDER BY step").fetchall() \
+        == [(1, 1.5), (2, 2.5), (3, 3.5), (4, 4.5)]

@@ -326,3 +326,22 @@ def test_real_multi_turn_trace_flags_its_short_step(tmp_path):
     step0 = steps.filter(steps["step"] == 0).row(0, named=True)
     assert step0["tool_latency_p99_s"] == pytest.approx(tools["p99_s"])
     assert step0["tool_latency_mean_s"] == pytest.approx(tools["mean_s"])
+
+
+def test_a_checkpoint_left_out_of_the_logged_step_alone_is_added_back(tmp_path):
+    """No testing at all; the checkpoint saves of steps 4 and 8 (20 s) are outside timing_s/step:
+    the basis is 'logged without overheads' and their step time counts the save."""
+    lines = []
+    for step in range(1, 11):
+        save = " - timing_s/save_checkpoint:20.0" if step in (4, 8) else ""
+        lines.append(f"step:{step} - timing_s/gen:10.0 - timing_s/update_actor:5.0 - timing_s/step:17.0{save}"
+                     f" - response_length/mean:{300 + step}.0\n")
+    (tmp_path / "train.log").write_text("".join(lines))
+    db = tmp_path / "s.duckdb"
+    _ok("ingest", tmp_path / "train.log", "--run", "ckpt", "--db", db)
+    record = _record(db, "ckpt")
+    assert (record["step_time_basis"], record["includes_testing"], record["includes_checkpoint"]) == (
+        "logged without overheads", None, False)
+    steps = {row["step"]: row for row in _json("steps", "ckpt", "--db", db)}
+    assert [steps[s]["step_s"] for s in range(1, 11)] == [37.0 if s in (4, 8) else 17.0 for s in range(1, 11)]
+    assert steps[4]["logged_step_s"] == 17.0

@@ -500,3 +500,31 @@ def test_a_watched_log_reaches_prometheus_and_the_webhook(tmp_path, lines):
     posted = [b for b in hook.bodies if b["kind"] == "slow_step"]
     assert [b["step"] for b in posted] == [a["step"] for a in watcher.of("alert", "slow_step")]
     assert all(b["run"] == "ops" and b["text"].startswith("polytrace: run ops: step ") for b in posted)
+def test_other_commands_open_the_store_between_the_polls_of_a_watch(tmp_path, lines):
+    """`watch` holds the store's write lock only while a poll writes: `runs --wait 30` gets through
+    while it runs, and sees what it stored."""
+    from typer.testing import CliRunner
+
+    from polytrace_cli.cli import app
+
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text("".join(lines[:40]))
+    db = tmp_path / "w.duckdb"
+    watcher = Watcher(log, db, "--idle-exit", "60", "--poll", "0.2", "--run", "r")
+    try:
+        wait_for(db.exists, timeout=60)
+        listed: list = []
+        deadline = time.monotonic() + 90
+        while not listed and time.monotonic() < deadline:
+            result = CliRunner().invoke(app, ["runs", "--db", str(db), "--wait", "30", "--json"])
+            assert result.exit_code == 0, result.output  # never "locked by another process"
+            listed = [run["run"] for run in json.loads(result.stdout)]
+        assert listed == ["r"] and watcher.process.poll() is None  # answered while the watch runs
+        write_lines(log, lines[40:60])
+        result = CliRunner().invoke(app, ["query", "select count(*) as n from runs", "--db", str(db), "--wait", "30",
+                                          "--json"])
+        assert result.exit_code == 0 and json.loads(result.stdout) == [{"n": 1}], result.output
+    finally:
+        watcher.process.kill()
+        watcher.finish()

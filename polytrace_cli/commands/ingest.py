@@ -15,7 +15,7 @@ from rich.markup import escape
 from polytrace_cli.commands.common import (CsvOption, DbOption, JsonOption, WaitOption, WideOption, console,
                                           emit_frame, emit_rows, emit_table, err_console, fail, user_errors)
 from polytrace_cli.errors import PolytraceError
-from polytrace_cli.ingest.files import FileHashes, is_log_like, walk
+from polytrace_cli.ingest.files import NOT_A_FAILURE, FileHashes, is_log_like, walk
 
 if TYPE_CHECKING:
     from polytrace_cli.ingest.ledger import FileReport
@@ -129,7 +129,8 @@ def ingest(
     failed = [r for r in reports if r.failed]
     if failed:
         raise fail(f"{len(failed)} file(s) could not be ingested", 1)
-    unread_logs = [r for r in reports if r.status == "skipped" and r.side_rule is None and is_log_like(r.path)]
+    unread_logs = [r for r in reports if r.status == "skipped" and r.side_rule is None and is_log_like(r.path)
+                   and r.message not in NOT_A_FAILURE]
     if unread_logs:
         raise fail(f"{len(unread_logs)} log file(s) were not read (no line of a known format): "
                    + ", ".join(Path(r.path).name for r in unread_logs[:3]) + (" ..." if len(unread_logs) > 3 else ""), 1)

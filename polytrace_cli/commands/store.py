@@ -34,6 +34,9 @@ def runs(db: DbOption = None, as_json: JsonOption = False, as_csv: CsvOption = F
 
 # A table for people shows at most this many rows (a rich table of 230,000 rows took two minutes).
 TABLE_ROWS = 1_000
+# The limits `query` runs under unless told otherwise.
+QUERY_TIME_LIMIT_S = 300.0
+QUERY_MEMORY_LIMIT = "4GB"
 
 
 @user_errors
@@ -44,15 +47,21 @@ def query(
     as_csv: CsvOption = False,
     wide: WideOption = False,
     wait: WaitOption = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Stop the query after this many seconds"
+                                              " (0: no limit).")] = QUERY_TIME_LIMIT_S,
+    memory_limit: Annotated[str, typer.Option("--memory-limit", help="The most memory the query may hold"
+                                              " (DuckDB's spelling: 4GB, 512MB); it spills nothing to disk.")]
+    = QUERY_MEMORY_LIMIT,
 ) -> None:
     """Run read-only SQL on the store (tables: runs, files, samples, steps, step_metrics, ...).
 
     One SELECT (or EXPLAIN) statement; it cannot read or write files, attach databases or load
-    extensions.
+    extensions, and it is stopped with a one-line error past its time or memory limit.
     """
     from polytrace_cli.facade import Store
 
-    with Store.open(db, read_only=True, wait=wait).confined() as store:
+    with Store.open(db, read_only=True, wait=wait).confined(memory_limit) as store, \
+            store.time_limit(time_limit or None):
         relation = store.query_relation(sql)
         for_people = not (as_json or as_csv)
         if for_people and relation.columns == ["explain_key", "explain_value"]:

@@ -91,6 +91,14 @@ class FileContext:
     line_offset: int = 0
     resume: dict | None = None
     resume_state: dict | None = None
+    # The input file itself, where `path` is a rewritten or decompressed copy of it (in a temporary
+    # folder): formats that read a file's neighbours (an MLflow run folder) look beside this one.
+    input_path: Path | None = None
+
+    @property
+    def location(self) -> Path:
+        """Where the input file lies: `input_path` when `path` is a copy, else `path`."""
+        return self.input_path or self.path
 
     @property
     def text_lines(self) -> int:

@@ -18,7 +18,7 @@ from polytrace_cli.errors import ErrorCode, IngestError, PolytraceError
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.batch import BATCH_MAX_BYTES, BATCH_MAX_FILES, BatchMember, batch_member, ingest_batch
 from polytrace_cli.ingest.files import (
-    CorruptFile, FileHashes, Readable, UnreadableFile, is_log_like, path_text, readable, side_file_rule, walk,
+    CorruptFile, FileHashes, Readable, Skip, UnreadableFile, is_log_like, path_text, readable, side_file_rule, walk,
 )
 from polytrace_cli.ingest.ledger import FileReport, RunResolver, WholeFileFailure, record_failures, reject_whole_file
 from polytrace_cli.ingest.registry import is_binary
@@ -163,13 +163,17 @@ def ingest_paths(
 
 def decide_semantics(con: duckdb.DuckDBPyConnection, reports: list[FileReport]) -> None:
     """The end-of-ingest hook: decide again the semantics record of every run a file was added to,
-    replaced in, or grew in (`semantics.record`)."""
-    from polytrace_cli.semantics.record import decide_runs
+    replaced in, or grew in (`semantics.record`), and of every run whose record is missing or older
+    than its files (an ingest killed before this hook ran)."""
+    from polytrace_cli.semantics.record import decide_runs, runs_without_current_record
 
     names = sorted({report.run for report in reports if report.run and report.status in ("ingested", "replaced", "appended", "truncated")})
+    run_ids = set(runs_without_current_record(con))
     if names:
         rows = con.execute("SELECT run_id FROM runs WHERE name IN (SELECT unnest(?))", [names]).fetchall()
-        decide_runs(con, [row[0] for row in rows])
+        run_ids |= {row[0] for row in rows}
+    if run_ids:
+        decide_runs(con, sorted(run_ids))
 
 
 def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ingester | None,
@@ -180,7 +184,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
     `failed_whole` for `record_failures`, and a run that only this file created is dropped if it fails."""
     shown = path_text(path)
     if problem:
-        return FileReport(path=shown, status="error", message=problem)
+        return FileReport(path=shown, status="skipped" if isinstance(problem, Skip) else "error", message=problem)
     try:
         with readable(path) as source:
             return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole,

@@ -103,26 +103,102 @@ def _open_decompressed(path: Path):
     return lzma.open(path, "rb")
 
 
+# The most text a compressed input may expand to, and the most times its own size: past either the
+# file is refused with one line (a decompression bomb: 131 KB of zstd can hold 4 GB of text).
+EXPANDED_MAX_BYTES = 16 << 30
+EXPANSION_MAX_RATIO = 2000
+# Inputs this small may expand to this much whatever their ratio.
+EXPANSION_FREE_BYTES = 64 << 20
+
+
+def _expansion_cap(source: Path) -> int:
+    """The most bytes `source`'s text may hold (EXPANDED_MAX_BYTES, EXPANSION_MAX_RATIO)."""
+    try:
+        size = source.stat().st_size
+    except OSError:
+        size = 0
+    return min(EXPANDED_MAX_BYTES, max(EXPANSION_FREE_BYTES, size * EXPANSION_MAX_RATIO))
+
+
+def _copy_capped(read, out, source: Path, chunk_size: int = 8 << 20) -> None:
+    """Copy the decompressed text `read(n)` gives into `out`, a chunk at a time (memory holds one
+    chunk), refusing it once it passes `_expansion_cap(source)`."""
+    cap = _expansion_cap(source)
+    written = 0
+    while chunk := read(chunk_size):
+        written += len(chunk)
+        if written > cap:
+            raise UnreadableFile(f"its text expands past {cap:,} bytes ({source.stat().st_size:,} compressed),"
+                                 " the most a compressed input may hold: a decompression bomb, or decompress it"
+                                 " yourself")
+        out.write(chunk)
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE_MAGIC = range(0x184D2A50, 0x184D2A60)
+
+
+def zstd_frames_problem(path: Path) -> str | None:
+    """Why the .zst file is not a whole sequence of frames (a frame cut short, bytes that are no
+    frame), or None. Walks the frame and block headers only (RFC 8878): nothing is decompressed."""
+    import struct
+
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        offset = 0
+        while offset < size:
+            handle.seek(offset)
+            magic_bytes = handle.read(4)
+            if len(magic_bytes) < 4:
+                return "the last frame is cut short"
+            (magic,) = struct.unpack("<I", magic_bytes)
+            if magic in _SKIPPABLE_MAGIC:
+                length = handle.read(4)
+                if len(length) < 4:
+                    return "the last frame is cut short"
+                offset += 8 + struct.unpack("<I", length)[0]
+                continue
+            if magic != _ZSTD_MAGIC:
+                return f"byte {offset} does not start a zstd frame"
+            descriptor = handle.read(1)
+            if not descriptor:
+                return "the last frame is cut short"
+            flags = descriptor[0]
+            single_segment = flags >> 5 & 1
+            header = (0 if single_segment else 1) + (0, 1, 2, 4)[flags & 3] \
+                + ((1 if single_segment else 0), 2, 4, 8)[flags >> 6]
+            offset += 5 + header
+            while True:
+                handle.seek(offset)
+                block = handle.read(3)
+                if len(block) < 3:
+                    return "the last frame is cut short"
+                value = int.from_bytes(block, "little")
+                last, kind, length = value & 1, value >> 1 & 3, value >> 3
+                if kind == 3:
+                    return f"byte {offset} holds a reserved block type"
+                offset += 3 + (1 if kind == 1 else length)
+                if last:
+                    break
+            offset += 4 if flags >> 2 & 1 else 0
+        if offset > size:
+            return "the last frame is cut short"
+    return None
+
+
 def _unzstd(source: Path, out, chunk_size: int = 8 << 20) -> None:
-    """Decompress every frame of a .zst file into `out`; a file that ends inside a frame is corrupt."""
+    """Decompress every frame of a .zst file into `out`, streamed (memory holds one chunk of text);
+    a file that is not a whole sequence of frames is corrupt (checked first, on the headers)."""
     try:
         import zstandard
     except ImportError:
         raise UnreadableFile(ZSTD_HINT) from None
-    decompressor = zstandard.ZstdDecompressor()
-    frame = None  # the frame being decompressed; None between frames
+    problem = zstd_frames_problem(source)
+    if problem:
+        raise CorruptFile(f"damaged {source.suffix} archive: {problem}")
     with open(source, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            while chunk:
-                if frame is None:
-                    frame = decompressor.decompressobj()
-                out.write(frame.decompress(chunk))
-                if frame.eof:
-                    chunk, frame = frame.unused_data, None
-                else:
-                    chunk = b""
-    if frame is not None:
-        raise CorruptFile(f"damaged {source.suffix} archive: the last frame is cut short")
+        reader = zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True)
+        _copy_capped(reader.read, out, source, chunk_size)
 
 
 @dataclass(frozen=True)
@@ -196,8 +272,9 @@ def readable(source: Path) -> Iterator[Readable]:
                 raise UnreadableFile(error.strerror or str(error)) from None
         else:
             target.symlink_to(source.resolve())
-        yield Readable(target, source.with_name(inner_name) if compressed else target, compressed,
-                       rewritten=compressed or rewrite)
+        # Sniffers see the input's own location (a format may look at the files beside it).
+        name_path = source.with_name(inner_name) if compressed else (source if rewrite else target)
+        yield Readable(target, name_path, compressed, rewritten=compressed or rewrite)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -222,7 +299,7 @@ def _decompress(source: Path, target: Path) -> None:
                 _unzstd(source, out)
             else:
                 with _open_decompressed(source) as stream:
-                    shutil.copyfileobj(stream, out, 8 << 20)
+                    _copy_capped(stream.read, out, source)
     except (UnreadableFile, CorruptFile):
         raise
     except OSError as error:
@@ -396,6 +473,15 @@ def byte_range_copy(path: Path, start: int, end: int) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+class Skip(str):
+    """The reason a file met while walking a folder is not read, by a named rule (not an error)."""
+
+
+LINK_OUTSIDE = "a link to a file outside the folder given: not read"
+LISTED_TWICE = "the same file as one listed before it (reached through a link): read once"
+NOT_A_FAILURE = (LINK_OUTSIDE, LISTED_TWICE)
+
+
 def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]:
     """(file, named_explicitly, problem) for every file under the given paths, sorted.
 
@@ -405,7 +491,10 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
     read, `.DS_Store` is not), folders reached through a symbolic link, and DuckDB store files are
     left out. A
     folder below that cannot be listed is given as a path with its problem: what it holds was not read.
+    A file reached through a link that resolves outside the given folder is given with the `Skip`
+    LINK_OUTSIDE (it is never opened), and a file met a second time through a link with LISTED_TWICE.
     """
+    seen: set[Path] = set()
     for given in paths:
         path = Path(given)
         if not path.exists():
@@ -414,8 +503,22 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
             root = path.resolve()
             for relative, linked, problem in sorted(_files_below(root, ())):
                 child = root.joinpath(*relative)
-                yield (child.resolve() if linked else child), False, problem
+                if linked and not problem:
+                    try:
+                        child = child.resolve(strict=True)
+                    except (OSError, RuntimeError) as error:  # a dangling link, a loop of links
+                        yield child, False, f"cannot read: {getattr(error, 'strerror', None) or error}"
+                        continue
+                    if not child.is_relative_to(root):
+                        yield root.joinpath(*relative), False, Skip(LINK_OUTSIDE)
+                        continue
+                if child in seen and not problem:
+                    yield child, False, Skip(LISTED_TWICE)
+                    continue
+                seen.add(child)
+                yield child, False, problem
         elif path.is_file():
+            seen.add(path.resolve())
             yield path, True, None
         else:
             yield path, True, "not a regular file"

@@ -5,6 +5,7 @@ store is handed (`declared_metric_names`). Finding the ingester of a file is `sn
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from polytrace_cli.errors import PolytraceError
@@ -162,15 +163,25 @@ def execution_mode_timers() -> dict[str, tuple[str, str]]:
     return dict(execution_mode.MODE_TIMERS)
 
 
-def is_binary(head: bytes) -> bool:
-    """True when clean text lines hold less than half of the first bytes.
+# Characters of a text log: a printable character or whitespace, and the escape that starts a colour code.
+_NOT_TEXT = re.compile(r"[\x00-\x07\x0e-\x1a\x1c-\x1f\x7f\ufffd]")
+# The share of the head's characters that are not text above which a file is binary.
+BINARY_SHARE = 0.3
 
-    A clean line holds no NUL byte and decodes as UTF-8 (the last line may end in a multi-byte
-    character cut by the sniff window). A text log with a few bad lines (a zero-filled block left
-    by a crash, a stray byte that is not UTF-8) stays text; each bad line is the ingester's to
-    reject.
+
+def is_binary(head: bytes) -> bool:
+    """True when the first bytes are not text, judged over the whole head: more than BINARY_SHARE of
+    their characters are not text (NUL and other control bytes, bytes that are not UTF-8, each such
+    byte one replacement character), and clean lines (no NUL, UTF-8) hold less than half of them.
+
+    A text log with a few bad lines stays text, each bad line the ingester's to reject: one long
+    line with a damaged byte (its bytes are nearly all text), a zero-filled block left by a crash
+    or a stray byte that is not UTF-8 (most lines are clean).
     """
     if not head:
+        return False
+    text = head.decode("utf-8", errors="replace")
+    if len(_NOT_TEXT.findall(text)) <= BINARY_SHARE * len(text):
         return False
     lines = head.split(b"\n")
     clean = 0
@@ -180,6 +191,7 @@ def is_binary(head: bytes) -> bool:
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as error:
+            # The last line may end in a multi-byte character cut by the sniff window.
             if index < len(lines) - 1 or error.start < len(line) - 4:
                 continue
         clean += len(line) + 1

@@ -118,7 +118,8 @@ def _load_in_transaction(con, path, source, ingester, run_id, run_name, head, fi
 
     # Lines are counted on the text the ingester reads; the hash is of the input file's bytes.
     ctx = FileContext(con=con, path=source.path, run_id=run_id, file_id=file_id, run_name=run_name,
-                      head=head, line_count=counting or hashing, on_begin=replace_previous_version)
+                      head=head, line_count=counting or hashing, on_begin=replace_previous_version,
+                      input_path=path if source.path != path else None)
     try:
         ingester.load(ctx)
         ctx.flush()

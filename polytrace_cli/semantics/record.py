@@ -332,6 +332,21 @@ def store(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     return record
 
 
+def runs_without_current_record(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """The runs holding a file whose record is missing or older than their newest file: what an
+    ingest killed after committing files, before deciding their runs, leaves (a re-ingest of the same
+    files changes none of them, so only this finds those runs)."""
+    return [run_id for (run_id,) in con.execute(
+        """
+        SELECT r.run_id FROM runs r
+        WHERE EXISTS (SELECT 1 FROM files f WHERE f.run_id = r.run_id)
+          AND NOT EXISTS (SELECT 1 FROM run_semantics s WHERE s.run_id = r.run_id
+                          AND NOT EXISTS (SELECT 1 FROM files f WHERE f.run_id = s.run_id
+                                          AND f.ingested_at > s.decided_at))
+        ORDER BY r.run_id
+        """).fetchall()]
+
+
 def decide_runs(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> None:
     """Store the record of each run that still exists, one transaction for all (the end-of-ingest hook)."""
     present = [row[0] for row in con.execute(

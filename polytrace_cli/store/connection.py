@@ -11,6 +11,7 @@ import duckdb
 
 from polytrace_cli.errors import StoreError
 from polytrace_cli.store.catalog import MetricNamesSource, catalog_is_current, hand_down
+from polytrace_cli.store.sandbox import check_whole, read_through_own_views
 from polytrace_cli.store.sql import connect_duckdb, fetch_first
 from polytrace_cli.store.migrations import SCHEMA_VERSION, check_not_newer, has_ledger, migrate, schema_version
 
@@ -256,6 +257,8 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             _remove_new_store(path)
         raise _explain_open_failure(path, error) from None
     try:
+        if not creating:
+            check_whole(con, path)
         if read_only:
             version = check_not_newer(con, str(path))
             if version == 0 and not _has_foreign_tables(con, besides=("schema_migrations",)):
@@ -291,6 +294,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                                  " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
             _drop_runs_without_files(con)
+        read_through_own_views(con, path, read_only)
     except StoreError:
         con.close()
         raise

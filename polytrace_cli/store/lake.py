@@ -44,6 +44,8 @@ from polytrace_cli.store.migrations import DERIVED_TABLES, SCHEMA_VERSION, schem
 MANIFEST = "manifest.json"
 LAKE_FORMAT = "polytrace-lake/1"
 DATA_FILE = "data.parquet"
+# What queries over a lake may hold in memory (they spill nothing to disk).
+LAKE_MEMORY_LIMIT = "4GB"
 
 
 def is_lake(path: str | os.PathLike) -> bool:
@@ -165,7 +167,9 @@ def read_manifest(out: Path) -> dict | None:
     try:
         manifest = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as error:
-        raise StoreError(f"{path} is not a readable lake manifest: {error}") from None
+        raise StoreError(f"{path} is not a readable lake manifest: {str(error)[:200]}") from None
+    except RecursionError:
+        raise StoreError(f"{path} is not a readable lake manifest: it is nested too deep to read") from None
     if not isinstance(manifest, dict) or manifest.get("format") != LAKE_FORMAT:
         raise StoreError(f"{path} is not a polytrace lake manifest (format {LAKE_FORMAT})")
     return manifest
@@ -359,8 +363,9 @@ def manifest_problem(manifest: object) -> str | None:
     """
     if not isinstance(manifest, dict):
         return "it is not a JSON object"
-    if not isinstance(manifest.get("schema_version"), int) or isinstance(manifest.get("schema_version"), bool):
-        return "schema_version is not a whole number"
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**31:
+        return "schema_version is not a whole number from 0 to 2^31 - 1"
     tables = manifest.get("tables")
     if not isinstance(tables, dict) or not tables:
         return "tables is not a non-empty object"
@@ -388,12 +393,16 @@ def manifest_problem(manifest: object) -> str | None:
     files = manifest.get("files")
     if not isinstance(files, list):
         return "files is not a list"
+    listed: set[str] = set()
     for entry in files:
         if not isinstance(entry, dict) or entry.get("table") not in tables or not isinstance(entry.get("path"), str):
             return "a file entry does not name a listed table and a path"
         path = entry["path"]
         if not _FILE_PATH.fullmatch(path) or path.split("/")[0] != entry["table"] or ".." in path.split("/"):
             return f"file path {path[:80]!r} is not <table>[/run=<name>]/{DATA_FILE} inside the lake"
+        if path in listed:
+            return f"file path {path[:80]!r} is listed more than once"
+        listed.add(path)
     return None
 
 
@@ -451,9 +460,11 @@ def open_lake(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
             raise StoreError(f"lake {root} lacks {root / entry['path']} listed in its manifest")
         files_by_table.setdefault(entry["table"], []).append(str(file))
     con = connect_duckdb()
-    # Only the lake's own Parquet files can be read, and the configuration is then locked.
+    # Only the lake's own Parquet files can be read, and the configuration is then locked. An
+    # in-memory DuckDB spills into ./.tmp of the working folder, which it may then read: it spills
+    # nowhere, under a memory limit.
     con.execute("SET allowed_paths = ?", [[p for paths in files_by_table.values() for p in paths]])
-    confine(con)
+    confine(con, memory_limit=LAKE_MEMORY_LIMIT)
     try:
         for name, entry in manifest["tables"].items():
             casts = ", ".join(f"CAST({_quote_ident(column)} AS {kind}) AS {_quote_ident(column)}"

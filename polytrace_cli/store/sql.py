@@ -1,6 +1,6 @@
 """The low-level SQL helpers every layer shares, at the bottom of the store: a DuckDB connection made the
 way polytrace makes every one, confined to its store, and small statements (the first row, a rollback,
-whole row groups, rows folded into a table). This module imports nothing of polytrace."""
+whole row groups, rows folded into a table). This module imports nothing of polytrace but its errors."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import duckdb
+
+from polytrace_cli.errors import PolytraceError
 
 
 # Every connection polytrace opens: DuckDB never fetches or loads an extension on its own (a file
@@ -32,14 +34,48 @@ CONFINED_SETTINGS = (
 )
 
 
-def confine(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+def confine(con: duckdb.DuckDBPyConnection, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """Lock `con` to the store it has open: no file access, no extensions, configuration frozen.
-    A connection already confined (a lake is opened confined) is returned as it is."""
+    With `memory_limit`, its queries hold at most that much memory and spill nothing (no temporary
+    folder either: none can be read). A connection already confined (a lake is opened confined,
+    with its own limit) is returned as it is."""
     if fetch_first(con, "SELECT current_setting('lock_configuration')")[0]:
         return con
+    if memory_limit is not None:
+        try:
+            con.execute("SET memory_limit = ?", [memory_limit])
+        except duckdb.Error as error:
+            raise PolytraceError(f"memory limit {memory_limit!r} is not a size DuckDB reads (say 4GB):"
+                                 f" {str(error).strip().splitlines()[0]}") from None
+        con.execute("SET temp_directory = ''")
     for statement in CONFINED_SETTINGS:
         con.execute(statement)
     return con
+
+
+@contextmanager
+def time_limit(con: duckdb.DuckDBPyConnection, seconds: float | None) -> Iterator[None]:
+    """Within the block, `con`'s running query is interrupted once `seconds` have passed (None: no
+    limit); the interruption, and a query that ran out of the memory limit, raise PolytraceError."""
+    import threading
+
+    timer = threading.Timer(seconds, con.interrupt) if seconds else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    except duckdb.InterruptException:
+        if timer is None:
+            raise
+        raise PolytraceError(f"the query ran past its time limit of {seconds:g} s (--time-limit) and was"
+                             " stopped") from None
+    except duckdb.OutOfMemoryException as error:
+        raise PolytraceError(f"the query needs more memory than its limit allows (--memory-limit):"
+                             f" {str(error).strip().splitlines()[0][:200]}") from None
+    finally:
+        if timer:
+            timer.cancel()
 
 
 # Rows of a DuckDB row group: the unit a checkpoint rewrites when it merges row groups left part-filled.

@@ -39,6 +39,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,16 +213,24 @@ class ValidationEvents:
         return events
 
 
-def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[dict], None],
+Lease = Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
+
+
+def watch_log(store: duckdb.DuckDBPyConnection | Lease, path: Path, on_event: Callable[[dict], None],
               settings: WatchSettings = WatchSettings(), on_run: Callable[[str], None] | None = None,
               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
               baseline: BaselineBand | None = None) -> WatchResult:
     """Follow `path` (a log file or a run folder) until it stays idle `settings.idle_exit` seconds
     or a crash is seen in it; `on_event` gets each event as it happens (see the module), `on_run`
     the run's name once its first rows are stored; with `baseline`, each training step's stages are
-    also judged against the baseline run's band (`efficiency` alerts)."""
+    also judged against the baseline run's band (`efficiency` alerts).
+
+    `store` is a connection held throughout, or a lease: a callable whose context holds the store
+    open (`with store() as con:`), taken only while a poll writes or reads it, so that between polls
+    other processes open the store (`polytrace runs --wait 30` while `watch` runs)."""
     from polytrace_cli.ingest.driver import ingest_paths
 
+    lease: Lease = (lambda: nullcontext(store)) if isinstance(store, duckdb.DuckDBPyConnection) else store
     if not path.exists():
         raise PolytraceError(f"{path}: no such file or directory")
     files = _Files(path)
@@ -241,7 +250,7 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
             result.alerts += 1
         on_event(event)
 
-    def alert_crash(crash: _Crash) -> bool:
+    def alert_crash(con: duckdb.DuckDBPyConnection, crash: _Crash) -> bool:
         """Alert a crash whose lines have landed, named from all of them, with the last step before it;
         False (no alert) when, all landed, they hold no crash (a shutdown block, a caught error)."""
         named = crash_in(crash.text)
@@ -264,73 +273,78 @@ def watch_log(con: duckdb.DuckDBPyConnection, path: Path, on_event: Callable[[di
                 emit({"event": "truncated", "file": str(file), "bytes": size, "previous_bytes": files.sizes[file]})
                 files.scanned[file] = (0, 0)
         if grown:
-            reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
-            rewritten = {report.path for report in reports if report.status == "replaced"}
-            for file, size in grown.items():
-                # Written over at the same size (a growth read whole is "replaced" too, for other reasons).
-                if path_text(file.resolve()) in rewritten and size == files.sizes.get(file):
-                    emit({"event": "truncated", "file": str(file), "bytes": size,
-                          "previous_bytes": files.sizes[file]})
-                    files.scanned[file] = (0, 0)
-            for report in reports:
-                if report.failed:
-                    emit({"event": "alert", "kind": "ingest", "reason": f"{report.path}: {report.message}"})
-            run_name = next((r.run for r in reports if r.run and r.rows), None) or result.run
-            if run_name and judge is None:
-                result.run = run_name
-                run_id = run_id_if_any(con, run_name)
-                judge = StepJudge(con, run_id) if run_id is not None else None
-                validations = ValidationEvents(con, run_id) if run_id is not None else None
-                total_steps = configured_steps(con, run_name)
-                if on_run is not None:
-                    on_run(run_name)
-            for file, size in grown.items():
-                text, first_line = files.new_text(file, size)
-                if crash is not None and crash.file == file:
-                    crash.text += text
-                elif crash is None and (sign := first_crash_sign(text)) is not None:
-                    crash = _Crash(file, "".join(text.splitlines(keepends=True)[sign:]), first_line + sign)
-            files.sizes.update(grown)
-            files.stamps.update({file: stats[file][1] for file in grown})
-            # Lines that stored nothing (progress bars, noise) bring no step: the run is not read again.
-            stored = any(report.rows for report in reports)
-            steps = judge.new_steps() if judge is not None and stored else []
-            if steps:
-                if last_step is not None:  # k steps in one gap landed gap / k apart
-                    gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
-                last_step_at, stalled_at_step = now, None
-            # A validation follows its step's events; one without a step comes where its step would.
-            validated = validations.new() if validations is not None and stored else []
-            for record in steps:
-                while validated and (validated[0]["segment"], validated[0]["step"]) < (record["segment"], record["step"]):
-                    emit(validated.pop(0))
-                last_step = record["step"]
-                result.steps += 1
-                emit({"event": "step", **record})
-                if record["slow"]:
-                    emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
-                          "expected_s": record["expected_s"], "causes": record["causes"]})
-                side = judge.rollout_side.get((record["segment"], record["step"]))
-                if side is not None:
-                    for alert in asynchronous.observe(record["step"], *side):
-                        emit(alert)
-                if validated and (validated[0]["segment"], validated[0]["step"]) == (record["segment"], record["step"]):
-                    emit(validated.pop(0))
-            for event in validated:
-                emit(event)
-            if baseline is not None and steps:
-                for event in baseline.judge(con, judge.run_id, result.run or "", judge.last_frame):
+            with lease() as con:
+                if judge is not None:  # the judges read through the connection of this poll
+                    judge.con = validations.con = con
+                reports = ingest_paths(con, list(grown), run_name=settings.run, complete_lines=True, batch=False)
+                rewritten = {report.path for report in reports if report.status == "replaced"}
+                for file, size in grown.items():
+                    # Written over at the same size (a growth read whole is "replaced" too, for other reasons).
+                    if path_text(file.resolve()) in rewritten and size == files.sizes.get(file):
+                        emit({"event": "truncated", "file": str(file), "bytes": size,
+                              "previous_bytes": files.sizes[file]})
+                        files.scanned[file] = (0, 0)
+                for report in reports:
+                    if report.failed:
+                        emit({"event": "alert", "kind": "ingest", "reason": f"{report.path}: {report.message}"})
+                run_name = next((r.run for r in reports if r.run and r.rows), None) or result.run
+                if run_name and judge is None:
+                    result.run = run_name
+                    run_id = run_id_if_any(con, run_name)
+                    judge = StepJudge(con, run_id) if run_id is not None else None
+                    validations = ValidationEvents(con, run_id) if run_id is not None else None
+                    total_steps = configured_steps(con, run_name)
+                    if on_run is not None:
+                        on_run(run_name)
+                for file, size in grown.items():
+                    text, first_line = files.new_text(file, size)
+                    if crash is not None and crash.file == file:
+                        crash.text += text
+                    elif crash is None and (sign := first_crash_sign(text)) is not None:
+                        crash = _Crash(file, "".join(text.splitlines(keepends=True)[sign:]), first_line + sign)
+                files.sizes.update(grown)
+                files.stamps.update({file: stats[file][1] for file in grown})
+                # Lines that stored nothing (progress bars, noise) bring no step: the run is not read again.
+                stored = any(report.rows for report in reports)
+                steps = judge.new_steps() if judge is not None and stored else []
+                if steps:
+                    if last_step is not None:  # k steps in one gap landed gap / k apart
+                        gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
+                    last_step_at, stalled_at_step = now, None
+                # A validation follows its step's events; one without a step comes where its step would.
+                validated = validations.new() if validations is not None and stored else []
+                for record in steps:
+                    while validated and (validated[0]["segment"], validated[0]["step"]) < (record["segment"], record["step"]):
+                        emit(validated.pop(0))
+                    last_step = record["step"]
+                    result.steps += 1
+                    emit({"event": "step", **record})
+                    if record["slow"]:
+                        emit({"event": "alert", "kind": "slow_step", "step": record["step"], "seconds": record["seconds"],
+                              "expected_s": record["expected_s"], "causes": record["causes"]})
+                    side = judge.rollout_side.get((record["segment"], record["step"]))
+                    if side is not None:
+                        for alert in asynchronous.observe(record["step"], *side):
+                            emit(alert)
+                    if validated and (validated[0]["segment"], validated[0]["step"]) == (record["segment"], record["step"]):
+                        emit(validated.pop(0))
+                for event in validated:
                     emit(event)
-            if steps and crash is not None and (_metric_lines(con, crash.file, crash.line)[1] or 0) > crash.line:
-                # Steps logged after the crash's lines: the job lives on.
-                if not crash.alerted:
-                    alert_crash(crash)
-                crash, result.reason = None, ""
-            # Idle time counts from when the growth was read: a slow read never eats the idle window.
-            last_growth = clock()
+                if baseline is not None and steps:
+                    for event in baseline.judge(con, judge.run_id, result.run or "", judge.last_frame):
+                        emit(event)
+                if steps and crash is not None and (_metric_lines(con, crash.file, crash.line)[1] or 0) > crash.line:
+                    # Steps logged after the crash's lines: the job lives on.
+                    if not crash.alerted:
+                        alert_crash(con, crash)
+                    crash, result.reason = None, ""
+                # Idle time counts from when the growth was read: a slow read never eats the idle window.
+                last_growth = clock()
         elif crash is not None:
-            if not crash.alerted and not alert_crash(crash):
-                crash = None
+            if not crash.alerted:
+                with lease() as con:
+                    if not alert_crash(con, crash):
+                        crash = None
         if crash is not None and not grown:
             crash.quiet_polls += 1
             if crash.quiet_polls >= (CRASH_QUIET_POLLS if last_step is not None else STARTUP_CRASH_QUIET_POLLS):

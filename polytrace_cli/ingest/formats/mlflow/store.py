@@ -24,8 +24,10 @@ sample count, not a training step) go to `engine_metrics`: a GPU's utilization a
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
@@ -45,6 +47,56 @@ MLFLOW_TABLES = {"runs", "metrics", "params", "tags"}
 # MLflow's system metrics (`mlflow.system_metrics`): logged with this prefix, on the wall clock.
 SYSTEM_PREFIX = "system/"
 SYSTEM_GPU_UTILIZATION = r"^system/(?:(node_[^/]+)/)?gpu_(\d+)_utilization_percentage$"
+# The metrics rows with each column's SQLite storage class: MLflow declares value a double, step and
+# timestamp BIGINT, but a SQLite column holds whatever was written into it (text, a fraction, ±inf).
+METRIC_ROWS = """
+    SELECT rowid, run_uuid, CAST(key AS TEXT),
+           CASE WHEN typeof(value) IN ('real', 'integer') THEN CAST(value AS REAL) END, typeof(value),
+           CASE WHEN typeof(timestamp) = 'integer' THEN timestamp END,
+           CASE WHEN typeof(step) = 'integer' THEN step END,
+           CASE WHEN typeof(step) = 'real' THEN step END, typeof(step), CASE WHEN is_nan = 1 THEN 1 ELSE 0 END
+    FROM metrics"""
+
+
+def _metric_schema() -> dict:
+    """The polars schema of the METRIC_ROWS columns."""
+    return {"line_no": pl.Int64, "run_uuid": pl.String, "key": pl.String, "value": pl.Float64,
+            "value_type": pl.String, "timestamp": pl.Int64, "step": pl.Int64, "step_real": pl.Float64,
+            "step_type": pl.String, "is_nan": pl.Int64}
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only sqlite3 connection to the file `path`. The path goes into the `file:` URI
+    percent-encoded (a `#`, `?` or `%` in a folder name is part of the name, never of the URI), so
+    SQLite opens that file or fails, and never creates one. Text that is not UTF-8 reads with
+    replacement characters."""
+    con = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True)
+    con.text_factory = lambda data: data.decode("utf-8", errors="replace")
+    return con
+
+
+def _metric_row_problem() -> pl.Expr:
+    """`problem` (reason, code) of a metrics row that cannot be stored, null for a good row: a step that
+    is not a whole number or outside the step range, a value that is not a number (NaN is written as
+    is_nan = 1, ±inf as ±max double by MLflow), a missing key."""
+    def problem(reason: str, code: str) -> pl.Expr:
+        return pl.struct(reason=pl.lit(reason), code=pl.lit(code))
+
+    step, value = pl.col("step"), pl.col("value")
+    return (pl.when(pl.col("step_type") == "null").then(problem("metrics row has no step", "missing-field"))
+            .when(pl.col("step_real").is_not_null()).then(problem("metrics row step {step} is not a whole number",
+                                                                  "type-error"))
+            .when(step.is_null()).then(problem("metrics row step is {type}, not an integer", "type-error"))
+            .when(~step.is_between(STEP_MIN, STEP_MAX)).then(problem("metrics row step {step} is outside the step"
+                                                                     " range", "out-of-range"))
+            .when(pl.col("key").is_null()).then(problem("metrics row has no key", "missing-field"))
+            .when((pl.col("is_nan") == 0) & (pl.col("value_type") == "null")).then(
+                problem("metrics row has no value", "missing-field"))
+            .when((pl.col("is_nan") == 0) & value.is_null()).then(
+                problem("metrics row value is {type}, not a number", "type-error"))
+            .when((pl.col("is_nan") == 0) & value.is_infinite()).then(
+                problem("metrics row value {value} is beyond a double (MLflow writes no infinity)", "out-of-range"))
+            .otherwise(None).alias("problem"))
 
 
 def run_folder_part(path: Path) -> tuple[Path, str, str] | None:
@@ -102,7 +154,7 @@ class MlflowMetricIngester(Ingester):
         return found is not None and found[1] == "metrics"
 
     def load(self, ctx: FileContext) -> None:
-        _, _, key = run_folder_part(ctx.path)
+        _, _, key = run_folder_part(ctx.location)
         text = ctx.path.read_text(encoding="utf-8", errors="replace")
         lines = pl.DataFrame({"raw": text.split("\n")}).with_row_index("line_no", offset=1) \
             .with_columns(pl.col("line_no").cast(pl.Int64))
@@ -150,7 +202,7 @@ class MlflowRunFileIngester(Ingester):
     def load(self, ctx: FileContext) -> None:
         ctx.lines = 1
         ctx.stored = 1
-        found = run_folder_part(ctx.path)
+        found = run_folder_part(ctx.location)
         if found is None:
             import yaml
 
@@ -209,40 +261,51 @@ class MlflowSqliteIngester(Ingester):
         if not head.startswith(SQLITE_HEADER):
             return False
         try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            with closing(_connect_read_only(path)) as con:
                 tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.Error:
-            return False
-        return MLFLOW_TABLES <= tables
+            return True  # a damaged SQLite file: `load` says why it cannot be read, rather than skip it
+        return MLFLOW_TABLES <= tables or path.name == "mlflow.db"  # so named, a file without them is damaged
 
     def load(self, ctx: FileContext) -> None:
         try:
-            con = sqlite3.connect(f"file:{ctx.path}?mode=ro", uri=True)
-            try:
+            with closing(_connect_read_only(ctx.path)) as con:
+                tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if not MLFLOW_TABLES <= tables:
+                    raise IngestError(f"SQLite database without MLflow's tables ({', '.join(sorted(MLFLOW_TABLES - tables))}"
+                                      " missing)", "missing-field")
                 runs = con.execute("SELECT run_uuid, name, status, start_time, end_time, lifecycle_stage,"
                                    " experiment_id FROM runs ORDER BY start_time, run_uuid").fetchall()
-                metrics = con.execute("SELECT rowid, run_uuid, key, value, timestamp, step, is_nan FROM metrics").fetchall()
-                params = con.execute("SELECT run_uuid, key, value FROM params").fetchall()
-                tags = con.execute("SELECT run_uuid, key, value FROM tags").fetchall()
-            finally:
-                con.close()
+                metrics = con.execute(METRIC_ROWS).fetchall()
+                params = con.execute("SELECT run_uuid, key, CAST(value AS TEXT) FROM params").fetchall()
+                tags = con.execute("SELECT run_uuid, key, CAST(value AS TEXT) FROM tags").fetchall()
         except sqlite3.Error as error:
-            raise IngestError(f"MLflow SQLite store cannot be read: {error}", ErrorCode.UNREADABLE_FILE) from None
+            raise IngestError(f"damaged SQLite database, its MLflow store cannot be read: {error}",
+                              "corrupt-file") from None
         ctx.lines = len(metrics) + len(params) + len(tags)
         deleted = {run[0] for run in runs if run[5] == "deleted"}
         live = [run for run in runs if run[0] not in deleted]
-        for rows in (metrics, params, tags):
-            ctx.ignore("row of a deleted MLflow run", sum(1 for row in rows if row[1 if rows is metrics else 0] in deleted))
-        frame = pl.DataFrame([row for row in metrics if row[1] not in deleted],
-                             schema={"line_no": pl.Int64, "run_uuid": pl.String, "key": pl.String, "value": pl.Float64,
-                                     "timestamp": pl.Int64, "step": pl.Int64, "is_nan": pl.Int64}, orient="row")
-        bad = ~pl.col("step").is_between(STEP_MIN, STEP_MAX) | pl.col("step").is_null()
-        for line_no, step in frame.filter(bad).select("line_no", "step").iter_rows():
-            ctx.reject(line_no, f"metrics row step {step} is outside the step range", None, code=ErrorCode.OUT_OF_RANGE)
-        frame = frame.filter(~bad).with_columns(
+        known = {run[0] for run in live}
+        for rows, table in ((metrics, "metrics"), (params, "params"), (tags, "tags")):
+            uuid_at = 1 if rows is metrics else 0
+            ctx.ignore("row of a deleted MLflow run", sum(1 for row in rows if row[uuid_at] in deleted))
+            for index, row in enumerate(rows):
+                if row[uuid_at] not in known and row[uuid_at] not in deleted:
+                    line_no = row[0] if rows is metrics else None
+                    ctx.reject(line_no, f"{table} row of run {row[uuid_at]!r}, which the store's runs table does not"
+                               " hold", None, code="constraint-error")
+        frame = pl.DataFrame([row for row in metrics if row[1] in known], schema=_metric_schema(), orient="row")
+        problem = _metric_row_problem()
+        for line_no, step, step_real, value, value_type, reason, code in frame.with_columns(problem).filter(
+                pl.col("problem").is_not_null()).select(
+                "line_no", "step", "step_real", "value", "value_type", pl.col("problem").struct.field("reason"),
+                pl.col("problem").struct.field("code")).iter_rows():
+            ctx.reject(line_no, reason.format(step=step if step is not None else step_real, value=value,
+                                              type=value_type), None, code=code)
+        frame = frame.with_columns(problem).filter(pl.col("problem").is_null()).with_columns(
             value=pl.when(pl.col("is_nan") == 1).then(float("nan")).otherwise(pl.col("value")),
-            text_value=pl.lit(None, pl.String))
-        ctx.stored = frame.height + sum(1 for rows in (params, tags) for row in rows if row[0] not in deleted)
+            text_value=pl.lit(None, pl.String)).drop("problem", "step_real", "value_type", "step_type")
+        ctx.stored = frame.height + sum(1 for rows in (params, tags) for row in rows if row[0] in known)
         system = frame.filter(pl.col("key").str.starts_with(SYSTEM_PREFIX))
         frame = _with_tokens(_segments(frame.filter(~pl.col("key").str.starts_with(SYSTEM_PREFIX)),
                                        ["run_uuid", "key"]), ["run_uuid", "key"])
@@ -279,7 +342,7 @@ class MlflowSqliteIngester(Ingester):
     def _extra_run(ctx: FileContext, uuid: str, name: str | None) -> int:
         """The run holding the store's MLflow run `uuid` (found by its source, else created)."""
         ctx.begin_writes()
-        source = f"{ctx.path}#{uuid}"
+        source = f"{ctx.location}#{uuid}"
         found = fetch_first(ctx.con, "SELECT run_id FROM runs WHERE source_dir = ?", [source])
         if found:
             return found[0]

@@ -126,10 +126,15 @@ def _scalar(value) -> tuple[float | None, str | None]:
 _NUMBER_LITERAL = re.compile(r"(?<![\w.'\"])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 
 
-def _too_large_for_double(payload: str) -> str | None:
+_QUOTED_NUMBER = re.compile(r"""(?<=['"])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?=['"])""")
+
+
+def _too_large_for_double(payload: str, quoted: bool = False) -> str | None:
     """The first number written in `payload` that a double cannot hold (`1e400`, a 400-digit
-    integer), or None: such a number would otherwise be stored as a false infinity."""
-    for literal in _NUMBER_LITERAL.findall(payload):
+    integer), or None: such a number would otherwise be stored as a false infinity. With `quoted`,
+    a string holding only such a number (`'1e400'`, which TRL's string values read as a number) counts too."""
+    literals = _NUMBER_LITERAL.findall(payload) + (_QUOTED_NUMBER.findall(payload) if quoted else [])
+    for literal in literals:
         if math.isinf(float(literal)):
             return literal
     return None

@@ -15,17 +15,17 @@ both lists are kept as they are, rows past the shorter list carrying NULL for it
 from __future__ import annotations
 
 import json
-
 import re
 from pathlib import Path
 
-import duckdb
-
 from polytrace_cli.errors import ErrorCode, IngestError
+from polytrace_cli.ingest import json_documents
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.jsonl import fits_sql, value_problem
 from polytrace_cli.ingest.registry import register
 
+# About how many bytes of step entries are read into DuckDB at a time.
+BATCH_BYTES = 1 << 20
 _HEAD = re.compile(rb'^\s*\{\s*"\d+"\s*:\s*[\{\[]')
 
 
@@ -65,22 +65,42 @@ class DatasetJsonIngester(Ingester):
 
     def load(self, ctx: FileContext) -> None:
         con = ctx.con
-        try:
-            con.execute(
-                """
-                CREATE OR REPLACE TEMP TABLE entries AS
-                WITH doc AS (SELECT content::JSON AS j FROM read_text(?)),
-                     keyed AS (SELECT unnest(json_keys(j)) AS key, j FROM doc)
-                SELECT row_number() OVER () AS position, key,
-                       CASE WHEN regexp_full_match(trim(key), '-?[0-9]+') THEN try_cast(key AS INTEGER) END AS step,
-                       json_extract(j, '$."' || key || '"') AS entry
-                FROM keyed
-                """,
-                [str(ctx.path)],
-            )
-        except duckdb.Error as error:
-            raise IngestError(f"not a valid JSON document: {str(error).splitlines()[0]}", ErrorCode.INVALID_JSON) from None
-        ctx.lines = con.execute("SELECT count(*) FROM entries").fetchall()[0][0]
+        keys, values = self._members(ctx)
+        ctx.lines = len(keys)
+        batches = []  # (first, last) member indexes of each batch, about BATCH_BYTES of entry text
+        first, held = 0, 0
+        for index, value in enumerate(values):
+            held += len(value or "")
+            if held >= BATCH_BYTES or index == len(values) - 1:
+                batches.append((first, index + 1))
+                first, held = index + 1, 0
+        # A step entry that is a list of more than one turn makes the document multi-turn.
+        multiturn = False
+        for first, last in batches:
+            self._entries(ctx, keys, values, first, last)
+            multiturn = multiturn or con.execute(
+                "SELECT coalesce(max(json_array_length(entry)) FILTER (WHERE json_type(entry) = 'ARRAY'), 0) > 1"
+                " FROM entries").fetchall()[0][0]
+        unpaired = 0
+        for first, last in batches:
+            self._entries(ctx, keys, values, first, last)
+            unpaired += self._load_batch(ctx, multiturn)
+        con.execute("DROP TABLE IF EXISTS entries")
+        con.execute("DROP TABLE IF EXISTS turn_lists")
+        ctx.stored = ctx.lines - ctx.rejected
+        if unpaired:
+            ctx.note(f"{unpaired} step(s) have input and output lists that do not pair; both kept as they are")
+        ctx.run_meta["multiturn"] = bool(multiturn)
+
+    def _load_batch(self, ctx: FileContext, multiturn: bool) -> int:
+        """Store the step entries in `entries`, rejecting the bad ones; the number of steps whose
+        input and output lists do not pair."""
+        con = ctx.con
+        for position, key, code in con.execute(
+                "SELECT position, key, problem FROM entries WHERE problem IS NOT NULL ORDER BY position").fetchall():
+            reason = "is not UTF-8 text" if code == "encoding-error" else "is not valid JSON"
+            ctx.reject(position, f"step {key}: the entry {reason}", key, code=code)
+        con.execute("DELETE FROM entries WHERE problem IS NOT NULL")
         # Lengths must be whole numbers an INTEGER holds (the rule of every JSON trace), else the entry is rejected.
         fits = " AND ".join(_lengths_fit_sql(side) for side in ("input", "output"))
         con.execute(
@@ -120,19 +140,61 @@ class DatasetJsonIngester(Ingester):
             ctx.reject(position, reason, key, code=code)
         if bad:
             con.execute("DELETE FROM turn_lists WHERE position IN (SELECT unnest(?))", [[b[0] for b in bad]])
-        multiturn = con.execute("SELECT coalesce(max(turn), 0) > 0 FROM turn_lists").fetchall()[0][0]
         if multiturn:
             self._load_multiturn(ctx)
         else:
             self._load_single_turn(ctx)
-        ctx.stored = ctx.lines - ctx.rejected
-        unpaired = con.execute(
+        return con.execute(
             "SELECT count(*) FROM turn_lists WHERE len(input) != len(output) AND"
             " (len(input) = 0 OR len(output) % len(input) != 0)"
         ).fetchall()[0][0]
-        if unpaired:
-            ctx.note(f"{unpaired} step(s) have input and output lists that do not pair; both kept as they are")
-        ctx.run_meta["multiturn"] = bool(multiturn)
+
+    @staticmethod
+    def _members(ctx: FileContext) -> tuple[list[str], list[str | None]]:
+        """(keys, entry texts) of the document's step entries, in order, cut apart by scanning
+        (`object_members`): DuckDB is handed a batch of entries at a time, never the whole document
+        (whose every copy per key took 13 GB for 50 MB). An entry holding bytes that are not UTF-8
+        is None."""
+        text = ctx.path.read_bytes().decode("utf-8", errors="surrogateescape")
+        members = json_documents.object_members(text)
+        if members is None:
+            try:
+                json.loads(text)
+            except RecursionError:
+                raise IngestError("not a valid JSON document: nested too deep to read", "invalid-json") from None
+            except ValueError as error:
+                raise IngestError(f"not a valid JSON document: {error}", "invalid-json") from None
+            raise IngestError("the document is not a JSON object keyed by step", "not-an-object")
+        keys = [key.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for key, _, _ in members]
+        values = []
+        for _, start, end in members:
+            value = text[start:end]
+            values.append(None if any("\udc80" <= char <= "\udcff" for char in value) else value)
+        return keys, values
+
+    @staticmethod
+    def _entries(ctx: FileContext, keys: list[str], values: list[str | None], first: int, last: int) -> None:
+        """Temp table `entries` (position, key, step, entry JSON, problem) of members first..last: an
+        entry that is not JSON, or holds bytes that are not UTF-8, has its problem's code."""
+        import pyarrow as pa
+
+        table = pa.table({"position": pa.array(range(first + 1, last + 1), pa.int64()),
+                          "key": pa.array(keys[first:last], pa.string()),
+                          "value": pa.array(values[first:last], pa.string())})
+        ctx.con.register("dataset_members", table)
+        try:
+            ctx.con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE entries AS
+                SELECT position, key,
+                       CASE WHEN regexp_full_match(trim(key), '-?[0-9]+') THEN try_cast(key AS INTEGER) END AS step,
+                       CASE WHEN json_valid(value) THEN value::JSON END AS entry,
+                       CASE WHEN value IS NULL THEN 'encoding-error' WHEN NOT json_valid(value) THEN 'invalid-json'
+                       END AS problem
+                FROM dataset_members
+                """)
+        finally:
+            ctx.con.unregister("dataset_members")
 
     @staticmethod
     def _load_single_turn(ctx: FileContext) -> None:

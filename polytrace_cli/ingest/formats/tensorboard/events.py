@@ -13,13 +13,19 @@ prefix of OpenRLHF and of TRL (the transformers Trainer) is removed and `eval/` 
 `train/policy_loss` -> `policy_loss`, `train/completions/mean_length` -> `completions/mean_length`).
 A TRL run's cumulative `num_tokens` also gives `num_tokens/per_step` (`trl.tokens_per_step`).
 
-A record that cannot be read (truncated write, CRC mismatch) ends the readable part of the file:
-the records before it are kept, and the damage is rejected as one record with its byte offset. A
-step lower than the previous event's starts a new segment.
+Records are read with polytrace's own TFRecord reader (`scan_events`; the CRC-32C is tensorboard's).
+A record that cannot be read (a truncated write, a CRC mismatch, a length past the end of the file)
+is one damaged span, rejected as one record with its byte range; reading resyncs at the next whole
+record, so the records before and after are kept. A record holding a malformed tensor is rejected
+alone. A step lower than the previous event's starts a new segment.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
@@ -33,6 +39,87 @@ from polytrace_cli.ingest.step_rows import store_step_clock
 
 EXTRA_HINT = "reading TensorBoard event files needs the tensorboard package: pip install 'polytrace[tensorboard]'"
 RECORD_OVERHEAD_BYTES = 16  # length (8) + length CRC (4) + data CRC (4) around each record
+LENGTH = struct.Struct("<QI")
+CRC = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class EventDamage:
+    """Bytes start..end of an event file that hold no readable record."""
+
+    start: int
+    end: int
+    why: str
+
+
+def _masked_crc32c(data: bytes) -> int:
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    return masked_crc32c(data)
+
+
+@functools.lru_cache(maxsize=4096)
+def _length_crc(length_bytes: bytes) -> int:
+    # Cached: resyncing through a zero-filled or repeating span asks for the same few lengths.
+    return _masked_crc32c(length_bytes)
+
+
+def _record_at(data: bytes, offset: int) -> tuple[bytes | None, str]:
+    """(the data of the record at `offset`, '') when a whole record with both CRCs right starts
+    there, else (None, why not)."""
+    if offset + LENGTH.size > len(data):
+        return None, "the file is cut short"
+    length, length_crc = LENGTH.unpack_from(data, offset)
+    if _length_crc(bytes(data[offset:offset + 8])) != length_crc:
+        return None, "a record length whose CRC does not match"
+    end = offset + LENGTH.size + length
+    if end + CRC.size > len(data):
+        return None, f"a record length of {length} bytes running past the end of the file"
+    body = data[offset + LENGTH.size:end]
+    if _masked_crc32c(body) != CRC.unpack_from(data, end)[0]:
+        return None, "a record whose data CRC does not match"
+    return body, ""
+
+
+def scan_events(data: bytes) -> list[bytes | EventDamage]:
+    """The records of a TFRecord event file (each `length` uint64, masked CRC-32C of the length,
+    data, masked CRC-32C of the data) and the damaged spans between them. After damage, reading
+    resyncs at the next offset where a whole record with both CRCs right starts (the length's CRC
+    makes a false start unlikely); with none, the damage runs to the end of the file."""
+    units: list[bytes | EventDamage] = []
+    offset = 0
+    while offset < len(data):
+        body, why = _record_at(data, offset)
+        if body is not None:
+            units.append(body)
+            offset += len(body) + RECORD_OVERHEAD_BYTES
+            continue
+        resync = _next_record(data, offset + 1)
+        units.append(EventDamage(offset, resync, why))
+        offset = resync
+    return units
+
+
+def _next_record(data: bytes, start: int) -> int:
+    """The first offset from `start` where a whole record starts, or the file's size."""
+    last = len(data) - RECORD_OVERHEAD_BYTES
+    offset = start
+    while offset <= last:
+        if data[offset:offset + 12] == _ZERO_HEADER:
+            # Twelve zero bytes are no record start (the masked CRC of a zero length is not zero): a
+            # zero-filled span is passed at once, up to where its last 11 bytes could begin one.
+            nonzero = _NONZERO.search(data, offset)
+            offset = max(offset + 1, (nonzero.start() if nonzero else len(data)) - 11)
+            continue
+        length = int.from_bytes(data[offset:offset + 8], "little")
+        if length <= last - offset and _record_at(data, offset)[0] is not None:
+            return offset
+        offset += 1
+    return len(data)
+
+
+_ZERO_HEADER = bytes(12)
+_NONZERO = re.compile(rb"[^\x00]")
 
 
 def metric_key(tag: str) -> str:
@@ -98,25 +185,29 @@ class TensorBoardEventsIngester(Ingester):
     def load(self, ctx: FileContext) -> None:
         try:
             from google.protobuf.message import DecodeError
-            from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
             from tensorboard.compat.proto import event_pb2
             from tensorboard.util import tensor_util
         except ImportError:
             raise IngestError(EXTRA_HINT, ErrorCode.UNREADABLE_FILE) from None
-        size = ctx.path.stat().st_size
-        consumed = 0
+        data = ctx.path.read_bytes()
         steps: list[int] = []
         tags: list[str] = []
         values: list[float] = []
         record_nos: list[int] = []
         wall_times: list[float] = []
-        record_no = 0
-        for record in RawEventFileLoader(str(ctx.path)).Load():
-            record_no += 1
-            consumed += len(record) + RECORD_OVERHEAD_BYTES
+        units = scan_events(data)
+        records = 0
+        for record_no, unit in enumerate(units, start=1):
+            if isinstance(unit, EventDamage):
+                ctx.reject(record_no, f"event file damaged after {records} readable records: bytes {unit.start} to"
+                           f" {unit.end} of {len(data)} hold no readable record ({unit.why}); the records before"
+                           " and after them are kept", code=ErrorCode.CORRUPT_FILE)
+                ctx.note(f"damaged at bytes {unit.start}-{unit.end} of {len(data)}")
+                continue
+            records += 1
             try:
-                event = event_pb2.Event.FromString(record)
-            except DecodeError:
+                event = event_pb2.Event.FromString(unit)
+            except (DecodeError, RecursionError, ValueError):
                 ctx.reject(record_no, "event record is not a valid Event protobuf", None, code=ErrorCode.UNPARSABLE_LINE)
                 continue
             kind = event.WhichOneof("what")
@@ -126,31 +217,24 @@ class TensorBoardEventsIngester(Ingester):
             if kind != "summary":
                 ctx.ignore("file header" if kind == "file_version" else f"{kind or 'empty'} event")
                 continue
-            found = False
-            for value in event.summary.value:
-                scalar = _scalar_of(value, tensor_util)
-                if scalar is None:
-                    continue
+            try:
+                scalars = [(value.tag, scalar) for value in event.summary.value
+                           if (scalar := _scalar_of(value, tensor_util)) is not None]
+            except Exception as error:  # tensor_util raises ValueError, TypeError, ... on a malformed tensor
+                ctx.reject(record_no, f"event record holds a malformed tensor: {type(error).__name__}", None,
+                           code="unparsable-line")
+                continue
+            for tag, scalar in scalars:
                 steps.append(event.step)
-                tags.append(value.tag)
+                tags.append(tag)
                 values.append(scalar)
                 record_nos.append(record_no)
                 wall_times.append(event.wall_time)
-                found = True
-            if found:
+            if scalars:
                 ctx.stored += 1
             else:
                 ctx.ignore("non-scalar summary")
-        ctx.lines = record_no
-        if consumed < size:
-            ctx.lines += 1
-            ctx.reject(
-                record_no + 1,
-                f"event file damaged after {record_no} readable records: byte {consumed} of {size}"
-                " is a truncated or corrupt record; the records before it are kept",
-                code=ErrorCode.CORRUPT_FILE,
-            )
-            ctx.note(f"damaged at byte {consumed} of {size}; {record_no} records kept")
+        ctx.lines = len(units)
         self._store(ctx, steps, tags, values, record_nos, wall_times)
 
     @staticmethod

@@ -254,8 +254,11 @@ class TrlGrammar(ConsoleGrammar):
                 continue
             if not payload:
                 ctx.ignore(OTHER_DICT_RULE)
-            records.extend((line_no, index, str(key), *trl.scalar(value))
-                           for index, (key, value) in enumerate(payload.items(), start=1))
+            try:
+                records.extend([(line_no, index, str(key), *trl.scalar(value))
+                                for index, (key, value) in enumerate(payload.items(), start=1)])
+            except trl.TooLarge as error:
+                ctx.reject(line_no, f"value {error} is out of range for a double", raw, code="out-of-range")
         return pl.DataFrame(records, schema=pair_schema(), orient="row")
 
     def _stage_kinds(self, dicts: list[dict], pairs: pl.DataFrame) -> None:
@@ -624,7 +627,7 @@ def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) 
     bad = []
     for line_no, raw, cleaned in rows.filter(pl.col("line_no").is_in(suspect.implode())).select(
             "line_no", "raw", "c").iter_rows():
-        too_large = _too_large_for_double(cleaned)
+        too_large = _too_large_for_double(cleaned, quoted=True)
         if too_large is not None:
             ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code=ErrorCode.OUT_OF_RANGE)
             bad.append(line_no)

@@ -89,18 +89,35 @@ def is_eval_dict(keys: Iterable[str]) -> bool:
     return bool(keys) and all(key.startswith("eval_") for key in keys)
 
 
+class TooLarge(ValueError):
+    """A logged number that no double holds (`1e400`, a 400-digit integer, or such a string)."""
+
+
+_NON_FINITE_SPELLINGS = ("inf", "infinity", "nan")
+
+
 def scalar(value) -> tuple[float | None, str | None]:
     """(value, text_value) of one logged item: numbers, and strings that read as numbers, as
-    doubles; booleans as 0/1; other strings as text; None as missing."""
+    doubles; booleans as 0/1; other strings as text; None as missing. A number no double holds
+    (an int beyond ±1.8e308, a string such as '1e400' that is not a spelling of inf or nan) raises
+    TooLarge: it is never stored as infinity."""
     if isinstance(value, bool):
         return float(value), None
-    if isinstance(value, (int, float)):
-        return float(value), None
-    if isinstance(value, str):
+    if isinstance(value, int):
         try:
             return float(value), None
+        except OverflowError:
+            raise TooLarge(str(value)[:40]) from None
+    if isinstance(value, float):
+        return value, None
+    if isinstance(value, str):
+        try:
+            number = float(value)
         except ValueError:
             return None, value
+        if math.isinf(number) and value.strip().lstrip("+-").lower() not in _NON_FINITE_SPELLINGS:
+            raise TooLarge(value[:40])
+        return number, None
     return None, None
 
 

@@ -9,18 +9,23 @@ Every checkpoint's file repeats the history of the earlier ones, so only the mos
 an output folder is read (highest `global_step`, then the longest history, then the output folder's
 own file): the others are counted under the ignore rule `superseded by a later trainer_state.json`
 and say which file supersedes them. `num_tokens` is cumulative: `num_tokens/per_step` is derived
-(`trl.tokens_per_step`). An entry without a whole-number `step` is rejected.
+(`trl.tokens_per_step`). An entry without a whole-number `step` (NaN, 1e400), holding a number no
+double holds (`1e400`, 400 digits, the string '1e400') or nested too deep to read is rejected
+alone.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.errors import ErrorCode, IngestError
+from polytrace_cli.ingest import json_documents
 from polytrace_cli.ingest.formats.trl import names as trl_names
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
@@ -33,15 +38,57 @@ SUPERSEDED_RULE = "superseded by a later trainer_state.json"
 META_FIELDS = ("logging_steps", "max_steps", "num_train_epochs", "train_batch_size", "eval_steps", "save_steps")
 
 
+@dataclass(frozen=True)
+class UnreadableEntry:
+    """A `log_history` entry that cannot be read (nested too deep, not JSON)."""
+
+    reason: str
+    code: str
+    raw: str
+
+
 def read_state(path: Path) -> dict:
-    """The parsed file, or IngestError when it is not a JSON object with a `log_history` list."""
+    """The parsed file, or IngestError when it is not a JSON object with a `log_history` list.
+
+    Numbers no double holds are read as `json_documents.BeyondDouble`. A document too deep for the
+    parser is read entry by entry: its `log_history` elements are cut apart by scanning, each
+    parsed alone (an entry nested too deep is an `UnreadableEntry`), and the rest of the document
+    parsed without them."""
+    text = path.read_text(encoding="utf-8", errors="replace")
     try:
-        document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        document = json_documents.loads(text)
     except json.JSONDecodeError as error:
         raise IngestError(f"trainer_state.json is not valid JSON: {error.msg} at line {error.lineno}",
-                          ErrorCode.INVALID_JSON) from None
+                          "invalid-json") from None
+    except RecursionError:
+        document = _read_entry_by_entry(text)
     if not isinstance(document, dict) or not isinstance(document.get("log_history"), list):
         raise IngestError("trainer_state.json has no log_history list", ErrorCode.MISSING_FIELD)
+    return document
+
+
+def _read_entry_by_entry(text: str) -> dict:
+    split = json_documents.array_elements(text, "log_history")
+    too_deep = IngestError("trainer_state.json is nested too deep to read", "invalid-json")
+    if split is None:
+        raise too_deep
+    elements, rest = split
+    try:
+        document = json_documents.loads(rest)
+    except (ValueError, RecursionError):
+        raise too_deep from None
+    if not isinstance(document, dict):
+        raise too_deep
+    entries: list = []
+    for element in elements:
+        try:
+            entries.append(json_documents.loads(element))
+        except RecursionError:
+            entries.append(UnreadableEntry("log_history entry is nested too deep to read", "invalid-json",
+                                           element[:300]))
+        except ValueError as error:
+            entries.append(UnreadableEntry(f"log_history entry is not JSON: {error}", "invalid-json", element[:300]))
+    document["log_history"] = entries
     return document
 
 
@@ -70,6 +117,17 @@ def superseding_file(path: Path) -> Path | None:
     return best[1] if best else None
 
 
+def _excerpt(entry) -> str:
+    return json.dumps(entry, default=str)[:300]
+
+
+def _number(value) -> float | None:
+    try:
+        return trl.scalar(value)[0]
+    except trl.TooLarge:
+        return None
+
+
 @register
 class TrainerStateIngester(Ingester):
     name = "trl-trainer-state"
@@ -86,7 +144,7 @@ class TrainerStateIngester(Ingester):
         document = read_state(ctx.path)
         history = document["log_history"]
         ctx.lines = len(history)
-        later = superseding_file(ctx.path)
+        later = superseding_file(ctx.location)
         if later is not None:
             ctx.ignore(SUPERSEDED_RULE, len(history))
             ctx.note(f"superseded by {later.parent.name}/{later.name}: its log_history holds these steps")
@@ -94,24 +152,37 @@ class TrainerStateIngester(Ingester):
         rows: list[tuple] = []
         summary = None
         for line_no, entry in enumerate(history, start=1):
+            if isinstance(entry, UnreadableEntry):
+                ctx.reject(line_no, entry.reason, entry.raw, code=entry.code)
+                continue
             if not isinstance(entry, dict):
-                ctx.reject(line_no, "log_history entry is not an object", json.dumps(entry)[:300], code=ErrorCode.NOT_AN_OBJECT)
+                ctx.reject(line_no, "log_history entry is not an object", _excerpt(entry), code="not-an-object")
+                continue
+            too_large = json_documents.beyond_double(entry)
+            if too_large is not None:
+                ctx.reject(line_no, f"the number {too_large[:40]} is beyond a double", _excerpt(entry),
+                           code="out-of-range")
                 continue
             if trl.is_summary_dict(entry):
-                summary = {key: trl.scalar(value)[0] for key, value in entry.items()}
+                summary = {key: _number(value) for key, value in entry.items()}
                 ctx.ignore("end-of-training entry (run meta)")
                 continue
             step = entry.get("step")
-            if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
-                ctx.reject(line_no, "log_history entry has no whole-number step", json.dumps(entry)[:300],
-                           code=ErrorCode.MISSING_FIELD if step is None else ErrorCode.TYPE_ERROR)
+            if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) \
+                    or step != int(step):
+                ctx.reject(line_no, "log_history entry has no whole-number step", _excerpt(entry),
+                           code="missing-field" if step is None else "type-error")
                 continue
             if not STEP_MIN <= step <= STEP_MAX:
-                ctx.reject(line_no, f"step {step} is out of range", json.dumps(entry)[:300], code=ErrorCode.OUT_OF_RANGE)
+                ctx.reject(line_no, f"step {step} is out of range", _excerpt(entry), code="out-of-range")
                 continue
             in_eval = trl.is_eval_dict(entry)
-            pairs = [(trl.store_key(trl.mean_length_key(key, entry), in_eval), *trl.scalar(value))
-                     for key, value in entry.items() if key != "step"]
+            try:
+                pairs = [(trl.store_key(trl.mean_length_key(key, entry), in_eval), *trl.scalar(value))
+                         for key, value in entry.items() if key != "step"]
+            except trl.TooLarge as error:
+                ctx.reject(line_no, f"the number {error} is beyond a double", _excerpt(entry), code="out-of-range")
+                continue
             rows.extend((line_no, int(step), key, value, text) for key, value, text in pairs)
             ctx.stored += 1
         frame = pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "key": pl.String,

@@ -53,14 +53,10 @@ _SNIFF = re.compile(rb'^\s*\{\s*"step"\s*:\s*-?\d+\s*,\s*"data"\s*:\s*\{')
 _SNIFF_ANY_ORDER = re.compile(rb'^\s*\{.*"data"\s*:\s*\{.*"step"\s*:\s*-?\d+')
 
 
-# How many non-blank lines of the head sniffing looks at: a warning, a traceback or a damaged
-# record may come before the first record.
-SNIFF_LINES = 50
-
-
 def _first_lines(head: bytes) -> list[bytes]:
-    lines = [line for line in head.split(b"\n") if line.strip()]
-    return lines[:SNIFF_LINES]
+    """The lines of the head that may be a record (they start with `{`): warnings, a traceback or
+    damaged records of any length may come before the first record."""
+    return [line for line in head.split(b"\n") if line.lstrip().startswith(b"{")]
 
 
 @register

@@ -46,8 +46,9 @@ class VerlRolloutIngester(Ingester):
     def sniff(self, path: Path, head: bytes) -> bool:
         if not _FILE_NAME.match(path.name):
             return False
-        first = next((line for line in head.split(b"\n") if line.strip()), b"")
-        return first.lstrip().startswith(b"{") and b'"input"' in first and b'"output"' in first
+        # The first record may come after start-up noise (a warning printed into the dump).
+        return any(line.lstrip().startswith(b"{") and b'"input"' in line and b'"output"' in line
+                   for line in head.split(b"\n"))
 
     def read_options(self) -> str:
         tokenizer = current_tokenizer()

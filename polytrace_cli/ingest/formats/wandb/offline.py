@@ -19,9 +19,13 @@ and `_timestamp` are wandb's clock and are not stored, media and other non-scala
 out of the row. Keys map as in TensorBoard (`train/` removed). `run` and `config` records give the
 config (run meta as from config.yaml: framework, model, n_sampling, ...), `summary` records the
 final values (run meta `wandb_summary`, like wandb-summary.json); every other record type is
-counted under `<type> record`. A record whose CRC does not match, or a truncated tail, ends the
-readable part: the records before are kept and the damage is rejected as one record with its byte
-offset. A step lower than the previous row's starts a new segment.
+counted under `<type> record`. A record whose CRC does not match or whose length runs past its
+block costs the rest of that block: reading resyncs at the next block's first full or first piece
+(`scan_log`), and each damaged span is rejected as one record with its byte range; a truncated tail
+is one such span. A value no double holds (`1e400`, 400 digits), JSON nested too deep, or a `_step`
+that is not a whole number (NaN, 1e400) rejects its record alone. A step lower than the previous
+row's starts a new segment. A row's `_timestamp` is its step's wall clock (`step_clock`); a `stats`
+record's GPU utilizations (`gpu.<i>.gpu`) are engine samples (`engine_metrics`, `gpu_utilization`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ import json
 import math
 import re
 import struct
+import sys
 import zlib
+from dataclasses import dataclass
+from pathlib import Path
 from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
@@ -56,55 +63,134 @@ WANDB_WALL_CLOCK = "_timestamp"
 WANDB_GPU_UTILIZATION = re.compile(r"gpu\.(\d+)\.gpu")
 
 
-def read_records(data: bytes, magic: tuple = MAGIC, label: str = "wandb") -> tuple[list[bytes], int | None]:
-    """(the records' data in order, byte offset where the readable part ends or None when the
-    whole file read). Raises IngestError when the file header is not `magic` (wandb's; SwanLab writes
-    the same LevelDB-style log behind its own header)."""
+@dataclass(frozen=True)
+class Damage:
+    """Bytes start..end of a record log that hold no readable record (a CRC that does not match, a
+    length past its block, a piece out of order, a cut tail)."""
+
+    start: int
+    end: int
+    why: str
+
+
+def scan_log(data: bytes, magic: tuple = MAGIC, label: str = "wandb") -> list[bytes | Damage]:
+    """The record log's records (their data, in order) and the damaged spans between them.
+
+    The framing lets a reader resync at each block: after damage, the rest of the block is passed
+    over, and so are the middle and last pieces at the start of the blocks that follow (they belong
+    to the damaged record), up to the next full or first piece. A cut tail is one damaged span to
+    the end. Raises IngestError when the file header is not `magic` (wandb's; SwanLab writes the same
+    LevelDB-style log behind its own header)."""
     if len(data) < FILE_HEADER.size or FILE_HEADER.unpack_from(data) != magic:
         raise IngestError(f"not a {label} record log: the file does not start with the"
                           f" {magic[0].decode(errors='replace')} header", ErrorCode.CORRUPT_FILE)
-    records: list[bytes] = []
-    pending: bytes | None = None
-    offset = FILE_HEADER.size
-    record_start = offset
+    units: list[bytes | Damage] = []
+    pending: list[bytes] | None = None  # the pieces of a record split across blocks, so far
+    record_start = offset = FILE_HEADER.size
+    damage: tuple[int, str] | None = None  # (start, why) of the damaged span being passed over
+
+    def damaged(start: int, why: str) -> None:
+        nonlocal damage, pending
+        if damage is None:
+            damage = (record_start if pending is not None else start, why)
+        pending = None
+
+    def close_damage(end: int) -> None:
+        nonlocal damage
+        if damage is not None:
+            units.append(Damage(damage[0], end, damage[1]))
+            damage = None
+
     while offset < len(data):
-        room = BLOCK_BYTES - offset % BLOCK_BYTES
+        block_end = (offset // BLOCK_BYTES + 1) * BLOCK_BYTES
+        room = block_end - offset
         if room < RECORD_HEADER.size:
-            offset += room
+            offset = block_end  # zero padding: no header fits before the block ends
             continue
         if offset + RECORD_HEADER.size > len(data):
-            return records, record_start
+            damaged(offset, "the log is cut short")
+            break
         checksum, length, kind = RECORD_HEADER.unpack_from(data, offset)
         if checksum == 0 and length == 0 and kind == 0:
-            offset += room  # zero padding to the end of the block
+            offset = block_end  # zero padding to the end of the block
             continue
-        body = data[offset + RECORD_HEADER.size:offset + RECORD_HEADER.size + length]
-        if len(body) < length or zlib.crc32(body, zlib.crc32(bytes([kind]))) != checksum:
-            return records, record_start
-        if kind == FIRST:
-            record_start, pending = offset, body
-        elif kind in (MIDDLE, LAST) and pending is not None:
-            pending += body
-            if kind == LAST:
-                records.append(pending)
-                pending = None
-        elif kind == FULL:
-            records.append(body)
+        body_end = offset + RECORD_HEADER.size + length
+        if body_end > len(data) and body_end <= block_end:
+            damaged(offset, "the log is cut short")
+            break
+        body = data[offset + RECORD_HEADER.size:body_end]
+        if body_end > block_end or kind not in (FULL, FIRST, MIDDLE, LAST):
+            damaged(offset, "a record header with a length past its block or an unknown type")
+            offset = block_end
+            continue
+        if zlib.crc32(body, zlib.crc32(bytes([kind]))) != checksum:
+            damaged(offset, "a record whose CRC does not match")
+            offset = block_end
+            continue
+        if kind in (FULL, FIRST):
+            if pending is not None:
+                damaged(record_start, "a record split across blocks without its last piece")
+            close_damage(offset)
+            if kind == FULL:
+                units.append(body)
+            else:
+                record_start, pending = offset, [body]
+        elif pending is None:
+            damaged(offset, "a middle or last piece without its first")  # passed over while resyncing
         else:
-            return records, record_start
-        offset += RECORD_HEADER.size + length
-        if pending is None:
-            record_start = offset
-    return records, (record_start if pending is not None else None)
+            pending.append(body)
+            if kind == LAST:
+                units.append(b"".join(pending))
+                pending = None
+        offset = body_end
+    if pending is not None:
+        damaged(record_start, "the log is cut short inside a record split across blocks")
+    close_damage(len(data))
+    return units
+
+
+def read_records(data: bytes, magic: tuple = MAGIC, label: str = "wandb") -> tuple[list[bytes], int | None]:
+    """(the readable records' data in order, the byte offset where the first damage starts, or None
+    when the whole file read). Raises IngestError when the file header is not `magic`."""
+    units = scan_log(data, magic, label)
+    first = next((unit.start for unit in units if isinstance(unit, Damage)), None)
+    return [unit for unit in units if not isinstance(unit, Damage)], first
 
 
 def _key(item) -> str:
     return item.key or ".".join(item.nested_key)
 
 
+class RecordProblem(Exception):
+    """A record that cannot be read: its reason, error code and an excerpt."""
+
+    def __init__(self, reason: str, code: str, raw: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.code, self.raw = reason, code, raw
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise RecordProblem(f"the number {text[:40]} is beyond a double", ErrorCode.OUT_OF_RANGE, text[:300])
+    return value
+
+
+def _double_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > sys.float_info.max:
+        raise RecordProblem(f"the {len(text)}-digit integer is beyond a double", ErrorCode.OUT_OF_RANGE, text[:300])
+    return value
+
+
 def _json_value(text: str):
+    """A value's JSON as wandb wrote it (`NaN` and `Infinity` for its non-finite floats); text that
+    is not JSON is that text. A number literal no double holds (`1e400`, 400 digits) or JSON nested
+    too deep to read is a RecordProblem."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=_finite_float, parse_int=_double_int)
+    except RecursionError:
+        raise RecordProblem("a value is JSON nested too deep to read", ErrorCode.INVALID_JSON, text[:300]) from None
     except ValueError:
         return text
 
@@ -126,65 +212,80 @@ class WandbOfflineIngester(Ingester):
         except ImportError:
             raise IngestError(EXTRA_HINT, ErrorCode.UNREADABLE_FILE) from None
         data = ctx.path.read_bytes()
-        records, damaged_at = read_records(data)
+        units = scan_log(data)
         rows: list[tuple] = []
         system: list[tuple] = []
         config: dict = {}
         summary: dict = {}
         meta: dict = {}
         decoded: list = []
-        for body in records:
+        for unit in units:
+            if isinstance(unit, Damage):
+                decoded.append(unit)
+                continue
             try:
-                decoded.append(wandb_internal_pb2.Record.FromString(body))
-            except DecodeError:
+                decoded.append(wandb_internal_pb2.Record.FromString(unit))
+            except (DecodeError, RecursionError, ValueError):
                 decoded.append(None)
         # Keys that `define_metric(..., step_metric=KEY)` made another key's step (slime's `rollout/step`).
         step_keys = list(dict.fromkeys(record.metric.step_metric for record in decoded
-                                       if record is not None and record.WhichOneof("record_type") == "metric"
-                                       and record.metric.step_metric))
+                                       if record is not None and not isinstance(record, Damage)
+                                       and record.WhichOneof("record_type") == "metric" and record.metric.step_metric))
         used_step_keys: set[str] = set()
+        records = 0
         for record_no, record in enumerate(decoded, start=1):
-            if record is None:
-                ctx.reject(record_no, "record is not a valid wandb Record protobuf", None, code=ErrorCode.UNPARSABLE_LINE)
+            if isinstance(record, Damage):
+                ctx.reject(record_no, f"record log damaged after {records} readable records: bytes {record.start}"
+                           f" to {record.end} of {len(data)} hold no readable record ({record.why}); the records"
+                           " before and after them are kept", code=ErrorCode.CORRUPT_FILE)
+                ctx.note(f"damaged at bytes {record.start}-{record.end} of {len(data)}")
                 continue
-            kind = record.WhichOneof("record_type")
-            if kind == "history":
-                if self._history(ctx, record_no, record.history, rows, step_keys, used_step_keys):
-                    ctx.stored += 1
-            elif kind in ("run", "config"):
-                updates = record.run.config.update if kind == "run" else record.config.update
-                config.update({_key(item): _json_value(item.value_json) for item in updates})
-                if kind == "run":
-                    meta.update({"wandb_run_id": record.run.run_id or None, "wandb_project": record.run.project or None,
-                                 "wandb_run_name": record.run.display_name or None})
-                ctx.stored += 1
-            elif kind == "summary":
-                for item in record.summary.update:
-                    summary[_key(item)] = _json_value(item.value_json)
-                for item in record.summary.remove:
-                    summary.pop(_key(item), None)
-                ctx.stored += 1
-            elif kind == "stats" and self._stats(record_no, record.stats, system):
-                ctx.stored += 1
-            elif kind == "header" and record.header.version_info.producer:
-                meta["wandb_versions"] = {"cli_version": record.header.version_info.producer.split("+")[0]}
-                ctx.stored += 1
-            else:
-                ctx.ignore(f"{kind or 'empty'} record")
-        ctx.lines = len(records)
+            records += 1
+            if record is None:
+                ctx.reject(record_no, "record is not a valid wandb Record protobuf", None,
+                           code=ErrorCode.UNPARSABLE_LINE)
+                continue
+            try:
+                self._record(ctx, record_no, record, rows, config, summary, meta, system, step_keys, used_step_keys)
+            except RecordProblem as problem:
+                ctx.reject(record_no, problem.reason, problem.raw, code=problem.code)
+        ctx.lines = len(units)
         if used_step_keys:
             meta["wandb_step_metrics"] = sorted(used_step_keys)
-        if damaged_at is not None:
-            ctx.lines += 1
-            ctx.reject(len(records) + 1, f"record log damaged after {len(records)} readable records: byte {damaged_at}"
-                       f" of {len(data)} is a truncated or corrupt record; the records before it are kept",
-                       code=ErrorCode.CORRUPT_FILE)
-            ctx.note(f"damaged at byte {damaged_at} of {len(data)}; {len(records)} records kept")
         self._store(ctx, rows, config, summary, meta)
         store_engine_samples(ctx, pl.DataFrame(system, orient="row", schema={
             "line_no": pl.Int64, "ts": pl.Float64, "instance": pl.String, "name": pl.String, "value": pl.Float64})
             .with_columns(engine=pl.lit("wandb-system"), metric=pl.lit("gpu_utilization"), labels=pl.lit("{}")),
             "_wandb_system")
+
+    def _record(self, ctx: FileContext, record_no: int, record, rows: list[tuple], config: dict, summary: dict,
+                meta: dict, system: list[tuple], step_keys: list[str], used_step_keys: set[str]) -> None:
+        """Take one record's content (a history row, config, summary, the header); raises
+        RecordProblem for a record that cannot be read, before anything of it is taken."""
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            if self._history(ctx, record_no, record.history, rows, step_keys, used_step_keys):
+                ctx.stored += 1
+        elif kind in ("run", "config"):
+            updates = record.run.config.update if kind == "run" else record.config.update
+            config.update({_key(item): _json_value(item.value_json) for item in updates})
+            if kind == "run":
+                meta.update({"wandb_run_id": record.run.run_id or None, "wandb_project": record.run.project or None,
+                             "wandb_run_name": record.run.display_name or None})
+            ctx.stored += 1
+        elif kind == "summary":
+            updates = {_key(item): _json_value(item.value_json) for item in record.summary.update}
+            summary.update(updates)
+            for item in record.summary.remove:
+                summary.pop(_key(item), None)
+            ctx.stored += 1
+        elif kind == "stats" and self._stats(record_no, record.stats, system):
+            ctx.stored += 1
+        elif kind == "header" and record.header.version_info.producer:
+            meta["wandb_versions"] = {"cli_version": record.header.version_info.producer.split("+")[0]}
+            ctx.stored += 1
+        else:
+            ctx.ignore(f"{kind or 'empty'} record")
 
     @staticmethod
     def _stats(record_no: int, stats, system: list[tuple]) -> bool:
@@ -217,23 +318,20 @@ class WandbOfflineIngester(Ingester):
                 del items[key]
             if used_step_keys is not None:
                 used_step_keys.add(own[0])
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
+        values = {key: _json_value(text) for key, text in items.items() if key not in WANDB_CLOCK_KEYS}
+        moment = _json_value(items[WANDB_WALL_CLOCK]) if WANDB_WALL_CLOCK in items else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) \
+                or step != int(step):
             ctx.reject(record_no, "history row has no whole-number _step", json.dumps(items)[:300],
                        code=ErrorCode.MISSING_FIELD if step is None else ErrorCode.TYPE_ERROR)
             return False
         if not STEP_MIN <= step <= STEP_MAX:
             ctx.reject(record_no, f"step {step} is outside the step range", None, code=ErrorCode.OUT_OF_RANGE)
             return False
+        if isinstance(moment, (int, float)) and not isinstance(moment, bool) and math.isfinite(moment):
+            rows.append((record_no, int(step), WANDB_WALL_CLOCK, float(moment), None))
         found = False
-        for key, text in items.items():
-            if key == WANDB_WALL_CLOCK:
-                moment = _json_value(text)
-                if isinstance(moment, (int, float)) and not isinstance(moment, bool) and math.isfinite(moment):
-                    rows.append((record_no, int(step), WANDB_WALL_CLOCK, float(moment), None))
-                continue
-            if key in WANDB_CLOCK_KEYS:
-                continue
-            value = _json_value(text)
+        for key, value in values.items():
             if isinstance(value, (dict, list)):
                 continue
             number, text_value = trl.scalar(value) if not isinstance(value, str) else (None, value)

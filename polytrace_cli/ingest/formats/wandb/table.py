@@ -25,17 +25,19 @@ import re
 from pathlib import Path
 
 from polytrace_cli.errors import ErrorCode, IngestError
-from polytrace_cli.ingest.base import FileContext, Ingester, step_problem_sql, step_sql
+from polytrace_cli.ingest.base import RAW_EXCERPT_CHARS, FileContext, Ingester, step_problem_sql, step_sql
 from polytrace_cli.ingest.registry import register
 
 SNAPSHOT_NAME = re.compile(r"^(?P<key>.+)_(?P<step>\d+)_(?P<hash>[0-9a-f]+)\.table\.json$")
 WIDE_INPUT = re.compile(r"^input_(\d+)$")
 CHARS_PER_TOKEN = 4
+# About how many bytes of rows are read into DuckDB at a time.
+BATCH_BYTES = 1 << 20
 
 
 def _read_table(path: Path) -> tuple[list, list]:
     """(columns, data) of a table file. Bytes that are not UTF-8 are kept as lone surrogates
-    (`surrogateescape`), for `rows_with_bad_bytes` to find the rows that hold them."""
+    (`surrogateescape`), for `load` to find the rows that hold them."""
     try:
         document = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
     except json.JSONDecodeError as error:
@@ -47,16 +49,6 @@ def _read_table(path: Path) -> tuple[list, list]:
             or not isinstance(document.get("data"), list):
         raise IngestError('wandb table must be an object with "columns" and "data" lists', ErrorCode.MISSING_FIELD)
     return document["columns"], document["data"]
-
-
-def rows_with_bad_bytes(data: list) -> set[int]:
-    """1-based numbers of the rows holding a byte that is not UTF-8 (a lone surrogate once read)."""
-    bad = set()
-    for row_no, row in enumerate(data, start=1):
-        text = json.dumps(row, ensure_ascii=False)
-        if any("\udc80" <= char <= "\udcff" for char in text):
-            bad.add(row_no)
-    return bad
 
 
 def previous_snapshot(path: Path) -> Path | None:
@@ -114,44 +106,75 @@ class WandbTableIngester(Ingester):
         if not pairs:
             ctx.ignore("table without generation columns", len(data))
             return
-        repeated = self._repeated_rows(ctx.path, columns, data)
+        repeated = self._repeated_rows(ctx.location, columns, data)
         ctx.ignore("row repeated from an earlier snapshot", repeated)
         names = [str(c) for c in columns]
-        match = SNAPSHOT_NAME.match(ctx.path.name)
+        match = SNAPSHOT_NAME.match(ctx.location.name)
         file_step = int(match["step"]) if match else None
         if "step" in names:
             step_text = f"json_extract_string(row, '$[{names.index('step')}]')"
         else:  # the file name's step: digits only (SNAPSHOT_NAME), safe to write into the SQL
             step_text = "NULL::VARCHAR" if file_step is None else f"'{file_step}'"
-        table_key = ctx.path.name.split("_")[0] if not match else match["key"]
-        media_parts = ctx.path.parent.parts
+        table_key = ctx.location.name.split("_")[0] if not match else match["key"]
+        media_parts = ctx.location.parent.parts
         if "table" in media_parts:
             media_parts = media_parts[len(media_parts) - media_parts[::-1].index("table"):]
         validate = any(part.lower().startswith("val") for part in (*media_parts, table_key))
         con = ctx.con
-        params = [str(ctx.path)]
-        source = "SELECT content::JSON AS j FROM read_text(?)"
-        bad_bytes = rows_with_bad_bytes(data)
-        if bad_bytes:
-            # Each row holding a byte that is not UTF-8 is rejected; the others are read from the rest.
-            for row_no in sorted(bad_bytes):
-                if row_no > repeated:
-                    ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code=ErrorCode.ENCODING_ERROR)
-            kept = [None if row_no in bad_bytes else row for row_no, row in enumerate(data, start=1)]
-            source, params = "SELECT ?::JSON AS j", [json.dumps({"data": kept})]
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE wandb_table_rows AS
-            WITH doc AS ({source}),
-                 rows AS (SELECT i + 1 AS row_no, json_extract(j, '$.data[' || i || ']') AS row
-                          FROM doc, range(json_array_length(j, '$.data')::BIGINT) AS t(i))
-            SELECT row_no, row, {step_sql(step_text)} AS step, {step_text} AS step_text,
-                   {step_problem_sql(step_text)} AS step_code,
-                   json_array_length(row) = {len(columns)} AS complete
-            FROM rows WHERE row_no > {repeated} AND row_no NOT IN ({", ".join(map(str, sorted(bad_bytes))) or "0"})
-            """,
-            params,
-        )
+        # Each row goes to DuckDB as its own JSON text, a batch of about BATCH_BYTES at a time (never
+        # the whole document: every row's extraction from a 50 MB document failed for memory); a row
+        # holding a byte that is not UTF-8 is rejected.
+        import pyarrow as pa
+
+        pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
+        # The rows keep an excerpt of their text (for a rejection), their samples only the lengths.
+        con.execute("CREATE OR REPLACE TEMP TABLE wandb_table_rows (row_no BIGINT, row VARCHAR, step INTEGER,"
+                    " step_text VARCHAR, step_code VARCHAR, complete BOOLEAN)")
+        con.execute("CREATE OR REPLACE TEMP TABLE wandb_table_samples (row_no BIGINT, prompt_idx INTEGER,"
+                    " prompt_len DOUBLE, response_len DOUBLE, score DOUBLE)")
+        row_numbers, texts, held = [], [], 0
+        for row_no in range(repeated + 1, len(data) + 1):
+            text = json.dumps(data[row_no - 1], ensure_ascii=False)
+            if any("\udc80" <= char <= "\udcff" for char in text):
+                ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
+            else:
+                row_numbers.append(row_no)
+                texts.append(text)
+                held += len(text)
+            data[row_no - 1] = None  # each row's objects go once its text is made
+            if held >= BATCH_BYTES or row_no == len(data):
+                con.register("wandb_table_texts", pa.table({"row_no": pa.array(row_numbers, pa.int64()),
+                                                            "row_text": pa.array(texts, pa.string())}))
+                try:
+                    con.execute(
+                        f"""
+                        CREATE OR REPLACE TEMP TABLE wandb_table_batch AS
+                        SELECT row_no, row_text::JSON AS row FROM wandb_table_texts
+                        """)
+                    con.execute(
+                        f"""
+                        INSERT INTO wandb_table_rows
+                        SELECT row_no, left(row::VARCHAR, {RAW_EXCERPT_CHARS}), {step_sql(step_text)}, {step_text},
+                               {step_problem_sql(step_text)}, json_array_length(row) = {len(columns)}
+                        FROM wandb_table_batch
+                        """
+                    )
+                    con.execute(
+                        f"""
+                        INSERT INTO wandb_table_samples
+                        SELECT row_no, p.prompt_idx,
+                               ceil(length(json_extract_string(row, '$[' || p.input_col || ']')) / {CHARS_PER_TOKEN}),
+                               ceil(length(json_extract_string(row, '$[' || p.output_col || ']')) / {CHARS_PER_TOKEN}),
+                               CASE WHEN p.score_col >= 0
+                                    THEN TRY_CAST(json_extract_string(row, '$[' || p.score_col || ']') AS DOUBLE) END
+                        FROM wandb_table_batch, (VALUES {pair_values}) AS p(prompt_idx, input_col, output_col, score_col)
+                        WHERE json_extract_string(row, '$[' || p.output_col || ']') IS NOT NULL
+                        """
+                    )
+                finally:
+                    con.unregister("wandb_table_texts")
+                row_numbers, texts, held = [], [], 0
+        del data
         for row_no, row, complete, text, code in con.execute(
             "SELECT row_no, row::VARCHAR, complete, step_text, step_code FROM wandb_table_rows"
             " WHERE step IS NULL OR NOT complete ORDER BY row_no"
@@ -164,24 +187,18 @@ class WandbTableIngester(Ingester):
                            code=ErrorCode.MISSING_FIELD)
             else:
                 ctx.reject(row_no, f"row does not have the table's {len(columns)} columns", row,
-                           code=ErrorCode.CONSTRAINT_ERROR)
-        pair_values = ", ".join(f"({p}, {i}, {o}, {s})" for p, i, o, s in pairs)
+                           code="constraint-error")
+        con.execute("DROP TABLE IF EXISTS wandb_table_batch")
         ctx.insert(
-            f"""
+            """
             INSERT INTO sample_rows (run_id, file_id, step, prompt_idx, sample_idx, prompt_len, response_len,
                                  validate, length_estimated, score)
-            SELECT ?, ?, step,
-                   CASE WHEN p.prompt_idx >= 0 THEN p.prompt_idx
-                        ELSE row_number() OVER (PARTITION BY step ORDER BY row_no) - 1 END,
-                   0,
-                   ceil(length(json_extract_string(row, '$[' || p.input_col || ']')) / {CHARS_PER_TOKEN}),
-                   ceil(length(json_extract_string(row, '$[' || p.output_col || ']')) / {CHARS_PER_TOKEN}),
-                   ?, true,
-                   CASE WHEN p.score_col >= 0
-                        THEN TRY_CAST(json_extract_string(row, '$[' || p.score_col || ']') AS DOUBLE) END
-            FROM wandb_table_rows, (VALUES {pair_values}) AS p(prompt_idx, input_col, output_col, score_col)
-            WHERE step IS NOT NULL AND complete
-              AND json_extract_string(row, '$[' || p.output_col || ']') IS NOT NULL
+            SELECT ?, ?, r.step,
+                   CASE WHEN s.prompt_idx >= 0 THEN s.prompt_idx
+                        ELSE row_number() OVER (PARTITION BY r.step ORDER BY r.row_no) - 1 END,
+                   0, s.prompt_len, s.response_len, ?, true, s.score
+            FROM wandb_table_rows r JOIN wandb_table_samples s USING (row_no)
+            WHERE r.step IS NOT NULL AND r.complete
             """,
             [ctx.run_id, ctx.file_id, validate],
         )
