@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from polytrace_cli.ingest.runner import ingest_paths
+from polytrace_cli.ingest.driver import ingest_paths
 
 MLFLOW_SCHEMA = """
 CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name VARCHAR(256));
