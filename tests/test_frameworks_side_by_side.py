@@ -94,3 +94,26 @@ def test_explain_against_a_run_of_another_framework_says_what_its_stages_hold(tm
     assert result.exit_code == 0, result.output
     assert "slime against verl" in result.output
     assert "what a stage holds in each run's framework" in result.output and "no counterpart" in result.output
+
+
+def test_the_report_lists_runs_of_other_frameworks_with_their_stages_side_by_side(four_frameworks):
+    from polytrace_cli.analyze.common import ALL_STEPS
+    from polytrace_cli.report.comparison import markdown_lines, run_comparisons
+
+    with Store.open(four_frameworks, read_only=True) as store:
+        ids = store.run_ids(["verl", "trl", "slime", "nemo"])
+        comparisons = run_comparisons(store.connection, ids, ALL_STEPS)
+    by_pair = {(entry["a"], entry["b"]): entry for entry in comparisons}
+    # Runs of one task but of other frameworks are not compared: listed with their reason, never with a
+    # verdict, and with what each canonical stage holds in each framework beside its mean seconds.
+    for entry in comparisons:
+        assert entry["omitted"] and entry["verdict"] is None and entry["stages"]
+    first = comparisons[0]["a"]
+    slime = by_pair[(first, "slime")]["stages"]
+    rows = {row["stage"]: row for row in slime}
+    assert rows["trainer_wait"]["b_mean_s"] is not None and rows["trainer_wait"]["b_meaning"].startswith("perf/train_wait")
+    if first == "verl":
+        assert rows["gen"]["a_mean_s"] == 102.0 and rows["gen"]["b_mean_s"] is None
+        assert rows["gen"]["b_meaning"] == "no counterpart"
+    text = "\n".join(markdown_lines(comparisons))
+    assert "across frameworks, the canonical stages: trainer_wait:" in text

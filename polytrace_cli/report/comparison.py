@@ -20,7 +20,7 @@ from polytrace_cli.errors import PolytraceError
 # Causes listed per pair on the page (every cause is in summary.json).
 SHOWN_CAUSES = 3
 COMPARISON_KEYS = ("task", "a", "b", "a_step_s", "b_step_s", "delta_s", "slowdown", "causes", "findings", "scaling",
-                   "omitted", "verdict", "comparable")
+                   "omitted", "verdict", "comparable", "stages")
 
 
 def runs_by_task(con: duckdb.DuckDBPyConnection, run_ids: list[int]) -> dict[str, list[str]]:
@@ -55,18 +55,53 @@ def run_comparisons(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: S
                 comparison = explain_against(con, run, baseline, steps, steps)
             except PolytraceError as error:
                 entry["omitted"] = str(error)
+                entry["stages"] = across_frameworks(con, baseline, run, steps)
                 out.append(entry)
                 continue
             guard = comparison.comparability
             entry["comparable"] = None if guard is None else guard.to_dict()
             if guard is not None and not guard.comparable:
                 entry["omitted"] = "the runs do not compare like for like: " + "; ".join(guard.reasons)
+                entry["stages"] = across_frameworks(con, baseline, run, steps)
             else:
                 document = comparison.to_dict()
                 entry.update({key: document[key] for key in COMPARISON_KEYS if key in document})
                 entry.update(task=task, a=baseline, b=run, verdict=judge(comparison).to_dict())
             out.append(entry)
     return out
+
+
+def across_frameworks(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, steps: StepRange) -> list[dict] | None:
+    """For two runs of different frameworks, each canonical stage either declares: its mean seconds in each
+    run (`analyze.stages.stage_stats`, null where the run logs none) and what it holds in each framework
+    (its `names.py`'s STAGE_MEANINGS, `no counterpart` where it has none); None for runs of one framework."""
+    from polytrace_cli.analyze.stages import stage_stats
+    from polytrace_cli.ingest.stage_meanings import stages_across
+    from polytrace_cli.store.catalog import STEP_COLUMNS
+    from polytrace_cli.store.queries import run_ids
+
+    ids = run_ids(con, [run_a, run_b])
+    frameworks = dict(con.execute("SELECT run_id, framework FROM runs WHERE list_contains(?, run_id)", [ids]).fetchall())
+    pair = [frameworks.get(ids[0]), frameworks.get(ids[1])]
+    if pair[0] == pair[1]:
+        return None
+    stats = stage_stats(con, ids, steps)
+    means = {(row["run"], row["stage"]): row["mean_s"] for row in stats.iter_rows(named=True)}
+    rows = []
+    for stage, (meaning_a, meaning_b) in stages_across(pair, [c for c in STEP_COLUMNS if c.endswith("_s")]):
+        name = stage.removesuffix("_s")
+        rows.append({"stage": name, "a_mean_s": means.get((run_a, name)), "b_mean_s": means.get((run_b, name)),
+                     "a_meaning": meaning_a, "b_meaning": meaning_b})
+    return rows
+
+
+def _stage_line(row: dict, entry: dict) -> str:
+    def side(run: str, mean: float | None, meaning: str) -> str:
+        seconds = "—" if mean is None else f"{mean:,.1f} s"
+        return f"{run} {seconds} ({meaning})"
+
+    return (f"{row['stage']}: " + side(entry["a"], row["a_mean_s"], row["a_meaning"]) + "; "
+            + side(entry["b"], row["b_mean_s"], row["b_meaning"]))
 
 
 def _cause_line(cause: dict) -> str:
@@ -78,7 +113,8 @@ def _cause_line(cause: dict) -> str:
 def _lines(entry: dict) -> tuple[str, list[str]]:
     head = f"{entry['b']} against {entry['a']} (task {entry['task']})"
     if entry["omitted"]:
-        return head, [f"not compared: {entry['omitted']}"]
+        stages = [f"across frameworks, the canonical stages: {_stage_line(row, entry)}" for row in entry.get("stages") or []]
+        return head, [f"not compared: {entry['omitted']}", *stages]
     scaled = [text for text in entry["findings"] if "stopped scaling" in text]
     verdict = entry.get("verdict")
     judged = [f"verdict at the same workload: {verdict['headline']}", *(w["text"] for w in verdict["workload"])] \
