@@ -299,3 +299,36 @@ def test_findings_name_the_tail_and_the_full_engine_with_their_seconds(engine_ru
     assert f"{sum(t['preemptions'] for t in runs['full'].truth):,.0f} preemptions" in full["text"]
     ranked = ranked_with([{"cause": "a", "seconds": 5.0}, {"cause": "b", "seconds": None}], [tail])
     assert [f["cause"] for f in ranked] == (["engine_tail", "a", "b"] if tail["seconds"] > 5 else ["a", "engine_tail", "b"])
+
+
+def test_a_run_without_a_tracker_clock_is_joined_on_its_wall_clock_spans(store, tmp_path):
+    # A console log gives no wall clock; a profiler's wall-clock spans of each step do. Step k's generation
+    # runs [T + 30(k−1), +10 s], its update the next 10 s; the engine runs 20 requests for 6 s, then 1.
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "train.log").write_text("".join(f"step:{k} - timing_s/gen:10.0 - timing_s/update_actor:10.0"
+                                              f" - timing_s/step:20.0\n" for k in (1, 2, 3)))
+    lines = []
+    for k in (1, 2, 3):
+        start = START + 30 * (k - 1)
+        for second in range(30):
+            running = (20 if second < 6 else 1) if second < 10 else 0
+            ts = int((start + second + 0.5) * 1000)
+            lines += [f"# polytrace-scrape url=http://r0:8000/metrics ts_ms={ts}",
+                      f'vllm:num_requests_running{{engine="0"}} {running} {ts}']
+    (folder / "engine.prom").write_text("\n".join(lines) + "\n")
+    ingest_paths(store, [folder], run_name="r")
+    [run_id] = run_ids(store, "r")
+    file_id = store.execute("SELECT min(file_id) FROM files WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    for k in (1, 2, 3):
+        t0 = (START + 30 * (k - 1)) * 1e6
+        for stage, begin, end in (("gen", 0, 10), ("update_actor", 10, 20)):
+            store.execute("INSERT INTO spans (run_id, file_id, step, rank, role, name, stage, t0_us, t1_us, clock,"
+                          " synthesized) VALUES (?, ?, ?, 0, 'actor', ?, ?, ?, ?, 'wall', false)",
+                          [run_id, file_id, k, stage, stage, t0 + begin * 1e6, t0 + end * 1e6])
+    windows = engine.step_windows(store, [run_id], ALL_STEPS)
+    assert windows.select("step", "window_start", "window_end", "rollout_end").rows() == [
+        (k, START + 30 * (k - 1), START + 30 * (k - 1) + 20, START + 30 * (k - 1) + 10) for k in (1, 2, 3)]
+    detail = engine.per_step(store, [run_id], ALL_STEPS)
+    assert detail["low_share"].to_list() == pytest.approx([0.4] * 3, abs=0.051)  # 4 of 10 s at ≤ 2 of 20
+    assert detail["engine_state"].to_list() == ["tail"] * 3

@@ -4,7 +4,9 @@ Engine samples (`engine_metrics`: vLLM's and SGLang's Prometheus series) are joi
 on the wall clock. A step's window ends when its records were logged (`step_clock.logged_at`, the
 latest over the run's files) and lasts its step time: `[logged_at − step_s, logged_at]`; its rollout
 is the first `gen_s` seconds of it (generation opens a synchronous step), or the whole window when
-the step logs no generation time. Each replica's gauge holds its value from one sample to the next
+the step logs no generation time. A step without such a clock takes its window from its wall-clock
+spans (profiler and tracer ranges: from the first start to the last end, its rollout to the last end
+of its `gen` spans). Each replica's gauge holds its value from one sample to the next
 (for at most `HOLD_SCRAPES` times the replica's usual gap between samples); at every instant the
 engines' concurrency is the sum over replicas of `requests_running`. Per step (`STEP_COLUMNS`):
 
@@ -64,31 +66,53 @@ SUMMARY_COLUMNS: dict[str, pl.DataType] = {
 TAIL_SHARE = "tail_share"
 
 
+WINDOW_COLUMNS = {"run_id": pl.Int64, "segment": pl.Int64, "step": pl.Int64, "window_start": pl.Float64,
+                  "window_end": pl.Float64, "rollout_end": pl.Float64}
+
+
 def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
-    """Per (run, segment, step) with a wall clock and a step time: run_id, segment, step,
-    window_start = logged_at − step_s, window_end = logged_at, rollout_end = window_start + gen_s
-    (window_end without gen_s)."""
+    """Per (run, segment, step) with a wall clock: run_id, segment, step, window_start, window_end,
+    rollout_end. From the step's records' clock and its step time: window_start = logged_at − step_s,
+    window_end = logged_at, rollout_end = window_start + gen_s (window_end without gen_s). For a step
+    without such a clock, from its spans on the wall clock (profiler or tracer ranges read, never
+    synthesized ones): window_start = the earliest span start, window_end = the latest span end,
+    rollout_end = the latest end of its `gen` spans (window_end without any)."""
+    ids = ids_sql(run_ids)
+    names = run_names(con, run_ids)
     clock = con.sql(
         f"""SELECT run_id, segment, step, max(logged_at) AS logged_at FROM step_clock
-            WHERE run_id IN {ids_sql(run_ids)} AND {steps.sql()} GROUP BY ALL""").pl()
-    if not clock.height:
-        return pl.DataFrame(schema={"run_id": pl.Int64, "segment": pl.Int64, "step": pl.Int64,
-                                    "window_start": pl.Float64, "window_end": pl.Float64,
-                                    "rollout_end": pl.Float64})
-    names = run_names(con, run_ids)
-    timed = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")
-    gen = con.sql(f"SELECT run_id, segment, step, gen_s FROM steps WHERE run_id IN {ids_sql(run_ids)}").pl()
-    clock = clock.with_columns(run=pl.col("run_id").replace_strict(names, return_dtype=pl.String),
-                               segment=pl.col("segment").cast(pl.Int64), step=pl.col("step").cast(pl.Int64))
-    joined = clock.join(timed, on=["run", "segment", "step"], how="inner").join(
-        gen.with_columns(pl.col("segment", "step").cast(pl.Int64)), on=["run_id", "segment", "step"], how="left")
-    return joined.filter(pl.col("step_s").is_not_null() & (pl.col("step_s") > 0)).select(
-        pl.col("run_id").cast(pl.Int64), "segment", "step",
-        window_start=pl.col("logged_at") - pl.col("step_s"), window_end="logged_at",
-        rollout_end=pl.when(pl.col("gen_s").is_not_null() & (pl.col("gen_s") > 0))
-        .then(pl.min_horizontal(pl.col("logged_at") - pl.col("step_s") + pl.col("gen_s"), pl.col("logged_at")))
-        .otherwise(pl.col("logged_at")),
-    )
+            WHERE run_id IN {ids} AND {steps.sql()} GROUP BY ALL""").pl()
+    windows = pl.DataFrame(schema=WINDOW_COLUMNS)
+    if clock.height:
+        timed = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")
+        gen = con.sql(f"SELECT run_id, segment, step, gen_s FROM steps WHERE run_id IN {ids}").pl()
+        clock = clock.with_columns(run=pl.col("run_id").replace_strict(names, return_dtype=pl.String),
+                                   segment=pl.col("segment").cast(pl.Int64), step=pl.col("step").cast(pl.Int64))
+        joined = clock.join(timed, on=["run", "segment", "step"], how="inner").join(
+            gen.with_columns(pl.col("segment", "step").cast(pl.Int64)), on=["run_id", "segment", "step"], how="left")
+        windows = joined.filter(pl.col("step_s").is_not_null() & (pl.col("step_s") > 0)).select(
+            pl.col("run_id").cast(pl.Int64), "segment", "step",
+            window_start=pl.col("logged_at") - pl.col("step_s"), window_end="logged_at",
+            rollout_end=pl.when(pl.col("gen_s").is_not_null() & (pl.col("gen_s") > 0))
+            .then(pl.min_horizontal(pl.col("logged_at") - pl.col("step_s") + pl.col("gen_s"), pl.col("logged_at")))
+            .otherwise(pl.col("logged_at")),
+        ).cast(WINDOW_COLUMNS)
+    spanned = con.sql(f"""
+        WITH w AS (
+            SELECT run_id, step, min(t0_us) / 1e6 AS window_start, max(t1_us) / 1e6 AS window_end,
+                   max(t1_us) FILTER (WHERE stage = 'gen') / 1e6 AS gen_end
+            FROM spans WHERE run_id IN {ids} AND clock = 'wall' AND step IS NOT NULL AND NOT synthesized
+                         AND {steps.sql()}
+            GROUP BY ALL
+        ), seg AS (SELECT run_id, step, max(segment) AS segment FROM steps WHERE run_id IN {ids} GROUP BY ALL)
+        SELECT w.run_id::BIGINT AS run_id, coalesce(seg.segment, 0)::BIGINT AS segment, w.step::BIGINT AS step,
+               w.window_start, w.window_end, coalesce(w.gen_end, w.window_end) AS rollout_end
+        FROM w LEFT JOIN seg USING (run_id, step) WHERE w.window_end > w.window_start""").pl().cast(WINDOW_COLUMNS)
+    if spanned.height:
+        spanned = spanned.join(windows.select("run_id", "segment", "step"), on=["run_id", "segment", "step"],
+                               how="anti")
+        windows = pl.concat([windows, spanned]).sort("run_id", "segment", "step")
+    return windows
 
 
 def _held_intervals(metric: str, how: str, end: str = "rollout_end") -> str:
