@@ -31,14 +31,13 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
-from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics
 from polytrace_cli.ingest.console.pipeline import METRIC, check_steps, classify
 from polytrace_cli.ingest.console.reading import read_console_lines
+from polytrace_cli.ingest.console.records import account_other_lines, went_back, step_segments, store_metrics
 from polytrace_cli.ingest.formats.areal import names
 from polytrace_cli.ingest.registry import is_binary, register
-from polytrace_cli.ingest.segments import insert_step_flags
 
 TRAIN_STEP = r"Train step (\d+)/\d+ done\.\s*$"
 STATS = r"Stats \((\d+)/(\d+)\):\s*$"
@@ -104,19 +103,6 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
     return ParsedMetrics.from_rows(rows)
 
 
-def step_segments(steps: list[tuple[int, int]]) -> pl.DataFrame:
-    """Segments of the table rows ((line_no, step) in line order): a step lower than the one before
-    starts a new segment; columns as `segments.line_segments` gives them."""
-    segment, previous, rows = 0, None, []
-    for line_no, step in steps:
-        if previous is not None and step < previous:
-            segment += 1
-        rows.append((line_no, step, previous, False, segment))
-        previous = step
-    return pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "previous": pl.Int64,
-                                      "resumed": pl.Boolean, "segment": pl.Int32}, orient="row")
-
-
 @register
 class ArealConsoleIngester(Ingester):
     name = "areal-console"
@@ -132,33 +118,13 @@ class ArealConsoleIngester(Ingester):
     def load(self, ctx: FileContext) -> None:
         lines = classify(read_console_lines(ctx.path), ArealGrammar())
         ctx.lines = lines.height
-        if "encoding" in lines.columns:
-            damaged = pl.col("encoding").is_not_null() & (pl.col("kind") != METRIC)
-            for line_no, reason, raw in lines.filter(damaged).select("line_no", "encoding", "raw").iter_rows():
-                ctx.reject(line_no, reason, raw, code="encoding-error")
-            lines = lines.filter(~damaged).drop("encoding")
-        for rule, count in lines.filter(pl.col("kind") != METRIC).group_by("kind").len().sort("kind").iter_rows():
-            ctx.ignore(rule, count)
+        lines = account_other_lines(ctx, lines, pl.col("kind") != METRIC)
         metrics = check_steps(ctx, parse_lines(ctx, lines), lines).metrics
         ctx.run_meta.update({"framework": "areal", "value_significant_digits": 5})
         if not metrics.height:
             ctx.note("zero steps: no AReaL stats tables")
             return
         segments = step_segments(list(metrics.select("line_no", "step").unique("line_no", maintain_order=True)
-                                      .iter_rows()))
-        metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
-        con = ctx.con
-        con.register("areal_metrics", ArrowStream(metrics))
-        con.register("areal_segments", ArrowStream(segments))
-        try:
-            ctx.insert(
-                "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)"
-                " SELECT ?, segment, step, key, value, text_value, ?, line_no FROM areal_metrics",
-                [ctx.run_id, ctx.file_id])
-            insert_step_flags(ctx, "areal_segments")
-        finally:
-            con.unregister("areal_metrics")
-            con.unregister("areal_segments")
+                                      .iter_rows()), went_back)
         ctx.stored = segments.height
-        if segments.get_column("segment").max():
-            ctx.note(f"the step went back {segments.get_column('segment').max()} time(s): stored as separate segments")
+        store_metrics(ctx, metrics, segments, "areal")

@@ -28,14 +28,13 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
-from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics
 from polytrace_cli.ingest.console.pipeline import METRIC, check_steps, classify
 from polytrace_cli.ingest.console.reading import read_console_lines
+from polytrace_cli.ingest.console.records import account_other_lines, did_not_rise, step_segments, store_metrics
 from polytrace_cli.ingest.formats.skyrl import names
 from polytrace_cli.ingest.registry import is_binary, register
-from polytrace_cli.ingest.segments import insert_step_flags
 
 HEADER = r"(?:^|\| [\w.]+:\w+:\d+ - )Step (-?\d+): ?$"
 _HEADER = re.compile(HEADER)
@@ -152,19 +151,6 @@ def parse_dicts(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
     return ParsedMetrics.from_rows(rows), spanned, unreadable
 
 
-def step_segments(steps: list[tuple[int, int]]) -> pl.DataFrame:
-    """Segments of the step dicts ((line_no, step) in line order): a step not above the one before
-    starts a new segment; columns as `segments.line_segments` gives them."""
-    segment, previous, rows = 0, None, []
-    for line_no, step in steps:
-        if previous is not None and step <= previous:
-            segment += 1
-        rows.append((line_no, step, previous, False, segment))
-        previous = step
-    return pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "previous": pl.Int64,
-                                      "resumed": pl.Boolean, "segment": pl.Int32}, orient="row")
-
-
 @register
 class SkyRLConsoleIngester(Ingester):
     name = "skyrl-console"
@@ -207,19 +193,5 @@ class SkyRLConsoleIngester(Ingester):
             ctx.note("zero steps: no SkyRL step dicts")
             return
         segments = step_segments(list(metrics.select("line_no", "step").unique("line_no", maintain_order=True)
-                                      .iter_rows()))
-        metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
-        con = ctx.con
-        con.register("skyrl_metrics", ArrowStream(metrics))
-        con.register("skyrl_segments", ArrowStream(segments))
-        try:
-            ctx.insert(
-                "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)"
-                " SELECT ?, segment, step, key, value, text_value, ?, line_no FROM skyrl_metrics",
-                [ctx.run_id, ctx.file_id])
-            insert_step_flags(ctx, "skyrl_segments")
-        finally:
-            con.unregister("skyrl_metrics")
-            con.unregister("skyrl_segments")
-        if segments.get_column("segment").max():
-            ctx.note(f"the step went back {segments.get_column('segment').max()} time(s): stored as separate segments")
+                                      .iter_rows()), did_not_rise)
+        store_metrics(ctx, metrics, segments, "skyrl")

@@ -40,14 +40,13 @@ from pathlib import Path
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
-from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.console import ConsoleGrammar, NoiseRules, ParsedMetrics
 from polytrace_cli.ingest.console.pipeline import METRIC, check_steps, classify
 from polytrace_cli.ingest.console.reading import read_console_lines
+from polytrace_cli.ingest.console.records import account_other_lines, store_metrics
 from polytrace_cli.ingest.formats.slime import names
 from polytrace_cli.ingest.registry import is_binary, register
-from polytrace_cli.ingest.segments import insert_step_flags
 
 # The dict lines slime prints per rollout, by the word before the rollout id; each side prints its perf
 # line once per rollout.
@@ -214,13 +213,7 @@ class SlimeConsoleIngester(Ingester):
         grammar = SlimeGrammar()
         lines = classify(read_console_lines(ctx.path), grammar)
         ctx.lines = lines.height
-        if "encoding" in lines.columns:
-            damaged = pl.col("encoding").is_not_null() & (pl.col("kind") != METRIC)
-            for line_no, reason, raw in lines.filter(damaged).select("line_no", "encoding", "raw").iter_rows():
-                ctx.reject(line_no, reason, raw, code="encoding-error")
-            lines = lines.filter(~damaged).drop("encoding")
-        for rule, count in lines.filter(pl.col("kind") != METRIC).group_by("kind").len().sort("kind").iter_rows():
-            ctx.ignore(rule, count)
+        lines = account_other_lines(ctx, lines, pl.col("kind") != METRIC)
         parsed, streams = parse_lines(ctx, lines)
         parsed = check_steps(ctx, parsed, lines)
         metrics = parsed.metrics
@@ -231,20 +224,5 @@ class SlimeConsoleIngester(Ingester):
             return
         steps = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
         segments = stream_segments(list(steps.iter_rows()), streams)
-        metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
-        con = ctx.con
-        con.register("slime_metrics", ArrowStream(metrics))
-        con.register("slime_segments", ArrowStream(segments))
-        try:
-            ctx.insert(
-                "INSERT INTO step_metrics (run_id, segment, step, key, value, text_value, file_id, line_no)"
-                " SELECT ?, segment, step, key, value, text_value, ?, line_no FROM slime_metrics",
-                [ctx.run_id, ctx.file_id])
-            insert_step_flags(ctx, "slime_segments")
-        finally:
-            con.unregister("slime_metrics")
-            con.unregister("slime_segments")
         ctx.stored = segments.height
-        if segments.get_column("segment").max():
-            ctx.note(f"a stream's rollout id went back {segments.get_column('segment').max()} time(s):"
-                     " stored as separate segments")
+        store_metrics(ctx, metrics, segments, "slime", "a stream's rollout id went back")
