@@ -14,10 +14,6 @@ from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext
 from polytrace_cli.ingest.segments import insert_step_flags
 
-SEGMENT_COLUMNS = {"line_no": pl.Int64, "step": pl.Int64, "previous": pl.Int64, "resumed": pl.Boolean,
-                   "segment": pl.Int32}
-
-
 def account_other_lines(ctx: FileContext, lines: pl.DataFrame, other: pl.Expr) -> pl.DataFrame:
     """Reject each line of `other` that is not UTF-8 text (`encoding`, as `read_console_lines` names it)
     and count the rest of `other` under their rule (`kind`); the lines left, damaged `other` lines gone."""
@@ -44,14 +40,15 @@ def did_not_rise(step: int, previous: int) -> bool:
 def step_segments(steps: list[tuple[int, int]], restarts: Callable[[int, int], bool]) -> pl.DataFrame:
     """Segments of the record lines ((line_no, step) in line order): a step for which `restarts(step,
     previous)` holds starts a new segment (a step below the one before, or not above it where each step is
-    logged once). Columns as `segments.line_segments` gives them (`SEGMENT_COLUMNS`)."""
+    logged once). Columns as `segments.line_segments` gives them."""
     segment, previous, rows = 0, None, []
     for line_no, step in steps:
         if previous is not None and restarts(step, previous):
             segment += 1
         rows.append((line_no, step, previous, False, segment))
         previous = step
-    return pl.DataFrame(rows, schema=SEGMENT_COLUMNS, orient="row")
+    return pl.DataFrame(rows, schema={"line_no": pl.Int64, "step": pl.Int64, "previous": pl.Int64,
+                                      "resumed": pl.Boolean, "segment": pl.Int32}, orient="row")
 
 
 def store_metrics(ctx: FileContext, metrics: pl.DataFrame, segments: pl.DataFrame, prefix: str,
