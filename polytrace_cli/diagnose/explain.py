@@ -178,7 +178,11 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     slow = steps.filter(pl.Series(run.slow_flags))
     record = record_of(con, info.run_id)
     findings = run_findings(steps, causes, frame, slow, model, record["collapse_step"])
-    findings = ranked_with(findings, telemetry_findings(con, info.run_id, float(steps["seconds"].sum())))
+    # A logged row standing for k optimizer steps (TRL's `logging_steps`) counts k times.
+    run_seconds = float(steps.join(frame.select("segment", "step", "steps_covered"), on=["segment", "step"],
+                                   how="left").select(pl.col("seconds") * pl.col("steps_covered").fill_null(1.0))
+                        .to_series().sum())
+    findings = ranked_with(findings, telemetry_findings(con, info.run_id, run_seconds))
     bounds = run_bounds(frame, mask, record.get("execution_mode"))
     untold = bounds is None and record.get("execution_mode") not in (None, "sync")
     if step is not None:
@@ -223,9 +227,7 @@ def _explain_seconds(con, info, frame: pl.DataFrame, mask: pl.Series, step: int 
     return Explanation(
         run=info.name, basis="seconds", steps=step_rows, findings=findings[:top] if top else findings,
         notes=notes, slow_rule=slow_rule, expected_s=expected,
-        run_seconds=float(steps.join(frame.select("segment", "step", "steps_covered"), on=["segment", "step"],
-                                     how="left").select(pl.col("seconds") * pl.col("steps_covered").fill_null(1.0))
-                          .to_series().sum()),
+        run_seconds=run_seconds,
         slow_steps=int(slow.height), model=model, bounds=bounds, caveats=caveats,
     )
 
