@@ -65,6 +65,10 @@ TRAINING_BAR = r"(?:^|\r)\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)\s*\[(?:(\d+):)?(\d+)
 # `Total batch size (2 x 4 x 1) = 8`.
 TOTAL_BATCH = r"Total (?:train )?batch size[^=\n]*=\s*([\d,]+)"
 LOGGING_STEPS = r"\blogging_steps\s*[=:]\s*['\"]?(\d+(?:\.\d+)?)"
+# TrainingArguments' `logging_first_step=True` (its repr), `'logging_first_step': True` (a dict or YAML).
+LOGGING_FIRST_STEP = r"\blogging_first_step\s*[=:]\s*['\"]?(True|False|true|false)\b"
+# The console prints a dict's epoch rounded to two decimals (transformers' ProgressCallback.on_log).
+EPOCH_ROUNDING = 0.005
 VERSION_PATTERNS = {
     "trl_version": r"(?i)\bTRL(?: version)?\s*[:=]{0,2}\s*v?(\d+\.\d+(?:\.\d+)?(?:\.dev\d+)?)",
     "unsloth_version": r"Unsloth (\d{4}\.\d+\.\d+)",
@@ -127,24 +131,25 @@ class TrlGrammar(ConsoleGrammar):
     whole_log = True
     # The last dict's step and bar total, and the SFT stage's count: what the whole log gives.
     recomputed_meta = frozenset({"trl_last_step", "trl_max_steps", "trl_sft_stage", "trl_train_summary",
-                                 "trl_logging_steps", "trl_logging_steps_source", "crash",
+                                 "trl_logging_steps", "trl_logging_steps_source", "trl_logging_first_step", "crash",
                                  "trl_total_batch_size"})
 
     def __init__(self) -> None:
         self.meta: dict = {}
         self.summary: dict | None = None
-        self.dicts: list[dict] = []
+        self.dicts = pl.DataFrame()  # the kept dicts (`_read_dicts` columns, stage, step)
         self.before: dict | None = None  # the state the last read left (an appended read)
         self.state: dict = {}
         self.cannot_follow = False
         # Of the training bars (by `bar_stage`): the elapsed seconds when each count was first drawn,
         # the first and the last count drawn.
-        self.draws: dict[tuple[int, int], float] = {}
+        self.draws: pl.DataFrame | None = None
         self.bar_first: dict[int, int] = {}
         self.bar_max: dict[int, int] = {}
         self.last_counters: dict[int, int | None] = {}
         self.summary_values: dict[int, dict] = {}  # per stage, its end-of-training dict
-        self.intervals: dict[int, tuple[int, str, int]] = {}  # per stage: logging interval, its source, offset
+        # Per stage: logging interval, its source, offset, whether the first step is logged too.
+        self.intervals: dict[int, tuple[int, str, int, bool]] = {}
 
     def metric_kind(self, cleaned: pl.Expr, raw_chars: pl.Expr) -> pl.Expr:
         starts = cleaned.str.starts_with("{'")
@@ -156,50 +161,56 @@ class TrlGrammar(ConsoleGrammar):
         derived `num_tokens/per_step` and `tqdm/step_s`, and the flags of estimated steps."""
         before = self.before = (ctx.resume or {}).get("trl")
         bars, self.state["bars"], retroactive, draws = _bar_points(lines, before["bars"] if before else None)
-        self.draws = {(stage, counter): elapsed for stage, counter, elapsed in draws.iter_rows()}
+        if before and before["recent_draws"]:  # the counts of the bar the last read ended in, drawn first then
+            recent = pl.DataFrame(before["recent_draws"], schema=draws.schema, orient="row")
+            draws = pl.concat([recent, draws.join(recent, on=["bar_stage", "counter"], how="anti")])
+        self.draws = draws
         extent = draws.group_by("bar_stage", maintain_order=True).agg(
             first=pl.col("counter").first(), second=pl.col("counter").get(1, null_on_oob=True),
             last=pl.col("counter").max())
         self.bar_first = {stage: (first, second) for stage, first, second in
                           extent.select("bar_stage", "first", "second").iter_rows()}
         self.bar_max = dict(extent.select("bar_stage", "last").iter_rows())
-        if before:  # the bar the last read ended in: its first count, last count and recent counts' times
+        if before:  # the bar the last read ended in: its first count and last count
             for bar_stage, first, second, last in before["bar_extent"]:
                 self.bar_first[bar_stage] = (first, second if second is not None else self.bar_first.get(
                     bar_stage, (None, None))[0])
                 self.bar_max[bar_stage] = max(self.bar_max.get(bar_stage, last), last)
-            for bar_stage, counter, elapsed in before["recent_draws"]:
-                self.draws.setdefault((bar_stage, counter), elapsed)
         last_bar = (self.state["bars"]["bar"] or {}).get("bar_stage")
         self.state["bar_extent"] = ([[last_bar, *self.bar_first[last_bar], self.bar_max[last_bar]]]
                                     if last_bar in self.bar_first else [])
-        self.state["recent_draws"] = [[b, c, e] for (b, c), e in self.draws.items() if b == last_bar][-RECENT_DRAWS:]
+        self.state["recent_draws"] = [] if last_bar is None else [
+            list(row) for row in draws.filter(pl.col("bar_stage") == last_bar).tail(RECENT_DRAWS).rows()]
         self.cannot_follow |= retroactive
         pairs, dicts = self._read_dicts(ctx, lines.filter(pl.col("kind").is_in(["metric", "dirty"])), bars)
-        self._stage_kinds(dicts, pairs)
-        has_rl = any(d["rl"] for d in dicts) or bool(before and before["has_rl"])
+        pairs, dicts = self._stage_kinds(dicts, pairs)
+        has_rl = bool(dicts.get_column("rl").any()) or bool(before and before["has_rl"])
         if before and before["dicts"] and not before["has_rl"] and has_rl:
             self.cannot_follow = True  # the dicts read before become an SFT stage
         printed = _logging_steps(lines)
+        first_printed = _printed_arguments(lines, LOGGING_FIRST_STEP, lambda text: text.lower() == "true")
         if before:
-            if not before["logging_printed"] and printed and before["dicts"]:
+            earlier_first = before.get("first_step_printed", [])
+            if before["dicts"] and ((not before["logging_printed"] and printed) or (not earlier_first and first_printed)):
                 self.cannot_follow = True  # the dicts read before would be numbered by it
             printed = [tuple(item) for item in before["logging_printed"]] + printed
+            first_printed = [tuple(item) for item in earlier_first] + first_printed
         found_steps = printed[0][1] if printed else None
         self.meta = {"logging_steps": int(found_steps) if found_steps is not None and found_steps >= 1 else found_steps}
-        sft = [d["line_no"] for d in dicts if has_rl and not d["rl_stage"]]
+        sft = dicts.filter(~pl.col("rl_stage")).get_column("line_no") if has_rl else dicts.clear().get_column("line_no")
         sft_before = before["sft"] if before else {"dicts": 0, "last_loss": None}
-        self.state.update(has_rl=has_rl, logging_printed=[list(item) for item in printed], sft=sft_before,
-                          dicts=(before["dicts"] if before else 0) + len(dicts))
-        if sft:
-            ctx.ignore(SFT_RULE, len(sft))
-            losses = pairs.filter(pl.col("line_no").is_in(sft) & (pl.col("key") == "loss")).get_column("value")
+        self.state.update(has_rl=has_rl, logging_printed=[list(item) for item in printed],
+                          first_step_printed=[list(item) for item in first_printed], sft=sft_before,
+                          dicts=(before["dicts"] if before else 0) + dicts.height)
+        if sft.len():
+            ctx.ignore(SFT_RULE, sft.len())
+            losses = pairs.filter(pl.col("line_no").is_in(sft.implode()) & (pl.col("key") == "loss")).get_column("value")
             last_loss = losses[-1] if losses.len() else sft_before["last_loss"]
-            self.meta["trl_sft_stage"] = self.state["sft"] = {"dicts": sft_before["dicts"] + len(sft),
+            self.meta["trl_sft_stage"] = self.state["sft"] = {"dicts": sft_before["dicts"] + sft.len(),
                                                               "last_loss": last_loss}
-            ctx.note(f"{len(sft)} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
-        kept = [d for d in dicts if not has_rl or d["rl_stage"]]
-        return self._number(ctx, kept, pairs, printed)
+            ctx.note(f"{sft.len()} SFT dict(s) before the RL stage kept apart (ignore rule '{SFT_RULE}')")
+        kept = dicts.filter(pl.col("rl_stage")) if has_rl else dicts
+        return self._number(ctx, kept, pairs, printed, first_printed)
 
     def follow_state(self) -> dict | None:
         """The bars, the current stage and its numbering after this read (see the module), or None
@@ -207,35 +218,37 @@ class TrlGrammar(ConsoleGrammar):
         return None if self.cannot_follow else {"trl": self.state}
 
     def _read_dicts(self, ctx: FileContext, metric_lines: pl.DataFrame,
-                    bars: pl.DataFrame) -> tuple[pl.DataFrame, list[dict]]:
-        """(pairs: line_no, pair_index, key, value, text_value of every metrics dict; one entry per
+                    bars: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(pairs: line_no, pair_index, key, value, text_value of every metrics dict; one row per
         metrics dict, in line order, with its bar point and what its keys say). Dicts in the plain
         form the Trainer prints (`SIMPLE_DICT`) are split in bulk; the others are read one by one
-        with a Python literal parser. End-of-training and other dicts are counted here and left out."""
+        with a Python literal parser. End-of-training and other dicts are counted here; the others
+        are left out."""
         rows = metric_lines.join(bars, on="line_no", how="left").sort("line_no")
         simple = pl.col("c").str.contains(SIMPLE_DICT)
-        pairs = pl.concat([_simple_pairs(rows.filter(simple)), self._literal_pairs(ctx, rows.filter(~simple))])
-        pairs = _reject_overflow(ctx, pairs, rows).sort("line_no", "pair_index")
+        pairs = _simple_pairs(rows.filter(simple))
+        others = rows.filter(~simple)
+        if others.height:
+            pairs = pl.concat([pairs, self._literal_pairs(ctx, others)]).sort("line_no", "pair_index")
+        pairs = _reject_overflow(ctx, pairs, rows)
         keys = pl.col("key")
         per_line = pairs.group_by("line_no").agg(
             summary=(keys == "train_runtime").any(),
             epoch=(keys == "epoch").any(),
+            epoch_value=pl.col("value").filter(keys == "epoch").first(),
             rl=keys.str.contains(RL_KEY).any(),
             has_eval=keys.str.starts_with("eval_").any(),
             only_eval=(keys.str.starts_with("eval_") | keys.is_in(["epoch", "step"])).all(),
             step_time=(keys == trl.STEP_TIME).any(),
-        ).join(rows.select("line_no", "counter", "total", "elapsed", "bar_stage", "bar_from_zero"), on="line_no")
-        dicts: list[dict] = []
-        for entry in per_line.sort("line_no").iter_rows(named=True):
-            if entry["summary"]:
-                ctx.ignore(SUMMARY_RULE)
-            elif not entry["epoch"] and not entry["rl"]:
-                ctx.ignore(OTHER_DICT_RULE)
-                continue
-            entry["eval"] = entry["has_eval"] and entry["only_eval"]
-            entry["bar_from_zero"] = bool(entry["bar_from_zero"])
-            dicts.append(entry)
-        return pairs.filter(pl.col("line_no").is_in([d["line_no"] for d in dicts])), dicts
+        ).join(rows.select("line_no", "counter", "total", "elapsed", "bar_stage", "bar_from_zero"), on="line_no"
+               ).sort("line_no")
+        ctx.ignore(SUMMARY_RULE, int(per_line.get_column("summary").sum()))
+        other = ~pl.col("summary") & ~pl.col("epoch") & ~pl.col("rl")
+        ctx.ignore(OTHER_DICT_RULE, int(per_line.select(other.sum()).item()))
+        dicts = per_line.filter(~other).with_columns(
+            eval=pl.col("has_eval") & pl.col("only_eval"), bar_from_zero=pl.col("bar_from_zero").fill_null(False)
+        ).drop("has_eval", "only_eval")
+        return pairs.filter(pl.col("line_no").is_in(dicts.get_column("line_no").implode())), dicts
 
     @staticmethod
     def _literal_pairs(ctx: FileContext, rows: pl.DataFrame) -> pl.DataFrame:
@@ -261,167 +274,211 @@ class TrlGrammar(ConsoleGrammar):
                 ctx.reject(line_no, f"value {error} is out of range for a double", raw, code="out-of-range")
         return pl.DataFrame(records, schema=pair_schema(), orient="row")
 
-    def _stage_kinds(self, dicts: list[dict], pairs: pl.DataFrame) -> None:
+    def _stage_kinds(self, dicts: pl.DataFrame, pairs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Cut the dicts into stages (a new bar, or the dict after an end-of-training dict, starts
         one), mark each `rl_stage`, and take out the end-of-training dicts: the last kept stage's
-        becomes `self.summary`. An appended read goes on in the stage the last read ended in."""
+        becomes `self.summary`. An appended read goes on in the stage the last read ended in.
+        Returns the pairs and the dicts without the end-of-training ones, each dict with its `stage`.
+
+        In line order, with b(i) the bar stage of dict i and p(i) the last bar stage of a dict before
+        it that is not an end-of-training dict: stage(i) = base + (end-of-training dicts before i) +
+        (dicts j ≤ i with b(j) ≠ p(j), both known, whose stage holds a dict before j)."""
         before = self.before
-        stage, last_bar_stage = (before["stage"], before["last_bar_stage"]) if before else (0, None)
+        base, last_bar_stage = (before["stage"], before["last_bar_stage"]) if before else (0, None)
         earlier = before["stage_dicts"] if before else 0  # dicts of the current stage read before
-        current: list[dict] = []
-        stages: list[list[dict]] = [current]
-        summaries: dict[int, int] = {}
-        for entry in dicts:
-            if entry["summary"]:
-                summaries[stage] = entry["line_no"]
-                self.summary_values[stage] = dict(
-                    pairs.filter(pl.col("line_no") == entry["line_no"]).select("key", "value").iter_rows())
-                stage, earlier = stage + 1, 0
-                current = []
-                stages.append(current)
-                continue
-            if entry["bar_stage"] is not None and last_bar_stage is not None and entry["bar_stage"] != last_bar_stage:
-                if current or earlier:
-                    stage, earlier = stage + 1, 0
-                    current = []
-                    stages.append(current)
-            last_bar_stage = entry["bar_stage"] if entry["bar_stage"] is not None else last_bar_stage
-            entry["stage"] = stage
-            current.append(entry)
-        for index, members in enumerate(stages):
-            rl = any(m["rl"] for m in members)
-            if index == 0 and before and before["stage_dicts"]:
-                if rl and not before["stage_rl"]:
-                    self.cannot_follow = True  # the stage's dicts read before become RL ones
-                rl = rl or before["stage_rl"]
-            for member in members:
-                member["rl_stage"] = rl
-        dicts[:] = [d for d in dicts if not d["summary"]]
-        has_rl = any(d["rl_stage"] for d in dicts) or bool(before and before["has_rl"])
-        kept = [d["stage"] for d in dicts if d["rl_stage"] or not has_rl]
-        last_kept = kept[-1] if kept else (before["last_kept_stage"] if before else None)
+        summary = pl.col("summary")
+        seen_bar = pl.when(~summary).then(pl.col("bar_stage")).forward_fill().shift(1)
+        if last_bar_stage is not None:
+            seen_bar = seen_bar.fill_null(last_bar_stage)
+        after_summary = summary.shift(1)
+        # The stage holds a dict already unless the dict is the first after an end-of-training dict,
+        # or the first of this read with no dict of its stage read before.
+        holds_one = after_summary.is_not_null() & ~after_summary.fill_null(False) | (
+            after_summary.is_null() & pl.lit(earlier > 0))
+        cut = (~summary & pl.col("bar_stage").is_not_null() & seen_bar.is_not_null()
+               & (pl.col("bar_stage") != seen_bar) & holds_one)
+        dicts = dicts.with_columns(stage=(pl.lit(base, pl.Int64) + after_summary.fill_null(False).cast(pl.Int64).cum_sum()
+                                          + cut.cast(pl.Int64).cum_sum()))
+        stage = base + int(dicts.get_column("summary").sum()) + int(
+            dicts.select(cut.sum()).item()) if dicts.height else base
+        members = dicts.filter(~summary)
+        seen = members.get_column("bar_stage").drop_nulls()
+        last_bar_stage = seen[-1] if seen.len() else last_bar_stage
+        rl_stages = members.group_by("stage").agg(rl_stage=pl.col("rl").any())
+        if before and before["stage_dicts"]:
+            rl = rl_stages.filter(pl.col("stage") == base).get_column("rl_stage").any()
+            if rl and not before["stage_rl"]:
+                self.cannot_follow = True  # the stage's dicts read before become RL ones
+            if before["stage_rl"]:
+                rl_stages = pl.concat([rl_stages.filter(pl.col("stage") != base),
+                                       pl.DataFrame({"stage": [base], "rl_stage": [True]}, schema=rl_stages.schema)])
+        members = members.join(rl_stages, on="stage", how="left", maintain_order="left")
+        summaries = dict(dicts.filter(summary).select("stage", "line_no").iter_rows())
+        values = pairs.filter(pl.col("line_no").is_in(list(summaries.values())))
+        for summary_stage, line_no in summaries.items():
+            self.summary_values[summary_stage] = dict(
+                values.filter(pl.col("line_no") == line_no).select("key", "value").iter_rows())
+        has_rl = bool(members.get_column("rl_stage").any()) or bool(before and before["has_rl"])
+        kept = (members.filter(pl.col("rl_stage")) if has_rl else members).get_column("stage")
+        last_kept = kept[-1] if kept.len() else (before["last_kept_stage"] if before else None)
         summary_line = summaries.get(last_kept) if last_kept is not None else None
         if summary_line is not None:
-            self.summary = dict(pairs.filter(pl.col("line_no") == summary_line).select("key", "value").iter_rows())
+            self.summary = self.summary_values[last_kept]
         elif before and last_kept == before["last_kept_stage"]:
             self.summary = before.get("summary")  # the kept stage's end-of-training dict, read before
-        last_members = stages[-1]
+        last_members = members.filter(pl.col("stage") == stage)
         self.state.update(stage=stage, last_bar_stage=last_bar_stage, last_kept_stage=last_kept, summary=self.summary,
-                          stage_dicts=earlier + len(last_members),
-                          stage_rl=any(m["rl_stage"] for m in last_members) or bool(
-                              len(stages) == 1 and before and before["stage_rl"]))
+                          stage_dicts=(earlier if stage == base else 0) + last_members.height,
+                          stage_rl=bool(last_members.get_column("rl_stage").any()) or bool(
+                              stage == base and before and before["stage_rl"]))
+        return pairs.filter(~pl.col("line_no").is_in(list(summaries.values()))), members
 
-    def _number(self, ctx: FileContext, dicts: list[dict], pairs: pl.DataFrame,
-                logging_printed: list[tuple[int, float]]) -> ParsedMetrics:
+    def _number(self, ctx: FileContext, dicts: pl.DataFrame, pairs: pl.DataFrame,
+                logging_printed: list[tuple[int, float]], first_printed: list[tuple[int, bool]]) -> ParsedMetrics:
         """Steps, pairs and flags of the kept dicts (see the module for the rules): the k-th
-        training dict of a stage is step offset + k × logging_steps (`_interval`), an evaluation
-        dict takes the step of the training dict before it; then joined to its pairs in bulk."""
-        steps: list[tuple] = []
-        step_times: list[tuple] = []
-        flags: list[tuple] = []
+        training dict of a stage is step offset + k × logging_steps (`_interval`), or, when the
+        first step is logged too (`logging_first_step`), step 1 and then offset + (k - 1) ×
+        logging_steps; an evaluation dict takes the step of the training dict before it. Each
+        training row of an interval above 1 stands for step - (the training step before) steps
+        (`trl/steps_covered`); the bar's step time is (elapsed at this step - elapsed at the last
+        step it was drawn at) / (steps between). All in bulk, stage by stage."""
         before = self.before
         carried = {before["stage"]: before["numbering"]} if before and before.get("numbering") else {}
-        by_stage: dict[int, list[dict]] = {}
-        for entry in dicts:
-            by_stage.setdefault(entry["stage"], []).append(entry)
         numberings: dict[int, dict] = dict(carried)
-        for stage, members in by_stage.items():
+        numbered, covered, timed, flags = [], [], [], []
+        for stage in dicts.get_column("stage").unique(maintain_order=True).to_list():
+            members = dicts.filter(pl.col("stage") == stage)
             numbering = carried.get(stage)
-            train = [m for m in members if not m["eval"]]
-            interval, source, offset = self._interval(stage, members, train, numbering, logging_printed)
-            if numbering and (numbering["interval"], numbering["offset"]) != (interval, offset):
+            train = members.filter(~pl.col("eval"))
+            interval, source, offset, first_step = self._interval(stage, members, train, numbering,
+                                                                  logging_printed, first_printed)
+            if numbering and (numbering["interval"], numbering["offset"], numbering.get("first_step", False)) != (
+                    interval, offset, first_step):
                 self.cannot_follow = True  # the dicts read before would be numbered otherwise
             ordinal = numbering["ordinal"] if numbering else 0
             previous = tuple(numbering["previous"]) if numbering and numbering["previous"] else None
             last_train = numbering["last_train_step"] if numbering else None
-            if previous is None and ordinal == 0 and train and train[0]["bar_from_zero"]:
+            if previous is None and ordinal == 0 and train.height and train.get_column("bar_from_zero")[0]:
                 previous = (offset, 0.0)  # the bar was drawn at the stage's start: its clock starts there
-            away = 0
-            for entry in members:
-                line_no = entry["line_no"]
-                if entry["eval"]:
-                    step = last_train if last_train is not None else offset
-                    entry["step"] = step
-                    steps.append((line_no, step, stage, True))
-                    continue
-                ordinal += 1
-                step = offset + ordinal * interval
-                entry["step"] = last_train = step
-                steps.append((line_no, step, stage, False))
-                if interval > 1:  # the row's values are means over the steps since the last log
-                    step_times.append((line_no, 998, trl.STEPS_COVERED, float(interval), None))
-                if source == "order":
-                    flags.append((line_no, step, "step_estimated",
-                                  f"no step printed and no logging interval known: dict number {ordinal}"))
-                if entry["counter"] is not None and entry["counter"] != step:
-                    away += 1
-                elapsed = self.draws.get((entry["bar_stage"], step))
-                if not entry["step_time"] and elapsed is not None and previous is not None and step > previous[0]:
-                    step_times.append((line_no, 999, "tqdm/step_s", (elapsed - previous[1]) / (step - previous[0]), None))
-                    flags.append((line_no, step, "tqdm_estimate",
-                                  f"step time from the progress bar's elapsed time, mean over {step - previous[0]} step(s)"))
-                if elapsed is not None:
-                    previous = (step, elapsed)
-            numberings[stage] = {"interval": interval, "source": source, "offset": offset, "ordinal": ordinal,
-                                 "previous": list(previous) if previous else None, "last_train_step": last_train,
+            k = pl.col("ordinal")
+            steps = train.with_columns(ordinal=pl.int_range(ordinal + 1, ordinal + train.height + 1, dtype=pl.Int64))
+            steps = steps.with_columns(step=pl.when(k <= int(first_step)).then(k).otherwise(
+                offset + (k - int(first_step)) * interval))
+            steps = steps.with_columns(since=pl.col("step").shift(1).fill_null(
+                last_train if last_train is not None else offset))
+            steps = steps.join(self.draws.rename({"counter": "step"}), on=["bar_stage", "step"], how="left",
+                               maintain_order="left")
+            drawn = pl.col("elapsed_right").is_not_null()
+            steps = steps.with_columns(
+                previous_step=pl.when(drawn).then(pl.col("step")).shift(1).forward_fill(),
+                previous_elapsed=pl.when(drawn).then(pl.col("elapsed_right")).shift(1).forward_fill())
+            if previous is not None:
+                steps = steps.with_columns(pl.col("previous_step").fill_null(previous[0]),
+                                           pl.col("previous_elapsed").fill_null(previous[1]))
+            ticked = steps.filter(~pl.col("step_time") & drawn & pl.col("previous_step").is_not_null()
+                                  & (pl.col("step") > pl.col("previous_step"))).select(
+                "line_no", "step", seconds=(pl.col("elapsed_right") - pl.col("previous_elapsed"))
+                / (pl.col("step") - pl.col("previous_step")), over=pl.col("step") - pl.col("previous_step"))
+            numbered.append(members.join(steps.select("line_no", "step"), on="line_no", how="left",
+                                         maintain_order="left").select(
+                "line_no", pl.col("step").forward_fill().fill_null(last_train if last_train is not None else offset),
+                group=pl.lit(stage, pl.Int64), eval="eval"))
+            if interval > 1:  # the row's values are means over the steps since the last log
+                covered.append(steps.select("line_no", value=(pl.col("step") - pl.col("since")).cast(pl.Float64)))
+            if source == "order":
+                flags.append(steps.select("line_no", "step", flag=pl.lit("step_estimated"), detail=pl.format(
+                    "no step printed and no logging interval known: dict number {}", "ordinal")))
+            timed.append(ticked.select("line_no", "seconds"))
+            flags.append(ticked.select("line_no", "step", flag=pl.lit("tqdm_estimate"), detail=pl.format(
+                "step time from the progress bar's elapsed time, mean over {} step(s)", "over")))
+            last_drawn = steps.filter(drawn).select("step", "elapsed_right").tail(1).rows()
+            previous = last_drawn[0] if last_drawn else previous
+            away = steps.select((pl.col("counter").is_not_null() & (pl.col("counter") != pl.col("step"))).sum()).item()
+            numberings[stage] = {"interval": interval, "source": source, "offset": offset, "first_step": first_step,
+                                 "ordinal": ordinal + train.height, "previous": list(previous) if previous else None,
+                                 "last_train_step": steps.get_column("step")[-1] if steps.height else last_train,
                                  "last_counter": self.last_counters.get(stage)}
-            self.intervals[stage] = (interval, source, offset)
-            if train:
-                ctx.note(self._interval_note(interval, source, offset, len(train)))
+            self.intervals[stage] = (interval, source, offset, first_step)
+            if train.height:
+                ctx.note(self._interval_note(interval, source, offset, train.height, first_step))
             if away:
-                ctx.note(f"{away} of {len(train)} dict(s) printed where the progress bar shows another step "
+                ctx.note(f"{away} of {train.height} dict(s) printed where the progress bar shows another step "
                          "(stdout and stderr buffered apart): numbered by their order, not by the bar")
-        numbered = pl.DataFrame(steps, schema={"line_no": pl.Int64, "step": pl.Int64, "group": pl.Int64,
-                                               "eval": pl.Boolean}, orient="row")
+        numbered = pl.concat(numbered) if numbered else pl.DataFrame(
+            schema={"line_no": pl.Int64, "step": pl.Int64, "group": pl.Int64, "eval": pl.Boolean})
+        self.dicts = dicts.join(numbered.select("line_no", "step"), on="line_no", maintain_order="left")
+        extra = [frame.select("line_no", pair_index=pl.lit(998, pl.Int64), key=pl.lit(trl.STEPS_COVERED),
+                              value="value", text_value=pl.lit(None, pl.String)) for frame in covered]
+        extra += [frame.select("line_no", pair_index=pl.lit(999, pl.Int64), key=pl.lit("tqdm/step_s"),
+                               value="seconds", text_value=pl.lit(None, pl.String)) for frame in timed]
         key = pl.col("key")
-        metrics = pl.concat([trl.shadow_old_mean_length(pairs),
-                             pl.DataFrame(step_times, schema=pair_schema(), orient="row")]).join(
-            numbered, on="line_no").with_columns(
-            key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
-            .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
+        metrics = trl.shadow_old_mean_length(pairs).join(numbered, on="line_no", maintain_order="left")
+        if extra:
+            metrics = pl.concat([metrics, pl.concat(extra).join(numbered, on="line_no", maintain_order="left")])
+        if metrics.select((key.str.starts_with("eval_") | pl.col("eval")).any()).item():
+            metrics = metrics.with_columns(
+                key=pl.when(key.str.starts_with("eval_")).then(pl.lit("eval/") + key.str.slice(len("eval_")))
+                .when(pl.col("eval") & (key == "epoch")).then(pl.lit("eval/epoch")).otherwise(key))
         tokens = metrics.filter(~pl.col("eval") & (key == trl.CUMULATIVE_TOKENS) & pl.col("value").is_not_null()
                                 ).select("group", "step", "key", "value", "line_no")
         derived = trl.tokens_per_step(self._with_tokens_before(tokens)).filter(pl.col("line_no") > 0).with_columns(
             pair_index=pl.lit(1000, pl.Int64), text_value=pl.lit(None, pl.String))
         columns = ["line_no", "step", "pair_index", "key", "value", "text_value"]
-        metrics = pl.concat([metrics.select(columns), derived.select(columns)]).sort("line_no", "pair_index") \
+        # Each part is in line order, and within a line the pairs come first, then 998, 999, 1000: a
+        # stable sort by line gives the line and pair order.
+        metrics = pl.concat([metrics.select(columns), derived.select(columns)]).sort("line_no", maintain_order=True) \
             .with_columns(raw_value=pl.lit(None, pl.String)).select(list(metric_schema()))
-        flag_frame = pl.DataFrame(flags, schema=flag_schema(), orient="row")
-        printed = pl.concat([metrics.select("line_no", "step"), flag_frame.select("line_no", "step")]).unique(
-            "line_no", keep="first", maintain_order=True).select("line_no", printed=pl.col("step").cast(pl.String))
-        self.dicts = dicts
+        flag_frame = (pl.concat(flags).sort("line_no", maintain_order=True) if flags
+                      else pl.DataFrame(schema=flag_schema()))
+        printed = numbered.select("line_no", printed=pl.col("step").cast(pl.String))
         self.state["numbering"] = numberings.get(self.state["stage"])
-        return ParsedMetrics(metrics, flag_frame, printed.sort("line_no"))
+        return ParsedMetrics(metrics, flag_frame.select(list(flag_schema())), printed)
 
-    def _interval(self, stage: int, members: list[dict], train: list[dict], numbering: dict | None,
-                  logging_printed: list[tuple[int, float]]) -> tuple[int, str, int]:
-        """(logging interval L, where it comes from, offset) of a stage: its k-th training dict is
-        step offset + k·L, as the Trainer logs when global_step % logging_steps == 0. L is, in order:
+    def _interval(self, stage: int, members: pl.DataFrame, train: pl.DataFrame, numbering: dict | None,
+                  logging_printed: list[tuple[int, float]],
+                  first_printed: list[tuple[int, bool]]) -> tuple[int, str, int, bool]:
+        """(logging interval L, where it comes from, offset, whether the first step is logged too)
+        of a stage: its k-th training dict is step offset + k·L, as the Trainer logs when
+        global_step % logging_steps == 0, or with `logging_first_step` (a dict at step 1 as well,
+        `_first_step`) step 1 and then (k - 1)·L. L is, in order:
         the `logging_steps` printed last before the stage's first dict (a ratio below 1 is of the
         bar's total, rounded up, as transformers reads it) ('printed'); the bar's counter drawn before
-        each dict when every one reads k·L ('bar'); the bar's last counter C over the n dicts logged,
-        ⌊(C - offset) / n⌋ ('bar count'); the steps of the end-of-training dict (train_runtime ×
-        train_steps_per_second) over n ('end-of-training dict'); else 1 ('order'). The offset is the
+        each dict when every one reads k·L (or 1, then (k - 1)·L) ('bar'); the bar's last counter C
+        over the n dicts logged, ⌊(C - offset) / (n - first)⌋ ('bar count'); the steps of the
+        end-of-training dict (train_runtime × train_steps_per_second) over n - first
+        ('end-of-training dict'); else 1 ('order'). The offset is the
         steps done before the stage's bar was first drawn (a resumed run's bar starts at its step),
         rounded down to a multiple of L. An appended read keeps the interval of the stage it goes on in
         when the new lines leave it unchanged."""
-        bar_stages = [m["bar_stage"] for m in members if m["bar_stage"] is not None]
-        first, second = self.bar_first.get(bar_stages[0], (None, None)) if bar_stages else (None, None)
+        bar_stages = members.get_column("bar_stage").drop_nulls()
+        first, second = self.bar_first.get(bar_stages[0], (None, None)) if bar_stages.len() else (None, None)
         # A bar drawn first at n > 0 started there (tqdm's initial count); one drawn at 0 that then jumps
         # past 1 was resumed (the Trainer's bar jumps to the global step at the first step's end).
         base = first if first else (second - 1 if second is not None and second > 1 else 0)
         if numbering is not None:
             base = numbering["offset"]
         ordinal = numbering["ordinal"] if numbering else 0
-        n = ordinal + len(train)
-        total = next((m["total"] for m in reversed(members) if m["total"] is not None), None)
+        n = ordinal + train.height
+        totals = members.get_column("total").drop_nulls()
+        total = totals[-1] if totals.len() else None
+        first_line = members.get_column("line_no")[0]
+        counters = train.get_column("counter").to_list()
+        summary = self.summary_values.get(stage, {})
 
         def offset_for(interval: int) -> int:
             return base if numbering is not None else base - base % interval
 
-        printed = [value for line_no, value in logging_printed if line_no < members[0]["line_no"]] or \
+        def first_step(interval: int | None, offset: int) -> bool:
+            if numbering is not None:
+                return bool(numbering.get("first_step", False))
+            return offset == 0 and self._first_step(train, interval, total, summary, flag)
+
+        printed = [value for line_no, value in logging_printed if line_no < first_line] or \
             [value for _, value in logging_printed[:1]]
-        first_counter = train[0]["counter"] if train else None
+        flags = [value for line_no, value in first_printed if line_no < first_line] or \
+            [value for _, value in first_printed[:1]]
+        flag = flags[-1] if flags else None
+        first_counter = counters[0] if counters else None
         if printed:
             value = printed[-1]
             interval = math.ceil(total * value) if value < 1 and total else int(value)
@@ -429,30 +486,67 @@ class TrlGrammar(ConsoleGrammar):
                 offset = offset_for(interval)
                 if numbering is None and offset and first_counter == interval:
                     offset = 0  # the bar's first draw was the first step's count, not a start count
-                return interval, "printed", offset
+                return interval, "printed", offset, interval > 1 and first_step(interval, offset)
         if numbering is not None and numbering["source"] in ("printed", "bar"):
-            return numbering["interval"], numbering["source"], numbering["offset"]
-        counters = [m["counter"] for m in train]
+            return numbering["interval"], numbering["source"], numbering["offset"], first_step(None, 0)
+        carried_first = bool(numbering.get("first_step", False)) if numbering is not None else None
         for start in (base, 0) if base and numbering is None else (base,):
-            if train and all(c is not None for c in counters) and counters[0] - start >= 1:
-                interval = (counters[0] - start) // (ordinal + 1)
-                if interval >= 1 and all(c - start == (ordinal + k) * interval for k, c in enumerate(counters, start=1)):
-                    return interval, "bar", start if numbering is not None else start - start % interval
-        last_counter = max((self.bar_max[b] for b in set(bar_stages) if b in self.bar_max), default=None)
+            if start == 0 and carried_first is None and flag is not False:
+                hypotheses = (True, False) if flag else (False, True)
+            else:
+                hypotheses = (bool(carried_first) and start == 0,)
+            for logged_first in hypotheses:
+                interval = _bar_interval(counters, ordinal, start, logged_first)
+                if interval is not None:
+                    offset = start if numbering is not None else start - start % interval
+                    return interval, "bar", offset, logged_first
+        last_counter = max((self.bar_max[b] for b in set(bar_stages.to_list()) if b in self.bar_max), default=None)
         if numbering is not None and numbering.get("last_counter") is not None:
             last_counter = max(last_counter or 0, numbering["last_counter"])
         self.last_counters[stage] = last_counter
-        if last_counter is not None and n and (last_counter - base) // n >= 1:
-            interval = (last_counter - base) // n
-            return interval, "bar count", offset_for(interval)
-        summary = self.summary_values.get(stage, {})
+        logged_first = n > 1 and base == 0 and first_step(None, 0)
         runtime, per_second = summary.get("train_runtime"), summary.get("train_steps_per_second")
-        if n and runtime and per_second and round(runtime * per_second) // n >= 1:
-            return round(runtime * per_second) // n, "end-of-training dict", 0
-        return 1, "order", 0
+        for steps, source in ((None if last_counter is None else last_counter - base, "bar count"),
+                              (round(runtime * per_second) if runtime and per_second else None, "end-of-training dict")):
+            if steps is None or not n:
+                continue
+            interval = steps // (n - 1) if logged_first else 0
+            first = interval > 1
+            interval = interval if first else steps // n
+            if interval >= 1:
+                return interval, source, offset_for(interval) if source == "bar count" else 0, first
+        return 1, "order", 0, False
+
+    def _first_step(self, train: pl.DataFrame, interval: int | None, total: int | None, summary: dict,
+                    flag: bool | None) -> bool:
+        """Whether a stage that starts at step 0 logged its first step as well as every L-th
+        (`logging_first_step`: transformers' DefaultFlowCallback logs at global_step == 1 when it is
+        set, besides global_step % logging_steps == 0). As printed (`logging_first_step=True`);
+        else, for a run that reached its end (an end-of-training dict) with L and the bar's total T
+        known, n dicts = ⌊T / L⌋ + 1; else the epochs of the dicts, which grow with the step
+        (epoch = step / steps per epoch, printed to two decimals): with e(k) the k-th dict's epoch
+        and Δ = (e(n) - e(2)) / (n - 2), every L-th step alone gives e(2) = 2Δ, the first step
+        and then every L-th e(2) = Δ. Told apart only when Δ is large beside the rounding;
+        otherwise, not logged."""
+        if flag is not None:
+            return flag
+        n = train.height
+        if interval and interval > 1 and total and summary.get("train_runtime") is not None:
+            if n == total // interval + 1:
+                return True
+            if n == total // interval:
+                return False
+        epochs = train.get_column("epoch_value")
+        if n < 3 or epochs.null_count() or not (epochs.diff().drop_nulls() > 0).all():
+            return False
+        spacing = (epochs[-1] - epochs[1]) / (n - 2)
+        error = EPOCH_ROUNDING * (1 + 2 / (n - 2))
+        if spacing < 4 * error:
+            return False
+        return abs(epochs[1] / spacing - 1) < 0.25
 
     @staticmethod
-    def _interval_note(interval: int, source: str, offset: int, dicts: int) -> str:
+    def _interval_note(interval: int, source: str, offset: int, dicts: int, first_step: bool = False) -> str:
         where = {"printed": f"logging_steps={interval} as printed",
                  "bar": f"every {interval} step(s), as the progress bar counts them",
                  "bar count": f"logging_steps={interval} inferred from the progress bar's last count over {dicts} dict(s)",
@@ -460,7 +554,8 @@ class TrlGrammar(ConsoleGrammar):
                                          f"over {dicts} dict(s)",
                  "order": "no logging interval known: steps are the dicts' order (flag step_estimated)"}[source]
         start = f", after step {offset} (the bar's first count)" if offset else ""
-        return f"TRL dicts numbered k × logging_steps: {where}{start}"
+        first = ", and step 1 first (logging_first_step)" if first_step else ""
+        return f"TRL dicts numbered k × logging_steps: {where}{start}{first}"
 
     def _with_tokens_before(self, tokens: pl.DataFrame) -> pl.DataFrame:
         """The cumulative token counts (group, step, key, value, line_no) with, in an appended read,
@@ -495,27 +590,28 @@ class TrlGrammar(ConsoleGrammar):
             meta[field] = found[0] if found.len() else None
         keys = set(metrics.get_column("key").unique().to_list()) if metrics.height else set()
         # The total train batch size printed before the first dict kept: an RL step's completions.
-        first_kept = self.dicts[0]["line_no"] if self.dicts else None
+        first_kept = self.dicts.get_column("line_no")[0] if self.dicts.height else None
         totals = lines.filter(pl.col("line_no") < first_kept) if first_kept is not None else lines.clear()
         found = totals.get_column("c").str.extract(TOTAL_BATCH, 1).drop_nulls()
         if found.len():
             meta["trl_total_batch_size"] = int(found[-1].replace(",", ""))
         ctx.format_version = ("<=0.14" if "completion_length" in keys
                               else ">=0.15" if any(k.startswith("completions/") for k in keys) else None)
-        dicts = [d for d in self.dicts if not d["eval"]]
+        dicts = self.dicts.filter(~pl.col("eval")) if self.dicts.height else self.dicts
         summary = self.summary
         meta["trl_train_summary"] = summary or None  # none, once a later stage follows the last one read
-        first_offset = self.intervals.get(dicts[0]["stage"], (1, "", 0))[2] if dicts else None
-        if dicts and first_offset == 0 and ctx.stored and not self.before:
+        first_offset = self.intervals.get(dicts.get_column("stage")[0], (1, "", 0, False))[2] if dicts.height else None
+        if dicts.height and first_offset == 0 and ctx.stored and not self.before:
             # The first logged step is `logging_steps`, not 1, in a run that started at step 0:
             # the pipeline's `resumed` flag (first step above 1) does not apply.
             ctx.rows -= len(ctx.con.execute(
                 "DELETE FROM step_flags WHERE file_id = ? AND flag = 'resumed' RETURNING flag", [ctx.file_id]).fetchall())
-        if dicts:
-            last = dicts[-1]
-            interval, source, _ = self.intervals.get(last["stage"], (None, None, 0))
+        if dicts.height:
+            last = dicts.row(-1, named=True)
+            interval, source, _, first_step = self.intervals.get(last["stage"], (None, None, 0, False))
             meta["trl_logging_steps"] = interval
             meta["trl_logging_steps_source"] = source
+            meta["trl_logging_first_step"] = first_step
             meta["trl_last_step"] = last["step"]
             if last["total"] is not None:
                 meta["trl_max_steps"] = last["total"]
@@ -632,6 +728,34 @@ def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) 
             ctx.reject(line_no, f"value {too_large[:40]} is out of range for a double", raw, code=ErrorCode.OUT_OF_RANGE)
             bad.append(line_no)
     return pairs.filter(~pl.col("line_no").is_in(bad))
+
+
+def _printed_arguments(lines: pl.DataFrame, pattern: str, read) -> list[tuple[int, object]]:
+    """(line, read(value)) of each training argument `pattern` finds printed (group 1 its value),
+    in line order."""
+    found = lines.select("line_no", value=pl.col("c").str.extract(pattern, 1)).drop_nulls()
+    return [(line_no, read(value)) for line_no, value in found.iter_rows()]
+
+
+def _bar_interval(counters: list[int | None], ordinal: int, start: int, logged_first: bool) -> int | None:
+    """L when the bar's counters drawn before the training dicts number ordinal + 1, ordinal + 2, ...
+    of a stage all read start + (k - F)·L for the k-th dict, F = 1 when the first step is logged
+    too (its dict at step 1, the bar's counter 1, in a run that started at 0; then L ≥ 2); else None."""
+    if not counters or any(c is None for c in counters) or (logged_first and start != 0):
+        return None
+    numbered = list(enumerate(counters, start=ordinal + 1))
+    first = int(logged_first)
+    if logged_first and ordinal == 0:
+        if counters[0] != 1:
+            return None
+        numbered = numbered[1:]
+    if not numbered or numbered[0][1] - start < 1:
+        return None
+    k, counter = numbered[0]
+    interval = (counter - start) // (k - first)
+    if interval < 1 + first:
+        return None
+    return interval if all(c - start == (k - first) * interval for k, c in numbered) else None
 
 
 def _logging_steps(lines: pl.DataFrame) -> list[tuple[int, float]]:
