@@ -162,11 +162,13 @@ def clean_columns(frame: FrameT, raw: str, out: str, anchor: str = "step:") -> F
     piece cleaned, and the last non-blank piece starting with `anchor` kept, else the last
     non-blank piece. Lines that hold most of a log's bytes take a shortcut (`_anchored_tail`): a
     line whose wrapping all lies before its first `anchor` is cleaned to the text from that
-    anchor on, without running the cleaning regexes over the rest of the line. Each way runs only
+    anchor on, without running the cleaning regexes over the rest of the line; so is a line of
+    progress-bar redraws whose last piece is a clean record (`_redrawn_tail`). Each way runs only
     on its own lines (the others are null for it, which costs nothing).
     """
     tail, rest, interior = pl.col("_tail"), pl.col("_rest"), pl.col("_interior")
-    staged = frame.with_columns(_tail=_anchored_tail(pl.col(raw), anchor)).with_columns(
+    staged = frame.with_columns(_tail=pl.coalesce(_anchored_tail(pl.col(raw), anchor),
+                                                  _redrawn_tail(pl.col(raw), anchor))).with_columns(
         _rest=pl.when(tail.is_null()).then(pl.col(raw)))
     staged = staged.with_columns(_interior=rest.str.strip_chars_end("\r").str.contains("\r", literal=True))
     pieces = (
@@ -191,6 +193,17 @@ def unbar_expr(piece: pl.Expr, anchor: str) -> pl.Expr:
     glued = piece.str.contains(anchor, literal=True) & ~piece.str.starts_with(anchor)
     cut = piece.str.replace(BAR_HEAD_PATTERN + _BETWEEN + "(" + re.escape(anchor) + ")", "${1}")
     return pl.when(glued).then(cut).otherwise(piece)
+
+
+def _redrawn_tail(line: pl.Expr, anchor: str) -> pl.Expr:
+    """The last carriage-return piece of a line holding one inside it, where that equals
+    `clean_line`: the piece starts with `anchor` and holds no ESC and no `[repeated` (cleaning
+    leaves such a piece as it is, and no piece after it can be kept); null elsewhere."""
+    trimmed = line.str.strip_chars_end("\r")
+    last = pl.when(trimmed.str.contains("\r", literal=True)).then(trimmed).str.split("\r").list.last()
+    usable = (last.str.starts_with(anchor) & ~last.str.contains("\x1b", literal=True)
+              & ~last.str.contains("[repeated", literal=True))
+    return pl.when(usable).then(last)
 
 
 def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:

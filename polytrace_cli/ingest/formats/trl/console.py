@@ -61,6 +61,8 @@ from polytrace_cli.ingest.registry import is_binary, register
 
 # A training bar piece: no description before the percentage, then `n/total [elapsed<`.
 TRAINING_BAR = r"(?:^|\r)\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)\s*\[(?:(\d+):)?(\d+):(\d+)<"
+# The end of a TRAINING_BAR match, with the same groups (a shorter regex to run on each match).
+BAR_END = r"(\d+)/(\d+)\s*\[(?:(\d+):)?(\d+):(\d+)<$"
 # transformers' `Total train batch size (w. parallel, distributed & accumulation) = 8`, Unsloth's
 # `Total batch size (2 x 4 x 1) = 8`.
 TOTAL_BATCH = r"Total (?:train )?batch size[^=\n]*=\s*([\d,]+)"
@@ -86,8 +88,6 @@ _SNIFF_BANNER = re.compile(rb"==\(\(====\)\)==\s+Unsloth|\b(?:GRPO|RLOO)(?:Train
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
 _VALUE = rf"(?:{_NUMBER}|True|False|None|'{_NUMBER}'|'[^'\\0-9\s]*')"
 SIMPLE_DICT = rf"^\{{'[^'\\]*': {_VALUE}(?:, '[^'\\]*': {_VALUE})*\}}\s*$"
-# Within such a dict a pair ends at the next comma or brace outside quotes.
-SIMPLE_PAIR = r"'[^'\\]*': (?:'[^']*'|[^,}]*)"
 RL_KEY = "^(?:" + "|".join(re.escape(prefix) for prefix in trl.RL_PREFIXES) + ")"
 
 
@@ -639,16 +639,17 @@ def _bar_points(lines: pl.DataFrame, before: dict | None = None) -> tuple[pl.Dat
     is the one drawn last before some training dict count. `before` is what the read of the
     lines before these left (an appended read).
     """
-    every = lines.select("line_no", "c", matches=pl.col("raw").str.extract_all(TRAINING_BAR))
-    drawn = every.with_columns(last=pl.col("matches").list.last(), first=pl.col("matches").list.first()).drop("matches")
-    last = pl.col("last").str.extract_groups(TRAINING_BAR)
-    points = drawn.with_columns(groups=last).unnest("groups").select(
-        "line_no", "c",
-        counter=pl.col("1").cast(pl.Int64),
-        total=pl.col("2").cast(pl.Int64),
-        elapsed=_elapsed_seconds(),
-        first_counter=pl.col("first").str.extract(TRAINING_BAR, 1).cast(pl.Int64),
-    )
+    every = lines.select("line_no", matches=pl.col("raw").str.extract_all(TRAINING_BAR))
+    # Every bar drawn, in line order (each match ends as TRAINING_BAR does: `BAR_END` reads its groups).
+    every_draw = (every.filter(pl.col("matches").list.len() > 0).explode("matches")
+                  .with_columns(groups=pl.col("matches").str.extract_groups(BAR_END)).unnest("groups")
+                  .select("line_no", counter=pl.col("1").cast(pl.Int64), total=pl.col("2").cast(pl.Int64),
+                          elapsed=_elapsed_seconds()))
+    line = pl.col("line_no")
+    points = lines.select("line_no", "c").join(
+        every_draw.filter(line.is_last_distinct()), on="line_no", how="left", maintain_order="left").join(
+        every_draw.filter(line.is_first_distinct()).select("line_no", first_counter="counter"), on="line_no",
+        how="left", maintain_order="left")
     last_bar = before["bar"] if before else None
     seen = points.with_columns(seen_total=pl.col("total").forward_fill())
     if before and before["last_total"] is not None:
@@ -677,11 +678,7 @@ def _bar_points(lines: pl.DataFrame, before: dict | None = None) -> tuple[pl.Dat
              "training_totals": training_totals,
              "totals_drawn": sorted(drawn_before | set(points.get_column("total").drop_nulls().to_list())),
              "last_total": seen.get_column("seen_total")[-1] if seen.height else (before or {}).get("last_total")}
-    draws = (every.filter(pl.col("matches").list.len() > 0).select("line_no", "matches").explode("matches")
-             .with_columns(groups=pl.col("matches").str.extract_groups(TRAINING_BAR)).unnest("groups")
-             .select("line_no", counter=pl.col("1").cast(pl.Int64), total=pl.col("2").cast(pl.Int64),
-                     elapsed=_elapsed_seconds())
-             .join(drawn.select("line_no", "bar_stage", line_total="total"), on="line_no")
+    draws = (every_draw.join(drawn.select("line_no", "bar_stage", line_total="total"), on="line_no")
              .filter(pl.col("total") == pl.col("line_total"))
              .unique(["bar_stage", "counter"], keep="first", maintain_order=True)
              .select("bar_stage", "counter", "elapsed"))
@@ -697,11 +694,16 @@ def _elapsed_seconds() -> pl.Expr:
 def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:
     """The pairs of dicts in the plain form (`SIMPLE_DICT`), in bulk: a quoted value is unquoted
     and read as a number when it is one (as `trl.scalar` does), True and False are 1 and 0, None
-    is missing, and any other text is kept as text."""
-    pairs = rows.select("line_no", pair=pl.col("c").str.extract_all(SIMPLE_PAIR)).with_columns(
+    is missing, and any other text is kept as text.
+
+    In that form neither a key nor a value holds `, '` (a key holds no quote, a quoted value no
+    space), so the text between `{'` and `}` splits into its pairs at each `, '`, and a pair into
+    key and value at its first `': `."""
+    text = pl.col("c").str.strip_chars_end()
+    pairs = rows.select("line_no", pair=text.str.slice(2, text.str.len_chars() - 3).str.split(", '")).with_columns(
         pair_index=pl.int_ranges(1, pl.col("pair").list.len() + 1, dtype=pl.Int64)).explode("pair", "pair_index")
     pairs = pairs.filter(pl.col("pair").is_not_null()).with_columns(
-        parts=pl.col("pair").str.slice(1).str.split_exact("': ", 1)).unnest("parts").rename(
+        parts=pl.col("pair").str.split_exact("': ", 1)).unnest("parts").rename(
         {"field_0": "key", "field_1": "text"})
     quoted = pl.col("text").str.starts_with("'")
     pairs = pairs.with_columns(
