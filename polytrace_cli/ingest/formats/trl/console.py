@@ -522,16 +522,24 @@ class TrlGrammar(ConsoleGrammar):
         """Whether a stage that starts at step 0 logged its first step as well as every L-th
         (`logging_first_step`: transformers' DefaultFlowCallback logs at global_step == 1 when it is
         set, besides global_step % logging_steps == 0). As printed (`logging_first_step=True`);
-        else, for a run that reached its end (an end-of-training dict) with L and the bar's total T
-        known, n dicts = ⌊T / L⌋ + 1; else the epochs of the dicts, which grow with the step
+        else as the bar's counters drawn before the dicts read (1, L, 2L, ... or L, 2L, ...); else, for a run that reached its end (an end-of-training dict) with L and its steps T known
+        (the bar's total, else train_runtime × train_steps_per_second), n dicts = ⌊T / L⌋ + 1; else the epochs of the dicts, which grow with the step
         (epoch = step / steps per epoch, printed to two decimals): with e(k) the k-th dict's epoch
         and Δ = (e(n) - e(2)) / (n - 2), every L-th step alone gives e(2) = 2Δ, the first step
         and then every L-th e(2) = Δ. Told apart only when Δ is large beside the rounding;
         otherwise, not logged."""
         if flag is not None:
             return flag
+        counters = train.get_column("counter").to_list()
+        for logged_first in (True, False):
+            found = _bar_interval(counters, 0, 0, logged_first)
+            if found is not None and found == (interval or found):
+                return logged_first
         n = train.height
-        if interval and interval > 1 and total and summary.get("train_runtime") is not None:
+        runtime, per_second = summary.get("train_runtime"), summary.get("train_steps_per_second")
+        if not total and runtime and per_second:
+            total = round(runtime * per_second)
+        if interval and interval > 1 and total and runtime is not None:
             if n == total // interval + 1:
                 return True
             if n == total // interval:

@@ -60,6 +60,8 @@ def mean_length_key(key: str, keys: Iterable[str]) -> str:
 def shadow_old_mean_length(pairs: pl.DataFrame, record: str | list[str] = "line_no") -> pl.DataFrame:
     """`pairs` (a `key` column, one record per `record` value) with `completion_length` stored as
     `unsloth/completion_length` in the records that also log `completions/mean_length`."""
+    if not pairs.select((pl.col("key") == OLD_MEAN_LENGTH).any()).item():
+        return pairs
     both = pl.col("key").is_in([MEAN_LENGTH]).any().over(record)
     return pairs.with_columns(key=pl.when((pl.col("key") == OLD_MEAN_LENGTH) & both)
                               .then(pl.lit(SHADOWED_MEAN_LENGTH)).otherwise(pl.col("key")))
@@ -129,8 +131,9 @@ def tokens_per_step(frame: pl.DataFrame, group: str = "group") -> pl.DataFrame:
 
     within a group (a segment or phase), in step order. The first logged step of a group covers
     steps 1..step(1) only when the log starts at the beginning of training, which is taken to hold
-    when step(1) equals the next logging interval step(2) - step(1): then per_step(1) =
-    num_tokens(1) / step(1); otherwise it is not known and left out. A count that does not grow
+    when step(1) equals the next logging interval step(2) - step(1), or is step 1 (`logging_first_step`
+    logs it before every L-th): then per_step(1) = num_tokens(1) / step(1); otherwise it is not
+    known and left out. A count that does not grow
     (a restarted counter) gives no row."""
     columns = [group, "step", "key", "value", "line_no"]
     tokens = frame.filter(pl.col("key") == CUMULATIVE_TOKENS).select(columns).sort(group, "step")
@@ -141,7 +144,7 @@ def tokens_per_step(frame: pl.DataFrame, group: str = "group") -> pl.DataFrame:
     interval = (pl.col("step").shift(-1) - pl.col("step")).over(group)
     first = previous_step.is_null()
     derived = tokens.with_columns(
-        value=pl.when(first & (interval == pl.col("step")))
+        value=pl.when(first & ((interval == pl.col("step")) | (pl.col("step") == 1)))
         .then(pl.col("value") / pl.col("step"))
         .when(~first & (pl.col("step") > previous_step) & (pl.col("value") > previous_value))
         .then((pl.col("value") - previous_value) / (pl.col("step") - previous_step)),
