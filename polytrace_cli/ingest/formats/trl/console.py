@@ -27,7 +27,9 @@ and at the end `{'train_runtime': ..., 'train_loss': ..., 'epoch': ...}`. Traps 
   kept apart: counted under the ignore rule `SFT stage dict`, their count and last loss in the run
   meta (`trl_sft_stage`), never mixed into the RL steps.
 - With `logging_steps` > 1 the first logged step is `logging_steps`; a log whose bar starts at 0
-  is not flagged `resumed` for it.
+  is not flagged `resumed` for it. With `logging_first_step=True` the Trainer also logs step 1:
+  the dicts are step 1, then L, 2L, ... (`_first_step` says how that is told when not printed), and
+  the second row stands for L - 1 steps.
 - The dicts of a log are numbered together (bars, stages, the SFT stage before the RL one), so the
   pipeline reads a TRL log as one block (`ConsoleGrammar.whole_log`), not block by block.
 - A log that grew is read from where the last read ended, with what that read kept of the bars,
