@@ -6,7 +6,8 @@ before each metrics dict of 16 keys, one dict per step), then measures:
              median wall time is the figure), peak RSS;
   baseline   plain Python: per line, the last progress-bar counter with `re`, the dict piece read
              with json.loads after swapping quotes, then one bulk insert into DuckDB.
-Prints MB/s, steps/s and the ratio polytrace / baseline.
+Prints MB/s, steps/s, CPU seconds (user + system, all threads: what a loaded machine changes
+least) and the ratios polytrace / baseline of both.
 Usage: python benchmarks/ingest_trl_console.py [--steps 50000] [--repeat 3]
 """
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
-from _measure import baseline_run, ingest_runs, fresh_log_path
+from _measure import fresh_log_path, run_child
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "ingest_trl_console"
@@ -86,21 +88,40 @@ def main() -> None:
     size_mb = log.stat().st_size / 1e6
     print(f"log: {size_mb:.1f} MB, {args.steps:,} steps x 16 keys")
     store = OUT / "store.duckdb"
-    runs = ingest_runs(log, store, args.repeat, "--format", "trl-console")
-    ours, ours_rss = statistics.median(s for s, _ in runs), max(r for _, r in runs)
-    print("polytrace runs: " + ", ".join(f"{s:.2f} s" for s, _ in runs))
-    theirs, theirs_rss, _ = baseline_run(BASELINE, OUT, log)
+    polytrace = Path(sys.executable).with_name("polytrace")
+    runs = []
+    for _ in range(args.repeat):
+        store.unlink(missing_ok=True)
+        os.sync()
+        runs.append(run_child([str(polytrace), "ingest", "--db", str(store), "--format", "trl-console", str(log)]))
+    ours, ours_cpu, ours_rss = (statistics.median(s for s, _, _ in runs), statistics.median(c for _, c, _ in runs),
+                                max(r for _, _, r in runs))
+    print("polytrace runs: " + ", ".join(f"{s:.2f} s ({c:.2f} s CPU)" for s, c, _ in runs))
+    # The process's fixed cost (start-up, a new store, the run's record): the log's first three dicts.
+    head = log.with_name("head.log")
+    head.write_text("".join(log.read_text().splitlines(keepends=True)[:3]))
+    head_store = OUT / "head.duckdb"
+    head_store.unlink(missing_ok=True)
+    fixed, fixed_cpu, _ = run_child([str(polytrace), "ingest", "--db", str(head_store), "--format", "trl-console",
+                                     str(head)])
+    print(f"polytrace on 3 dicts (fixed cost): {fixed:.2f} s ({fixed_cpu:.2f} s CPU)")
+    script = OUT / "run" / "baseline.py"
+    script.write_text(BASELINE)
+    baseline_store = OUT / "run" / "baseline.duckdb"
+    baseline_store.unlink(missing_ok=True)
+    theirs, theirs_cpu, theirs_rss = run_child([sys.executable, str(script), str(log), str(baseline_store)])
 
     import duckdb
 
     con = duckdb.connect(str(store), read_only=True)
     stored = con.execute("SELECT count(*) FROM step_metrics").fetchall()[0][0]
     con.close()
-    print(f"{'':10} {'seconds':>8} {'MB/s':>8} {'steps/s':>11} {'peak MB':>8}")
-    for name, seconds, rss in (("polytrace", ours, ours_rss), ("baseline", theirs, theirs_rss)):
-        print(f"{name:10} {seconds:8.2f} {size_mb / seconds:8.1f} {args.steps / seconds:11,.0f} {rss:8.0f}")
+    print(f"{'':10} {'seconds':>8} {'CPU s':>8} {'MB/s':>8} {'steps/s':>11} {'peak MB':>8}")
+    for name, seconds, cpu, rss in (("polytrace", ours, ours_cpu, ours_rss), ("baseline", theirs, theirs_cpu, theirs_rss)):
+        print(f"{name:10} {seconds:8.2f} {cpu:8.2f} {size_mb / seconds:8.1f} {args.steps / seconds:11,.0f} {rss:8.0f}")
     # polytrace also stores num_tokens/per_step for every step.
-    print(f"ratio polytrace / baseline: {theirs / ours:.2f}x   (step_metrics rows {stored:,},"
+    print(f"ratio polytrace / baseline: {theirs / ours:.2f}x wall, {theirs_cpu / ours_cpu:.2f}x CPU"
+          f"   (step_metrics rows {stored:,},"
           f" expected {args.steps * 17:,})")
     if stored != args.steps * 17:
         raise SystemExit("polytrace stored a different number of rows than the log holds")
