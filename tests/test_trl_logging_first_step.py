@@ -217,3 +217,18 @@ def test_cleaning_a_redrawn_line_agrees_with_python(line):
     """Lines of bar redraws whose last piece is a dict take the shortcut; the result must not change."""
     assert cl.clean_lines(pl.Series("raw", [line, line + "\r"]), "{'").to_list() == [
         cl.clean_line(line, "{'"), cl.clean_line(line + "\r", "{'")]
+
+
+def test_a_log_read_after_its_step_1_dict_alone_is_read_whole_once_grown(tmp_path):
+    """Read when it held only the step-1 dict (every step, as far as that read could tell), then grown:
+    the new dicts at 10, 20, ... make it a run logging its first step, which the stored numbering
+    cannot follow, so the grown log is read whole and ends as one ingest."""
+    from test_incremental_ingest import grown_once
+
+    log = tmp_path / "written" / "train.log"
+    write_log(log, args=None, summary=False)
+    text = log.read_bytes()
+    cut = text.index(b"\n", text.index(b"'epoch': 0.02")) + 1
+    status, rows, once = grown_once(tmp_path, text[:cut], text)
+    assert status == "replaced"
+    assert rows == once

@@ -399,7 +399,9 @@ class TrlGrammar(ConsoleGrammar):
             numberings[stage] = {"interval": interval, "source": source, "offset": offset, "first_step": first_step,
                                  "ordinal": ordinal + train.height, "previous": list(previous) if previous else None,
                                  "last_train_step": steps.get_column("step")[-1] if steps.height else last_train,
-                                 "last_counter": self.last_counters.get(stage)}
+                                 "last_counter": self.last_counters.get(stage),
+                                 "first_counter": numbering.get("first_counter") if numbering else (
+                                     train.get_column("counter")[0] if train.height else None)}
             self.intervals[stage] = (interval, source, offset, first_step)
             if train.height:
                 ctx.note(self._interval_note(interval, source, offset, train.height, first_step))
@@ -481,6 +483,11 @@ class TrlGrammar(ConsoleGrammar):
             [value for _, value in first_printed[:1]]
         flag = flags[-1] if flags else None
         first_counter = counters[0] if counters else None
+        if numbering is not None and flag is None and not numbering.get("first_step") and numbering["offset"] == 0 \
+                and numbering.get("first_counter") == 1 and counters:
+            found = _bar_interval([1] + counters, 0, 0, True)
+            if found is not None and numbering["interval"] in (1, found) and ordinal == 1:
+                self.cannot_follow = True  # the one dict read before was step 1 of a run logging its first step too
         if printed:
             value = printed[-1]
             interval = math.ceil(total * value) if value < 1 and total else int(value)
