@@ -131,7 +131,7 @@ def test_rm_of_an_unknown_run_removes_nothing(two_runs):
 
 def test_rm_counts_the_step_facts_apart_from_the_runs_data(demo_run, tmp_path):
     _, folder = demo_run
-    db = copy_store(folder / "demo.duckdb", tmp_path / "demo.duckdb")
+    db = copy_store(folder / "logs" / "demo.duckdb", tmp_path / "demo.duckdb")
     con = open_store(db, read_only=True)
     run = con.execute("SELECT name FROM runs WHERE framework = 'verl'").fetchall()[0][0]
     facts = con.execute("SELECT (SELECT count(*) FROM step_facts JOIN runs USING (run_id) WHERE name = ?)"
