@@ -34,6 +34,33 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+# Session fixtures cheap enough to build on every worker.
+CHEAP_SHARED_FIXTURES = {"empty_store_file"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup`, the tests that share a module- or session-scoped fixture run on one
+    worker, which builds it once (spread over the workers, each would build it again): such tests are
+    grouped by their module, or by the session fixture's name."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        groups = set()
+        for name in info.names_closure:
+            definitions = info.name2fixturedefs.get(name)
+            if not definitions or name in CHEAP_SHARED_FIXTURES or not definitions[-1].baseid:
+                continue  # pytest's own fixtures (tmp_path_factory, ...) have no base id
+            scope = definitions[-1].scope
+            if scope == "session":
+                groups.add(name)
+            elif scope in ("module", "package"):
+                groups.add(item.nodeid.split("::")[0])
+        for group in sorted(groups):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def empty_store_file(tmp_path_factory) -> Path:
     """A migrated, empty store created once per session; tests get copies of it (see `fresh_store`)."""
@@ -72,15 +99,16 @@ def store(db_path: Path, fresh_store):
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory):
-    """`polytrace demo --out F/logs --reports F/reports --db F/demo.duckdb` run once for the session:
+    """`polytrace demo --out F/logs --reports F/reports` run once for the session with POLYTRACE_DB set to
+    F/user.duckdb (which the demo must leave alone: it writes its own store, F/logs/demo.duckdb):
     (the command's result, the folder F)."""
     from typer.testing import CliRunner
 
     from polytrace_cli.cli import app
 
     folder = tmp_path_factory.mktemp("demo")
-    result = CliRunner().invoke(app, ["demo", "--out", str(folder / "logs"), "--reports", str(folder / "reports"),
-                                      "--db", str(folder / "demo.duckdb")])
+    result = CliRunner().invoke(app, ["demo", "--out", str(folder / "logs"), "--reports", str(folder / "reports")],
+                                env={"POLYTRACE_DB": str(folder / "user.duckdb")})
     return result, folder
 
 

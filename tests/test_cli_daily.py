@@ -131,7 +131,7 @@ def test_rm_of_an_unknown_run_removes_nothing(two_runs):
 
 def test_rm_counts_the_step_facts_apart_from_the_runs_data(demo_run, tmp_path):
     _, folder = demo_run
-    db = copy_store(folder / "demo.duckdb", tmp_path / "demo.duckdb")
+    db = copy_store(folder / "logs" / "demo.duckdb", tmp_path / "demo.duckdb")
     con = open_store(db, read_only=True)
     run = con.execute("SELECT name FROM runs WHERE framework = 'verl'").fetchall()[0][0]
     facts = con.execute("SELECT (SELECT count(*) FROM step_facts JOIN runs USING (run_id) WHERE name = ?)"
@@ -163,11 +163,11 @@ def test_rename_keeps_the_rows_under_the_new_name(two_runs):
 # --- --wait -------------------------------------------------------------------------------------
 
 HOLDER = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1])
 con.execute("CREATE TABLE IF NOT EXISTS holder_probe (x INTEGER)")
 print("holding", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # held until the test lets go (or closes stdin)
 con.close()
 """
 
@@ -175,40 +175,53 @@ con.close()
 def _cli(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     return subprocess.run([sys.executable, "-m", "polytrace_cli.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=env, timeout=120)
 
 
-def _hold(db: Path, seconds: float) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+def _hold(db: Path) -> subprocess.Popen:
+    """A process holding the store's write lock until `_release(holder)`."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     assert holder.stdout.readline().strip() == "holding"
     return holder
 
 
+def _release(holder: subprocess.Popen) -> None:
+    holder.stdin.close()
+    holder.wait(timeout=60)
+
+
 def test_wait_outlasts_a_writer_holding_the_store(two_runs):
-    holder = _hold(two_runs, 2.0)
+    """The lock is let go only once the waiting command has said that it waits: it found the store
+    locked, and answers once the lock is free, however slow the machine."""
+    holder = _hold(two_runs)
     try:
-        started = time.monotonic()
         locked = _cli("runs", "--db", two_runs)
         assert locked.returncode == 2 and "locked" in locked.stderr and len(locked.stderr.strip().splitlines()) == 1
-        waited = _cli("runs", "--db", two_runs, "--wait", 20, "--json")
-        assert waited.returncode == 0, waited.stderr
-        assert {r["run"] for r in json.loads(waited.stdout)} == {"alpha", "beta"}
-        assert time.monotonic() - started >= 1.5  # it really waited for the holder to finish
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        waiting = subprocess.Popen([sys.executable, "-m", "polytrace_cli.cli", "runs", "--db", str(two_runs),
+                                    "--wait", "120", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env)
+        notice = waiting.stderr.readline()
+        assert "is locked by another process; waiting up to 120 s" in notice
+        _release(holder)
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, err
+        assert {r["run"] for r in json.loads(out)} == {"alpha", "beta"}
     finally:
-        holder.wait(timeout=30)
+        if holder.poll() is None:
+            _release(holder)
 
 
 def test_wait_gives_up_with_the_locked_error(two_runs):
-    holder = _hold(two_runs, 4.0)
+    holder = _hold(two_runs)
     try:
         started = time.monotonic()
         result = _cli("rm", "alpha", "--db", two_runs, "--wait", 0.5)
-        elapsed = time.monotonic() - started
         assert result.returncode == 2 and "locked" in result.stderr and "Traceback" not in result.stderr
-        assert elapsed < 3.5
+        assert time.monotonic() - started >= 0.5  # it waited its half second before giving up
     finally:
-        holder.kill()  # what it holds is this test's copy; no need to sit out the rest of its hold
-        holder.wait(timeout=30)
+        _release(holder)  # what it holds is this test's copy
 
 
 # --- one meaning per flag -----------------------------------------------------------------------

@@ -206,7 +206,7 @@ def test_every_console_fixture_grown_line_by_line_ends_as_one_ingest(tmp_path, f
     log = tmp_path / "run" / fixture.name
     log.parent.mkdir()
     con = open_store(tmp_path / "grown.duckdb")
-    step = max(1, len(lines) // 12)
+    step = max(1, len(lines) // 6)
     for end in [*range(step, len(lines), step), len(lines)]:
         log.write_bytes(b"".join(lines[:end]) + (lines[end][: len(lines[end]) // 2] if end < len(lines) else b""))
         ingest_paths(con, [log], run_name="r", complete_lines=True)
@@ -377,11 +377,11 @@ def test_a_verl_jsonl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, json
     log.parent.mkdir(parents=True)
     con = open_store(tmp_path / "grown.duckdb")
     ends = [i + 1 for i, byte in enumerate(jsonl_log) if byte == ord("\n")]
-    cuts = sorted({*random.Random(5).sample(range(1, len(jsonl_log)), 16), ends[29], ends[30], ends[31],
+    cuts = sorted({*random.Random(5).sample(range(1, len(jsonl_log)), 8), ends[29], ends[30], ends[31],
                    len(jsonl_log)})
     statuses = grown_in_cuts(con, log, jsonl_log, cuts, "verl-jsonl")
     after = statuses[next(i for i, cut in enumerate(cuts) if cut > ends[0]) + 1:]
-    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 12, statuses
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 6, statuses
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, jsonl_log)
@@ -467,14 +467,14 @@ def test_a_trl_log_grown_at_random_cuts_ends_as_one_ingest(tmp_path, trl_log):
     log.parent.mkdir()
     con = open_store(tmp_path / "grown.duckdb")
     ends = dict_ends(trl_log)
-    cuts = sorted({*random.Random(7).sample(range(ends[0], len(trl_log)), 20), ends[0], ends[29], ends[30],
+    cuts = sorted({*random.Random(7).sample(range(ends[0], len(trl_log)), 10), ends[0], ends[29], ends[30],
                    ends[59], ends[60], len(trl_log)})
     statuses = grown_in_cuts(con, log, trl_log, cuts, "trl-console")
     # A read ending at a stage's first dict leaves a token count whose per-step count the next one decides.
     whole = {index + 1 for index, cut in enumerate(cuts) if cut in (ends[0], ends[60])}
     assert [status for index, status in enumerate(statuses) if index in whole] == ["replaced", "replaced"]
     after = [status for index, status in enumerate(statuses[1:], start=1) if index not in whole]
-    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 15, statuses
+    assert set(after) <= {"appended", "unchanged"} and after.count("appended") >= 8, statuses
     rows = store_rows(con)
     con.close()
     assert rows == one_shot(tmp_path / "once.duckdb", log, trl_log)

@@ -298,7 +298,7 @@ _JSON_VALUES = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(step=_JSON_VALUES, tokens=_JSON_VALUES, validate=_JSON_VALUES)
 def test_bulk_and_line_paths_agree_on_any_values(tmp_path_factory, empty_store_file, step, tokens, validate):
     """A reward line with arbitrary values is stored or rejected the same way alone (bulk read_json)

@@ -243,7 +243,7 @@ _ITEMS = st.one_of(st.integers(-5, 5), st.sampled_from([2**31 - 1, 2**31, -(2**3
                    st.sampled_from([5.0, 5.7, 1e2, -0.0, True, None, "7", [1]]))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(step=st.one_of(st.integers(0, 3), st.sampled_from([2.0, 2.5, "2", True, 2**31, 10**9 - 1])),
        output=st.lists(_ITEMS, min_size=1, max_size=3), json_read=st.booleans())
 def test_a_batch_stores_a_line_exactly_when_the_per_line_rule_accepts_it(tmp_path_factory, monkeypatch, empty_store_file,

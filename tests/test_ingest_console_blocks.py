@@ -6,6 +6,8 @@ import codecs
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import copy_store, store_snapshot
 from polytrace_cli.ingest.console import reading
 from polytrace_cli.ingest.driver import ingest_paths
@@ -50,23 +52,30 @@ def _damaged_logs(folder: Path) -> list[Path]:
     return [folder / name for name in logs]
 
 
-def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, empty_store_file):
+DAMAGED_LOGS = ("damaged.log", "crlf.log", "cr_only.log")
+
+
+@pytest.mark.parametrize("log_name", [str(p.relative_to(FIXTURES)) for p in CONSOLE_LOGS] + list(DAMAGED_LOGS))
+def test_every_console_fixture_stores_the_same_read_in_small_blocks(tmp_path, monkeypatch, empty_store_file,
+                                                                     log_name):
     """Blocks cut every fixture in several places, in lines and between them: eight blocks a fixture
     (at least 64 bytes each), and 64-byte blocks through the damaged logs, whose byte-order mark, bad
     bytes, NUL bytes and CRLF pairs a cut must not split differently."""
-    damaged = _damaged_logs(tmp_path / "damaged")
-    logs = CONSOLE_LOGS + damaged
-    assert len(logs) >= 10
-    for index, log in enumerate(logs):
-        fmt = ("openrlhf-console" if "openrlhf" in str(log) else "trl-console" if log.parent.name == "trl"
-               else "verl-console")
-        whole = _ingest(tmp_path, log, f"whole{index}", fmt, empty_store_file)
-        block_bytes = 64 if log in damaged else max(64, log.stat().st_size // 8)
-        monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", block_bytes)
-        blocks = _ingest(tmp_path, log, f"blocks{index}", fmt, empty_store_file)
-        monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", 8 << 20)
-        assert repr(blocks) == repr(whole), log.name  # as text: a stored NaN equals itself
-        assert whole["files"][0][2] > 0
+    damaged = log_name in DAMAGED_LOGS
+    log = _damaged_logs(tmp_path / "damaged")[DAMAGED_LOGS.index(log_name)] if damaged else FIXTURES / log_name
+    fmt = ("openrlhf-console" if "openrlhf" in str(log) else "trl-console" if log.parent.name == "trl"
+           else "verl-console")
+    whole = _ingest(tmp_path, log, "whole", fmt, empty_store_file)
+    block_bytes = 64 if damaged else max(64, log.stat().st_size // 8)
+    monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", block_bytes)
+    blocks = _ingest(tmp_path, log, "blocks", fmt, empty_store_file)
+    monkeypatch.setattr(reading, "CONSOLE_BLOCK_BYTES", 8 << 20)
+    assert repr(blocks) == repr(whole), log.name  # as text: a stored NaN equals itself
+    assert whole["files"][0][2] > 0
+
+
+def test_the_block_fixtures_are_many():
+    assert len(CONSOLE_LOGS) + len(DAMAGED_LOGS) >= 10
 
 
 def test_blocks_hold_the_lines_of_the_whole_file_numbered_on(tmp_path):

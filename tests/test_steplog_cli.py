@@ -73,7 +73,7 @@ def test_sample_logs_verl_run_is_what_the_generator_writes():
 def test_demo_ingests_the_verl_run_and_draws_the_step_time_figures(demo_run):
     result, folder = demo_run
     assert result.exit_code == 0, result.output
-    con = duckdb.connect(str(folder / "demo.duckdb"), read_only=True)
+    con = duckdb.connect(str(folder / "logs" / "demo.duckdb"), read_only=True)
     try:
         timed = con.execute(
             "SELECT count(*), count(gen_s), count(update_actor_s), count(step_s), count(testing_s), "

@@ -144,19 +144,17 @@ def test_published_parameters_file_drives_the_math_sampler(tmp_path):
     assert np.mean(responses <= 1) < 1e-4
 
 
-def test_synth_and_demo_commands(tmp_path):
+def test_synth_and_demo_commands(tmp_path, demo_run):
     runner = CliRunner()
     result = runner.invoke(app, ["synth", "--task", "code", "--out", str(tmp_path / "w"), "--num-steps", "2", "--seed", "4"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "w").iterdir())[:2] == ["packed_lengths_step_0.jsonl", "packed_lengths_step_1.jsonl"]
     # Without --db the demo writes its own store beside the sample logs, never the user's store.
-    user_store = tmp_path / "user.duckdb"
-    demo = runner.invoke(app, ["demo", "--out", str(tmp_path / "logs"), "--reports", str(tmp_path / "reports")],
-                         env={"POLYTRACE_DB": str(user_store)})
+    demo, folder = demo_run
     assert demo.exit_code == 0, demo.output
     for task in ("math", "code", "search"):
         assert task in demo.output
-    assert (tmp_path / "logs" / "demo.duckdb").exists() and not user_store.exists()
+    assert (folder / "logs" / "demo.duckdb").exists() and not (folder / "user.duckdb").exists()
     bad = runner.invoke(app, ["synth", "--task", "video", "--out", str(tmp_path / "v")])
     assert bad.exit_code == 2 and "no built-in preset" in bad.output
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -191,10 +192,12 @@ def connections_opened() -> int:
 
 def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     """duckdb.connect, retried while another process holds the lock, for up to `wait` seconds
-    (pauses of 0.05 s doubling up to 1 s)."""
+    (pauses of 0.05 s doubling up to 1 s); the first time the lock is found held, one line on stderr says
+    that the command waits."""
     global _OPENED
     deadline = time.monotonic() + wait
     pause = 0.05
+    told = False
     while True:
         try:
             _OPENED += 1
@@ -203,6 +206,10 @@ def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnect
             left = deadline - time.monotonic()
             if not _is_lock_error(error) or left <= 0:
                 raise
+        if not told:
+            # Said once, on stderr: a command that waits is not taken for one that hangs.
+            print(f"{path} is locked by another process; waiting up to {wait:g} s", file=sys.stderr, flush=True)
+            told = True
         time.sleep(min(pause, left))
         pause = min(pause * 2, 1.0)
 
