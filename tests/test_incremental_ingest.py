@@ -794,3 +794,33 @@ def test_the_facts_of_a_run_s_files_fold_in_path_order_a_rotated_log_first(tmp_p
     meta = json.loads(con.execute("SELECT meta FROM runs").fetchall()[0][0])
     con.close()
     assert meta["experiment_name"] == "current"
+
+
+@pytest.mark.parametrize("start, cut", [(149, 295), (261, 449), (296, 434)])
+def test_a_trl_log_starting_mid_run_grown_ends_as_one_ingest(tmp_path, start, cut):
+    """A TRL log whose first lines are the middle of a run (what a rotation leaves in the new log: a bar
+    already at step 30 or more, no logging interval printed), read as a log being written and then grown:
+    the whole store is that of one read of the final text. Its dicts numbered by their order (the bar's
+    counts cannot number them) stay flagged `step_estimated` in the growth, as one read flags them; the
+    bar counts the first read keeps for the next are the latest ones, as one read keeps them.
+    Cuts at (trl_text's) `splitlines` lines, carriage returns included."""
+    from conftest import whole_store
+
+    lines = trl_text(tmp_path, "bar-and-dict").splitlines(keepends=True)
+    first, grown = b"".join(lines[start:cut]), b"".join(lines[start:])
+    log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    statuses = []
+    for text in (first, grown):
+        log.write_bytes(text)
+        statuses += [r.status for r in ingest_paths(con, [log], run_name="r", complete_lines=True)]
+    rows = whole_store(con)
+    con.close()
+    once = open_store(tmp_path / "once.duckdb")
+    ingest_paths(once, [log], run_name="r", complete_lines=True)
+    expected = whole_store(once)
+    once.close()
+    assert statuses == ["ingested", "appended"]
+    assert {table for table in expected if rows[table] != expected[table]} == set()
+    assert rows == expected

@@ -168,8 +168,11 @@ class TrlGrammar(ConsoleGrammar):
                 self.bar_first[bar_stage] = (first, second if second is not None else self.bar_first.get(
                     bar_stage, (None, None))[0])
                 self.bar_max[bar_stage] = max(self.bar_max.get(bar_stage, last), last)
-            for bar_stage, counter, elapsed in before["recent_draws"]:
-                self.draws.setdefault((bar_stage, counter), elapsed)
+            # The counts drawn before come first (a count keeps the time it was first drawn), so the
+            # recent counts kept below are the latest ones, as a whole read keeps them.
+            drawn_before = {(bar_stage, counter): elapsed for bar_stage, counter, elapsed in before["recent_draws"]}
+            self.draws = {**drawn_before, **{key: elapsed for key, elapsed in self.draws.items()
+                                             if key not in drawn_before}}
         last_bar = (self.state["bars"]["bar"] or {}).get("bar_stage")
         self.state["bar_extent"] = ([[last_bar, *self.bar_first[last_bar], self.bar_max[last_bar]]]
                                     if last_bar in self.bar_first else [])
@@ -329,8 +332,9 @@ class TrlGrammar(ConsoleGrammar):
             numbering = carried.get(stage)
             train = [m for m in members if not m["eval"]]
             interval, source, offset = self._interval(stage, members, train, numbering, logging_printed)
-            if numbering and (numbering["interval"], numbering["offset"]) != (interval, offset):
-                self.cannot_follow = True  # the dicts read before would be numbered otherwise
+            if numbering and (numbering["interval"], numbering["offset"], numbering["source"]) != \
+                    (interval, offset, source):
+                self.cannot_follow = True  # the dicts read before would be numbered (or flagged) otherwise
             ordinal = numbering["ordinal"] if numbering else 0
             previous = tuple(numbering["previous"]) if numbering and numbering["previous"] else None
             last_train = numbering["last_train_step"] if numbering else None
@@ -403,13 +407,15 @@ class TrlGrammar(ConsoleGrammar):
         ⌊(C - offset) / n⌋ ('bar count'); the steps of the end-of-training dict (train_runtime ×
         train_steps_per_second) over n ('end-of-training dict'); else 1 ('order'). The offset is the
         steps done before the stage's bar was first drawn (a resumed run's bar starts at its step),
-        rounded down to a multiple of L. An appended read keeps the interval of the stage it goes on in
-        when the new lines leave it unchanged."""
+        rounded down to a multiple of L (the bar's count C is counted from the bar's first count in an
+        appended read too). An appended read keeps the interval of the stage it goes on in when the new
+        lines leave it unchanged; one that would change the interval, offset or source (and so the
+        earlier dicts' steps or flags) reads the file whole."""
         bar_stages = [m["bar_stage"] for m in members if m["bar_stage"] is not None]
         first, second = self.bar_first.get(bar_stages[0], (None, None)) if bar_stages else (None, None)
         # A bar drawn first at n > 0 started there (tqdm's initial count); one drawn at 0 that then jumps
         # past 1 was resumed (the Trainer's bar jumps to the global step at the first step's end).
-        base = first if first else (second - 1 if second is not None and second > 1 else 0)
+        bar_base = base = first if first else (second - 1 if second is not None and second > 1 else 0)
         if numbering is not None:
             base = numbering["offset"]
         ordinal = numbering["ordinal"] if numbering else 0
@@ -442,8 +448,9 @@ class TrlGrammar(ConsoleGrammar):
         if numbering is not None and numbering.get("last_counter") is not None:
             last_counter = max(last_counter or 0, numbering["last_counter"])
         self.last_counters[stage] = last_counter
-        if last_counter is not None and n and (last_counter - base) // n >= 1:
-            interval = (last_counter - base) // n
+        # Counted from the bar's first count, as a whole read counts (not from the offset carried).
+        if last_counter is not None and n and (last_counter - bar_base) // n >= 1:
+            interval = (last_counter - bar_base) // n
             return interval, "bar count", offset_for(interval)
         summary = self.summary_values.get(stage, {})
         runtime, per_second = summary.get("train_runtime"), summary.get("train_steps_per_second")
