@@ -203,8 +203,8 @@ def _unzstd(source: Path, out, chunk_size: int = 8 << 20) -> None:
 @dataclass(frozen=True)
 class Readable:
     """What an ingester reads for one input file: `path` is a plain, UTF-8-named file holding the
-    input's text (the input itself, or a temporary file or link); `name_path` is the name sniffers
-    see (the input's name without its compression suffix). `compressed`: the text was decompressed;
+    input's text (the input itself, or a copy or link in the store's scratch folder); `name_path` is
+    the name sniffers see (the input's name without its compression suffix). `compressed`: the text was decompressed;
     `rewritten`: the text differs from the input's bytes (decompressed, or its line ends or byte
     order mark rewritten, see `needs_text_rewrite`), so its lines are counted on `path`."""
 
