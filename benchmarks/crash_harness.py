@@ -1,12 +1,16 @@
 """Crash harness: ingest many seeded damaged inputs (tests/hostile_inputs.py) and count what went wrong.
 
-    python benchmarks/crash_harness.py [--rounds N] [--seed S] [--kills K]
+    python benchmarks/crash_harness.py [--rounds N] [--seed S] [--kills K] [--rotations R]
 
 Each round writes one variant of every case and ingests it with `polytrace ingest --json` in a
 subprocess, into a fresh store. Counted: inputs tried, tracebacks (any output holding one),
 lines lost (good lines of a case that did not reach the store), escapes (a file that had to be
 read but was neither stored nor reported as failed with a non-zero exit, or an infinite value
-stored from a number too large for a double).
+stored from a number too large for a double). With --rotations, R seeded logs (the generator's verl
+console and verl JSONL logs, a TRL console log, the OpenRLHF fixture) are also grown, rotated
+(log -> log.1, a new log) and grown again, each state ingested into one store in this process (as
+`ingest` or as `watch` reads: complete lines only), and every table compared with one ingest of the
+final files (`rotation_rounds`).
 """
 
 from __future__ import annotations
@@ -113,6 +117,62 @@ def kill_rounds(kills: int, seed: int, polytrace: list[str]) -> dict:
     return counts
 
 
+def rotation_rounds(trials: int, seed: int) -> dict:
+    """Grow, rotate, grow: per trial a log cut at three random lines into a, b, c, d; a, then a + b,
+    ingested as `name`; then `name` renamed `name.1` and c written as `name`; then c + d. The store
+    after these ingests must equal (`conftest.whole_store`: every table, ids as paths and names) one
+    ingest of the folder's final files. Returns the counts and prints each differing trial."""
+    import shutil
+
+    from conftest import whole_store
+    from test_incremental_ingest import LENGTHS, MODEL, SPEC, trl_text
+
+    from polytrace_cli.ingest.driver import ingest_paths
+    from polytrace_cli.ingest.registry import declared_metric_names
+    from polytrace_cli.store import open_store
+    from polytrace_cli.workload.steplog import console_text, jsonl_text, step_table
+
+    steps = step_table(LENGTHS, SPEC, MODEL)
+    with tempfile.TemporaryDirectory(prefix="polytrace-rotate-") as folder:
+        root = Path(folder)
+        texts = {"verl-console": ("train.log", console_text(steps, SPEC, MODEL).encode()),
+                 "verl-jsonl": ("train.jsonl", jsonl_text(steps, SPEC, MODEL).encode()),
+                 "trl-console": ("train.log", trl_text(root, "bar-and-dict")),
+                 "openrlhf": ("train.log", (ROOT / "tests/fixtures/openrlhf/train_global_step.log").read_bytes())}
+        rng = random.Random(seed)
+        counts = {"rotations": 0, "stores_differing": 0}
+        for trial in range(trials):
+            kind = rng.choice(sorted(texts))
+            name, text = texts[kind]
+            lines = text.splitlines(keepends=True)
+            cuts = sorted(rng.sample(range(1, len(lines)), 3))
+            a, b, c, d = (b"".join(lines[i:j]) for i, j in zip([0, *cuts], [*cuts, len(lines)]))
+            watching = rng.random() < 0.5
+            case = root / f"trial-{trial}"
+            logs = case / "logs"
+            logs.mkdir(parents=True)
+            log = logs / name
+            con = open_store(case / "grown.duckdb", metric_names=declared_metric_names)
+            for part, rotate in ((a, False), (a + b, False), (c, True), (c + d, False)):
+                if rotate:
+                    log.rename(logs / f"{name}.1")
+                log.write_bytes(part)
+                ingest_paths(con, [logs], run_name="r", complete_lines=watching)
+            grown = whole_store(con)
+            con.close()
+            con = open_store(case / "once.duckdb", metric_names=declared_metric_names)
+            ingest_paths(con, [logs], run_name="r", complete_lines=watching)
+            once = whole_store(con)
+            con.close()
+            counts["rotations"] += 1
+            if grown != once:
+                counts["stores_differing"] += 1
+                print(json.dumps({"rotation": trial, "log": kind, "cuts": cuts, "watching": watching,
+                                  "tables": sorted(t for t in once if grown.get(t) != once[t])}), flush=True)
+            shutil.rmtree(case, ignore_errors=True)
+    return counts
+
+
 def store_summary(db: Path, polytrace: list[str]) -> object:
     """What a store holds, to compare with a clean one: `runs --json` (every run's counts and its
     semantics record) and the rows of every table that holds a run's data, by run name."""
@@ -130,8 +190,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kills", type=int, default=0, help="also kill -9 this many ingests (see kill_rounds)")
+    parser.add_argument("--rotations", type=int, default=0,
+                        help="also grow, rotate and grow this many logs (see rotation_rounds)")
     args = parser.parse_args()
     polytrace = [sys.executable, "-m", "polytrace_cli.cli"]
+    if args.rotations:
+        rotated = rotation_rounds(args.rotations, args.seed)
+        print(json.dumps(rotated), flush=True)
+        if rotated["stores_differing"]:
+            sys.exit(1)
     if args.kills:
         killed = kill_rounds(args.kills, args.seed, polytrace)
         print(json.dumps(killed), flush=True)

@@ -124,6 +124,42 @@ def store_snapshot(con, file_columns: str) -> dict[str, list[tuple]]:
     return tables
 
 
+# Columns that differ between two stores holding the same content: clocks and durations of the reads.
+UNCOMPARED_COLUMNS = frozenset({"seconds", "ingested_at", "created_at", "decided_at", "applied_at"})
+
+
+def whole_store(con) -> dict[str, list[tuple]]:
+    """Every table of the store (temporary ones left out), each row with its `file_id` and `run_id` given
+    as the file's path and the run's name, the reads' clocks left out (`UNCOMPARED_COLUMNS`), a NaN as
+    the text 'NaN', sorted: what two stores holding the same content share, however they were built."""
+    import math
+
+    paths = dict(con.execute("SELECT file_id, path FROM files").fetchall())
+    names = dict(con.execute("SELECT run_id, name FROM runs").fetchall())
+    tables = {}
+    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+                                " ORDER BY table_name").fetchall():
+        columns = [name for (name,) in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND database_name = current_database()"
+            " ORDER BY column_index", [table]).fetchall()]
+        rows = []
+        for row in con.execute(f'SELECT * FROM "{table}"').fetchall():
+            values = []
+            for column, value in zip(columns, row):
+                if column in UNCOMPARED_COLUMNS:
+                    continue
+                if column == "file_id":
+                    value = ("file", paths.get(value, value))
+                elif column == "run_id":
+                    value = ("run", names.get(value, value))
+                elif isinstance(value, float) and math.isnan(value):
+                    value = "NaN"
+                values.append(repr(value))
+            rows.append(tuple(values))
+        tables[table] = sorted(rows)
+    return tables
+
+
 def need_real_data(*parts: str) -> Path:
     """The path under ../shared/data, or skip the test when that folder is absent."""
     path = SHARED_DATA.joinpath(*parts)

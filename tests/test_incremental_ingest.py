@@ -568,9 +568,9 @@ def test_a_log_written_over_keeps_no_fact_only_its_earlier_text_gave(tmp_path, l
     assert after == json.loads(once["runs"][0][2])
 
 
-def test_a_run_of_two_files_folds_their_facts_in_the_order_they_were_read(tmp_path, log_text):
-    """Two logs of one run, the second read again after it changed: the run's meta is the fold of the
-    first file's facts and the second's new ones, as reading the two final files in that order gives."""
+def test_a_run_of_two_files_folds_their_facts_in_path_order_whatever_order_they_were_read(tmp_path, log_text):
+    """Two logs of one run, the first read again after it changed: the run's meta is the fold of a.log's
+    new facts and b.log's, in their paths' order, as reading the two final files in another order gives."""
     other = b"".join(line for line in log_text.splitlines(keepends=True) if b" step:" in line)  # no settings
     folder = tmp_path / "run"
     folder.mkdir()
@@ -735,3 +735,92 @@ def test_the_printed_values_read_for_the_verl_version_are_the_files_first_in_eve
     assert reports == ["ingested", status]
     assert version == ("verl<=0.4 (.3f values)" if status == "appended" else "verl>=0.5 (repr values)")
     assert rows == one_shot(tmp_path / "once.duckdb", log, final)
+
+
+@pytest.mark.parametrize("cuts, statuses", [
+    # A crash printed in the part rotated away; the new log read again whole after it grew.
+    ((12, 48, 51), ["ingested", "appended", "truncated", "ingested", "replaced"]),
+    # The same log with the growth after the rotation appended.
+    ((17, 50, 66), ["ingested", "appended", "truncated", "ingested", "appended"]),
+])
+def test_a_rotated_log_ingested_as_it_grows_ends_as_one_ingest_of_its_files(tmp_path, log_text, cuts, statuses):
+    """The log is read, grows, is rotated (train.log -> train.log.1, a new train.log) and grows again, each
+    state ingested into one store: the whole store (every table, the run's facts and its semantics record
+    included) is then that of one ingest of the two final files. A run's facts fold over its files in
+    the order of their paths, a rotated log before the log it was rotated from, not in the order a
+    history of reads happened to write them: the crash printed in train.log.1 is over, since the run
+    went on in train.log."""
+    from conftest import whole_store
+
+    lines = log_text.splitlines(keepends=True)
+    a, b, c, d = (b"".join(lines[i:j]) for i, j in zip((0, *cuts), (*cuts, len(lines))))
+    assert b"SIGTERM" in a + b and b"SIGTERM" not in c + d
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    log = folder / "train.log"
+    con = open_store(tmp_path / "grown.duckdb")
+    seen = []
+    for text, rotate in ((a, False), (a + b, False), (c, True), (c + d, False)):
+        if rotate:
+            log.rename(folder / "train.log.1")
+        log.write_bytes(text)
+        seen += [report.status for report in ingest_paths(con, [folder], run_name="r") if report.status != "unchanged"]
+    grown = whole_store(con)
+    con.close()
+    fresh = open_store(tmp_path / "once.duckdb")
+    ingest_paths(fresh, [folder], run_name="r")
+    once = whole_store(fresh)
+    meta = json.loads(fresh.execute("SELECT meta FROM runs").fetchall()[0][0])
+    fresh.close()
+    assert seen == statuses
+    assert {table for table in once if grown[table] != once[table]} == set()
+    assert grown == once
+    assert meta["crash"] is False
+
+
+def test_the_facts_of_a_run_s_files_fold_in_path_order_a_rotated_log_first(tmp_path, log_text):
+    """Three logs of one run read in another order than their paths' (the current log first, then the
+    one rotated away twice, then once): the run's facts are those the files give folded as
+    train.log.2, train.log.1, train.log, the order one ingest of their folder gives them."""
+    settings = b"".join(line for line in log_text.splitlines(keepends=True)[:12])
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name, experiment in (("train.log", b"current"), ("train.log.1", b"once"), ("train.log.2", b"twice")):
+        (folder / name).write_bytes(settings.replace(b"trainer.experiment_name=synthetic-math",
+                                                     b"trainer.experiment_name=" + experiment))
+    con = open_store(tmp_path / "s.duckdb")
+    for name in ("train.log", "train.log.2", "train.log.1"):
+        ingest_paths(con, [folder / name], run_name="r", format_name="verl-console")
+    meta = json.loads(con.execute("SELECT meta FROM runs").fetchall()[0][0])
+    con.close()
+    assert meta["experiment_name"] == "current"
+
+
+@pytest.mark.parametrize("start, cut", [(149, 295), (261, 449), (296, 434)])
+def test_a_trl_log_starting_mid_run_grown_ends_as_one_ingest(tmp_path, start, cut):
+    """A TRL log whose first lines are the middle of a run (what a rotation leaves in the new log: a bar
+    already at step 30 or more, no logging interval printed), read as a log being written and then grown:
+    the whole store is that of one read of the final text. Its dicts numbered by their order (the bar's
+    counts cannot number them) stay flagged `step_estimated` in the growth, as one read flags them; the
+    bar counts the first read keeps for the next are the latest ones, as one read keeps them.
+    Cuts at (trl_text's) `splitlines` lines, carriage returns included."""
+    from conftest import whole_store
+
+    lines = trl_text(tmp_path, "bar-and-dict").splitlines(keepends=True)
+    first, grown = b"".join(lines[start:cut]), b"".join(lines[start:])
+    log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()
+    con = open_store(tmp_path / "grown.duckdb")
+    statuses = []
+    for text in (first, grown):
+        log.write_bytes(text)
+        statuses += [r.status for r in ingest_paths(con, [log], run_name="r", complete_lines=True)]
+    rows = whole_store(con)
+    con.close()
+    once = open_store(tmp_path / "once.duckdb")
+    ingest_paths(once, [log], run_name="r", complete_lines=True)
+    expected = whole_store(once)
+    once.close()
+    assert statuses == ["ingested", "appended"]
+    assert {table for table in expected if rows[table] != expected[table]} == set()
+    assert rows == expected

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "polytrace_cli"
 # holds small shared modules, which may import one another. The package root (`polytrace_cli/__init__.py`,
 # which hands out `Store`) is the top: nothing imports from it.
 LAYERS = [
-    {"errors", "jsontext", "display", "lazy", "side_process", "plugins", "schemas", "telemetry"},
+    {"errors", "jsontext", "display", "lazy", "side_process", "plugins", "schemas", "telemetry", "scratch"},
     {"store"},
     {"semantics"},
     {"ingest", "analyze"},

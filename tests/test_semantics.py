@@ -303,7 +303,9 @@ def test_the_record_is_stored_at_ingest_and_decided_again_when_files_are_added(t
     with Store.open(db, read_only=True) as store:
         stored = store.query("SELECT balance_batch, truncated_steps FROM run_semantics").to_dicts()
     assert stored == [{"balance_batch": "on", "truncated_steps": []}]
-    extra = tmp_path / "run" / "more.log"
+    # A run's facts fold over its files in their paths' order: the added file, named after train.log,
+    # gives the last word on balance_batch.
+    extra = tmp_path / "run" / "train2.log"
     extra.write_text("+ python3 -m verl.trainer.main_ppo trainer.balance_batch=False\n"
                      "(TaskRunner pid=1) step:13 - timing_s/gen:60.0 - timing_s/step:70.0\n")
     _ok("ingest", extra, "--run", "grown", "--db", db)

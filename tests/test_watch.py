@@ -528,3 +528,88 @@ def test_other_commands_open_the_store_between_the_polls_of_a_watch(tmp_path, li
     finally:
         watcher.process.kill()
         watcher.finish()
+
+
+def _buffered_log(lines: list[str], bar_steps: int, late_step: int) -> tuple[str, list[str]]:
+    """The log's head, then pieces as a job whose stdout is buffered writes them: the bars of the
+    first `bar_steps` steps alone (verl draws its `Training Progress` bar on stderr, unbuffered), then
+    those steps' metric lines, then the rest in pieces of 10 lines. Step `late_step`'s bar and every
+    later one are drawn 200 s later than the job's (a bar drawn after a wait the step's own timers
+    leave out), so judged from the bar alone that step is slow."""
+    import re
+
+    def later(line: str) -> str:
+        def shifted(match):
+            parts = [int(p) for p in match.group(1).split(":")]
+            seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts))) + 200
+            return f"[{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}<"
+        return re.sub(r"\[([\d:]+)<", shifted, line)
+
+    first = next(i for i, line in enumerate(lines) if " step:" in line)
+    bars = [i for i, line in enumerate(lines) if line.startswith("Training Progress")]
+    cut = bars[bar_steps - 1] + 1
+    body = [later(line) if line.startswith("Training Progress") and int(line.split("|")[2].split("/")[0]) >= late_step
+            else line for line in lines[first:]]
+    early = body[:cut - first]
+    pieces = ["".join(line for line in early if line.startswith("Training Progress")),
+              "".join(line for line in early if not line.startswith("Training Progress"))]
+    pieces += ["".join(body[i:i + 10]) for i in range(cut - first, len(body), 10)]
+    return "".join(lines[:first]), pieces
+
+
+def test_steps_first_judged_from_progress_bars_are_corrected_when_their_records_land(tmp_path):
+    """verl's bar lands before the metric lines stdout buffers: the first 12 of 16 steps are judged from
+    the bar (tqdm estimates: whole seconds, no stages), step 11 slow by a bar drawn 200 s late. Once
+    their records land, each comes again `corrected`, judged as one read of the whole final log judges
+    it (its logged seconds and stages, expected seconds, slow flag, causes); step 11's slow alert is
+    withdrawn. The log is written a piece per poll by the watch's own sleep: no timing."""
+    spec, model = replace(SPEC, steps=16), StepTimeModel(injections=(Injection(14, "long_tail"),))
+    frame = step_table(LENGTHS, spec, model)
+    head, pieces = _buffered_log(console_text(frame, spec, model).splitlines(keepends=True), bar_steps=12,
+                                 late_step=11)
+    log = tmp_path / "job" / "train.log"
+    log.parent.mkdir()
+    log.write_text(head)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if pieces:
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(pieces.pop(0))
+
+    events = []
+    con = open_store(tmp_path / "s.duckdb")
+    result = watch_log(con, log, events.append, WatchSettings(poll=1.0, idle_exit=2.0, run="r"),
+                       clock=lambda: now[0], sleep=sleep)
+    con.close()
+    once = open_store(tmp_path / "once.duckdb")
+    ingest_paths(once, [log], run_name="r")
+    at_once = {r["step"]: r for r in StepJudge(once, once.execute("SELECT run_id FROM runs").fetchall()[0][0]).new_steps()}
+    once.close()
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for event in events:
+        validator.validate(event)
+    first = {e["step"]: e for e in events if e["event"] == "step" and not e.get("corrected")}
+    corrected = {e["step"]: e for e in events if e["event"] == "step" and e.get("corrected")}
+    assert sorted(first) == sorted(at_once) == list(range(1, 17)) and result.steps == 16
+    assert sorted(corrected) == list(range(1, 13))
+    assert all(first[step]["stages"] == {} for step in range(1, 13))  # from the bar: no stage
+    truth = dict(zip(frame["step"].to_list(), frame["step_s"].to_list()))
+    assert first[11]["slow"] and first[11]["seconds"] == pytest.approx(truth[11] + 200, abs=1)
+    alerts = [(e["kind"], e["step"]) for e in events if e["event"] == "alert"]
+    assert alerts.index(("slow_step", 11)) < alerts.index(("slow_step_withdrawn", 11))
+    final = {**first, **corrected}
+    for step, record in at_once.items():
+        mine = final[step]
+        assert mine["seconds"] == pytest.approx(truth[step], rel=1e-9) == record["seconds"], step
+        assert mine["stages"] == pytest.approx(record["stages"], rel=1e-12) and mine["stages"], step
+        assert (mine["slow"], [c["cause"] for c in mine["causes"]]) == \
+            (record["slow"], [c["cause"] for c in record["causes"]]), step
+        assert (mine["expected_s"] is None) == (record["expected_s"] is None), step
+        if record["expected_s"] is not None:
+            assert mine["expected_s"] == pytest.approx(record["expected_s"], rel=1e-9), step
+    assert sum(record["expected_s"] is not None for record in at_once.values()) >= 6 and at_once[14]["slow"]
+    slow_alerts = {e["step"] for e in events if e["event"] == "alert" and e["kind"] == "slow_step"}
+    withdrawn = {e["step"] for e in events if e["event"] == "alert" and e["kind"] == "slow_step_withdrawn"}
+    assert slow_alerts - withdrawn == {step for step, record in at_once.items() if record["slow"]}

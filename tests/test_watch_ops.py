@@ -110,6 +110,9 @@ def test_the_endpoint_serves_the_last_step_its_stages_the_eta_and_alerts():
             exporter.observe({"event": "step", "step": step, "segment": 0, "seconds": seconds, "expected_s": 11.0,
                               "model_s": 11.0, "slow": seconds > 20, "causes": [], "stages": {"gen": seconds / 2}})
         exporter.observe(SLOW)
+        # Step 2 judged again once its record landed: the series still follow the latest step.
+        exporter.observe({"event": "step", "step": 2, "segment": 0, "seconds": 50.0, "expected_s": 11.0,
+                          "model_s": 11.0, "slow": True, "causes": [], "stages": {"gen": 25.0}, "corrected": True})
         series = series_of(exporter.port)
     finally:
         exporter.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.files import RangeHashes, byte_range_copy, path_text
 from polytrace_cli.ingest.unchanged import StoredFile
+from polytrace_cli.store.sql import database_file
 from polytrace_cli.ingest.ledger import (
     FileReport, FileRow, commit_file, fill_report, growth_check, record_growth, roll_back_file,
 )
@@ -53,7 +54,7 @@ def append_in_transaction(con, path: Path, ingester: Ingester, run_id: int, run_
     state.pop("block_sha", None)
     state.pop("sha_state", None)
     added_lines = ranges.lines - stored.lines
-    with byte_range_copy(path, offset, ranges.size) as part:
+    with byte_range_copy(path, offset, ranges.size, database_file(con)) as part:
         # The format version found so far goes on, as from one block of a whole read to the next.
         ctx = FileContext(con=con, path=part, run_id=run_id, file_id=file_id, run_name=run_name,
                           format_version=previous_version, line_count=added_lines, line_offset=stored.lines,

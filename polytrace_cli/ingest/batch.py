@@ -25,7 +25,7 @@ from polytrace_cli.ingest.jsonl import (
     load_batch_records, refused, stored_counts, strict_file_records,
 )
 from polytrace_cli.ingest.ledger import (
-    FileReport, FileRow, RunResolver, fold_meta, insert_files, insert_rows, merge_run_meta,
+    FOLD_ORDER, FileReport, FileRow, RunResolver, fold_meta, insert_files, insert_rows, merge_run_meta,
 )
 from polytrace_cli.ingest.sniffing import SNIFF_BYTES, detect
 from polytrace_cli.ingest.unchanged import is_unchanged, stored_files
@@ -329,7 +329,7 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[BatchMembe
     total_bytes = sum(m.size for m in members)
     summaries = ingester.summaries(con)
     seconds = time.perf_counter() - started
-    files, ignored, reports, run_meta, file_metas = [], [], {}, {}, []
+    files, ignored, reports, metas, file_metas = [], [], {}, {}, []
     for member in members:
         sha, size, lines = hashed[member.file_id]
         records = stored.get(member.file_id, 0)
@@ -344,7 +344,7 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[BatchMembe
                              read_options=ingester.read_options()))
         if blank:
             ignored.append((member.file_id, "blank line", blank))
-        fold_meta(run_meta.setdefault(member.run_id, {}), meta)
+        metas[member.file_id] = meta
         file_metas.append((member.file_id, member.run_id, json.dumps(meta, sort_keys=True)))
         reports[member.file_id] = FileReport(
             path=path_text(member.path), status="replaced" if member.existing is not None else "ingested",
@@ -355,8 +355,15 @@ def _record_batch_files(con: duckdb.DuckDBPyConnection, members: list[BatchMembe
         insert_rows(con, "ignored_lines", ["file_id", "rule", "lines"], ignored)
     insert_rows(con, "file_run_meta", ["file_id", "run_id", "meta"], file_metas)
     again = {m.run_id for m in members if m.existing is not None}
-    for run_id, meta in run_meta.items():
-        merge_run_meta(con, run_id, ingester.framework, meta, again=run_id in again)
+    # Per run, its members' facts folded in the order every file's are (`ledger.FOLD_ORDER`).
+    ordered = con.execute(f"SELECT m.run_id, list(m.file_id ORDER BY {FOLD_ORDER}) FROM file_run_meta m"
+                          " LEFT JOIN files f USING (file_id) WHERE m.file_id IN (SELECT unnest(?::BIGINT[]))"
+                          " GROUP BY m.run_id ORDER BY m.run_id", [list(metas)]).fetchall()
+    for run_id, file_ids in ordered:
+        meta: dict = {}
+        for file_id in file_ids:
+            fold_meta(meta, metas[file_id])
+        merge_run_meta(con, run_id, ingester.framework, meta, again=run_id in again, new_files=file_ids)
     return reports
 
 

@@ -25,6 +25,7 @@ from polytrace_cli.ingest.registry import is_binary
 from polytrace_cli.ingest.runner import ingest_file
 from polytrace_cli.ingest.sniffing import DEEP_SNIFF_BYTES, detect_deep, get_ingester, read_head
 from polytrace_cli.store.connection import stops_the_store
+from polytrace_cli.store.sql import database_file
 
 
 @dataclass
@@ -186,7 +187,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
     if problem:
         return FileReport(path=shown, status="skipped" if isinstance(problem, Skip) else "error", message=problem)
     try:
-        with readable(path) as source:
+        with readable(path, database_file(con)) as source:
             return _ingest_source(con, path, source, explicit, forced, resolver, hashes, failed_whole,
                                   complete_lines)
     except UnreadableFile as error:

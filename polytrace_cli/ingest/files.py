@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
-import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polytrace_cli.ingest import sha_state
+from polytrace_cli.scratch import SCRATCH_SUFFIX, scratch_folder
 
 STORE_SUFFIXES = (".duckdb", ".duckdb.wal")
 # Compressed logs are read as the text they hold; the suffix names the codec.
@@ -204,8 +203,8 @@ def _unzstd(source: Path, out, chunk_size: int = 8 << 20) -> None:
 @dataclass(frozen=True)
 class Readable:
     """What an ingester reads for one input file: `path` is a plain, UTF-8-named file holding the
-    input's text (the input itself, or a temporary file or link); `name_path` is the name sniffers
-    see (the input's name without its compression suffix). `compressed`: the text was decompressed;
+    input's text (the input itself, or a copy or link in the store's scratch folder); `name_path` is
+    the name sniffers see (the input's name without its compression suffix). `compressed`: the text was decompressed;
     `rewritten`: the text differs from the input's bytes (decompressed, or its line ends or byte
     order mark rewritten, see `needs_text_rewrite`), so its lines are counted on `path`."""
 
@@ -238,10 +237,11 @@ def _rewrite_text(source: Path, target: Path, chunk_size: int = 8 << 20) -> None
 
 
 @contextmanager
-def readable(source: Path) -> Iterator[Readable]:
+def readable(source: Path, store: str | os.PathLike | None = None) -> Iterator[Readable]:
     """A plain file with the text of `source`, removed afterwards.
 
-    A compressed file is decompressed once into a temporary folder named like its parent folder
+    A compressed file is decompressed once into a folder of `scratch_folder(store)` (beside the
+    store file `store`), named like its parent folder
     (ingesters may read the folder name); a text that starts with a byte order mark or whose lines
     end in CR alone is rewritten there (`needs_text_rewrite`); a file whose name is not UTF-8 is
     linked there under a UTF-8 name, since DuckDB opens files by UTF-8 names. Raises
@@ -254,8 +254,7 @@ def readable(source: Path) -> Iterator[Readable]:
     if not compressed and utf8_name and not rewrite:
         yield Readable(source, source, False)
         return
-    folder = Path(tempfile.mkdtemp(prefix="polytrace-read-"))
-    try:
+    with scratch_folder(store, "read") as folder:
         parent = folder / (path_text(source.resolve().parent.name) or "input")
         parent.mkdir()
         target = parent / inner_name
@@ -275,8 +274,6 @@ def readable(source: Path) -> Iterator[Readable]:
         # Sniffers see the input's own location (a format may look at the files beside it).
         name_path = source.with_name(inner_name) if compressed else (source if rewrite else target)
         yield Readable(target, name_path, compressed, rewritten=compressed or rewrite)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _head_needs_rewrite(path: Path) -> bool:
@@ -451,11 +448,11 @@ def last_newline_end(path: Path, size: int, window: int = 1 << 16) -> int:
 
 
 @contextmanager
-def byte_range_copy(path: Path, start: int, end: int) -> Iterator[Path]:
-    """A temporary file holding bytes start..end of `path` (the lines appended to a log, or its complete
-    lines), removed afterwards. Named like `path`, in a folder named like its parent, as sniffers see it."""
-    folder = Path(tempfile.mkdtemp(prefix="polytrace-part-"))
-    try:
+def byte_range_copy(path: Path, start: int, end: int, store: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A file holding bytes start..end of `path` (the lines appended to a log, or its complete lines),
+    in a folder of `scratch_folder(store)`, removed afterwards. Named like `path`, in a folder named
+    like its parent, as sniffers see it."""
+    with scratch_folder(store, "part") as folder:
         parent = folder / (path_text(path.resolve().parent.name) or "input")
         parent.mkdir()
         target = parent / path_text(path.name)
@@ -469,8 +466,6 @@ def byte_range_copy(path: Path, start: int, end: int) -> Iterator[Path]:
                 out.write(chunk)
                 remaining -= len(chunk)
         yield target
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Skip(str):
@@ -488,9 +483,8 @@ def walk(paths: Iterable[str | Path]) -> Iterator[tuple[Path, bool, str | None]]
     A file met in a folder is given as its resolved path (the folder is resolved once; only a
     file reached through a symbolic link is resolved on its own). Hidden folders below a given
     folder, hidden files whose name does not say they are logs (`is_log_like`: `.docker_run.log` is
-    read, `.DS_Store` is not), folders reached through a symbolic link, and DuckDB store files are
-    left out. A
-    folder below that cannot be listed is given as a path with its problem: what it holds was not read.
+    read, `.DS_Store` is not), folders reached through a symbolic link, DuckDB store files and a
+    store's scratch folder (`scratch_root`) are left out. A folder below that cannot be listed is given as a path with its problem: what it holds was not read.
     A file reached through a link that resolves outside the given folder is given with the `Skip`
     LINK_OUTSIDE (it is never opened), and a file met a second time through a link with LISTED_TWICE.
     """
@@ -539,6 +533,8 @@ def _files_below(folder: Path, parts: tuple[str, ...]) -> Iterator[tuple[tuple[s
             if name.startswith(".") and (entry.is_dir(follow_symlinks=False) or not is_log_like(name)):
                 continue
             if entry.is_dir(follow_symlinks=False):
+                if name.endswith(SCRATCH_SUFFIX) and os.path.isfile(entry.path[: -len(SCRATCH_SUFFIX)]):
+                    continue  # a store's scratch folder (`scratch_root`): copies of inputs, never inputs
                 yield from _files_below(folder, (*parts, name))
             elif entry.is_file() and not name.endswith(STORE_SUFFIXES):
                 yield (*parts, name), entry.is_symlink(), None

@@ -194,25 +194,56 @@ def fold_meta(merged: dict, meta: dict) -> dict:
     return merged
 
 
-def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict,
-                   file_id: int | None = None, again: bool = False) -> None:
-    """Merge a file's run metadata into its run's `meta`: the run's meta is the fold (`fold_meta`, in
-    the order the files were read) of what each of its files gave (`file_run_meta`); a key of
-    NULL_MEANS_CANNOT_TELL that some file left undecided is stored as null when no file decided it.
-    The run's framework is set to `framework` if it has none.
+# The order a run's files' facts are folded in (`merge_run_meta`), a function of their paths alone (not
+# of when each was read), so that a store grown by many ingests holds the facts one ingest of the same
+# files gives: by path, a rotated log (`train.log.1`, `train.log.2.gz`: logrotate's and Python's
+# RotatingFileHandler's names) before the log it was rotated from, the higher number (older) first.
+# Over `file_run_meta m LEFT JOIN files f`; rows of no file (kept from before the table) come first, a
+# file whose `files` row is not written yet (a store file giving several runs) last.
+_ROTATION = r"\.([0-9]+)(\.(gz|bz2|xz|zst))?$"
+FOLD_ORDER = (f"m.file_id IS NOT NULL, f.path IS NULL, regexp_replace(f.path, '{_ROTATION}', ''),"
+              f" -coalesce(TRY_CAST(regexp_extract(f.path, '{_ROTATION}', 1) AS DOUBLE), 0), f.path, m.file_id")
 
-    `meta` is all file `file_id` gives the run, kept as its row. A file read for the first time folds
-    in last; one read `again` (grown, or replaced: its earlier row is gone or replaced) has the run's
-    meta folded anew from every row, so nothing its earlier text gave stays behind."""
+
+def folds_before_another(con: duckdb.DuckDBPyConnection, run_id: int, file_ids: list[int]) -> bool:
+    """Whether a file of the run other than `file_ids` comes after the first of them in FOLD_ORDER:
+    the new files' facts then cannot simply be folded in last."""
+    row = fetch_first(con, f"""
+        WITH ordered AS (
+            SELECT m.file_id, row_number() OVER (ORDER BY {FOLD_ORDER}) AS place
+            FROM file_run_meta m LEFT JOIN files f USING (file_id) WHERE m.run_id = ?)
+        SELECT count(*) FROM ordered
+        WHERE file_id NOT IN (SELECT unnest(?::BIGINT[]))
+          AND place > (SELECT min(place) FROM ordered WHERE file_id IN (SELECT unnest(?::BIGINT[])))""",
+                      [run_id, file_ids, file_ids])
+    return bool(row and row[0])
+
+
+def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict,
+                   file_id: int | None = None, again: bool = False, new_files: list[int] | None = None) -> None:
+    """Merge a file's run metadata into its run's `meta`: the run's meta is the fold (`fold_meta`, in
+    FOLD_ORDER: by path, a rotated log before the log it was rotated from) of what each of its files
+    gave (`file_run_meta`), whatever order they were read in; a key of NULL_MEANS_CANNOT_TELL that
+    some file left undecided is stored as null when no file decided it. The run's framework is set to
+    `framework` if it has none.
+
+    `meta` is all file `file_id` gives the run, kept as its row (or, from a batch, the fold of the
+    rows of `new_files`, written already). New files that come last in FOLD_ORDER fold in last; when
+    one comes before a file read earlier, or a file is read `again` (grown, or replaced: its earlier
+    row is gone or replaced), the run's meta is folded anew from every row, so nothing its earlier
+    text gave stays behind."""
     if file_id is not None:
         con.execute("DELETE FROM file_run_meta WHERE file_id = ? AND run_id = ?", [file_id, run_id])
         con.execute("INSERT INTO file_run_meta (file_id, run_id, meta) VALUES (?, ?, ?)",
                     [file_id, run_id, json.dumps(meta, sort_keys=True)])
     current_framework, current_meta = fetch_first(con, "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id])
+    added = new_files if new_files is not None else ([file_id] if file_id is not None else [])
+    if not again and added and folds_before_another(con, run_id, added):
+        again = True
     if again:
         merged, undecided = {}, set()
-        for (text,) in con.execute("SELECT meta FROM file_run_meta WHERE run_id = ? ORDER BY file_id NULLS FIRST",
-                                   [run_id]).fetchall():
+        for (text,) in con.execute(f"SELECT m.meta FROM file_run_meta m LEFT JOIN files f USING (file_id)"
+                                   f" WHERE m.run_id = ? ORDER BY {FOLD_ORDER}", [run_id]).fetchall():
             given = json.loads(text)
             fold_meta(merged, given)
             undecided |= {key for key, value in given.items() if value is None}

@@ -215,7 +215,8 @@ def _store_parsed(con: duckdb.DuckDBPyConnection, job: FileJob, parsed: ParsedFi
         if parsed.model:
             con.execute("UPDATE runs SET model = coalesce(model, ?) WHERE run_id = ?", [parsed.model, run_id])
         # The file's `file_run_meta` row came with its other file-owned rows.
-        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta), again=bool(existing))
+        merge_run_meta(con, run_id, ingester.framework, json.loads(parsed.meta), again=bool(existing),
+                       new_files=[file_id])
         con.execute("COMMIT")
     except BaseException:
         rollback(con)

@@ -16,7 +16,7 @@ from polytrace_cli.ingest.files import (
     FileHashes, RangeHashes, Readable, block_sha, byte_range_copy, hash_range, last_newline_end, path_text,
 )
 from polytrace_cli.ingest.unchanged import is_unchanged, reads_the_same, stored_file
-from polytrace_cli.store.sql import fetch_first
+from polytrace_cli.store.sql import database_file, fetch_first
 from polytrace_cli.ingest.append import ReadWhole, append_in_transaction, complete_bytes, ends_a_line
 from polytrace_cli.ingest.ledger import (
     FileReport, FileRow, commit_file, delete_file_rows, fill_report, growth_check, insert_files, roll_back_file,
@@ -88,7 +88,7 @@ def ingest_file(
         # A file being written is read from a copy of its complete lines: the hash, the counts and
         # the rows then all see the same bytes.
         ranges = hash_range(path, limit=limit)
-        with byte_range_copy(path, 0, limit) as part:
+        with byte_range_copy(path, 0, limit, database_file(con)) as part:
             report = _load_in_transaction(con, path, Readable(part, path, False), ingester, run_id, run_name, head,
                                           file_id, existing, _done(ranges.counted), None, report, started, options,
                                           limit)

@@ -12,6 +12,7 @@ import duckdb
 
 from polytrace_cli.errors import StoreError
 from polytrace_cli.store.catalog import MetricNamesSource, catalog_is_current, hand_down
+from polytrace_cli.scratch import clear_scratch
 from polytrace_cli.store.sandbox import check_whole, read_through_own_views
 from polytrace_cli.store.sql import connect_duckdb, fetch_first
 from polytrace_cli.store.migrations import SCHEMA_VERSION, check_not_newer, has_ledger, migrate, schema_version
@@ -228,7 +229,9 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
     read-only open of an older store is an error instead); the upgrade waits at least
     `UPGRADE_WAIT_S` for readers to let go of the store. A DuckDB file that is not a
     polytrace store is refused, never altered; runs left without any file (an ingest killed between
-    creating a run and committing its first file) are removed at any open that may upgrade; a store
+    creating a run and committing its first file) are removed at any open that may upgrade, and the
+    copies a killed ingest left in the store's scratch folder (`scratch.clear_scratch`) at a writer's
+    open; a store
     this call creates and cannot finish (a full disk) is removed; a 0-byte file (left by a crash) holds nothing and is created afresh. While
     another process holds the store's lock, the open is retried for up to `wait` seconds.
     """
@@ -301,6 +304,7 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                                  " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
             _drop_runs_without_files(con)
+            clear_scratch(path)
         read_through_own_views(con, path, read_only)
     except StoreError:
         con.close()

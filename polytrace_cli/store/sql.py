@@ -141,3 +141,9 @@ def fetch_first(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = 
     """The first row of a query, or None, leaving no unfinished result on the connection."""
     rows = con.execute(sql, params or []).fetchall()
     return rows[0] if rows else None
+
+
+def database_file(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The file of the database `con` has open (its current database), or None for one in memory."""
+    row = fetch_first(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+    return row[0] if row and row[0] else None

@@ -61,6 +61,8 @@ class WatchMetrics:
     def observe(self, event: dict) -> None:
         """Update the series from one watch event."""
         run = self.run
+        if event.get("event") == "step" and event.get("corrected"):
+            return  # an earlier step judged again: the series follow the latest step
         if event.get("event") == "step":
             nan = float("nan")
             seconds = event.get("seconds")

@@ -28,6 +28,8 @@ def alert_text(alert: dict, run: str) -> str:
         causes = ", ".join(c["cause"] for c in alert.get("causes") or []) or "no cause found"
         return (f"polytrace: {where}: step {alert['step']} took {alert['seconds']:.0f} s against "
                 f"{alert['expected_s']:.0f} s expected ({causes})")
+    if kind == "slow_step_withdrawn":
+        return f"polytrace: {where}: step {alert['step']} was not slow after all (its metrics landed late)"
     if kind == "stall":
         return (f"polytrace: {where}: no new step for {alert['seconds_since_step']:.0f} s after step "
                 f"{alert['step']} (usual gap {alert['usual_gap_s']:.0f} s)")

@@ -5,11 +5,14 @@ Every `poll` seconds the file (or every file under a folder) is stat'ed; when it
 lines are ingested (`ingest_paths(..., complete_lines=True)`: only the appended lines are read) and
 the new steps judged (`judge.StepJudge`). Events, as JSON-able dicts (schemas/watch.schema.json):
 
-    step       every new step: seconds, expected_s, slow, causes
+    step       every new step: seconds, expected_s, slow, causes; a step judged before its values were
+               final (first seen from a progress bar, its metric record landing later) comes again,
+               `corrected`, judged on the record's values (`judge.StepJudge`)
     validation every step whose validation metrics landed (keys with a format's validation prefix,
                `val-core/...`, `test_score/...`, `eval/...`): their values, once per step; a
                validation run before training (verl's `step:0` line) is one, though not a step
-    alert      kind slow_step (a slow step), efficiency (with a baseline, `baseline.BaselineBand`: a
+    alert      kind slow_step (a slow step; `corrected` when a corrected step is slow),
+               slow_step_withdrawn (a step alerted slow that its corrected values show is not), efficiency (with a baseline, `baseline.BaselineBand`: a
                stage's seconds at the step's workload left the baseline's band), baseline (the
                watched run does not compare with the baseline like for like), crash (a fatal error in
                the new lines, `ingest.crashes`: a traceback's final line, an OOM, an NCCL timeout, a
@@ -306,16 +309,31 @@ def watch_log(store: duckdb.DuckDBPyConnection | Lease, path: Path, on_event: Ca
                 files.stamps.update({file: stats[file][1] for file in grown})
                 # Lines that stored nothing (progress bars, noise) bring no step: the run is not read again.
                 stored = any(report.rows for report in reports)
-                steps = judge.new_steps() if judge is not None and stored else []
+                judged = judge.new_steps() if judge is not None and stored else []
+                steps = [record for record in judged if not record.get("corrected")]
                 if steps:
                     if last_step is not None:  # k steps in one gap landed gap / k apart
                         gaps.extend([(now - last_step_at) / len(steps)] * len(steps))
                     last_step_at, stalled_at_step = now, None
                 # A validation follows its step's events; one without a step comes where its step would.
                 validated = validations.new() if validations is not None and stored else []
-                for record in steps:
+                for record in judged:
                     while validated and (validated[0]["segment"], validated[0]["step"]) < (record["segment"], record["step"]):
                         emit(validated.pop(0))
+                    corrected = record.pop("corrected", False)
+                    was_slow = record.pop("was_slow", False)
+                    if corrected:
+                        # Judged before from what the log said then (a progress bar): the step's event and
+                        # its slow alert come again, corrected; a slow alert it no longer earns is withdrawn.
+                        emit({"event": "step", **record, "corrected": True})
+                        if record["slow"]:
+                            emit({"event": "alert", "kind": "slow_step", "step": record["step"],
+                                  "seconds": record["seconds"], "expected_s": record["expected_s"],
+                                  "causes": record["causes"], "corrected": True})
+                        elif was_slow:
+                            emit({"event": "alert", "kind": "slow_step_withdrawn", "step": record["step"],
+                                  "seconds": record["seconds"], "expected_s": record["expected_s"]})
+                        continue
                     last_step = record["step"]
                     result.steps += 1
                     emit({"event": "step", **record})

@@ -32,7 +32,11 @@ class WatchView:
 
     def add(self, event: dict) -> None:
         if event["event"] == "step":
-            self.steps.append(event)
+            if event.get("corrected"):  # the step judged again: its row is replaced
+                key = (event["segment"], event["step"])
+                self.steps = [event if (s["segment"], s["step"]) == key else s for s in self.steps]
+            else:
+                self.steps.append(event)
         elif event["event"] in ("alert", "truncated"):
             self.alerts.append(event)
         elif event["event"] == "validation":
@@ -124,6 +128,9 @@ def _alert_text(alert: dict) -> str:
     if alert["event"] == "truncated":
         return f"file shrank to {alert['bytes']:,} bytes: read again whole"
     kind = alert["kind"]
+    if kind == "slow_step_withdrawn":
+        return (f"step {alert['step']} is not slow after all: {_seconds(alert['seconds'])} s once its metrics"
+                " landed")
     if kind == "slow_step":
         causes = ", ".join(c["cause"] for c in alert["causes"]) or "no cause stands out"
         return f"slow step {alert['step']}: {alert['seconds']:.1f} s, expected {alert['expected_s']:.1f} s ({causes})"

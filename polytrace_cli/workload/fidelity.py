@@ -3,7 +3,7 @@
 The run's lengths (training samples only: prompts once per prompt group, responses once per
 sample) are compared with a workload of the run's shape (prompts per step, responses per prompt,
 DP ranks, cap) over MODEL_DRAW_FACTOR times its steps, written by the generator
-(`workload.synth.synthesize`, packed-lengths traces, read back from its files), and also with direct
+(`workload.synth.synthesized`, packed-lengths traces, parsed from their text), and also with direct
 independent draws from the length model (`LengthModel.sample`, capped), which separates the fit's
 own error from what the generator adds (the grouping of responses by prompt).
 
@@ -22,7 +22,7 @@ Responses of one prompt are correlated, so with few prompt groups the real noise
 
 from __future__ import annotations
 
-import tempfile
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ import polars as pl
 from scipy import stats
 
 from polytrace_cli.workload.distributions import LengthModel, load_own, read_params_json
-from polytrace_cli.workload.synth import WorkloadSpec, synthesize
+from polytrace_cli.workload.synth import WorkloadSpec, synthesized
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store.sql import fetch_first
 
@@ -131,7 +131,7 @@ def compare_lengths(real: np.ndarray, synthetic: np.ndarray, cap: int | None = N
 
 def synthetic_workload_lengths(params: dict, shape: RunShape, seed: int, sampler: str) -> tuple[np.ndarray, np.ndarray]:
     """Prompt and response lengths of a packed workload of `shape`, MODEL_DRAW_FACTOR times its steps,
-    written by the generator from `params`.
+    drawn by the generator from `params` (`synthesize`'s texts, parsed in memory).
 
     Without drift: the fit is pooled over the run's steps, so its marginal already holds the
     step-to-step change; drifting the steps apart again would widen the pooled lengths twice."""
@@ -140,13 +140,9 @@ def synthetic_workload_lengths(params: dict, shape: RunShape, seed: int, sampler
                         batch=shape.batch, n=shape.n,
                         dp_ranks=shape.dp_ranks, max_response_len=shape.max_response_len,
                         drift=0.0, seed=seed, reward_timings=False)
-    with tempfile.TemporaryDirectory(prefix="polytrace-fidelity-") as folder:
-        synthesize(model, spec, folder)
-        pattern = str(Path(folder) / "packed_lengths_step_*.jsonl")
-        with duckdb.connect() as con:
-            prompts = con.execute("SELECT input FROM read_json(?)", [pattern]).fetchnumpy()["input"]
-            responses = con.execute("SELECT unnest(output) AS r FROM read_json(?)", [pattern]).fetchnumpy()["r"]
-    return prompts.astype(float), responses.astype(float)
+    texts = "".join(text for name, text, _ in synthesized(model, spec) if name.startswith("packed_lengths_step_"))
+    traces = pl.read_ndjson(io.BytesIO(texts.encode()), schema={"input": pl.Int64, "output": pl.List(pl.Int64)})
+    return traces["input"].to_numpy().astype(float), traces["output"].explode().to_numpy().astype(float)
 
 
 def model_draw_lengths(params: dict, shape: RunShape, seed: int, sampler: str,

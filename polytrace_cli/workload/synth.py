@@ -9,6 +9,7 @@ Everything is drawn from one seeded numpy Generator, so a seed fixes the output 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def draw_step(model: LengthModel, spec: WorkloadSpec, rng: np.random.Generator, 
     return prompts, responses
 
 
-def _write_packed(path: Path, step: int, spec: WorkloadSpec, prompts: np.ndarray, responses: np.ndarray) -> None:
+def _packed_text(step: int, spec: WorkloadSpec, prompts: np.ndarray, responses: np.ndarray) -> str:
     dp_of_prompt = np.arange(spec.batch) % spec.dp_ranks
     lines = []
     for dp in range(spec.dp_ranks):
@@ -82,10 +83,10 @@ def _write_packed(path: Path, step: int, spec: WorkloadSpec, prompts: np.ndarray
                 f'"local_index": {local}, "input": {int(prompts[index])}, "output": [{outputs}], '
                 f'"n_sampling": {spec.n}, "validate": false}}'
             )
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
-def _write_rewards(path: Path, step: int, spec: WorkloadSpec, responses: np.ndarray, rng: np.random.Generator) -> None:
+def _rewards_text(step: int, spec: WorkloadSpec, responses: np.ndarray, rng: np.random.Generator) -> str:
     dp_of_prompt = np.arange(spec.batch) % spec.dp_ranks
     lines = []
     for dp in range(spec.dp_ranks):
@@ -97,10 +98,10 @@ def _write_rewards(path: Path, step: int, spec: WorkloadSpec, responses: np.ndar
             "reward_time_s": round(float(seconds), 6), "response_sum": int(mine.sum()),
             "response_mean": float(mine.mean()), "response_max": int(mine.max()), "validate": False,
         }))
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
-def _write_dapo(path: Path, spec: WorkloadSpec, rng: np.random.Generator) -> None:
+def _dapo_text(spec: WorkloadSpec, rng: np.random.Generator) -> str:
     """DAPO dynamic sampling: generate batches until train_batch_size prompts with mixed rewards are kept."""
     train_batch = max(spec.batch // 3, 1)
     lines, trainer_step, kept_so_far, gen_index = [], 1, 0, 1
@@ -118,7 +119,7 @@ def _write_dapo(path: Path, spec: WorkloadSpec, rng: np.random.Generator) -> Non
         gen_index += 1
         if kept_so_far >= train_batch:
             trainer_step, kept_so_far, gen_index = trainer_step + 1, 0, 1
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def sequence_draw(rng: np.random.Generator, multiturn: dict) -> tuple[list[int], list[int]]:
@@ -180,8 +181,8 @@ def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: 
     return {"turns": turns, "tool_calls": tools, "finish_reason": finish, "final_response_len": response}
 
 
-def _write_multiturn(path: Path, step: int, spec: WorkloadSpec, model: LengthModel, prompts: np.ndarray | None,
-                     rng: np.random.Generator) -> int:
+def _multiturn_text(step: int, spec: WorkloadSpec, model: LengthModel, prompts: np.ndarray | None,
+                    rng: np.random.Generator) -> tuple[str, int]:
     cap = spec.max_response_len or 4096
     lines = []
     if prompts is None:  # published sequence models: a group's prompt is input_1 of a draw
@@ -196,42 +197,46 @@ def _write_multiturn(path: Path, step: int, spec: WorkloadSpec, model: LengthMod
                 "tool_call_count": len(t["tool_calls"]), "validate": False, "prompt_group_id": group,
                 "sample_id": sample,
             }))
-    path.write_text("\n".join(lines) + "\n")
-    return len(lines)
+    return "\n".join(lines) + "\n", len(lines)
 
 
-def synthesize(model: LengthModel, spec: WorkloadSpec, out_dir: str | Path) -> SynthResult:
-    """Write the workload's trace files into out_dir (created if needed) and return what was written."""
+def synthesized(model: LengthModel, spec: WorkloadSpec) -> Iterator[tuple[str, str, int]]:
+    """The workload's trace files, in the order they are drawn: (file name, text, samples or
+    trajectories it holds). Every draw comes from one Generator seeded with `spec.seed`."""
     if spec.steps < 1 or spec.batch < 1 or spec.n < 1 or spec.dp_ranks < 1:
         raise PolytraceError("steps, batch, n and dp ranks must all be at least 1")
     if spec.multiturn and not model.multiturn:
         raise PolytraceError(f"task {spec.task!r} has no multi-turn model to sample trajectories from")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
-    result = SynthResult()
     for step in range(spec.steps):
         if spec.multiturn and (model.multiturn or {}).get("sequence_models"):
             prompts = None
         else:
             prompts, responses = draw_step(model, spec, rng, step)
         if spec.multiturn:
-            path = out / f"multiturn_workload_step_{step}.jsonl"
-            result.trajectories += _write_multiturn(path, step, spec, model, prompts, rng)
-            result.files.append(path)
+            yield (f"multiturn_workload_step_{step}.jsonl", *_multiturn_text(step, spec, model, prompts, rng))
             continue
-        path = out / f"packed_lengths_step_{step}.jsonl"
-        _write_packed(path, step, spec, prompts, responses)
-        result.files.append(path)
-        result.samples += responses.size
+        yield f"packed_lengths_step_{step}.jsonl", _packed_text(step, spec, prompts, responses), int(responses.size)
         if spec.reward_timings:
-            path = out / f"reward_timings_step_{step}.jsonl"
-            _write_rewards(path, step, spec, responses, rng)
-            result.files.append(path)
+            yield f"reward_timings_step_{step}.jsonl", _rewards_text(step, spec, responses, rng), 0
     if spec.dapo:
-        path = out / "dapo_filter_indices.jsonl"
-        _write_dapo(path, spec, rng)
+        yield "dapo_filter_indices.jsonl", _dapo_text(spec, rng), 0
+
+
+def synthesize(model: LengthModel, spec: WorkloadSpec, out_dir: str | Path) -> SynthResult:
+    """Write the workload's trace files (`synthesized`) into out_dir (created if needed) and return
+    what was written."""
+    out = Path(out_dir)
+    result = SynthResult()
+    for name, text, count in synthesized(model, spec):
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / name
+        path.write_text(text)
         result.files.append(path)
+        if name.startswith("multiturn_workload_step_"):
+            result.trajectories += count
+        else:
+            result.samples += count
     return result
 
 

@@ -23,15 +23,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import duckdb
 
 from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.scratch import scratch_folder
 from polytrace_cli.ingest.trace_events.pieces import split_piece
 from polytrace_cli.ingest.trace_events.stages import ROLE_WORDS, STAGE_PATTERNS
+from polytrace_cli.store.sql import database_file
 
 EVENT_COLUMNS = ("{'ph': 'VARCHAR', 'name': 'VARCHAR', 'cat': 'VARCHAR', 'pid': 'VARCHAR', 'tid': 'VARCHAR', "
                  "'ts': 'DOUBLE', 'dur': 'DOUBLE', 'args': 'JSON'}")
@@ -118,7 +119,7 @@ class EventTables:
         self.source = source
         self.events = 0
         self.counts: dict[str, int] = {}
-        self.folder = tempfile.mkdtemp(prefix="polytrace-trace-")
+        self.store = database_file(self.con)  # a piece is read from a file in the store's scratch folder
         operators = "(NULL)" if source.operators_are_ranges else _sql_list(OPERATOR_CATEGORIES)
         profiler = "(NULL)" if source.operators_are_ranges else _sql_list(PROFILER_CATEGORIES)
         self._kind_sql = f"""CASE
@@ -154,21 +155,23 @@ class EventTables:
 
     def add_piece(self, piece: bytes, lines: list[int] | None = None, parts: list[bytes] | None = None) -> None:
         """Sort one piece's events (a JSON array's text; with `lines`, the line numbers of its events)."""
-        path = os.path.join(self.folder, "piece.json")
-        with open(path, "wb") as handle:
-            handle.write(piece)
         first = self.events
-        try:
-            # Read and sorted by kind in one pass: the piece is materialized once.
-            self.con.execute(
-                f"CREATE OR REPLACE TEMP TABLE _tr_sorted AS SELECT *, {self._kind_sql} AS kind FROM ("
-                f"SELECT ? + row_number() OVER () - 1 AS idx, * FROM read_json(?, format='array', columns={EVENT_COLUMNS}))",
-                [first, path])
-        except duckdb.Error:
+        with scratch_folder(self.store, "trace") as folder:
+            path = os.path.join(folder, "piece.json")
+            with open(path, "wb") as handle:
+                handle.write(piece)
+            try:
+                # Read and sorted by kind in one pass: the piece is materialized once.
+                self.con.execute(
+                    f"CREATE OR REPLACE TEMP TABLE _tr_sorted AS SELECT *, {self._kind_sql} AS kind FROM ("
+                    f"SELECT ? + row_number() OVER () - 1 AS idx, * FROM read_json(?, format='array', columns={EVENT_COLUMNS}))",
+                    [first, path])
+                read_whole = True
+            except duckdb.Error:
+                read_whole = False
+        if not read_whole:
             self._add_piece_event_by_event(piece, lines, parts)
             return
-        finally:
-            os.unlink(path)
         self._sort_piece(lines, sorted_already=True)
 
     def _add_piece_event_by_event(self, piece: bytes, lines: list[int] | None, parts: list[bytes] | None) -> None:
@@ -238,10 +241,6 @@ class EventTables:
             for name in ("_tr_events", "_tr_kernels", "_tr_launches", "_tr_ranges", "_tr_names", "_tr_busy",
                          "_tr_gpu", "_tr_lines"):
                 self.con.execute(f"DROP TABLE IF EXISTS {name}")
-            try:
-                os.rmdir(self.folder)
-            except OSError:
-                pass
 
     def _finish(self) -> int:
         con, ctx, source = self.con, self.ctx, self.source

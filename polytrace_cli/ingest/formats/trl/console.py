@@ -354,9 +354,9 @@ class TrlGrammar(ConsoleGrammar):
             train = members.filter(~pl.col("eval"))
             interval, source, offset, first_step = self._interval(stage, members, train, numbering,
                                                                   logging_printed, first_printed)
-            if numbering and (numbering["interval"], numbering["offset"], numbering.get("first_step", False)) != (
-                    interval, offset, first_step):
-                self.cannot_follow = True  # the dicts read before would be numbered otherwise
+            if numbering and (numbering["interval"], numbering["offset"], numbering.get("first_step", False),
+                              numbering["source"]) != (interval, offset, first_step, source):
+                self.cannot_follow = True  # the dicts read before would be numbered (or flagged) otherwise
             ordinal = numbering["ordinal"] if numbering else 0
             previous = tuple(numbering["previous"]) if numbering and numbering["previous"] else None
             last_train = numbering["last_train_step"] if numbering else None
@@ -452,13 +452,15 @@ class TrlGrammar(ConsoleGrammar):
         end-of-training dict (train_runtime × train_steps_per_second) over n - first
         ('end-of-training dict'); else 1 ('order'). The offset is the
         steps done before the stage's bar was first drawn (a resumed run's bar starts at its step),
-        rounded down to a multiple of L. An appended read keeps the interval of the stage it goes on in
-        when the new lines leave it unchanged."""
+        rounded down to a multiple of L (the bar's count C is counted from the bar's first count in an
+        appended read too). An appended read keeps the interval of the stage it goes on in when the new
+        lines leave it unchanged; one that would change the interval, offset or source (and so the
+        earlier dicts' steps or flags) reads the file whole."""
         bar_stages = members.get_column("bar_stage").drop_nulls()
         first, second = self.bar_first.get(bar_stages[0], (None, None)) if bar_stages.len() else (None, None)
         # A bar drawn first at n > 0 started there (tqdm's initial count); one drawn at 0 that then jumps
         # past 1 was resumed (the Trainer's bar jumps to the global step at the first step's end).
-        base = first if first else (second - 1 if second is not None and second > 1 else 0)
+        bar_base = base = first if first else (second - 1 if second is not None and second > 1 else 0)
         if numbering is not None:
             base = numbering["offset"]
         ordinal = numbering["ordinal"] if numbering else 0
@@ -515,7 +517,9 @@ class TrlGrammar(ConsoleGrammar):
         self.last_counters[stage] = last_counter
         logged_first = n > 1 and base == 0 and first_step(None, 0)
         runtime, per_second = summary.get("train_runtime"), summary.get("train_steps_per_second")
-        for steps, source in ((None if last_counter is None else last_counter - base, "bar count"),
+        # The bar's count is counted from the bar's first count, as a whole read counts (not from the offset
+        # carried).
+        for steps, source in ((None if last_counter is None else last_counter - bar_base, "bar count"),
                               (round(runtime * per_second) if runtime and per_second else None, "end-of-training dict")):
             if steps is None or not n:
                 continue
