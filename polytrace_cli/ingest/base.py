@@ -123,7 +123,7 @@ class FileContext:
             if self.on_begin:
                 self.on_begin()
 
-    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None, *, code: str) -> None:
+    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None, *, code: ErrorCode) -> None:
         """Quarantine one line (or the whole file, with line_no None) with a reason and an error code
         (an `ErrorCode`)."""
         if code not in ErrorCode.__members__.values():
