@@ -108,7 +108,7 @@ def _check_declared_in_names(ingester: Ingester) -> None:
         loaded = None
     declared = getattr(loaded, "METRIC_ALIASES", {})
     if loaded is not None and loaded.__file__:
-        _check_no_repeated_key(names_module, Path(loaded.__file__))
+        check_names_literal(names_module, Path(loaded.__file__))
     own = format_names(f"format {ingester.name}", ingester.metric_aliases)
     for key, canonical in own.items():
         if declared.get(key) != canonical:
@@ -123,7 +123,7 @@ def _check_declared_in_names(ingester: Ingester) -> None:
                              " FORMATS: the steps view would read its files without its names")
 
 
-def _check_no_repeated_key(names_module: str, path: Path) -> None:
+def check_names_literal(names_module: str, path: Path) -> None:
     """Refuse a names module whose METRIC_ALIASES literal gives one key twice with two canonical names
     (Python keeps the last silently)."""
     import ast

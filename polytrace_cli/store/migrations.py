@@ -95,7 +95,7 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
     pending = [m for m in available_migrations()
                if m.version not in applied and (up_to is None or m.version <= up_to)]
     if not pending and not new_ledger:
-        if current and has_format_keyed_aliases(con):
+        if current:
             install_catalog(con)
         return []
     # One transaction for the ledger and every pending file: a store is created or upgraded
