@@ -215,3 +215,36 @@ def test_a_store_written_before_names_were_keyed_by_format_opens_and_is_upgraded
     finally:
         reader.close()
     assert before == [(1, 12.5, 20.0), (2, 14.0, 22.0)]
+
+
+def test_a_format_given_names_by_two_sources_is_refused():
+    from polytrace_cli.ingest.registry import names_by_format
+
+    with pytest.raises(PolytraceError, match="format f is given metric names by both one.names and format f"):
+        names_by_format([("one.names", ["f"], {"k": "gen_s"}, ()), ("format f", ["f"], {"k": "gen_s"}, ())])
+
+
+def test_the_short_view_when_every_format_agrees_reads_as_the_whole_rule(tmp_path, db_path, fresh_store):
+    # With today's formats no key means two things, and `named_step_metrics` joins the shared rows alone;
+    # the rule in full (the format's row, else the shared one) gives every pair the same name.
+    from polytrace_cli.store.catalog import declared_names, named_step_metrics_sql
+
+    by_format, _ = declared_names()
+    assert "files f" not in named_step_metrics_sql(by_format)
+    whole = named_step_metrics_sql({**by_format, "made-up-format": {"timing_s/gen": "reward_s"}})
+    assert "files f" in whole
+    log = tmp_path / "run" / "train.log"
+    log.parent.mkdir()
+    log.write_text("step:1 - timing_s/gen:12.5 - timing_s/step:20.0 - acme/made_up:1.0\n"
+                   "step:2 - timing_s/gen:14.0 - timing_s/step:22.0\n")
+    con = open_store(fresh_store(db_path))
+    try:
+        ingest_paths(con, [log], run_name="r")
+        con.execute(whole.replace("VIEW named_step_metrics", "TEMP VIEW whole_rule"))
+        short = con.execute("SELECT * FROM named_step_metrics ORDER BY line_no, key").fetchall()
+        assert short == con.execute("SELECT * FROM whole_rule ORDER BY line_no, key").fetchall()
+    finally:
+        con.close()
+    assert [row[3:5] + row[-1:] for row in short] == [
+        ("acme/made_up", 1.0, None), ("timing_s/gen", 12.5, "gen_s"), ("timing_s/step", 20.0, "step_s"),
+        ("timing_s/gen", 14.0, "gen_s"), ("timing_s/step", 22.0, "step_s")]

