@@ -69,8 +69,9 @@ def store(tmp_path_factory):
     ingest_paths(con, [root / "four"], run_name="four")
     truth["four"] = written.frame
     # Another framework whose trainer wait maps to the canonical name (as a plugin format's `metric_aliases`
-    # declares it; the row is what the catalog writes for one), in a file verl's file logger shape reads.
-    con.execute("INSERT INTO metric_aliases VALUES ('perf/trainer_wait_time', 'trainer_wait_s')")
+    # declares it; the shared row is what the catalog writes for a key no other format names), in a file
+    # verl's file logger shape reads.
+    con.execute("INSERT INTO metric_aliases VALUES ('*', 'perf/trainer_wait_time', 'trainer_wait_s')")
     other = root / "other" / "metrics.jsonl"
     other.parent.mkdir()
     other.write_text("".join(json.dumps({"step": step, "data": {"timing_s/step": 10.0 + step,

@@ -19,6 +19,7 @@ NAMES = '''"""acme's metric names: imports nothing."""
 
 METRIC_ALIASES = {"rollout_s": "gen_s", "total_s": "step_s"}
 VALIDATION_PREFIXES = ("eval_",)
+FORMATS = ("acme-console",)
 '''
 
 CONSOLE = '''"""acme console log: `[acme] iter N | key=value | ...` lines among other output."""

@@ -110,7 +110,8 @@ def test_make_experience_is_named_but_not_a_stage_column(store):
     assert own == {"timing/broadcast": "weight_sync_s", "timing/generation": "gen_s",
                    "timing/make_experience": "make_experience_s", "timing/ppo_train": "update_actor_s",
                    "timing/step_total": "step_s"}
-    stored = dict(store.execute("SELECT key, canonical FROM metric_aliases WHERE list_contains(?, key)",
+    stored = dict(store.execute("SELECT key, canonical FROM metric_aliases WHERE format = 'openrlhf-console'"
+                                " AND list_contains(?, key)",
                                 [list(own)]).fetchall())
     assert stored == own
 

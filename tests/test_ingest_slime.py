@@ -52,7 +52,7 @@ def test_a_colocated_run_reads_both_sides_of_each_rollout(store):
     # The evaluation dict is a validation key of step 1; the training side's rollout dict gives the reward.
     pairs = dict(store.execute("SELECT key, value FROM step_metrics WHERE step = 1").fetchall())
     assert pairs["eval/aime"] == 0.31 and pairs["rollout/raw_reward"] == 0.35
-    assert store.execute("SELECT canonical FROM metric_aliases WHERE key = 'rollout/raw_reward'").fetchone() == (
+    assert store.execute("SELECT canonical FROM named_step_metrics WHERE key = 'rollout/raw_reward'").fetchone() == (
         "reward_mean",)
     framework, meta = store.execute("SELECT framework, meta FROM runs").fetchone()
     meta = json.loads(meta)

@@ -242,6 +242,7 @@ def test_ppo_trainer_dicts(store, tmp_path):
         (1, 7.0, False), (2, 8.0, False)]
     assert store.execute("SELECT framework FROM runs").fetchall() == [("trl",)]
     aliases = dict(store.execute(
-        "SELECT key, canonical FROM metric_aliases WHERE key LIKE 'objective/%' ORDER BY key").fetchall())
+        "SELECT key, canonical FROM metric_aliases WHERE format = 'trl-console' AND key LIKE 'objective/%'"
+        " ORDER BY key").fetchall())
     assert aliases == {"objective/entropy": "entropy_mean", "objective/kl": "kl_mean",
                        "objective/rlhf_reward": "reward_mean"}

@@ -49,8 +49,12 @@ def _steps(db: Path) -> list[tuple]:
         con.close()
 
 
+def _declared_keys() -> set[str]:
+    return {key for names in declared_metric_names()[0].values() for key in names}
+
+
 def test_no_migration_names_a_framework_metric():
-    keys, _ = declared_metric_names()
+    keys = _declared_keys()
     assert "timing_s/gen" in keys and "timing/generation" in keys
     for path in sorted(SCHEMAS.glob("*.sql")):
         text = path.read_text()
@@ -73,8 +77,9 @@ def test_an_edited_alias_reaches_a_store_opened_read_only(verl_store, monkeypatc
     con = open_store(verl_store, read_only=True)
     try:
         assert catalog_is_current(con)
-        assert con.execute("SELECT canonical FROM metric_aliases WHERE key = 'timing_s/acme_rollout'"
-                           ).fetchall() == [("gen_s",)]
+        assert con.execute("SELECT format, canonical FROM metric_aliases WHERE key = 'timing_s/acme_rollout'"
+                           " ORDER BY format").fetchall() == [("*", "gen_s"), ("verl-console", "gen_s"),
+                                                              ("verl-jsonl", "gen_s")]
     finally:
         con.close()
     # And back: removing the alias again leaves no trace of it.
@@ -95,9 +100,27 @@ def test_a_view_replaced_behind_the_code_is_written_again(verl_store):
     assert columns[3:3 + len(STEP_COLUMNS)] == list(STEP_COLUMNS)
 
 
-def test_two_formats_that_disagree_on_a_key_are_an_error(verl_store, monkeypatch):
-    monkeypatch.setattr(openrlhf_names, "METRIC_ALIASES", {**openrlhf_names.METRIC_ALIASES, "timing_s/gen": "reward_s"})
-    with pytest.raises(PolytraceError, match="timing_s/gen"):
+def test_two_frameworks_that_disagree_on_a_key_each_keep_their_meaning(verl_store, monkeypatch):
+    # OpenRLHF's names say `timing_s/reward` is its make-experience time: verl's files keep verl's meaning,
+    # and the key has no shared meaning (a tracker's file of an unknown trainer could be either).
+    monkeypatch.setattr(openrlhf_names, "METRIC_ALIASES", {**openrlhf_names.METRIC_ALIASES,
+                                                           "timing_s/reward": "make_experience_s"})
+    by_format, _ = declared_metric_names()
+    assert by_format["verl-console"]["timing_s/reward"] == "reward_s"
+    assert by_format["openrlhf-console"]["timing_s/reward"] == "make_experience_s"
+    assert [row[:3] for row in _steps(verl_store)] == [(1, None, 2.0), (2, None, 3.0), (3, None, None)]
+    con = open_store(verl_store, read_only=True)
+    try:
+        assert con.execute("SELECT format, canonical FROM metric_aliases WHERE key = 'timing_s/reward'"
+                           " ORDER BY format").fetchall() == [("openrlhf-console", "make_experience_s"),
+                                                              ("verl-console", "reward_s"), ("verl-jsonl", "reward_s")]
+    finally:
+        con.close()
+
+
+def test_a_names_module_with_a_name_that_is_not_canonical_is_a_one_line_error(verl_store, monkeypatch):
+    monkeypatch.setattr(openrlhf_names, "METRIC_ALIASES", {**openrlhf_names.METRIC_ALIASES, "timing/gen": "Gen s"})
+    with pytest.raises(PolytraceError, match="timing/gen"):
         declared_metric_names()
     # Every command then says so in one line, not a traceback.
     from typer.testing import CliRunner
@@ -106,8 +129,8 @@ def test_two_formats_that_disagree_on_a_key_are_an_error(verl_store, monkeypatch
 
     result = CliRunner().invoke(app, ["runs", "--db", str(verl_store)])
     assert result.exit_code == 2 and result.output.strip().splitlines() == [
-        "error: metric key 'timing_s/gen' is 'reward_s' in polytrace_cli.ingest.formats.openrlhf.names but 'gen_s' in"
-        " polytrace_cli.ingest.formats.verl.names: the steps view cannot say which it is"]
+        "error: polytrace_cli.ingest.formats.openrlhf.names maps 'timing/gen' to 'Gen s', which is not a canonical"
+        " name (lowercase letters, digits and underscores, from a letter)"]
 
 
 def test_a_format_that_maps_a_key_its_framework_does_not_declare_is_refused_at_registration():
@@ -133,7 +156,7 @@ def test_only_the_formats_name_framework_metrics():
     # The synthetic log writers (workload/) write logs in the frameworks' own names, as the formats read
     # them. Keys that are plain words (OpenRLHF's `reward`) are also stage names, so only keys with a
     # `/` are looked for.
-    keys = [key for key in declared_metric_names()[0] if "/" in key]
+    keys = sorted(key for key in _declared_keys() if "/" in key)
     package = SCHEMAS.parent / "polytrace_cli"
     named = {}
     for path in sorted(package.rglob("*.py")):

@@ -84,14 +84,14 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
                  * coalesce(TRY_CAST(json_extract(r.meta, '$.nnodes') AS DOUBLE), 1) AS configured_gpus
         FROM steps s JOIN runs r USING (run_id)
         LEFT JOIN (SELECT sm.run_id, sm.segment, sm.step, max(sm.value) AS time_per_step
-                   FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-                   WHERE sm.run_id IN {ids} AND a.canonical = 'time_per_step' GROUP BY ALL) t
+                   FROM named_step_metrics sm
+                   WHERE sm.run_id IN {ids} AND sm.canonical = 'time_per_step' GROUP BY ALL) t
           ON t.run_id = s.run_id AND t.segment = s.segment AND t.step = s.step
         WHERE s.run_id IN {ids}""").pl()
     mfu = con.sql(f"""
         SELECT sm.run_id, sm.segment::BIGINT AS segment, sm.step::BIGINT AS step, max(sm.value) AS mfu
-        FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-        WHERE sm.run_id IN {ids} AND a.canonical = 'mfu_actor' GROUP BY ALL""").pl()
+        FROM named_step_metrics sm
+        WHERE sm.run_id IN {ids} AND sm.canonical = 'mfu_actor' GROUP BY ALL""").pl()
     extra = timers.join(mfu, on=["run_id", "segment", "step"], how="left").with_columns(
         run=pl.col("run_id").replace_strict(names, return_dtype=pl.String)).drop("run_id")
     keys = ["run", "segment", "step"]

@@ -73,12 +73,12 @@ def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -
             SELECT * FROM steps WHERE run_id IN {ids} AND {steps.sql()}
         ), seq AS (
             SELECT sm.run_id, sm.segment, sm.step,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_max') AS seq_max,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seq_mean,
-                   max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_balanced_max') AS seq_balanced
-            FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
+                   max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_max') AS seq_max,
+                   max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_mean') AS seq_mean,
+                   max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_balanced_max') AS seq_balanced
+            FROM named_step_metrics sm
             WHERE sm.run_id IN {ids} AND {steps.sql('sm.step')}
-              AND a.canonical IN ('rank_tokens_max', 'rank_tokens_mean', 'rank_tokens_balanced_max')
+              AND sm.canonical IN ('rank_tokens_max', 'rank_tokens_mean', 'rank_tokens_balanced_max')
             GROUP BY ALL
         ), rank_loads AS (
             SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank,

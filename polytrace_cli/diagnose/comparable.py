@@ -161,8 +161,8 @@ def timed_stages(frame: pl.DataFrame) -> tuple[str, ...]:
 
 def logs_critic_keys(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     """Whether the run logged a key only a critic writes (one its format names `CRITIC_ONLY`)."""
-    row = fetch_first(con, "SELECT EXISTS (SELECT 1 FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
-                           " WHERE sm.run_id = ? AND a.canonical = ?)", [run_id, CRITIC_ONLY])
+    row = fetch_first(con, "SELECT EXISTS (SELECT 1 FROM named_step_metrics WHERE run_id = ? AND canonical = ?)",
+                      [run_id, CRITIC_ONLY])
     return bool(row and row[0])
 
 

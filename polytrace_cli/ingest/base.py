@@ -123,7 +123,7 @@ class FileContext:
             if self.on_begin:
                 self.on_begin()
 
-    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None, *, code: str) -> None:
+    def reject(self, line_no: int | None, reason: str, raw: str | bytes | None = None, *, code: ErrorCode) -> None:
         """Quarantine one line (or the whole file, with line_no None) with a reason and an error code
         (an `ErrorCode`)."""
         if code not in ErrorCode.__members__.values():
@@ -218,9 +218,12 @@ class Ingester:
     in `files.parser_version`), `framework` (the run's framework when this file creates it) and
     implement `sniff` and `load`. A format whose logs name step metrics declares what they mean:
     `metric_aliases` maps a logged key to a canonical name (a column of the `steps` view, such as
-    `gen_s`, or a name analyses look up), and `validation_prefixes` are the key prefixes of metrics
-    logged by validation only. The store's `metric_aliases` rows and its `steps` view are generated
-    from every registered format's declarations when a store is opened (`store/catalog.py`).
+    `gen_s`, or a name analyses look up; a mapping, or (key, canonical) pairs), and `validation_prefixes`
+    are the key prefixes of metrics logged by validation only. The names are the format's own: the
+    store's `metric_aliases` rows are keyed by (format, key), and a pair of one of its files takes the
+    name its format gives the key, else the one every format naming the key agrees on
+    (`named_step_metrics`). The rows and the views are generated from every registered format's
+    declarations when a store is opened (`store/catalog.py`).
     """
 
     name: ClassVar[str]

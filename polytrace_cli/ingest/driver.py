@@ -196,7 +196,7 @@ def ingest_one(con, path: Path, explicit: bool, problem: str | None, forced: Ing
         return _reject_whole(path, None, "unknown", str(error), ErrorCode.CORRUPT_FILE, hashes, failed_whole)
 
 
-def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: str, hashes: FileHashes,
+def _reject_whole(path: Path, source: Readable | None, fmt: str, reason: str, code: ErrorCode, hashes: FileHashes,
                   failed_whole: list[WholeFileFailure]) -> FileReport:
     sha, size, lines = hashes.result(path)
     if source is not None and source.rewritten:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.ingest.base import UNREAD_RECORD, FileContext, file_owned_tables
 from polytrace_cli.ingest.files import block_sha, path_text, state_kept_for
 from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL
@@ -268,7 +269,7 @@ def delete_file_rows(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
 
 def _record_whole_file_rejection(
     con: duckdb.DuckDBPyConnection, run_id: int, path: Path, sha: str, size: int, lines: int, fmt: str, reason: str,
-    code: str,
+    code: ErrorCode,
 ) -> None:
     """Store a file that failed as a whole: all its lines count as rejected, under one error with line NULL."""
     con.execute("BEGIN TRANSACTION")
@@ -357,7 +358,7 @@ class WholeFileFailure:
     lines: int
     format: str
     reason: str
-    code: str
+    code: ErrorCode
     report: FileReport
 
 
@@ -374,7 +375,7 @@ def record_failures(con: duckdb.DuckDBPyConnection, resolver: RunResolver, failu
         failure.report.run = run[1]
 
 
-def reject_whole_file(path: Path, fmt: str, reason: str, code: str, sha: str, size: int, lines: int,
+def reject_whole_file(path: Path, fmt: str, reason: str, code: ErrorCode, sha: str, size: int, lines: int,
                       failed_whole: list[WholeFileFailure]) -> FileReport:
     """The report of a file rejected as a whole (all its `lines` rejected); the failure is appended to
     `failed_whole`, for `record_failures` once every file is read."""

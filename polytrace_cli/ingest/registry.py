@@ -6,12 +6,13 @@ store is handed (`declared_metric_names`). Finding the ingester of a file is `sn
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.semantics import execution_mode
-from polytrace_cli.store.catalog import hand_down
+from polytrace_cli.store.catalog import SHARED, hand_down
 
 
 _REGISTRY: list[Ingester] = []
@@ -53,15 +54,44 @@ def names_module(name: str):
 
 
 def register(ingester_class: type[Ingester]) -> type[Ingester]:
-    """Class decorator adding an ingester to the registry. A built-in format's `metric_aliases` must be its
-    framework's `names.py` (the store's `steps` view is built from those modules alone): a key it maps
-    otherwise is a one-line error here, not a name the view drops without a word."""
+    """Class decorator adding an ingester to the registry. Its `metric_aliases` must give each key one valid
+    canonical name (`format_names`), and a built-in format's must be its framework's `names.py` (the store's
+    views are built from those modules alone), which lists the format in its `FORMATS`: either fault is a
+    one-line error here, not a name the view drops without a word."""
     instance = ingester_class()
     if any(existing.name == instance.name for existing in (*_PLUGINS, *_REGISTRY)):
         raise ValueError(f"duplicate ingester name {instance.name!r}")
+    if instance.name == SHARED:
+        raise PolytraceError(f"no format may be named {SHARED!r}: the store keeps the names every format shares so")
+    format_names(f"format {instance.name}", instance.metric_aliases)
     _check_declared_in_names(instance)
     _REGISTRY.append(instance)
     return ingester_class
+
+
+# A canonical name: a column of the `steps` view or a name analyses look up, written into SQL as an identifier.
+_CANONICAL = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def format_names(source: str, aliases) -> dict[str, str]:
+    """The names `source` (a format, or a framework's names module) declares, as key -> canonical: from a
+    mapping, or from (key, canonical) pairs. A key that is not a non-empty string, a canonical name that is
+    not a lowercase identifier (`[a-z][a-z0-9_]*`), or one key given two canonical names is a one-line error."""
+    pairs = aliases.items() if isinstance(aliases, Mapping) else aliases
+    names: dict[str, str] = {}
+    for pair in pairs:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise PolytraceError(f"{source}: metric_aliases holds {pair!r}, not a (key, canonical name) pair")
+        key, canonical = pair
+        if not isinstance(key, str) or not key:
+            raise PolytraceError(f"{source} maps {key!r}, which is not a metric key (a non-empty string)")
+        if not isinstance(canonical, str) or not _CANONICAL.fullmatch(canonical):
+            raise PolytraceError(f"{source} maps {key!r} to {canonical!r}, which is not a canonical name"
+                                 " (lowercase letters, digits and underscores, from a letter)")
+        if names.setdefault(key, canonical) != canonical:
+            raise PolytraceError(f"{source} maps {key!r} to both {names[key]!r} and {canonical!r}: a format gives"
+                                 " a key one meaning")
+    return names
 
 
 def _check_declared_in_names(ingester: Ingester) -> None:
@@ -73,13 +103,39 @@ def _check_declared_in_names(ingester: Ingester) -> None:
 
     names_module = ".".join(parts[:4]) + ".names"
     try:
-        declared = importlib.import_module(names_module).METRIC_ALIASES
+        loaded = importlib.import_module(names_module)
     except ModuleNotFoundError:
-        declared = {}
-    for key, canonical in ingester.metric_aliases.items():
+        loaded = None
+    declared = getattr(loaded, "METRIC_ALIASES", {})
+    if loaded is not None and loaded.__file__:
+        check_names_literal(names_module, Path(loaded.__file__))
+    own = format_names(f"format {ingester.name}", ingester.metric_aliases)
+    for key, canonical in own.items():
         if declared.get(key) != canonical:
             raise PolytraceError(f"format {ingester.name} maps {key!r} to {canonical!r}, which {names_module} does not"
                                  " declare: the steps view reads a framework's names from its names.py only")
+    if own != dict(declared):
+        missing = sorted(set(declared) - set(own))
+        raise PolytraceError(f"format {ingester.name} does not map {missing[0]!r}, which {names_module} declares:"
+                             " a built-in format's metric_aliases are its framework's METRIC_ALIASES")
+    if ingester.name not in getattr(loaded, "FORMATS", ()):
+        raise PolytraceError(f"format {ingester.name} maps metric keys but {names_module} does not list it in"
+                             " FORMATS: the steps view would read its files without its names")
+
+
+def check_names_literal(names_module: str, path: Path) -> None:
+    """Refuse a names module whose METRIC_ALIASES literal gives one key twice with two canonical names
+    (Python keeps the last silently)."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if not any(isinstance(t, ast.Name) and t.id == "METRIC_ALIASES" for t in targets):
+            continue
+        if isinstance(node.value, ast.Dict):
+            format_names(names_module, [(ast.literal_eval(k), ast.literal_eval(v)) for k, v in
+                                        zip(node.value.keys, node.value.values) if k is not None
+                                        and isinstance(k, ast.Constant) and isinstance(v, ast.Constant)])
 
 
 def builtin_ingesters() -> list[Ingester]:
@@ -110,29 +166,38 @@ def plugin_ingesters() -> list[Ingester]:
     return list(_PLUGINS)
 
 
-def merged_names(sources: list[tuple[str, dict[str, str], tuple[str, ...]]]) -> tuple[dict[str, str], tuple[str, ...]]:
-    merged: dict[str, str] = {}
+def names_by_format(sources: list[tuple[str, list[str], object, tuple[str, ...]]]
+                    ) -> tuple[dict[str, dict[str, str]], tuple[str, ...]]:
+    """(format -> key -> canonical, validation prefixes) from (source, its formats, its aliases, its validation
+    prefixes): each format's names checked (`format_names`), formats in name order, the prefixes of every
+    source together. Two sources naming one format is an error (which of them the format reads is unknown);
+    two formats giving one key two meanings is not (each file is read with its own format's)."""
+    by_format: dict[str, dict[str, str]] = {}
     owner: dict[str, str] = {}
-    for source, aliases, _ in sources:
-        for key, canonical in aliases.items():
-            if merged.setdefault(key, canonical) != canonical:
-                raise PolytraceError(f"metric key {key!r} is {merged[key]!r} in {owner[key]} but {canonical!r} in"
-                                     f" {source}: the steps view cannot say which it is")
-            owner.setdefault(key, source)
-    prefixes = tuple(sorted({prefix for _, _, declared in sources for prefix in declared}))
-    return dict(sorted(merged.items())), prefixes
+    for source, formats, aliases, _ in sources:
+        names = format_names(source, aliases)
+        for name in formats:
+            if name in owner:
+                raise PolytraceError(f"format {name} is given metric names by both {owner[name]} and {source}")
+            owner[name] = source
+            if names:
+                by_format[name] = names
+    prefixes = tuple(sorted({prefix for *_, declared in sources for prefix in declared}))
+    return dict(sorted(by_format.items())), prefixes
 
 
-def declared_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
-    """(aliases, validation prefixes) of every format: the built-in frameworks' `metric_name_modules()` and
-    the plugins' `metric_aliases` and `validation_prefixes`. Aliases map a logged key to its canonical name,
-    in key order; a key mapped to two names is an error (the steps view could not say which)."""
+def declared_metric_names() -> tuple[dict[str, dict[str, str]], tuple[str, ...]]:
+    """(format -> key -> canonical, validation prefixes) of every format: the built-in frameworks'
+    `metric_name_modules()` (a module's `METRIC_ALIASES` for each format of its `FORMATS`) and the plugins'
+    `metric_aliases` and `validation_prefixes`. A format that names no key has no entry (its files read the
+    names every format shares, `store.catalog.SHARED`)."""
     sources = []
     for name in metric_name_modules():
         module = names_module(name)
-        sources.append((name, module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
-    sources += [(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes)) for i in plugin_ingesters()]
-    return merged_names(sources)
+        sources.append((name, list(getattr(module, "FORMATS", ())), module.METRIC_ALIASES, module.VALIDATION_PREFIXES))
+    sources += [(f"format {i.name}", [i.name], i.metric_aliases, tuple(i.validation_prefixes))
+                for i in plugin_ingesters()]
+    return names_by_format(sources)
 
 
 # The store generates its `steps` view from these names; loading the registry hands them down, so that every

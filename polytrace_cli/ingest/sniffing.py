@@ -15,7 +15,7 @@ from pathlib import Path
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.files import is_log_like
 from polytrace_cli.ingest.formats import format_modules, load_builtin_formats
-from polytrace_cli.ingest.registry import builtin_ingesters, merged_names, plugin_ingesters
+from polytrace_cli.ingest.registry import builtin_ingesters, names_by_format, plugin_ingesters
 
 
 SNIFF_BYTES = 64 * 1024
@@ -46,11 +46,12 @@ def _module_order() -> dict[str, int]:
     return {f"polytrace_cli.ingest.formats.{module}": index for index, module in enumerate(format_modules())}
 
 
-def registered_metric_names() -> tuple[dict[str, str], tuple[str, ...]]:
-    """(aliases, validation prefixes) as every registered ingester declares them on its class; the same as
-    `declared_metric_names` when each built-in framework's names sit in its `ingest/formats/<framework>/names.py`."""
-    return merged_names([(f"format {i.name}", dict(i.metric_aliases), tuple(i.validation_prefixes))
-                          for i in all_ingesters()])
+def registered_metric_names() -> tuple[dict[str, dict[str, str]], tuple[str, ...]]:
+    """(format -> key -> canonical, validation prefixes) as every registered ingester declares them on its
+    class; the same as `declared_metric_names` when each built-in framework's names sit in its
+    `ingest/formats/<framework>/names.py`, which lists the framework's formats in `FORMATS`."""
+    return names_by_format([(f"format {i.name}", [i.name], i.metric_aliases, tuple(i.validation_prefixes))
+                            for i in all_ingesters()])
 
 
 def get_ingester(name: str) -> Ingester | None:

@@ -82,13 +82,13 @@ WITH st AS (
     SELECT * FROM steps WHERE run_id = $run
 ), extra AS (
     SELECT sm.segment, sm.step,
-           max(sm.value) FILTER (WHERE a.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
-           max(sm.value) FILTER (WHERE a.canonical = 'rank_tokens_mean') AS seqlen_mean,
-           max(sm.value) FILTER (WHERE a.canonical = 'generate_sequences_s') AS generate_sequences_s,
-           sum(sm.value) FILTER (WHERE a.canonical IN ('switch_to_rollout_s', 'switch_to_trainer_s')) AS switch_s,
-           max(sm.value) FILTER (WHERE a.canonical = 'steps_covered') AS steps_covered
-    FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-    WHERE sm.run_id = $run AND a.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_mean',
+           max(sm.value) FILTER (WHERE sm.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
+           max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_mean') AS seqlen_mean,
+           max(sm.value) FILTER (WHERE sm.canonical = 'generate_sequences_s') AS generate_sequences_s,
+           sum(sm.value) FILTER (WHERE sm.canonical IN ('switch_to_rollout_s', 'switch_to_trainer_s')) AS switch_s,
+           max(sm.value) FILTER (WHERE sm.canonical = 'steps_covered') AS steps_covered
+    FROM named_step_metrics sm
+    WHERE sm.run_id = $run AND sm.canonical IN ('update_weights_s', 'weight_sync_s', 'rank_tokens_mean',
                                                'generate_sequences_s', 'switch_to_rollout_s', 'switch_to_trainer_s',
                                                'steps_covered')
     GROUP BY sm.segment, sm.step

@@ -24,7 +24,7 @@ Evidence, first that applies, each kept as a line of `execution_mode_evidence`:
    `EXECUTION_MODE_KEYS`, most specific first): verl's `timing_s/wait_prev_gen` → one-step-off;
    `timing_s/switch_*`, `training/off_policy/*` → separate-async; `fully_async/*`, `rollouter/*`,
    `trainer/idle_ratio` → fully-async; TRL's `rollout/score_wait_s`, `rollout/inflight` → async-grpo;
-3. canonical families (any framework that maps its keys to them): trainer_wait_s, rollout_s,
+3. canonical families (keys their file's names map to them, `named_step_metrics`): trainer_wait_s, rollout_s,
    trainer_idle_ratio, rollout_idle_ratio, staleness_mean, staleness_max → fully-async;
 4. otherwise sync, with the evidence "no asynchronous config key or metric family".
 
@@ -101,14 +101,17 @@ def _families(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], l
     """(the raw asynchronous family prefixes the run's pairs hold, the canonical families its keys map to),
     from one pass over the run's pairs (their distinct keys of those families)."""
     prefixes = list(key_families())
-    aliased = dict(con.execute("SELECT key, canonical FROM metric_aliases WHERE canonical IN (SELECT unnest(?))",
-                               [list(CANONICAL_FAMILIES)]).fetchall())
-    tests = " OR ".join(f"starts_with(key, ${i + 2})" for i in range(len(prefixes)))
-    keys = [row[0] for row in con.execute(
-        f"SELECT DISTINCT key FROM step_metrics WHERE run_id = $1 AND ({tests} OR key IN (SELECT unnest(${len(prefixes) + 2})))",
-        [run_id, *prefixes, list(aliased)]).fetchall()]
-    families = [prefix for prefix in prefixes if any(key.startswith(prefix) for key in keys)]
-    canonical = sorted({aliased[key] for key in keys if key in aliased})
+    # Only the keys some format maps to a canonical family are joined with their files' names.
+    aliased = [row[0] for row in con.execute("SELECT DISTINCT key FROM metric_aliases WHERE canonical IN"
+                                             " (SELECT unnest(?))", [list(CANONICAL_FAMILIES)]).fetchall()]
+    tests = " OR ".join(f"starts_with(key, ${i + 2})" for i in range(len(prefixes))) or "false"
+    keys = con.execute(
+        f"""SELECT DISTINCT key, CASE WHEN canonical IN (SELECT unnest(${len(prefixes) + 3})) THEN canonical END
+            FROM named_step_metrics
+            WHERE run_id = $1 AND ({tests} OR key IN (SELECT unnest(${len(prefixes) + 2})))""",
+        [run_id, *prefixes, aliased, list(CANONICAL_FAMILIES)]).fetchall()
+    families = [prefix for prefix in prefixes if any(key.startswith(prefix) for key, _ in keys)]
+    canonical = sorted({name for _, name in keys if name is not None})
     return families, canonical
 
 

@@ -136,8 +136,8 @@ def _balance(con: duckdb.DuckDBPyConnection, run_id: int, meta: dict, from_facts
         seqlen = {name for name, present in zip(names, found) if present}
     else:
         seqlen = {row[0] for row in con.execute(
-            "SELECT DISTINCT a.canonical FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key"
-            " WHERE sm.run_id = ? AND a.canonical IN (?, ?, ?)", [run_id, *names]).fetchall()}
+            "SELECT DISTINCT canonical FROM named_step_metrics WHERE run_id = ? AND canonical IN (?, ?, ?)",
+            [run_id, *names]).fetchall()}
     told = meta.get("balance_batch")
     if isinstance(told, bool):
         balance, source = (ON if told else OFF), "trainer.balance_batch (printed config or overrides)"

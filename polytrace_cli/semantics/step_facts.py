@@ -34,8 +34,8 @@ def _facts_sql(where: str) -> str:
     like = validation_key_sql(declared_names()[1])
     return f"""
         WITH m AS (
-            SELECT sm.file_id, sm.run_id, sm.segment, sm.step, sm.key, sm.value, a.canonical
-            FROM step_metrics sm LEFT JOIN metric_aliases a ON a.key = sm.key WHERE {where}
+            SELECT sm.file_id, sm.run_id, sm.segment, sm.step, sm.key, sm.value, sm.canonical
+            FROM named_step_metrics sm WHERE {where}
         )
         SELECT file_id, run_id, segment, step, canonical, max(value) AS value, count(*) AS pairs,
                NULL::BOOLEAN AS validation_only

@@ -74,9 +74,8 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
         timers, arguments = f"SELECT * FROM {table}", []
     else:  # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
         timers = f"""
-            PIVOT (SELECT sm.segment, sm.step, a.canonical, sm.value
-                   FROM step_metrics sm JOIN metric_aliases a ON a.key = sm.key
-                   WHERE sm.run_id = $1 AND a.canonical IN (SELECT unnest($2)))
+            PIVOT (SELECT segment, step, canonical, value FROM named_step_metrics
+                   WHERE run_id = $1 AND canonical IN (SELECT unnest($2)))
             ON canonical IN ({", ".join(f"'{column}'" for column in wanted)})
             USING max(value) GROUP BY segment, step"""
         arguments = [run_id, wanted]

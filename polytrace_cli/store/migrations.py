@@ -4,7 +4,8 @@ The files are `schemas/NNN_<what>.sql` at the top of the project, shipped as the
 `polytrace_cli.schemas`; they hold tables only. A store records every applied file in
 `schema_migrations`. Opening an older store applies the files it lacks (a file numbered below one
 already applied included), all in one transaction, and then writes what is generated from the formats'
-declarations (the `metric_aliases` rows and the `steps` view, `store/catalog.py`); a store whose
+declarations (the `metric_aliases` rows and the `named_step_metrics` and `steps` views,
+`store/catalog.py`); a store whose
 version is newer than this code knows is refused, so an old polytrace never writes into a layout it
 does not understand.
 """
@@ -18,7 +19,7 @@ from importlib import resources
 import duckdb
 
 from polytrace_cli.errors import StoreError
-from polytrace_cli.store.catalog import declared_catalog, install_catalog
+from polytrace_cli.store.catalog import declared_catalog, has_format_keyed_aliases, install_catalog
 
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
@@ -114,9 +115,12 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
                 "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
                 [migration.version, migration.name],
             )
-            # The generated view exists from the first file on, for a later file that reads it; a file
-            # that replaces it loses the fingerprint, and the declared view is written again.
-            install_catalog(con, in_transaction=True, declared=declared)
+            # The generated views exist from the first file that has the catalog's tables on, for a later
+            # file that reads them; a file that replaces one loses the fingerprint, and the declared views
+            # are written again. A store migrated only part way, to before the aliases were keyed by
+            # format, gets them when it is upgraded.
+            if has_format_keyed_aliases(con):
+                install_catalog(con, in_transaction=True, declared=declared)
         con.execute("COMMIT")
     except Exception:
         try:

@@ -5,8 +5,8 @@ of it, with the reading connection's rights (`ingest_errors` redefined as a view
 would print a local file through `polytrace errors`; a macro named like a built-in function would
 change the numbers). So every store connection reads through polytrace's own definitions:
 
-- the views polytrace defines (`samples` from the migrations, `steps` from the formats'
-  declarations) are compared with the file's: where they differ, a writer rebuilds them by name and
+- the views polytrace defines (`samples` from the migrations, `named_step_metrics` and `steps` from the
+  formats' declarations) are compared with the file's: where they differ, a writer rebuilds them by name and
   a reader reads through its own, created as temporary views (which DuckDB resolves first);
 - a store holding any other view (a table of polytrace's replaced by a view, or a view of someone
   else's), or any macro, is refused with one line;
@@ -48,14 +48,16 @@ def own_view_statements() -> dict[str, str]:
     from polytrace_cli.store.catalog import declared_catalog
 
     statements = {name: f"CREATE OR REPLACE TEMP VIEW {name} AS {body}" for name, body in migration_views().items()}
-    steps = declared_catalog()[1]
-    statements["steps"] = re.sub(r"CREATE\s+OR\s+REPLACE\s+VIEW", "CREATE OR REPLACE TEMP VIEW", steps, count=1)
+    for name, statement in declared_catalog()[1].items():
+        statements[name] = re.sub(r"CREATE\s+OR\s+REPLACE\s+VIEW", "CREATE OR REPLACE TEMP VIEW", statement, count=1)
     return statements
 
 
 def foreign_objects(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The store's views polytrace does not define and its macros, as 'view NAME' / 'macro NAME'."""
-    own = set(migration_views()) | {"steps"}
+    from polytrace_cli.store.catalog import CATALOG_VIEWS
+
+    own = set(migration_views()) | set(CATALOG_VIEWS)
     views = [f"view {name}" for (name,) in con.execute(
         "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary"
         " AND database_name = current_database() ORDER BY view_name").fetchall() if name.lower() not in own]
@@ -134,12 +136,12 @@ def read_through_own_views(con: duckdb.DuckDBPyConnection, path: Path, read_only
     for name in statements:
         con.execute(f"DROP VIEW temp.main.{name}")
     if differ:
-        from polytrace_cli.store.catalog import install_catalog
+        from polytrace_cli.store.catalog import CATALOG_VIEWS, install_catalog
 
         for name in differ:
-            if name != "steps":
+            if name not in CATALOG_VIEWS:
                 con.execute(statements[name].replace("CREATE OR REPLACE TEMP VIEW", "CREATE OR REPLACE VIEW", 1))
-        if "steps" in differ:
+        if set(differ) & set(CATALOG_VIEWS):
             con.execute("DROP VIEW IF EXISTS steps")  # its fingerprint comment goes with it: written again
             install_catalog(con)
 

@@ -395,7 +395,7 @@ def check_steps(ctx: FileContext, parsed: ParsedMetrics, lines: pl.DataFrame) ->
     problems = pl.concat([
         bad_steps.select("line_no", reason=pl.when(pl.col("code") == ErrorCode.OUT_OF_RANGE)
                          .then(pl.format("step {} is out of range ({}..{})", "printed", pl.lit(STEP_MIN), pl.lit(STEP_MAX)))
-                         .otherwise(pl.format("step {} is not a whole number", "printed")), code="code"),
+                         .otherwise(pl.format("step {} is not a whole number", "printed")), code=pl.col("code")),
         overflow.select("line_no", reason=pl.format("key {}: value {} is out of range for a double", "key", "raw_value"),
                         code=pl.lit(ErrorCode.OUT_OF_RANGE)),
     ]).sort("line_no").join(lines.select("line_no", "raw"), on="line_no", how="left", maintain_order="left")

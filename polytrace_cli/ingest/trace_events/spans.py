@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.ingest.base import FileContext
 from polytrace_cli.scratch import scratch_folder
 from polytrace_cli.ingest.trace_events.pieces import split_piece
@@ -183,14 +184,14 @@ class EventTables:
             try:
                 event = json.loads(text)
             except ValueError:
-                self._reject(where, "an event that is not JSON", text, "invalid-json")
+                self._reject(where, "an event that is not JSON", text, ErrorCode.INVALID_JSON)
                 continue
             if not isinstance(event, dict):
-                self._reject(where, "an event that is not a JSON object", text, "not-an-object")
+                self._reject(where, "an event that is not a JSON object", text, ErrorCode.NOT_AN_OBJECT)
                 continue
             problem = _event_problem(event)
             if problem:
-                self._reject(where, problem, text, "type-error")
+                self._reject(where, problem, text, ErrorCode.TYPE_ERROR)
                 continue
             rows.append((index, *(_text(event.get(k)) for k in ("ph", "name", "cat", "pid", "tid")),
                          _number(event.get("ts")), _number(event.get("dur")),
@@ -202,7 +203,7 @@ class EventTables:
             self.con.executemany("INSERT INTO _tr_piece VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         self._sort_piece(lines, total=count)
 
-    def _reject(self, where: int, reason: str, text: bytes, code: str) -> None:
+    def _reject(self, where: int, reason: str, text: bytes, code: ErrorCode) -> None:
         line = where if self.source.sources_are_lines else where + 1
         self.ctx.reject(line, reason, text, code=code)
 
@@ -251,7 +252,7 @@ class EventTables:
         for idx, ph, name in unmatched:
             reason = "a begin event that is never ended" if ph == "B" else "an end event with no begin on its thread"
             ctx.reject(idx if source.sources_are_lines else idx + 1, reason, f'{{"ph": "{ph}", "name": {json.dumps(name)}}}',
-                       code="constraint-error")
+                       code=ErrorCode.CONSTRAINT_ERROR)
         self._busy_time()
         names = self._names()
         stages = {name: stage_of(name) for (name,) in con.execute("SELECT DISTINCT name FROM _tr_ranges").fetchall()}
@@ -501,7 +502,7 @@ def finish_pieces(ctx: FileContext, tables: EventTables, pieces) -> int:
     written = tables.finish()
     if pieces.problem:
         ctx.lines += 1
-        ctx.reject(None, pieces.problem, code="corrupt-file")
+        ctx.reject(None, pieces.problem, code=ErrorCode.CORRUPT_FILE)
         ctx.note(f"{ctx.path.name}: {pieces.problem}; the {tables.events:,} events before it are kept")
     return written
 

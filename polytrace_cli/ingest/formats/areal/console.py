@@ -28,6 +28,7 @@ import math
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -85,18 +86,18 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         pairs = [(cells[i], cells[i + 1]) for i in range(0, len(cells) - 1, 2)] if len(cells) % 2 == 0 else None
         if step is None or pairs is None:
             reason = "stats table row before any `Stats (i/n):` line" if step is None else "cells do not pair up"
-            ctx.reject(line_no, f"AReaL stats table: {reason}", raw, code="unparsable-line")
+            ctx.reject(line_no, f"AReaL stats table: {reason}", raw, code=ErrorCode.UNPARSABLE_LINE)
             continue
         filled = [(key, value) for key, value in pairs if key or value]
         huge = next((value for _, value in filled if _NUMBER.match(value) and "inf" not in value.lower()
                      and math.isinf(float(value))), None)
         if huge is not None:
-            ctx.reject(line_no, f"AReaL stats table row: {huge} is out of range for a double", raw, code="out-of-range")
+            ctx.reject(line_no, f"AReaL stats table row: {huge} is out of range for a double", raw, code=ErrorCode.OUT_OF_RANGE)
             continue
         bad = next((value for key, value in filled if not key or not _NUMBER.match(value)), None)
         if bad is not None or not filled:
             ctx.reject(line_no, f"AReaL stats table row holds a value that is not a number: {bad!r}", raw,
-                       code="unparsable-line")
+                       code=ErrorCode.UNPARSABLE_LINE)
             continue
         for index, (key, value) in enumerate(filled, start=1):
             rows.append((line_no, str(step), index, key, float(value), None, value))

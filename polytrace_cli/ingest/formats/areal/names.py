@@ -37,6 +37,9 @@ METRIC_ALIASES = {
     "ppo_actor/update/version_stats/sample_staleness_theta_avg": "staleness_mean",
 }
 VALIDATION_PREFIXES = ("eval-rollout/",)
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("areal-console", "areal-traces", "areal-sessions")
 
 STAGE_MEANINGS = {
     "trainer_wait_s": "timeperf/rollout: the trainer waiting for the rollout workers' batch (all of "

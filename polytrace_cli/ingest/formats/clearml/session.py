@@ -27,7 +27,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.clearml import names
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
@@ -119,7 +119,7 @@ class ClearmlMetricsIngester(Ingester):
                     raise ValueError("not an array of events")
             except ValueError as error:
                 units += 1
-                ctx.reject(line_no, f"line {line_no} is not a JSON array of events: {error}", line, code="invalid-json")
+                ctx.reject(line_no, f"line {line_no} is not a JSON array of events: {error}", line, code=ErrorCode.INVALID_JSON)
                 continue
             for event in events:
                 units += 1
@@ -130,14 +130,14 @@ class ClearmlMetricsIngester(Ingester):
                 step, value = event.get("iter"), event.get("value")
                 if not isinstance(step, int) or not STEP_MIN <= step <= STEP_MAX:
                     ctx.reject(line_no, f"line {line_no}: scalar step {step!r} is not a whole number in range", None,
-                               code="out-of-range" if isinstance(step, int) else "type-error")
+                               code=ErrorCode.OUT_OF_RANGE if isinstance(step, int) else ErrorCode.TYPE_ERROR)
                     continue
                 if value == TOO_LARGE:
                     ctx.reject(line_no, f"line {line_no}: a scalar value is out of range for a double", None,
-                               code="out-of-range")
+                               code=ErrorCode.OUT_OF_RANGE)
                     continue
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    ctx.reject(line_no, f"line {line_no}: scalar value {value!r} is not a number", None, code="type-error")
+                    ctx.reject(line_no, f"line {line_no}: scalar value {value!r} is not a number", None, code=ErrorCode.TYPE_ERROR)
                     continue
                 key = metric_key(f"{event.get('metric', '')}/{event.get('variant', '')}")
                 rows.append((units, line_no, key, step, float(value)))
@@ -167,9 +167,9 @@ class ClearmlTaskIngester(Ingester):
         try:
             task = json.loads(ctx.path.read_text(encoding="utf-8", errors="replace"))
         except ValueError as error:
-            raise IngestError(f"ClearML task.json is not valid JSON: {error}", "invalid-json") from None
+            raise IngestError(f"ClearML task.json is not valid JSON: {error}", ErrorCode.INVALID_JSON) from None
         if not isinstance(task, dict):
-            raise IngestError("ClearML task.json is not an object", "not-an-object")
+            raise IngestError("ClearML task.json is not an object", ErrorCode.NOT_AN_OBJECT)
         ctx.lines = len(task)
         used = {"name", "project_name", "id", "type", "hyperparams", "configuration"}
         ctx.stored = len(used & task.keys())
@@ -218,7 +218,7 @@ class ClearmlLogIngester(Ingester):
                     raise ValueError("not an array of events")
             except ValueError as error:
                 units += 1
-                ctx.reject(line_no, f"line {line_no} is not a JSON array of events: {error}", line, code="invalid-json")
+                ctx.reject(line_no, f"line {line_no} is not a JSON array of events: {error}", line, code=ErrorCode.INVALID_JSON)
                 continue
             if not events:
                 units += 1

@@ -79,23 +79,23 @@ def _metric_row_problem() -> pl.Expr:
     """`problem` (reason, code) of a metrics row that cannot be stored, null for a good row: a step that
     is not a whole number or outside the step range, a value that is not a number (NaN is written as
     is_nan = 1, ±inf as ±max double by MLflow), a missing key."""
-    def problem(reason: str, code: str) -> pl.Expr:
+    def problem(reason: str, code: ErrorCode) -> pl.Expr:
         return pl.struct(reason=pl.lit(reason), code=pl.lit(code))
 
     step, value = pl.col("step"), pl.col("value")
-    return (pl.when(pl.col("step_type") == "null").then(problem("metrics row has no step", "missing-field"))
+    return (pl.when(pl.col("step_type") == "null").then(problem("metrics row has no step", ErrorCode.MISSING_FIELD))
             .when(pl.col("step_real").is_not_null()).then(problem("metrics row step {step} is not a whole number",
-                                                                  "type-error"))
-            .when(step.is_null()).then(problem("metrics row step is {type}, not an integer", "type-error"))
+                                                                  ErrorCode.TYPE_ERROR))
+            .when(step.is_null()).then(problem("metrics row step is {type}, not an integer", ErrorCode.TYPE_ERROR))
             .when(~step.is_between(STEP_MIN, STEP_MAX)).then(problem("metrics row step {step} is outside the step"
-                                                                     " range", "out-of-range"))
-            .when(pl.col("key").is_null()).then(problem("metrics row has no key", "missing-field"))
+                                                                     " range", ErrorCode.OUT_OF_RANGE))
+            .when(pl.col("key").is_null()).then(problem("metrics row has no key", ErrorCode.MISSING_FIELD))
             .when((pl.col("is_nan") == 0) & (pl.col("value_type") == "null")).then(
-                problem("metrics row has no value", "missing-field"))
+                problem("metrics row has no value", ErrorCode.MISSING_FIELD))
             .when((pl.col("is_nan") == 0) & value.is_null()).then(
-                problem("metrics row value is {type}, not a number", "type-error"))
+                problem("metrics row value is {type}, not a number", ErrorCode.TYPE_ERROR))
             .when((pl.col("is_nan") == 0) & value.is_infinite()).then(
-                problem("metrics row value {value} is beyond a double (MLflow writes no infinity)", "out-of-range"))
+                problem("metrics row value {value} is beyond a double (MLflow writes no infinity)", ErrorCode.OUT_OF_RANGE))
             .otherwise(None).alias("problem"))
 
 
@@ -273,7 +273,7 @@ class MlflowSqliteIngester(Ingester):
                 tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 if not MLFLOW_TABLES <= tables:
                     raise IngestError(f"SQLite database without MLflow's tables ({', '.join(sorted(MLFLOW_TABLES - tables))}"
-                                      " missing)", "missing-field")
+                                      " missing)", ErrorCode.MISSING_FIELD)
                 runs = con.execute("SELECT run_uuid, name, status, start_time, end_time, lifecycle_stage,"
                                    " experiment_id FROM runs ORDER BY start_time, run_uuid").fetchall()
                 metrics = con.execute(METRIC_ROWS).fetchall()
@@ -281,7 +281,7 @@ class MlflowSqliteIngester(Ingester):
                 tags = con.execute("SELECT run_uuid, key, CAST(value AS TEXT) FROM tags").fetchall()
         except sqlite3.Error as error:
             raise IngestError(f"damaged SQLite database, its MLflow store cannot be read: {error}",
-                              "corrupt-file") from None
+                              ErrorCode.CORRUPT_FILE) from None
         ctx.lines = len(metrics) + len(params) + len(tags)
         deleted = {run[0] for run in runs if run[5] == "deleted"}
         live = [run for run in runs if run[0] not in deleted]
@@ -293,7 +293,7 @@ class MlflowSqliteIngester(Ingester):
                 if row[uuid_at] not in known and row[uuid_at] not in deleted:
                     line_no = row[0] if rows is metrics else None
                     ctx.reject(line_no, f"{table} row of run {row[uuid_at]!r}, which the store's runs table does not"
-                               " hold", None, code="constraint-error")
+                               " hold", None, code=ErrorCode.CONSTRAINT_ERROR)
         frame = pl.DataFrame([row for row in metrics if row[1] in known], schema=_metric_schema(), orient="row")
         problem = _metric_row_problem()
         for line_no, step, step_real, value, value_type, reason, code in frame.with_columns(problem).filter(

@@ -41,6 +41,7 @@ import math
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -130,13 +131,13 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
         value = _VALUE.match(bullet.group(2))
         if value is None:
             ctx.reject(line_no, f"NeMo-RL bullet {label!r} holds no number: {bullet.group(2)[:60]!r}", raw,
-                       code="unparsable-line")
+                       code=ErrorCode.UNPARSABLE_LINE)
             continue
         key = prefix + LABELS.get(label, label)
         number = float(value.group(1))
         if math.isinf(number) and "inf" not in value.group(1):
             ctx.reject(line_no, f"NeMo-RL bullet {label!r}: {value.group(1)} is out of range for a double", raw,
-                       code="out-of-range")
+                       code=ErrorCode.OUT_OF_RANGE)
             continue
         rows.append((line_no, step, 1, key, number, None, value.group(1)))
     return ParsedMetrics.from_rows(rows)

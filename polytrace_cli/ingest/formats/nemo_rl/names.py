@@ -29,6 +29,9 @@ METRIC_ALIASES = {
     "mean_prompt_length": "prompt_length_mean",
 }
 VALIDATION_PREFIXES = ("validation/", "timing/validation/")
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("nemo-rl-console", "nemo-rl-trace")
 
 # What each canonical stage holds in a NeMo-RL GRPO run; a stage left out has no counterpart.
 STAGE_MEANINGS = {

@@ -24,6 +24,9 @@ METRIC_ALIASES = {
     "eval/duration_s": "eval_s",
 }
 VALIDATION_PREFIXES = ("eval/",)
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("openrlhf-console",)
 
 FRAMEWORK = "openrlhf"
 # What each canonical stage holds in an OpenRLHF run (0.9+ `timing/*`); a stage left out has no counterpart.

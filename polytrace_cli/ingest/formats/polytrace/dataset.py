@@ -98,7 +98,7 @@ class DatasetJsonIngester(Ingester):
         con = ctx.con
         for position, key, code in con.execute(
                 "SELECT position, key, problem FROM entries WHERE problem IS NOT NULL ORDER BY position").fetchall():
-            reason = "is not UTF-8 text" if code == "encoding-error" else "is not valid JSON"
+            reason = "is not UTF-8 text" if code == ErrorCode.ENCODING_ERROR else "is not valid JSON"
             ctx.reject(position, f"step {key}: the entry {reason}", key, code=code)
         con.execute("DELETE FROM entries WHERE problem IS NOT NULL")
         # Lengths must be whole numbers an INTEGER holds (the rule of every JSON trace), else the entry is rejected.
@@ -161,10 +161,10 @@ class DatasetJsonIngester(Ingester):
             try:
                 json.loads(text)
             except RecursionError:
-                raise IngestError("not a valid JSON document: nested too deep to read", "invalid-json") from None
+                raise IngestError("not a valid JSON document: nested too deep to read", ErrorCode.INVALID_JSON) from None
             except ValueError as error:
-                raise IngestError(f"not a valid JSON document: {error}", "invalid-json") from None
-            raise IngestError("the document is not a JSON object keyed by step", "not-an-object")
+                raise IngestError(f"not a valid JSON document: {error}", ErrorCode.INVALID_JSON) from None
+            raise IngestError("the document is not a JSON object keyed by step", ErrorCode.NOT_AN_OBJECT)
         keys = [key.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for key, _, _ in members]
         values = []
         for _, start, end in members:
@@ -184,12 +184,13 @@ class DatasetJsonIngester(Ingester):
         ctx.con.register("dataset_members", table)
         try:
             ctx.con.execute(
-                """
+                f"""
                 CREATE OR REPLACE TEMP TABLE entries AS
                 SELECT position, key,
                        CASE WHEN regexp_full_match(trim(key), '-?[0-9]+') THEN try_cast(key AS INTEGER) END AS step,
                        CASE WHEN json_valid(value) THEN value::JSON END AS entry,
-                       CASE WHEN value IS NULL THEN 'encoding-error' WHEN NOT json_valid(value) THEN 'invalid-json'
+                       CASE WHEN value IS NULL THEN '{ErrorCode.ENCODING_ERROR}' WHEN NOT json_valid(value)
+                            THEN '{ErrorCode.INVALID_JSON}'
                        END AS problem
                 FROM dataset_members
                 """)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.prometheus.scrape import FINITE_LIMIT, engine_expr, store_samples
 from polytrace_cli.ingest.registry import register
@@ -41,14 +41,14 @@ class PrometheusRangeQueryIngester(Ingester):
         size = ctx.path.stat().st_size
         if size > MAX_BYTES:
             raise IngestError(f"a range-query export of {size >> 20} MB is beyond the {MAX_BYTES >> 20} MB read "
-                              "whole; export shorter ranges", code="unreadable-file")
+                              "whole; export shorter ranges", code=ErrorCode.UNREADABLE_FILE)
         try:
             document = json.loads(ctx.path.read_bytes())
         except (ValueError, RecursionError) as error:
-            raise IngestError(f"not a JSON document: {error}", code="invalid-json") from None
+            raise IngestError(f"not a JSON document: {error}", code=ErrorCode.INVALID_JSON) from None
         result = (document.get("data") or {}).get("result") if isinstance(document, dict) else None
         if not isinstance(result, list):
-            raise IngestError("no `data.result` list: not a Prometheus range-query answer", code="missing-field")
+            raise IngestError("no `data.result` list: not a Prometheus range-query answer", code=ErrorCode.MISSING_FIELD)
         frames: list[pl.DataFrame] = []
         ctx.lines = 0
         for index, series in enumerate(result):
@@ -58,7 +58,7 @@ class PrometheusRangeQueryIngester(Ingester):
             if not isinstance(values, list) or not isinstance(name, str):
                 ctx.lines += 1  # a series that cannot be read counts as one unit, rejected whole
                 ctx.reject(index * SAMPLES_PER_SERIES, "a series without `__name__` labels and a `values` "
-                           "list: what it measures is unknown", json.dumps(series)[:300], code="missing-field")
+                           "list: what it measures is unknown", json.dumps(series)[:300], code=ErrorCode.MISSING_FIELD)
                 continue
             ctx.lines += len(values)
             if name.endswith(("_bucket", "_created")):
@@ -88,12 +88,12 @@ class PrometheusRangeQueryIngester(Ingester):
         )
         shaped = (pl.col("pairs") == 1) & pl.col("ts").is_not_null() & pl.col("value").is_not_null()
         for line_no, text in parsed.filter(~shaped).select("line_no", "pair").iter_rows():
-            ctx.reject(line_no, "a sample that is not [unix seconds, \"value\"]", text[:300], code="type-error")
+            ctx.reject(line_no, "a sample that is not [unix seconds, \"value\"]", text[:300], code=ErrorCode.TYPE_ERROR)
         parsed = parsed.filter(shaped)
         nan = pl.col("value").is_nan()
         ctx.ignore("nan-sample", parsed.filter(nan).height)
         parsed = parsed.filter(~nan)
         huge = (pl.col("value").abs() > FINITE_LIMIT) | (pl.col("ts").abs() > FINITE_LIMIT)
         for line_no, text in parsed.filter(huge).select("line_no", "pair").iter_rows():
-            ctx.reject(line_no, "the sample's value is beyond what a double holds", text[:300], code="out-of-range")
+            ctx.reject(line_no, "the sample's value is beyond what a double holds", text[:300], code=ErrorCode.OUT_OF_RANGE)
         return parsed.filter(~huge).select("line_no", "ts", "value")

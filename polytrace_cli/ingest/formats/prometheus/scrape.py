@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest.base import FileContext, Ingester
@@ -85,7 +86,7 @@ class PrometheusScrapeIngester(Ingester):
         ).with_columns(pl.col("scrape_url", "scrape_ts").forward_fill())
         bad_markers = frame.filter(pl.col("is_marker") & pl.col("scrape_ts").is_null())
         for line_no, text in bad_markers.select("line_no", "raw").iter_rows():
-            ctx.reject(line_no, "a scrape marker without `ts_ms=<milliseconds>`", text, code="unparsable-line")
+            ctx.reject(line_no, "a scrape marker without `ts_ms=<milliseconds>`", text, code=ErrorCode.UNPARSABLE_LINE)
         body = frame.filter(~pl.col("is_marker"))
         stripped = pl.col("raw").str.strip_chars()
         blank = stripped == ""
@@ -102,7 +103,7 @@ class PrometheusScrapeIngester(Ingester):
         shaped = pl.col("name").is_not_null()
         for line_no, text in candidates.filter(~shaped).select("line_no", "raw").iter_rows():
             ctx.reject(line_no, "not a Prometheus sample `name{labels} value [timestamp]`", text,
-                       code="unparsable-line")
+                       code=ErrorCode.UNPARSABLE_LINE)
         samples = candidates.filter(shaped)
         bucket = pl.col("name").str.ends_with("_bucket")
         created = pl.col("name").str.ends_with("_created")
@@ -119,14 +120,14 @@ class PrometheusScrapeIngester(Ingester):
         value_bad = pl.col("value").is_null() | (pl.col("value").abs() > FINITE_LIMIT)
         for line_no, text, value in samples.filter(value_bad).select("line_no", "raw", "value").iter_rows():
             if value is None:
-                ctx.reject(line_no, "the sample's value is not a number", text, code="type-error")
+                ctx.reject(line_no, "the sample's value is not a number", text, code=ErrorCode.TYPE_ERROR)
             else:
-                ctx.reject(line_no, "the sample's value is beyond what a double holds", text, code="out-of-range")
+                ctx.reject(line_no, "the sample's value is beyond what a double holds", text, code=ErrorCode.OUT_OF_RANGE)
         samples = samples.filter(~value_bad)
         no_time = pl.col("ts_ms").is_null()
         for line_no, text in samples.filter(no_time).select("line_no", "raw").iter_rows():
             ctx.reject(line_no, "a sample without a timestamp (record scrapes with `polytrace scrape`)", text,
-                       code="missing-field")
+                       code=ErrorCode.MISSING_FIELD)
         samples = samples.filter(~no_time)
         engine_index = pl.col("label_text").str.extract(r'\bengine="([^"]*)"')
         instance = pl.concat_str(

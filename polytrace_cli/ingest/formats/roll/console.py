@@ -30,6 +30,7 @@ import math
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -165,14 +166,14 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> ParsedMetrics:
                 if not isinstance(payload, dict):
                     raise ValueError("not an object")
         except OutOfRange as error:
-            ctx.reject(line_no, f"ROLL metrics dict: {error}", raw, code="out-of-range")
+            ctx.reject(line_no, f"ROLL metrics dict: {error}", raw, code=ErrorCode.OUT_OF_RANGE)
             continue
         except ValueError as error:
-            ctx.reject(line_no, f"ROLL metrics dict is not JSON: {error}", raw, code="invalid-json")
+            ctx.reject(line_no, f"ROLL metrics dict is not JSON: {error}", raw, code=ErrorCode.INVALID_JSON)
             continue
         if line_step is None:
             ctx.reject(line_no, "ROLL metrics dict without a step (no `pipeline step N start...` line before it)",
-                       raw, code="missing-field")
+                       raw, code=ErrorCode.MISSING_FIELD)
             continue
         for index, (key, value) in enumerate(payload.items(), start=1):
             number, text = _pair(value)

@@ -30,6 +30,9 @@ METRIC_ALIASES = {
     "token/prompt_length/min": "prompt_length_min",
 }
 VALIDATION_PREFIXES = ("val_correct/",)
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("roll-console",)
 
 STAGE_MEANINGS = {
     "step_s": "time/step_total of the next step (ROLL logs each step's total one step late); a tracker's "

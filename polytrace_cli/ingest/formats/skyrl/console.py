@@ -25,6 +25,7 @@ import json
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -139,7 +140,7 @@ def parse_dicts(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
                 raise ValueError("not a dict")
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
             for number, raw in zip(block, raws.slice(start, len(block)).to_list()):
-                ctx.reject(number, f"SkyRL step {step} dict cannot be read: {error}", raw, code="unparsable-line")
+                ctx.reject(number, f"SkyRL step {step} dict cannot be read: {error}", raw, code=ErrorCode.UNPARSABLE_LINE)
             unreadable.add(line_no)
             continue
         for pair_index, (key, value) in enumerate(_flatten(payload), start=1):
@@ -173,7 +174,7 @@ class SkyRLConsoleIngester(Ingester):
         if "encoding" in rest.columns:
             damaged = pl.col("encoding").is_not_null()
             for line_no, reason, raw in rest.filter(damaged).select("line_no", "encoding", "raw").iter_rows():
-                ctx.reject(line_no, reason, raw, code="encoding-error")
+                ctx.reject(line_no, reason, raw, code=ErrorCode.ENCODING_ERROR)
             rest = rest.filter(~damaged)
         for rule, count in rest.group_by("kind").len().sort("kind").iter_rows():
             ctx.ignore(rule, count)

@@ -27,6 +27,9 @@ METRIC_ALIASES = {
     "reward/avg_raw_reward": "reward_mean",
 }
 VALIDATION_PREFIXES = ("eval/",)
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("skyrl-console",)
 
 STAGE_MEANINGS = {
     "step_s": "timing/step: the whole step",

@@ -37,6 +37,7 @@ import math
 import re
 from pathlib import Path
 
+from polytrace_cli.errors import ErrorCode
 from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest import console_lines as cl
@@ -138,14 +139,14 @@ def parse_lines(ctx: FileContext, lines: pl.DataFrame) -> tuple[ParsedMetrics, d
                 raise ValueError("no closing brace")
             payload = _payload(match.group(3))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
-            ctx.reject(line_no, f"slime metrics dict cannot be read: {error}", raw, code="unparsable-line")
+            ctx.reject(line_no, f"slime metrics dict cannot be read: {error}", raw, code=ErrorCode.UNPARSABLE_LINE)
             continue
         if not payload:
             ctx.ignore("empty dict")
             continue
         huge = next((text for text in _NUMBER_LITERAL.findall(match.group(3)) if math.isinf(float(text))), None)
         if huge is not None:
-            ctx.reject(line_no, f"slime metrics dict: {huge} is out of range for a double", raw, code="out-of-range")
+            ctx.reject(line_no, f"slime metrics dict: {huge} is out of range for a double", raw, code=ErrorCode.OUT_OF_RANGE)
             continue
         stream = match.group(1)
         if stream == "perf" and "perf/rollout_time" in payload:

@@ -41,6 +41,9 @@ METRIC_ALIASES = {
     "rollout/raw_reward": "reward_mean",
 }
 VALIDATION_PREFIXES = ("eval/",)
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("slime-console",)
 
 # What each canonical stage holds in a slime run; a stage left out has no counterpart in slime.
 STAGE_MEANINGS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.swanlab import names
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework
@@ -41,9 +41,9 @@ class SwanlabConfigIngester(Ingester):
             where = getattr(error, "problem_mark", None)
             at = f" at line {where.line + 1}" if where is not None else ""
             raise IngestError(f"SwanLab config.yaml is not valid YAML{at}: {getattr(error, 'problem', None) or error}",
-                              "unparsable-line") from None
+                              ErrorCode.UNPARSABLE_LINE) from None
         if not isinstance(document, dict):
-            raise IngestError("SwanLab config.yaml is not a mapping", "not-an-object")
+            raise IngestError("SwanLab config.yaml is not a mapping", ErrorCode.NOT_AN_OBJECT)
         config = unwrap_config(document)
         ctx.lines = ctx.stored = len(document)
         framework = detect_framework(config)

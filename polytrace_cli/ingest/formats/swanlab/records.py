@@ -31,7 +31,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.swanlab import names
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
@@ -128,9 +128,9 @@ class _Run:
             self.ctx.ignore("system monitor scalar")
         elif not STEP_MIN <= step <= STEP_MAX:
             self.ctx.reject(record_no, f"record {record_no}: step {step} is outside the step range", None,
-                            code="out-of-range")
+                            code=ErrorCode.OUT_OF_RANGE)
         elif value is None:
-            self.ctx.reject(record_no, f"record {record_no}: scalar {key!r} holds no number", None, code="type-error")
+            self.ctx.reject(record_no, f"record {record_no}: scalar {key!r} holds no number", None, code=ErrorCode.TYPE_ERROR)
         else:
             self.scalars.append((record_no, metric_key(key), step, value))
             self.ctx.stored += 1
@@ -199,11 +199,11 @@ class SwanlabRecordsIngester(Ingester):
     def load(self, ctx: FileContext) -> None:
         data = ctx.path.read_bytes()
         if len(data) < FILE_HEADER.size:
-            raise IngestError("SwanLab record log shorter than its header", "corrupt-file")
+            raise IngestError("SwanLab record log shorter than its header", ErrorCode.CORRUPT_FILE)
         ident, magic, version = FILE_HEADER.unpack_from(data)
         if (ident, magic) != (IDENT, MAGIC) or version not in (1, 2):
             raise IngestError(f"not a SwanLab record log this version reads (header {ident!r}, version {version})",
-                              "corrupt-file")
+                              ErrorCode.CORRUPT_FILE)
         records, damaged_at = read_records(data, (IDENT, MAGIC, version), "SwanLab")
         run = _Run(ctx)
         read = run.json_record if version == 1 else run.proto_record
@@ -211,12 +211,12 @@ class SwanlabRecordsIngester(Ingester):
             try:
                 read(record_no, body)
             except (ValueError, KeyError, TypeError, AttributeError) as error:
-                ctx.reject(record_no, f"record {record_no} does not decode: {error}", body[:300], code="corrupt-file")
+                ctx.reject(record_no, f"record {record_no} does not decode: {error}", body[:300], code=ErrorCode.CORRUPT_FILE)
         ctx.lines = len(records)
         if damaged_at is not None:
             ctx.lines += 1
             ctx.reject(len(records) + 1, f"record log damaged at byte {damaged_at} of {len(data)}: a truncated or"
-                       " corrupt record; the records before it are kept", None, code="corrupt-file")
+                       " corrupt record; the records before it are kept", None, code=ErrorCode.CORRUPT_FILE)
             ctx.note(f"damaged at byte {damaged_at}; {len(records)} records kept")
         frame = pl.DataFrame(run.scalars, schema={"line_no": pl.Int64, "key": pl.String, "step": pl.Int64,
                                                   "value": pl.Float64}, orient="row")

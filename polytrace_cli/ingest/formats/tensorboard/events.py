@@ -222,7 +222,7 @@ class TensorBoardEventsIngester(Ingester):
                            if (scalar := _scalar_of(value, tensor_util)) is not None]
             except Exception as error:  # tensor_util raises ValueError, TypeError, ... on a malformed tensor
                 ctx.reject(record_no, f"event record holds a malformed tensor: {type(error).__name__}", None,
-                           code="unparsable-line")
+                           code=ErrorCode.UNPARSABLE_LINE)
                 continue
             for tag, scalar in scalars:
                 steps.append(event.step)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.traces import names
 from polytrace_cli.ingest.trace_events.spans import ROLE_OF_STAGE, rank_in, role_in, stage_of
@@ -110,7 +110,7 @@ class NsysSqliteIngester(Ingester):
         for rowid, name, start, end, global_tid, busy in rows:
             if name is None or start is None or end < start:
                 ctx.reject(rowid, "an NVTX range without text or ending before it starts",
-                           f"{name!r} {start} {end}", code="constraint-error")
+                           f"{name!r} {start} {end}", code=ErrorCode.CONSTRAINT_ERROR)
                 bad += 1
                 continue
             stage = stage_of(name)

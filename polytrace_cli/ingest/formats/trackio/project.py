@@ -24,7 +24,7 @@ from pathlib import Path
 
 from polytrace_cli.lazy import polars as pl
 
-from polytrace_cli.errors import IngestError
+from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys, metric_key
 from polytrace_cli.ingest.formats.trackio import names
@@ -125,7 +125,7 @@ class TrackioProjectIngester(Ingester):
             finally:
                 con.close()
         except sqlite3.Error as error:
-            raise IngestError(f"Trackio project file cannot be read: {error}", "unreadable-file") from None
+            raise IngestError(f"Trackio project file cannot be read: {error}", ErrorCode.UNREADABLE_FILE) from None
         ctx.lines = len(metrics) + len(configs) + system
         ctx.ignore("system metrics row", system)
         rows, order = [], {}
@@ -133,18 +133,18 @@ class TrackioProjectIngester(Ingester):
             order.setdefault(run_key, run_name)
             if not STEP_MIN <= step <= STEP_MAX:
                 ctx.reject(line_no, f"metrics row {line_no}: step {step} is outside the step range", None,
-                           code="out-of-range")
+                           code=ErrorCode.OUT_OF_RANGE)
                 continue
             try:
                 payload = _decoded(blob)
                 if not isinstance(payload, dict):
                     raise ValueError("not an object")
             except OutOfRange as error:
-                ctx.reject(line_no, f"metrics row {line_no}: {error}", str(blob)[:300], code="out-of-range")
+                ctx.reject(line_no, f"metrics row {line_no}: {error}", str(blob)[:300], code=ErrorCode.OUT_OF_RANGE)
                 continue
             except (ValueError, UnicodeDecodeError) as error:
                 ctx.reject(line_no, f"metrics row {line_no} is not a JSON object: {error}", str(blob)[:300],
-                           code="invalid-json")
+                           code=ErrorCode.INVALID_JSON)
                 continue
             ctx.stored += 1
             rows += [(run_key, line_no, step, metric_key(key), value, text) for key, value, text in _pairs(payload)]
@@ -157,7 +157,7 @@ class TrackioProjectIngester(Ingester):
                     raise ValueError("not an object")
             except (ValueError, UnicodeDecodeError) as error:
                 ctx.reject(config_id, f"configs row {config_id} (run {run_name!r}) is not a JSON object: {error}",
-                           str(blob)[:300], code="invalid-json")
+                           str(blob)[:300], code=ErrorCode.INVALID_JSON)
                 continue
             ctx.stored += 1
             settings[run_key] = {key: value for key, value in config.items() if key not in BOOKKEEPING}

@@ -273,7 +273,7 @@ class TrlGrammar(ConsoleGrammar):
                 records.extend([(line_no, index, str(key), *trl.scalar(value))
                                 for index, (key, value) in enumerate(payload.items(), start=1)])
             except trl.TooLarge as error:
-                ctx.reject(line_no, f"value {error} is out of range for a double", raw, code="out-of-range")
+                ctx.reject(line_no, f"value {error} is out of range for a double", raw, code=ErrorCode.OUT_OF_RANGE)
         return pl.DataFrame(records, schema=pair_schema(), orient="row")
 
     def _stage_kinds(self, dicts: pl.DataFrame, pairs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

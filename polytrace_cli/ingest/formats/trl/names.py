@@ -32,6 +32,9 @@ METRIC_ALIASES = {
 }
 # The Trainer's `eval_*` keys are stored as `eval/*`.
 VALIDATION_PREFIXES = ("eval/",)
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("trl-console", "trl-trainer-state")
 # Key prefixes that tell TRL's AsyncGRPO (semantics/execution_mode.py).
 EXECUTION_MODE_KEYS = {
     "rollout/score_wait_s": "async-grpo",

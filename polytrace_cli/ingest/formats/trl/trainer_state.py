@@ -43,7 +43,7 @@ class UnreadableEntry:
     """A `log_history` entry that cannot be read (nested too deep, not JSON)."""
 
     reason: str
-    code: str
+    code: ErrorCode
     raw: str
 
 
@@ -59,7 +59,7 @@ def read_state(path: Path) -> dict:
         document = json_documents.loads(text)
     except json.JSONDecodeError as error:
         raise IngestError(f"trainer_state.json is not valid JSON: {error.msg} at line {error.lineno}",
-                          "invalid-json") from None
+                          ErrorCode.INVALID_JSON) from None
     except RecursionError:
         document = _read_entry_by_entry(text)
     if not isinstance(document, dict) or not isinstance(document.get("log_history"), list):
@@ -69,7 +69,7 @@ def read_state(path: Path) -> dict:
 
 def _read_entry_by_entry(text: str) -> dict:
     split = json_documents.array_elements(text, "log_history")
-    too_deep = IngestError("trainer_state.json is nested too deep to read", "invalid-json")
+    too_deep = IngestError("trainer_state.json is nested too deep to read", ErrorCode.INVALID_JSON)
     if split is None:
         raise too_deep
     elements, rest = split
@@ -84,10 +84,10 @@ def _read_entry_by_entry(text: str) -> dict:
         try:
             entries.append(json_documents.loads(element))
         except RecursionError:
-            entries.append(UnreadableEntry("log_history entry is nested too deep to read", "invalid-json",
+            entries.append(UnreadableEntry("log_history entry is nested too deep to read", ErrorCode.INVALID_JSON,
                                            element[:300]))
         except ValueError as error:
-            entries.append(UnreadableEntry(f"log_history entry is not JSON: {error}", "invalid-json", element[:300]))
+            entries.append(UnreadableEntry(f"log_history entry is not JSON: {error}", ErrorCode.INVALID_JSON, element[:300]))
     document["log_history"] = entries
     return document
 
@@ -156,12 +156,12 @@ class TrainerStateIngester(Ingester):
                 ctx.reject(line_no, entry.reason, entry.raw, code=entry.code)
                 continue
             if not isinstance(entry, dict):
-                ctx.reject(line_no, "log_history entry is not an object", _excerpt(entry), code="not-an-object")
+                ctx.reject(line_no, "log_history entry is not an object", _excerpt(entry), code=ErrorCode.NOT_AN_OBJECT)
                 continue
             too_large = json_documents.beyond_double(entry)
             if too_large is not None:
                 ctx.reject(line_no, f"the number {too_large[:40]} is beyond a double", _excerpt(entry),
-                           code="out-of-range")
+                           code=ErrorCode.OUT_OF_RANGE)
                 continue
             if trl.is_summary_dict(entry):
                 summary = {key: _number(value) for key, value in entry.items()}
@@ -171,17 +171,17 @@ class TrainerStateIngester(Ingester):
             if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) \
                     or step != int(step):
                 ctx.reject(line_no, "log_history entry has no whole-number step", _excerpt(entry),
-                           code="missing-field" if step is None else "type-error")
+                           code=ErrorCode.MISSING_FIELD if step is None else ErrorCode.TYPE_ERROR)
                 continue
             if not STEP_MIN <= step <= STEP_MAX:
-                ctx.reject(line_no, f"step {step} is out of range", _excerpt(entry), code="out-of-range")
+                ctx.reject(line_no, f"step {step} is out of range", _excerpt(entry), code=ErrorCode.OUT_OF_RANGE)
                 continue
             in_eval = trl.is_eval_dict(entry)
             try:
                 pairs = [(trl.store_key(trl.mean_length_key(key, entry), in_eval), *trl.scalar(value))
                          for key, value in entry.items() if key != "step"]
             except trl.TooLarge as error:
-                ctx.reject(line_no, f"the number {error} is beyond a double", _excerpt(entry), code="out-of-range")
+                ctx.reject(line_no, f"the number {error} is beyond a double", _excerpt(entry), code=ErrorCode.OUT_OF_RANGE)
                 continue
             rows.extend((line_no, int(step), key, value, text) for key, value, text in pairs)
             ctx.stored += 1

@@ -247,7 +247,7 @@ def _unglue_numbers(ctx: FileContext, metrics: pl.DataFrame, lines: pl.DataFrame
     for line_no, key, value in ambiguous.unique("line_no", keep="first", maintain_order=True).select(
             "line_no", "key", "text_value").iter_rows():
         ctx.reject(line_no, f"key {key}: value {value[:60]!r} is a number run into other text", raw.get(line_no),
-                   code="unparsable-line")
+                   code=ErrorCode.UNPARSABLE_LINE)
     if plain.height:
         fixed = plain.select("line_no", "pair_index", fixed=pl.col("number").cast(pl.Float64))
         metrics = metrics.join(fixed, on=["line_no", "pair_index"], how="left", maintain_order="left").with_columns(

@@ -99,6 +99,9 @@ METRIC_ALIASES = {
 }
 # Keys logged by validation only (`val-core/...`, `val/...`, older `test_score/...`).
 VALIDATION_PREFIXES = ("val-", "val/", "test_score/")
+# The formats whose files read these names (each one's `metric_aliases`): the store keys its names by
+# format, and a store is opened without loading the formats.
+FORMATS = ("verl-console", "verl-jsonl")
 # Key prefixes that tell an asynchronous recipe's execution mode (semantics/execution_mode.py), most
 # specific first: one-step-off's wait and weight sync (one_step_off_policy/ray_trainer.py,
 # docs/advance/one_step_off.md), the V1 trainer's switches and off-policy family

@@ -98,7 +98,7 @@ class WandbCsvIngester(Ingester):
                      " are not stored")
         if len(runs) > 1:
             raise IngestError(f"the export holds {len(runs)} runs ({', '.join(runs)}); export one run per file",
-                              "constraint-error")
+                              ErrorCode.CONSTRAINT_ERROR)
         ctx.lines = rows + 1 + skip
         ctx.ignore("CSV header")
         ctx.ignore("line before the CSV header", skip)
@@ -130,14 +130,14 @@ class WandbCsvIngester(Ingester):
                 "SELECT row_no, min(key) FROM wandb_csv_cells WHERE beyond_double AND step IS NOT NULL"
                 " GROUP BY row_no ORDER BY row_no").fetchall():
             ctx.reject(row_no + line_of_row, f"the value of {cell} is a number beyond a double", None,
-                       code="out-of-range")
+                       code=ErrorCode.OUT_OF_RANGE)
         con.execute("DELETE FROM wandb_csv_cells WHERE row_no IN"
                     " (SELECT row_no FROM wandb_csv_cells WHERE beyond_double AND step IS NOT NULL)")
         for row_no, step_text, code in con.execute(
             f"SELECT row_no, {_ident(step_column)}, {step_problem_sql(_ident(step_column))} FROM wandb_csv"
             f" WHERE {step_sql(_ident(step_column))} IS NULL ORDER BY row_no"
         ).fetchall():
-            what = "is outside the step range" if code == "out-of-range" else "is not an integer"
+            what = "is outside the step range" if code == ErrorCode.OUT_OF_RANGE else "is not an integer"
             ctx.reject(row_no + line_of_row, f"{step_column} {what}: {step_text!r}", step_text, code=code)
         with_values = con.execute(
             "SELECT count(DISTINCT row_no) FROM wandb_csv_cells WHERE step IS NOT NULL").fetchall()[0][0]
@@ -174,7 +174,7 @@ def _reject_rows_with_nul(ctx: FileContext, columns: list[str], line_of_row: int
     for row_no, *cells in ctx.con.execute(
             f"SELECT row_no, * EXCLUDE (row_no) FROM wandb_csv WHERE {holds_nul} ORDER BY row_no").fetchall():
         ctx.reject(row_no + line_of_row, "holds a NUL byte", ",".join("" if c is None else c for c in cells),
-                   code="unparsable-line")
+                   code=ErrorCode.UNPARSABLE_LINE)
     ctx.con.execute(f"DELETE FROM wandb_csv WHERE {holds_nul}")
 
 

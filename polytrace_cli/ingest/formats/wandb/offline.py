@@ -164,7 +164,7 @@ def _key(item) -> str:
 class RecordProblem(Exception):
     """A record that cannot be read: its reason, error code and an excerpt."""
 
-    def __init__(self, reason: str, code: str, raw: str | None = None) -> None:
+    def __init__(self, reason: str, code: ErrorCode, raw: str | None = None) -> None:
         super().__init__(reason)
         self.reason, self.code, self.raw = reason, code, raw
 

@@ -136,7 +136,7 @@ class WandbTableIngester(Ingester):
         for row_no in range(repeated + 1, len(data) + 1):
             text = json.dumps(data[row_no - 1], ensure_ascii=False)
             if any("\udc80" <= char <= "\udcff" for char in text):
-                ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code="encoding-error")
+                ctx.reject(row_no, "row is not UTF-8 text", json.dumps(data[row_no - 1]), code=ErrorCode.ENCODING_ERROR)
             else:
                 row_numbers.append(row_no)
                 texts.append(text)
@@ -187,7 +187,7 @@ class WandbTableIngester(Ingester):
                            code=ErrorCode.MISSING_FIELD)
             else:
                 ctx.reject(row_no, f"row does not have the table's {len(columns)} columns", row,
-                           code="constraint-error")
+                           code=ErrorCode.CONSTRAINT_ERROR)
         con.execute("DROP TABLE IF EXISTS wandb_table_batch")
         ctx.insert(
             """
