@@ -165,3 +165,16 @@ def test_a_tracker_clock_then_spans_come_before_the_console_clock(console_run):
     assert sorted(windows) == [2, 3] and windows[3]["window_end"] == pytest.approx(run.steps[2]["logged_at"] + 7)
     gaps = consistency.per_step(con, [rid], ALL_STEPS)
     assert gaps["gap_s"].null_count() == gaps.height  # one tracked step: no gap between two
+
+
+def test_times_of_buffered_output_give_no_clock(store, tmp_path):
+    # stdout to a pipe is block-buffered: a stamping tool dates each chunk's lines alike, long after the steps.
+    log = tmp_path / "train.log"
+    delivered = [START + 100.0, START + 100.0, START + 100.001, START + 250.0]
+    log.write_text("".join(f"{kubectl_stamp(at)} step:{k} - timing_s/step:60.0 - timing_s/gen:20.0\n"
+                           for k, at in enumerate(delivered, start=1)))
+    [report] = ingest_paths(store, [log], run_name="buffered")
+    assert report.format == "verl-console" and report.rejected == 0
+    assert store.execute("SELECT count(*) FROM steps").fetchone() == (4,)
+    assert store.execute("SELECT count(*) FROM step_clock").fetchone() == (0,)
+    assert any("buffered output" in note for note in report.notes)
