@@ -86,3 +86,79 @@ def test_tensorboard_events_of_a_nemo_rl_run(store, tmp_path):
     assert store.execute("SELECT framework FROM runs").fetchone() == ("nemo_rl",)
     assert _steps(store, "nemo_tb") == [(0, 1, 45.0, 20.0, 6.0, 10.0, 4.0, None, None, 601.0, False),
                                         (0, 2, 47.0, 21.0, 6.0, 10.0, 4.0, None, None, 602.0, False)]
+
+
+# NeMo-RL's GPU monitor, as `nemo_rl/utils/logger.py` (NVIDIA-NeMo/RL @ 7ea279abfbeb698b092856d0dab61e7cf39bc909)
+# writes it: `RayGpuMonitorLogger` collects `node.<n>.gpu.<i>.util` (Ray's `ray_node_gpus_utilization`,
+# percent) and `node.<n>.gpu.<i>.mem_gb` every `collection_interval` with the step int(seconds since it
+# started), and every `flush_interval` logs the kept samples with prefix `ray` and `ray/ray_step` added
+# (prefixed again by the TensorBoard and MLflow loggers: `ray/ray/ray_step`). Three 60 s steps, 20 s of
+# generation each: GPU 0 at 30% then 90%, GPU 1 at 50%; per step their mean is 60%.
+MONITOR_START = 1_700_000_000.0 - 0.4
+STEP_START = 1_700_000_000.0
+
+
+def _monitor_writes():
+    """(wall time, step, key, value) in the order the loggers write them: a flush every 5 samples, 50 ms after
+    the last is taken; each training step's scalars when it ends."""
+    writes = []
+    for n in range(180):
+        if n % 5 == 4:
+            flushed = MONITOR_START + n + 0.05
+            for sample in range(n - 4, n + 1):
+                busy = 30.0 if (MONITOR_START + sample - STEP_START) % 60 < 20 else 90.0
+                for key, value in (("ray/node.0.gpu.0.util", busy), ("ray/node.0.gpu.1.util", 50.0),
+                                   ("ray/node.0.gpu.0.mem_gb", 41.5), ("ray/ray/ray_step", float(sample))):
+                    writes.append((flushed, sample, key, value))
+    for step in (1, 2, 3):
+        end = STEP_START + 60 * step
+        for key, value in (("train/loss", 0.01), ("timing/train/total_step_time", 60.0),
+                           ("timing/train/generation", 20.0)):
+            writes.append((end, step, key, value))
+    return sorted(writes, key=lambda write: write[0])
+
+
+def _check_monitor_run(con, name):
+    from polytrace_cli.analyze import engine
+    from polytrace_cli.analyze.common import ALL_STEPS
+
+    run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [name]).fetchone()[0]
+    # The monitor's steps are seconds, not steps: no step of its own, no segment cut by them.
+    assert con.execute("SELECT segment, step, step_s, gen_s FROM steps ORDER BY step").fetchall() == [
+        (0, 1, 60.0, 20.0), (0, 2, 60.0, 20.0), (0, 3, 60.0, 20.0)]
+    assert con.execute("SELECT count(*) FROM step_metrics WHERE key LIKE 'ray/%'").fetchone() == (0,)
+    samples = con.execute("SELECT instance, count(*), min(ts) FROM engine_metrics WHERE metric = 'gpu_utilization'"
+                          " GROUP BY ALL ORDER BY 1").fetchall()
+    assert [(instance, count) for instance, count, _ in samples] == [("node 0 gpu 0", 180), ("node 0 gpu 1", 180)]
+    assert all(abs(first - MONITOR_START) <= 1.0 for _, _, first in samples)  # the monitor's start, within a second
+    assert con.execute("SELECT lines FROM ignored_lines WHERE rule = 'GPU monitor step'").fetchone() == (180,)
+    detail = engine.per_step(con, [run_id], ALL_STEPS).sort("step")
+    assert detail["gpu_utilization_mean"].to_list() == pytest.approx([0.60] * 3, abs=0.02)
+
+
+def test_the_gpu_monitor_in_tensorboard_is_gpu_utilization_per_step_window(store, tmp_path):
+    tensorboardX = pytest.importorskip("tensorboardX")
+    folder = tmp_path / "nemo_gpu" / "tensorboard"
+    writer = tensorboardX.SummaryWriter(logdir=str(folder))
+    for wall, step, key, value in _monitor_writes():
+        writer.add_scalar(key, value, step, walltime=wall)
+    writer.close()
+    [report] = ingest_paths(store, [folder], run_name="nemo_gpu")
+    assert report.format == "tensorboard-events" and report.rejected == 0
+    _check_monitor_run(store, "nemo_gpu")
+
+
+def test_the_gpu_monitor_in_an_mlflow_file_store_is_gpu_utilization_per_step_window(store, tmp_path):
+    # The file store's layout (`mlruns/<experiment>/<run>/metrics/<key>`, one `timestamp value step` line per
+    # value, timestamps in ms: mlflow/store/tracking/file_store.py), as `mlflow.log_metrics` writes it.
+    run = tmp_path / "mlruns" / "0" / "abc123"
+    (run / "metrics").mkdir(parents=True)
+    (run / "meta.yaml").write_text("run_id: abc123\nexperiment_id: '0'\nrun_name: grpo\n")
+    lines: dict[str, list[str]] = {}
+    for wall, step, key, value in _monitor_writes():
+        lines.setdefault(key, []).append(f"{round(wall * 1000)} {value} {step}\n")
+    for key, text in lines.items():
+        (run / "metrics" / key).parent.mkdir(parents=True, exist_ok=True)
+        (run / "metrics" / key).write_text("".join(text))
+    ingest_paths(store, [tmp_path / "mlruns"], run_name="nemo_mlflow")
+    _check_monitor_run(store, "nemo_mlflow")

@@ -39,7 +39,7 @@ def test_the_dicts_give_stages_and_the_late_step_total_its_own_step(store):
     # Training on GPUs 0-3, inference on 4-7: not colocated.
     assert framework == "roll" and json.loads(meta) == {
         "framework": "roll", "n_sampling": 8, "num_gpus_per_node": 8, "actor_train_gpus": 4, "actor_infer_gpus": 4,
-        "colocate": False, "n_gpus": 8}
+        "colocate": False, "n_gpus": 8, "console_clock": "printed times without a zone, read as UTC"}
 
 
 def test_the_stdout_trackers_lines_are_the_steps_when_present(store, tmp_path):

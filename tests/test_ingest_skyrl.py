@@ -38,7 +38,11 @@ def test_the_step_dicts_give_stages_and_lengths(store):
     framework, meta = store.execute("SELECT framework, meta FROM runs").fetchone()
     assert framework == "skyrl" and json.loads(meta) == {
         "framework": "skyrl", "value_precision": 0.0001, "colocate": True, "policy_num_nodes": 1,
-        "policy_num_gpus_per_node": 4, "n_gpus": 4, "n_sampling": 5}
+        "policy_num_gpus_per_node": 4, "n_gpus": 4, "n_sampling": 5,
+        "console_clock": "printed times without a zone, read as UTC"}
+    # SkyRL's records are logged with loguru's time (no zone): each step's clock is its dict's time.
+    assert store.execute("SELECT step, source FROM step_clock ORDER BY step").fetchall() == [(1, "console"),
+                                                                                         (2, "console")]
 
 
 def test_a_restarted_job_is_a_new_segment(store, tmp_path):

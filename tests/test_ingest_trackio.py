@@ -9,6 +9,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from polytrace_cli.ingest.driver import ingest_paths
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trackio" / "gsm8k-grpo.db"
@@ -53,3 +55,60 @@ def test_a_bad_row_is_rejected_alone_and_a_step_going_back_is_a_segment(store, t
     assert (line_no, code) == (7, "invalid-json") and reason.startswith("metrics row 7 is not a JSON object")
     assert store.execute("SELECT segment, step, step_s FROM steps JOIN runs USING (run_id) WHERE name = 'proj'"
                          " ORDER BY 1, 2").fetchall() == [(0, 1, 171.0), (0, 2, 172.0), (0, 3, 173.0), (1, 1, 99.0)]
+
+
+def test_system_metrics_give_gpu_utilization_per_step_window(store, tmp_path):
+    """Trackio's layout (gradio-app/trackio @ 2a027522c487b16755d1cdf12e1ae45a9b6eb15a): `trackio/gpu.py`
+    `collect_gpu_metrics` logs `gpu/<i>/utilization` (percent) and `gpu/mean_utilization` through
+    `Run.log_system` (`trackio/run.py`, stamped `datetime.now(timezone.utc).isoformat()` when taken) into
+    `system_metrics` (`trackio/sqlite_storage.py` `bulk_log_system`); a `metrics` row's timestamp is when
+    its batch was written. Three 60 s steps, each 20 s of generation then 40 s of training: GPU 0 at 30%
+    then 90%, GPU 1 at 50% throughout, one sample every 2 s; per step the GPUs' mean is
+    (30·20 + 90·40) / 60 / 2 + 50 / 2 = 60%."""
+    from datetime import datetime, timezone
+
+    from polytrace_cli.analyze import engine
+    from polytrace_cli.analyze.common import ALL_STEPS
+
+    start = 1_700_000_000.0
+
+    def iso(seconds):
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+    project = tmp_path / "grpo.db"
+    shutil.copy(FIXTURE, project)
+    with sqlite3.connect(project) as con:
+        run = con.execute("SELECT run_id FROM metrics WHERE run_name = 'verl-grpo' LIMIT 1").fetchone()[0]
+        con.execute("DELETE FROM metrics")
+        con.execute("DELETE FROM configs WHERE run_name <> 'verl-grpo'")
+        for step in (1, 2, 3):
+            con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES (?, ?, 'verl-grpo', ?, ?)",
+                        [run, iso(start + 60 * step + 0.2),
+                         step, json.dumps({"timing_s/step": 60.0, "timing_s/gen": 20.0}).encode()])
+        for second in range(1, 180, 2):
+            busy = 30.0 if second % 60 < 20 else 90.0
+            sample = {"gpu/0/utilization": busy, "gpu/1/utilization": 50, "gpu/0/memory_usage": 0.8,
+                      "gpu/mean_utilization": (busy + 50) / 2, "cpu/percent": 12.0}
+            con.execute("INSERT INTO system_metrics (run_id, timestamp, run_name, metrics) VALUES (?, ?, 'verl-grpo', ?)",
+                        [run, iso(start + 0.2 + second), json.dumps(sample)])
+        con.execute("INSERT INTO system_metrics (run_id, timestamp, run_name, metrics) VALUES (?, ?, 'verl-grpo', ?)",
+                    [run, iso(start + 1.5), json.dumps({"cpu/percent": 3.0})])
+        con.execute("INSERT INTO system_metrics (run_id, timestamp, run_name, metrics) VALUES (?, ?, 'verl-grpo', ?)",
+                    [run, iso(start + 2.5), "{\"gpu/0/utilization\": "])
+    [report] = ingest_paths(store, [project], run_name="proj")
+    # 3 metrics rows, 1 config, 92 system rows: 90 with GPUs, 1 without (ignored), 1 cut short (rejected).
+    assert (report.lines, report.stored, report.ignored, report.rejected) == (96, 94, 1, 1)
+    assert store.execute("SELECT reason FROM ingest_errors").fetchone()[0].startswith("system_metrics row 92 ")
+    assert store.execute("SELECT count(*) FROM step_metrics WHERE key LIKE 'gpu/%'").fetchone() == (0,)
+    samples = store.execute("SELECT instance, count(*), min(value), max(value) FROM engine_metrics"
+                            " WHERE metric = 'gpu_utilization' GROUP BY ALL ORDER BY 1").fetchall()
+    assert samples == [("gpu 0", 90, 0.3, 0.9), ("gpu 1", 90, 0.5, 0.5)]
+    clock = store.execute("SELECT step, logged_at, source FROM step_clock ORDER BY step").fetchall()
+    assert [(step, source) for step, _, source in clock] == [(1, "tracker"), (2, "tracker"), (3, "tracker")]
+    assert [at for _, at, _ in clock] == pytest.approx([start + 60 * step + 0.2 for step in (1, 2, 3)], abs=1e-5)
+    run_id = store.execute("SELECT run_id FROM runs WHERE name = 'proj'").fetchone()[0]
+    detail = engine.per_step(store, [run_id], ALL_STEPS).sort("step")
+    assert detail["step"].to_list() == [1, 2, 3]
+    assert detail["gpu_utilization_mean"].to_list() == pytest.approx([0.60] * 3, abs=0.02)
+    [summary] = engine.summary(store, [run_id], ALL_STEPS).iter_rows(named=True)
+    assert summary["gpu_utilization_mean"] == pytest.approx(0.60, abs=0.02)

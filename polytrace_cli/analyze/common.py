@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store import queries
 
 if TYPE_CHECKING:
     import duckdb
@@ -197,3 +198,9 @@ def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
         SELECT run_id, step, 'prompt', prompt_length_mean, prompt_length_min, prompt_length_max, NULL
         FROM st WHERE prompt_length_mean IS NOT NULL
     """
+
+
+
+def step_clock_sql(run_ids: list[int], steps: StepRange = ALL_STEPS) -> str:
+    """SQL of each step's wall clock of the runs within the step range (`store.queries.step_clock_sql`)."""
+    return queries.step_clock_sql(ids_sql(run_ids), steps.sql())

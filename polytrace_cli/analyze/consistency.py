@@ -3,8 +3,9 @@
 Per step (`STEP_COLUMNS`):
 
     gap_s           wall time between this step's records and the previous step's, on the run's wall
-                    clock (`step_clock.logged_at`): logged_at(k) − logged_at(k − 1), for consecutive steps
-                    of one segment; null without a clock or after a hole in the steps
+                    clock (`step_clock.logged_at`: a tracker's timestamps, else the console log's printed
+                    times): logged_at(k) − logged_at(k − 1), for consecutive steps of one segment; null
+                    without a clock or after a hole in the steps
     untimed_s       gap_s − step_s: time between two steps that no timer accounts for (logging, data
                     loading, work outside the step timer); null when gap_s or step_s is
     stage_sum_s     Σ of the step's stage timers, testing and checkpoint included where the step total
@@ -32,7 +33,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, ids_sql, run_names
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, ids_sql, run_names, step_clock_sql
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.step_frame import shared_step_frame
 from polytrace_cli.semantics import step_timers
@@ -68,8 +69,7 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     clock = con.sql(f"""
         SELECT run_id, segment::BIGINT AS segment, step::BIGINT AS step, logged_at,
                logged_at - lag(logged_at) OVER w AS gap_s, step - lag(step) OVER w AS stride
-        FROM (SELECT run_id, segment, step, max(logged_at) AS logged_at FROM step_clock
-              WHERE run_id IN {ids} GROUP BY ALL)
+        FROM ({step_clock_sql(run_ids)})
         WINDOW w AS (PARTITION BY run_id, segment ORDER BY step)""").pl()
     clock = clock.with_columns(run=pl.col("run_id").replace_strict(names, return_dtype=pl.String)).filter(
         pl.col("stride") == 1).select("run", "segment", "step", "gap_s")

@@ -38,9 +38,10 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, ids_sql, run_names
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, ids_sql, run_names, step_clock_sql
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.step_frame import shared_step_frame
+from polytrace_cli.store.queries import CONSOLE_CLOCK, TRACKER_CLOCK
 
 LOW_SHARE_OF_PEAK = 0.10
 KV_FULL = 0.95
@@ -72,17 +73,17 @@ WINDOW_COLUMNS = {"run_id": pl.Int64, "segment": pl.Int64, "step": pl.Int64, "wi
 
 def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange = ALL_STEPS) -> pl.DataFrame:
     """Per (run, segment, step) with a wall clock: run_id, segment, step, window_start, window_end,
-    rollout_end. From the step's records' clock and its step time: window_start = logged_at − step_s,
-    window_end = logged_at, rollout_end = window_start + gen_s (window_end without gen_s). For a step
-    without such a clock, from its spans on the wall clock (profiler or tracer ranges read, never
-    synthesized ones): window_start = the earliest span start, window_end = the latest span end,
-    rollout_end = the latest end of its `gen` spans (window_end without any)."""
+    rollout_end. From the step's records' clock (`step_clock_sql`) and its step time: window_start =
+    logged_at − step_s, window_end = logged_at, rollout_end = window_start + gen_s (window_end without
+    gen_s). A tracker's clock comes first; for a step without one, from its spans on the wall clock
+    (profiler or tracer ranges read, never synthesized ones): window_start = the earliest span start,
+    window_end = the latest span end, rollout_end = the latest end of its `gen` spans (window_end
+    without any); last, from its console clock (the times its console lines were printed with), as
+    from a tracker's."""
     ids = ids_sql(run_ids)
     names = run_names(con, run_ids)
-    clock = con.sql(
-        f"""SELECT run_id, segment, step, max(logged_at) AS logged_at FROM step_clock
-            WHERE run_id IN {ids} AND {steps.sql()} GROUP BY ALL""").pl()
-    windows = pl.DataFrame(schema=WINDOW_COLUMNS)
+    clock = con.sql(step_clock_sql(run_ids, steps)).pl()
+    windows = consoled = pl.DataFrame(schema=WINDOW_COLUMNS)
     if clock.height:
         timed = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")
         gen = con.sql(f"SELECT run_id, segment, step, gen_s FROM steps WHERE run_id IN {ids}").pl()
@@ -90,13 +91,15 @@ def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
                                    segment=pl.col("segment").cast(pl.Int64), step=pl.col("step").cast(pl.Int64))
         joined = clock.join(timed, on=["run", "segment", "step"], how="inner").join(
             gen.with_columns(pl.col("segment", "step").cast(pl.Int64)), on=["run_id", "segment", "step"], how="left")
-        windows = joined.filter(pl.col("step_s").is_not_null() & (pl.col("step_s") > 0)).select(
-            pl.col("run_id").cast(pl.Int64), "segment", "step",
+        clocked = joined.filter(pl.col("step_s").is_not_null() & (pl.col("step_s") > 0)).select(
+            pl.col("run_id").cast(pl.Int64), "segment", "step", "source",
             window_start=pl.col("logged_at") - pl.col("step_s"), window_end="logged_at",
             rollout_end=pl.when(pl.col("gen_s").is_not_null() & (pl.col("gen_s") > 0))
             .then(pl.min_horizontal(pl.col("logged_at") - pl.col("step_s") + pl.col("gen_s"), pl.col("logged_at")))
             .otherwise(pl.col("logged_at")),
-        ).cast(WINDOW_COLUMNS)
+        )
+        windows = clocked.filter(pl.col("source") == TRACKER_CLOCK).drop("source").cast(WINDOW_COLUMNS)
+        consoled = clocked.filter(pl.col("source") == CONSOLE_CLOCK).drop("source").cast(WINDOW_COLUMNS)
     spanned = con.sql(f"""
         WITH w AS (
             SELECT run_id, step, min(t0_us) / 1e6 AS window_start, max(t1_us) / 1e6 AS window_end,
@@ -108,11 +111,11 @@ def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
         SELECT w.run_id::BIGINT AS run_id, coalesce(seg.segment, 0)::BIGINT AS segment, w.step::BIGINT AS step,
                w.window_start, w.window_end, coalesce(w.gen_end, w.window_end) AS rollout_end
         FROM w LEFT JOIN seg USING (run_id, step) WHERE w.window_end > w.window_start""").pl().cast(WINDOW_COLUMNS)
-    if spanned.height:
-        spanned = spanned.join(windows.select("run_id", "segment", "step"), on=["run_id", "segment", "step"],
-                               how="anti")
-        windows = pl.concat([windows, spanned]).sort("run_id", "segment", "step")
-    return windows
+    keys = ["run_id", "segment", "step"]
+    for lower in (spanned, consoled):
+        if lower.height:
+            windows = pl.concat([windows, lower.join(windows.select(keys), on=keys, how="anti")])
+    return windows.sort(keys)
 
 
 def _held_intervals(metric: str, how: str, end: str = "rollout_end") -> str:
@@ -251,6 +254,9 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
     names = run_names(con, run_ids)
     counts = dict(con.execute(f"""SELECT run_id, count(DISTINCT instance) FILTER (WHERE metric = 'requests_running')
                                   FROM engine_metrics WHERE run_id IN {ids_sql(run_ids)} GROUP BY ALL""").fetchall())
+    clocks = {run_id: (source, zone) for run_id, source, zone in con.execute(f"""
+        SELECT c.run_id, any_value(c.source), any_value(json_extract_string(r.meta, '$.console_clock'))
+        FROM ({step_clock_sql(run_ids, steps)}) c JOIN runs r USING (run_id) GROUP BY ALL""").fetchall()}
     for run_id, name in sorted(names.items(), key=lambda item: item[1]):
         if run_id not in counts:
             continue
@@ -268,10 +274,18 @@ def summary(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange
             "preemptions": float(own.get_column("preemptions").sum()) if own.height else None,
             "gpu_utilization_mean": _mean_gpu(detail.filter(pl.col("run") == name)),
             "samples_outside_steps": outside,
-            "basis": "engine samples joined on the steps' wall clock" if own.height
+            "basis": _basis(clocks.get(run_id)) if own.height
             else "engine samples, but no step with a wall clock and a step time to join them to",
         })
     return pl.DataFrame(rows, schema=SUMMARY_COLUMNS)
+
+
+def _basis(clock: tuple[str, str | None] | None) -> str:
+    """What the samples were joined on: the steps' tracker clock, or the console's printed times (and
+    how they were read)."""
+    if clock is not None and clock[0] == CONSOLE_CLOCK:
+        return f"engine samples joined on the steps' wall clock: the console log's {clock[1] or 'printed times'}"
+    return "engine samples joined on the steps' wall clock"
 
 
 def _mean_gpu(detail: pl.DataFrame) -> float | None:

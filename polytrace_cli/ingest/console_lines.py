@@ -65,6 +65,51 @@ NOISE_RULES: tuple[tuple[str, str], ...] = (
 _NOISE = [(rule, re.compile(pattern)) for rule, pattern in NOISE_RULES]
 
 
+# A time printed at the start of a line, after any Ray prefix: Python logging's `asctime`
+# (`2025-03-01 12:00:01,123`, slime's `[2025-10-30 10:00:00]`), ISO 8601 with a zone (`kubectl logs
+# --timestamps`, `docker logs -t`: `2025-03-01T12:00:01.123456789Z`). A time without a zone is UTC.
+STAMP_PATTERN = (r"^\[?(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<time>\d{2}:\d{2}:\d{2})(?:[.,](?P<fraction>\d{1,9}))?"
+                 r"(?P<zone>Z|[+-]\d{2}:?\d{2})?\]?")
+# The stamp and what a logging format prints after it before the message: a level (`INFO`, `[INFO]`),
+# a source location (`train.py:401`), a separator (` - `, ` -- `, ` | `).
+STAMP_PREFIX_PATTERN = (STAMP_PATTERN + r"(?:\s+(?:-{1,2}|\|))?(?:\s*[\[(]?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)[\])]?)?"
+                        r"(?:\s*[\w.\-]+\.py:\d+)?(?:\s+(?:-{1,2}|\|))?\s+")
+_STAMP_PREFIX = re.compile(STAMP_PREFIX_PATTERN)
+
+
+def strip_stamp(cleaned: str) -> str:
+    """A cleaned line without the time printed at its start (`STAMP_PREFIX_PATTERN`) and a Ray prefix
+    after it (a tool stamping every line it captures stamps the actor's prefix too)."""
+    match = _STAMP_PREFIX.match(cleaned)
+    return _RAY_PREFIX.sub("", cleaned[match.end():]) if match else cleaned
+
+
+def strip_stamp_expr(cleaned: pl.Expr, stamp: pl.Expr) -> pl.Expr:
+    """Polars expression equal to `strip_stamp`, given the line's `STAMP_PREFIX_PATTERN` match `stamp`
+    (null where there is none)."""
+    return pl.when(stamp.is_not_null()).then(cleaned.str.slice(stamp.str.len_chars()).str.replace(RAY_PREFIX_PATTERN, "")) \
+        .otherwise(cleaned)
+
+
+def stamp_seconds(stamp: pl.Expr) -> pl.Expr:
+    """Seconds since the Unix epoch of a printed time (`STAMP_PATTERN`): the date and time read in its
+    zone (UTC without one), plus its fraction: epoch(date time) + 0.fraction − zone offset."""
+    parts = stamp.str.extract_groups(STAMP_PATTERN)
+    moment = pl.concat_str([parts.struct.field("date"), pl.lit(" "), parts.struct.field("time")]).str.to_datetime(
+        "%Y-%m-%d %H:%M:%S", time_unit="us", strict=False)
+    fraction = pl.concat_str([pl.lit("0."), parts.struct.field("fraction")]).cast(pl.Float64).fill_null(0.0)
+    zone = parts.struct.field("zone").str.replace(":", "", literal=True)
+    offset = (pl.when(zone.is_null() | (zone == "Z")).then(pl.lit(0.0))
+              .otherwise((zone.str.slice(1, 2).cast(pl.Float64) * 3600 + zone.str.slice(3, 2).cast(pl.Float64) * 60)
+                         * pl.when(zone.str.starts_with("-")).then(-1.0).otherwise(1.0)))
+    return moment.dt.epoch("us").cast(pl.Float64) / 1e6 + fraction - offset
+
+
+def stamp_has_zone(stamp: pl.Expr) -> pl.Expr:
+    """Whether a printed time (`STAMP_PATTERN`) names its zone."""
+    return stamp.str.extract_groups(STAMP_PATTERN).struct.field("zone").is_not_null()
+
+
 # A progress bar's text up to its closing `]` (`… 1/10 [00:11<01:43, 11.45s/it]`): a record printed
 # to stdout right after a bar drawn on stderr without a line end follows it in the same piece.
 BAR_HEAD_PATTERN = r"^.*?\d+/(?:\d+|\?)\s*\[[^\]\r]*(?:<|it/s|s/it)[^\]\r]*\]\s*"

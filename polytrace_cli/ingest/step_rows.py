@@ -7,6 +7,7 @@ from polytrace_cli.lazy import polars as pl
 
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.store.queries import CONSOLE_CLOCK, TRACKER_CLOCK
 
 
 def with_segments(frame: pl.DataFrame) -> pl.DataFrame:
@@ -33,20 +34,21 @@ def store_step_rows(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: in
         ctx.con.unregister(view)
 
 
-def store_step_clock(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: int | None = None) -> None:
+def store_step_clock(ctx: FileContext, frame: pl.DataFrame, view: str, run_id: int | None = None,
+                     source: str = TRACKER_CLOCK) -> None:
     """Insert into `step_clock` the latest `logged_at` (seconds since the epoch) of each (segment, step)
-    of `frame`: when the source wrote the step's records. A side fact of the file's rows, not counted
-    among them."""
+    of `frame`: when the source wrote the step's records, a tracker's timestamps (`TRACKER_CLOCK`) or a
+    console log's printed times (`CONSOLE_CLOCK`). A side fact of the file's rows, not counted among them."""
     if not frame.height:
         return
     ctx.begin_writes()
     ctx.con.register(view, ArrowStream(frame.select("segment", "step", "logged_at")))
     try:
         ctx.con.execute(
-            "INSERT INTO step_clock (run_id, file_id, segment, step, logged_at)"
-            f" SELECT ?, ?, segment, step, max(logged_at) FROM {view}"
+            "INSERT INTO step_clock (run_id, file_id, segment, step, logged_at, source)"
+            f" SELECT ?, ?, segment, step, max(logged_at), ? FROM {view}"
             " WHERE logged_at IS NOT NULL AND isfinite(logged_at) GROUP BY segment, step",
-            [ctx.run_id if run_id is None else run_id, ctx.file_id])
+            [ctx.run_id if run_id is None else run_id, ctx.file_id, source])
     finally:
         ctx.con.unregister(view)
 

@@ -13,6 +13,25 @@ from polytrace_cli.store.sql import fetch_first
 if TYPE_CHECKING:
     import polars as pl
 
+# Where a step's wall clock (`step_clock.source`) came from: a tracker's timestamps, or the times a console
+# log printed its lines with.
+TRACKER_CLOCK, CONSOLE_CLOCK = "tracker", "console"
+
+
+def step_clock_sql(run_ids_sql: str, where: str = "true") -> str:
+    """SQL of each step's wall clock (run_id, segment, step, logged_at, source) for `run_id IN
+    run_ids_sql` and the rows `where` keeps: the latest `logged_at` of the step in `step_clock` from the
+    run's best source, a tracker's timestamps (TRACKER_CLOCK; NULL in stores older than the column)
+    where the run has any, else its console log's printed times (CONSOLE_CLOCK). One source per run, so
+    that the gaps between its steps are read on one clock."""
+    return f"""
+        WITH c AS (SELECT run_id, segment, step, logged_at, coalesce(source, '{TRACKER_CLOCK}') AS source
+                   FROM step_clock WHERE run_id IN {run_ids_sql} AND {where}),
+        best AS (SELECT run_id, bool_or(source = '{TRACKER_CLOCK}') AS tracked FROM c GROUP BY run_id)
+        SELECT c.run_id, c.segment, c.step, max(c.logged_at) AS logged_at, any_value(c.source) AS source
+        FROM c JOIN best USING (run_id) WHERE (c.source = '{TRACKER_CLOCK}') = best.tracked GROUP BY ALL"""
+
+
 # Per logged step: how many steps are missing just before it in its segment, at the run's regular
 # interval k (the most common difference between consecutive logged steps of a segment when at least
 # two differences share it, else 1): ⌈(step - previous step) / k⌉ - 1; null on a segment's first step.

@@ -18,7 +18,8 @@
    a double, rejects its line;
 6. cut segments (`segments.line_segments`: a step going back, or repeated with the same keys,
    or the first metric line after a line saying the job loaded a checkpoint, starts a new one)
-   and store `step_metrics` and `step_flags`;
+   and store `step_metrics` and `step_flags`, and the steps' console clock from the times their metric
+   lines start with (`clock.store_console_clock`);
 7. with no metric line, let the grammar find steps elsewhere (`grammar.fallback`, e.g. progress
    bars), reclaiming the ignored lines it stored;
 8. record run meta (`grammar.record_meta`).
@@ -39,6 +40,7 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.ingest import console_lines as cl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, UNREAD_RECORD, FileContext, step_problem_sql, step_sql
+from polytrace_cli.ingest.console.clock import stamped_lines, store_console_clock
 from polytrace_cli.ingest.console.noise import CONSOLE_NOISE, NoiseRules
 from polytrace_cli.ingest.console.reading import read_console_blocks, read_console_lines
 from polytrace_cli.ingest.segments import insert_step_flags, line_segments, lone_line_segment
@@ -177,7 +179,7 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     log that had metric lines.
     """
     ctx.lines = 0
-    kept, resumes = [], list(ctx.resume["resumes_after"]) if ctx.resume is not None else []
+    kept, stamps, resumes = [], [], list(ctx.resume["resumes_after"]) if ctx.resume is not None else []
     writer = BlockWriter(ctx, grammar.printed_values_read, ctx.resume)
     whole = ctx.path.stat().st_size + 1 if grammar.whole_log else None
     for block in read_console_blocks(ctx.path, whole):
@@ -190,6 +192,7 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
         for rule, count in noise.sort("kind").iter_rows():
             ctx.ignore(rule, count)
         resumes.extend(resume_lines(lines))
+        stamps.append(stamped_lines(lines))
         writer.write(check_steps(ctx, grammar.parse(ctx, lines), lines), resumes)
         parsed_text = pl.col("kind").is_in([METRIC, DIRTY])
         kept.append(_detached(lines.with_columns(raw=pl.when(parsed_text).then(pl.lit("")).otherwise(pl.col("raw")),
@@ -198,6 +201,7 @@ def load_console(ctx: FileContext, grammar: ConsoleGrammar) -> None:
     lines = pl.concat(kept) if len(kept) > 1 else kept[0]
     del kept
     ctx.stored = writer.finish()
+    store_console_clock(ctx, pl.concat(stamps))
     from_metrics = bool(ctx.stored) or ctx.resume is not None
     if not ctx.stored and ctx.resume is None:
         # No pairs: the whole log is small enough to read again, with the text of its metric lines.
@@ -481,13 +485,27 @@ def _classify_slice(lines: pl.LazyFrame, grammar: ConsoleGrammar) -> pl.LazyFram
         raw_chars=pl.coalesce(pl.when(pl.col("raw").str.ends_with("\r")).then(pl.col("raw")).str.strip_chars_end("\r"),
                               pl.col("raw")).str.len_chars(),
     )
+    # A line the grammar does not read as it is may be a metric line behind a printed time (a logging
+    # prefix, `kubectl logs --timestamps`): it is read without the time. Every metric line keeps the
+    # time it starts with in `stamp` (the step clock of `clock.store_console_clock`).
+    stamp = pl.col("_stamp")
+    lines = (
+        lines.with_columns(_stamp=pl.col("c").str.extract(cl.STAMP_PREFIX_PATTERN, 0))
+        .with_columns(_kind=grammar.metric_kind(pl.col("c"), pl.col("raw_chars")))
+        .with_columns(_untimed=pl.when(pl.col("_kind").is_null() & stamp.is_not_null())
+                      .then(cl.strip_stamp_expr(pl.col("c"), stamp)))
+        .with_columns(_timed_kind=pl.when(pl.col("_untimed").is_not_null())
+                      .then(grammar.metric_kind(pl.col("_untimed"), pl.col("raw_chars"))))
+        .with_columns(c=pl.when(pl.col("_timed_kind").is_not_null()).then(pl.col("_untimed")).otherwise(pl.col("c")),
+                      _kind=pl.coalesce(pl.col("_kind"), pl.col("_timed_kind")))
+        .with_columns(stamp=pl.when(pl.col("_kind").is_not_null()).then(stamp))
+    )
     # Noise rules only read non-metric lines: metric lines (most of the bytes) are blanked for them
     # in a column of their own first (inside one expression the blanking is redone per rule).
     return (
-        lines.with_columns(_kind=grammar.metric_kind(pl.col("c"), pl.col("raw_chars")))
-        .with_columns(_n=pl.when(pl.col("_kind").is_not_null()).then(pl.lit("")).otherwise(pl.col("c")))
+        lines.with_columns(_n=pl.when(pl.col("_kind").is_not_null()).then(pl.lit("")).otherwise(pl.col("c")))
         .with_columns(kind=pl.coalesce(pl.col("_kind"), _unread_record(grammar), grammar.noise.expr(pl.col("_n"), pl.col("raw"))))
-        .drop("_kind", "_n")
+        .drop("_kind", "_n", "_stamp", "_untimed", "_timed_kind")
     )
 
 

@@ -1,7 +1,7 @@
 """What the console formats that read a step's record as a block (a dict, a table, a list of bullets:
 slime, NeMo-RL, SkyRL, ROLL, AReaL) do alike once their lines are classified and their metrics parsed:
 the accounting of the lines that hold no metric, the segments of the steps in line order, and the
-insert of the metrics with their segments and step flags."""
+insert of the metrics with their segments, step flags and console clock."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.errors import ErrorCode
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import FileContext
+from polytrace_cli.ingest.console.clock import stamped_lines, store_console_clock
 from polytrace_cli.ingest.segments import insert_step_flags
 
 def account_other_lines(ctx: FileContext, lines: pl.DataFrame, other: pl.Expr) -> pl.DataFrame:
@@ -52,9 +53,10 @@ def step_segments(steps: list[tuple[int, int]], restarts: Callable[[int, int], b
 
 
 def store_metrics(ctx: FileContext, metrics: pl.DataFrame, segments: pl.DataFrame, prefix: str,
-                  went_back: str = "the step went back") -> None:
+                  went_back: str = "the step went back", lines: pl.DataFrame | None = None) -> None:
     """Insert `metrics` (line_no, step, key, value, text_value) into `step_metrics` with each line's
-    segment, and the steps' flags; a note when a segment restarts (`went_back` names what went back)."""
+    segment, and the steps' flags; a note when a segment restarts (`went_back` names what went back).
+    With the classified `lines`, the steps' console clock from the times their lines start with."""
     metrics = metrics.join(segments.select("line_no", "segment"), on="line_no", how="left", maintain_order="left")
     con = ctx.con
     con.register(f"{prefix}_metrics", ArrowStream(metrics))
@@ -68,6 +70,8 @@ def store_metrics(ctx: FileContext, metrics: pl.DataFrame, segments: pl.DataFram
     finally:
         con.unregister(f"{prefix}_metrics")
         con.unregister(f"{prefix}_segments")
+    if lines is not None:
+        store_console_clock(ctx, stamped_lines(lines))
     restarts = segments.get_column("segment").max()
     if restarts:
         ctx.note(f"{went_back} {restarts} time(s): stored as separate segments")

@@ -128,4 +128,4 @@ class ArealConsoleIngester(Ingester):
         segments = step_segments(list(metrics.select("line_no", "step").unique("line_no", maintain_order=True)
                                       .iter_rows()), went_back)
         ctx.stored = segments.height
-        store_metrics(ctx, metrics, segments, "areal")
+        store_metrics(ctx, metrics, segments, "areal", lines=lines)

@@ -18,7 +18,8 @@ In both, a key's step lower than its previous value (in time order) starts a new
 resumed and logging its steps again), and TRL's cumulative `num_tokens` gives
 `num_tokens/per_step`. verl writes `@` in keys as `_at_`, since MLflow refuses '@'. Each step's
 latest timestamp is its wall clock (`step_clock`). MLflow's system metrics (`system/...`, its step a
-sample count, not a training step) go to `engine_metrics`: a GPU's utilization as `gpu_utilization`.
+sample count, not a training step) go to `engine_metrics`: a GPU's utilization as `gpu_utilization`;
+so do NeMo-RL's GPU monitor's (`ray/node.<n>.gpu.<i>.util`, its step a time: `nemo_rl/gpu_monitor.py`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from polytrace_cli.lazy import polars as pl
 from polytrace_cli.errors import ErrorCode, IngestError
 from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
+from polytrace_cli.ingest.formats.nemo_rl import gpu_monitor
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
@@ -180,6 +182,14 @@ class MlflowMetricIngester(Ingester):
         if key.startswith(SYSTEM_PREFIX):
             store_engine_samples(ctx, system_samples(rows), "_mlflow_system")
             return
+        if key in gpu_monitor.MONITOR_STEP_KEYS:
+            ctx.stored = 0
+            ctx.ignore(gpu_monitor.STEP_RULE, rows.height)
+            return
+        if re.match(gpu_monitor.MONITOR_SERIES, key):
+            store_engine_samples(ctx, gpu_monitor.monitor_samples(
+                rows.with_columns(logged_at=pl.col("timestamp") / 1000.0)), "_mlflow_gpu_monitor")
+            return
         rows = _with_tokens(_segments(rows, ["key"]), ["key"])
         claim_framework(ctx, framework_of_keys([key]))
         store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"), "_mlflow_metric")
@@ -307,7 +317,13 @@ class MlflowSqliteIngester(Ingester):
             text_value=pl.lit(None, pl.String)).drop("problem", "step_real", "value_type", "step_type")
         ctx.stored = frame.height + sum(1 for rows in (params, tags) for row in rows if row[0] in known)
         system = frame.filter(pl.col("key").str.starts_with(SYSTEM_PREFIX))
-        frame = _with_tokens(_segments(frame.filter(~pl.col("key").str.starts_with(SYSTEM_PREFIX)),
+        monitor = gpu_monitor.is_monitor_key(pl.col("key"))
+        monitor_steps = frame.filter(pl.col("key").is_in(gpu_monitor.MONITOR_STEP_KEYS)).height
+        ctx.stored -= monitor_steps
+        ctx.ignore(gpu_monitor.STEP_RULE, monitor_steps)
+        monitored = gpu_monitor.monitor_samples(
+            frame.filter(monitor).with_columns(logged_at=pl.col("timestamp") / 1000.0), ["run_uuid"])
+        frame = _with_tokens(_segments(frame.filter(~pl.col("key").str.starts_with(SYSTEM_PREFIX) & ~monitor),
                                        ["run_uuid", "key"]), ["run_uuid", "key"])
         for index, (uuid, name, status, start, end, _, experiment) in enumerate(live):
             run_id = ctx.run_id if index == 0 else self._extra_run(ctx, uuid, name)
@@ -330,6 +346,8 @@ class MlflowSqliteIngester(Ingester):
                 merge_run_meta(ctx.con, run_id, framework, meta, ctx.file_id, again=True)
             store_engine_samples(ctx, system_samples(system.filter(pl.col("run_uuid") == uuid)),
                                  "_mlflow_sqlite_system", run_id=run_id)
+            store_engine_samples(ctx, monitored.filter(pl.col("run_uuid") == uuid), "_mlflow_sqlite_gpu_monitor",
+                                 run_id=run_id)
             if rows.height:
                 store_step_rows(ctx, rows.select("segment", "step", "key", "value", "text_value", "line_no"),
                                 "_mlflow_sqlite", run_id=run_id)

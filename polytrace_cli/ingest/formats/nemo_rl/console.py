@@ -73,7 +73,8 @@ _VALUE = re.compile(r"^(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan|inf|-inf)(?:s
 # the block before it.
 METRIC_LINE = r"^=+ (?:Step|Epoch) \S+/\S+ =+\s*$|^\s*•|^\s*[^\x00-\x7F]+\s+[A-Z][\w ]*:\s*$"
 _ANY_TITLE = re.compile(r"^\s*[^\x00-\x7F]+\s+[A-Z][\w ]*:\s*$")
-_SNIFF = re.compile(r"(?m)^=+ Step \d+/\d+ =+\s*$".encode())
+# A header at a line's start, or after the time it is printed with (`kubectl logs --timestamps`).
+_SNIFF = re.compile(r"(?m)^(?:\[?\d{4}-\d{2}-\d{2}[ T][\d:.,]+(?:Z|[+-][\d:]+)?\]?\s+)?=+ Step \d+/\d+ =+\s*$".encode())
 _SNIFF_BLOCK = re.compile("⏱️  Timing:|📊 Training Results:".encode())
 
 NEMO_NOISE = NoiseRules(cl.NOISE_RULES, default="other", ray="ray-log")
@@ -187,4 +188,4 @@ class NemoRlConsoleIngester(Ingester):
             return
         segments = step_segments(list(metrics.select("line_no", "step").iter_rows()), went_back)
         ctx.stored = segments.height
-        store_metrics(ctx, metrics, segments, "nemo")
+        store_metrics(ctx, metrics, segments, "nemo", lines=lines)

@@ -211,4 +211,4 @@ class RollConsoleIngester(Ingester):
         steps = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
         segments = step_segments(list(steps.iter_rows()), did_not_rise)
         ctx.stored = segments.height
-        store_metrics(ctx, metrics, segments, "roll")
+        store_metrics(ctx, metrics, segments, "roll", lines=lines)

@@ -195,4 +195,4 @@ class SkyRLConsoleIngester(Ingester):
             return
         segments = step_segments(list(metrics.select("line_no", "step").unique("line_no", maintain_order=True)
                                       .iter_rows()), did_not_rise)
-        store_metrics(ctx, metrics, segments, "skyrl")
+        store_metrics(ctx, metrics, segments, "skyrl", lines=lines)

@@ -226,4 +226,4 @@ class SlimeConsoleIngester(Ingester):
         steps = metrics.select("line_no", "step").unique("line_no", maintain_order=True)
         segments = stream_segments(list(steps.iter_rows()), streams)
         ctx.stored = segments.height
-        store_metrics(ctx, metrics, segments, "slime", "a stream's rollout id went back")
+        store_metrics(ctx, metrics, segments, "slime", "a stream's rollout id went back", lines=lines)

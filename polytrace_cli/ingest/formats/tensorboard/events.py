@@ -18,6 +18,10 @@ A record that cannot be read (a truncated write, a CRC mismatch, a length past t
 is one damaged span, rejected as one record with its byte range; reading resyncs at the next whole
 record, so the records before and after are kept. A record holding a malformed tensor is rejected
 alone. A step lower than the previous event's starts a new segment.
+
+NeMo-RL's GPU monitor (`ray/node.<n>.gpu.<i>.util`, ...; `formats/nemo_rl/gpu_monitor.py`) logs its
+samples with a time for a step: they are engine samples on the wall clock, not steps, and its step
+metric is ignored.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from polytrace_cli.ingest.formats.trl import logged as trl
 from polytrace_cli.ingest.arrow import ArrowStream
 from polytrace_cli.ingest.base import STEP_MAX, STEP_MIN, FileContext, Ingester
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_clock
+from polytrace_cli.ingest.formats.nemo_rl import gpu_monitor
+from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock
 
 EXTRA_HINT = "reading TensorBoard event files needs the tensorboard package: pip install 'polytrace[tensorboard]'"
 RECORD_OVERHEAD_BYTES = 16  # length (8) + length CRC (4) + data CRC (4) around each record
@@ -224,6 +229,9 @@ class TensorBoardEventsIngester(Ingester):
                 ctx.reject(record_no, f"event record holds a malformed tensor: {type(error).__name__}", None,
                            code=ErrorCode.UNPARSABLE_LINE)
                 continue
+            if scalars and all(tag in gpu_monitor.MONITOR_STEP_KEYS for tag, _ in scalars):
+                ctx.ignore(gpu_monitor.STEP_RULE)
+                continue
             for tag, scalar in scalars:
                 steps.append(event.step)
                 tags.append(tag)
@@ -243,13 +251,18 @@ class TensorBoardEventsIngester(Ingester):
             {"step": steps, "tag": tags, "value": values, "line_no": record_nos, "wall_time": wall_times},
             schema={"step": pl.Int64, "tag": pl.String, "value": pl.Float64, "line_no": pl.Int64,
                     "wall_time": pl.Float64},
-        ).with_columns(
+        )
+        monitor = gpu_monitor.is_monitor_key(pl.col("tag"))
+        samples = frame.filter(monitor).select("line_no", "step", "value", key="tag", logged_at="wall_time")
+        if samples.height:
+            store_engine_samples(ctx, gpu_monitor.monitor_samples(samples), "_tensorboard_gpu_monitor")
+        frame = frame.filter(~monitor).with_columns(
             key=pl.when(pl.col("tag").str.starts_with("train/"))
             .then(pl.col("tag").str.strip_prefix("train/")).otherwise(pl.col("tag")),
             segment=(pl.col("step") < pl.col("step").shift(1)).fill_null(False).cum_sum().cast(pl.Int32),
         )
         if frame.height == 0:
-            ctx.note("no scalar summaries in this event file")
+            ctx.note("no step scalars in this event file" if samples.height else "no scalar summaries in this event file")
             return
         framework = framework_of_keys(frame["tag"].unique().to_list())
         claim_framework(ctx, framework)

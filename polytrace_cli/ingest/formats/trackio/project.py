@@ -5,8 +5,15 @@ Trackio (`trackio/sqlite_storage.py`) keeps each `trackio.log(metrics, step)` ca
 `trackio.init(config=...)` as one row of `configs`, and the CPU/GPU samples of `system_metrics`. The
 accounting unit is the row; a rejected row is named by its table and `id`. JSON cannot hold NaN or infinities: Trackio writes them as the texts
 `"NaN"`, `"Infinity"` and `"-Infinity"`, read back as numbers. Nested objects are joined with `/`;
-media (`{"_type": ...}`) and system samples are not step metrics (ignored by name); the `train/`
-prefix is dropped as for TensorBoard and wandb. Read with Python's `sqlite3` (no Trackio needed).
+media (`{"_type": ...}`) are not step metrics; the `train/` prefix is dropped as for TensorBoard and
+wandb. Read with Python's `sqlite3` (no Trackio needed).
+
+A `metrics` row's `timestamp` (ISO 8601 in UTC, stamped when Trackio's sender thread writes the
+batch, every 0.5 s: `trackio/run.py` `BATCH_SEND_INTERVAL`) is its step's wall clock (`step_clock`).
+A `system_metrics` row is one sample of `trackio.log_system` (its GPU monitor, `trackio/gpu.py`,
+every `gpu_log_interval` seconds), stamped when taken: its GPUs' `gpu/<i>/utilization` (percent)
+are engine samples (`engine_metrics`, `gpu_utilization` as a share, instance `gpu <i>`), read per
+step window like MLflow's and wandb's system metrics; a row without one is ignored.
 
 A project holds several runs: the first by its first row is the file's run, each other becomes a run
 named `<run>-<Trackio run name>`. Within a run, a step lower than the one before starts a new segment
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from pathlib import Path
 
@@ -30,12 +38,15 @@ from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, fra
 from polytrace_cli.ingest.formats.trackio import names
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
-from polytrace_cli.ingest.step_rows import store_step_rows, with_segments
+from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock, store_step_rows, with_segments
 from polytrace_cli.store.sql import fetch_first
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 TRACKIO_COLUMNS = {"run_id", "run_name", "step", "metrics"}
 SPECIAL_NUMBERS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# A GPU's utilization in Trackio's system metrics (`trackio/gpu.py` `collect_gpu_metrics`), in percent;
+# `gpu/mean_utilization` is their mean, not a GPU of its own.
+SYSTEM_GPU_UTILIZATION = re.compile(r"gpu/(\d+)/utilization")
 # Trackio's own entries in a config (who and when), kept out of the settings.
 BOOKKEEPING = ("_Username", "_Created", "_Group")
 
@@ -93,6 +104,19 @@ def extra_run(ctx: FileContext, key: str, name: str) -> int:
     return run_id
 
 
+def _system_rows(con: sqlite3.Connection) -> list[tuple]:
+    """(id, run key, run name, timestamp, metrics) of `system_metrics`, the run keyed by `run_id` (by its
+    name in files from before Trackio kept run ids there)."""
+    columns = {row[1] for row in con.execute("PRAGMA table_info(system_metrics)")}
+    key = "run_id" if "run_id" in columns else "run_name"
+    return con.execute(f"SELECT id, {key}, run_name, timestamp, metrics FROM system_metrics ORDER BY id").fetchall()
+
+
+def _seconds(timestamp: pl.Expr) -> pl.Expr:
+    """Seconds since the epoch of Trackio's ISO 8601 timestamps (`datetime.now(timezone.utc).isoformat()`)."""
+    return timestamp.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_zone="UTC").dt.epoch("us") / 1e6
+
+
 @register
 class TrackioProjectIngester(Ingester):
     name = "trackio-sqlite"
@@ -118,18 +142,17 @@ class TrackioProjectIngester(Ingester):
             con = sqlite3.connect(f"file:{ctx.path}?mode=ro", uri=True)
             try:
                 tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                metrics = con.execute("SELECT id, run_id, run_name, step, metrics FROM metrics ORDER BY id").fetchall()
+                metrics = con.execute("SELECT id, run_id, run_name, step, metrics, timestamp FROM metrics"
+                                      " ORDER BY id").fetchall()
                 configs = con.execute("SELECT id, run_id, run_name, config FROM configs ORDER BY id").fetchall()
-                system = con.execute("SELECT count(*) FROM system_metrics").fetchone()[0] \
-                    if "system_metrics" in tables else 0
+                system = _system_rows(con) if "system_metrics" in tables else []
             finally:
                 con.close()
         except sqlite3.Error as error:
             raise IngestError(f"Trackio project file cannot be read: {error}", ErrorCode.UNREADABLE_FILE) from None
-        ctx.lines = len(metrics) + len(configs) + system
-        ctx.ignore("system metrics row", system)
-        rows, order = [], {}
-        for line_no, run_key, run_name, step, blob in metrics:
+        ctx.lines = len(metrics) + len(configs) + len(system)
+        rows, order, clock = [], {}, []
+        for line_no, run_key, run_name, step, blob, logged in metrics:
             order.setdefault(run_key, run_name)
             if not STEP_MIN <= step <= STEP_MAX:
                 ctx.reject(line_no, f"metrics row {line_no}: step {step} is outside the step range", None,
@@ -148,6 +171,7 @@ class TrackioProjectIngester(Ingester):
                 continue
             ctx.stored += 1
             rows += [(run_key, line_no, step, metric_key(key), value, text) for key, value, text in _pairs(payload)]
+            clock.append((run_key, line_no, step, logged))
         settings = {}
         for config_id, run_key, run_name, blob in configs:
             order.setdefault(run_key, run_name)
@@ -161,8 +185,12 @@ class TrackioProjectIngester(Ingester):
                 continue
             ctx.stored += 1
             settings[run_key] = {key: value for key, value in config.items() if key not in BOOKKEEPING}
+        samples = self._system_samples(ctx, system, order)
         frame = pl.DataFrame(rows, schema={"run_key": pl.String, "line_no": pl.Int64, "step": pl.Int64, "key": pl.String,
                                            "value": pl.Float64, "text_value": pl.String}, orient="row")
+        clock = pl.DataFrame(clock, schema={"run_key": pl.String, "line_no": pl.Int64, "step": pl.Int64,
+                                            "timestamp": pl.String}, orient="row").with_columns(
+            logged_at=_seconds(pl.col("timestamp")))
         for index, (run_key, run_name) in enumerate(order.items()):
             run_id = ctx.run_id if index == 0 else extra_run(ctx, run_key, run_name)
             config = settings.get(run_key, {})
@@ -182,5 +210,44 @@ class TrackioProjectIngester(Ingester):
             if own.height:
                 store_step_rows(ctx, with_segments(own).select("segment", "step", "key", "value", "text_value",
                                                               "line_no"), "_trackio_metrics", run_id=run_id)
+                store_step_clock(ctx, with_segments(clock.filter(pl.col("run_key") == run_key)),
+                                 "_trackio_clock", run_id=run_id)
+            store_engine_samples(ctx, samples.filter(pl.col("run_key") == run_key), "_trackio_system", run_id=run_id)
         if len(order) > 1:
             ctx.note(f"{len(order)} Trackio runs: the first is this file's run, the others runs of their own")
+
+    @staticmethod
+    def _system_samples(ctx: FileContext, system: list[tuple], order: dict) -> pl.DataFrame:
+        """The GPUs' utilizations of the `system_metrics` rows (`gpu/<i>/utilization`, percent) as engine
+        samples (a share, `gpu_utilization`) on the row's clock: a row holding one is stored, a row holding
+        none ignored, a row that is not a JSON object or has no time rejected."""
+        samples, idle = [], 0
+        for row_id, run_key, run_name, stamp, blob in system:
+            try:
+                payload = _decoded(blob)
+                if not isinstance(payload, dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError) as error:
+                ctx.reject(row_id, f"system_metrics row {row_id} is not a JSON object: {error}", str(blob)[:300],
+                           code=ErrorCode.INVALID_JSON)
+                continue
+            found = [(name, value) for name, value, _ in _pairs(payload) if value is not None and math.isfinite(value)
+                     and SYSTEM_GPU_UTILIZATION.fullmatch(name)]
+            if not found:
+                idle += 1
+                continue
+            order.setdefault(run_key, run_name)
+            ctx.stored += 1
+            samples += [(run_key, row_id, stamp, f"gpu {SYSTEM_GPU_UTILIZATION.fullmatch(name).group(1)}", name,
+                         value / 100.0) for name, value in found]
+        ctx.ignore("system metrics row without GPU utilization", idle)
+        frame = pl.DataFrame(samples, orient="row", schema={
+            "run_key": pl.String, "line_no": pl.Int64, "timestamp": pl.String, "instance": pl.String,
+            "name": pl.String, "value": pl.Float64})
+        frame = frame.with_columns(ts=_seconds(pl.col("timestamp")), engine=pl.lit("trackio-system"),
+                                   metric=pl.lit("gpu_utilization"), labels=pl.lit("{}"))
+        for row_id in frame.filter(pl.col("ts").is_null()).get_column("line_no").unique().sort().to_list():
+            ctx.stored -= 1
+            ctx.reject(row_id, f"system_metrics row {row_id}: its timestamp is not an ISO 8601 time", None,
+                       code=ErrorCode.TYPE_ERROR)
+        return frame.filter(pl.col("ts").is_not_null())

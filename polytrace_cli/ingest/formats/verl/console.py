@@ -108,13 +108,13 @@ def parse_metric_line(cleaned: str, cut: bool = False) -> MetricLine:
 def looks_like_verl_console(head: bytes) -> str | None:
     """Why `head` (a file's first bytes) is a verl console log, or None.
 
-    Either a cleaned line within it is a `step:N - key:value` metric line, or it carries verl's own
-    markers (a Ray `TaskRunner`/`main_task` actor, `actor_rollout_ref.` overrides, verl imports)
-    and none of another framework's.
+    Either a cleaned line within it is a `step:N - key:value` metric line (after the time it may be
+    printed with), or it carries verl's own markers (a Ray `TaskRunner`/`main_task` actor,
+    `actor_rollout_ref.` overrides, verl imports) and none of another framework's.
     """
     text = head.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
     for line in text.split("\n"):
-        if "step:" in line and _SNIFF_METRIC.match(cl.clean_line(line)):
+        if "step:" in line and _SNIFF_METRIC.match(cl.strip_stamp(cl.clean_line(line))):
             return "metric line"
     if any(marker in head for marker in _VERL_HEAD_MARKERS) and not any(m in head for m in _FOREIGN_HEAD_MARKERS):
         return "verl markers in the head"
