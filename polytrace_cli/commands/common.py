@@ -47,7 +47,8 @@ WideOption = Annotated[bool, typer.Option("--wide", help="Print every column (li
 WaitOption = Annotated[
     float,
     typer.Option("--wait", metavar="SECONDS", min=0, show_default=False,
-                 help="If another process holds the store, retry for up to this many seconds (default: 0)."),
+                 help="If another process holds the store, retry for up to this many seconds, saying so once on"
+                      " stderr (default: 0)."),
 ]
 
 
