@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/polytrace demo
 
+# Compiled modules are cached even where PYTHONDONTWRITEBYTECODE is set: each of the test workers and the
+# commands they start would otherwise compile the package and rewrite the tests again (half of collecting).
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 # The demo report's whole page in headless Chromium at 1400 and 800 px (reports/screenshots/, kept by CI).
 screenshots: demo

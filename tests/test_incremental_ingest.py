@@ -51,6 +51,10 @@ def store_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple]]:
             for table, columns in COMPARED.items()}
 
 
+# Generated once per worker in well under a second: the tests need not queue on one worker.
+CHEAP_SHARED_FIXTURES = {"log_text", "jsonl_log", "trl_log"}
+
+
 @pytest.fixture(scope="module")
 def log_text() -> bytes:
     text = console_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL)

@@ -40,6 +40,10 @@ def _ingest(store, folder, run):
         params={"run": run}).pl()
 
 
+# Generated once per worker in well under a second: the tests need not queue on one worker.
+CHEAP_SHARED_FIXTURES = {"frame"}
+
+
 @pytest.fixture(scope="module")
 def frame() -> pl.DataFrame:
     return step_table(LENGTHS, SPEC, MODEL)

@@ -82,6 +82,10 @@ def write_lines(log: Path, lines: list[str], written: dict[int, float] | None = 
             time.sleep(LINE_DELAY)
 
 
+# Generated once per worker in well under a second: the tests need not queue on one worker.
+CHEAP_SHARED_FIXTURES = {"lines"}
+
+
 @pytest.fixture(scope="module")
 def lines() -> list[str]:
     return console_text(step_table(LENGTHS, SPEC, MODEL), SPEC, MODEL).splitlines(keepends=True)
