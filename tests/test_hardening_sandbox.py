@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from hostile_inputs import SANDBOX_ATTEMPTS, Attempt, folder_state, judge_attempt, outside_files
 from polytrace_cli.cli import app
 
 runner = CliRunner()
@@ -157,9 +159,7 @@ def test_a_query_past_its_memory_limit_is_stopped_with_one_line(store_file):
 
 # --- the sandbox attempts `crash_harness --sandbox` replays: one seeded variant of each
 
-def _replay(attempt) -> dict:
-    from hostile_inputs import folder_state, judge_attempt
-
+def _replay(attempt: Attempt) -> dict:
     before = folder_state(attempt.watched)
     result = runner.invoke(app, attempt.args)
     traceback = result.exception is not None and not isinstance(result.exception, SystemExit)
@@ -168,14 +168,12 @@ def _replay(attempt) -> dict:
 
 
 @pytest.mark.parametrize("seed", [7, 8])
-@pytest.mark.parametrize("writer", __import__("hostile_inputs").SANDBOX_ATTEMPTS, ids=lambda w: w.__name__)
+@pytest.mark.parametrize("writer", SANDBOX_ATTEMPTS, ids=lambda w: w.__name__)
 def test_a_sandbox_attempt_shows_no_secret_writes_nothing_and_is_refused_in_one_line(writer, seed, store_file,
                                                                                       tmp_path, monkeypatch):
     """A crafted store, lake or `query` text aimed at the files beside it: the secret they hold is
     not printed, nothing is written beside it or in the working folder, no traceback, and an attempt
     that must be refused exits non-zero."""
-    import random
-
     working = tmp_path / "cwd"
     working.mkdir()
     monkeypatch.chdir(working)
@@ -187,9 +185,6 @@ def test_a_sandbox_attempt_shows_no_secret_writes_nothing_and_is_refused_in_one_
 def test_the_sandbox_replay_counts_an_escape_when_the_connection_is_not_confined(store_file, tmp_path, monkeypatch):
     """The replay's judge is not blind: with the query connection's confinement switched off, reading
     the secret file beside the store through `query` is counted as an escape (and as accepted)."""
-    from hostile_inputs import Attempt, outside_files
-    import random
-
     import polytrace_cli.store.sql as sql
 
     outside, secret = outside_files(tmp_path, random.Random(1))
