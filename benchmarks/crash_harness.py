@@ -16,7 +16,8 @@ files outside, macros shadowing built-ins, lakes whose manifest points outside, 
 ATTACH, COPY TO, load extensions or never end) each run as a subprocess against a copy of one synthetic
 store: counted are attempts, escapes (the secret shown, a file written outside or in the working
 folder, a command not stopped by its limits), tracebacks, and attempts to be refused that exited 0
-(`sandbox_rounds`).
+(`sandbox_rounds`); also how many were refused (any attempt may be; most must be) and how many of each
+kind ran.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def sandbox_rounds(rounds: int, seed: int, polytrace: list[str]) -> dict:
     Returns the counts and prints each attempt that escaped, printed a traceback or was accepted."""
     import shutil
 
-    counts = {"attempts": 0, "escapes": 0, "tracebacks": 0, "accepted": 0}
+    counts = {"attempts": 0, "escapes": 0, "tracebacks": 0, "accepted": 0, "refused": 0, "by_attempt": {}}
     with tempfile.TemporaryDirectory(prefix="polytrace-sandbox-") as folder:
         root = Path(folder)
         logs = root / "logs" / "alpha"
@@ -212,6 +213,8 @@ def sandbox_rounds(rounds: int, seed: int, polytrace: list[str]) -> dict:
                 counts["escapes"] += outcome["escaped"]
                 counts["tracebacks"] += outcome["traceback"]
                 counts["accepted"] += outcome["accepted"]
+                counts["refused"] += code not in (0, None)
+                counts["by_attempt"][attempt.name] = counts["by_attempt"].get(attempt.name, 0) + 1
                 if outcome["escaped"] or outcome["traceback"] or outcome["accepted"]:
                     print(json.dumps({**outcome, "output": output.strip()[-300:]}), flush=True)
                 shutil.rmtree(case, ignore_errors=True)
