@@ -1,6 +1,6 @@
 """Crash harness: ingest many seeded damaged inputs (tests/hostile_inputs.py) and count what went wrong.
 
-    python benchmarks/crash_harness.py [--rounds N] [--seed S] [--kills K] [--rotations R]
+    python benchmarks/crash_harness.py [--rounds N] [--seed S] [--kills K] [--rotations R] [--sandbox A]
 
 Each round writes one variant of every case and ingests it with `polytrace ingest --json` in a
 subprocess, into a fresh store. Counted: inputs tried, tracebacks (any output holding one),
@@ -10,7 +10,14 @@ stored from a number too large for a double). With --rotations, R seeded logs (t
 console and verl JSONL logs, a TRL console log, the OpenRLHF fixture) are also grown, rotated
 (log -> log.1, a new log) and grown again, each state ingested into one store in this process (as
 `ingest` or as `watch` reads: complete lines only), and every table compared with one ingest of the
-final files (`rotation_rounds`).
+final files (`rotation_rounds`). With --sandbox, A rounds of every sandbox attempt
+(tests/hostile_inputs.py `SANDBOX_ATTEMPTS`: crafted stores with views over read_text/read_csv/glob of
+files outside, macros shadowing built-ins, lakes whose manifest points outside, `query` texts that
+ATTACH, COPY TO, load extensions or never end) each run as a subprocess against a copy of one synthetic
+store: counted are attempts, escapes (the secret shown, a file written outside or in the working
+folder, a command not stopped by its limits), tracebacks, and attempts to be refused that exited 0
+(`sandbox_rounds`); also how many were refused (any attempt may be; most must be) and how many of each
+kind ran.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hostile_inputs import CASES  # noqa: E402
+from hostile_inputs import CASES, SANDBOX_ATTEMPTS, folder_state, judge_attempt  # noqa: E402
 
 
 def stored_lines(db: Path) -> tuple[int, set[str], int]:
@@ -173,6 +180,47 @@ def rotation_rounds(trials: int, seed: int) -> dict:
     return counts
 
 
+def sandbox_rounds(rounds: int, seed: int, polytrace: list[str]) -> dict:
+    """Every sandbox attempt, `rounds` seeded variants of each, as `polytrace ...` subprocesses run in
+    a working folder of their own (watched too), each given 60 s before it counts as not stopped.
+    Returns the counts and prints each attempt that escaped, printed a traceback or was accepted."""
+    import shutil
+
+    counts = {"attempts": 0, "escapes": 0, "tracebacks": 0, "accepted": 0, "refused": 0, "by_attempt": {}}
+    with tempfile.TemporaryDirectory(prefix="polytrace-sandbox-") as folder:
+        root = Path(folder)
+        logs = root / "logs" / "alpha"
+        subprocess.run([*polytrace, "synth", "--task", "math", "--out", str(logs), "--num-steps", "2",
+                        "--batch", "2", "--n", "2", "--seed", "4"], capture_output=True, check=True)
+        store = root / "base.duckdb"
+        subprocess.run([*polytrace, "ingest", str(logs), "--db", str(store)], capture_output=True, check=True)
+        for round_no in range(rounds):
+            for index, writer in enumerate(SANDBOX_ATTEMPTS):
+                case = root / f"attempt-{round_no}-{index}"
+                working = case / "cwd"
+                working.mkdir(parents=True)
+                attempt = writer(case, random.Random(seed * 100_003 + round_no * 101 + index), store)
+                attempt.watched.append(working)
+                before = folder_state(attempt.watched)
+                try:
+                    done = subprocess.run([*polytrace, *attempt.args], capture_output=True, text=True,
+                                          timeout=60, cwd=working)
+                    code, output = done.returncode, done.stdout + done.stderr
+                except subprocess.TimeoutExpired as stopped:
+                    code, output = None, f"{stopped.stdout or ''}{stopped.stderr or ''}"
+                outcome = judge_attempt(attempt, code, output, before)
+                counts["attempts"] += 1
+                counts["escapes"] += outcome["escaped"]
+                counts["tracebacks"] += outcome["traceback"]
+                counts["accepted"] += outcome["accepted"]
+                counts["refused"] += code not in (0, None)
+                counts["by_attempt"][attempt.name] = counts["by_attempt"].get(attempt.name, 0) + 1
+                if outcome["escaped"] or outcome["traceback"] or outcome["accepted"]:
+                    print(json.dumps({**outcome, "output": output.strip()[-300:]}), flush=True)
+                shutil.rmtree(case, ignore_errors=True)
+    return counts
+
+
 def store_summary(db: Path, polytrace: list[str]) -> object:
     """What a store holds, to compare with a clean one: `runs --json` (every run's counts and its
     semantics record) and the rows of every table that holds a run's data, by run name."""
@@ -192,8 +240,15 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=0, help="also kill -9 this many ingests (see kill_rounds)")
     parser.add_argument("--rotations", type=int, default=0,
                         help="also grow, rotate and grow this many logs (see rotation_rounds)")
+    parser.add_argument("--sandbox", type=int, default=0,
+                        help="also replay this many rounds of every sandbox attempt (see sandbox_rounds)")
     args = parser.parse_args()
     polytrace = [sys.executable, "-m", "polytrace_cli.cli"]
+    if args.sandbox:
+        confined = sandbox_rounds(args.sandbox, args.seed, polytrace)
+        print(json.dumps(confined), flush=True)
+        if confined["escapes"] or confined["tracebacks"] or confined["accepted"]:
+            sys.exit(1)
     if args.rotations:
         rotated = rotation_rounds(args.rotations, args.seed)
         print(json.dumps(rotated), flush=True)

@@ -8,7 +8,12 @@ and a pprinted dict), then measures:
   baseline   plain Python: per line, strip ANSI and the Ray prefix with `re`, anchor `step:`,
              split the pairs, unwrap and float() each value, then one bulk insert into DuckDB.
 Prints MB/s, lines/s and the ratio polytrace / baseline.
-Usage: python benchmarks/ingest_console.py [--mb 100] [--repeat 3]
+With --clock, what reading the printed times costs (ingest/console/clock.py) instead: the same log, and
+the same steps with every line stamped as `kubectl logs --timestamps` prints them (one step a minute),
+each ingested --repeat times, the two kinds taking turns; prints the median wall and CPU seconds of each
+and the stamped log's extra seconds per metric line, and checks that both stores hold the same rows and
+the stamped one a console clock for every step.
+Usage: python benchmarks/ingest_console.py [--mb 100] [--repeat 3] [--clock]
 """
 
 from __future__ import annotations
@@ -42,13 +47,26 @@ KEYS = (
 )
 
 
-def write_log(path: Path, megabytes: float, seed: int = 0) -> tuple[int, int]:
-    """A log of about `megabytes` MB; returns (lines, metric lines)."""
+# The printed time of the first step of a stamped log (--clock), and the seconds between two steps.
+CLOCK_START, CLOCK_STEP_S = 1_735_689_600.0, 60.0
+
+
+def kubectl_stamp(seconds: float) -> str:
+    """`kubectl logs --timestamps`' prefix: RFC 3339 in UTC with nanoseconds."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+
+
+def write_log(path: Path, megabytes: float, seed: int = 0, stamped: bool = False,
+              steps_wanted: int | None = None) -> tuple[int, int]:
+    """A log of about `megabytes` MB (or of `steps_wanted` steps); `stamped`: every line begins with the
+    time of its step (`kubectl_stamp`, CLOCK_STEP_S apart). Returns (lines, metric lines)."""
     rng = np.random.default_rng(seed)
     target = megabytes * 1e6
     written = lines = steps = 0
     with open(path, "w") as handle:
-        while written < target:
+        while (written < target) if steps_wanted is None else (steps < steps_wanted):
             steps += 1
             values = rng.lognormal(0.0, 2.0, len(KEYS))
             pairs = []
@@ -68,6 +86,9 @@ def write_log(path: Path, megabytes: float, seed: int = 0) -> tuple[int, int]:
                 f"{PREFIX} 'val-aux/task00/acc/best@8/std': {float(values[1])!r}}}",
                 f"{PREFIX}local_global_step_folder: checkpoints/global_step_{steps}",
             ]
+            if stamped:
+                stamp = kubectl_stamp(CLOCK_START + steps * CLOCK_STEP_S)
+                block = [f"{stamp} {line}" for line in block]
             text = "\n".join(block) + "\n"
             handle.write(text)
             written += len(text.encode())
@@ -104,11 +125,64 @@ BASELINE = textwrap.dedent(
 )
 
 
+def clock_cost(megabytes: float, repeat: int) -> None:
+    """The --clock run (module docstring)."""
+    import sys
+
+    import duckdb
+
+    from _measure import run_child
+
+    plain = fresh_log_path(OUT, "train.log")
+    lines, steps = write_log(plain, megabytes)
+    stamped = plain.with_name("stamped.log")
+    stamped_lines, stamped_steps = write_log(stamped, megabytes, stamped=True, steps_wanted=steps)
+    assert (stamped_lines, stamped_steps) == (lines, steps)
+    os.sync()
+    polytrace = Path(sys.executable).with_name("polytrace")
+    timed: dict[str, list[tuple[float, float]]] = {"plain": [], "stamped": []}
+    for _ in range(repeat):
+        for name, log in (("plain", plain), ("stamped", stamped)):
+            store = OUT / f"{name}.duckdb"
+            store.unlink(missing_ok=True)
+            os.sync()
+            wall, cpu, _ = run_child([str(polytrace), "ingest", "--db", str(store), "--format", "verl-console",
+                                      str(log)])
+            timed[name].append((wall, cpu))
+    counts = {}
+    for name in timed:
+        con = duckdb.connect(str(OUT / f"{name}.duckdb"), read_only=True)
+        counts[name] = con.execute("SELECT (SELECT count(*) FROM step_metrics), (SELECT count(*) FROM step_clock"
+                                   " WHERE source = 'console')").fetchall()[0]
+        con.close()
+    print(f"logs: {steps:,} metric lines x {len(KEYS)} keys, {lines:,} lines; plain {plain.stat().st_size / 1e6:.1f} MB,"
+          f" stamped {stamped.stat().st_size / 1e6:.1f} MB")
+    print(f"{'':8} {'wall s':>8} {'cpu s':>8}   runs (wall/cpu)")
+    medians = {}
+    for name, runs in timed.items():
+        medians[name] = (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+        print(f"{name:8} {medians[name][0]:8.2f} {medians[name][1]:8.2f}   "
+              + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs))
+    for label, index in (("wall", 0), ("cpu", 1)):
+        extra = medians["stamped"][index] - medians["plain"][index]
+        print(f"printed times cost ({label}): {extra:+.2f} s = {extra / medians['plain'][index]:+.1%},"
+              f" {extra / steps * 1e6:+,.0f} us per metric line")
+    print(f"rows: plain {counts['plain'][0]:,}, stamped {counts['stamped'][0]:,}; console clock steps: plain"
+          f" {counts['plain'][1]:,}, stamped {counts['stamped'][1]:,} of {steps:,}")
+    if counts["plain"][0] != counts["stamped"][0] or counts["plain"][1] or counts["stamped"][1] != steps:
+        raise SystemExit("the stamped log's store differs from the plain one's")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log in MB")
     parser.add_argument("--repeat", type=int, default=3, help="timed polytrace runs (median and best reported)")
+    parser.add_argument("--clock", action="store_true",
+                        help="time the log with and without printed times instead (module docstring)")
     args = parser.parse_args()
+    if args.clock:
+        clock_cost(args.mb, args.repeat)
+        return
     log = fresh_log_path(OUT, "train.log")
     lines, steps = write_log(log, args.mb)
     os.sync()  # the log's dirty pages go to disk now, not during the timed ingest

@@ -8,7 +8,14 @@ before each metrics dict of 16 keys, one dict per step), then measures:
              with json.loads after swapping quotes, then one bulk insert into DuckDB.
 Prints MB/s, steps/s, CPU seconds (user + system, all threads: what a loaded machine changes
 least) and the ratios polytrace / baseline of both.
-Usage: python benchmarks/ingest_trl_console.py [--steps 50000] [--repeat 3]
+With --layout, one of the layouts real TRL runs leave instead (`LAYOUTS`), made from the same log:
+  interleaved  stdout and stderr in one file (`2>&1` to a pipe): the bar's draws as they happen, the
+               dicts in clumps as stdout's buffer fills;
+  stages       several trainings in one file (--stages), each its own bar and end-of-training dict;
+  rotated      the run cut in two, `train.log.1` and the `train.log` it was rotated into, read as a folder;
+each ingested --repeat times, taking turns with the single-stage log of as many steps; prints both
+figures and the layout's cost beside it, and checks the rows each store holds.
+Usage: python benchmarks/ingest_trl_console.py [--steps 50000] [--repeat 3] [--layout NAME] [--stages 3]
 """
 
 from __future__ import annotations
@@ -77,11 +84,141 @@ BASELINE = textwrap.dedent(
 )
 
 
+# How a TRL run's console output reaches a file. transformers' ProgressCallback.on_log prints each dict with
+# `self.training_bar.write(str(shallow_logs))` (huggingface/transformers@55093b758b338fdc7903e778509523d755ae080d,
+# src/transformers/trainer_callback.py), and tqdm's `tqdm.write` (tqdm/tqdm, tqdm/std.py) writes the message to
+# sys.stdout while the bar draws on sys.stderr: under `2>&1` to a file or pipe, stdout is block-buffered
+# (STDOUT_BUFFER bytes) and stderr is not, so the dicts arrive in clumps after the draws of their steps.
+LAYOUTS = ("single", "interleaved", "stages", "rotated")
+STDOUT_BUFFER = 8192
+KEYS_STORED = 17  # a dict's 16 keys and the num_tokens/per_step polytrace derives from them
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines, each with its newline; the carriage returns of the bar's draws kept within them."""
+    return [line + "\n" for line in path.read_bytes().decode().split("\n")[:-1]]
+
+
+def _records(path: Path) -> list[tuple[str, str]]:
+    """The single-stage log's lines (`write_log`) as (what stderr drew: the bar's draws and the clear
+    before the dict, what stdout wrote: the dict and its newline)."""
+    records = []
+    for line in _lines(path):
+        cut = line.rindex("\r") + 1
+        records.append((line[:cut], line[cut:]))
+    return records
+
+
+def write_interleaved(single: Path, path: Path) -> None:
+    """The single-stage log as stdout and stderr interleave in one file: each step's draws at once, the
+    dicts when STDOUT_BUFFER bytes of them are pending (and the rest at exit)."""
+    pending, size = [], 0
+    with path.open("w") as handle:
+        for drawn, printed in _records(single):
+            handle.write(drawn)
+            pending.append(printed)
+            size += len(printed.encode())
+            if size >= STDOUT_BUFFER:
+                handle.write("".join(pending))
+                pending, size = [], 0
+        handle.write("".join(pending))
+
+
+def write_stages(path: Path, steps: int, stages: int) -> None:
+    """`stages` trainings of steps / stages steps each, one after the other in one file (a script that
+    trains several times, or a job started again into the same log), each with its own bar from 0 and
+    the end-of-training dict the Trainer logs after its last step."""
+    per_stage = steps // stages
+    with path.open("w") as handle:
+        for stage in range(stages):
+            part = path.with_name(f"stage{stage}.log")
+            write_log(part, per_stage, seed=stage)
+            handle.write(part.read_bytes().decode())
+            part.unlink()
+            runtime = 2.0 * per_stage
+            handle.write(repr({"train_runtime": runtime, "train_samples_per_second": 3.2,
+                               "train_steps_per_second": round(per_stage / runtime, 3), "train_loss": 0.01,
+                               "epoch": 1.0}) + "\n")
+
+
+def write_rotated(single: Path, folder: Path) -> list[Path]:
+    """The single-stage log rotated at its middle line: the older half as `train.log.1`, the rest as
+    `train.log`, whose first line begins with the bar drawn on since (what a size-based rotation of
+    the file leaves)."""
+    lines = _lines(single)
+    older, newer = folder / "train.log.1", folder / "train.log"
+    older.write_text("".join(lines[:len(lines) // 2]))
+    newer.write_text("".join(lines[len(lines) // 2:]))
+    return [older, newer]
+
+
+def layout_run(layout: str, steps: int, repeat: int, stages: int) -> None:
+    """The --layout run (module docstring): the layout's log(s) and the single-stage log of as many steps,
+    each ingested `repeat` times in turn; medians of wall and CPU seconds, and the rows each stored."""
+    import shutil
+
+    import duckdb
+
+    single = fresh_log_path(OUT, "train.log")
+    write_log(single, steps)
+    folder = OUT / layout
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    if layout == "interleaved":
+        write_interleaved(single, folder / "train.log")
+    elif layout == "stages":
+        write_stages(folder / "train.log", steps, stages)
+        steps = steps // stages * stages
+        single = fresh_log_path(OUT, "train.log")
+        write_log(single, steps)
+    else:
+        write_rotated(single, folder)
+    os.sync()
+    sizes = {"single": single.stat().st_size / 1e6, layout: sum(p.stat().st_size for p in folder.iterdir()) / 1e6}
+    inputs = {"single": [single], layout: sorted(folder.iterdir())}
+    polytrace = Path(sys.executable).with_name("polytrace")
+    timed: dict[str, list[tuple[float, float]]] = {"single": [], layout: []}
+    for _ in range(repeat):
+        for name in timed:
+            store = OUT / f"{name}.duckdb"
+            store.unlink(missing_ok=True)
+            os.sync()
+            wall, cpu, _ = run_child([str(polytrace), "ingest", "--db", str(store), "--format", "trl-console",
+                                      "--run", "r", *map(str, inputs[name])])
+            timed[name].append((wall, cpu))
+    print(f"{layout}: {steps:,} steps x 16 keys in {', '.join(p.name for p in inputs[layout])}")
+    print(f"{'':12} {'MB':>6} {'wall s':>8} {'CPU s':>8} {'steps/s':>10} {'rows':>10}   runs (wall/CPU)")
+    medians, rows, pairs = {}, {}, {}
+    for name, runs in timed.items():
+        con = duckdb.connect(str(OUT / f"{name}.duckdb"), read_only=True)
+        rows[name] = con.execute("SELECT count(*) FROM step_metrics").fetchall()[0][0]
+        pairs[name] = set(con.execute("SELECT step, key, value FROM step_metrics").fetchall())
+        con.close()
+        medians[name] = (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+        print(f"{name:12} {sizes[name]:6.1f} {medians[name][0]:8.2f} {medians[name][1]:8.2f}"
+              f" {steps / medians[name][0]:10,.0f} {rows[name]:10,}   " + ", ".join(f"{w:.2f}/{c:.2f}" for w, c in runs))
+    print(f"{layout} / single: {medians[layout][0] / medians['single'][0]:.2f}x wall,"
+          f" {medians[layout][1] / medians['single'][1]:.2f}x CPU")
+    # The rotated-into log's first dict has no num_tokens/per_step: the count before it is in the older file.
+    expected = {"single": steps * KEYS_STORED, layout: steps * KEYS_STORED - (layout == "rotated")}
+    if rows != expected:
+        raise SystemExit(f"rows stored: {rows}, expected {expected}")
+    # Interleaved or rotated, the same run: its steps, keys and values are the single log's.
+    if layout != "stages" and not pairs[layout] <= pairs["single"]:
+        raise SystemExit(f"{len(pairs[layout] - pairs['single']):,} (step, key, value) rows not in the single log's store")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50_000, help="metrics dicts (steps) in the generated log")
     parser.add_argument("--repeat", type=int, default=3, help="timed polytrace runs (median reported)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="single",
+                        help="time one of the layouts real runs leave instead (module docstring)")
+    parser.add_argument("--stages", type=int, default=3, help="trainings in the file of --layout stages")
     args = parser.parse_args()
+    if args.layout != "single":
+        layout_run(args.layout, args.steps, args.repeat, args.stages)
+        return
     log = fresh_log_path(OUT, "train.log")
     write_log(log, args.steps)
     os.sync()

@@ -3,7 +3,9 @@
 Each case writes its files into a folder and says what a correct ingest does with them: how
 many lines are stored (the good ones, which no bad line or bad file may cost) and which files
 must be stored rather than skipped. `crash_harness` in benchmarks/ runs many seeded variants; the
-bounded test runs one of each.
+bounded test runs one of each. The sandbox attempts (`SANDBOX_ATTEMPTS`) are stores, lakes and `query`
+texts that try to read or write files outside the store: none may show the secret they aim at or
+write a file (`crash_harness --sandbox`).
 """
 
 from __future__ import annotations
@@ -362,3 +364,222 @@ if importlib.util.find_spec("wandb") is not None:
     CASES.append(wandb_offline_bad_record)
 if importlib.util.find_spec("tensorboard") is not None:
     CASES.append(tensorboard_bad_record)
+
+
+# --- sandbox attempts: stores, lakes and `query` texts that try to read or write outside the store
+
+@dataclass
+class Attempt:
+    name: str
+    args: list[str]            # polytrace's arguments (the store or lake given with --db)
+    secret: str                # text of the files outside that no output may show
+    watched: list[Path]        # folders nothing may be written into
+    refused: bool              # must end with a one-line error (else any exit, the secret unshown)
+
+
+def outside_files(folder: Path, rng: random.Random) -> tuple[Path, str]:
+    """(a folder beside the store, its secret): the secret written as text, CSV, JSON, Parquet, a
+    DuckDB table and a file name, for an attempt to read."""
+    import duckdb
+
+    secret = f"polytrace-secret-{rng.getrandbits(64):016x}"
+    outside = folder / "outside"
+    outside.mkdir(parents=True)
+    (outside / "secret.txt").write_text(secret + "\n")
+    (outside / "secret.csv").write_text(f"a\n{secret}\n")
+    (outside / "secret.json").write_text(json.dumps({"a": secret}) + "\n")
+    (outside / f"{secret}.name").write_text("x\n")
+    con = duckdb.connect(str(outside / "other.duckdb"))
+    try:
+        con.execute("CREATE TABLE t AS SELECT ? AS a", [secret])
+        con.execute(f"COPY t TO '{outside / 'secret.parquet'}' (FORMAT parquet)")
+    finally:
+        con.close()
+    return outside, secret
+
+
+def _reader(outside: Path, rng: random.Random) -> str:
+    """A FROM clause reading the outside folder's secret."""
+    return rng.choice([
+        f"read_text('{outside}/secret.txt')", f"read_blob('{outside}/secret.txt')",
+        f"read_csv('{outside}/secret.csv')", f"read_json('{outside}/secret.json')",
+        f"read_parquet('{outside}/secret.parquet')", f"glob('{outside}/*')", f"'{outside}/secret.csv'",
+        f"read_csv('{outside}/../outside/secret.csv')",
+    ])
+
+
+def _crafted_store(store: Path, folder: Path, statements: list[str]) -> Path:
+    """A copy of the polytrace store `store` in `folder`, with `statements` run on it."""
+    import shutil
+
+    import duckdb
+
+    copy = folder / "store" / "sent.duckdb"
+    copy.parent.mkdir(parents=True)
+    shutil.copy(store, copy)
+    con = duckdb.connect(str(copy))
+    try:
+        for statement in statements:
+            con.execute(statement)
+    finally:
+        con.close()
+    return copy
+
+
+_READING_COMMANDS = (["runs", "--json"], ["errors", "--json"], ["steps", "alpha", "--json"], ["rename", "alpha", "beta"])
+
+
+def store_table_as_view(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """A store whose table of polytrace's is replaced by a view over a file outside: refused."""
+    outside, secret = outside_files(folder, rng)
+    table = rng.choice(["ingest_errors", "runs", "files", "step_metrics", "ignored_lines"])
+    sent = _crafted_store(store, folder, [f"DROP TABLE {table}",
+                                          f"CREATE VIEW {table} AS SELECT * FROM {_reader(outside, rng)}"])
+    command = rng.choice([*_READING_COMMANDS, ["query", f"select * from {table}", "--json"]])
+    return Attempt(f"table {table} as a view over a file", [*command, "--db", str(sent)], secret,
+                   [outside], refused=True)
+
+
+def store_own_view_replaced(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """A store whose own view (samples, steps, named_step_metrics) reads a file outside: polytrace reads
+    through its own definition (or refuses); the secret is never shown."""
+    outside, secret = outside_files(folder, rng)
+    view = rng.choice(["samples", "steps", "named_step_metrics"])
+    sent = _crafted_store(store, folder, [f"DROP VIEW {view}",
+                                          f"CREATE VIEW {view} AS SELECT * FROM {_reader(outside, rng)}"])
+    command = rng.choice([*_READING_COMMANDS, ["query", f"select * from {view}", "--json"]])
+    return Attempt(f"own view {view} over a file", [*command, "--db", str(sent)], secret, [outside],
+                   refused=False)
+
+
+def store_foreign_view(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """A store holding a view of its own (in the main schema or another) over a file outside: refused."""
+    outside, secret = outside_files(folder, rng)
+    schema = rng.choice(["", "elsewhere."])
+    statements = ["CREATE SCHEMA elsewhere"] if schema else []
+    sent = _crafted_store(store, folder, [*statements,
+                                          f"CREATE VIEW {schema}leak AS SELECT * FROM {_reader(outside, rng)}"])
+    command = rng.choice([*_READING_COMMANDS, ["query", f"select * from {schema}leak", "--json"]])
+    return Attempt("a view of its own over a file", [*command, "--db", str(sent)], secret, [outside],
+                   refused=True)
+
+
+def store_macro_shadowing(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """A store holding a macro named like a built-in (a scalar one changing numbers, a table one reading
+    a file outside): refused."""
+    outside, secret = outside_files(folder, rng)
+    macro = rng.choice([
+        "CREATE MACRO coalesce(a, b) AS 42", "CREATE MACRO round(a, b) AS 42", "CREATE MACRO abs(a) AS -1",
+        "CREATE MACRO lower(a) AS 'x'", "CREATE MACRO greatest(a, b) AS 0",
+        f"CREATE MACRO range(n) AS TABLE SELECT * FROM {_reader(outside, rng)}",
+        f"CREATE MACRO unnest_all(n) AS TABLE SELECT * FROM {_reader(outside, rng)}",
+    ])
+    sent = _crafted_store(store, folder, [macro])
+    command = rng.choice([*_READING_COMMANDS, ["query", "select count(*) as n from range(3)", "--json"]])
+    return Attempt(f"macro {macro.split()[2].split('(')[0]}", [*command, "--db", str(sent)], secret,
+                   [outside], refused=True)
+
+
+def query_outside(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """`query` on a sound store with SQL that reads, writes or attaches a file outside, loads an
+    extension or unlocks the configuration: refused."""
+    outside, secret = outside_files(folder, rng)
+    sql = rng.choice([
+        f"select * from {_reader(outside, rng)}",
+        f"select (select count(*) from {_reader(outside, rng)}) as n",
+        f"select * from runs, {_reader(outside, rng)}",
+        f"select * from sniff_csv('{outside}/secret.csv')",
+        f"copy (select name from runs) to '{outside}/copied.csv'",
+        f"attach '{outside}/other.duckdb' as other",
+        f"select * from '{outside}/other.duckdb'",
+        f"export database '{outside}/exported'",
+        "install httpfs", "load parquet",
+        "set enable_external_access = true", "reset lock_configuration", "set allowed_directories = ['/']",
+        f"select 1 as one; select * from {_reader(outside, rng)}",
+        "create table kept as select 1 as one",
+        f"pragma import_database('{outside}')",
+    ])
+    return Attempt("query outside", ["query", sql, "--db", str(store), "--json"], secret, [outside], refused=True)
+
+
+def _lake_of(store: Path, folder: Path) -> Path:
+    from polytrace_cli.ingest.registry import declared_metric_names
+    from polytrace_cli.store import open_store
+    from polytrace_cli.store.lake import write_lake
+
+    lake = folder / "lake"
+    con = open_store(store, read_only=True, metric_names=declared_metric_names)
+    try:
+        write_lake(con, lake)
+    finally:
+        con.close()
+    return lake
+
+
+def lake_pointing_outside(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """A lake whose manifest lists a file outside it (by `..`, by an absolute path, through a link in
+    the lake), a view polytrace does not define or a column type that is SQL, or a sound lake
+    queried for a file outside: refused."""
+    outside, secret = outside_files(folder, rng)
+    lake = _lake_of(store, folder)
+    manifest_path = lake / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    damage = rng.choice(["dotdot", "absolute", "link", "view", "type", "query"])
+    entry = next(file for file in manifest["files"] if file["table"] == "runs")
+    if damage == "dotdot":
+        entry["path"] = "runs/../../outside/secret.parquet"
+    elif damage == "absolute":
+        entry["path"] = str(outside / "secret.parquet")
+    elif damage == "link":
+        listed = lake / entry["path"]
+        listed.unlink()
+        listed.symlink_to(outside / "secret.parquet")
+    elif damage == "view":
+        manifest["views"]["leak"] = f"CREATE VIEW leak AS SELECT * FROM {_reader(outside, rng)}"
+    elif damage == "type":
+        name, _ = manifest["tables"]["runs"]["columns"][0]
+        manifest["tables"]["runs"]["columns"][0] = [
+            name, f"VARCHAR) AS x, (SELECT string_agg(content) FROM read_text('{outside}/secret.txt')) AS y --"]
+    manifest_path.write_text(json.dumps(manifest))
+    sql = f"select * from {_reader(outside, rng)}" if damage == "query" else "select * from runs"
+    command = rng.choice([["query", sql], ["runs"], ["errors"]]) if damage != "query" else ["query", sql]
+    return Attempt(f"lake {damage}", [*command, "--db", str(lake), "--json"], secret, [outside], refused=True)
+
+
+def query_past_limits(folder: Path, rng: random.Random, store: Path) -> Attempt:
+    """`query` with no end (a recursive CTE, a cross join of large ranges) or a result larger than its
+    memory limit: stopped by its limit with one line (the harness counts one not stopped as an escape)."""
+    outside, secret = outside_files(folder, rng)
+    sql, limit = rng.choice([
+        ("with recursive r(n) as (select 1 union all select n + 1 from r) select count(*) as n from r",
+         ["--time-limit", "0.3"]),
+        ("select count(*) as n from range(100000000) a, range(100000000) b", ["--time-limit", "0.3"]),
+        ("select sum(a.range * b.range) as n from range(1000000) a cross join range(1000000) b",
+         ["--time-limit", "0.3"]),
+        ("select list(range) as l from range(50000000)", ["--memory-limit", "64MB"]),
+        ("select string_agg(repeat('x', 1000), '') as s from range(10000000)", ["--memory-limit", "64MB"]),
+    ])
+    return Attempt("query past its limits", ["query", sql, *limit, "--db", str(store), "--json"], secret, [outside],
+                   refused=True)
+
+
+SANDBOX_ATTEMPTS: list[Callable[[Path, random.Random, Path], Attempt]] = [
+    store_table_as_view, store_own_view_replaced, store_foreign_view, store_macro_shadowing, query_outside,
+    lake_pointing_outside, query_past_limits,
+]
+
+
+def folder_state(folders: list[Path]) -> list[tuple[str, int, int]]:
+    """(path, size, modification time) of every file under `folders`: what an attempt may not change."""
+    return sorted((str(path), path.lstat().st_size, path.lstat().st_mtime_ns)
+                  for folder in folders for path in folder.rglob("*"))
+
+
+def judge_attempt(attempt: Attempt, exit_code: int | None, output: str, before: list) -> dict:
+    """What an attempt's command did: a traceback printed; an escape (the secret shown, a file written
+    under a watched folder, or the command not ended: `exit_code` None); accepted (an attempt to be
+    refused that exited 0). `before`: `folder_state(attempt.watched)` before the command ran."""
+    return {"attempt": attempt.name, "args": attempt.args[:2], "exit": exit_code,
+            "traceback": "Traceback" in output,
+            "escaped": attempt.secret in output or folder_state(attempt.watched) != before or exit_code is None,
+            "accepted": attempt.refused and exit_code == 0}

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from hostile_inputs import SANDBOX_ATTEMPTS, Attempt, folder_state, judge_attempt, outside_files
 from polytrace_cli.cli import app
 
 runner = CliRunner()
@@ -153,3 +155,41 @@ def test_a_query_past_its_time_limit_is_stopped_with_one_line(store_file):
 def test_a_query_past_its_memory_limit_is_stopped_with_one_line(store_file):
     _one_line_error(_invoke("query", "select list(range) from range(50000000)", "--db", store_file, "--json",
                             "--memory-limit", "64MB"), "more memory than its limit")
+
+
+# --- the sandbox attempts `crash_harness --sandbox` replays: one seeded variant of each
+
+def _replay(attempt: Attempt) -> dict:
+    before = folder_state(attempt.watched)
+    result = runner.invoke(app, attempt.args)
+    traceback = result.exception is not None and not isinstance(result.exception, SystemExit)
+    outcome = judge_attempt(attempt, result.exit_code, result.output + ("Traceback" if traceback else ""), before)
+    return {key: outcome[key] for key in ("traceback", "escaped", "accepted")}
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+@pytest.mark.parametrize("writer", SANDBOX_ATTEMPTS, ids=lambda w: w.__name__)
+def test_a_sandbox_attempt_shows_no_secret_writes_nothing_and_is_refused_in_one_line(writer, seed, store_file,
+                                                                                      tmp_path, monkeypatch):
+    """A crafted store, lake or `query` text aimed at the files beside it: the secret they hold is
+    not printed, nothing is written beside it or in the working folder, no traceback, and an attempt
+    that must be refused exits non-zero."""
+    working = tmp_path / "cwd"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    attempt = writer(tmp_path / "attempt", random.Random(seed), store_file)
+    attempt.watched.append(working)
+    assert _replay(attempt) == {"traceback": False, "escaped": False, "accepted": False}, attempt.args
+
+
+def test_the_sandbox_replay_counts_an_escape_when_the_connection_is_not_confined(store_file, tmp_path, monkeypatch):
+    """The replay's judge is not blind: with the query connection's confinement switched off, reading
+    the secret file beside the store through `query` is counted as an escape (and as accepted)."""
+    import polytrace_cli.store.sql as sql
+
+    outside, secret = outside_files(tmp_path, random.Random(1))
+    attempt = Attempt("query outside", ["query", f"select * from read_text('{outside}/secret.txt')", "--db",
+                                        str(store_file), "--json"], secret, [outside], refused=True)
+    assert _replay(attempt) == {"traceback": False, "escaped": False, "accepted": False}
+    monkeypatch.setattr(sql, "CONFINED_SETTINGS", ())
+    assert _replay(attempt) == {"traceback": False, "escaped": True, "accepted": True}

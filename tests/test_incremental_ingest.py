@@ -782,6 +782,54 @@ def test_a_rotated_log_ingested_as_it_grows_ends_as_one_ingest_of_its_files(tmp_
     assert meta["crash"] is False
 
 
+@pytest.mark.parametrize("kind, cuts", [("console", (3, 25, 32)), ("jsonl", (7, 9, 12))])
+def test_a_rotated_log_s_files_each_hold_the_run_s_step_time_decision(tmp_path, kind, cuts):
+    """Grown, rotated and grown again (the cuts of two seeded trials of `crash_harness.py --rotations`):
+    whether the step time counts testing and checkpoints is decided over every step the run holds,
+    and each file's row of run facts (and the meta kept in its `resume_state`) holds that decision,
+    not the one over the steps stored when that file was last read (train.log.1 read with only
+    train.log's first part stored could not tell about checkpoints). The generator's step time
+    includes both timers (`StepTimeModel.step_includes_overheads`): every row says True, and the
+    whole store is that of one ingest of the two final files."""
+    from conftest import whole_store
+
+    steps = step_table(LENGTHS, SPEC, MODEL)
+    assert MODEL.step_includes_overheads
+    name, text = {"console": ("train.log", console_text(steps, SPEC, MODEL)),
+                  "jsonl": ("train.jsonl", jsonl_text(steps, SPEC, MODEL))}[kind]
+    lines = text.encode().splitlines(keepends=True)
+    a, b, c, d = (b"".join(lines[i:j]) for i, j in zip((0, *cuts), (*cuts, len(lines))))
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    log = folder / name
+    keys = ("step_time_includes_testing", "step_time_includes_checkpoint")
+
+    def facts(con) -> list:
+        rows = con.execute("SELECT f.path, m.meta, f.resume_state FROM file_run_meta m JOIN files f USING (file_id)"
+                           " ORDER BY f.path").fetchall()
+        run = json.loads(con.execute("SELECT meta FROM runs").fetchall()[0][0])
+        return [(Path(path).name, [json.loads(meta).get(key) for key in keys],
+                 [json.loads(state)["meta"].get(key) for key in keys]) for path, meta, state in rows] \
+            + [("run", [run.get(key) for key in keys])]
+
+    con = open_store(tmp_path / "grown.duckdb")
+    for part, rotate in ((a, False), (a + b, False), (c, True), (c + d, False)):
+        if rotate:
+            log.rename(folder / f"{name}.1")
+        log.write_bytes(part)
+        ingest_paths(con, [folder], run_name="r")
+    grown, grown_facts = whole_store(con), facts(con)
+    con.close()
+    fresh = open_store(tmp_path / "once.duckdb")
+    ingest_paths(fresh, [folder], run_name="r")
+    once = whole_store(fresh)
+    fresh.close()
+    assert grown_facts == [(name, [True, True], [True, True]), (f"{name}.1", [True, True], [True, True]),
+                           ("run", [True, True])]
+    assert {table for table in once if grown[table] != once[table]} == set()
+    assert grown == once
+
+
 def test_the_facts_of_a_run_s_files_fold_in_path_order_a_rotated_log_first(tmp_path, log_text):
     """Three logs of one run read in another order than their paths' (the current log first, then the
     one rotated away twice, then once): the run's facts are those the files give folded as

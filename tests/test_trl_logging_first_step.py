@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 from hypothesis import given, settings
@@ -45,11 +46,11 @@ def logged_steps(total: int, interval: int, first: bool) -> list[int]:
 
 
 def write_log(path: Path, *, total: int = 50, interval: int = 10, first: bool = True, args: str | None = "both",
-              bar: str = "each", steps_per_epoch: int = 50, summary: bool = True) -> list[int]:
+              bar: str = "each", steps_per_epoch: int = 50, summary: bool = True, tokens: bool = True) -> list[int]:
     """A GRPO console log as the Trainer prints it: the bar redrawn with carriage returns for every
     step, each logged dict (means over the steps since the last log) after the bar's draw of its step.
     `args`: which training arguments are printed ('both', 'logging_steps', or None); `bar`: 'each'
-    (drawn every step) or 'none'. Returns the logged steps."""
+    (drawn every step) or 'none'; `tokens`: whether the dicts hold `num_tokens`. Returns the logged steps."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["Unsloth: Will patch GRPOTrainer", "==((====))==  Unsloth 2025.6.8: Fast Qwen2 patching."]
     if args == "both":
@@ -59,19 +60,21 @@ def write_log(path: Path, *, total: int = 50, interval: int = 10, first: bool = 
         lines.append(f"GRPOConfig(output_dir='out', logging_steps={interval}, max_steps={total})")
     steps = logged_steps(total, interval, first)
     pending = f"  0%|          | 0/{total} [00:00<?, ?it/s]" if bar == "each" else ""
-    elapsed, tokens, since = 0.0, 0, 0
+    elapsed, counted, since = 0.0, 0, 0
     for step in range(1, total + 1):
         elapsed += step_seconds(step)
-        tokens += step_tokens(step)
+        counted += step_tokens(step)
         if bar == "each":
             minutes, seconds = divmod(int(elapsed), 60)
             pending += f"\r{100 * step // total:3d}%|█         | {step}/{total} [{minutes:02d}:{seconds:02d}<00:10, 2.50s/it]"
         if step in steps:
             covered = range(since + 1, step + 1)
-            metrics = {"loss": 0.001 * step, "grad_norm": 0.5, "learning_rate": 1e-06, "num_tokens": float(tokens),
+            metrics = {"loss": 0.001 * step, "grad_norm": 0.5, "learning_rate": 1e-06, "num_tokens": float(counted),
                        "completions/mean_length": 100.0 + step, "reward": 0.5, "kl": 0.002,
                        "step_time": sum(step_seconds(s) for s in covered) / len(covered),
                        "epoch": round(step / steps_per_epoch, 2)}
+            if not tokens:
+                del metrics["num_tokens"]
             lines.append(f"{pending}\r{' ' * 40}\r{metrics!r}" if pending else repr(metrics))
             pending, since = "", step
     if pending:
@@ -220,15 +223,25 @@ def test_cleaning_a_redrawn_line_agrees_with_python(line):
 
 
 def test_a_log_read_after_its_step_1_dict_alone_is_read_whole_once_grown(tmp_path):
-    """Read when it held only the step-1 dict (every step, as far as that read could tell), then grown:
-    the new dicts at 10, 20, ... make it a run logging its first step, which the stored numbering
-    cannot follow, so the grown log is read whole and ends as one ingest."""
+    """Read when it held only the step-1 dict (every step, as far as that read could tell: the bar read 1),
+    then grown: the new dicts at 10, 20, ... make it a run logging its first step, which the stored
+    numbering cannot follow, so the grown log is read whole and ends as one ingest, its dicts steps 1,
+    10, ..., 50. The dicts hold no `num_tokens`: a stage whose only token count was read before cannot
+    go on either (`_with_tokens_before`), so with it this log would be read whole whatever the rule of
+    the one dict read before (`_interval`: the carried numbering, interval 1 from the bar, would
+    number the grown dicts 2, 3, ... when appended)."""
     from test_incremental_ingest import grown_once
 
     log = tmp_path / "written" / "train.log"
-    write_log(log, args=None, summary=False)
+    write_log(log, args=None, summary=False, tokens=False)
     text = log.read_bytes()
+    assert b"num_tokens" not in text
     cut = text.index(b"\n", text.index(b"'epoch': 0.02")) + 1
     status, rows, once = grown_once(tmp_path, text[:cut], text)
     assert status == "replaced"
     assert rows == once
+    con = duckdb.connect(str(tmp_path / "grown.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT step FROM steps ORDER BY step").fetchall() == [(s,) for s in (1, 10, 20, 30, 40, 50)]
+    finally:
+        con.close()

@@ -56,43 +56,47 @@ def engine_findings(con: duckdb.DuckDBPyConnection, run_id: int, run_seconds: fl
     return found
 
 
+def _steps(count: int) -> str:
+    return f"{count} step{'s' if count != 1 else ''}"
+
+
+# The consistency findings, in the order they are listed: (cause, the per-step column that marks a step
+# (a flag, or a value only such steps have), the column of the seconds each marked step costs or None,
+# and the finding's sentence: of the marked steps, every step and the seconds summed).
+CONSISTENCY_FINDINGS = (
+    ("untimed", "untimed", "untimed_s", lambda marked, detail, seconds: (
+        f"{duration(seconds)} between steps that no timer counts, in {marked.height} of "
+        f"{detail.filter(pl.col('untimed_s').is_not_null()).height} steps "
+        f"(gap between two steps' records − step time, over max({consistency.UNTIMED_MIN_S:g} s, "
+        f"{consistency.UNTIMED_SHARE:.0%} of the step)): logging, data loading or work outside the step timer")),
+    ("stage_excess", "stage_excess_s", "stage_excess_s", lambda marked, detail, seconds: (
+        f"in {_steps(marked.height)} the stage timers add up to more than the logged step total (by up to "
+        f"{duration(float(marked['stage_excess_s'].max()))}): timers that overlap, or a step total that leaves "
+        "work out; shares of the step computed from them do not add up")),
+    ("mfu_impossible", "mfu_impossible", None, lambda marked, detail, seconds: (
+        f"MFU logged above 1 (up to {float(marked['mfu'].max()):.2f}) in {_steps(marked.height)}: no device "
+        "exceeds its peak, so the FLOPs counted or the peak assumed is wrong, and throughput read from it is too")),
+    ("throughput_mismatch", "throughput_mismatch", None, lambda marked, detail, seconds: (
+        f"the logged throughput contradicts tokens ÷ time in {_steps(marked.height)}: total_tokens / (throughput × "
+        f"time_per_step) implies {float(marked['implied_gpus'].median()):.1f} GPUs (median), not the config's; "
+        "per-GPU throughput read from this log is off by as much")),
+)
+
+
 def consistency_findings(con: duckdb.DuckDBPyConnection, run_id: int, run_seconds: float | None,
                          steps: StepRange = ALL_STEPS) -> list[dict]:
-    """Untimed time between steps, stages beyond their step, an impossible MFU (see the module docstring)."""
+    """Untimed time between steps, stages beyond their step, an impossible MFU, a throughput that implies
+    another GPU count (CONSISTENCY_FINDINGS; formulas in the module docstring): one finding per kind
+    that marks a step, its seconds Σ of its seconds column over the marked steps (none without one)."""
     detail = consistency.per_step(con, [run_id], steps)
     found = []
-    untimed = detail.filter(pl.col("untimed").fill_null(False))
-    if untimed.height:
-        seconds = float(untimed["untimed_s"].sum())
-        gaps = detail.filter(pl.col("untimed_s").is_not_null())
-        found.append(_finding(
-            "untimed", seconds, run_seconds, untimed["step"].to_list(),
-            f"{duration(seconds)} between steps that no timer counts, in {untimed.height} of {gaps.height} steps "
-            f"(gap between two steps' records − step time, over max({consistency.UNTIMED_MIN_S:g} s, "
-            f"{consistency.UNTIMED_SHARE:.0%} of the step)): logging, data loading or work outside the step timer"))
-    excess = detail.filter(pl.col("stage_excess_s").is_not_null())
-    if excess.height:
-        seconds = float(excess["stage_excess_s"].sum())
-        found.append(_finding(
-            "stage_excess", seconds, run_seconds, excess["step"].to_list(),
-            f"in {excess.height} step{'s' if excess.height != 1 else ''} the stage timers add up to more than the "
-            f"logged step total (by up to {duration(float(excess['stage_excess_s'].max()))}): timers that overlap, or a "
-            "step total that leaves work out; shares of the step computed from them do not add up"))
-    impossible = detail.filter(pl.col("mfu_impossible").fill_null(False))
-    if impossible.height:
-        found.append(_finding(
-            "mfu_impossible", None, run_seconds, impossible["step"].to_list(),
-            f"MFU logged above 1 (up to {float(impossible['mfu'].max()):.2f}) in {impossible.height} "
-            f"step{'s' if impossible.height != 1 else ''}: no device exceeds its peak, so the FLOPs counted or the "
-            "peak assumed is wrong, and throughput read from it is too"))
-    mismatch = detail.filter(pl.col("throughput_mismatch").fill_null(False))
-    if mismatch.height:
-        found.append(_finding(
-            "throughput_mismatch", None, run_seconds, mismatch["step"].to_list(),
-            f"the logged throughput contradicts tokens ÷ time in {mismatch.height} "
-            f"step{'s' if mismatch.height != 1 else ''}: total_tokens / (throughput × time_per_step) implies "
-            f"{float(mismatch['implied_gpus'].median()):.1f} GPUs (median), not the config's; per-GPU throughput "
-            "read from this log is off by as much"))
+    for cause, column, seconds_column, sentence in CONSISTENCY_FINDINGS:
+        marks = pl.col(column)
+        marked = detail.filter(marks.fill_null(False) if detail.schema[column] == pl.Boolean else marks.is_not_null())
+        if not marked.height:
+            continue
+        seconds = float(marked[seconds_column].sum()) if seconds_column else None
+        found.append(_finding(cause, seconds, run_seconds, marked["step"].to_list(), sentence(marked, detail, seconds)))
     return found
 
 

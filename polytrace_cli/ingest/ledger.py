@@ -17,7 +17,7 @@ import duckdb
 from polytrace_cli.errors import ErrorCode
 from polytrace_cli.ingest.base import UNREAD_RECORD, FileContext, file_owned_tables
 from polytrace_cli.ingest.files import block_sha, path_text, state_kept_for
-from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL
+from polytrace_cli.semantics.step_timers import NULL_MEANS_CANNOT_TELL, step_time_inclusion
 from polytrace_cli.store.sql import fetch_first, rollback
 
 
@@ -220,13 +220,58 @@ def folds_before_another(con: duckdb.DuckDBPyConnection, run_id: int, file_ids: 
     return bool(row and row[0])
 
 
+# Run facts decided over every row the run holds (`step_timers.step_time_inclusion`), not over one
+# file's: a file that gives them (a verl log) holds the run's decision as it stands after the run's
+# latest change (`share_run_wide_facts`), so what each file's row says does not depend on which of the
+# run's files were stored when that file was read.
+RUN_WIDE_FACTS = frozenset(NULL_MEANS_CANNOT_TELL)
+
+
+def share_run_wide_facts(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
+    """The run's RUN_WIDE_FACTS decided anew over its stored rows, written into the `file_run_meta` row
+    and the kept `resume_state` meta of every file of the run that gives them; {} when none does.
+
+    For each file f of the run whose row holds a key k of RUN_WIDE_FACTS:
+    row(f)[k] = resume_state(f).meta[k] = step_time_inclusion(run)[k] (null: cannot tell)."""
+    keys = sorted(RUN_WIDE_FACTS)
+    holders = con.execute(
+        "SELECT m.file_id, m.meta, f.resume_state FROM file_run_meta m LEFT JOIN files f USING (file_id)"
+        f" WHERE m.run_id = ? AND ({' OR '.join('contains(m.meta, ?)' for _ in keys)})",
+        [run_id, *(json.dumps(key) for key in keys)]).fetchall()
+    holders = [(file_id, json.loads(text), state) for file_id, text, state in holders]
+    holders = [(file_id, given, state) for file_id, given, state in holders if RUN_WIDE_FACTS & given.keys()]
+    if not holders:
+        return {}
+    decided = {key: value for key, value in step_time_inclusion(con, run_id).items() if key in RUN_WIDE_FACTS}
+    rows, states = [], []
+    for file_id, given, state in holders:
+        shared = {**given, **{key: decided[key] for key in given.keys() & RUN_WIDE_FACTS}}
+        if shared != given:
+            rows.append((file_id, json.dumps(shared, sort_keys=True)))
+        kept = json.loads(state) if state else None
+        if kept and isinstance(kept.get("meta"), dict) and kept["meta"].keys() & RUN_WIDE_FACTS:
+            meta = {**kept["meta"], **{key: decided[key] for key in kept["meta"].keys() & RUN_WIDE_FACTS}}
+            if meta != kept["meta"]:
+                states.append((file_id, json.dumps({**kept, "meta": meta}, sort_keys=True)))
+    if rows:
+        con.execute("UPDATE file_run_meta SET meta = t.meta FROM (SELECT unnest(?::BIGINT[]) AS file_id,"
+                    " unnest(?::VARCHAR[]) AS meta) t WHERE file_run_meta.file_id = t.file_id AND run_id = ?",
+                    [[r[0] for r in rows], [r[1] for r in rows], run_id])
+    if states:
+        con.execute("UPDATE files SET resume_state = t.state FROM (SELECT unnest(?::BIGINT[]) AS file_id,"
+                    " unnest(?::VARCHAR[]) AS state) t WHERE files.file_id = t.file_id",
+                    [[r[0] for r in states], [r[1] for r in states]])
+    return decided
+
+
 def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str | None, meta: dict,
                    file_id: int | None = None, again: bool = False, new_files: list[int] | None = None) -> None:
     """Merge a file's run metadata into its run's `meta`: the run's meta is the fold (`fold_meta`, in
     FOLD_ORDER: by path, a rotated log before the log it was rotated from) of what each of its files
     gave (`file_run_meta`), whatever order they were read in; a key of NULL_MEANS_CANNOT_TELL that
-    some file left undecided is stored as null when no file decided it. The run's framework is set to
-    `framework` if it has none.
+    some file left undecided is stored as null when no file decided it. A fact of RUN_WIDE_FACTS is
+    the run's decision over all its rows, shared first with every file that gives it
+    (`share_run_wide_facts`). The run's framework is set to `framework` if it has none.
 
     `meta` is all file `file_id` gives the run, kept as its row (or, from a batch, the fold of the
     rows of `new_files`, written already). New files that come last in FOLD_ORDER fold in last; when
@@ -237,6 +282,7 @@ def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str |
         con.execute("DELETE FROM file_run_meta WHERE file_id = ? AND run_id = ?", [file_id, run_id])
         con.execute("INSERT INTO file_run_meta (file_id, run_id, meta) VALUES (?, ?, ?)",
                     [file_id, run_id, json.dumps(meta, sort_keys=True)])
+    decided = share_run_wide_facts(con, run_id)
     current_framework, current_meta = fetch_first(con, "SELECT framework, meta FROM runs WHERE run_id = ?", [run_id])
     added = new_files if new_files is not None else ([file_id] if file_id is not None else [])
     if not again and added and folds_before_another(con, run_id, added):
@@ -254,6 +300,7 @@ def merge_run_meta(con: duckdb.DuckDBPyConnection, run_id: int, framework: str |
     for key in NULL_MEANS_CANNOT_TELL & undecided:
         if merged.get(key) is None:
             merged[key] = None  # undecided is stored as null; a decided value stays
+    merged.update(decided)
     con.execute(
         "UPDATE runs SET framework = ?, meta = ? WHERE run_id = ?",
         [current_framework or framework, json.dumps(merged, sort_keys=True), run_id],
