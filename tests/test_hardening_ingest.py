@@ -282,3 +282,38 @@ def test_a_file_that_fails_whole_leaves_no_run(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "nested too deep" in result.output
     assert _query(db, "SELECT count(*) FROM runs")[0][0] == 0
+
+
+def test_a_file_rejected_whole_after_it_was_stored_leaves_no_run_fact_behind(tmp_path):
+    """A run of two logs, the second (last in fold order) giving the larger max_response_length; the second
+    is then replaced by a damaged gzip and rejected whole. Its rows go, and so must what it told the run:
+    the store equals a fresh ingest of the folder as it is now."""
+    import gzip
+
+    from conftest import whole_store
+
+    def log(max_length: int) -> str:
+        return "".join([f"(TaskRunner pid=1) {{'data': {{'max_response_length': {max_length}}}}}\n"] +
+                       [f"(TaskRunner pid=1) step:{s} - timing_s/gen:{10 + s} - timing_s/step:{20 + s} - "
+                        f"response_length/mean:{100 * s}\n" for s in (1, 2, 3)])
+
+    folder = tmp_path / "logs" / "r"
+    folder.mkdir(parents=True)
+    (folder / "a.log").write_text(log(4096))
+    (folder / "b.log.gz").write_bytes(gzip.compress(log(8192).encode()))
+    grown, fresh = tmp_path / "grown.duckdb", tmp_path / "fresh.duckdb"
+    assert _invoke("ingest", folder, "--run", "r", "--db", grown).exit_code == 0
+    assert json.loads(_query(grown, "SELECT meta FROM runs")[0][0])["max_response_len"] == 8192
+    (folder / "b.log.gz").write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 40)  # a gzip header, then nothing sound
+    for db in (grown, fresh):
+        result = _invoke("ingest", folder, "--run", "r", "--db", db)
+        assert result.exit_code == 1 and "b.log.gz" in result.output
+    assert json.loads(_query(grown, "SELECT meta FROM runs")[0][0])["max_response_len"] == 4096
+    stores = []
+    for db in (grown, fresh):
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            stores.append(whole_store(con))
+        finally:
+            con.close()
+    assert stores[0] == stores[1]

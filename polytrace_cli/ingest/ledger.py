@@ -318,12 +318,15 @@ def _record_whole_file_rejection(
     con: duckdb.DuckDBPyConnection, run_id: int, path: Path, sha: str, size: int, lines: int, fmt: str, reason: str,
     code: ErrorCode,
 ) -> None:
-    """Store a file that failed as a whole: all its lines count as rejected, under one error with line NULL."""
+    """Store a file that failed as a whole: all its lines count as rejected, under one error with line NULL.
+    A read of it stored before is removed, and with it what that read told its run (the run's facts are
+    folded again from its other files)."""
     con.execute("BEGIN TRANSACTION")
     try:
         old = fetch_first(con, "SELECT file_id FROM files WHERE run_id = ? AND path = ?", [run_id, path_text(path)])
         if old:
             delete_file_rows(con, old[0])
+            merge_run_meta(con, run_id, None, {}, again=True)
         file_id = con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0]
         insert_files(con, [FileRow(file_id, run_id, path_text(path), sha, size, fmt, "-", lines, 0, 0, lines, 0, 0.0)])
         con.execute("INSERT INTO ingest_errors (file_id, line_no, reason, code) VALUES (?, NULL, ?, ?)",
