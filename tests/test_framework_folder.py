@@ -135,3 +135,16 @@ def test_the_built_in_formats_are_sniffed_in_their_order():
     order = {module: index for index, module in enumerate(format_modules())}
     positions = [order[type(i).__module__.removeprefix("polytrace_cli.ingest.formats.")] for i in builtin]
     assert positions == sorted(positions)
+
+
+def test_each_built_in_format_is_listed_with_its_module():
+    # `--format NAME` imports FORMAT_MODULES[NAME] alone: the table must name every built-in format's module.
+    from polytrace_cli.ingest.formats import FORMAT_MODULES, load_builtin_format
+    from polytrace_cli.ingest.sniffing import all_ingesters, get_ingester
+
+    builtin = {i.name: type(i).__module__.removeprefix("polytrace_cli.ingest.formats.")
+               for i in all_ingesters() if type(i).__module__.startswith("polytrace_cli.")}
+    assert FORMAT_MODULES == builtin
+    assert not load_builtin_format("no-such-format")
+    assert get_ingester("no-such-format") is None
+    assert type(get_ingester("trl-console")).__name__ == "TrlConsoleIngester"
