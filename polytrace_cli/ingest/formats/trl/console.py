@@ -250,6 +250,8 @@ class TrlGrammar(ConsoleGrammar):
         dicts = per_line.filter(~other).with_columns(
             eval=pl.col("has_eval") & pl.col("only_eval"), bar_from_zero=pl.col("bar_from_zero").fill_null(False)
         ).drop("has_eval", "only_eval")
+        if dicts.height == per_line.height:  # every dict kept (each line of `pairs` is a row of per_line)
+            return pairs, dicts
         return pairs.filter(pl.col("line_no").is_in(dicts.get_column("line_no").implode())), dicts
 
     @staticmethod
@@ -333,6 +335,8 @@ class TrlGrammar(ConsoleGrammar):
                           stage_dicts=(earlier if stage == base else 0) + last_members.height,
                           stage_rl=bool(last_members.get_column("rl_stage").any()) or bool(
                               stage == base and before and before["stage_rl"]))
+        if not summaries:
+            return pairs, members
         return pairs.filter(~pl.col("line_no").is_in(list(summaries.values()))), members
 
     def _number(self, ctx: FileContext, dicts: pl.DataFrame, pairs: pl.DataFrame,
