@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "framework_folder" / "train.log"
+FIXTURES_TRL = ROOT / "tests" / "fixtures" / "trl"
 
 NAMES = '''"""acme's metric names: imports nothing."""
 
@@ -148,3 +149,20 @@ def test_each_built_in_format_is_listed_with_its_module():
     assert not load_builtin_format("no-such-format")
     assert get_ingester("no-such-format") is None
     assert type(get_ingester("trl-console")).__name__ == "TrlConsoleIngester"
+
+
+def test_a_named_format_imports_its_own_module_alone(tmp_path):
+    # `ingest --format trl-console` imports the TRL console reader (and the OpenRLHF one it borrows a
+    # literal parser from), no other format's module, and not numpy (the trace readers' import).
+    probe = (
+        "import sys\n"
+        "from polytrace_cli.cli import main\n"
+        f"sys.argv = ['polytrace', 'ingest', '--format', 'trl-console', {str(FIXTURES_TRL / 'grpo_no_bar.log')!r},"
+        f" '--db', {str(tmp_path / 's.duckdb')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
+        "prefix = 'polytrace_cli.ingest.formats.'\n"
+        "print(sorted(m[len(prefix):] for m in sys.modules if m.startswith(prefix) and not m.endswith(('.names', '__init__'))"
+        " and m.count('.') == 4), 'numpy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert out.strip().splitlines()[-1] == "['openrlhf.console', 'trl.console', 'trl.logged'] False"
