@@ -7,7 +7,8 @@ before each metrics dict of 16 keys, one dict per step), then measures:
   baseline   plain Python: per line, the last progress-bar counter with `re`, the dict piece read
              with json.loads after swapping quotes, then one bulk insert into DuckDB.
 Prints MB/s, steps/s, CPU seconds (user + system, all threads: what a loaded machine changes
-least) and the ratios polytrace / baseline of both.
+least) and the ratios polytrace / baseline of both; and each side's fixed cost, the same process on
+the log's first three lines (three dicts, each line with its carriage-return redraws).
 With --layout, one of the layouts real TRL runs leave instead (`LAYOUTS`), made from the same log:
   interleaved  stdout and stderr in one file (`2>&1` to a pipe): the bar's draws as they happen, the
                dicts in clumps as stdout's buffer fills;
@@ -236,7 +237,8 @@ def main() -> None:
     print("polytrace runs: " + ", ".join(f"{s:.2f} s ({c:.2f} s CPU)" for s, c, _ in runs))
     # The process's fixed cost (start-up, a new store, the run's record): the log's first three dicts.
     head = log.with_name("head.log")
-    head.write_text("".join(log.read_text().splitlines(keepends=True)[:3]))
+    # Split at newlines alone: a line's carriage-return redraws belong to it (read_text would make them lines).
+    head.write_bytes(b"\n".join(log.read_bytes().split(b"\n", 3)[:3]) + b"\n")
     head_store = OUT / "head.duckdb"
     head_store.unlink(missing_ok=True)
     fixed, fixed_cpu, _ = run_child([str(polytrace), "ingest", "--db", str(head_store), "--format", "trl-console",
@@ -247,6 +249,9 @@ def main() -> None:
     baseline_store = OUT / "run" / "baseline.duckdb"
     baseline_store.unlink(missing_ok=True)
     theirs, theirs_cpu, theirs_rss = run_child([sys.executable, str(script), str(log), str(baseline_store)])
+    baseline_store.unlink(missing_ok=True)
+    head_base, head_base_cpu, _ = run_child([sys.executable, str(script), str(head), str(baseline_store)])
+    print(f"baseline on 3 dicts (its fixed cost): {head_base:.2f} s ({head_base_cpu:.2f} s CPU)")
 
     import duckdb
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "framework_folder" / "train.log"
+FIXTURES_TRL = ROOT / "tests" / "fixtures" / "trl"
 
 NAMES = '''"""acme's metric names: imports nothing."""
 
@@ -135,3 +136,33 @@ def test_the_built_in_formats_are_sniffed_in_their_order():
     order = {module: index for index, module in enumerate(format_modules())}
     positions = [order[type(i).__module__.removeprefix("polytrace_cli.ingest.formats.")] for i in builtin]
     assert positions == sorted(positions)
+
+
+def test_each_built_in_format_is_listed_with_its_module():
+    # `--format NAME` imports FORMAT_MODULES[NAME] alone: the table must name every built-in format's module.
+    from polytrace_cli.ingest.formats import FORMAT_MODULES, load_builtin_format
+    from polytrace_cli.ingest.sniffing import all_ingesters, get_ingester
+
+    builtin = {i.name: type(i).__module__.removeprefix("polytrace_cli.ingest.formats.")
+               for i in all_ingesters() if type(i).__module__.startswith("polytrace_cli.")}
+    assert FORMAT_MODULES == builtin
+    assert not load_builtin_format("no-such-format")
+    assert get_ingester("no-such-format") is None
+    assert type(get_ingester("trl-console")).__name__ == "TrlConsoleIngester"
+
+
+def test_a_named_format_imports_its_own_module_alone(tmp_path):
+    # `ingest --format trl-console` imports the TRL console reader (and the OpenRLHF one it borrows a
+    # literal parser from), no other format's module, and not numpy (the trace readers' import).
+    probe = (
+        "import sys\n"
+        "from polytrace_cli.cli import main\n"
+        f"sys.argv = ['polytrace', 'ingest', '--format', 'trl-console', {str(FIXTURES_TRL / 'grpo_no_bar.log')!r},"
+        f" '--db', {str(tmp_path / 's.duckdb')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
+        "prefix = 'polytrace_cli.ingest.formats.'\n"
+        "print(sorted(m[len(prefix):] for m in sys.modules if m.startswith(prefix) and not m.endswith(('.names', '__init__'))"
+        " and m.count('.') == 4), 'numpy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert out.strip().splitlines()[-1] == "['openrlhf.console', 'trl.console', 'trl.logged'] False"

@@ -75,10 +75,10 @@ def test_ingesting_a_packed_trace_loads_neither_polars_nor_pydantic(tmp_path):
         "from polytrace_cli.cli import main\n"
         f"sys.argv = ['polytrace', 'ingest', {str(trace)!r}, '--db', {str(tmp_path / 's.duckdb')!r}]\n"
         "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
-        "print(type(sys.modules['polars']).__name__, 'pydantic' in sys.modules)\n"
+        "print(type(sys.modules['polars']).__name__, 'pydantic' in sys.modules, 'numpy' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "_LazyModule False"
+    assert out.strip().splitlines()[-1] == "_LazyModule False False"
 
 
 # --- compressed logs, unusual names, failures -------------------------------------------------

@@ -147,9 +147,12 @@ def _ingest_all(paths: list[Path], db: Path | None, run: str | None, task: str |
                 as_json: bool, tokenizer: str | None, hashes: FileHashes, wait: float = 0,
                 ray: dict | None = None) -> list[FileReport]:
     from polytrace_cli.facade import Store
-    from polytrace_cli.ingest.ray_engine import RaySettings
 
-    settings = RaySettings(**ray) if ray is not None else None
+    settings = None
+    if ray is not None:  # the Ray engine's module only when Ray is asked for
+        from polytrace_cli.ingest.ray_engine import RaySettings
+
+        settings = RaySettings(**ray)
     if not (sys.stderr.isatty() and not as_json):
         return Store.ingest_into(db, paths, run, task, format_name, tokenizer=tokenizer, hashes=hashes, wait=wait,
                                  ray=settings)

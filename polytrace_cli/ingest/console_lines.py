@@ -263,13 +263,15 @@ def _anchored_tail(line: pl.Expr, anchor: str) -> pl.Expr:
     if anchor[:1] in ("", "(") or anchor[:1].isspace() or "\x1b" in anchor:
         raise ValueError(f"anchor {anchor!r} must not be empty, hold ESC or start with a space or '('")
     at = line.str.find(anchor, literal=True)
-    head = line.str.head(at)
+    # The other tests run on the lines holding the anchor and no carriage return alone (null elsewhere).
+    candidate = at.is_not_null() & ~line.str.contains("\r", literal=True)
+    only = pl.when(candidate).then(line)
+    head = only.str.head(at)
     usable = (
-        at.is_not_null()
-        & ~line.str.contains("\r", literal=True)
-        & ~line.str.contains("[repeated", literal=True)
+        candidate
+        & ~only.str.contains("[repeated", literal=True)
         & (head.str.len_bytes() == at)
-        & (head.str.count_matches("\x1b", literal=True) == line.str.count_matches("\x1b", literal=True))
+        & (head.str.count_matches("\x1b", literal=True) == only.str.count_matches("\x1b", literal=True))
         & (clean_expr(head) == "")
     )
     return pl.when(usable).then(line).str.slice(at)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from polytrace_cli.ingest.base import Ingester
 from polytrace_cli.ingest.files import is_log_like
-from polytrace_cli.ingest.formats import format_modules, load_builtin_formats
+from polytrace_cli.ingest.formats import format_modules, load_builtin_format, load_builtin_formats
 from polytrace_cli.ingest.registry import builtin_ingesters, names_by_format, plugin_ingesters
 
 
@@ -55,7 +55,14 @@ def registered_metric_names() -> tuple[dict[str, dict[str, str]], tuple[str, ...
 
 
 def get_ingester(name: str) -> Ingester | None:
-    """The ingester named `name` (the --format value), or None."""
+    """The ingester named `name` (the --format value), or None. A built-in format's module is imported alone
+    (`formats.load_builtin_format`); any other name loads every format (a plugin's included)."""
+    plugins = plugin_ingesters()
+    found = next((i for i in plugins if i.name == name), None)
+    if found is None and load_builtin_format(name):
+        found = next((i for i in builtin_ingesters() if i.name == name), None)
+    if found is not None:
+        return found
     return next((i for i in all_ingesters() if i.name == name), None)
 
 

@@ -105,10 +105,13 @@ def _families(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], l
     aliased = [row[0] for row in con.execute("SELECT DISTINCT key FROM metric_aliases WHERE canonical IN"
                                              " (SELECT unnest(?))", [list(CANONICAL_FAMILIES)]).fetchall()]
     tests = " OR ".join(f"starts_with(key, ${i + 2})" for i in range(len(prefixes))) or "false"
+    # The prefixes are tried on the run's distinct keys, and only the pairs of the keys found are named.
     keys = con.execute(
-        f"""SELECT DISTINCT key, CASE WHEN canonical IN (SELECT unnest(${len(prefixes) + 3})) THEN canonical END
+        f"""WITH found AS (SELECT key FROM (SELECT DISTINCT key FROM step_metrics WHERE run_id = $1)
+                           WHERE {tests} OR key IN (SELECT unnest(${len(prefixes) + 2})))
+            SELECT DISTINCT key, CASE WHEN canonical IN (SELECT unnest(${len(prefixes) + 3})) THEN canonical END
             FROM named_step_metrics
-            WHERE run_id = $1 AND ({tests} OR key IN (SELECT unnest(${len(prefixes) + 2})))""",
+            WHERE run_id = $1 AND key IN (SELECT key FROM found)""",
         [run_id, *prefixes, aliased, list(CANONICAL_FAMILIES)]).fetchall()
     families = [prefix for prefix in prefixes if any(key.startswith(prefix) for key, _ in keys)]
     canonical = sorted({name for _, name in keys if name is not None})

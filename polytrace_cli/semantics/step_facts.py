@@ -151,20 +151,39 @@ def pairs_after_sql(after: dict[int, int | None], columns: str, where: str = "tr
     return " UNION ALL ".join(selects), parameters
 
 
-def run_steps_sql(columns: list[str], facts: str = "step_facts") -> str:
+def run_steps_sql(columns: list[str], facts: str = "step_facts", present: set[str] | None = None) -> str:
     """A query of the `steps` view's rows of run $1 from its facts (after `refresh`): segment, step,
     the given canonical `columns`, is_validation_only, has_testing and has_checkpoint, as the view
-    gives them. `facts` may name a subset of `step_facts` (whole steps of it) to read instead."""
-    picked = "".join(f", max(value) FILTER (WHERE canonical = '{column}') AS {column}" for column in columns)
+    gives them. `facts` may name a subset of `step_facts` (whole steps of it) to read instead.
+    `present`: the canonical names the run's facts hold (`present_names`; None: not known). A column of
+    a name not among them is NULL on every step (the largest of no value), and has_testing or
+    has_checkpoint false, without an aggregate for it."""
+
+    def held(name: str) -> bool:
+        return present is None or name in present
+
+    picked = "".join(f", max(value) FILTER (WHERE canonical = '{column}') AS {column}" if held(column)
+                     else f", NULL::DOUBLE AS {column}" for column in columns)
     read = ", ".join(f"'{name}'" for name in dict.fromkeys([*columns, "testing_s", "save_checkpoint_s"]))
+    has = {name: f"count(*) FILTER (WHERE canonical = '{name}') > 0" if held(name) else "false"
+           for name in ("testing_s", "save_checkpoint_s")}
     return f"""
         SELECT segment, step{picked},
                bool_and(validation_only) FILTER (WHERE canonical IS NULL) AS is_validation_only,
-               count(*) FILTER (WHERE canonical = 'testing_s') > 0 AS has_testing,
-               count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
+               {has["testing_s"]} AS has_testing,
+               {has["save_checkpoint_s"]} AS has_checkpoint
         FROM {facts} WHERE run_id = $1 AND (canonical IS NULL OR canonical IN ({read}))
         GROUP BY segment, step
     """
+
+
+def present_names(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> set[str]:
+    """The names of `columns`, testing_s and save_checkpoint_s that the run's facts hold (a scan of its
+    facts: a run logs a few of the stage names, and each absent one is an aggregate `run_steps_sql` skips)."""
+    wanted = list(dict.fromkeys([*columns, "testing_s", "save_checkpoint_s"]))
+    return {name for (name,) in con.execute(
+        "SELECT DISTINCT canonical FROM step_facts WHERE run_id = $1 AND canonical IN (SELECT unnest($2::VARCHAR[]))",
+        [run_id, wanted]).fetchall()}
 
 
 # The temporary table holding one run's `steps` rows read from its facts (`run_steps_table`), and the
@@ -200,7 +219,8 @@ def run_steps_table(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[s
             _read_steps_again(con, run_id, grown, made[0][2])
             _made_from(con, run_id, facts, made[0][2], replaced=True)
             return RUN_STEPS
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS {run_steps_sql(columns)}", [run_id])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS} AS"
+                f" {run_steps_sql(columns, present=present_names(con, run_id, columns))}", [run_id])
     _made_from(con, run_id, facts, columns, replaced=bool(made))
     return RUN_STEPS
 
@@ -242,6 +262,7 @@ def _read_steps_again(con: duckdb.DuckDBPyConnection, run_id: int, grown: dict[i
         con.execute(f"DELETE FROM {RUN_STEPS} r USING step_facts_touched t WHERE r.segment = t.segment"
                     " AND r.step = t.step")
         facts = "(SELECT f.* FROM step_facts f SEMI JOIN step_facts_touched t USING (segment, step))"
-        con.execute(f"INSERT INTO {RUN_STEPS} {run_steps_sql(columns, facts)}", [run_id])
+        con.execute(f"INSERT INTO {RUN_STEPS} {run_steps_sql(columns, facts, present_names(con, run_id, columns))}",
+                    [run_id])
     finally:
         con.execute("DROP TABLE IF EXISTS step_facts_touched")

@@ -295,17 +295,24 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
                 except StoreError:
                     pass  # a store that cannot be written is read as it is
                 return open_store(path, read_only=True, wait=max(wait, UPGRADE_WAIT_S), upgrade=False)
+        elif creating:
+            # A store this call creates holds nothing but what `migrate` writes: no foreign table, view or
+            # macro to look for, no run without files.
+            migrate(con, str(path), new_store=True)
+            clear_scratch(path)
         else:
-            if not has_ledger(con) and _has_foreign_tables(con):
+            ledger = has_ledger(con)
+            if not ledger and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"
                                  " refusing to change it: choose another --db")
-            if schema_version(con) and not _has_core_tables(con):
+            if ledger and schema_version(con) and not _has_core_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
                                  " names no runs and files tables); refusing to change it: choose another --db")
             migrate(con, str(path))
             _drop_runs_without_files(con)
             clear_scratch(path)
-        read_through_own_views(con, path, read_only)
+        if not creating or read_only:
+            read_through_own_views(con, path, read_only)
     except StoreError:
         con.close()
         raise

@@ -12,6 +12,7 @@ does not understand.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -31,8 +32,9 @@ class Migration:
     sql: str
 
 
-def available_migrations() -> list[Migration]:
-    """The schema files shipped with the package, ordered by their number."""
+@functools.cache
+def available_migrations() -> tuple[Migration, ...]:
+    """The schema files shipped with the package, ordered by their number (read once per process)."""
     found = []
     for entry in resources.files("polytrace_cli.schemas").iterdir():
         match = _FILE_PATTERN.match(entry.name)
@@ -42,7 +44,7 @@ def available_migrations() -> list[Migration]:
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
         raise RuntimeError(f"schema files are not numbered from 1 without duplicates: {versions}")
-    return found
+    return tuple(found)
 
 
 # The highest schema file's number; numbers may have gaps (a file numbered when its change was begun
@@ -87,11 +89,22 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, db_label: str) -> int:
     return version
 
 
-def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = None) -> list[int]:
-    """Apply every schema file the store lacks (up to version `up_to`); return the versions applied."""
-    current = check_not_newer(con, db_label)
-    new_ledger = not has_ledger(con)
-    applied = applied_versions(con)
+def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = None,
+            new_store: bool = False) -> list[int]:
+    """Apply every schema file the store lacks (up to version `up_to`); return the versions applied.
+    `new_store`: the caller has just created the database, which holds nothing yet (no ledger to read)."""
+    if new_store:
+        current, new_ledger, applied = 0, True, set()
+    else:
+        new_ledger = not has_ledger(con)
+        applied = set() if new_ledger else {row[0] for row in con.execute(
+            "SELECT version FROM schema_migrations").fetchall()}
+        current = max(applied, default=0)
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"{db_label} has schema version {current}, newer than this polytrace understands "
+                f"({SCHEMA_VERSION}); upgrade polytrace to use it"
+            )
     pending = [m for m in available_migrations()
                if m.version not in applied and (up_to is None or m.version <= up_to)]
     if not pending and not new_ledger:
@@ -109,18 +122,21 @@ def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = N
                 "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
                 " applied_at TIMESTAMP DEFAULT current_timestamp)"
             )
+        # Whether `metric_aliases` is keyed by format changes only with a file that names the table.
+        keyed = not new_store and has_format_keyed_aliases(con)
         for migration in pending:
             con.execute(migration.sql)
-            con.execute(
-                "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
-                [migration.version, migration.name],
-            )
+            if "metric_aliases" in migration.sql.lower():
+                keyed = has_format_keyed_aliases(con)
             # The generated views exist from the first file that has the catalog's tables on, for a later
             # file that reads them; a file that replaces one loses the fingerprint, and the declared views
             # are written again. A store migrated only part way, to before the aliases were keyed by
             # format, gets them when it is upgraded.
-            if has_format_keyed_aliases(con):
+            if keyed:
                 install_catalog(con, in_transaction=True, declared=declared)
+        # The ledger's rows in one statement (current_timestamp is the transaction's start in each).
+        con.execute("INSERT INTO schema_migrations (version, name) SELECT unnest(?::INTEGER[]), unnest(?::VARCHAR[])",
+                    [[m.version for m in pending], [m.name for m in pending]])
         con.execute("COMMIT")
     except Exception:
         try:

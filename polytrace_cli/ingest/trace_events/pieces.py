@@ -24,8 +24,10 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BLOCK_BYTES = 16 << 20
 # How far the event array may start into a file.
@@ -66,6 +68,8 @@ class _Structure:
         `extra` characters, e.g. commas, with their depth unchanged), and the state carried to the next
         block. Only the sparse structural bytes are handled as arrays: the quotes, the few backslashes
         before a quote, the brackets."""
+        import numpy as np  # here, not at import: every sniff imports this module, few files are traces
+
         block = np.frombuffer(data, dtype=np.uint8)
         n = len(block)
         classes = np.frombuffer(data.translate(_CLASSES if not extra else _classes_with(extra)), dtype=np.uint8)

@@ -250,6 +250,8 @@ class TrlGrammar(ConsoleGrammar):
         dicts = per_line.filter(~other).with_columns(
             eval=pl.col("has_eval") & pl.col("only_eval"), bar_from_zero=pl.col("bar_from_zero").fill_null(False)
         ).drop("has_eval", "only_eval")
+        if dicts.height == per_line.height:  # every dict kept (each line of `pairs` is a row of per_line)
+            return pairs, dicts
         return pairs.filter(pl.col("line_no").is_in(dicts.get_column("line_no").implode())), dicts
 
     @staticmethod
@@ -333,6 +335,8 @@ class TrlGrammar(ConsoleGrammar):
                           stage_dicts=(earlier if stage == base else 0) + last_members.height,
                           stage_rl=bool(last_members.get_column("rl_stage").any()) or bool(
                               stage == base and before and before["stage_rl"]))
+        if not summaries:
+            return pairs, members
         return pairs.filter(~pl.col("line_no").is_in(list(summaries.values()))), members
 
     def _number(self, ctx: FileContext, dicts: pl.DataFrame, pairs: pl.DataFrame,
@@ -468,7 +472,7 @@ class TrlGrammar(ConsoleGrammar):
         totals = members.get_column("total").drop_nulls()
         total = totals[-1] if totals.len() else None
         first_line = members.get_column("line_no")[0]
-        counters = train.get_column("counter").to_list()
+        counters = train.get_column("counter")
         summary = self.summary_values.get(stage, {})
 
         def offset_for(interval: int) -> int:
@@ -484,10 +488,10 @@ class TrlGrammar(ConsoleGrammar):
         flags = [value for line_no, value in first_printed if line_no < first_line] or \
             [value for _, value in first_printed[:1]]
         flag = flags[-1] if flags else None
-        first_counter = counters[0] if counters else None
+        first_counter = counters[0] if counters.len() else None
         if numbering is not None and flag is None and not numbering.get("first_step") and numbering["offset"] == 0 \
-                and numbering.get("first_counter") == 1 and counters:
-            found = _bar_interval([1] + counters, 0, 0, True)
+                and numbering.get("first_counter") == 1 and counters.len():
+            found = _bar_interval(pl.concat([pl.Series([1], dtype=pl.Int64), counters.cast(pl.Int64)]), 0, 0, True)
             if found is not None and numbering["interval"] in (1, found) and ordinal == 1:
                 self.cannot_follow = True  # the one dict read before was step 1 of a run logging its first step too
         if printed:
@@ -543,7 +547,7 @@ class TrlGrammar(ConsoleGrammar):
         otherwise, not logged."""
         if flag is not None:
             return flag
-        counters = train.get_column("counter").to_list()
+        counters = train.get_column("counter")
         for logged_first in (True, False):
             found = _bar_interval(counters, 0, 0, logged_first)
             if found is not None and found == (interval or found):
@@ -721,11 +725,14 @@ def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:
     space), so the text between `{'` and `}` splits into its pairs at each `, '`, and a pair into
     key and value at its first `': `."""
     text = pl.col("c").str.strip_chars_end()
-    pairs = rows.select("line_no", pair=text.str.slice(2, text.str.len_chars() - 3).str.split(", '")).with_columns(
+    # One lazy query: polars drops each helper column as soon as the next is computed from it.
+    pairs = rows.lazy().select("line_no", pair=text.str.slice(2, text.str.len_chars() - 3).str.split(", '")).with_columns(
         pair_index=pl.int_ranges(1, pl.col("pair").list.len() + 1, dtype=pl.Int64)).explode("pair", "pair_index")
+    # The key ends at the pair's first `': ` (a key holds no quote); a pair without one is all key.
+    at = pl.col("pair").str.find("': ", literal=True)
     pairs = pairs.filter(pl.col("pair").is_not_null()).with_columns(
-        parts=pl.col("pair").str.split_exact("': ", 1)).unnest("parts").rename(
-        {"field_0": "key", "field_1": "text"})
+        key=pl.when(at.is_null()).then(pl.col("pair")).otherwise(pl.col("pair").str.slice(0, at)),
+        text=pl.col("pair").str.slice(at + 3))
     quoted = pl.col("text").str.starts_with("'")
     pairs = pairs.with_columns(
         unquoted=pl.when(quoted).then(pl.col("text").str.slice(1, pl.col("text").str.len_chars() - 2))
@@ -734,7 +741,7 @@ def _simple_pairs(rows: pl.DataFrame) -> pl.DataFrame:
              .otherwise(pl.col("unquoted").cast(pl.Float64, strict=False)))
     return pairs.with_columns(value=value).select(
         "line_no", "pair_index", "key", "value",
-        text_value=pl.when(pl.col("value").is_null() & (pl.col("text") != "None")).then(pl.col("unquoted")))
+        text_value=pl.when(pl.col("value").is_null() & (pl.col("text") != "None")).then(pl.col("unquoted"))).collect()
 
 
 def _reject_overflow(ctx: FileContext, pairs: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
@@ -760,25 +767,27 @@ def _printed_arguments(lines: pl.DataFrame, pattern: str, read) -> list[tuple[in
     return [(line_no, read(value)) for line_no, value in found.iter_rows()]
 
 
-def _bar_interval(counters: list[int | None], ordinal: int, start: int, logged_first: bool) -> int | None:
+def _bar_interval(counters: pl.Series, ordinal: int, start: int, logged_first: bool) -> int | None:
     """L when the bar's counters drawn before the training dicts number ordinal + 1, ordinal + 2, ...
     of a stage all read start + (k - F)·L for the k-th dict, F = 1 when the first step is logged
-    too (its dict at step 1, the bar's counter 1, in a run that started at 0; then L ≥ 2); else None."""
-    if not counters or any(c is None for c in counters) or (logged_first and start != 0):
+    too (its dict at step 1, the bar's counter 1, in a run that started at 0; then L ≥ 2); else None.
+    With c(k) the counter before the k-th dict and k0 the first k checked: L = ⌊(c(k0) - start) / (k0 - F)⌋,
+    and every c(k) - start = (k - F)·L (checked over the column at once)."""
+    if not counters.len() or counters.null_count() or (logged_first and start != 0):
         return None
-    numbered = list(enumerate(counters, start=ordinal + 1))
     first = int(logged_first)
+    k0 = ordinal + 1
     if logged_first and ordinal == 0:
         if counters[0] != 1:
             return None
-        numbered = numbered[1:]
-    if not numbered or numbered[0][1] - start < 1:
+        counters, k0 = counters.slice(1), 2
+    if not counters.len() or counters[0] - start < 1:
         return None
-    k, counter = numbered[0]
-    interval = (counter - start) // (k - first)
+    interval = (counters[0] - start) // (k0 - first)
     if interval < 1 + first:
         return None
-    return interval if all(c - start == (k - first) * interval for k, c in numbered) else None
+    k = pl.int_range(k0, k0 + counters.len(), dtype=pl.Int64, eager=True)
+    return interval if bool(((counters.cast(pl.Int64) - start) == (k - first) * interval).all()) else None
 
 
 def _logging_steps(lines: pl.DataFrame) -> list[tuple[int, float]]:
