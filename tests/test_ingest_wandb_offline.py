@@ -127,7 +127,10 @@ def test_a_cut_record_log_keeps_the_records_before_the_damage(store, offline_run
     assert damaged is None and len(data) < BLOCK_BYTES * 4
     broken = tmp_path / "wandb" / offline_run.parent.name / offline_run.name
     broken.parent.mkdir(parents=True)
-    broken.write_bytes(data[: len(data) * 2 // 3])
+    cut = len(data) * 2 // 3
+    while read_records(data[:cut])[1] is None:  # a cut between two records damages nothing: cut inside one
+        cut += 1
+    broken.write_bytes(data[:cut])
     kept, damaged = read_records(broken.read_bytes())
     assert 0 < len(kept) < len(records) and kept == records[: len(kept)] and damaged is not None
     [report] = ingest_paths(store, [broken])

@@ -17,7 +17,7 @@ from polytrace_cli.store.catalog import STEP_COLUMNS
 FIXTURES = Path(__file__).parent / "fixtures"
 # Every fixture folder: console logs of each framework, verl's file logger, wandb, and the runs the
 # semantics tests decide (those without step metrics too, whose facts and view are both empty).
-FOLDERS = sorted(p for p in FIXTURES.glob("*/*") if p.is_dir()) + [
+FOLDERS = sorted(p for p in FIXTURES.glob("*/*") if p.is_dir() and p.name != "__pycache__") + [
     FIXTURES / "openrlhf", FIXTURES / "trl", FIXTURES / "wandb"]
 COLUMNS = ["segment", "step", *STEP_COLUMNS, "is_validation_only", "has_testing", "has_checkpoint"]
 
