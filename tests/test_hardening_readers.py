@@ -292,3 +292,27 @@ def test_a_bad_dataset_entry_is_that_entrys_error(store, tmp_path):
     assert (report.lines, report.stored, report.rejected) == (5, 3, 2)
     assert store.execute("SELECT step, count(*) FROM samples GROUP BY step ORDER BY step").fetchall() == [
         (1, 4), (2, 4), (3, 4)]
+
+
+@pytest.mark.parametrize("fixture", ["trackio/gsm8k-grpo.db", "traces/nsys/worker_process_4242.sqlite"])
+def test_every_sqlite_reader_takes_a_folder_named_with_uri_characters_as_a_name(store, tmp_path, fixture):
+    """The Trackio and Nsight Systems readers open SQLite files as MLflow's does: the path is percent-encoded
+    into the `file:` URI, so `#`, `?` and `%2F..` in a folder name neither cut the path short nor open or
+    create another file."""
+    import shutil
+
+    source = Path(__file__).parent / "fixtures" / fixture
+    plain = tmp_path / "plain" / source.name
+    plain.parent.mkdir()
+    shutil.copyfile(source, plain)
+    odd = tmp_path / "logs" / "runs#1%2F..%2F..%2Fescape?x=1" / source.name
+    odd.parent.mkdir(parents=True)
+    shutil.copyfile(source, odd)
+    (tmp_path / "logs" / "runs").mkdir()  # what an unescaped `#` would cut the path to: must stay empty
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    [expected] = ingest_paths(store, [plain], run_name="plain")
+    [report] = ingest_paths(store, [odd], run_name="odd")
+    assert report.status == "ingested" and report.format == expected.format and report.stored == expected.stored > 0
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "store" not in p.name) == \
+        [p for p in before if "store" not in p.name]
+    assert not (tmp_path / "escape").exists()

@@ -25,7 +25,6 @@ so do NeMo-RL's GPU monitor's (`ray/node.<n>.gpu.<i>.util`, its step a time: `ne
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 from contextlib import closing
@@ -40,6 +39,7 @@ from polytrace_cli.ingest.formats.nemo_rl import gpu_monitor
 from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, framework_of_keys
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.sqlite_files import open_read_only
 from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock, store_step_rows
 from polytrace_cli.store.sql import fetch_first
 
@@ -68,11 +68,9 @@ def _metric_schema() -> dict:
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """A read-only sqlite3 connection to the file `path`. The path goes into the `file:` URI
-    percent-encoded (a `#`, `?` or `%` in a folder name is part of the name, never of the URI), so
-    SQLite opens that file or fails, and never creates one. Text that is not UTF-8 reads with
-    replacement characters."""
-    con = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True)
+    """A read-only sqlite3 connection to the file `path` (`open_read_only`). Text that is not UTF-8 reads
+    with replacement characters."""
+    con = open_read_only(path)
     con.text_factory = lambda data: data.decode("utf-8", errors="replace")
     return con
 

@@ -30,6 +30,7 @@ from polytrace_cli.ingest.base import FileContext, Ingester
 from polytrace_cli.ingest.formats.traces import names
 from polytrace_cli.ingest.trace_events.spans import ROLE_OF_STAGE, rank_in, role_in, stage_of
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.sqlite_files import open_read_only
 
 RANGE_EVENT_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
@@ -58,7 +59,7 @@ class NsysSqliteIngester(Ingester):
 
     def load(self, ctx: FileContext) -> None:
         try:
-            db = sqlite3.connect(f"file:{ctx.path}?mode=ro", uri=True)
+            db = open_read_only(ctx.path)
             tables = _tables(db)
         except sqlite3.Error as error:
             raise IngestError(f"not a readable SQLite export: {error}") from None

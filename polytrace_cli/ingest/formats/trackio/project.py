@@ -38,6 +38,7 @@ from polytrace_cli.ingest.formats.tensorboard.events import claim_framework, fra
 from polytrace_cli.ingest.formats.trackio import names
 from polytrace_cli.ingest.formats.wandb.run_files import detect_framework, run_meta_from_config
 from polytrace_cli.ingest.registry import register
+from polytrace_cli.ingest.sqlite_files import open_read_only
 from polytrace_cli.ingest.step_rows import store_engine_samples, store_step_clock, store_step_rows, with_segments
 from polytrace_cli.store.sql import fetch_first
 
@@ -130,7 +131,7 @@ class TrackioProjectIngester(Ingester):
         if not head.startswith(SQLITE_HEADER):
             return False
         try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            with open_read_only(path) as con:
                 tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 columns = {row[1] for row in con.execute("PRAGMA table_info(metrics)")} if "metrics" in tables else set()
         except sqlite3.Error:
@@ -139,7 +140,7 @@ class TrackioProjectIngester(Ingester):
 
     def load(self, ctx: FileContext) -> None:
         try:
-            con = sqlite3.connect(f"file:{ctx.path}?mode=ro", uri=True)
+            con = open_read_only(ctx.path)
             try:
                 tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 metrics = con.execute("SELECT id, run_id, run_name, step, metrics, timestamp FROM metrics"
