@@ -408,14 +408,13 @@ def _reader(outside: Path, rng: random.Random) -> str:
     ])
 
 
-def _crafted_store(store: Path, folder: Path, statements: list[str]) -> Path:
-    """A copy of the polytrace store `store` in `folder`, with `statements` run on it."""
+def crafted_store(store: Path, copy: Path, statements: list[str]) -> Path:
+    """A copy of the polytrace store `store` at `copy`, with `statements` run on it."""
     import shutil
 
     import duckdb
 
-    copy = folder / "store" / "sent.duckdb"
-    copy.parent.mkdir(parents=True)
+    copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(store, copy)
     con = duckdb.connect(str(copy))
     try:
@@ -433,7 +432,7 @@ def store_table_as_view(folder: Path, rng: random.Random, store: Path) -> Attemp
     """A store whose table of polytrace's is replaced by a view over a file outside: refused."""
     outside, secret = outside_files(folder, rng)
     table = rng.choice(["ingest_errors", "runs", "files", "step_metrics", "ignored_lines"])
-    sent = _crafted_store(store, folder, [f"DROP TABLE {table}",
+    sent = crafted_store(store, folder / "store" / "sent.duckdb", [f"DROP TABLE {table}",
                                           f"CREATE VIEW {table} AS SELECT * FROM {_reader(outside, rng)}"])
     command = rng.choice([*_READING_COMMANDS, ["query", f"select * from {table}", "--json"]])
     return Attempt(f"table {table} as a view over a file", [*command, "--db", str(sent)], secret,
@@ -445,7 +444,7 @@ def store_own_view_replaced(folder: Path, rng: random.Random, store: Path) -> At
     through its own definition (or refuses); the secret is never shown."""
     outside, secret = outside_files(folder, rng)
     view = rng.choice(["samples", "steps", "named_step_metrics"])
-    sent = _crafted_store(store, folder, [f"DROP VIEW {view}",
+    sent = crafted_store(store, folder / "store" / "sent.duckdb", [f"DROP VIEW {view}",
                                           f"CREATE VIEW {view} AS SELECT * FROM {_reader(outside, rng)}"])
     command = rng.choice([*_READING_COMMANDS, ["query", f"select * from {view}", "--json"]])
     return Attempt(f"own view {view} over a file", [*command, "--db", str(sent)], secret, [outside],
@@ -457,7 +456,7 @@ def store_foreign_view(folder: Path, rng: random.Random, store: Path) -> Attempt
     outside, secret = outside_files(folder, rng)
     schema = rng.choice(["", "elsewhere."])
     statements = ["CREATE SCHEMA elsewhere"] if schema else []
-    sent = _crafted_store(store, folder, [*statements,
+    sent = crafted_store(store, folder / "store" / "sent.duckdb", [*statements,
                                           f"CREATE VIEW {schema}leak AS SELECT * FROM {_reader(outside, rng)}"])
     command = rng.choice([*_READING_COMMANDS, ["query", f"select * from {schema}leak", "--json"]])
     return Attempt("a view of its own over a file", [*command, "--db", str(sent)], secret, [outside],
@@ -474,7 +473,7 @@ def store_macro_shadowing(folder: Path, rng: random.Random, store: Path) -> Atte
         f"CREATE MACRO range(n) AS TABLE SELECT * FROM {_reader(outside, rng)}",
         f"CREATE MACRO unnest_all(n) AS TABLE SELECT * FROM {_reader(outside, rng)}",
     ])
-    sent = _crafted_store(store, folder, [macro])
+    sent = crafted_store(store, folder / "store" / "sent.duckdb", [macro])
     command = rng.choice([*_READING_COMMANDS, ["query", "select count(*) as n from range(3)", "--json"]])
     return Attempt(f"macro {macro.split()[2].split('(')[0]}", [*command, "--db", str(sent)], secret,
                    [outside], refused=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hostile_inputs import SANDBOX_ATTEMPTS, Attempt, folder_state, judge_attempt, outside_files
+from hostile_inputs import SANDBOX_ATTEMPTS, Attempt, crafted_store, folder_state, judge_attempt, outside_files
 from polytrace_cli.cli import app
 
 runner = CliRunner()
@@ -67,19 +67,7 @@ def store_file(tmp_path_factory) -> Path:
 
 
 def _crafted(store_file: Path, tmp_path: Path, *statements: str) -> Path:
-    import shutil
-
-    import duckdb
-
-    copy = tmp_path / "sent.duckdb"
-    shutil.copy(store_file, copy)
-    con = duckdb.connect(str(copy))
-    try:
-        for statement in statements:
-            con.execute(statement)
-    finally:
-        con.close()
-    return copy
+    return crafted_store(store_file, tmp_path / "sent.duckdb", list(statements))
 
 
 def _one_line_error(result, *words) -> str:
