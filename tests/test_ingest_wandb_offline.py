@@ -128,7 +128,7 @@ def test_a_cut_record_log_keeps_the_records_before_the_damage(store, offline_run
     broken = tmp_path / "wandb" / offline_run.parent.name / offline_run.name
     broken.parent.mkdir(parents=True)
     cut = len(data) * 2 // 3
-    while read_records(data[:cut])[1] is None:  # a cut between two records damages nothing: cut inside one
+    while cut < len(data) and read_records(data[:cut])[1] is None:  # a cut between two records damages nothing
         cut += 1
     broken.write_bytes(data[:cut])
     kept, damaged = read_records(broken.read_bytes())
