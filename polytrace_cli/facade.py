@@ -583,10 +583,16 @@ class Store:
         return query_frame(self.connection, sql)
 
     def close(self) -> None:
-        """Close the connection (closing twice is harmless)."""
+        """Close the connection (closing twice is harmless). A store this process wrote is taken, as it
+        leaves it, to hold only polytrace's own views (`sandbox.trust_own_write`): opening it again
+        unchanged skips that check."""
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+            if not self.read_only:
+                from polytrace_cli.store.sandbox import trust_own_write
+
+                trust_own_write(self.path)
 
     def __enter__(self) -> Store:
         return self

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import typer.testing as typer_testing
 
 # pytest-xdist tells its workers COLUMNS=80; the tests read the commands' output as a pipe gives it
 # (200 columns unless COLUMNS says otherwise), the same under one process or several.
@@ -17,6 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from polytrace_cli.ingest.registry import declared_metric_names
 from polytrace_cli.store import open_store
 from polytrace_cli.store.catalog import hand_down
+from polytrace_cli.store.sandbox import trust_own_write
 
 # Tests open stores with `open_store` as well as `Store.open`: the store is handed the formats' metric names
 # as `Store.open` hands them.
@@ -25,6 +27,29 @@ hand_down(declared_metric_names)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 POLYTRACE_DATA = SHARED_DATA / "polytrace"
+
+
+def _command_built_once(build):
+    """`typer.testing.CliRunner.invoke` builds the app's click command anew on every call (each command's
+    parameters read again from its function's signature and type hints, about 0.05 s), where a process of
+    the command line builds it once. The tests build it once per set of registered commands and groups."""
+    built = {}
+
+    def shape(app) -> tuple:
+        return (id(app), tuple(id(command) for command in app.registered_commands),
+                tuple((id(group), shape(group.typer_instance)) for group in app.registered_groups),
+                id(app.registered_callback))
+
+    def get_command(app):
+        key = shape(app)
+        if key not in built:
+            built[key] = build(app)
+        return built[key]
+
+    return get_command
+
+
+typer_testing._get_command = _command_built_once(typer_testing._get_command)
 
 
 def pytest_collection_finish(session):
@@ -94,8 +119,15 @@ def copy_store(source: Path, target: Path) -> Path:
 @pytest.fixture
 def fresh_store(empty_store_file):
     """fresh_store(path): a migrated, empty store file at `path`, copied from the session's template
-    (creating and migrating a store anew costs twice as long as opening a copy)."""
-    return lambda path: copy_store(empty_store_file, Path(path))
+    (creating and migrating a store anew costs twice as long as opening a copy). The copy of the store
+    this process created is taken as its own (`sandbox.trust_own_write`), as the template would be."""
+
+    def fresh(path) -> Path:
+        copy = copy_store(empty_store_file, Path(path))
+        trust_own_write(copy)
+        return copy
+
+    return fresh
 
 
 @pytest.fixture

@@ -94,6 +94,33 @@ def test_a_macro_in_a_store_is_refused(store_file, tmp_path):
     _one_line_error(_invoke("runs", "--db", sent), "macro coalesce")
 
 
+def test_a_store_this_process_wrote_is_checked_again_once_another_writer_changed_it(store_file, tmp_path):
+    """A store the session wrote is opened again without the check (`Store.close` trusts what it leaves),
+    until anything else writes it: in place with its modification time set back, or replaced by a copy."""
+    import shutil
+
+    import duckdb
+
+    from polytrace_cli import Store
+
+    path = tmp_path / "own.duckdb"
+    shutil.copy(store_file, path)
+    with Store.open(path) as store:
+        store.connection.execute("UPDATE runs SET task = 'math'")
+    assert _invoke("runs", "--db", path).exit_code == 0
+    before = os.stat(path)
+    con = duckdb.connect(str(path))
+    con.execute("CREATE MACRO coalesce(a, b) AS 42")
+    con.close()
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _one_line_error(_invoke("runs", "--db", path), "macro coalesce")
+
+    with Store.open(tmp_path / "second.duckdb") as store:
+        pass
+    os.replace(_crafted(store_file, tmp_path, "CREATE MACRO coalesce(a, b) AS 42"), tmp_path / "second.duckdb")
+    _one_line_error(_invoke("runs", "--db", tmp_path / "second.duckdb"), "macro coalesce")
+
+
 def test_polytraces_own_views_are_read_by_name_whatever_the_store_holds(store_file, tmp_path):
     secret = tmp_path / "hostname"
     secret.write_text("the-secret-host\n")

@@ -70,7 +70,12 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     stage_sum = " + ".join(f"coalesce({column}, 0)" for column in stages) or "0"
     wanted = [*stages, "step_s", *(f"{timer}_s" for timer in EXTRA_TIMERS)]
     table = step_facts.run_steps_table(con, run_id, columns)
+    decided: dict = dict.fromkeys(EXTRA_TIMERS.values())
     if table:
+        timed = con.execute(f"SELECT count(*) FILTER (WHERE step_s IS NOT NULL AND (testing_s > 0 OR"
+                            f" save_checkpoint_s > 0)) FROM {table}").fetchall()[0][0]
+        if not timed:
+            return decided  # no step can vote (the rule's query, which DuckDB takes ~10 ms to plan, says so too)
         timers, arguments = f"SELECT * FROM {table}", []
     else:  # From step_metrics rather than the `steps` view: only the timer keys of this run are pivoted.
         timers = f"""
@@ -100,10 +105,8 @@ def step_time_inclusion(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
         arguments,
     ).fetchall()
     votes = {timer: (included, voters) for timer, included, voters in rows}
-    decided: dict = {}
     for timer, meta_key in EXTRA_TIMERS.items():
         included, voters = votes.get(timer, (0, 0))
-        decided[meta_key] = None
         if voters:
             share = included / voters
             if share >= INCLUSION_AGREEMENT:

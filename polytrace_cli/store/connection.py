@@ -305,10 +305,10 @@ def open_store(db: str | os.PathLike | None = None, *, read_only: bool = False,
             if not ledger and _has_foreign_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (no schema ledger);"
                                  " refusing to change it: choose another --db")
-            if ledger and schema_version(con) and not _has_core_tables(con):
+            if ledger and schema_version(con, ledger=True) and not _has_core_tables(con):
                 raise StoreError(f"{path} is a DuckDB database but not a polytrace store (its schema ledger"
                                  " names no runs and files tables); refusing to change it: choose another --db")
-            migrate(con, str(path))
+            migrate(con, str(path), ledger=ledger)
             _drop_runs_without_files(con)
             clear_scratch(path)
         if not creating or read_only:

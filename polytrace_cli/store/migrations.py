@@ -64,9 +64,10 @@ def has_ledger(con: duckdb.DuckDBPyConnection) -> bool:
     )
 
 
-def schema_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The highest schema file applied to this store (0 for an empty database)."""
-    if not has_ledger(con):
+def schema_version(con: duckdb.DuckDBPyConnection, ledger: bool | None = None) -> int:
+    """The highest schema file applied to this store (0 for an empty database). `ledger`: whether the
+    store has a ledger, when the caller has just asked (`has_ledger`)."""
+    if not (has_ledger(con) if ledger is None else ledger):
         return 0
     return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
@@ -90,13 +91,14 @@ def check_not_newer(con: duckdb.DuckDBPyConnection, db_label: str) -> int:
 
 
 def migrate(con: duckdb.DuckDBPyConnection, db_label: str, up_to: int | None = None,
-            new_store: bool = False) -> list[int]:
+            new_store: bool = False, ledger: bool | None = None) -> list[int]:
     """Apply every schema file the store lacks (up to version `up_to`); return the versions applied.
-    `new_store`: the caller has just created the database, which holds nothing yet (no ledger to read)."""
+    `new_store`: the caller has just created the database, which holds nothing yet (no ledger to read);
+    `ledger`: whether the store has a ledger, when the caller has just asked (`has_ledger`)."""
     if new_store:
         current, new_ledger, applied = 0, True, set()
     else:
-        new_ledger = not has_ledger(con)
+        new_ledger = not (has_ledger(con) if ledger is None else ledger)
         applied = set() if new_ledger else {row[0] for row in con.execute(
             "SELECT version FROM schema_migrations").fetchall()}
         current = max(applied, default=0)

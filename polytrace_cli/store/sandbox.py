@@ -80,24 +80,26 @@ def _view_bodies(con: duckdb.DuckDBPyConnection, temporary: bool) -> dict[str, s
 _EXCLUDE = re.compile(r"EXCLUDE \(([^()]*)\)")
 
 
-# The store files (path, size, modification time) this process found holding polytrace's own views.
-_READ_THROUGH_OWN: set[tuple[str, int, int]] = set()
+# The store files (path, inode, size, modification and change times) this process found holding
+# polytrace's own views. Any write to the file, or a modification time set back, moves its change time.
+_READ_THROUGH_OWN: set[tuple[str, int, int, int, int]] = set()
 
 
-def _file_key(path: Path) -> tuple[str, int, int] | None:
+def _file_key(path: Path) -> tuple[str, int, int, int, int] | None:
     try:
         stat = os.stat(path)
     except OSError:
         return None
     wal = Path(f"{path}.wal")
     # A write-ahead log can change the catalog without touching the file.
-    return None if wal.exists() else (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    return None if wal.exists() else (str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns,
+                                      stat.st_ctime_ns)
 
 
 def trust_own_write(path: Path) -> None:
     """Take the store file at `path`, as this process's own connection just left it (closed), as
-    holding polytrace's own views: a store followed by `watch`, opened at every poll, is not
-    checked again for what only this process wrote."""
+    holding polytrace's own views: a store followed by `watch`, opened at every poll, or opened again
+    by the next command of a session, is not checked again for what only this process wrote."""
     key = _file_key(path)
     if key is not None:
         _READ_THROUGH_OWN.add(key)
