@@ -98,21 +98,21 @@ CANONICAL_FAMILIES = ("trainer_wait_s", "rollout_s", "trainer_idle_ratio", "roll
 
 
 def _families(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], list[str]]:
-    """(the raw asynchronous family prefixes the run's pairs hold, the canonical families its keys map to),
-    from one pass over the run's pairs (their distinct keys of those families)."""
-    prefixes = list(key_families())
-    # Only the keys some format maps to a canonical family are joined with their files' names.
-    aliased = [row[0] for row in con.execute("SELECT DISTINCT key FROM metric_aliases WHERE canonical IN"
-                                             " (SELECT unnest(?))", [list(CANONICAL_FAMILIES)]).fetchall()]
-    tests = " OR ".join(f"starts_with(key, ${i + 2})" for i in range(len(prefixes))) or "false"
-    # The prefixes are tried on the run's distinct keys, and only the pairs of the keys found are named.
+    """(the raw asynchronous family prefixes the run's pairs hold, the canonical families its keys map to):
+    the run's distinct keys are tried on the prefixes and on the keys some format maps to a canonical
+    family, and only the pairs of the keys found are named (a run holds tens of distinct keys, most runs
+    none of these)."""
+    prefixes = tuple(key_families())
+    aliased = {key for (key,) in con.execute("SELECT DISTINCT key FROM metric_aliases WHERE list_contains(?, canonical)",
+                                             [list(CANONICAL_FAMILIES)]).fetchall()}
+    found = [key for (key,) in con.execute("SELECT DISTINCT key FROM step_metrics WHERE run_id = ?", [run_id]).fetchall()
+             if key in aliased or key.startswith(prefixes)]
+    if not found:
+        return [], []
     keys = con.execute(
-        f"""WITH found AS (SELECT key FROM (SELECT DISTINCT key FROM step_metrics WHERE run_id = $1)
-                           WHERE {tests} OR key IN (SELECT unnest(${len(prefixes) + 2})))
-            SELECT DISTINCT key, CASE WHEN canonical IN (SELECT unnest(${len(prefixes) + 3})) THEN canonical END
-            FROM named_step_metrics
-            WHERE run_id = $1 AND key IN (SELECT key FROM found)""",
-        [run_id, *prefixes, aliased, list(CANONICAL_FAMILIES)]).fetchall()
+        "SELECT DISTINCT key, CASE WHEN list_contains(?::VARCHAR[], canonical) THEN canonical END"
+        " FROM named_step_metrics WHERE run_id = ? AND list_contains(?::VARCHAR[], key)",
+        [list(CANONICAL_FAMILIES), run_id, found]).fetchall()
     families = [prefix for prefix in prefixes if any(key.startswith(prefix) for key, _ in keys)]
     canonical = sorted({name for _, name in keys if name is not None})
     return families, canonical
