@@ -94,7 +94,8 @@ def test_a_macro_in_a_store_is_refused(store_file, tmp_path):
     _one_line_error(_invoke("runs", "--db", sent), "macro coalesce")
 
 
-def test_a_store_this_process_wrote_is_checked_again_once_another_writer_changed_it(store_file, tmp_path):
+def test_a_store_this_process_wrote_is_checked_again_once_another_writer_changed_it(store_file, tmp_path,
+                                                                                   monkeypatch):
     """A store the session wrote is opened again without the check (`Store.close` trusts what it leaves),
     until anything else writes it: in place with its modification time set back, or replaced by a copy."""
     import shutil
@@ -102,12 +103,18 @@ def test_a_store_this_process_wrote_is_checked_again_once_another_writer_changed
     import duckdb
 
     from polytrace_cli import Store
+    from polytrace_cli.store import sandbox
 
+    checked = []
+    monkeypatch.setattr(sandbox, "foreign_objects", lambda con, check=sandbox.foreign_objects: checked.append(1)
+                        or check(con))
     path = tmp_path / "own.duckdb"
     shutil.copy(store_file, path)
     with Store.open(path) as store:
         store.connection.execute("UPDATE runs SET task = 'math'")
+    assert checked == [1]
     assert _invoke("runs", "--db", path).exit_code == 0
+    assert checked == [1]  # opened again as this process left it: not checked again
     before = os.stat(path)
     con = duckdb.connect(str(path))
     con.execute("CREATE MACRO coalesce(a, b) AS 42")
