@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/polytrace demo
 
-# Compiled modules are cached even where PYTHONDONTWRITEBYTECODE is set: each of the test workers and the
-# commands they start would otherwise compile the package and rewrite the tests again (half of collecting).
-# The cache lives in the venv, so no __pycache__ folder appears among the fixtures the tests read.
+# Compiled modules are kept even where PYTHONDONTWRITEBYTECODE is set: each of the test workers and the
+# commands they start would otherwise compile the package and the tests again (half of collecting). They are
+# kept beside the sources, where pip left the installed libraries' own: a cache folder of its own
+# (PYTHONPYCACHEPREFIX) would make a new machine compile every library again, once per worker.
 test: $(STAMP)
-	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(BIN)/python -m pytest
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 # The demo report's whole page in headless Chromium at 1400 and 800 px (reports/screenshots/, kept by CI).
 screenshots: demo

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,12 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stores"
 def _make_store_module():
     spec = importlib.util.spec_from_file_location("make_store", FIXTURES / "make_store.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Compiled without a __pycache__ folder among the fixtures.
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = writes
     return module
 
 
