@@ -103,10 +103,11 @@ def _families(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[str], l
     family, and only the pairs of the keys found are named (a run holds tens of distinct keys, most runs
     none of these)."""
     prefixes = tuple(key_families())
-    aliased = {key for (key,) in con.execute("SELECT DISTINCT key FROM metric_aliases WHERE list_contains(?, canonical)",
-                                             [list(CANONICAL_FAMILIES)]).fetchall()}
-    found = [key for (key,) in con.execute("SELECT DISTINCT key FROM step_metrics WHERE run_id = ?", [run_id]).fetchall()
-             if key in aliased or key.startswith(prefixes)]
+    aliased = {key for (key,) in con.execute(
+        "SELECT DISTINCT key FROM metric_aliases WHERE list_contains(?::VARCHAR[], canonical)",
+        [list(CANONICAL_FAMILIES)]).fetchall()}
+    run_keys = con.execute("SELECT DISTINCT key FROM step_metrics WHERE run_id = ?", [run_id]).fetchall()
+    found = [key for (key,) in run_keys if key in aliased or key.startswith(prefixes)]
     if not found:
         return [], []
     keys = con.execute(
