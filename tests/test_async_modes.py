@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+import schema_check
 from polytrace_cli.analyze.semantics import record_of
 from polytrace_cli.analyze.step_frame import step_frame
 from polytrace_cli.diagnose import explain_run
@@ -260,7 +261,7 @@ def test_watch_alerts_a_wait_above_its_usual_share(tmp_path):
     con.close()
     schema = json_schema("watch")
     for event in events:
-        jsonschema.validate(event, schema)
+        schema_check.validate(event, schema)
     waits = [e for e in events if e.get("kind") == "async" and e["signal"] == "wait_share"]
     assert [e["step"] for e in waits] == [19]
     assert waits[0]["value"] > waits[0]["usual"] + 0.1

@@ -12,11 +12,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-import jsonschema
 import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+import schema_check
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import Side, compare_sides, explain_against
@@ -167,7 +167,7 @@ def test_the_causes_sum_to_the_delta_and_the_mean_step_is_the_logs(pairs):
     for name, comparison in comparisons.items():
         doc = comparison.to_dict()
         assert sum(c["seconds"] for c in doc["causes"]) == pytest.approx(doc["delta_s"], rel=1e-9, abs=1e-9), name
-        jsonschema.validate(doc, SCHEMA)
+        schema_check.validate(doc, SCHEMA)
         if name != "window":
             assert doc["a_step_s"] == pytest.approx(base_mean, rel=1e-6)
             assert doc["b_step_s"] == pytest.approx(frames[name]["step_s"].mean(), rel=1e-6)
@@ -222,7 +222,7 @@ def test_cli_json_validates_and_the_table_names_the_cause(pairs):
     result = runner.invoke(app, ["explain", "gen_cost", "--against", "base", "--json", "--db", str(db)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    jsonschema.validate(doc, SCHEMA)
+    schema_check.validate(doc, SCHEMA)
     assert doc["causes"][0]["cause"] == "efficiency"
     result = runner.invoke(app, ["explain", "regressed", "--steps", "31:60", "--against-steps", "1:30", "--db", str(db)])
     assert result.exit_code == 0, result.output
@@ -244,7 +244,7 @@ def test_check_gates_on_the_slowdown_and_names_the_top_cause(pairs):
     result = runner.invoke(app, ["check", "gen_cost", "--baseline", "base", "--max-slowdown", "5%", "--json", "--db", db])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.output)
-    jsonschema.validate(doc, json_schema("check"))
+    schema_check.validate(doc, json_schema("check"))
     (verdict,) = doc["checks"]
     assert (verdict["threshold"], verdict["status"]) == ("max_slowdown", "FAIL")
     # --max-slowdown gates the efficiency at the same workload; --max-step-slowdown the raw mean step.
@@ -272,7 +272,7 @@ def test_check_without_comparable_steps_is_not_measurable(pairs):
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 1
     doc = json.loads(result.output)
-    jsonschema.validate(doc, json_schema("check"))
+    schema_check.validate(doc, json_schema("check"))
     (verdict,) = doc["checks"]
     assert verdict["status"] == "not measurable" and "needs 8" in verdict["reason"]
     assert doc["baseline"]["verdict"]["verdict"] == "inconclusive" and doc["baseline"]["a_step_s"] is None
@@ -292,7 +292,7 @@ def test_a_report_of_runs_of_one_task_compares_them(pairs, tmp_path):
     with Store.open(pairs[0], read_only=True) as store:
         index = store.report(["base", "validate_often", "gen_cost"], tmp_path, name="pair")
     summary = json.loads((index.parent / "summary.json").read_text())
-    jsonschema.validate(summary, json_schema("summary"))
+    schema_check.validate(summary, json_schema("summary"))
     compared = {(c["a"], c["b"]): c for c in summary["comparisons"]}
     assert set(compared) == {("base", "validate_often"), ("base", "gen_cost")}
     assert compared[("base", "validate_often")]["causes"][0]["cause"] == "validation"

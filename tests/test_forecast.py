@@ -7,6 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+import schema_check
 from polytrace_cli.ingest.driver import ingest_paths
 from polytrace_cli.model import fit_forecaster, fit_model, forecast_next, read_workload, training_mask
 from polytrace_cli.model.forecast import RECENT_STEPS, fit_line, level_shift
@@ -151,14 +152,14 @@ def test_cli_backtest_with_walk_forward_matches_its_schema(store, tmp_path, db_p
                                  "--db", str(db_path)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    jsonschema.validate(document, schema, cls=jsonschema.Draft202012Validator)
+    schema_check.validate(document, schema, cls=jsonschema.Draft202012Validator)
     assert document["walk_forward"]["refit_every"] == 3
     assert document["step"]["best_baseline"] == max(document["step"]["median_baseline"],
                                                     document["step"]["recent_baseline"])
     policies = runner.invoke(app, ["whatif", "cli", "--policy", "balance", "--policy", "one-step-off", "--json",
                                    "--db", str(db_path)])
     assert policies.exit_code == 0, policies.output
-    jsonschema.validate(json.loads(policies.stdout), schema, cls=jsonschema.Draft202012Validator)
+    schema_check.validate(json.loads(policies.stdout), schema, cls=jsonschema.Draft202012Validator)
     table = runner.invoke(app, ["whatif", "cli", "--backtest", "--walk-forward", "--db", str(db_path), "--wide"])
     assert table.exit_code == 0 and "walk" in table.stdout and "refitted every 1 step(s)" in table.stdout
     refit_alone = runner.invoke(app, ["whatif", "cli", "--backtest", "--refit-every", "3", "--db", str(db_path)])

@@ -13,6 +13,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
+import schema_check
 from conftest import PROJECT_ROOT
 from polytrace_cli.cli import COMMANDS, app
 from polytrace_cli.schemas import JSON_SCHEMA_VERSION, json_schema, json_schema_commands
@@ -23,7 +24,7 @@ runner = CliRunner()
 
 def assert_valid(document: object, command: str) -> None:
     """`document` satisfies `schemas/<command>.schema.json`."""
-    jsonschema.validate(document, json_schema(command), cls=jsonschema.Draft202012Validator)
+    schema_check.validate(document, json_schema(command), cls=jsonschema.Draft202012Validator)
 
 
 def _json(*args) -> object:
@@ -95,7 +96,7 @@ def test_model_commands(db):
     # The two shapes are told apart: a backtest is not a valid policy document.
     policies_only = {**json_schema("whatif"), "oneOf": [{"$ref": "#/$defs/policies"}]}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(backtest, policies_only, cls=jsonschema.Draft202012Validator)
+        schema_check.validate(backtest, policies_only, cls=jsonschema.Draft202012Validator)
 
 
 def test_workload_commands(db, logs):

@@ -14,6 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+import schema_check
 from polytrace_cli.schemas import json_schema
 
 FORMAT_MODULE = '''
@@ -144,7 +145,7 @@ def test_a_plugin_format_and_analysis_work_through_the_command_line(plugin_path,
     analyzed = _json(plugin_path, "analyze", "--only", "acme_gen_share", "--db", db, "--json")
     # (12 + 18) / (20 + 30) over the two steps that log both.
     assert analyzed == {"acme_gen_share": [{"run": "acme", "basis": "step_aggregates", "steps": 2, "gen_share": 0.6}]}
-    jsonschema.validate(analyzed, json_schema("analyze"), cls=jsonschema.Draft202012Validator)
+    schema_check.validate(analyzed, json_schema("analyze"), cls=jsonschema.Draft202012Validator)
 
 
 def test_without_the_plugin_neither_exists(tmp_path):

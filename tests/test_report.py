@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+import schema_check
 from conftest import PROJECT_ROOT, need_real_data
 from polytrace_cli.analyze.common import ALL_STEPS
 from polytrace_cli.analyze.registry import all_analyses
@@ -55,7 +56,7 @@ def assert_report_complete(index: Path, svg: bool = False) -> dict:
     markdown = (folder / "summary.md").read_text()
     summary = json.loads((folder / "summary.json").read_text(),
                          parse_constant=lambda token: pytest.fail(f"summary.json holds {token}, which is not JSON"))
-    jsonschema.validate(summary, json_schema("summary"), cls=jsonschema.Draft202012Validator)
+    schema_check.validate(summary, json_schema("summary"), cls=jsonschema.Draft202012Validator)
     assert set(summary["analyses"]) == set(all_analyses())
     assert summary["analysis_errors"] == {}
     assert len(summary["figures"]) == len(FIGURE_MODULES)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
 import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+import schema_check
 from conftest import PROJECT_ROOT
 from polytrace_cli.analyze import timeline
 from polytrace_cli.analyze.common import StepRange
@@ -214,7 +214,7 @@ def test_explain_names_the_rank_and_stage_that_held_a_step(timeline_store):
 
     explanation = explain_run(con, "mixed", step=2)
     document = explanation.to_dict()
-    jsonschema.validate(document, json_schema("explain"))
+    schema_check.validate(document, json_schema("explain"))
     [step] = document["steps"]
     held = step["held_by"]
     # Rank 1 does twice rank 0's work in every mini-batch; rank 0 waits for it in the all-reduce.

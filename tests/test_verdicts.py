@@ -17,10 +17,10 @@ import json
 import random
 from pathlib import Path
 
-import jsonschema
 import pytest
 from typer.testing import CliRunner
 
+import schema_check
 from polytrace_cli.analyze.common import StepRange
 from polytrace_cli.cli import app
 from polytrace_cli.diagnose.against import explain_against
@@ -166,7 +166,7 @@ def test_no_percentage_over_a_base_near_zero():
 
 def test_a_critic_is_its_own_cause_never_an_efficiency(store):
     doc = store[1]["critic"].to_dict()
-    jsonschema.validate(doc, json_schema("explain_against"))
+    schema_check.validate(doc, json_schema("explain_against"))
     by_stage = {c["stage"]: c for c in doc["causes"] if c["stage"] in ("values", "update_critic")}
     assert {c["cause"] for c in by_stage.values()} == {"stage_only_in_b"}
     assert not any(c["cause"] == "efficiency" and c["stage"] in ("values", "update_critic") for c in doc["causes"])
@@ -313,7 +313,7 @@ def test_check_cli_verdicts_windows_and_a_lake_baseline(store, tmp_path):
     result = runner.invoke(app, ["check", "ref_slower", "--baseline", "base", "--max-slowdown", "0%", "--json", "--db", db])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.output)
-    jsonschema.validate(doc, json_schema("check"))
+    schema_check.validate(doc, json_schema("check"))
     assert (doc["baseline"]["verdict"]["verdict"], doc["baseline"]["verdict"]["stage"]) == ("regression", "ref")
     # The raw mean step fails a 3% gate on workload alone; the efficiency gate passes it.
     result = runner.invoke(app, ["check", "longer", "--baseline", "base", "--max-slowdown", "5%",
@@ -354,7 +354,7 @@ def test_the_report_compares_only_runs_that_match(store):
     summary = json_schema("summary")
     item = {**summary["properties"]["comparisons"]["items"], "$defs": summary["$defs"]}
     for entry in entries:
-        jsonschema.validate(json.loads(json.dumps(entry, default=str)), item)
+        schema_check.validate(json.loads(json.dumps(entry, default=str)), item)
     compared = {(c["a"], c["b"]): c for c in entries}
     critic = compared[("base", "critic")]
     assert critic["delta_s"] is None and critic["causes"] == [] and critic["verdict"] is None
@@ -408,7 +408,7 @@ def test_watch_alerts_when_a_stage_leaves_the_baselines_band(store, tmp_path):
         con.close()
     schema = json_schema("watch")
     for event in events:
-        jsonschema.validate(event, schema)
+        schema_check.validate(event, schema)
     efficiency = [e for e in events if e["event"] == "alert" and e["kind"] == "efficiency"]
     assert [(e["stage"], e["direction"]) for e in efficiency] == [("gen", "slower")], efficiency
     assert efficiency[0]["step"] == 25 and efficiency[0]["share"] > 0.04
@@ -428,7 +428,7 @@ def test_real_ppo_with_a_critic_against_an_agent_loop_grpo_run_is_not_called_an_
         doc = explain_against(con, "grpo", "ppo").to_dict()
     finally:
         con.close()
-    jsonschema.validate(doc, json_schema("explain_against"))
+    schema_check.validate(doc, json_schema("explain_against"))
     # verl03 times values and update_critic (a critic) and not ref; verl05 times ref and no critic stage.
     assert [d["kind"] for d in doc["comparable"]["differences"]] == ["algorithm", "gpus", "stages"]
     one_sided = {c["stage"]: c["cause"] for c in doc["causes"] if c["group"] == "stages"}

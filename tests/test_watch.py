@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
+import schema_check
 from conftest import need_real_data, store_snapshot
 from polytrace_cli.cli import app
 from polytrace_cli.ingest.driver import ingest_paths
@@ -120,7 +121,7 @@ def test_watch_follows_a_log_line_by_line(tmp_path, lines):
     code, stderr = watcher.finish()
     assert code == 0, stderr
     for _, event in watcher.events:
-        jsonschema.validate(event, SCHEMA)
+        schema_check.validate(event, SCHEMA)
     steps = watcher.of("step")
     assert sorted(e["step"] for e in steps) == list(range(1, SPEC.steps + 1))  # step 0 only validates
     # Each step is told once the line that ends it is written, never before (how soon is timed by
@@ -173,7 +174,7 @@ def test_watch_alerts_a_stall_then_exits_on_a_crash(tmp_path, lines):
     (crash,) = watcher.of("alert", "crash")
     assert crash["cause"] == "oom" and crash["step"] == 24
     for _, event in watcher.events:
-        jsonschema.validate(event, SCHEMA)
+        schema_check.validate(event, SCHEMA)
     # --on-alert got each alert's JSON on stdin.
     assert [json.loads(line) for line in alerts.read_text().splitlines()] == watcher.of("alert")
     assert watcher.of("alert")[-2:] == [stall, crash]
@@ -224,7 +225,7 @@ def test_watching_a_real_trace_folder_as_its_step_files_land(tmp_path):
     step_files = [f for f in files if f.name.startswith("packed_lengths_step_")]
     assert sorted(steps) == sorted(int(f.stem.rsplit("_", 1)[1]) for f in step_files)
     for event in events:
-        jsonschema.validate(event, SCHEMA)
+        schema_check.validate(event, SCHEMA)
     once = open_store(tmp_path / "once.duckdb")
     ingest_paths(once, [tmp_path / "verl"])
     assert _all_rows(once) == watched
@@ -307,7 +308,7 @@ def test_a_log_rewritten_at_the_same_size_is_read_again_whole(tmp_path, lines):
     size = len(first.encode())
     assert truncated == [{"event": "truncated", "file": str(log), "bytes": size, "previous_bytes": size}]
     for event in events:
-        jsonschema.validate(event, SCHEMA)
+        schema_check.validate(event, SCHEMA)
     assert watched == one_shot(tmp_path / "once.duckdb", log, second.encode())
 
 
@@ -324,7 +325,7 @@ def test_watch_follows_a_verl_jsonl_log_line_by_line(tmp_path):
     code, stderr = watcher.finish()
     assert code == 0, stderr
     for _, event in watcher.events:
-        jsonschema.validate(event, SCHEMA)
+        schema_check.validate(event, SCHEMA)
     assert [e["step"] for e in watcher.of("step")] == list(range(1, SPEC.steps + 1))
     assert {e["step"] for e in watcher.of("alert", "slow_step")} >= set(INJECTED)
     watched = open_store(tmp_path / "watched.duckdb")
@@ -440,7 +441,7 @@ def test_watch_gives_each_validation_once_with_its_values(tmp_path):
                                ).fetchall())
     con.close()
     for event in events:
-        jsonschema.validate(event, SCHEMA)
+        schema_check.validate(event, SCHEMA)
     validations = [e for e in events if e["event"] == "validation"]
     assert [e["step"] for e in validations] == [0, 10, 20, 24]
     assert all(key.startswith("val-") for e in validations for key in e["metrics"])

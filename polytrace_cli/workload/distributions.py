@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +33,12 @@ class Marginal:
     params: dict
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return self._frozen().rvs(size=size, random_state=rng)
+        return self._frozen.rvs(size=size, random_state=rng)
 
+    @cached_property
     def _frozen(self):
+        # Freezing a scipy distribution builds its docstring (about 1 ms): a multi-turn workload samples
+        # one marginal per turn of each trajectory, so it is frozen once per Marginal.
         distribution = getattr(stats, self.family, None)
         if distribution is None:
             raise PolytraceError(f"unknown distribution family {self.family!r}")
@@ -42,11 +46,11 @@ class Marginal:
 
     def cdf(self, x: np.ndarray | float) -> np.ndarray:
         """F(x) of the family."""
-        return self._frozen().cdf(x)
+        return self._frozen.cdf(x)
 
     def ppf(self, u: np.ndarray) -> np.ndarray:
         """The inverse CDF F⁻¹(u)."""
-        return self._frozen().ppf(u)
+        return self._frozen.ppf(u)
 
 
 @dataclass(frozen=True)

@@ -138,12 +138,22 @@ def sequence_draw(rng: np.random.Generator, multiturn: dict) -> tuple[list[int],
     return inputs, outputs
 
 
-def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: dict) -> dict:
+def _turn_models(multiturn: dict) -> tuple[Marginal, Marginal | None]:
+    """The tool latency model (`tool_latency_s`) and, without sequence models, the completion length
+    model (`completion_tokens`) of the workload's turns, built once for all its trajectories."""
+    latency = multiturn["tool_latency_s"]
+    completion = None if multiturn.get("sequence_models") else multiturn["completion_tokens"]
+    return (Marginal(latency["family"], latency["params"]),
+            None if completion is None else Marginal(completion["family"], completion["params"]))
+
+
+def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: dict,
+                models: tuple[Marginal, Marginal | None]) -> dict:
     """One multi-turn trajectory. With published sequence models (`sequence_draw`), call i is turn i:
     output_i its completion tokens and input_(i+1) the tool response fed back before the next turn;
     otherwise turn counts from `turns_pmf`, completions from `completion_tokens` and tool responses
-    of 300–1,100 tokens. Tool latencies come from `tool_latency_s`."""
-    latency = multiturn["tool_latency_s"]
+    of 300–1,100 tokens. Tool latencies come from `tool_latency_s` (`models`: `_turn_models`)."""
+    latency, completion = models
     if multiturn.get("sequence_models"):
         inputs, outputs = sequence_draw(rng, multiturn)
         n_turns = len(outputs)
@@ -151,7 +161,6 @@ def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: 
         turn_values = np.array([int(k) for k in multiturn["turns_pmf"]])
         turn_probs = np.array(list(multiturn["turns_pmf"].values()), float)
         n_turns = int(rng.choice(turn_values, p=turn_probs / turn_probs.sum()))
-        completion = multiturn["completion_tokens"]
         inputs = outputs = None
     turns, tools, context, response = [], [], prompt_len, 0
     finish = "stop"
@@ -159,7 +168,7 @@ def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: 
         if outputs is not None:
             tokens = outputs[turn]
         else:
-            tokens = int(max(1, round(float(Marginal(completion["family"], completion["params"]).sample(rng, 1)[0]))))
+            tokens = int(max(1, round(float(completion.sample(rng, 1)[0]))))
         last = turn == n_turns - 1
         if response + tokens >= cap:
             tokens, last, finish = cap - response, True, "length"
@@ -174,7 +183,7 @@ def _trajectory(rng: np.random.Generator, prompt_len: int, cap: int, multiturn: 
             break
         tool_tokens = inputs[turn + 1] if inputs is not None else int(rng.integers(300, 1100))
         tools.append({"turn": turn, "tool_name": "search", "query_count": int(rng.integers(1, 4)),
-                      "latency_s": round(float(Marginal(latency["family"], latency["params"]).sample(rng, 1)[0]), 6),
+                      "latency_s": round(float(latency.sample(rng, 1)[0]), 6),
                       "response_token_len": tool_tokens, "status": "success"})
         context += tool_tokens
         response += tool_tokens
@@ -187,9 +196,10 @@ def _multiturn_text(step: int, spec: WorkloadSpec, model: LengthModel, prompts: 
     lines = []
     if prompts is None:  # published sequence models: a group's prompt is input_1 of a draw
         prompts = np.array([sequence_draw(rng, model.multiturn)[0][0] for _ in range(spec.batch)])
+    models = _turn_models(model.multiturn)
     for group, prompt_len in enumerate(prompts.tolist()):
         for sample in range(spec.n):
-            t = _trajectory(rng, int(prompt_len), cap, model.multiturn)
+            t = _trajectory(rng, int(prompt_len), cap, model.multiturn, models)
             lines.append(json.dumps({
                 "step": step, "prompt_len": int(prompt_len), "max_response_len": cap, "turns": t["turns"],
                 "tool_calls": t["tool_calls"], "finish_reason": t["finish_reason"],
