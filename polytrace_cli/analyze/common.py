@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.store import queries
+from polytrace_cli.store.catalog import steps_of_runs_sql
 
 if TYPE_CHECKING:
     import duckdb
@@ -176,6 +177,11 @@ def caps_sql(run_ids: list[int]) -> str:
     """
 
 
+# The `steps` columns of a run's logged length aggregates (`step_aggregate_rows_sql`).
+AGGREGATE_LENGTH_COLUMNS = ["response_length_mean", "response_length_min", "response_length_max", "clip_ratio",
+                            "prompt_length_mean", "prompt_length_min", "prompt_length_max"]
+
+
 def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
     """Per step of step-aggregate runs (no training samples: validation samples, e.g. a wandb
     validation table, are their own split and never replace the logged training aggregates): logged
@@ -185,10 +191,10 @@ def step_aggregate_rows_sql(run_ids: list[int], steps: StepRange) -> str:
     training = "true" if steps.split == TRAINING else "false"
     return f"""
         WITH st AS (
-            SELECT * FROM steps
-            WHERE {training} AND run_id IN {ids}
+            SELECT * FROM ({steps_of_runs_sql(ids, AGGREGATE_LENGTH_COLUMNS, steps.sql('step'))})
+            WHERE {training}
               AND run_id NOT IN (SELECT DISTINCT run_id FROM samples WHERE run_id IN {ids} AND {TRAINING_SAMPLES})
-              AND NOT coalesce(is_validation_only, false) AND {steps.sql('step')}
+              AND NOT coalesce(is_validation_only, false)
             QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY segment DESC) = 1
         )
         SELECT run_id, step, 'response' AS kind, response_length_mean AS mean_tokens,

@@ -37,6 +37,7 @@ from polytrace_cli.analyze.common import ALL_STEPS, StepRange, ids_sql, run_name
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.step_frame import shared_step_frame
 from polytrace_cli.semantics import step_timers
+from polytrace_cli.store.catalog import steps_of_runs_sql
 
 UNTIMED_MIN_S = 1.0
 UNTIMED_SHARE = 0.05
@@ -79,15 +80,12 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     timers = con.sql(f"""
         SELECT s.run_id, s.segment::BIGINT AS segment, s.step::BIGINT AS step,
                CASE WHEN {any_stage} THEN {stage_sum} END AS stages_s, s.testing_s, s.save_checkpoint_s,
-               s.total_tokens, s.throughput, t.time_per_step,
+               s.total_tokens, s.throughput, s.time_per_step,
                TRY_CAST(json_extract(r.meta, '$.n_gpus_per_node') AS DOUBLE)
                  * coalesce(TRY_CAST(json_extract(r.meta, '$.nnodes') AS DOUBLE), 1) AS configured_gpus
-        FROM steps s JOIN runs r USING (run_id)
-        LEFT JOIN (SELECT sm.run_id, sm.segment, sm.step, max(sm.value) AS time_per_step
-                   FROM named_step_metrics sm
-                   WHERE sm.run_id IN {ids} AND sm.canonical = 'time_per_step' GROUP BY ALL) t
-          ON t.run_id = s.run_id AND t.segment = s.segment AND t.step = s.step
-        WHERE s.run_id IN {ids}""").pl()
+        FROM ({steps_of_runs_sql(ids, [*stages, "testing_s", "save_checkpoint_s", "total_tokens", "throughput",
+                                       "time_per_step"])}) s
+        JOIN runs r USING (run_id)""").pl()
     mfu = con.sql(f"""
         SELECT sm.run_id, sm.segment::BIGINT AS segment, sm.step::BIGINT AS step, max(sm.value) AS mfu
         FROM named_step_metrics sm

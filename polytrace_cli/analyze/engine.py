@@ -41,6 +41,7 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, ids_sql, run_names, step_clock_sql
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.step_frame import shared_step_frame
+from polytrace_cli.store.catalog import steps_of_runs_sql
 from polytrace_cli.store.queries import CONSOLE_CLOCK, TRACKER_CLOCK
 
 LOW_SHARE_OF_PEAK = 0.10
@@ -86,7 +87,7 @@ def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
     windows = consoled = pl.DataFrame(schema=WINDOW_COLUMNS)
     if clock.height:
         timed = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")
-        gen = con.sql(f"SELECT run_id, segment, step, gen_s FROM steps WHERE run_id IN {ids}").pl()
+        gen = con.sql(f"SELECT run_id, segment, step, gen_s FROM ({steps_of_runs_sql(ids, ['gen_s'])})").pl()
         clock = clock.with_columns(run=pl.col("run_id").replace_strict(names, return_dtype=pl.String),
                                    segment=pl.col("segment").cast(pl.Int64), step=pl.col("step").cast(pl.Int64))
         joined = clock.join(timed, on=["run", "segment", "step"], how="inner").join(
@@ -107,7 +108,7 @@ def step_windows(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: Step
             FROM spans WHERE run_id IN {ids} AND clock = 'wall' AND step IS NOT NULL AND NOT synthesized
                          AND {steps.sql()}
             GROUP BY ALL
-        ), seg AS (SELECT run_id, step, max(segment) AS segment FROM steps WHERE run_id IN {ids} GROUP BY ALL)
+        ), seg AS (SELECT run_id, step, max(segment) AS segment FROM ({steps_of_runs_sql(ids, [])}) GROUP BY ALL)
         SELECT w.run_id::BIGINT AS run_id, coalesce(seg.segment, 0)::BIGINT AS segment, w.step::BIGINT AS step,
                w.window_start, w.window_end, coalesce(w.gen_end, w.window_end) AS rollout_end
         FROM w LEFT JOIN seg USING (run_id, step) WHERE w.window_end > w.window_start""").pl().cast(WINDOW_COLUMNS)

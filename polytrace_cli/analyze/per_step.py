@@ -47,6 +47,7 @@ import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame
 from polytrace_cli.analyze.common import caps_sql, ids_sql, training_samples_sql
+from polytrace_cli.store.catalog import steps_of_runs_sql
 from polytrace_cli.store.queries import step_gaps_sql
 
 STAGE_COLUMNS = ("gen_s", "trainer_wait_s", "rollout_s", "reward_s", "old_log_prob_s", "ref_s", "values_s", "adv_s", "update_actor_s",
@@ -78,12 +79,14 @@ def _view_columns(con: duckdb.DuckDBPyConnection) -> set[str]:
 def _from_step_aggregates(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -> pl.DataFrame:
     present = _view_columns(con)
     stages = ", ".join(f"st.{name}" if name in present else f"NULL::DOUBLE AS {name}" for name in STAGE_COLUMNS)
+    read = [*(name for name in STAGE_COLUMNS if name in present), "response_length_mean", "response_length_max",
+            "prompt_length_mean", "prompt_length_max", "clip_ratio", "total_tokens"]
     return frame(
         con,
         f"""
         WITH st AS (
             SELECT *, segment > 0 AND step = min(step) OVER (PARTITION BY run_id, segment) AS first_after_restart
-            FROM steps WHERE run_id IN {ids_sql(run_ids)} AND {steps.sql()}
+            FROM ({steps_of_runs_sql(ids_sql(run_ids), read, steps.sql())})
         ), holes AS ({step_gaps_sql(ids_sql(run_ids))})
         SELECT r.name AS run, st.segment, st.step, 'step_aggregates' AS basis, {stages},
                st.response_length_mean AS response_mean, st.response_length_max AS response_max,

@@ -13,10 +13,11 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, run_names
+from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql, run_names
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.shared_frames import once_per_report, shared
 from polytrace_cli.semantics import step_timers
+from polytrace_cli.store.catalog import steps_of_runs_sql
 
 # Timers that verl counts inside timing_s/step in some versions and not in others; run meta says
 # which way each run logged them (`step_timers.step_time_inclusion`).
@@ -27,12 +28,15 @@ OUTLIER_Z = 3.5
 MAD_SCALE = 1.4826
 MIN_POINTS = 3
 
-_STEPS = """
-    SELECT st.*, runs.name AS run,
-           st.segment > 0 AND st.step = min(st.step) OVER (PARTITION BY st.run_id, st.segment) AS first_after_restart
-    FROM steps st JOIN runs USING (run_id)
-    WHERE st.run_id IN (SELECT unnest(?)) AND {steps}
-"""
+
+def _steps_sql(run_ids: list[int], columns: list[str], steps: StepRange) -> str:
+    """The `steps` rows of the runs with the canonical `columns` (`catalog.steps_of_runs_sql`), each with its
+    run's name and whether it is the first step of a segment after a restart."""
+    return f"""
+        SELECT st.*, runs.name AS run,
+               st.segment > 0 AND st.step = min(st.step) OVER (PARTITION BY st.run_id, st.segment) AS first_after_restart
+        FROM ({steps_of_runs_sql(ids_sql(run_ids), columns, steps.sql('step'))}) st JOIN runs USING (run_id)
+    """
 
 
 def stages(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
@@ -104,7 +108,8 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
     detail = frame(
         con,
         f"""
-        WITH s AS ({_STEPS.format(steps=steps.sql('st.step'))})
+        WITH s AS ({_steps_sql(run_ids, [*(f"{name}_s" for name in (*names, *EXTRA_TIMERS)),
+                                          "response_length_mean", "response_length_max"], steps)})
         SELECT run, segment::BIGINT AS segment, step::BIGINT AS step, {stage_columns},
                {stage_sum} AS stages_only_s,
                response_length_mean, response_length_max,
@@ -114,7 +119,6 @@ def per_step(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRang
         FROM s
         ORDER BY run, segment, step
         """,
-        [run_ids],
     )
     canonical = shared_step_frame(con, run_ids, steps).select(
         "run", "segment", "step", "step_s", "step_time_basis", "step_s_counts_testing", "step_s_counts_checkpoint")

@@ -42,6 +42,7 @@ from polytrace_cli.analyze import semantics as sem
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.semantics import step_timers
+from polytrace_cli.store.catalog import steps_of_runs_sql
 
 # The framework and mode whose weight sync is timed outside the logged step total (verl's
 # fully_async_trainer.py: `_trigger_parameter_sync_after_step` runs after the `step` timer closes; slime's
@@ -65,21 +66,12 @@ def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -
     timers = [*step_timers.stage_columns(con), "testing_s", "save_checkpoint_s"]
     timer_sum = " + ".join(f"coalesce(st.{column}, 0)" for column in timers)
     any_timer = " OR ".join(f"st.{column} IS NOT NULL" for column in timers)
+    read = ["step_s", *timers, "update_weights_s", "rank_tokens_max", "rank_tokens_mean", "rank_tokens_balanced_max"]
     ids = ids_sql(run_ids)
     return frame(
         con,
         f"""
-        WITH st AS (
-            SELECT * FROM steps WHERE run_id IN {ids} AND {steps.sql()}
-        ), seq AS (
-            SELECT sm.run_id, sm.segment, sm.step,
-                   max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_max') AS seq_max,
-                   max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_mean') AS seq_mean,
-                   max(sm.value) FILTER (WHERE sm.canonical = 'rank_tokens_balanced_max') AS seq_balanced
-            FROM named_step_metrics sm
-            WHERE sm.run_id IN {ids} AND {steps.sql('sm.step')}
-              AND sm.canonical IN ('rank_tokens_max', 'rank_tokens_mean', 'rank_tokens_balanced_max')
-            GROUP BY ALL
+        WITH st AS ({steps_of_runs_sql(ids, read, steps.sql())}
         ), rank_loads AS (
             SELECT run_id, step, coalesce(dp_rank, rank) AS dp_rank,
                    sum(coalesce(prompt_len, 0) + coalesce(response_len, 0))::DOUBLE AS load
@@ -102,12 +94,12 @@ def _raw(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps: StepRange) -
         SELECT r.name AS run, k.segment::BIGINT AS segment, k.step::BIGINT AS step,
                st.step_s AS logged_step_s, st.testing_s, st.save_checkpoint_s, st.update_weights_s,
                CASE WHEN {any_timer} THEN {timer_sum} END AS timers_sum_s,
-               seq.seq_max, seq.seq_mean, seq.seq_balanced, sampled.sample_mean, sampled.sample_max,
+               st.rank_tokens_max AS seq_max, st.rank_tokens_mean AS seq_mean,
+               st.rank_tokens_balanced_max AS seq_balanced, sampled.sample_mean, sampled.sample_max,
                coalesce(st.is_validation_only, false) AS validation_only,
                coalesce(st.truncated_line, false) AS truncated
         FROM keys k JOIN runs r ON r.run_id = k.run_id
         LEFT JOIN st ON st.run_id = k.run_id AND st.segment = k.segment AND st.step = k.step
-        LEFT JOIN seq ON seq.run_id = k.run_id AND seq.segment = k.segment AND seq.step = k.step
         LEFT JOIN sampled ON sampled.run_id = k.run_id AND sampled.step = k.step
         LEFT JOIN trained ON trained.run_id = k.run_id AND trained.step = k.step
         ORDER BY run, segment NULLS FIRST, step

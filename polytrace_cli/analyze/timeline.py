@@ -63,6 +63,7 @@ import polars as pl
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange, frame, ids_sql
 from polytrace_cli.analyze.registry import register
 from polytrace_cli.analyze.shared_frames import shared
+from polytrace_cli.store.catalog import steps_of_runs_sql
 
 # verl's stage order in a step (`verl/trainer/ppo/ray_trainer.py`, `fit`).
 STAGE_ORDER = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
@@ -172,7 +173,8 @@ def synthesized_spans(con: duckdb.DuckDBPyConnection, run_ids: list[int], steps:
     timers = frame(con,
         f"""SELECT r.name AS run, st.run_id::BIGINT AS run_id, st.segment::BIGINT AS segment, st.step::BIGINT AS step,
                    {', '.join(f'st.{s}_s AS "{s}"' for s in ordered)}
-            FROM steps st JOIN runs r USING (run_id) WHERE st.run_id IN {ids} AND {steps.sql('st.step')}""")
+            FROM ({steps_of_runs_sql(ids, [f"{s}_s" for s in ordered], steps.sql())}) st
+            JOIN runs r USING (run_id)""")
     if timers.is_empty():
         return _empty(SPAN_COLUMNS)
     canonical = shared_step_frame(con, run_ids, steps).select("run", "segment", "step", "step_s")

@@ -53,6 +53,7 @@ import polars as pl
 from polytrace_cli.analyze.shared_frames import shared
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.semantics.execution_mode import WAIT_MODES
+from polytrace_cli.store.catalog import steps_of_runs_sql
 from polytrace_cli.store.sql import fetch_first
 
 # Stages with a workload model, in pipeline order, and the logged overheads besides them.
@@ -77,9 +78,14 @@ WORKLOAD_COLUMNS = {
     **{name: pl.Float64 for name in ASYNC_COLUMNS}, "execution_mode": pl.String,
 }
 
+# The `steps` columns the workload frame reads (`catalog.steps_of_runs_sql`).
+_STEP_COLUMNS = ["response_length_max", "response_length_mean", "prompt_length_mean", "total_tokens", "gen_s",
+                 "trainer_wait_s", "rollout_s", "trainer_idle_ratio", "rollout_idle_ratio", "staleness_mean",
+                 "staleness_max", "stale_samples", "dropped_samples", "partial_ratio", "reward_s", "old_log_prob_s",
+                 "ref_s", "values_s", "adv_s", "update_actor_s", "update_critic_s", "testing_s", "save_checkpoint_s",
+                 "step_s"]
 _WORKLOAD_SQL = """
-WITH st AS (
-    SELECT * FROM steps WHERE run_id = $run
+WITH st AS ({steps}
 ), extra AS (
     SELECT sm.segment, sm.step,
            max(sm.value) FILTER (WHERE sm.canonical IN ('update_weights_s', 'weight_sync_s')) AS update_weights_s,
@@ -183,7 +189,8 @@ def _workload_frame(con: duckdb.DuckDBPyConnection, info: RunInfo) -> pl.DataFra
     from polytrace_cli.analyze.semantics import BALANCED_MAX, record_of
     from polytrace_cli.analyze.step_frame import shared_step_frame
 
-    raw = con.sql(_WORKLOAD_SQL, params={"run": info.run_id}).pl()
+    steps = steps_of_runs_sql("($run)", _STEP_COLUMNS)
+    raw = con.sql(_WORKLOAD_SQL.format(steps=steps), params={"run": info.run_id}).pl()
     record = record_of(con, info.run_id)
     canonical = (shared_step_frame(con, [info.run_id])
                  .select("segment", "step", "step_s", "step_time_basis", "mean_rank_tokens", "busiest_rank_tokens",

@@ -56,6 +56,7 @@ import duckdb
 
 from polytrace_cli.semantics import execution_mode, step_facts
 from polytrace_cli.semantics import step_timers
+from polytrace_cli.store.catalog import steps_of_runs_sql
 
 LOGGED, WITHOUT_OVERHEADS, DERIVED = "logged", "logged without overheads", "derived from stage timers"
 ON, OFF, UNKNOWN = "on", "off", "unknown"
@@ -85,13 +86,13 @@ RUN_STEPS_FROM_VIEW = "semantics_run_steps"
 def _read_run_steps(con: duckdb.DuckDBPyConnection, run_id: int, columns: list[str]) -> str | None:
     """The table holding the run's `steps` rows with the columns the decision reads
     (`step_timers.decision_columns`): the run's steps kept from its facts (`step_facts.run_steps_table`),
-    None when they cannot be kept, the rows then read from the `steps` view into RUN_STEPS_FROM_VIEW."""
+    None when they cannot be kept, the rows then read from the run's pairs as the `steps` view gives them
+    (`catalog.steps_of_runs_sql`) into RUN_STEPS_FROM_VIEW."""
     table = step_facts.run_steps_table(con, run_id, columns)
     if table is None:
         listed = ", ".join(["segment", "step", *columns, "is_validation_only", "has_testing", "has_checkpoint"])
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS_FROM_VIEW} AS SELECT {listed} FROM steps"
-                    " WHERE run_id = ?",
-                    [run_id])
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {RUN_STEPS_FROM_VIEW} AS SELECT {listed}"
+                    f" FROM ({steps_of_runs_sql(f'({int(run_id)})', columns)})")
     return table
 
 

@@ -25,6 +25,8 @@ import numpy as np
 import polars as pl
 from scipy.special import ndtr, ndtri
 
+from polytrace_cli.store.catalog import steps_of_runs_sql
+
 SAMPLES_BASIS = "per-sample traces"
 FITTED_BASIS = "a lognormal fitted per step from the logged mean, max and clip ratio"
 
@@ -120,7 +122,7 @@ def step_lengths(con: duckdb.DuckDBPyConnection, run_id: int, frame: pl.DataFram
         return StepLengths([by_step.get(step) for step in frame["step"].to_list()], SAMPLES_BASIS)
     logged = con.sql(f"""
         SELECT segment::BIGINT AS segment, step::BIGINT AS step, response_length_mean, clip_ratio
-        FROM steps WHERE run_id = {int(run_id)}
+        FROM ({steps_of_runs_sql(f"({int(run_id)})", ["response_length_mean", "clip_ratio"])})
     """).pl()
     joined = frame.select("segment", "step").join(logged, on=["segment", "step"], how="left")
     cap = meta.get("max_response_len")

@@ -137,6 +137,36 @@ LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
 """
 
 
+
+def steps_of_runs_sql(run_ids_sql: str, columns: list[str], where: str = "true") -> str:
+    """A query of the `steps` view's rows of the runs in `run_ids_sql` (a SQL list) whose step satisfies
+    `where` (a condition on `step`), aggregated from those runs' pairs alone: run_id, segment, step, one
+    column per canonical name of `columns` (the largest value of the step's pairs of that name: a name
+    outside STEP_COLUMNS too), is_validation_only, has_testing, has_checkpoint, truncated_line and flags,
+    each as the view gives it. The view pivots every pair of the store before a run filter applies, and
+    takes as long again to plan."""
+    like = validation_key_sql(declared_names()[1])
+    picked = "".join(f", max(value) FILTER (WHERE canonical = {_text(name)}) AS {name}" for name in dict.fromkeys(columns))
+    return f"""
+        WITH m AS (
+            SELECT run_id, segment, step, key, value, canonical FROM named_step_metrics
+            WHERE run_id IN {run_ids_sql} AND ({where})
+        ), per_step AS (
+            SELECT run_id, segment, step{picked},
+                   bool_and({like}) AS is_validation_only,
+                   count(*) FILTER (WHERE canonical = 'testing_s') > 0         AS has_testing,
+                   count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
+            FROM m GROUP BY run_id, segment, step
+        ), f AS (
+            SELECT run_id, segment, step, list(DISTINCT flag ORDER BY flag) AS flags
+            FROM step_flags WHERE run_id IN {run_ids_sql} AND ({where}) GROUP BY ALL
+        )
+        SELECT p.*, coalesce(list_contains(f.flags, 'truncated_line'), false) AS truncated_line,
+               coalesce(f.flags, []::VARCHAR[]) AS flags
+        FROM per_step p
+        LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
+    """
+
 # What returns the formats' metric names, (format -> key -> canonical, validation prefixes): the store knows
 # no format, so the layer that does hands its function down (`Store.open`, and the ingest registry as it loads).
 MetricNamesSource = Callable[[], tuple[dict[str, dict[str, str]], tuple[str, ...]]]

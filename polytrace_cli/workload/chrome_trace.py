@@ -35,6 +35,7 @@ import polars as pl
 
 from polytrace_cli.analyze.common import ALL_STEPS, StepRange
 from polytrace_cli.errors import PolytraceError
+from polytrace_cli.store.catalog import steps_of_runs_sql
 from polytrace_cli.store.queries import run_id as resolve_run
 
 ROLE_ORDER = ("driver", "rollout", "actor", "ref", "critic", "reward", "trainer")
@@ -183,6 +184,8 @@ def _counters(con: duckdb.DuckDBPyConnection, run_id: int, steps: StepRange, ste
     canonical = step_frame(con, [run_id], steps).select("step", pl.col("lambda_tokens").alias("lambda"))
     logged = frame(con, f"""SELECT step::BIGINT AS step, max(total_tokens) AS tokens,
                                    max(response_length_max) AS longest_response
-                            FROM steps WHERE run_id = {int(run_id)} AND {steps.sql()} GROUP BY step""")
+                            FROM ({steps_of_runs_sql(f"({int(run_id)})", ["total_tokens", "response_length_max"],
+                                                     steps.sql())})
+                            GROUP BY step""")
     return (logged.join(canonical.group_by("step").agg(pl.col("lambda").max()), on="step", how="full", coalesce=True)
             .filter(pl.col("step").is_not_null()))
