@@ -208,3 +208,42 @@ def test_the_store_asks_for_the_names_handed_down_and_says_so_when_none_were(tmp
                          text=True, check=True).stdout.splitlines()
     assert out[0] == "refused: the store was given no metric names: open it with polytrace_cli.Store.open"
     assert out[1] == f"columns: {3 + len(STEP_COLUMNS) + 5}"
+
+
+# Two verl runs: `restarted` validates beside its training pairs at step 1, logs testing and checkpoint timers
+# at step 2, a validation-only step 3 and a rank-token key the `steps` view has no column for, then begins again
+# at step 2 (a second segment, flagged `restart`); `other` is a plain run whose pairs the view pivots beside them.
+RESTARTED = (
+    "step:1 - timing_s/gen:5.0 - timing_s/step:9.0 - global_seqlen/max:900 - response_length/mean:300 - val-core/acc:0.4\n"
+    "step:2 - timing_s/gen:6.0 - timing_s/testing:2.0 - timing_s/save_checkpoint:1.0 - timing_s/step:12.0\n"
+    "step:3 - val-core/acc:0.5\n"
+    "step:2 - timing_s/gen:7.0 - timing_s/step:10.0 - global_seqlen/max:950\n"
+    "step:3 - timing_s/gen:4.0 - timing_s/step:8.0 - response_length/mean:280\n"
+)
+OTHER = "step:1 - timing_s/gen:50.0 - timing_s/step:90.0\nstep:2 - timing_s/gen:60.0 - timing_s/step:99.0\n"
+
+
+def test_the_steps_of_some_runs_are_the_steps_views_rows_of_them(tmp_path, store):
+    from polytrace_cli.store.catalog import steps_of_runs_sql
+
+    for name, text in (("restarted", RESTARTED), ("other", OTHER)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.log").write_text(text)
+        ingest_paths(store, [tmp_path / name], run_name=name)
+    ids = dict(store.execute("SELECT name, run_id FROM runs").fetchall())
+    assert store.execute("SELECT count(*) FROM step_flags WHERE flag = 'restart'").fetchall()[0][0] > 0
+    columns = ["gen_s", "step_s", "testing_s", "save_checkpoint_s", "response_length_mean"]
+    listed = ", ".join(["run_id", "segment", "step", *columns, "is_validation_only", "has_testing",
+                        "has_checkpoint", "truncated_line", "flags"])
+    for chosen, where in (([ids["restarted"]], "true"), ([ids["other"]], "true"),
+                          (sorted(ids.values()), "true"), (sorted(ids.values()), "step >= 2")):
+        in_list = "(" + ", ".join(map(str, chosen)) + ")"
+        from_view = store.execute(f"SELECT {listed} FROM steps WHERE run_id IN {in_list} AND {where}"
+                                  " ORDER BY ALL").fetchall()
+        own = store.execute(f"SELECT {listed} FROM ({steps_of_runs_sql(in_list, columns, where)}) ORDER BY ALL"
+                            ).fetchall()
+        assert own == from_view and own
+    # A canonical name the view has no column for is read too: the largest value of the step's pairs of it.
+    restarted = steps_of_runs_sql(f"({ids['restarted']})", ["rank_tokens_max"])
+    seqlen = store.execute(f"SELECT segment, step, rank_tokens_max FROM ({restarted}) ORDER BY segment, step").fetchall()
+    assert seqlen == [(0, 1, 900.0), (0, 2, None), (0, 3, None), (1, 2, 950.0), (1, 3, None)]
