@@ -18,7 +18,8 @@ logged) reads every key the frameworks agree on, and a key they disagree on mean
 The `steps` view: one row per (run, segment, step) of a step-aggregate log, with one column per name
 in `STEP_COLUMNS`, each the largest value of the step's metrics whose key maps to that name;
 `is_validation_only` when every metric of the step has a validation prefix; `has_testing` and
-`has_checkpoint` when the step logged a `testing_s` or `save_checkpoint_s` metric; its flags.
+`has_checkpoint` when the step logged a `testing_s` or `save_checkpoint_s` metric; its flags. Code that
+reads some runs' steps asks `steps_of_runs_sql` for the same rows from those runs' pairs alone.
 """
 
 from __future__ import annotations
@@ -137,7 +138,6 @@ LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
 """
 
 
-
 def steps_of_runs_sql(run_ids_sql: str, columns: list[str], where: str = "true") -> str:
     """A query of the `steps` view's rows of the runs in `run_ids_sql` (a SQL list) whose step satisfies
     `where` (a condition on `step`), aggregated from those runs' pairs alone: run_id, segment, step, one
@@ -146,7 +146,8 @@ def steps_of_runs_sql(run_ids_sql: str, columns: list[str], where: str = "true")
     each as the view gives it. The view pivots every pair of the store before a run filter applies, and
     takes as long again to plan."""
     like = validation_key_sql(declared_names()[1])
-    picked = "".join(f", max(value) FILTER (WHERE canonical = {_text(name)}) AS {name}" for name in dict.fromkeys(columns))
+    picked = "".join(f", max(value) FILTER (WHERE canonical = {_text(name)}) AS {name}"
+                     for name in dict.fromkeys(columns))
     return f"""
         WITH m AS (
             SELECT run_id, segment, step, key, value, canonical FROM named_step_metrics
@@ -166,6 +167,7 @@ def steps_of_runs_sql(run_ids_sql: str, columns: list[str], where: str = "true")
         FROM per_step p
         LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
     """
+
 
 # What returns the formats' metric names, (format -> key -> canonical, validation prefixes): the store knows
 # no format, so the layer that does hands its function down (`Store.open`, and the ingest registry as it loads).
