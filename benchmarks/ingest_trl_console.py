@@ -8,7 +8,8 @@ before each metrics dict of 16 keys, one dict per step), then measures:
              with json.loads after swapping quotes, then one bulk insert into DuckDB.
 Prints MB/s, steps/s, CPU seconds (user + system, all threads: what a loaded machine changes
 least) and the ratios polytrace / baseline of both; and each side's fixed cost, the same process on
-the log's first three lines (three dicts, each line with its carriage-return redraws).
+the log's first three lines (three dicts, each line with its carriage-return redraws), with the CPU
+seconds each spends beyond it and their ratio.
 With --layout, one of the layouts real TRL runs leave instead (`LAYOUTS`), made from the same log:
   interleaved  stdout and stderr in one file (`2>&1` to a pipe): the bar's draws as they happen, the
                dicts in clumps as stdout's buffer fills;
@@ -265,6 +266,12 @@ def main() -> None:
     print(f"ratio polytrace / baseline: {theirs / ours:.2f}x wall, {theirs_cpu / ours_cpu:.2f}x CPU"
           f"   (step_metrics rows {stored:,},"
           f" expected {args.steps * 17:,})")
+    # What each side costs per step beyond its fixed cost (the same process on three dicts): the work that grows
+    # with the log, apart from interpreter start-up, imports and the new store.
+    ours_work, theirs_work = ours_cpu - fixed_cpu, theirs_cpu - head_base_cpu
+    print(f"CPU s beyond the fixed cost: polytrace {ours_work:.2f}, baseline {theirs_work:.2f}"
+          f" (ratio {theirs_work / ours_work:.2f}x; {1e6 * ours_work / args.steps:.1f} against"
+          f" {1e6 * theirs_work / args.steps:.1f} CPU us per step)")
     if stored != args.steps * 17:
         raise SystemExit("polytrace stored a different number of rows than the log holds")
 
