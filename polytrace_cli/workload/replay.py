@@ -29,6 +29,7 @@ import polars as pl
 
 from polytrace_cli.errors import PolytraceError
 from polytrace_cli.ingest.driver import ingest_paths
+from polytrace_cli.store.catalog import steps_of_runs_sql
 from polytrace_cli.store.queries import run_id as run_id_of, run_id_if_any
 from polytrace_cli.store.sql import fetch_first
 
@@ -83,13 +84,15 @@ def load_log(con: duckdb.DuckDBPyConnection, log: str | Path, role: str) -> str:
     return name
 
 
+# The `steps` columns a replay compares (`catalog.steps_of_runs_sql`).
+_COMPARED = ["gen_s", "reward_s", "old_log_prob_s", "ref_s", "adv_s", "update_actor_s", "step_s"]
 _LATEST_STEPS = """
     CREATE OR REPLACE TEMP TABLE replay_steps AS
     WITH latest AS (
         SELECT run_id, step, segment, gen_s, reward_s, old_log_prob_s, ref_s, adv_s, update_actor_s, step_s,
                coalesce(has_testing OR has_checkpoint, false) AS extra_work
-        FROM steps
-        WHERE run_id IN (?, ?) AND NOT coalesce(is_validation_only, false)
+        FROM ({steps})
+        WHERE NOT coalesce(is_validation_only, false)
         QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY segment DESC) = 1
     )
     SELECT run_id, step, segment, extra_work, regexp_replace(stage, '_s$', '') AS stage, seconds
@@ -110,7 +113,7 @@ _PER_STEP = """
 def compare_runs(con: duckdb.DuckDBPyConnection, benchmark_run: str, formal_run: str) -> ReplayReport:
     """Pair the two runs' steps and compute per-stage errors and accuracies (module docstring)."""
     bench_id, formal_id = run_id_of(con, benchmark_run), run_id_of(con, formal_run)
-    con.execute(_LATEST_STEPS, [bench_id, formal_id])
+    con.execute(_LATEST_STEPS.format(steps=steps_of_runs_sql(f"({int(bench_id)}, {int(formal_id)})", _COMPARED)))
     for run_id, name in ((bench_id, benchmark_run), (formal_id, formal_run)):
         if not fetch_first(con, "SELECT count(*) FROM replay_steps WHERE run_id = ?", [run_id])[0]:
             raise PolytraceError(f"run {name} has no stage timings (timing_s/gen, timing_s/step, ...) to compare")
