@@ -4,8 +4,8 @@ Writes a verl console log of --steps steps (20 timers and length aggregates per 
 benchmarks/out/steps_of_runs/, ingests a copy of it as each of --runs runs into one on-disk store, and
 at 1, 10 and --runs runs measures, taking turns, the CPU milliseconds of reading the first run's steps
 into a polars frame:
-  view       `SELECT <columns> FROM steps WHERE run_id = ?` (the view pivots every pair of the store,
-             then filters the run);
+  view       `SELECT <columns> FROM steps WHERE run_id = ?` (the view over every run and column, the run
+             filter and the columns left to DuckDB to push down);
   own pairs  the same columns from `steps_of_runs_sql` (the run's pairs alone, aggregated as the view
              aggregates them); checked to give the same rows as the view;
 and the whole step frame (`analyze.step_frame.step_frame`), which reads its steps the second way.

@@ -18,8 +18,9 @@ logged) reads every key the frameworks agree on, and a key they disagree on mean
 The `steps` view: one row per (run, segment, step) of a step-aggregate log, with one column per name
 in `STEP_COLUMNS`, each the largest value of the step's metrics whose key maps to that name;
 `is_validation_only` when every metric of the step has a validation prefix; `has_testing` and
-`has_checkpoint` when the step logged a `testing_s` or `save_checkpoint_s` metric; its flags. Code that
-reads some runs' steps asks `steps_of_runs_sql` for the same rows from those runs' pairs alone.
+`has_checkpoint` when the step logged a `testing_s` or `save_checkpoint_s` metric; its flags. It is one
+aggregate per column (not a PIVOT), so a query of some runs or columns of it reads only those. Code that
+reads some runs' steps asks `steps_of_runs_sql` for the same rows with only the columns it needs.
 """
 
 from __future__ import annotations
@@ -107,66 +108,45 @@ LEFT JOIN metric_aliases shared ON shared.format = '{SHARED}' AND shared.key = s
 
 def steps_view_sql(validation_prefixes: tuple[str, ...]) -> str:
     """The CREATE statement of the `steps` view for these validation prefixes (see the module docstring)."""
-    like = validation_key_sql(validation_prefixes)
-    columns = ", ".join(_text(name) for name in STEP_COLUMNS)
-    return f"""
-CREATE OR REPLACE VIEW steps AS
-WITH m AS (
-    SELECT run_id, segment, step, key, value, canonical FROM named_step_metrics
-), per_step AS (
-    SELECT run_id, segment, step,
-           bool_and({like}) AS is_validation_only,
-           count(*) FILTER (WHERE canonical = 'testing_s') > 0         AS has_testing,
-           count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
-    FROM m GROUP BY run_id, segment, step
-), canonical AS (
-    PIVOT (SELECT run_id, segment, step, canonical, value FROM m WHERE canonical IS NOT NULL)
-    ON canonical IN ({columns})
-    USING max(value)
-    GROUP BY run_id, segment, step
-), f AS (
-    SELECT run_id, segment, step, list(DISTINCT flag ORDER BY flag) AS flags
-    FROM step_flags GROUP BY ALL
-)
-SELECT p.run_id, p.segment, p.step, c.* EXCLUDE (run_id, segment, step),
-       p.is_validation_only, p.has_testing, p.has_checkpoint,
-       coalesce(list_contains(f.flags, 'truncated_line'), false) AS truncated_line,
-       coalesce(f.flags, []::VARCHAR[])                         AS flags
-FROM per_step p
-LEFT JOIN canonical c ON c.run_id = p.run_id AND c.segment = p.segment AND c.step = p.step
-LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
-"""
+    return f"CREATE OR REPLACE VIEW steps AS {_steps_rows_sql(validation_key_sql(validation_prefixes), STEP_COLUMNS)}"
 
 
 def steps_of_runs_sql(run_ids_sql: str, columns: list[str], where: str = "true") -> str:
     """A query of the `steps` view's rows of the runs in `run_ids_sql` (a SQL list) whose step satisfies
     `where` (a condition on `step`), aggregated from those runs' pairs alone: run_id, segment, step, one
-    column per canonical name of `columns` (the largest value of the step's pairs of that name: a name
-    outside STEP_COLUMNS too), is_validation_only, has_testing, has_checkpoint, truncated_line and flags,
-    each as the view gives it. The view pivots every pair of the store before a run filter applies, and
-    takes as long again to plan."""
-    like = validation_key_sql(declared_names()[1])
+    column per canonical name of `columns` (a name outside STEP_COLUMNS too), is_validation_only,
+    has_testing, has_checkpoint, truncated_line and flags, as the view gives them (both are
+    `_steps_rows_sql`): only the aggregates asked for are planned and computed, and names the view
+    has no column for can be read."""
+    return _steps_rows_sql(validation_key_sql(declared_names()[1]), columns, f"run_id IN {run_ids_sql} AND ({where})")
+
+
+def _steps_rows_sql(validation_key: str, columns, where: str = "true") -> str:
+    """One row per (run, segment, step) of the pairs of `named_step_metrics` satisfying `where` (a condition on
+    run_id and step): per canonical name of `columns`, the largest value of the step's pairs of that name;
+    is_validation_only when `validation_key` holds for every key of the step; has_testing, has_checkpoint
+    when it holds a testing_s or save_checkpoint_s pair; its `step_flags` (those satisfying `where`) as
+    flags, and truncated_line when one of them is."""
     picked = "".join(f", max(value) FILTER (WHERE canonical = {_text(name)}) AS {name}"
                      for name in dict.fromkeys(columns))
     return f"""
-        WITH m AS (
-            SELECT run_id, segment, step, key, value, canonical FROM named_step_metrics
-            WHERE run_id IN {run_ids_sql} AND ({where})
-        ), per_step AS (
-            SELECT run_id, segment, step{picked},
-                   bool_and({like}) AS is_validation_only,
-                   count(*) FILTER (WHERE canonical = 'testing_s') > 0         AS has_testing,
-                   count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
-            FROM m GROUP BY run_id, segment, step
-        ), f AS (
-            SELECT run_id, segment, step, list(DISTINCT flag ORDER BY flag) AS flags
-            FROM step_flags WHERE run_id IN {run_ids_sql} AND ({where}) GROUP BY ALL
-        )
-        SELECT p.*, coalesce(list_contains(f.flags, 'truncated_line'), false) AS truncated_line,
-               coalesce(f.flags, []::VARCHAR[]) AS flags
-        FROM per_step p
-        LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
-    """
+WITH m AS (
+    SELECT run_id, segment, step, key, value, canonical FROM named_step_metrics WHERE {where}
+), per_step AS (
+    SELECT run_id, segment, step{picked},
+           bool_and({validation_key}) AS is_validation_only,
+           count(*) FILTER (WHERE canonical = 'testing_s') > 0         AS has_testing,
+           count(*) FILTER (WHERE canonical = 'save_checkpoint_s') > 0 AS has_checkpoint
+    FROM m GROUP BY run_id, segment, step
+), f AS (
+    SELECT run_id, segment, step, list(DISTINCT flag ORDER BY flag) AS flags
+    FROM step_flags WHERE {where} GROUP BY ALL
+)
+SELECT p.*, coalesce(list_contains(f.flags, 'truncated_line'), false) AS truncated_line,
+       coalesce(f.flags, []::VARCHAR[])                         AS flags
+FROM per_step p
+LEFT JOIN f ON f.run_id = p.run_id AND f.segment = p.segment AND f.step = p.step
+"""
 
 
 # What returns the formats' metric names, (format -> key -> canonical, validation prefixes): the store knows
